@@ -1,0 +1,22 @@
+# Helpers that every layer's CMakeLists uses, so that each reads in a few lines.
+
+# ktune_layer(NAME DEPS...) : a static library ktune_<NAME> from src/<NAME>/*.cpp.
+function(ktune_layer name)
+  file(GLOB _sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp ${CMAKE_CURRENT_SOURCE_DIR}/*/*.cpp)
+  add_library(ktune_${name} STATIC ${_sources})
+  target_include_directories(ktune_${name} PUBLIC ${CMAKE_SOURCE_DIR}/src)
+  target_link_libraries(ktune_${name} PUBLIC ${ARGN})
+endfunction()
+
+# ktune_test(NAME SOURCES... LIBS libs...) : a GoogleTest binary registered with CTest.
+# Tests find fixtures through KTUNE_SOURCE_DIR and run in the build tree.
+function(ktune_test name)
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE KTUNE_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+                                             KTUNE_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  include(GoogleTest)
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120
+                       PROPERTIES ENVIRONMENT "KTUNE_SOURCE_DIR=${CMAKE_SOURCE_DIR};KTUNE_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endfunction()

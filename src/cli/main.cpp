@@ -1,0 +1,49 @@
+// The `ktune` binary (also installed as `tune`, torchtune's name, so the upstream Kubeflow
+// runtimes can call it unchanged). Errors from any layer are printed here, once, with their place.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "cli/command_table.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace ktune::cli {
+
+// Add a line per subcommand: {"name", "one-line summary", cmd_name}. Declarations go beside it.
+static const Command kCommands[] = {
+    {"version", "print the version", nullptr},
+};
+
+static int print_help() {
+  std::printf("usage: ktune <command> [args...]   (also callable as `tune`)\n\ncommands:\n");
+  for (const Command& c : kCommands) std::printf("  %-10s %s\n", c.name, c.summary);
+  return 0;
+}
+
+}  // namespace ktune::cli
+
+int main(int argc, char** argv) {
+  using namespace ktune::cli;
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help"))
+    return print_help();
+  Args args(argv + 2, argv + argc);
+  try {
+    for (const Command& c : kCommands) {
+      if (std::strcmp(c.name, argv[1]) != 0) continue;
+      if (c.run == nullptr) {
+        std::printf("ktune 0.1.0\n");
+        return 0;
+      }
+      return c.run(args);
+    }
+    std::fprintf(stderr, "ktune: unknown command '%s' (see `ktune --help`)\n", argv[1]);
+    return 2;
+  } catch (const ktune::Errors& e) {
+    std::fprintf(stderr, "error: %s\n", ktune::redact(e.what()).c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", ktune::redact(e.what()).c_str());
+    return 1;
+  }
+}
