@@ -1,0 +1,39 @@
+// TrainJobPlan: what the control plane decides a TrainJob runs, as an ordered list of steps.
+// The same plan drives every backend: the local backend runs the steps as processes in a per-job
+// workspace, the Kubernetes backend renders them into a TrainJob. Built by runtime/ (plugins,
+// validation); executed by sdk/ backends. It knows nothing of the engine.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ktune {
+
+struct PlanStep {
+  std::string name;                      // "dataset-initializer", "model-initializer", "node-0", "node-1", ...
+  std::string image;                     // container image (Kubernetes); informational for local runs
+  std::vector<std::string> command;      // argv[0..]: e.g. {"tune", "run", "--rdzv_endpoint=...", ...}
+  std::map<std::string, std::string> env;  // PET_*, STORAGE_URI, ... (secrets stay in secret_env)
+  std::map<std::string, std::string> secret_env;  // ACCESS_TOKEN etc.: passed to the process, never printed or stored
+  std::string working_dir;               // "/workspace" in the container; the job workspace locally
+  std::vector<std::string> depends_on;   // names of steps that must be Complete first
+  int node_rank = -1;                    // node steps: 0..num_nodes-1; initializers: -1
+  int num_proc = 1;                      // processes this step starts (nproc_per_node for nodes)
+};
+
+struct TrainJobPlan {
+  std::string job_name;
+  std::string runtime_name;
+  std::string trainer_type;              // "BuiltinTrainer" | "CustomTrainer"
+  int num_nodes = 1;
+  int num_proc_per_node = 1;
+  std::string recipe;                    // for torchtune runtimes: e.g. "lora_finetune_single_device"
+  std::string config;                    // e.g. "llama3_2/1B_lora_single_device"
+  std::vector<PlanStep> steps;           // in dependency order
+
+  // Human-readable, as `ktune train --dry-run` prints it (secret_env values shown as ***).
+  std::string to_text() const;
+};
+
+}  // namespace ktune
