@@ -41,7 +41,7 @@ PIP_PACKAGES=(
   pyarrow:pyarrow tokenizers:tokenizers tiktoken:tiktoken numpy:numpy safetensors:safetensors
   pyyaml:yaml "moto[server]:moto" jsonschema:jsonschema
   torch:torch transformers:transformers peft:peft kubeflow:kubeflow papermill:papermill
-  nbformat:nbformat ipykernel:ipykernel nanobind:nanobind scikit-build-core:scikit_build_core
+  nbformat:nbformat ipykernel:ipykernel nanobind:nanobind scikit-build-core:scikit_build_core sentencepiece:sentencepiece
 )
 missing=()
 for pair in "${PIP_PACKAGES[@]}"; do
