@@ -1,0 +1,34 @@
+// The output projection fused with cross-entropy, in chunks of tokens, so that the (N, V) logits
+// never exist in full (peak memory is chunk_tokens * V floats, flat in N). Per chunk: logits =
+// hidden @ W^T (gemm), optional final-logit soft-cap, log-softmax, the gradient in place, then
+// dhidden = dlogits @ W and dW += dlogits^T @ hidden (gemm). Chunks are runs of consecutive tokens
+// with valid labels, so ignored tokens (label -100) cost no GEMM at all.
+// It deliberately does not average: it returns the sum and the count, and the caller divides
+// (through grad_scale) the way its recipe normalises (per batch, per accumulation window, per rank).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ktune::cpu {
+
+constexpr int32_t kIgnoreIndex = -100;
+
+// Floats of scratch linear_cross_entropy needs for chunks of chunk_tokens tokens: chunk_tokens * V.
+size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V);
+
+// hidden (N, C)   weight (V, C)   labels (N), -100 ignored   softcap: 0 = off
+// Returns sum over valid tokens of CE(logits_i, labels_i); *n_valid = their count (n_valid may be nullptr).
+// dhidden (N, C) or nullptr: overwritten with grad_scale * d(sum)/d(hidden) (0 on ignored rows).
+// dweight (V, C) or nullptr: += grad_scale * d(sum)/d(weight).
+// Throws ktune::Error for a label outside [0, V) other than -100.
+double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, const float* hidden,
+                            const float* weight, const int32_t* labels, int64_t N, int64_t C, int64_t V,
+                            float softcap, float grad_scale, int64_t chunk_tokens, float* scratch);
+
+// Materialises all (N, V) logits, in double: what the tests compare against.
+double linear_cross_entropy_reference(float* dhidden, float* dweight, int64_t* n_valid, const float* hidden,
+                                      const float* weight, const int32_t* labels, int64_t N, int64_t C, int64_t V,
+                                      float softcap, float grad_scale);
+
+}  // namespace ktune::cpu

@@ -1,0 +1,78 @@
+// Linear layers over gemm(): the forward is one GEMM plus a bias broadcast, the backward up to
+// two GEMMs (dx, dW) plus a column sum (db).
+#include "kernels/cpu/linear.h"
+
+#include <vector>
+
+#include "core/parallel.h"
+#include "kernels/cpu/gemm.h"
+
+namespace ktune::cpu {
+
+void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t in, int64_t out) {
+  if (b) {
+    // y = b broadcast, then y += x @ W^T (the bias rides the GEMM's beta).
+    parallel_for(N, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* yr = y + r * out;
+#pragma omp simd
+        for (int64_t j = 0; j < out; ++j) yr[j] = b[j];
+      }
+    }, 64);
+    gemm(false, true, N, out, in, 1.0f, x, w, 1.0f, y);
+  } else {
+    gemm(false, true, N, out, in, 1.0f, x, w, 0.0f, y);
+  }
+}
+
+void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                     int64_t N, int64_t in, int64_t out, bool accumulate_dx) {
+  if (dx) gemm(false, false, N, in, out, 1.0f, dy, w, accumulate_dx ? 1.0f : 0.0f, dx);  // (N,out)@(out,in)
+  if (dw) gemm(true, false, out, in, N, 1.0f, dy, x, 1.0f, dw);                          // (out,N)@(N,in)
+  if (db) {
+    // Columns split across threads: each owns a slice of db, rows summed in order.
+    parallel_for(out, [&](int64_t c0, int64_t c1) {
+      for (int64_t r = 0; r < N; ++r) {
+        const float* dyr = dy + r * out;
+#pragma omp simd
+        for (int64_t j = c0; j < c1; ++j) db[j] += dyr[j];
+      }
+    }, 256);
+  }
+}
+
+void linear_forward_reference(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t in,
+                              int64_t out) {
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = b ? b[o] : 0.0;
+      for (int64_t i = 0; i < in; ++i) acc += double(x[r * in + i]) * w[o * in + i];
+      y[r * out + o] = float(acc);
+    }
+}
+
+void linear_backward_reference(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                               int64_t N, int64_t in, int64_t out, bool accumulate_dx) {
+  if (dx)
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t i = 0; i < in; ++i) {
+        double acc = accumulate_dx ? dx[r * in + i] : 0.0;
+        for (int64_t o = 0; o < out; ++o) acc += double(dy[r * out + o]) * w[o * in + i];
+        dx[r * in + i] = float(acc);
+      }
+  if (dw)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double acc = dw[o * in + i];
+        for (int64_t r = 0; r < N; ++r) acc += double(dy[r * out + o]) * x[r * in + i];
+        dw[o * in + i] = float(acc);
+      }
+  if (db)
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = db[o];
+      for (int64_t r = 0; r < N; ++r) acc += dy[r * out + o];
+      db[o] = float(acc);
+    }
+}
+
+}  // namespace ktune::cpu
