@@ -1,0 +1,105 @@
+// safetensors files: read through mmap (zero-copy views of F32/BF16/F16/I32/I64/U8 tensors, or f32
+// copies on request), sharded checkpoints through `model.safetensors.index.json`, and writes that
+// are atomic (temp file in the same directory, fsync, rename) with optional sharding by size under
+// Hugging Face's names (`model-00001-of-00002.safetensors` + the index).
+// Every header is validated before any tensor is touched: header length against the file size,
+// well-formed JSON, known dtypes, shapes, offsets inside the data buffer, sizes equal to
+// numel * element size, no two tensors overlapping. A bad file is a ktune::Error naming the file
+// (and the tensor), never a read out of bounds.
+// It deliberately does not convert between names (model/ maps HF names), does not write dtypes that
+// core's Tensor lacks, and never modifies a file in place.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ktune::io {
+
+// One tensor as a header describes it. dtype is the safetensors name ("F32", "BF16", ...).
+struct SafetensorsInfo {
+  std::string name;
+  std::string dtype;
+  Shape shape;
+  uint64_t begin = 0, end = 0;  // [begin, end) relative to the data buffer
+};
+
+// The ktune DType for a safetensors dtype name; false when core has no such type (F64, I8, F8_*...).
+bool safetensors_dtype_to_ktune(const std::string& name, DType* out);
+const char* ktune_dtype_to_safetensors(DType dtype);  // throws for NF4
+
+class SafetensorsFile {
+ public:
+  // Maps and validates the file. Throws ktune::Error naming the file (and tensor) on any fault.
+  static SafetensorsFile open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::vector<std::string>& names() const { return names_; }  // in data order
+  bool contains(const std::string& name) const { return infos_.count(name) != 0; }
+  const SafetensorsInfo& info(const std::string& name) const;  // throws when absent
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // The tensor in its stored dtype, sharing the mapping (copied only when the data is misaligned
+  // for its element type). Throws for dtypes core's Tensor lacks.
+  Tensor view(const std::string& name) const;
+  // A new f32 tensor converted from F32, BF16 or F16.
+  Tensor to_f32(const std::string& name) const;
+
+ private:
+  std::string path_;
+  std::shared_ptr<void> mapping_;  // munmaps when the last view is gone
+  const uint8_t* data_ = nullptr;  // start of the data buffer
+  uint64_t data_bytes_ = 0;
+  std::vector<std::string> names_;
+  std::map<std::string, SafetensorsInfo> infos_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A checkpoint made of one file or of shards: opened from a .safetensors file, from an index
+// .json, or from a directory holding `model.safetensors.index.json` or `model.safetensors`.
+class SafetensorsCheckpoint {
+ public:
+  static SafetensorsCheckpoint open(const std::string& path);
+
+  const std::vector<std::string>& names() const { return names_; }  // sorted
+  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  const SafetensorsFile& file_of(const std::string& name) const;  // throws naming the checkpoint
+  const SafetensorsInfo& info(const std::string& name) const { return file_of(name).info(name); }
+  Tensor view(const std::string& name) const { return file_of(name).view(name); }
+  Tensor to_f32(const std::string& name) const { return file_of(name).to_f32(name); }
+  const std::string& path() const { return path_; }
+  size_t num_files() const { return files_.size(); }
+
+ private:
+  std::string path_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, size_t> where_;
+  std::vector<std::string> names_;
+};
+
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;  // CPU; F32, BF16, F16, I32, I64 or U8
+};
+
+// Writes one file atomically. Names must be unique and non-empty, and not "__metadata__".
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Writes `dir/<prefix>.safetensors` when everything fits in max_shard_bytes, else shards
+// `dir/<prefix>-0000k-of-0000n.safetensors` (tensors in the given order, a new shard when the next
+// tensor would overflow; a tensor larger than the limit gets a shard of its own) plus
+// `dir/<prefix>.safetensors.index.json`. Returns the file names written (index last).
+std::vector<std::string> write_safetensors_sharded(const std::string& dir, const std::vector<NamedTensor>& tensors,
+                                                   uint64_t max_shard_bytes,
+                                                   const std::map<std::string, std::string>& metadata = {},
+                                                   const std::string& prefix = "model");
+
+// Writes bytes to path atomically (temp file beside it, fsync, rename, fsync of the directory).
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+}  // namespace ktune::io
