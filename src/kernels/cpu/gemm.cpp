@@ -62,7 +62,7 @@ std::shared_ptr<dnnl::matmul> primitive_for(const GemmKey& key) {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   auto it = c.primitives.find(key);
-  if (it != c.primitives.end()) return it->second;
+  if (it != c.primitives.end()) return it->second;  // (null for a bf16 shape oneDNN cannot do here)
   if (c.primitives.size() >= kMaxPrimitives) c.primitives.clear();
   memory::data_type in_type = key.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   // Logical A (M,K): row-major (lda, 1), or column-major (1, lda) when stored (K,M).
@@ -81,11 +81,27 @@ std::shared_ptr<dnnl::matmul> primitive_for(const GemmKey& key) {
   try {
     pd = dnnl::matmul::primitive_desc(desc, attr, c.engine);
   } catch (const dnnl::error& e) {
+    if (key.bf16) {  // no bf16 kernels on this CPU (AVX2-only): the caller widens to f32
+      c.primitives.emplace(key, nullptr);
+      return nullptr;
+    }
     throw Error("gemm", std::string("oneDNN has no matmul for this shape/type: ") + e.what());
   }
   auto prim = std::make_shared<dnnl::matmul>(pd);
   c.primitives.emplace(key, prim);
   return prim;
+}
+
+// Without bf16 kernels in oneDNN (CPUs without AVX-512), bf16 operands are widened to f32 in
+// thread-local buffers (dense, same orientation) and multiplied by the f32 primitive.
+void widen(std::vector<float>& dst, const bf16_t* src, int64_t rows, int64_t cols, int64_t ld) {
+  dst.resize(size_t(rows * cols));
+  float* d = dst.data();
+  parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) d[r * cols + c] = bf16_to_f32(src[r * ld + c]);
+  }, 64);
 }
 
 // Products this small run as plain loops (oneDNN's call overhead is a few microseconds).
@@ -139,6 +155,16 @@ void gemm_dispatch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
   }
   GemmKey key{trans_a, trans_b, std::is_same_v<In, bf16_t>, M, N, K, lda, ldb, ldc, alpha, beta};
   auto prim = primitive_for(key);
+  if (!prim) {
+    if constexpr (std::is_same_v<In, bf16_t>) {
+      thread_local std::vector<float> a32, b32;
+      widen(a32, A, trans_a ? K : M, trans_a ? M : K, lda);
+      widen(b32, B, trans_b ? N : K, trans_b ? K : N, ldb);
+      gemm_dispatch<float>(trans_a, trans_b, M, N, K, alpha, a32.data(), trans_a ? M : K, b32.data(),
+                           trans_b ? K : N, beta, C, ldc);
+      return;
+    }
+  }
   Cache& c = cache();
   thread_local dnnl::stream stream(c.engine);
   memory::data_type in_type = key.bf16 ? memory::data_type::bf16 : memory::data_type::f32;
@@ -183,6 +209,14 @@ void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
 void gemm_bf16_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                          const bf16_t* A, const bf16_t* B, float beta, float* C) {
   gemm_loops<double>(trans_a, trans_b, M, N, K, alpha, A, trans_a ? M : K, B, trans_b ? K : N, beta, C, N);
+}
+
+bool gemm_bf16_native() {
+  static const bool native = [] {
+    GemmKey key{false, false, true, 32, 32, 32, 32, 32, 32, 1.0f, 0.0f};
+    return primitive_for(key) != nullptr;
+  }();
+  return native;
 }
 
 int64_t gemm_cached_primitives() {

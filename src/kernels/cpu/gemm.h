@@ -16,7 +16,7 @@ namespace ktune::cpu {
 // beta == 0 never reads C (it may hold NaN).
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           const float* B, float beta, float* C);
-// bf16 inputs, f32 output (f32 accumulation).
+// bf16 inputs, f32 output (f32 accumulation). See gemm_bf16_native() for CPUs without bf16 kernels.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16_t* A,
                const bf16_t* B, float beta, float* C);
 
@@ -38,6 +38,10 @@ void gemm_bf16_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
 // timed for about `seconds` after a warm-up, with the threads in force (core/parallel.h).
 double measure_gemm_gflops(int64_t M, int64_t N, int64_t K, double seconds);
 double measure_gemm_bf16_gflops(int64_t M, int64_t N, int64_t K, double seconds);
+
+// Whether oneDNN multiplies bf16 natively on this CPU (AVX-512 bf16/AMX); otherwise gemm_bf16 widens
+// its operands to f32 first and runs the f32 kernel (correct, at f32 speed plus the conversion).
+bool gemm_bf16_native();
 
 // Number of oneDNN primitives cached so far (tests check that repeated shapes reuse them).
 int64_t gemm_cached_primitives();
