@@ -1,0 +1,169 @@
+// GlooProcessGroup: ProcessGroup over Gloo (Debian's libgloo) with its TCP transport. Gloo finds
+// its peers through a gloo::rendezvous::Store; ours forwards to the launcher's TcpStore.
+// A peer that dies makes the next collective throw (Gloo closes the pairs): the worker exits with
+// the error, and the launcher stops the job — no hang.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "dist/process_group.h"
+#include "dist/tcp_store.h"
+
+namespace ktune::dist {
+
+void SingleProcessGroup::reduce_scatter_sum(float* out, float* in, int64_t n_per_rank) {
+  if (out != in) std::memcpy(out, in, size_t(n_per_rank) * sizeof(float));
+}
+
+void SingleProcessGroup::all_gather(float* out, const float* in, int64_t n_per_rank) {
+  if (out != in) std::memcpy(out, in, size_t(n_per_rank) * sizeof(float));
+}
+
+namespace {
+
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStoreAdapter(TcpStore& store) : store_(store) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_.set(key, data); }
+  std::vector<char> get(const std::string& key) override { return store_.get(key); }
+  void wait(const std::vector<std::string>& keys) override { store_.wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_.wait(keys, timeout);
+  }
+
+ private:
+  TcpStore& store_;
+};
+
+template <typename T>
+void sum_into(void* c, const void* a, const void* b, size_t n) {
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+}
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  GlooProcessGroup(TcpStore& store, const std::string& prefix, int rank, int size, const std::string& hostname,
+                   std::chrono::milliseconds timeout)
+      : rank_(rank), size_(size), timeout_(timeout) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = hostname;
+    if (attr.hostname.empty()) {
+      char name[256] = {0};
+      gethostname(name, sizeof name - 1);
+      attr.hostname = name;
+    }
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    GlooStoreAdapter adapter(store);
+    gloo::rendezvous::PrefixStore prefixed(prefix, adapter);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(timeout);
+    try {
+      context->connectFullMesh(prefixed, device);
+    } catch (const std::exception& e) {
+      throw Error("process group '" + prefix + "' rank " + std::to_string(rank), std::string("cannot connect: ") + e.what());
+    }
+    context_ = context;
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void allreduce_sum(float* data, int64_t n) override { allreduce(data, n); }
+  void allreduce_sum(double* data, int64_t n) override { allreduce(data, n); }
+
+  void reduce_scatter_sum(float* out, float* in, int64_t n_per_rank) override {
+    guard("reduce_scatter", [&] {
+      std::vector<int> counts(static_cast<size_t>(size_), static_cast<int>(n_per_rank));
+      std::vector<float*> buffers{in};
+      gloo::ReduceScatterHalvingDoubling<float> algorithm(context_, buffers, int(n_per_rank * size_), counts);
+      algorithm.run();
+    });
+    std::memmove(out, in + rank_ * n_per_rank, size_t(n_per_rank) * sizeof(float));
+  }
+
+  void all_gather(float* out, const float* in, int64_t n_per_rank) override {
+    guard("all_gather", [&] {
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(const_cast<float*>(in), size_t(n_per_rank));
+      opts.setOutput(out, size_t(n_per_rank * size_));
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      gloo::allgather(opts);
+    });
+  }
+
+  void broadcast(float* data, int64_t n, int root) override {
+    guard("broadcast", [&] {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(data, size_t(n));
+      opts.setRoot(root);
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      gloo::broadcast(opts);
+    });
+  }
+
+  void barrier() override {
+    guard("barrier", [&] {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      gloo::barrier(opts);
+    });
+  }
+
+ private:
+  template <typename T>
+  void allreduce(T* data, int64_t n) {
+    if (n == 0) return;
+    guard("allreduce", [&] {
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(data, size_t(n));
+      opts.setReduceFunction(gloo::AllreduceOptions::Func(&sum_into<T>));
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      gloo::allreduce(opts);
+    });
+  }
+
+  template <typename Body>
+  void guard(const char* what, Body body) {
+    try {
+      body();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(std::string(what) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_),
+                  std::string("a peer failed or the network broke: ") + e.what());
+    }
+  }
+
+  uint32_t next_tag() { return tag_++; }
+
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t tag_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_gloo_process_group(TcpStore& store, const std::string& prefix, int rank, int size,
+                                                      const std::string& hostname, std::chrono::milliseconds timeout) {
+  return std::make_unique<GlooProcessGroup>(store, prefix, rank, size, hostname, timeout);
+}
+
+}  // namespace ktune::dist

@@ -1,0 +1,83 @@
+#include "dist/process_group.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "dist/tcp_store.h"
+
+using namespace ktune::dist;
+using namespace std::chrono_literals;
+
+// Runs body(group) on `world` ranks (threads, each with its own store client and Gloo context).
+static void run_ranks(int world, const std::string& prefix, const std::function<void(ProcessGroup&)>& body) {
+  TcpStoreServer server(0);
+  std::vector<std::thread> ranks;
+  std::vector<std::string> failures(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        TcpStore store("127.0.0.1", server.port(), 20s);
+        auto group = make_gloo_process_group(store, prefix, r, world, "127.0.0.1", 20s);
+        body(*group);
+      } catch (const std::exception& e) {
+        failures[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(failures[size_t(r)], "") << "rank " << r;
+}
+
+TEST(GlooProcessGroup, AllreduceSumsAcrossRanks) {
+  run_ranks(3, "ar", [](ProcessGroup& g) {
+    std::vector<float> x(1001);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(g.rank() + 1) * float(i);
+    g.allreduce_sum(x.data(), int64_t(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_FLOAT_EQ(x[i], 6.0f * float(i));
+    double tokens[2] = {double(g.rank()), 1.0};
+    g.allreduce_sum(tokens, 2);
+    EXPECT_EQ(tokens[0], 3.0);
+    EXPECT_EQ(tokens[1], 3.0);
+  });
+}
+
+TEST(GlooProcessGroup, ReduceScatterGivesEachRankItsSummedShard) {
+  run_ranks(2, "rs", [](ProcessGroup& g) {
+    const int64_t shard = 37;
+    std::vector<float> in(size_t(shard * g.size()));
+    for (size_t i = 0; i < in.size(); ++i) in[i] = float(i) + 100.0f * float(g.rank());
+    std::vector<float> out(static_cast<size_t>(shard));
+    g.reduce_scatter_sum(out.data(), in.data(), shard);
+    for (int64_t i = 0; i < shard; ++i) ASSERT_FLOAT_EQ(out[size_t(i)], 2.0f * float(g.rank() * shard + i) + 100.0f);
+  });
+}
+
+TEST(GlooProcessGroup, AllGatherConcatenatesInRankOrder) {
+  run_ranks(2, "ag", [](ProcessGroup& g) {
+    std::vector<float> in(5, float(g.rank() + 1));
+    std::vector<float> out(10, 0.0f);
+    g.all_gather(out.data(), in.data(), 5);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(out[size_t(i)], 1.0f);
+    for (int i = 5; i < 10; ++i) EXPECT_EQ(out[size_t(i)], 2.0f);
+  });
+}
+
+TEST(GlooProcessGroup, BroadcastCopiesTheRootsData) {
+  run_ranks(3, "bc", [](ProcessGroup& g) {
+    std::vector<float> x(8, float(g.rank()));
+    g.broadcast(x.data(), 8, 1);
+    for (float v : x) EXPECT_EQ(v, 1.0f);
+    g.barrier();
+  });
+}
+
+TEST(SingleProcessGroup, CollectivesAreTheIdentity) {
+  SingleProcessGroup g;
+  float in[3] = {1, 2, 3}, out[3] = {0, 0, 0};
+  g.reduce_scatter_sum(out, in, 3);
+  EXPECT_EQ(out[2], 3.0f);
+  g.all_gather(out, in, 3);
+  EXPECT_EQ(out[0], 1.0f);
+}
