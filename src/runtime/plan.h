@@ -20,6 +20,11 @@ struct PlanStep {
   std::vector<std::string> depends_on;   // names of steps that must be Complete first
   int node_rank = -1;                    // node steps: 0..num_nodes-1; initializers: -1
   int num_proc = 1;                      // processes this step starts (nproc_per_node for nodes)
+  // Added by the control plane (fields above are the shared contract and keep their names):
+  std::string replicated_job;            // the JobSet replicatedJob it comes from: "node", "dataset-initializer", ...
+  std::string device = "Unknown";        // as the SDK's Step shows it: "gpu", "cpu", ...
+  std::string device_count = "Unknown";  // per step (node: processes of the node)
+  int container_port = 0;                // 29500 on torch nodes (rendezvous), else 0
 };
 
 struct TrainJobPlan {
@@ -31,9 +36,16 @@ struct TrainJobPlan {
   std::string recipe;                    // for torchtune runtimes: e.g. "lora_finetune_single_device"
   std::string config;                    // e.g. "llama3_2/1B_lora_single_device"
   std::vector<PlanStep> steps;           // in dependency order
+  std::string model_key;                 // torchtune runtimes: "llama3_2/1B"; else ""
+  std::string framework;                 // the runtime's framework label: "torchtune", "torch", ...
+
+  std::string workspace = "/workspace";  // the shared volume's mount path, as the steps' paths spell it
 
   // Human-readable, as `ktune train --dry-run` prints it (secret_env values shown as ***).
   std::string to_text() const;
+  // A copy whose paths under `workspace` (in commands, env values and working dirs) point into
+  // `dir` instead: the local backend's per-job workspace plays /workspace.
+  TrainJobPlan with_workspace(const std::string& dir) const;
 };
 
 }  // namespace ktune

@@ -1,0 +1,49 @@
+// From the SDK's call to the TrainJob object: what upstream's TrainerClient.train() builds before it
+// submits — the trainer args of a TorchTuneConfig (spelled exactly as the upstream SDK spells them;
+// tests compare with the real SDK), the initializer env, the CustomTrainer command, and a job name.
+//
+// It does not check the result (validation.h) nor decide recipes (the torchtune plugin does).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/sdk_types.h"
+#include "runtime/v1alpha1.h"
+
+namespace ktune {
+
+inline constexpr const char* kWorkspacePath = "/workspace";
+inline constexpr const char* kDatasetPath = "/workspace/dataset";
+inline constexpr const char* kModelPath = "/workspace/model";
+
+// TorchTuneConfig -> trainer args, in upstream's order and spelling: dtype, batch_size, epochs,
+// loss, the dataset location from a Hugging Face dataset URI, the LoRA fields, then the dataset
+// preprocessing. ktune additions, each one of upstream's listed weaknesses fixed (off when
+// `upstream_exact`): an S3 dataset gets `dataset.data_dir=/workspace/dataset` (upstream renders no
+// location and trains on the config's default dataset); chat and multimodal datasets render their
+// fields (upstream refuses them).
+std::vector<std::string> torchtune_args(const types::TorchTuneConfig& config, const types::Initializer* initializer,
+                                        bool upstream_exact = false);
+
+// resources_per_node {"gpu": 2, "cpu": 4, "memory": "16Gi"} -> ResourceRequirements, aliases as
+// upstream: gpu -> nvidia.com/gpu, storage -> ephemeral-storage, mig-<p> -> nvidia.com/mig-<p>;
+// requests = limits. Throws Error on GPU and MIG together or two MIG kinds.
+v1alpha1::ResourceRequirements resources_per_node(const types::StringDict& resources);
+
+// Initializer -> spec.initializer: storageUri, and the optional fields as env (upper-cased names,
+// lists comma-joined: IGNORE_PATTERNS, ACCESS_TOKEN, ENDPOINT, ACCESS_KEY_ID, ...).
+v1alpha1::Initializer trainjob_initializer(const types::Initializer& initializer);
+
+// The TrainJob a train(runtime, initializer, trainer) call creates. `name` empty: a generated one.
+// The runtime must be the catalog's (its entrypoint decides the trainer command).
+v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Initializer* initializer,
+                                 const types::Trainer& trainer, const std::string& name = "");
+
+// A letter + 11 hex characters, as upstream: "a1b2c3d4e5f6" shapes (12 characters).
+std::string generate_job_name();
+
+// Secret initializer env names: their values go to PlanStep::secret_env and are never printed.
+bool is_secret_env_name(const std::string& name);  // ACCESS_TOKEN, SECRET_ACCESS_KEY, ...
+
+}  // namespace ktune
