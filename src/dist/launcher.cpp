@@ -1,0 +1,380 @@
+#include "dist/launcher.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "core/error.h"
+#include "dist/tcp_store.h"
+
+namespace ktune::dist {
+
+// ---- resolving the plan ---------------------------------------------------------------------
+
+static std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return std::nullopt;
+  return std::string(v);
+}
+
+// The first of: the argument, then each env variable; with the name of where it came from.
+static std::optional<std::pair<std::string, std::string>> pick(const std::optional<std::string>& arg,
+                                                               const char* arg_name,
+                                                               std::initializer_list<const char*> env_names) {
+  if (arg) return std::make_pair(*arg, std::string(arg_name));
+  for (const char* name : env_names)
+    if (auto v = env(name)) return std::make_pair(*v, std::string("env ") + name);
+  return std::nullopt;
+}
+
+static int parse_count(const std::pair<std::string, std::string>& value, int minimum) {
+  char* end = nullptr;
+  long n = std::strtol(value.first.c_str(), &end, 10);
+  if (value.first.empty() || *end != 0 || n < minimum || n > 1000000)
+    throw Error(value.second, "expected an integer ≥ " + std::to_string(minimum) + ", got '" + value.first + "'");
+  return int(n);
+}
+
+static int count_gpus() {
+  int count = 0;
+  if (DIR* dir = opendir("/proc/driver/nvidia/gpus")) {
+    while (dirent* e = readdir(dir))
+      if (e->d_name[0] != '.') ++count;
+    closedir(dir);
+  }
+  return count;
+}
+
+int auto_nproc_per_node() {
+  int gpus = count_gpus();
+  if (gpus > 0) return gpus;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return cpus > 0 ? int(cpus) : 1;
+}
+
+static int free_port() {
+  TcpStoreServer probe(0);
+  return probe.port();
+}
+
+LaunchPlan resolve_launch_plan(const LauncherArgs& args) {
+  LaunchPlan plan;
+  if (auto v = pick(args.nnodes, "--nnodes", {"PET_NNODES", "NNODES"})) {
+    if (v->first.find(':') != std::string::npos)
+      throw Error(v->second, "elastic node ranges ('" + v->first + "') are not supported; give a fixed count");
+    plan.nnodes = parse_count(*v, 1);
+  }
+  if (auto v = pick(args.nproc_per_node, "--nproc_per_node", {"PET_NPROC_PER_NODE", "NPROC_PER_NODE"})) {
+    if (v->first == "auto" || v->first == "cpu") {
+      plan.nproc_per_node = v->first == "cpu" ? int(sysconf(_SC_NPROCESSORS_ONLN)) : auto_nproc_per_node();
+    } else if (v->first == "gpu") {
+      plan.nproc_per_node = count_gpus();
+      if (plan.nproc_per_node == 0) throw Error(v->second, "'gpu' asked for, but this node has no GPU");
+    } else {
+      plan.nproc_per_node = parse_count(*v, 1);
+    }
+  }
+  if (auto v = pick(args.node_rank, "--node_rank", {"PET_NODE_RANK", "NODE_RANK", "GROUP_RANK"}))
+    plan.node_rank = parse_count(*v, 0);
+  if (plan.node_rank >= plan.nnodes)
+    throw Error("--node_rank", std::to_string(plan.node_rank) + " is not below --nnodes " + std::to_string(plan.nnodes));
+  if (auto v = pick(args.master_addr, "--master_addr", {"PET_MASTER_ADDR", "MASTER_ADDR"})) plan.master_addr = v->first;
+  if (auto v = pick(args.master_port, "--master_port", {"PET_MASTER_PORT", "MASTER_PORT"}))
+    plan.master_port = parse_count(*v, 1);
+  if (auto v = pick(args.rdzv_endpoint, "--rdzv_endpoint", {"PET_RDZV_ENDPOINT"})) {
+    auto [host, port] = parse_endpoint(v->first, 29500);
+    plan.master_addr = host;
+    plan.master_port = port;
+  }
+  if (args.standalone) {
+    if (plan.nnodes != 1) throw Error("--standalone", "means one node, but --nnodes is " + std::to_string(plan.nnodes));
+    plan.master_addr = "127.0.0.1";
+    plan.master_port = free_port();
+  }
+  if (auto v = env("KTUNE_RDZV_TIMEOUT")) plan.rdzv_timeout = std::chrono::seconds(parse_count({*v, "env KTUNE_RDZV_TIMEOUT"}, 1));
+  return plan;
+}
+
+std::optional<WorkerEnv> read_worker_env() {
+  auto rank = env("RANK");
+  auto world = env("WORLD_SIZE");
+  if (!rank || !world) return std::nullopt;
+  WorkerEnv w;
+  w.rank = parse_count({*rank, "env RANK"}, 0);
+  w.world_size = parse_count({*world, "env WORLD_SIZE"}, 1);
+  if (auto v = env("LOCAL_RANK")) w.local_rank = parse_count({*v, "env LOCAL_RANK"}, 0);
+  if (auto v = env("LOCAL_WORLD_SIZE")) w.local_world_size = parse_count({*v, "env LOCAL_WORLD_SIZE"}, 1);
+  if (auto v = env("GROUP_RANK")) w.node_rank = parse_count({*v, "env GROUP_RANK"}, 0);
+  if (auto v = env("MASTER_ADDR")) w.master_addr = *v;
+  if (auto v = env("MASTER_PORT")) w.master_port = parse_count({*v, "env MASTER_PORT"}, 1);
+  if (w.rank >= w.world_size) throw Error("env RANK", std::to_string(w.rank) + " is not below WORLD_SIZE " + *world);
+  return w;
+}
+
+std::string local_address_towards(const std::string& peer) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(peer.c_str(), "9", &hints, &found) != 0 || found == nullptr) return "127.0.0.1";
+  std::string result = "127.0.0.1";
+  int fd = socket(found->ai_family, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0) {  // UDP connect sends nothing
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    char text[INET6_ADDRSTRLEN] = {0};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* addr = local.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                                                     : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      if (inet_ntop(local.ss_family, addr, text, sizeof text)) result = text;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return result;
+}
+
+// ---- supervising the workers ----------------------------------------------------------------
+
+static std::atomic<int> g_signal{0};
+static void on_signal(int sig) { g_signal = sig; }
+
+struct Worker {
+  int rank = 0;
+  pid_t pid = -1;
+  int out_fd = -1, err_fd = -1;  // read ends of the worker's stdout and stderr
+  std::string out_partial, err_partial;
+  bool exited = false;
+  int status = 0;
+};
+
+static std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
+  return "stopped";
+}
+
+static bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+// Prints whole lines of `chunk` with the rank prefix; keeps an unfinished line in `partial`.
+static void forward_lines(std::FILE* out, int rank, std::string& partial, const char* chunk, size_t n) {
+  partial.append(chunk, n);
+  size_t start = 0;
+  for (size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1)
+    std::fprintf(out, "[rank%d]: %.*s\n", rank, int(nl - start), partial.data() + start);
+  partial.erase(0, start);
+  std::fflush(out);
+}
+
+static void drain(Worker& w, int& fd, std::string& partial, std::FILE* out) {
+  char buffer[65536];
+  ssize_t n = read(fd, buffer, sizeof buffer);
+  if (n > 0) {
+    forward_lines(out, w.rank, partial, buffer, size_t(n));
+  } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+    if (!partial.empty()) forward_lines(out, w.rank, partial, "\n", 1);
+    close(fd);
+    fd = -1;
+  }
+}
+
+static pid_t spawn_worker(const LaunchPlan& plan, int local_rank, const std::vector<std::string>& argv, Worker& w) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) throw Error("launcher", std::string("pipe: ") + std::strerror(errno));
+  pid_t pid = fork();
+  if (pid < 0) throw Error("launcher", std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    close(out_pipe[0]); close(out_pipe[1]); close(err_pipe[0]); close(err_pipe[1]);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    int rank = plan.node_rank * plan.nproc_per_node + local_rank;
+    setenv("RANK", std::to_string(rank).c_str(), 1);
+    setenv("LOCAL_RANK", std::to_string(local_rank).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(plan.world_size()).c_str(), 1);
+    setenv("LOCAL_WORLD_SIZE", std::to_string(plan.nproc_per_node).c_str(), 1);
+    setenv("GROUP_RANK", std::to_string(plan.node_rank).c_str(), 1);
+    setenv("MASTER_ADDR", plan.master_addr.c_str(), 1);
+    setenv("MASTER_PORT", std::to_string(plan.master_port).c_str(), 1);
+    setenv("TORCHELASTIC_RUN_ID", "ktune", 0);
+    // Share this node's cores among its workers, unless the user chose.
+    if (std::getenv("KTUNE_NUM_THREADS") == nullptr) {
+      long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+      setenv("KTUNE_NUM_THREADS", std::to_string(std::max<long>(1, cpus / plan.nproc_per_node)).c_str(), 1);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "cannot execute %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  w.out_fd = out_pipe[0];
+  w.err_fd = err_pipe[0];
+  w.pid = pid;
+  return pid;
+}
+
+static void signal_all(std::vector<Worker>& workers, int sig) {
+  for (Worker& w : workers)
+    if (!w.exited) kill(w.pid, sig);
+}
+
+int run_launcher(const LaunchPlan& plan, const std::vector<std::string>& worker_argv) {
+  check(!worker_argv.empty(), "launcher", "no worker command");
+  // Node 0 serves the store; every node's launcher is a client of it.
+  std::unique_ptr<TcpStoreServer> server;
+  if (plan.node_rank == 0) server = std::make_unique<TcpStoreServer>(plan.master_port);
+  std::string store_host = plan.node_rank == 0 ? "127.0.0.1" : plan.master_addr;
+  TcpStore store(store_host, plan.master_port, plan.rdzv_timeout);
+
+  const std::string me = "node" + std::to_string(plan.node_rank);
+  store.set("ktune/rdzv/" + me, local_address_towards(plan.master_addr));
+  std::vector<std::string> nodes;
+  for (int i = 0; i < plan.nnodes; ++i) nodes.push_back("ktune/rdzv/node" + std::to_string(i));
+  try {
+    store.wait(nodes, plan.rdzv_timeout);
+  } catch (const Error& e) {
+    std::string missing;
+    for (int i = 0; i < plan.nnodes; ++i)
+      if (!store.check(nodes[size_t(i)])) missing += " " + std::to_string(i);
+    throw Error("rendezvous at " + plan.master_addr + ":" + std::to_string(plan.master_port),
+                "timed out after " + std::to_string(plan.rdzv_timeout.count() / 1000) + " s; nodes that never joined:" + missing);
+  }
+
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+
+  std::vector<Worker> workers(size_t(plan.nproc_per_node));
+  for (int local = 0; local < plan.nproc_per_node; ++local) {
+    workers[size_t(local)].rank = plan.node_rank * plan.nproc_per_node + local;
+    spawn_worker(plan, local, worker_argv, workers[size_t(local)]);
+  }
+
+  std::string failure;                     // why this node stopped its workers
+  std::vector<std::string> local_failures;  // this node's workers that failed by themselves
+  bool stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::time_point::max();
+  auto last_store_check = std::chrono::steady_clock::now();
+  auto begin_stop = [&](const std::string& why) {
+    if (failure.empty()) failure = why;
+    if (stopping) return;
+    stopping = true;
+    signal_all(workers, SIGTERM);
+    stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  };
+
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, bool>> owners;  // (worker, is_stderr)
+    for (Worker& w : workers) {
+      if (w.out_fd >= 0) { fds.push_back({w.out_fd, POLLIN, 0}); owners.push_back({&w, false}); }
+      if (w.err_fd >= 0) { fds.push_back({w.err_fd, POLLIN, 0}); owners.push_back({&w, true}); }
+    }
+    bool all_exited = true;
+    for (Worker& w : workers) all_exited = all_exited && w.exited;
+    if (all_exited && fds.empty()) break;
+
+    if (!fds.empty() && poll(fds.data(), fds.size(), 200) > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        Worker& w = *owners[i].first;
+        if (owners[i].second) drain(w, w.err_fd, w.err_partial, stderr);
+        else drain(w, w.out_fd, w.out_partial, stdout);
+      }
+    } else if (fds.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+
+    for (Worker& w : workers) {
+      if (w.exited) continue;
+      int status = 0;
+      if (waitpid(w.pid, &status, WNOHANG) == w.pid) {
+        w.exited = true;
+        w.status = status;
+        bool stopped_by_us = stopping && WIFSIGNALED(status) && (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGKILL);
+        if (failed(status) && !stopped_by_us) {
+          std::string why = "rank " + std::to_string(w.rank) + " (" + me + ", pid " + std::to_string(w.pid) + ") " +
+                            describe_exit(status);
+          try {
+            int64_t index = store.add("ktune/failures", 1);
+            store.set("ktune/failure/" + std::to_string(index), why);
+          } catch (const Error&) {
+          }
+          local_failures.push_back(why);
+          begin_stop(why);
+        }
+      }
+    }
+
+    if (int sig = g_signal.exchange(0)) {
+      signal_all(workers, sig);
+      if (failure.empty()) failure = std::string("interrupted by ") + strsignal(sig);
+      stopping = true;
+      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    }
+    if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
+      signal_all(workers, SIGKILL);
+      stop_deadline = std::chrono::steady_clock::time_point::max();
+    }
+    if (plan.nnodes > 1 && !stopping && std::chrono::steady_clock::now() - last_store_check > std::chrono::milliseconds(500)) {
+      last_store_check = std::chrono::steady_clock::now();
+      try {
+        if (store.check("ktune/failure/1")) begin_stop(store.get_string("ktune/failure/1"));
+      } catch (const Error& e) {
+        begin_stop(std::string("lost contact with the rendezvous store on node 0: ") + e.what_only());
+      }
+    }
+  }
+
+  bool any_failed = false;
+  for (const Worker& w : workers) any_failed = any_failed || failed(w.status);
+  // Tell node 0 this node is done; node 0 keeps the store up until every node has said so.
+  try {
+    store.set("ktune/done/" + me, std::string(any_failed ? "failed" : "ok"));
+    if (plan.node_rank == 0 && plan.nnodes > 1) {
+      std::vector<std::string> done;
+      for (int i = 0; i < plan.nnodes; ++i) done.push_back("ktune/done/node" + std::to_string(i));
+      store.wait(done, any_failed || !failure.empty() ? std::chrono::milliseconds(10000) : plan.rdzv_timeout);
+    }
+  } catch (const Error&) {
+    // A node that died never says done; the failure (if any) is reported below.
+  }
+  if (any_failed || !failure.empty()) {
+    // Every failure the store knows of, in the order they were recorded: the first is most often
+    // the cause, the later ones peers that lost it in a collective.
+    std::vector<std::string> all;
+    try {
+      for (int64_t i = 1, n = store.add("ktune/failures", 0); i <= n; ++i) all.push_back(store.get_string("ktune/failure/" + std::to_string(i)));
+    } catch (const Error&) {
+      all = local_failures;
+    }
+    if (all.empty()) all.push_back(failure.empty() ? std::string("a worker failed") : failure);
+    std::string message;
+    for (const std::string& f : all) message += (message.empty() ? "" : "; ") + f;
+    std::fprintf(stderr, "ktune launcher (%s): job failed: %s; stopped the other workers\n", me.c_str(), message.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace ktune::dist

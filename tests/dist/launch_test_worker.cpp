@@ -1,0 +1,51 @@
+// A stand-in for `ktune run` in the launcher tests: as a launcher, it takes
+//   launch_test_worker NNODES NPROC NODE_RANK ENDPOINT MODE
+// and launches itself as the workers; as a worker (RANK set), it joins a Gloo group, allreduces
+// rank+1 and prints the sum. MODE "ok" succeeds; "fail1" makes rank 1 exit 3 after joining, so the
+// others are blocked in a collective that can never finish — the launcher must stop them.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+#include "dist/launcher.h"
+#include "dist/process_group.h"
+#include "dist/tcp_store.h"
+
+using namespace ktune::dist;
+
+static int worker(const WorkerEnv& env, const std::string& mode) {
+  TcpStore store(env.master_addr, env.master_port, std::chrono::seconds(20));
+  auto group = make_gloo_process_group(store, "test", env.rank, env.world_size, local_address_towards(env.master_addr),
+                                       std::chrono::seconds(20));
+  if (mode == "fail1" && env.rank == 1) {
+    std::fprintf(stderr, "rank 1 failing on purpose\n");
+    return 3;
+  }
+  float value = float(env.rank + 1);
+  group->allreduce_sum(&value, 1);
+  std::printf("rank %d of %d sum %.0f threads %s\n", env.rank, env.world_size, value, std::getenv("KTUNE_NUM_THREADS"));
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    if (auto env = read_worker_env()) return worker(*env, argc > 1 ? argv[1] : "ok");
+    if (argc != 6) {
+      std::fprintf(stderr, "usage: %s NNODES NPROC NODE_RANK ENDPOINT MODE\n", argv[0]);
+      return 2;
+    }
+    LauncherArgs args;
+    args.nnodes = argv[1];
+    args.nproc_per_node = argv[2];
+    args.node_rank = argv[3];
+    args.rdzv_endpoint = argv[4];
+    LaunchPlan plan = resolve_launch_plan(args);
+    return run_launcher(plan, {"/proc/self/exe", argv[5]});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,117 @@
+#include "dist/launcher.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdio>
+#include <future>
+#include <string>
+
+#include "core/error.h"
+#include "dist/tcp_store.h"
+
+using namespace ktune;
+using namespace ktune::dist;
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+static Result run(const std::string& args) {
+  std::string command = std::string(KTUNE_LAUNCH_TEST_WORKER) + " " + args + " 2>&1";
+  Result r{-1, ""};
+  std::FILE* p = popen(command.c_str(), "r");
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, p)) > 0) r.output.append(buffer, n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+static int free_port() {
+  TcpStoreServer probe(0);
+  return probe.port();
+}
+
+TEST(Launcher, RunsTheNodesWorkersWithTorchrunEnvAndRankPrefixes) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  Result r = run("1 2 0 " + endpoint + " ok");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank0]: rank 0 of 2 sum 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank1]: rank 1 of 2 sum 3"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, AFailingWorkerStopsTheOthersAndNamesTheRank) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  Result r = run("1 3 0 " + endpoint + " fail1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 1 (node0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exited with code 3"), std::string::npos) << r.output;
+}
+
+TEST(Launcher, TwoNodesOnLoopbackFormOneWorld) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto node1 = std::async(std::launch::async, [&] { return run("2 1 1 " + endpoint + " ok"); });
+  Result node0 = run("2 1 0 " + endpoint + " ok");
+  Result r1 = node1.get();
+  EXPECT_EQ(node0.exit_code, 0) << node0.output;
+  EXPECT_EQ(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(node0.output.find("[rank0]: rank 0 of 2 sum 3"), std::string::npos) << node0.output;
+  EXPECT_NE(r1.output.find("[rank1]: rank 1 of 2 sum 3"), std::string::npos) << r1.output;
+}
+
+TEST(Launcher, AFailureOnOneNodeEndsTheJobOnEveryNode) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto node1 = std::async(std::launch::async, [&] { return run("2 1 1 " + endpoint + " fail1"); });
+  Result node0 = run("2 1 0 " + endpoint + " fail1");
+  Result r1 = node1.get();
+  EXPECT_NE(node0.exit_code, 0) << node0.output;
+  EXPECT_NE(r1.exit_code, 0) << r1.output;
+  EXPECT_NE(node0.output.find("rank 1 (node1"), std::string::npos) << node0.output;
+  EXPECT_NE(r1.output.find("exited with code 3"), std::string::npos) << r1.output;
+}
+
+TEST(LaunchPlan, ReadsKubeflowsPetEnvAndTheRdzvEndpoint) {
+  setenv("PET_NNODES", "2", 1);
+  setenv("PET_NPROC_PER_NODE", "3", 1);
+  setenv("PET_NODE_RANK", "1", 1);
+  LauncherArgs args;
+  args.rdzv_endpoint = "job-node-0-0.job:29500";
+  LaunchPlan plan = resolve_launch_plan(args);
+  unsetenv("PET_NNODES");
+  unsetenv("PET_NPROC_PER_NODE");
+  unsetenv("PET_NODE_RANK");
+  EXPECT_EQ(plan.nnodes, 2);
+  EXPECT_EQ(plan.nproc_per_node, 3);
+  EXPECT_EQ(plan.node_rank, 1);
+  EXPECT_EQ(plan.world_size(), 6);
+  EXPECT_EQ(plan.master_addr, "job-node-0-0.job");
+  EXPECT_EQ(plan.master_port, 29500);
+}
+
+TEST(LaunchPlan, ArgumentsWinOverEnvAndBadValuesNameTheirSource) {
+  setenv("PET_NNODES", "4", 1);
+  LauncherArgs args;
+  args.nnodes = "1";
+  EXPECT_EQ(resolve_launch_plan(args).nnodes, 1);
+  unsetenv("PET_NNODES");
+  args.nproc_per_node = "two";
+  try {
+    resolve_launch_plan(args);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--nproc_per_node"), std::string::npos);
+  }
+  LauncherArgs ranked;
+  ranked.node_rank = "1";
+  EXPECT_THROW(resolve_launch_plan(ranked), Error);  // node rank 1 of 1 node
+}
+
+TEST(LaunchPlan, AutoMeansGpusElseCpus) {
+  LauncherArgs args;
+  args.nproc_per_node = "auto";
+  EXPECT_EQ(resolve_launch_plan(args).nproc_per_node, auto_nproc_per_node());
+  EXPECT_GE(auto_nproc_per_node(), 1);
+}
