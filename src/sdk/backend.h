@@ -1,0 +1,63 @@
+// Backend: where a TrainJobPlan runs. TrainerClient talks only to this interface, so the local
+// backend (processes on this machine + a SQLite registry, the embedded default) and the
+// Kubernetes backend (a TrainJob over the API server, a later issue) are interchangeable, chosen
+// by BackendConfig (or the environment: KTUNE_BACKEND=local|kubernetes).
+// It deliberately does not plan: it runs the steps it is given, in their dependency order.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/plan.h"
+#include "sdk/job_record.h"
+
+namespace ktune::sdk {
+
+struct BackendConfig {
+  enum class Kind { Local, Kubernetes };
+  Kind kind = Kind::Local;
+
+  // Local backend.
+  std::string home;              // registry.db and jobs/ live here; "" = $KTUNE_HOME, else ~/.ktune
+  std::string workspace_root;    // a job's workspace is <workspace_root>/<name>; "" = <home>/jobs
+  std::string ktune_exe;         // runs `jobs supervise` and stands for `tune`/`ktune` in commands;
+                                 // "" = $KTUNE_EXE, else this process if it is ktune, else `ktune` on PATH
+  std::vector<std::string> trainer_command;  // replaces a node step's leading `tune run` (tests, other
+                                             // trainers); "" = $KTUNE_TRAINER_COMMAND split on spaces
+  double stop_grace_seconds = 10;  // SIGTERM → SIGKILL when stopping a step's processes
+
+  // Kubernetes backend (not built yet).
+  std::string kubernetes_namespace = "default";
+
+  // Kind from KTUNE_BACKEND, the rest from the variables named above; unset fields keep defaults.
+  static BackendConfig from_env();
+};
+
+// Called once per log line (without its '\n'); return false to stop reading.
+using LogLineSink = std::function<bool(const std::string& line)>;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string kind() const = 0;  // "local", "kubernetes"
+
+  // Starts the plan and returns the job name (plan.job_name, or a new one: a letter + 11 hex).
+  virtual std::string submit(const TrainJobPlan& plan) = 0;
+  virtual std::vector<TrainJobRecord> list_jobs(const std::string& runtime = "") = 0;
+  virtual TrainJobRecord get_job(const std::string& name) = 0;  // throws Error if there is none
+  // Lines of one step's log; with follow, keeps reading until the step has finished and its log
+  // is drained (or the sink returns false).
+  virtual void get_job_logs(const std::string& name, const std::string& step, bool follow,
+                            const LogLineSink& sink) = 0;
+  // Stops the job's processes and forgets it; with remove_workspace also deletes its files.
+  virtual void delete_job(const std::string& name, bool remove_workspace = false) = 0;
+};
+
+std::unique_ptr<Backend> make_backend(const BackendConfig& config);
+
+// A job name as upstream's SDK makes them: a lowercase letter + 11 lowercase hex characters.
+std::string generate_job_name();
+
+}  // namespace ktune::sdk
