@@ -1,0 +1,286 @@
+#include "model/adapters/lora_adapter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/nf4.h"
+#include "model/decoder.h"
+
+namespace ktune::model {
+
+namespace {
+
+constexpr int64_t kRowBlock = 64;  // rows of x (dropout) or of W (DoRA norms) handled at a time
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [0, 1) from (seed, i), 24 bits of resolution.
+float uniform01(uint64_t seed, uint64_t i) { return float(splitmix64(seed ^ splitmix64(i)) >> 40) * (1.0f / 16777216.0f); }
+
+std::string suffix_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
+
+}  // namespace
+
+LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
+    : module_(base.name), options_(options), in_(base.in), out_(base.out) {
+  const int64_t r = options.rank;
+  check(r >= 1, "lora_rank", "must be at least 1, got " + std::to_string(r));
+  check(options.dropout >= 0.0f && options.dropout < 1.0f, "lora_dropout", "must be in [0, 1)");
+  check(!(options.use_dora && options.dropout > 0.0f), "model.use_dora",
+        "DoRA with lora_dropout > 0 is not supported; set lora_dropout=0.0");
+  scale_ = options.use_rslora ? options.alpha / std::sqrt(float(r)) : options.alpha / float(r);
+
+  const std::string prefix = "base_model.model." + module_;
+  lora_a_.name = prefix + ".lora_A.weight";
+  lora_a_.value = Tensor::empty({r, in_});
+  lora_b_.name = prefix + ".lora_B.weight";
+  lora_b_.value = Tensor::zeros({out_, r});
+  // kaiming_uniform_(a=√5) on (r, in): bound = √(6 / ((1 + 5) · in)) = 1/√in
+  const float bound = 1.0f / std::sqrt(float(in_));
+  const uint64_t seed = splitmix64(options.seed ^ std::hash<std::string>{}(module_));
+  float* a = lora_a_.value.f32();
+  for (int64_t i = 0; i < r * in_; ++i) a[i] = (2.0f * uniform01(seed, uint64_t(i)) - 1.0f) * bound;
+
+  if (options.quantize_base) {
+    const int64_t n = in_ * out_;
+    check(n % 64 == 0, module_, "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(n));
+    nf4_codes_.resize(size_t(n / 2));
+    nf4_scales_.resize(size_t(n / 64));
+    cpu::nf4_quantize(nf4_codes_.data(), nf4_scales_.data(), base.weight->value.f32(), n);
+    nf4_scratch_.resize(cpu::nf4_linear_scratch_floats(in_, out_));
+    base.weight->value = Tensor();  // the f32 base weight is gone: only NF4 remains
+    base.weight->grad = Tensor();
+    base.weight->trainable = false;
+  }
+  if (options.use_dora) {
+    magnitude_.name = prefix + ".lora_magnitude_vector";
+    magnitude_.value = Tensor::empty({out_});
+    weight_norm_.resize(size_t(out_));
+    dora_scale_.resize(size_t(out_));
+    // m starts at the row norms of W (B = 0, so ‖W + sBA‖ = ‖W‖).
+    Tensor w = base_weight(base);
+    for (int64_t o = 0; o < out_; ++o) {
+      double sum = 0;
+      for (int64_t i = 0; i < in_; ++i) sum += double(w.f32()[o * in_ + i]) * w.f32()[o * in_ + i];
+      magnitude_.value.f32()[o] = float(std::sqrt(sum));
+    }
+  }
+}
+
+std::vector<Parameter*> LoraAdapter::parameters() {
+  std::vector<Parameter*> params = {&lora_a_, &lora_b_};
+  if (options_.use_dora) params.push_back(&magnitude_);
+  return params;
+}
+
+int64_t LoraAdapter::saved_floats(int64_t N) const {
+  return N * options_.rank + (options_.use_dora ? N * out_ : 0);  // xa, and DoRA's pre-scale output
+}
+
+int64_t LoraAdapter::scratch_floats(int64_t N) const {
+  int64_t floats = N * options_.rank;                           // g
+  if (options_.use_dora) floats += N * out_;                    // dy ⊙ c
+  if (options_.dropout > 0.0f) floats += N * in_;               // dropped x, then its gradient
+  return floats;
+}
+
+Tensor LoraAdapter::base_weight(const Linear& base) const {
+  if (!options_.quantize_base) return base.weight->value;
+  Tensor w = Tensor::empty({out_, in_});
+  cpu::nf4_dequantize(w.f32(), nf4_codes_.data(), nf4_scales_.data(), out_ * in_);
+  return w;
+}
+
+size_t LoraAdapter::base_weight_bytes(const Linear& base) const {
+  if (options_.quantize_base) return nf4_codes_.size() + nf4_scales_.size() * sizeof(float);
+  return size_t(out_ * in_) * sizeof(float);
+}
+
+void LoraAdapter::base_forward(float* y, const float* x, int64_t N, const Linear& base) {
+  if (options_.quantize_base)
+    cpu::nf4_linear_forward(y, x, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, nf4_scratch_.data());
+  else
+    cpu::gemm(false, true, N, out_, in_, 1.0f, x, base.weight->value.f32(), 0.0f, y);
+}
+
+void LoraAdapter::base_backward_input(float* dx, const float* dy, int64_t N, const Linear& base, float* scratch) {
+  if (options_.quantize_base)
+    cpu::nf4_linear_backward_input(dx, dy, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, nf4_scratch_.data(), true);
+  else
+    cpu::gemm(false, false, N, in_, out_, 1.0f, dy, base.weight->value.f32(), 1.0f, dx);
+}
+
+void LoraAdapter::compute_dora_scale(const Linear& base) {
+  // ‖W + s·B·A‖ per row, a block of rows at a time: rows = W[block] + s · B[block] @ A
+  const int64_t r = options_.rank;
+  std::vector<float>& rows = dropout_rows_;
+  rows.resize(size_t(std::max<int64_t>(kRowBlock * in_, int64_t(rows.size()))));
+  for (int64_t o0 = 0; o0 < out_; o0 += kRowBlock) {
+    const int64_t m = std::min(kRowBlock, out_ - o0);
+    if (options_.quantize_base)
+      cpu::nf4_dequantize_range(rows.data(), nf4_codes_.data(), nf4_scales_.data(), o0 * in_, (o0 + m) * in_);
+    else
+      std::memcpy(rows.data(), base.weight->value.f32() + o0 * in_, sizeof(float) * size_t(m * in_));
+    cpu::gemm(false, false, m, in_, r, scale_, lora_b_.value.f32() + o0 * r, lora_a_.value.f32(), 1.0f, rows.data());
+    for (int64_t o = 0; o < m; ++o) {
+      double sum = 0;
+      const float* row = rows.data() + o * in_;
+      for (int64_t i = 0; i < in_; ++i) sum += double(row[i]) * row[i];
+      weight_norm_[size_t(o0 + o)] = float(std::sqrt(sum));
+      dora_scale_[size_t(o0 + o)] = magnitude_.value.f32()[o0 + o] / weight_norm_[size_t(o0 + o)];
+    }
+  }
+}
+
+void LoraAdapter::apply_dropout(float* xd, const float* x, int64_t row_begin, int64_t rows) const {
+  const float p = options_.dropout;
+  const float keep_scale = 1.0f / (1.0f - p);
+  const uint64_t seed = splitmix64(options_.seed ^ splitmix64(dropout_key_) ^ std::hash<std::string>{}(module_));
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t i = 0; i < in_; ++i) {
+      uint64_t index = uint64_t((row_begin + n) * in_ + i);
+      xd[n * in_ + i] = uniform01(seed, index) < p ? 0.0f : x[n * in_ + i] * keep_scale;
+    }
+}
+
+void LoraAdapter::forward(float* y, const float* x, int64_t N, const Linear& base, float* saved) {
+  const int64_t r = options_.rank;
+  float* xa = saved;  // (N, r) = dropout(x) @ Aᵀ
+  const bool dropping = options_.dropout > 0.0f && training_;
+  if (dropping) {
+    dropout_rows_.resize(size_t(std::max<int64_t>(kRowBlock * in_, int64_t(dropout_rows_.size()))));
+    for (int64_t n0 = 0; n0 < N; n0 += kRowBlock) {
+      const int64_t m = std::min(kRowBlock, N - n0);
+      apply_dropout(dropout_rows_.data(), x + n0 * in_, n0, m);
+      cpu::gemm(false, true, m, r, in_, 1.0f, dropout_rows_.data(), lora_a_.value.f32(), 0.0f, xa + n0 * r);
+    }
+  } else {
+    cpu::gemm(false, true, N, r, in_, 1.0f, x, lora_a_.value.f32(), 0.0f, xa);
+  }
+
+  if (options_.use_dora) {
+    compute_dora_scale(base);
+    float* pre = saved + N * r;  // (N, out) = x Wᵀ + s · xa Bᵀ
+    base_forward(pre, x, N, base);
+    cpu::gemm(false, true, N, out_, r, scale_, xa, lora_b_.value.f32(), 1.0f, pre);
+    const float* bias = base.bias ? base.bias->value.f32() : nullptr;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < out_; ++o)
+        y[n * out_ + o] = dora_scale_[size_t(o)] * pre[n * out_ + o] + (bias ? bias[o] : 0.0f);
+    return;
+  }
+  if (options_.quantize_base) {
+    base_forward(y, x, N, base);
+    if (base.bias)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t o = 0; o < out_; ++o) y[n * out_ + o] += base.bias->value.f32()[o];
+  }
+  cpu::gemm(false, true, N, out_, r, scale_, xa, lora_b_.value.f32(), 1.0f, y);  // y += s · xa Bᵀ
+}
+
+void LoraAdapter::backward(float* dx, const float* dy, const float* x, int64_t N, const Linear& base,
+                           const float* saved, float* scratch) {
+  const int64_t r = options_.rank;
+  const float* xa = saved;
+  float* g = scratch;  // (N, r)
+  float* next = scratch + N * r;
+
+  // d: the gradient at the LoRA sum's output (dy, or dy ⊙ c for DoRA).
+  const float* d = dy;
+  if (options_.use_dora) {
+    float* dyc = next;
+    next += N * out_;
+    const float* pre = saved + N * r;
+    float* dm = magnitude_.trainable && magnitude_.grad.defined() ? magnitude_.grad.f32() : nullptr;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < out_; ++o) dyc[n * out_ + o] = dy[n * out_ + o] * dora_scale_[size_t(o)];
+    if (dm) {
+      // y = m/‖·‖ ⊙ pre  ⇒  ∂y/∂m = pre / ‖·‖ (the norm detached)
+      for (int64_t o = 0; o < out_; ++o) {
+        double sum = 0;
+        for (int64_t n = 0; n < N; ++n) sum += double(dy[n * out_ + o]) * pre[n * out_ + o];
+        dm[o] += float(sum / weight_norm_[size_t(o)]);
+      }
+    }
+    d = dyc;
+  }
+
+  if (lora_b_.grad.defined())  // dB += s · dᵀ @ xa   (out, r)
+    cpu::gemm(true, false, out_, r, N, scale_, d, xa, 1.0f, lora_b_.grad.f32());
+  cpu::gemm(false, false, N, r, out_, scale_, d, lora_b_.value.f32(), 0.0f, g);  // g = s · d @ B   (N, r)
+
+  const bool dropping = options_.dropout > 0.0f && training_;
+  float* xd = dropping ? next : nullptr;
+  if (dropping) apply_dropout(xd, x, 0, N);
+  if (lora_a_.grad.defined())  // dA += gᵀ @ dropout(x)   (r, in)
+    cpu::gemm(true, false, r, in_, N, 1.0f, g, dropping ? xd : x, 1.0f, lora_a_.grad.f32());
+
+  if (dx == nullptr) return;
+  if (dropping) {
+    // dx += (g @ A) ⊙ mask / keep: the mask is where the dropped x is non-zero or x itself was zero
+    cpu::gemm(false, false, N, in_, r, 1.0f, g, lora_a_.value.f32(), 0.0f, xd);  // xd now holds g @ A
+    const float p = options_.dropout;
+    const float keep_scale = 1.0f / (1.0f - p);
+    const uint64_t seed = splitmix64(options_.seed ^ splitmix64(dropout_key_) ^ std::hash<std::string>{}(module_));
+    for (int64_t i = 0; i < N * in_; ++i)
+      if (!(uniform01(seed, uint64_t(i)) < p)) dx[i] += xd[i] * keep_scale;
+  } else {
+    cpu::gemm(false, false, N, in_, r, 1.0f, g, lora_a_.value.f32(), 1.0f, dx);  // dx += g @ A
+  }
+  if (replaces_base()) base_backward_input(dx, d, N, base, nullptr);  // dx += d @ W
+}
+
+Tensor LoraAdapter::merged_weight(const Linear& base) const {
+  Tensor w = base_weight(base).clone();
+  cpu::gemm(false, false, out_, in_, options_.rank, scale_, lora_b_.value.f32(), lora_a_.value.f32(), 1.0f, w.f32());
+  if (options_.use_dora) {
+    for (int64_t o = 0; o < out_; ++o) {
+      float* row = w.f32() + o * in_;
+      double sum = 0;
+      for (int64_t i = 0; i < in_; ++i) sum += double(row[i]) * row[i];
+      const float c = magnitude_.value.f32()[o] / float(std::sqrt(sum));
+      for (int64_t i = 0; i < in_; ++i) row[i] *= c;
+    }
+  }
+  return w;
+}
+
+std::vector<std::string> lora_target_modules(const LoraTargets& targets) {
+  std::vector<std::string> modules;
+  for (const std::string& m : targets.attn_modules) {
+    if (m == "q_proj" || m == "k_proj" || m == "v_proj") modules.push_back(m);
+    else if (m == "output_proj" || m == "o_proj") modules.push_back("o_proj");
+    else throw Error("model.lora_attn_modules", "unknown module '" + m + "' (expected q_proj, k_proj, v_proj or output_proj)");
+  }
+  if (targets.apply_to_mlp)
+    for (const char* m : {"gate_proj", "up_proj", "down_proj"}) modules.push_back(m);
+  if (targets.apply_to_output)
+    throw Error("model.apply_lora_to_output", "LoRA on the output projection is not supported yet; set it to False");
+  return modules;
+}
+
+std::vector<std::shared_ptr<LoraAdapter>> attach_lora(Decoder& decoder, const LoraTargets& targets,
+                                                      const LoraOptions& options) {
+  std::vector<std::string> wanted = lora_target_modules(targets);
+  check(!wanted.empty(), "model.lora_attn_modules", "no module selected for LoRA");
+  std::vector<std::shared_ptr<LoraAdapter>> adapters;
+  for (Linear* linear : decoder.linears()) {
+    if (std::find(wanted.begin(), wanted.end(), suffix_of(linear->name)) == wanted.end()) continue;
+    auto adapter = std::make_shared<LoraAdapter>(*linear, options);
+    linear->adapter = adapter;
+    adapters.push_back(adapter);
+  }
+  decoder.adapters_changed();
+  decoder.set_trainable([](const std::string& name) { return name.rfind("base_model.model.", 0) == 0; });
+  return adapters;
+}
+
+}  // namespace ktune::model

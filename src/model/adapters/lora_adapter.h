@@ -1,0 +1,103 @@
+// LoRA, DoRA and QLoRA as one adapter on a model::Linear (the decoder's hook, model/linear.h).
+//   LoRA:  y = base(x) + s · B(A(dropout(x)))                     s = alpha / r (alpha / √r: rsLoRA)
+//   DoRA:  y = c ⊙ (x Wᵀ + s · B(A x)) + b,   c = m / ‖W + s·B·A‖_row  (the norm detached, as PEFT)
+//   QLoRA: the base W kept only in NF4 (blocks of 64, an f32 scale each; kernels/cpu/nf4.h): the
+//          f32 weight is freed when the adapter attaches and never rebuilt whole in training.
+// Parameters are named as PEFT names them (`base_model.model.<module>.lora_A.weight`, `…lora_B.weight`,
+// `…lora_magnitude_vector`), so saving an adapter is writing parameters() as they are.
+// Init as PEFT: A kaiming-uniform (bound 1/√in), B zero, m the row norms of W.
+// It deliberately does not support DoRA with dropout > 0 (PEFT's mixed dropped/undropped base term),
+// nor LoRA on the fused output projection (lm_head): both are refused with an Error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/linear.h"
+
+namespace ktune::model {
+
+class Decoder;
+
+struct LoraOptions {
+  int64_t rank = 8;
+  float alpha = 16.0f;
+  float dropout = 0.0f;
+  bool use_dora = false;
+  bool use_rslora = false;
+  bool quantize_base = false;  // QLoRA: NF4 base
+  uint64_t seed = 0;
+};
+
+class LoraAdapter : public LinearAdapter {
+ public:
+  // Attaches nothing by itself: attach_lora() sets base.adapter. Quantises the base (and frees its
+  // f32 weight) when options.quantize_base.
+  LoraAdapter(Linear& base, const LoraOptions& options);
+
+  std::vector<Parameter*> parameters() override;
+  int64_t saved_floats(int64_t N) const override;
+  int64_t scratch_floats(int64_t N) const override;
+  bool replaces_base() const override { return options_.use_dora || options_.quantize_base; }
+  void forward(float* y, const float* x, int64_t N, const Linear& base, float* saved) override;
+  void backward(float* dx, const float* dy, const float* x, int64_t N, const Linear& base, const float* saved,
+                float* scratch) override;
+
+  // Dropout masks are a pure function of (seed, key, element): the trainer sets a new key per
+  // micro-batch, so a recomputed forward (activation checkpointing) draws the same mask.
+  void set_dropout_key(uint64_t key) { dropout_key_ = key; }
+  void set_training(bool training) { training_ = training; }
+
+  float scale() const { return scale_; }
+  const LoraOptions& options() const { return options_; }
+  const std::string& module_name() const { return module_; }
+  // The base weight as f32 (dequantised for QLoRA): (out, in).
+  Tensor base_weight(const Linear& base) const;
+  // W' that a plain Linear would need to compute what this adapter computes: (out, in).
+  Tensor merged_weight(const Linear& base) const;
+  // Bytes the base weight occupies (NF4 codes + scales for QLoRA, f32 otherwise).
+  size_t base_weight_bytes(const Linear& base) const;
+
+ private:
+  void base_forward(float* y, const float* x, int64_t N, const Linear& base);  // y = x Wᵀ (no bias)
+  void base_backward_input(float* dx, const float* dy, int64_t N, const Linear& base, float* scratch);  // dx += dy W
+  void compute_dora_scale(const Linear& base);  // weight_norm_, dora_scale_
+  void apply_dropout(float* xd, const float* x, int64_t row_begin, int64_t rows) const;
+
+  std::string module_;
+  LoraOptions options_;
+  int64_t in_ = 0, out_ = 0;
+  float scale_ = 1.0f;
+  Parameter lora_a_, lora_b_, magnitude_;
+  // QLoRA base
+  std::vector<uint8_t> nf4_codes_;
+  std::vector<float> nf4_scales_;
+  std::vector<float> nf4_scratch_;
+  // DoRA: per output row, ‖W + sBA‖ and m / ‖·‖ (recomputed each forward; the weights do not
+  // change between a forward and its backward)
+  std::vector<float> weight_norm_, dora_scale_;
+  std::vector<float> dropout_rows_;  // forward-only block buffer for dropped inputs
+  uint64_t dropout_key_ = 0;
+  bool training_ = true;
+};
+
+// torchtune's LoRA targets: lora_attn_modules ⊂ {q_proj, k_proj, v_proj, output_proj},
+// apply_lora_to_mlp (gate/up/down), apply_lora_to_output (refused: see above).
+struct LoraTargets {
+  std::vector<std::string> attn_modules = {"q_proj", "v_proj"};
+  bool apply_to_mlp = false;
+  bool apply_to_output = false;
+};
+
+// Attaches adapters to the matching projections, freezes every base parameter, and makes the
+// adapters' parameters the trainable ones. Returns the adapters in module order.
+std::vector<std::shared_ptr<LoraAdapter>> attach_lora(Decoder& decoder, const LoraTargets& targets,
+                                                      const LoraOptions& options);
+
+// HF module suffixes ("q_proj", "o_proj", "gate_proj", …) that the targets select (for
+// adapter_config.json's target_modules).
+std::vector<std::string> lora_target_modules(const LoraTargets& targets);
+
+}  // namespace ktune::model

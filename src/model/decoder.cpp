@@ -1,0 +1,541 @@
+// The decoder's parameters, activation plan, and per-layer forward/backward. See decoder.h.
+#include "model/decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/rmsnorm.h"
+
+namespace ktune::model {
+
+namespace fs = std::filesystem;
+
+// The parameters and projections of one layer.
+struct Decoder::Layer {
+  Linear q, k, v, o, gate, up, down;
+  Parameter* norm_attn_in = nullptr;   // input_layernorm
+  Parameter* norm_attn_out = nullptr;  // Gemma2 post_attention_layernorm (on the attention output)
+  Parameter* norm_mlp_in = nullptr;    // post_attention_layernorm (Gemma2: pre_feedforward_layernorm)
+  Parameter* norm_mlp_out = nullptr;   // Gemma2 post_feedforward_layernorm
+  Linear* linear(int i) { Linear* all[7] = {&q, &k, &v, &o, &gate, &up, &down}; return all[i]; }
+};
+
+// What one layer's forward saves for its backward. N = B*T tokens.
+struct Decoder::LayerActs {
+  float* ln1 = nullptr;     // (N, C) norm1(x)
+  float* rstd1 = nullptr;   // (N)
+  float* q = nullptr;       // (N, Hq*D) after rope
+  float* k = nullptr;       // (N, Hkv*D) after rope
+  float* v = nullptr;       // (N, Hkv*D)
+  float* att = nullptr;     // (N, Hq*D) attention output
+  float* lse = nullptr;     // (B, Hq, T)
+  float* o = nullptr;       // (N, C) o_proj output (Gemma2: input of the post-attention norm)
+  float* rstd_o = nullptr;  // (N) Gemma2
+  float* x_mid = nullptr;   // (N, C) residual after attention
+  float* ln2 = nullptr;     // (N, C) norm2(x_mid)
+  float* rstd2 = nullptr;   // (N)
+  float* gate = nullptr;    // (N, I)
+  float* up = nullptr;      // (N, I)
+  float* act = nullptr;     // (N, I) act(gate) * up
+  float* down = nullptr;    // (N, C) Gemma2: down_proj output, input of the post-feed-forward norm
+  float* rstd_down = nullptr;  // (N) Gemma2
+  float* saved[7] = {};        // adapters' saved activations, per projection q k v o gate up down
+};
+
+// Every buffer of a step, carved from the arena in one layout.
+struct Decoder::Plan {
+  int64_t B = 0, T = 0, N = 0;
+  bool checkpointing = false;
+  size_t bytes = 0;
+  std::vector<float*> resid;     // L+1 of (N, C): the input of each layer, then the final hidden
+  std::vector<LayerActs> acts;   // L, or 1 shared (recomputed) when checkpointing
+  float* final_normed = nullptr;  // (N, C)
+  float* final_rstd = nullptr;    // (N)
+  int32_t* default_positions = nullptr;  // (N) 0..T-1 per row
+  // backward scratch
+  float *dres = nullptr, *dtmp = nullptr, *dln = nullptr;   // (N, C)
+  float *datt = nullptr, *dq = nullptr;                     // (N, Hq*D)
+  float *dk = nullptr, *dv = nullptr;                       // (N, Hkv*D)
+  float *dact = nullptr, *dgate = nullptr, *dup = nullptr;  // (N, I)
+  float* dnormed = nullptr;                                 // (N, C)
+  float* recompute_out = nullptr;                           // (N, C) checkpointing only
+  float* adapter_scratch = nullptr;
+  float* ce_scratch = nullptr;
+  int64_t ce_chunk = 0;
+  const int32_t* positions = nullptr;  // of the current batch
+};
+
+// Carves buffers from an arena, or (arena == nullptr) only adds up their bytes.
+struct Decoder::Take {
+  Arena* arena = nullptr;
+  size_t bytes = 0;
+  float* f(int64_t n) {
+    Shape s{std::max<int64_t>(n, 1)};
+    bytes += arena_bytes(s, DType::F32);
+    return arena ? arena->take(s, DType::F32).f32() : nullptr;
+  }
+  int32_t* i32(int64_t n) {
+    Shape s{std::max<int64_t>(n, 1)};
+    bytes += arena_bytes(s, DType::I32);
+    return arena ? arena->take(s, DType::I32).data<int32_t>() : nullptr;
+  }
+};
+
+namespace {
+
+float* grad_of(Parameter* p) { return p && p->trainable ? p->grad.f32() : nullptr; }
+
+// splitmix64: a fast counter-based generator for initialisation.
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Parameters
+
+Decoder::Decoder(ModelConfig config, uint64_t seed) : config_(std::move(config)) {
+  build_parameters();
+  allocate_grads();
+  init_random(seed);
+}
+
+Decoder::~Decoder() = default;
+
+void Decoder::build_parameters() {
+  const ModelConfig& c = config_;
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  rope_ = std::make_unique<cpu::RopeTable>(c.head_dim, c.rope_theta, c.rope_scaling,
+                                           std::max<int64_t>(c.max_position_embeddings, 1));
+  embed_scale_ = c.scale_embeddings ? float(std::sqrt(double(C))) : 1.0f;
+  auto add = [&](const std::string& name, Shape shape) {
+    auto p = std::make_unique<Parameter>();
+    p->name = name;
+    p->value = Tensor::empty(std::move(shape));
+    params_.push_back(std::move(p));
+    return params_.back().get();
+  };
+  auto make_linear = [&](Linear& lin, const std::string& module, int64_t in, int64_t out, bool bias) {
+    lin.name = module;
+    lin.in = in;
+    lin.out = out;
+    lin.weight = add(module + ".weight", {out, in});
+    lin.bias = bias ? add(module + ".bias", {out}) : nullptr;
+  };
+  embed_ = add("model.embed_tokens.weight", {c.vocab_size, C});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    auto layer = std::make_unique<Layer>();
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    make_linear(layer->q, pre + "self_attn.q_proj", C, c.q_dim(), c.qkv_bias);
+    make_linear(layer->k, pre + "self_attn.k_proj", C, c.kv_dim(), c.qkv_bias);
+    make_linear(layer->v, pre + "self_attn.v_proj", C, c.kv_dim(), c.qkv_bias);
+    make_linear(layer->o, pre + "self_attn.o_proj", c.q_dim(), C, c.o_bias);
+    make_linear(layer->gate, pre + "mlp.gate_proj", C, I, c.mlp_bias);
+    make_linear(layer->up, pre + "mlp.up_proj", C, I, c.mlp_bias);
+    make_linear(layer->down, pre + "mlp.down_proj", I, C, c.mlp_bias);
+    layer->norm_attn_in = add(pre + "input_layernorm.weight", {C});
+    if (c.sandwich_norms) {
+      layer->norm_attn_out = add(pre + "post_attention_layernorm.weight", {C});
+      layer->norm_mlp_in = add(pre + "pre_feedforward_layernorm.weight", {C});
+      layer->norm_mlp_out = add(pre + "post_feedforward_layernorm.weight", {C});
+    } else {
+      layer->norm_mlp_in = add(pre + "post_attention_layernorm.weight", {C});
+    }
+    layers_.push_back(std::move(layer));
+  }
+  final_norm_ = add("model.norm.weight", {C});
+  if (!c.tie_word_embeddings) lm_head_ = add("lm_head.weight", {c.vocab_size, C});
+}
+
+void Decoder::init_random(uint64_t seed) {
+  const float norm_identity = 1.0f - config_.norm_weight_offset;
+  for (size_t pi = 0; pi < params_.size(); ++pi) {
+    Parameter& p = *params_[pi];
+    float* x = p.value.f32();
+    const int64_t n = p.value.numel();
+    if (p.value.rank() == 1 && p.name.find("norm") != std::string::npos) {
+      std::fill(x, x + n, norm_identity);
+    } else if (p.value.rank() == 1) {
+      std::fill(x, x + n, 0.0f);  // biases
+    } else {
+      // Sum of 4 uniforms (Irwin-Hall): mean 0, variance 4/12; scaled to std 0.02.
+      const float scale = 0.02f / std::sqrt(4.0f / 12.0f);
+      const uint64_t base = splitmix64(seed * 1000003ull + pi);
+      for (int64_t i = 0; i < n; ++i) {
+        uint64_t r = splitmix64(base + uint64_t(i));
+        float s = 0;
+        for (int j = 0; j < 4; ++j) s += float((r >> (16 * j)) & 0xffff) / 65535.0f;
+        x[i] = (s - 2.0f) * scale;
+      }
+    }
+  }
+}
+
+void Decoder::allocate_grads() {
+  for (Parameter* p : parameters()) {
+    if (p->trainable) {
+      if (!p->grad.defined() || p->grad.shape() != p->value.shape()) p->grad = Tensor::zeros(p->value.shape());
+    } else {
+      p->grad = Tensor();
+    }
+  }
+}
+
+std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const LoadOptions& options) {
+  if (options.storage != DType::F32)
+    throw Error(dir, std::string("storage dtype ") + dtype_name(options.storage) +
+                         " is not implemented by the decoder (f32 is; bf16 checkpoints load as f32)");
+  if (!fs::is_directory(dir)) throw Error(dir, "not a model directory");
+  ModelConfig config = ModelConfig::from_file((fs::path(dir) / "config.json").string());
+  io::SafetensorsCheckpoint ckpt = io::SafetensorsCheckpoint::open(dir);
+  std::unique_ptr<Decoder> d(new Decoder(config, 0));
+  std::set<std::string> used;
+  for (auto& p : d->params_) {
+    if (!ckpt.contains(p->name))
+      throw Error(dir + ": tensor " + p->name, "missing from the checkpoint (config.json's " + config.model_type +
+                                                   " with " + std::to_string(config.num_layers) + " layers needs it)");
+    const io::SafetensorsFile& file = ckpt.file_of(p->name);
+    const io::SafetensorsInfo& info = file.info(p->name);
+    if (info.shape != p->value.shape())
+      throw Error(file.path() + ": tensor " + p->name,
+                  "shape " + info.shape.str() + " but config.json implies " + p->value.shape().str());
+    Tensor src = file.view(p->name);  // throws naming file and tensor for dtypes core lacks
+    if (src.dtype() != DType::F32 && src.dtype() != DType::BF16 && src.dtype() != DType::F16)
+      throw Error(file.path() + ": tensor " + p->name,
+                  std::string("dtype ") + info.dtype + " is not a floating-point weight type (F32, BF16, F16)");
+    p->value.copy_from(src);
+    used.insert(p->name);
+  }
+  int64_t ignored = 0;
+  for (const std::string& name : ckpt.names()) {
+    if (used.count(name)) continue;
+    if (name == "lm_head.weight" && config.tie_word_embeddings) continue;  // tied: the embedding is the head
+    ++ignored;
+    if (ignored <= 5) log_warn(dir + ": tensor " + name + " is not used by the " + config.model_type + " decoder");
+  }
+  if (ignored > 5) log_warn(dir + ": " + std::to_string(ignored) + " checkpoint tensors not used in all");
+  return d;
+}
+
+std::vector<Parameter*> Decoder::parameters() {
+  std::vector<Parameter*> out;
+  for (auto& p : params_) out.push_back(p.get());
+  for (Linear* lin : linears())
+    if (lin->adapter)
+      for (Parameter* p : lin->adapter->parameters()) out.push_back(p);
+  return out;
+}
+
+Parameter& Decoder::parameter(const std::string& name) {
+  for (Parameter* p : parameters())
+    if (p->name == name) return *p;
+  throw Error("parameter " + name, "no such parameter in this " + config_.model_type + " decoder");
+}
+
+void Decoder::set_trainable(const std::function<bool(const std::string&)>& trainable) {
+  for (Parameter* p : parameters()) p->trainable = trainable(p->name);
+  allocate_grads();
+}
+
+void Decoder::zero_grad() {
+  for (Parameter* p : parameters())
+    if (p->trainable && p->grad.defined()) p->grad.fill_zero();
+}
+
+std::vector<Linear*> Decoder::linears() {
+  std::vector<Linear*> out;
+  for (auto& layer : layers_)
+    for (int i = 0; i < 7; ++i) out.push_back(layer->linear(i));
+  return out;
+}
+
+Linear& Decoder::linear(const std::string& module_name) {
+  for (Linear* lin : linears())
+    if (lin->name == module_name) return *lin;
+  throw Error("module " + module_name, "no such projection in this " + config_.model_type + " decoder");
+}
+
+void Decoder::adapters_changed() {
+  plan_.reset();
+  allocate_grads();
+}
+
+void Decoder::set_activation_checkpointing(bool on) {
+  if (on != checkpointing_) plan_.reset();
+  checkpointing_ = on;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning
+
+void Decoder::layout(Take& take, int64_t B, int64_t T, Plan& p) const {
+  const ModelConfig& c = config_;
+  const int64_t N = B * T, C = c.hidden_size, I = c.intermediate_size, QD = c.q_dim(), KD = c.kv_dim();
+  const int64_t L = c.num_layers;
+  p.B = B;
+  p.T = T;
+  p.N = N;
+  p.checkpointing = checkpointing_;
+  p.resid.assign(size_t(L + 1), nullptr);
+  for (auto& r : p.resid) r = take.f(N * C);
+  p.acts.assign(size_t(checkpointing_ ? std::min<int64_t>(L, 1) : L), LayerActs{});
+  for (size_t a = 0; a < p.acts.size(); ++a) {
+    LayerActs& s = p.acts[a];
+    s.ln1 = take.f(N * C);
+    s.rstd1 = take.f(N);
+    s.q = take.f(N * QD);
+    s.k = take.f(N * KD);
+    s.v = take.f(N * KD);
+    s.att = take.f(N * QD);
+    s.lse = take.f(N * c.num_heads);
+    if (c.sandwich_norms) {
+      s.o = take.f(N * C);
+      s.rstd_o = take.f(N);
+      s.down = take.f(N * C);
+      s.rstd_down = take.f(N);
+    }
+    s.x_mid = take.f(N * C);
+    s.ln2 = take.f(N * C);
+    s.rstd2 = take.f(N);
+    s.gate = take.f(N * I);
+    s.up = take.f(N * I);
+    s.act = take.f(N * I);
+    // Adapters' saved floats: the largest over layers when checkpointing shares one set.
+    for (int i = 0; i < 7; ++i) {
+      int64_t need = 0;
+      if (checkpointing_) {
+        for (auto& layer : layers_) need = std::max(need, layer->linear(i)->saved_floats(N));
+      } else {
+        need = layers_[a]->linear(i)->saved_floats(N);
+      }
+      s.saved[i] = need > 0 ? take.f(need) : nullptr;
+    }
+  }
+  p.final_normed = take.f(N * C);
+  p.final_rstd = take.f(N);
+  p.default_positions = take.i32(N);
+  p.dres = take.f(N * C);
+  p.dtmp = take.f(N * C);
+  p.dln = take.f(N * C);
+  p.datt = take.f(N * QD);
+  p.dq = take.f(N * QD);
+  p.dk = take.f(N * KD);
+  p.dv = take.f(N * KD);
+  p.dact = take.f(N * I);
+  p.dgate = take.f(N * I);
+  p.dup = take.f(N * I);
+  p.dnormed = take.f(N * C);
+  p.recompute_out = checkpointing_ ? take.f(N * C) : nullptr;
+  int64_t adapter_scratch = 0;
+  for (auto& layer : layers_)
+    for (int i = 0; i < 7; ++i) adapter_scratch = std::max(adapter_scratch, layer->linear(i)->scratch_floats(N));
+  p.adapter_scratch = adapter_scratch > 0 ? take.f(adapter_scratch) : nullptr;
+  // Chunks of the fused loss: about 4 Mi floats (16 MiB) of logits at a time.
+  p.ce_chunk = std::clamp<int64_t>((int64_t(1) << 22) / c.vocab_size, 1, std::max<int64_t>(N, 1));
+  p.ce_scratch = take.f(int64_t(cpu::linear_cross_entropy_scratch_floats(p.ce_chunk, c.vocab_size)));
+  p.bytes = take.bytes;
+}
+
+size_t Decoder::planned_activation_bytes(int64_t B, int64_t T) const {
+  Take take;
+  Plan p;
+  layout(take, B, T, p);
+  return take.bytes;
+}
+
+Decoder::Plan& Decoder::prepare(const Batch& batch) {
+  check(batch.B > 0 && batch.T > 0, "Decoder", "empty batch (B=" + std::to_string(batch.B) + ", T=" +
+                                                   std::to_string(batch.T) + ")");
+  check(batch.tokens != nullptr, "Decoder", "batch without tokens");
+  if (!plan_ || plan_->B != batch.B || plan_->T != batch.T || plan_->checkpointing != checkpointing_) {
+    const size_t need = planned_activation_bytes(batch.B, batch.T);
+    if (!arena_ || arena_->capacity() < need) {
+      arena_.reset();  // free the old block before taking the new one
+      arena_ = std::make_unique<Arena>(need);
+      log_info("decoder: activation arena planned at " + std::to_string(need) + " bytes (" +
+               std::to_string(double(need) / (1 << 20)) + " MiB) for B=" + std::to_string(batch.B) +
+               " T=" + std::to_string(batch.T) + (checkpointing_ ? " with activation checkpointing" : ""));
+    }
+    arena_->reset();
+    plan_ = std::make_unique<Plan>();
+    Take take{arena_.get()};
+    layout(take, batch.B, batch.T, *plan_);
+    for (int64_t b = 0; b < batch.B; ++b)
+      for (int64_t t = 0; t < batch.T; ++t) plan_->default_positions[b * batch.T + t] = int32_t(t);
+  }
+  plan_->positions = batch.positions ? batch.positions : plan_->default_positions;
+  return *plan_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward and backward
+
+void Decoder::layer_forward(size_t l, const LayerActs& a, const float* x_in, float* x_out, const Plan& p) {
+  const ModelConfig& c = config_;
+  Layer& L = *layers_[l];
+  const int64_t N = p.N, C = c.hidden_size, I = c.intermediate_size;
+  const float eps = c.rms_norm_eps, off = c.norm_weight_offset;
+  // attention block
+  cpu::rmsnorm_forward(a.ln1, a.rstd1, x_in, L.norm_attn_in->value.f32(), N, C, eps, off);
+  L.q.forward(a.q, a.ln1, N, a.saved[0]);
+  L.k.forward(a.k, a.ln1, N, a.saved[1]);
+  L.v.forward(a.v, a.ln1, N, a.saved[2]);
+  cpu::rope_forward(a.q, p.positions, *rope_, N, c.num_heads, c.head_dim);
+  cpu::rope_forward(a.k, p.positions, *rope_, N, c.num_kv_heads, c.head_dim);
+  cpu::AttentionShape s{p.B, p.T, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_scale,
+                        c.sliding_window[l], c.attn_logit_softcap};
+  cpu::attention_forward(a.att, a.lse, a.q, a.k, a.v, doc_ids_, s);
+  if (c.sandwich_norms) {
+    L.o.forward(a.o, a.att, N, a.saved[3]);
+    cpu::rmsnorm_forward(a.x_mid, a.rstd_o, a.o, L.norm_attn_out->value.f32(), N, C, eps, off);
+  } else {
+    L.o.forward(a.x_mid, a.att, N, a.saved[3]);
+  }
+  cpu::add_inplace(a.x_mid, x_in, N * C);  // h = x + attn
+  // MLP block
+  cpu::rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, L.norm_mlp_in->value.f32(), N, C, eps, off);
+  L.gate.forward(a.gate, a.ln2, N, a.saved[4]);
+  L.up.forward(a.up, a.ln2, N, a.saved[5]);
+  if (c.activation == Activation::SiLU) cpu::swiglu_forward(a.act, a.gate, a.up, N * I);
+  else cpu::geglu_tanh_forward(a.act, a.gate, a.up, N * I);
+  if (c.sandwich_norms) {
+    L.down.forward(a.down, a.act, N, a.saved[6]);
+    cpu::rmsnorm_forward(x_out, a.rstd_down, a.down, L.norm_mlp_out->value.f32(), N, C, eps, off);
+  } else {
+    L.down.forward(x_out, a.act, N, a.saved[6]);
+  }
+  cpu::add_inplace(x_out, a.x_mid, N * C);  // y = h + mlp
+}
+
+// dres: (N, C) the gradient of the layer's output on entry, of its input on exit.
+void Decoder::layer_backward(size_t l, const LayerActs& a, const float* x_in, float* dres, const Plan& p) {
+  const ModelConfig& c = config_;
+  Layer& L = *layers_[l];
+  const int64_t N = p.N, C = c.hidden_size, I = c.intermediate_size;
+  const float off = c.norm_weight_offset;
+  float* scratch = p.adapter_scratch;
+  // Undo y = h + [post_ff_norm](down(act(gate(n)) * up(n))), n = norm2(h)
+  const float* dy_down = dres;
+  if (c.sandwich_norms) {
+    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_mlp_out), dres, a.down, L.norm_mlp_out->value.f32(), a.rstd_down,
+                          N, C, off);
+    dy_down = p.dtmp;
+  }
+  L.down.backward(p.dact, dy_down, a.act, N, a.saved[6], scratch, false);
+  if (c.activation == Activation::SiLU) cpu::swiglu_backward(p.dgate, p.dup, p.dact, a.gate, a.up, N * I);
+  else cpu::geglu_tanh_backward(p.dgate, p.dup, p.dact, a.gate, a.up, N * I);
+  L.gate.backward(p.dln, p.dgate, a.ln2, N, a.saved[4], scratch, false);
+  L.up.backward(p.dln, p.dup, a.ln2, N, a.saved[5], scratch, true);
+  cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_mlp_in), p.dln, a.x_mid, L.norm_mlp_in->value.f32(), a.rstd2, N, C,
+                        off);
+  cpu::add_inplace(dres, p.dtmp, N * C);  // dres = d h
+  // Undo h = x + [post_attn_norm](o(attention(rope(q(n)), rope(k(n)), v(n)))), n = norm1(x)
+  const float* dy_o = dres;
+  if (c.sandwich_norms) {
+    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_attn_out), dres, a.o, L.norm_attn_out->value.f32(), a.rstd_o, N,
+                          C, off);
+    dy_o = p.dtmp;
+  }
+  L.o.backward(p.datt, dy_o, a.att, N, a.saved[3], scratch, false);
+  cpu::AttentionShape s{p.B, p.T, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_scale,
+                        c.sliding_window[l], c.attn_logit_softcap};
+  cpu::attention_backward(p.dq, p.dk, p.dv, p.datt, a.q, a.k, a.v, a.att, a.lse, doc_ids_, s);
+  cpu::rope_backward(p.dq, p.positions, *rope_, N, c.num_heads, c.head_dim);
+  cpu::rope_backward(p.dk, p.positions, *rope_, N, c.num_kv_heads, c.head_dim);
+  // The input gradient is needed below this layer, or for this layer's input norm weight.
+  const bool need_dx = needs_grad_below_[l] || L.norm_attn_in->trainable;
+  float* dln = need_dx ? p.dln : nullptr;
+  L.q.backward(dln, p.dq, a.ln1, N, a.saved[0], scratch, false);
+  L.k.backward(dln, p.dk, a.ln1, N, a.saved[1], scratch, true);
+  L.v.backward(dln, p.dv, a.ln1, N, a.saved[2], scratch, true);
+  if (need_dx) {
+    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_attn_in), p.dln, x_in, L.norm_attn_in->value.f32(), a.rstd1, N, C,
+                          off);
+    cpu::add_inplace(dres, p.dtmp, N * C);  // dres = d x
+  }
+}
+
+void Decoder::embed_forward(const Batch& batch, Plan& p, float* x) {
+  cpu::embedding_forward(x, batch.tokens, embed_->value.f32(), p.N, config_.hidden_size, config_.vocab_size,
+                         embed_scale_);
+}
+
+LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, float* logits) {
+  const ModelConfig& c = config_;
+  Plan& p = prepare(batch);
+  if (!logits) check(batch.labels != nullptr, "Decoder", "a loss needs labels");
+  const int64_t N = p.N, C = c.hidden_size, V = c.vocab_size, L = c.num_layers;
+  doc_ids_ = batch.doc_ids;
+
+  // Which layers still need gradients below them (a frozen bottom stops the backward early).
+  needs_grad_below_.assign(size_t(L) + 1, false);
+  bool below = embed_->trainable;
+  for (int64_t l = 0; l <= L; ++l) {
+    needs_grad_below_[size_t(l)] = below;
+    if (l == L) break;
+    Layer& layer = *layers_[size_t(l)];
+    for (int i = 0; i < 7; ++i) {
+      const Linear* lin = layer.linear(i);
+      if (lin->weight->trainable || (lin->bias && lin->bias->trainable) || lin->adapter) below = true;
+    }
+    for (Parameter* n : {layer.norm_attn_in, layer.norm_attn_out, layer.norm_mlp_in, layer.norm_mlp_out})
+      if (n && n->trainable) below = true;
+  }
+
+  embed_forward(batch, p, p.resid[0]);
+  for (int64_t l = 0; l < L; ++l)
+    layer_forward(size_t(l), p.acts[checkpointing_ ? 0 : size_t(l)], p.resid[size_t(l)], p.resid[size_t(l) + 1], p);
+  cpu::rmsnorm_forward(p.final_normed, p.final_rstd, p.resid[size_t(L)], final_norm_->value.f32(), N, C,
+                       c.rms_norm_eps, c.norm_weight_offset);
+  Parameter* head = lm_head_ ? lm_head_ : embed_;
+  if (logits) {  // (N, V)
+    cpu::gemm(false, true, N, V, C, 1.0f, p.final_normed, head->value.f32(), 0.0f, logits);
+    if (c.final_logit_softcap > 0) cpu::softcap_forward(logits, N * V, c.final_logit_softcap);
+    return {};
+  }
+  LossResult r;
+  r.loss_sum = cpu::linear_cross_entropy(backward ? p.dnormed : nullptr, backward ? grad_of(head) : nullptr,
+                                         &r.n_valid, p.final_normed, head->value.f32(), batch.labels, N, C, V,
+                                         c.final_logit_softcap, grad_scale, p.ce_chunk, p.ce_scratch);
+  if (!backward) return r;
+
+  const bool any_below = needs_grad_below_[size_t(L)];
+  if (!any_below && !final_norm_->trainable) return r;
+  cpu::rmsnorm_backward(p.dres, grad_of(final_norm_), p.dnormed, p.resid[size_t(L)], final_norm_->value.f32(),
+                        p.final_rstd, N, C, c.norm_weight_offset);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    if (!needs_grad_below_[size_t(l) + 1]) break;  // nothing trainable in this layer or below
+    const LayerActs& a = p.acts[checkpointing_ ? 0 : size_t(l)];
+    if (checkpointing_) layer_forward(size_t(l), a, p.resid[size_t(l)], p.recompute_out, p);
+    layer_backward(size_t(l), a, p.resid[size_t(l)], p.dres, p);
+  }
+  if (embed_->trainable) cpu::embedding_backward(embed_->grad.f32(), p.dres, batch.tokens, N, C, embed_scale_);
+  return r;
+}
+
+LossResult Decoder::forward_backward(const Batch& batch, float grad_scale) { return run(batch, true, grad_scale, nullptr); }
+
+LossResult Decoder::forward_loss(const Batch& batch) { return run(batch, false, 1.0f, nullptr); }
+
+Tensor Decoder::forward_logits(const Batch& batch) {
+  Tensor logits = Tensor::empty({batch.B, batch.T, config_.vocab_size});
+  run(batch, false, 1.0f, logits.f32());
+  return logits;
+}
+
+}  // namespace ktune::model

@@ -1,0 +1,128 @@
+// Decoder: the Llama-family causal language model (llama, qwen2, mistral, gemma2) with an explicit
+// forward and backward per layer, llm.c style. The forward saves what the backward needs in one
+// planned activation arena (sized for the largest batch seen, printed when planned, never grown
+// inside a step); with activation checkpointing only each layer's input is kept and the backward
+// recomputes one layer's forward at a time. Gradients flow for any subset of parameters: a frozen
+// projection costs no weight-gradient GEMM, yet activation gradients still reach the trainable ones
+// below it. Tied embeddings get the sum of both uses. The loss uses the output projection fused with
+// cross-entropy in chunks (kernels/cpu/cross_entropy.h): training never materialises the logits.
+//
+// Layer (pre-norm):  h = x + [post_attn_norm](attn(rope(q), rope(k), v))   with q,k,v = proj(norm1(x))
+//                    y = h + [post_ff_norm](down(act(gate(n)) * up(n)))      with n = norm2(h)
+// (bracketed norms: Gemma2 only).
+//
+// It deliberately does not do generation caches, dropout, bf16 compute, or the optimizer (the
+// trainer runs AdamW over parameters()); adapters attach to Linear (model/linear.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/tensor.h"
+#include "kernels/cpu/rope.h"
+#include "model/config.h"
+#include "model/linear.h"
+
+namespace ktune::model {
+
+// One batch of B rows of T tokens, all int32, row-major (B, T).
+struct Batch {
+  const int32_t* tokens = nullptr;
+  const int32_t* labels = nullptr;     // target of each position, -100 = ignored (forward_logits: unused)
+  const int32_t* positions = nullptr;  // rotary positions; nullptr = 0..T-1 in every row
+  const int32_t* doc_ids = nullptr;    // packed samples: attention stays within equal ids; nullptr = none
+  int64_t B = 0, T = 0;
+};
+
+struct LossResult {
+  double loss_sum = 0;  // sum of token cross-entropies over valid labels
+  int64_t n_valid = 0;  // their count
+};
+
+struct LoadOptions {
+  DType storage = DType::F32;  // only F32 is implemented (bf16 checkpoints are converted on load)
+};
+
+class Decoder {
+ public:
+  // Parameters initialised for training from scratch (benchmarks): normal-ish(0, 0.02) with a
+  // fixed seed, norms at their identity (1, or 0 for Gemma's 1+w).
+  explicit Decoder(ModelConfig config, uint64_t seed = 0);
+  // config.json + model.safetensors (or the sharded index) from an HF model directory.
+  // Throws an Error naming the file and the tensor for a missing tensor or a wrong shape.
+  static std::unique_ptr<Decoder> from_pretrained(const std::string& dir, const LoadOptions& options = {});
+
+  ~Decoder();
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+
+  // ---- parameters, by HF name, in HF's order (embed, layers, norm, lm_head) ----
+  // Includes the parameters of attached adapters (after the base ones).
+  std::vector<Parameter*> parameters();
+  Parameter& parameter(const std::string& name);  // throws when absent
+  // Marks each parameter trainable or frozen by name; allocates gradients (zeroed) for the
+  // trainable ones and frees the others'. All parameters start trainable.
+  void set_trainable(const std::function<bool(const std::string& name)>& trainable);
+  void zero_grad();
+  // The projections, for attaching adapters: names as HF modules ("model.layers.3.self_attn.v_proj").
+  std::vector<Linear*> linears();
+  Linear& linear(const std::string& module_name);
+  // Call after attaching or detaching adapters (re-plans the arena on the next call).
+  void adapters_changed();
+
+  // ---- compute ----
+  void set_activation_checkpointing(bool on);
+  bool activation_checkpointing() const { return checkpointing_; }
+  // Forward and backward. Gradients ACCUMULATE (+=) into the trainable parameters' grads, scaled by
+  // grad_scale (pass 1/n_valid of the whole global batch for a token-mean loss); zero_grad() between
+  // optimizer steps. Returns the unscaled loss sum and the count of valid labels.
+  LossResult forward_backward(const Batch& batch, float grad_scale);
+  // The loss without gradients (evaluation).
+  LossResult forward_loss(const Batch& batch);
+  // All logits (B, T, V) after the final soft-cap (parity tests, generation): materialises them.
+  Tensor forward_logits(const Batch& batch);
+
+  // Bytes of the activation arena for a batch of B x T tokens under the current settings.
+  size_t planned_activation_bytes(int64_t B, int64_t T) const;
+  size_t activation_arena_capacity() const { return arena_ ? arena_->capacity() : 0; }
+
+ private:
+  struct Layer;
+  struct LayerActs;
+  struct Plan;
+  struct Take;
+
+  void build_parameters();
+  void allocate_grads();
+  void init_random(uint64_t seed);
+  void layout(Take& take, int64_t B, int64_t T, Plan& plan) const;
+  Plan& prepare(const Batch& batch);
+  void embed_forward(const Batch& batch, Plan& p, float* x);
+  void layer_forward(size_t l, const LayerActs& a, const float* x_in, float* x_out, const Plan& p);
+  void layer_backward(size_t l, const LayerActs& a, const float* x_in, float* dres, const Plan& p);
+  LossResult run(const Batch& batch, bool backward, float grad_scale, float* logits);
+
+  ModelConfig config_;
+  std::unique_ptr<cpu::RopeTable> rope_;
+  std::vector<std::unique_ptr<Parameter>> params_;  // base parameters in HF order
+  Parameter* embed_ = nullptr;
+  Parameter* final_norm_ = nullptr;
+  Parameter* lm_head_ = nullptr;  // null when tied
+  std::vector<std::unique_ptr<Layer>> layers_;
+  float embed_scale_ = 1.0f;
+  bool checkpointing_ = false;
+  std::unique_ptr<Arena> arena_;
+  std::unique_ptr<Plan> plan_;
+  // Per call: the batch's document ids, and for each layer l whether anything below it (layers < l,
+  // the embedding) is trainable; needs_grad_below_[L] covers the whole stack.
+  const int32_t* doc_ids_ = nullptr;
+  std::vector<bool> needs_grad_below_;
+};
+
+}  // namespace ktune::model

@@ -1,0 +1,67 @@
+// Parameter (a named, HF-named tensor with its gradient and trainable flag) and Linear, the one
+// projection type of the decoder (q, k, v, o, gate, up, down): y = x @ W^T + b, W (out, in).
+// Linear is the extension point for adapters: a LinearAdapter attached to it (LoRA A/B, DoRA
+// magnitude, an NF4 base, ...) gets its own saved activations planned into the decoder's arena and
+// is called in the forward and backward of that projection; the decoder knows nothing else of it.
+// It deliberately implements no adapter itself (the trainer's adapters live with the trainer).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ktune::model {
+
+struct Parameter {
+  std::string name;  // the HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  Tensor value;      // f32
+  Tensor grad;       // f32, same shape; undefined while frozen
+  bool trainable = true;
+};
+
+struct Linear;
+
+// What an adapter adds to a projection. Sizes are floats; the decoder plans saved_floats(N) per call
+// in its activation arena (per layer, or recomputed under activation checkpointing) and
+// scratch_floats(N) once for the backward.
+class LinearAdapter {
+ public:
+  virtual ~LinearAdapter() = default;
+  // The adapter's own parameters (named as PEFT names them); the decoder lists them with its own.
+  virtual std::vector<Parameter*> parameters() = 0;
+  virtual int64_t saved_floats(int64_t N) const { return 0; }
+  virtual int64_t scratch_floats(int64_t N) const { return 0; }
+  // true: the adapter computes the whole projection itself (e.g. an NF4 or DoRA base) and the plain
+  // base GEMMs are skipped, in both forward and backward.
+  virtual bool replaces_base() const { return false; }
+  // y (N, out): holds base(x) (+ bias) unless replaces_base(); the adapter adds to or rewrites it.
+  // x (N, in); saved: saved_floats(N) floats, kept until the backward.
+  virtual void forward(float* y, const float* x, int64_t N, const Linear& base, float* saved) = 0;
+  // dy (N, out). dx (N, in) or nullptr: ADD the adapter's part (the base's part is already there
+  // unless replaces_base(), in which case the adapter must add all of it). Accumulates (+=) the
+  // gradients of its own trainable parameters.
+  virtual void backward(float* dx, const float* dy, const float* x, int64_t N, const Linear& base,
+                        const float* saved, float* scratch) = 0;
+};
+
+struct Linear {
+  std::string name;              // HF module name, e.g. "model.layers.0.self_attn.q_proj"
+  Parameter* weight = nullptr;   // (out, in)
+  Parameter* bias = nullptr;     // (out) or nullptr
+  int64_t in = 0, out = 0;
+  std::shared_ptr<LinearAdapter> adapter;  // attached by the trainer; null = plain projection
+
+  int64_t saved_floats(int64_t N) const { return adapter ? adapter->saved_floats(N) : 0; }
+  int64_t scratch_floats(int64_t N) const { return adapter ? adapter->scratch_floats(N) : 0; }
+  // y (N, out) = x (N, in) @ W^T + b  (+ adapter)
+  void forward(float* y, const float* x, int64_t N, float* saved) const;
+  // dx (N, in) overwritten (or added when accumulate_dx), nullptr when no input gradient is needed;
+  // dW, db accumulate when the weight/bias are trainable (a frozen weight costs no GEMM).
+  void backward(float* dx, const float* dy, const float* x, int64_t N, const float* saved, float* scratch,
+                bool accumulate_dx) const;
+};
+
+}  // namespace ktune::model

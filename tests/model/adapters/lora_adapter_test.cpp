@@ -1,0 +1,254 @@
+// LoRA, DoRA and QLoRA on a lone Linear: forward against the formulas written out plainly, every
+// gradient against central finite differences of a scalar loss L = Σ y ⊙ R.
+#include "model/adapters/lora_adapter.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "kernels/cpu/nf4.h"
+
+using namespace ktune;
+using namespace ktune::model;
+
+namespace {
+
+struct Fixture {
+  int64_t N = 5, in = 16, out = 8;
+  Parameter weight, bias;
+  Linear linear;
+  std::vector<float> x, r;  // input (N, in), loss weights (N, out)
+
+  explicit Fixture(bool with_bias = true, uint32_t seed = 1) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    weight.name = "model.layers.0.self_attn.q_proj.weight";
+    weight.value = Tensor::empty({out, in});
+    for (int64_t i = 0; i < out * in; ++i) weight.value.f32()[i] = 0.3f * normal(rng);
+    weight.trainable = false;
+    linear.name = "model.layers.0.self_attn.q_proj";
+    linear.weight = &weight;
+    linear.in = in;
+    linear.out = out;
+    if (with_bias) {
+      bias.name = "model.layers.0.self_attn.q_proj.bias";
+      bias.value = Tensor::empty({out});
+      for (int64_t o = 0; o < out; ++o) bias.value.f32()[o] = normal(rng);
+      bias.trainable = false;
+      linear.bias = &bias;
+    }
+    x.resize(size_t(N * in));
+    r.resize(size_t(N * out));
+    for (float& v : x) v = normal(rng);
+    for (float& v : r) v = normal(rng);
+  }
+
+  std::shared_ptr<LoraAdapter> attach(const LoraOptions& options) {
+    auto adapter = std::make_shared<LoraAdapter>(linear, options);
+    linear.adapter = adapter;
+    // Non-zero B (it starts at zero) so that every path carries signal.
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    for (Parameter* p : adapter->parameters()) {
+      if (p->name.find("lora_B") != std::string::npos)
+        for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] = normal(rng);
+      p->grad = Tensor::zeros(p->value.shape());
+      p->trainable = true;
+    }
+    return adapter;
+  }
+
+  std::vector<float> forward() {
+    std::vector<float> y(size_t(N * out)), saved(size_t(std::max<int64_t>(1, linear.saved_floats(N))));
+    linear.forward(y.data(), x.data(), N, saved.data());
+    return y;
+  }
+
+  double loss() {
+    std::vector<float> y = forward();
+    double l = 0;
+    for (size_t i = 0; i < y.size(); ++i) l += double(y[i]) * r[i];
+    return l;
+  }
+
+  // Runs forward + backward; returns dx.
+  std::vector<float> backward() {
+    std::vector<float> y(size_t(N * out)), saved(size_t(std::max<int64_t>(1, linear.saved_floats(N))));
+    std::vector<float> scratch(size_t(std::max<int64_t>(1, linear.scratch_floats(N)))), dx(size_t(N * in));
+    linear.forward(y.data(), x.data(), N, saved.data());
+    linear.backward(dx.data(), r.data(), x.data(), N, saved.data(), scratch.data(), false);
+    return dx;
+  }
+};
+
+// Central differences of f with respect to each element of v, compared with analytic.
+void expect_matches_finite_differences(const std::function<double()>& f, float* v, int64_t n, const float* analytic,
+                                       const char* what) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float saved = v[i];
+    const float h = 1e-2f * std::max(1.0f, std::fabs(saved));
+    v[i] = saved + h;
+    double up = f();
+    v[i] = saved - h;
+    double down = f();
+    v[i] = saved;
+    double numeric = (up - down) / (2.0 * h);
+    EXPECT_NEAR(analytic[i], numeric, 2e-3 * std::max(1.0, std::fabs(numeric))) << what << "[" << i << "]";
+  }
+}
+
+}  // namespace
+
+TEST(LoraAdapter, ForwardAddsScaledLowRankProduct) {
+  Fixture f;
+  auto adapter = f.attach({.rank = 4, .alpha = 8.0f});
+  std::vector<float> y = f.forward();
+  const float* A = adapter->parameters()[0]->value.f32();
+  const float* B = adapter->parameters()[1]->value.f32();
+  for (int64_t n = 0; n < f.N; ++n)
+    for (int64_t o = 0; o < f.out; ++o) {
+      double expected = f.bias.value.f32()[o];
+      for (int64_t i = 0; i < f.in; ++i) expected += double(f.x[size_t(n * f.in + i)]) * f.weight.value.f32()[o * f.in + i];
+      for (int64_t k = 0; k < 4; ++k) {
+        double xa = 0;
+        for (int64_t i = 0; i < f.in; ++i) xa += double(f.x[size_t(n * f.in + i)]) * A[k * f.in + i];
+        expected += 2.0 * xa * B[o * 4 + k];
+      }
+      EXPECT_NEAR(y[size_t(n * f.out + o)], expected, 1e-4 * std::max(1.0, std::fabs(expected)));
+    }
+}
+
+TEST(LoraAdapter, InitialisesAsPeft) {
+  Fixture f;
+  auto adapter = f.attach({.rank = 4, .alpha = 16.0f, .use_dora = true});
+  auto params = adapter->parameters();
+  EXPECT_EQ(params[0]->name, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  EXPECT_EQ(params[1]->name, "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight");
+  EXPECT_EQ(params[2]->name, "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector");
+  const float bound = 1.0f / std::sqrt(16.0f);
+  for (int64_t i = 0; i < params[0]->value.numel(); ++i) EXPECT_LE(std::fabs(params[0]->value.f32()[i]), bound);
+  for (int64_t o = 0; o < f.out; ++o) {
+    double norm = 0;
+    for (int64_t i = 0; i < f.in; ++i) norm += std::pow(f.weight.value.f32()[o * f.in + i], 2.0);
+    EXPECT_NEAR(params[2]->value.f32()[o], std::sqrt(norm), 1e-5);
+  }
+  EXPECT_FLOAT_EQ(adapter->scale(), 4.0f);
+}
+
+TEST(LoraAdapter, GradientsMatchFiniteDifferences) {
+  Fixture f;
+  auto adapter = f.attach({.rank = 3, .alpha = 6.0f});
+  std::vector<float> dx = f.backward();
+  auto loss = [&] { return f.loss(); };
+  for (Parameter* p : adapter->parameters())
+    expect_matches_finite_differences(loss, p->value.f32(), p->value.numel(), p->grad.f32(), p->name.c_str());
+  expect_matches_finite_differences(loss, f.x.data(), int64_t(f.x.size()), dx.data(), "dx");
+}
+
+TEST(LoraAdapter, DropoutGradientsMatchFiniteDifferencesForAFixedMask) {
+  Fixture f;
+  auto adapter = f.attach({.rank = 3, .alpha = 6.0f, .dropout = 0.3f, .seed = 11});
+  adapter->set_dropout_key(42);
+  std::vector<float> dx = f.backward();
+  auto loss = [&] { return f.loss(); };
+  for (Parameter* p : adapter->parameters())
+    expect_matches_finite_differences(loss, p->value.f32(), p->value.numel(), p->grad.f32(), p->name.c_str());
+  expect_matches_finite_differences(loss, f.x.data(), int64_t(f.x.size()), dx.data(), "dx");
+}
+
+TEST(LoraAdapter, DoraMagnitudeGradientMatchesFiniteDifferences) {
+  Fixture f;
+  auto adapter = f.attach({.rank = 2, .alpha = 4.0f, .use_dora = true});
+  f.backward();
+  Parameter* m = adapter->parameters()[2];
+  expect_matches_finite_differences([&] { return f.loss(); }, m->value.f32(), m->value.numel(), m->grad.f32(), "dm");
+}
+
+TEST(LoraAdapter, DoraTreatsTheNormAsAConstantLikePeft) {
+  // With the row norms frozen at their current values, DoRA is linear in (A, B, x) given c, so
+  // finite differences of that frozen-norm function must match the adapter's gradients.
+  Fixture f(/*with_bias=*/true);
+  auto adapter = f.attach({.rank = 2, .alpha = 4.0f, .use_dora = true});
+  std::vector<float> dx = f.backward();
+  Tensor merged = adapter->merged_weight(f.linear);  // c ⊙ (W + sBA) at the current point
+  std::vector<float> c(size_t(f.out));
+  {
+    Tensor w_plus = adapter->merged_weight(f.linear);
+    for (int64_t o = 0; o < f.out; ++o) {
+      double norm = 0;
+      const float* A = adapter->parameters()[0]->value.f32();
+      const float* B = adapter->parameters()[1]->value.f32();
+      for (int64_t i = 0; i < f.in; ++i) {
+        double v = f.weight.value.f32()[o * f.in + i];
+        for (int64_t k = 0; k < 2; ++k) v += 2.0 * B[o * 2 + k] * A[k * f.in + i];
+        norm += v * v;
+      }
+      c[size_t(o)] = float(adapter->parameters()[2]->value.f32()[o] / std::sqrt(norm));
+    }
+  }
+  auto frozen_loss = [&] {
+    const float* A = adapter->parameters()[0]->value.f32();
+    const float* B = adapter->parameters()[1]->value.f32();
+    double l = 0;
+    for (int64_t n = 0; n < f.N; ++n)
+      for (int64_t o = 0; o < f.out; ++o) {
+        double pre = 0;
+        for (int64_t i = 0; i < f.in; ++i) {
+          double w = f.weight.value.f32()[o * f.in + i];
+          for (int64_t k = 0; k < 2; ++k) w += 2.0 * B[o * 2 + k] * A[k * f.in + i];
+          pre += w * f.x[size_t(n * f.in + i)];
+        }
+        l += (c[size_t(o)] * pre + f.bias.value.f32()[o]) * f.r[size_t(n * f.out + o)];
+      }
+    return l;
+  };
+  EXPECT_NEAR(frozen_loss(), f.loss(), 1e-3 * std::max(1.0, std::fabs(f.loss())));
+  for (int i = 0; i < 2; ++i) {
+    Parameter* p = adapter->parameters()[size_t(i)];
+    expect_matches_finite_differences(frozen_loss, p->value.f32(), p->value.numel(), p->grad.f32(), p->name.c_str());
+  }
+  expect_matches_finite_differences(frozen_loss, f.x.data(), int64_t(f.x.size()), dx.data(), "dx");
+}
+
+TEST(LoraAdapter, MergedWeightReproducesTheAdaptedProjection) {
+  for (bool dora : {false, true}) {
+    Fixture f;
+    auto adapter = f.attach({.rank = 4, .alpha = 8.0f, .use_dora = dora});
+    std::vector<float> y = f.forward();
+    Tensor merged = adapter->merged_weight(f.linear);
+    for (int64_t n = 0; n < f.N; ++n)
+      for (int64_t o = 0; o < f.out; ++o) {
+        double expected = f.bias.value.f32()[o];
+        for (int64_t i = 0; i < f.in; ++i) expected += double(f.x[size_t(n * f.in + i)]) * merged.f32()[o * f.in + i];
+        EXPECT_NEAR(y[size_t(n * f.out + o)], expected, 1e-4 * std::max(1.0, std::fabs(expected))) << "dora " << dora;
+      }
+  }
+}
+
+TEST(LoraAdapter, QloraKeepsOnlyNf4AndMatchesLoraOnTheDequantisedBase) {
+  Fixture f;  // out*in = 128: two NF4 blocks
+  Tensor original = f.weight.value.clone();
+  auto adapter = f.attach({.rank = 4, .alpha = 8.0f, .quantize_base = true});
+  EXPECT_FALSE(f.weight.value.defined());  // the f32 base weight is freed
+  EXPECT_LE(double(adapter->base_weight_bytes(f.linear)) / double(f.out * f.in), 0.6);
+  Tensor dequantised = adapter->base_weight(f.linear);
+  for (int64_t i = 0; i < f.out * f.in; ++i)
+    EXPECT_NEAR(dequantised.f32()[i], original.f32()[i], 0.15 * 1.2);  // NF4 error is at most half a code gap of the block's absmax
+  std::vector<float> dx = f.backward();
+  auto loss = [&] { return f.loss(); };
+  for (Parameter* p : adapter->parameters())
+    expect_matches_finite_differences(loss, p->value.f32(), p->value.numel(), p->grad.f32(), p->name.c_str());
+  expect_matches_finite_differences(loss, f.x.data(), int64_t(f.x.size()), dx.data(), "dx");
+}
+
+TEST(LoraAdapter, RefusesWhatItDoesNotSupport) {
+  Fixture f;
+  EXPECT_THROW(LoraAdapter(f.linear, {.rank = 0}), Error);
+  EXPECT_THROW(LoraAdapter(f.linear, {.rank = 2, .dropout = 0.1f, .use_dora = true}), Error);
+  EXPECT_THROW(lora_target_modules({.attn_modules = {"qkv"}}), Error);
+  EXPECT_THROW(lora_target_modules({.attn_modules = {"q_proj"}, .apply_to_output = true}), Error);
+  EXPECT_EQ(lora_target_modules({.attn_modules = {"q_proj", "output_proj"}, .apply_to_mlp = true}),
+            (std::vector<std::string>{"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+}
