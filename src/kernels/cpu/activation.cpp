@@ -1,10 +1,11 @@
 // Elementwise ops, vectorised with `omp simd` and split across threads in contiguous chunks.
-// tanh/exp go through std:: functions; GCC vectorises them with libmvec at -O3 -march=native.
+// exp/tanh are vector_math.h's polynomials (the references use std:: in double).
 #include "kernels/cpu/activation.h"
 
 #include <cmath>
 
 #include "core/parallel.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace ktune::cpu {
 namespace {
@@ -20,7 +21,7 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) {
       float g = gate[i];
-      out[i] = g / (1.0f + std::exp(-g)) * up[i];
+      out[i] = g / (1.0f + vexp(-g)) * up[i];
     }
   }, kGrain);
 }
@@ -30,7 +31,7 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) {
       float g = gate[i], u = up[i], d = dout[i];
-      float sig = 1.0f / (1.0f + std::exp(-g));
+      float sig = 1.0f / (1.0f + vexp(-g));
       float silu = g * sig;
       dgate[i] = d * u * sig * (1.0f + g * (1.0f - sig));
       dup[i] = d * silu;
@@ -43,7 +44,7 @@ void geglu_tanh_forward(float* out, const float* gate, const float* up, int64_t 
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) {
       float g = gate[i];
-      float t = std::tanh(kSqrt2OverPi * (g + kGeluCoeff * g * g * g));
+      float t = vtanh(kSqrt2OverPi * (g + kGeluCoeff * g * g * g));
       out[i] = 0.5f * g * (1.0f + t) * up[i];
     }
   }, kGrain);
@@ -55,7 +56,7 @@ void geglu_tanh_backward(float* dgate, float* dup, const float* dout, const floa
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) {
       float g = gate[i], u = up[i], d = dout[i];
-      float t = std::tanh(kSqrt2OverPi * (g + kGeluCoeff * g * g * g));
+      float t = vtanh(kSqrt2OverPi * (g + kGeluCoeff * g * g * g));
       float gelu = 0.5f * g * (1.0f + t);
       float dgelu = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * g * g);
       dgate[i] = d * u * dgelu;
@@ -75,7 +76,7 @@ void softcap_forward(float* x, int64_t n, float cap) {
   const float inv = 1.0f / cap;
   parallel_for(n, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
-    for (int64_t i = i0; i < i1; ++i) x[i] = cap * std::tanh(x[i] * inv);
+    for (int64_t i = i0; i < i1; ++i) x[i] = cap * vtanh(x[i] * inv);
   }, kGrain);
 }
 

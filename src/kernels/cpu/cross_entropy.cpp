@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace ktune::cpu {
 
@@ -50,7 +51,7 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
         float* z = logits + i * V;
         if (softcap > 0) {
 #pragma omp simd
-          for (int64_t c = 0; c < V; ++c) z[c] = softcap * std::tanh(z[c] * inv_cap);
+          for (int64_t c = 0; c < V; ++c) z[c] = softcap * vtanh(z[c] * inv_cap);
         }
         float m = -INFINITY;
 #pragma omp simd reduction(max : m)
@@ -60,7 +61,7 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
           // keep exp(z - m) for the gradient; z itself is needed only at the label (read first)
           const float z_label = z[labels[r0 + i]];
 #pragma omp simd reduction(+ : sum)
-          for (int64_t c = 0; c < V; ++c) sum += std::exp(z[c] - m);
+          for (int64_t c = 0; c < V; ++c) sum += vexp(z[c] - m);
           const float lse = m + std::log(sum);
           row_loss[size_t(i)] = double(lse) - double(z_label);
           const float inv_sum = grad_scale / sum;
@@ -68,18 +69,18 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
 #pragma omp simd
             for (int64_t c = 0; c < V; ++c) {
               float t = z[c] * inv_cap;
-              z[c] = std::exp(z[c] - m) * inv_sum * (1.0f - t * t);
+              z[c] = vexp(z[c] - m) * inv_sum * (1.0f - t * t);
             }
             float t = z_label * inv_cap;
             z[labels[r0 + i]] -= grad_scale * (1.0f - t * t);
           } else {
 #pragma omp simd
-            for (int64_t c = 0; c < V; ++c) z[c] = std::exp(z[c] - m) * inv_sum;
+            for (int64_t c = 0; c < V; ++c) z[c] = vexp(z[c] - m) * inv_sum;
             z[labels[r0 + i]] -= grad_scale;
           }
         } else {
 #pragma omp simd reduction(+ : sum)
-          for (int64_t c = 0; c < V; ++c) sum += std::exp(z[c] - m);
+          for (int64_t c = 0; c < V; ++c) sum += vexp(z[c] - m);
           row_loss[size_t(i)] = double(m + std::log(sum)) - double(z[labels[r0 + i]]);
         }
       }
