@@ -8,6 +8,7 @@
 #include <functional>
 #include <random>
 
+#include "core/error.h"
 #include "kernels/cpu/nf4.h"
 
 using namespace ktune;
@@ -172,10 +173,8 @@ TEST(LoraAdapter, DoraTreatsTheNormAsAConstantLikePeft) {
   Fixture f(/*with_bias=*/true);
   auto adapter = f.attach({.rank = 2, .alpha = 4.0f, .use_dora = true});
   std::vector<float> dx = f.backward();
-  Tensor merged = adapter->merged_weight(f.linear);  // c ⊙ (W + sBA) at the current point
-  std::vector<float> c(size_t(f.out));
+  std::vector<float> c(size_t(f.out));  // m / ‖W + sBA‖ at the current point
   {
-    Tensor w_plus = adapter->merged_weight(f.linear);
     for (int64_t o = 0; o < f.out; ++o) {
       double norm = 0;
       const float* A = adapter->parameters()[0]->value.f32();
