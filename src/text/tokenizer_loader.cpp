@@ -1,0 +1,78 @@
+// load_tokenizer: picks the format from the file's content, not its name — a JSON object with a
+// "model" is a tokenizer.json, a JSON object of token → id is a vocab.json (merges.txt beside it or
+// given), lines of `base64 rank` are a tiktoken file, anything else is tried as a SentencePiece
+// model. It deliberately does not download or guess paths beyond merges.txt next to vocab.json.
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_formats.h"
+
+namespace ktune {
+
+namespace {
+
+enum class Format { kTokenizerJson, kVocabJson, kTiktoken, kSentencePiece };
+
+Format detect_format(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path, "cannot open the tokenizer file (does it exist and is it readable?)");
+  std::string head(4096, '\0');
+  in.read(head.data(), std::streamsize(head.size()));
+  head.resize(size_t(in.gcount()));
+  size_t i = head.find_first_not_of(" \t\r\n");
+  if (i != std::string::npos && head[i] == '{') {
+    // A tokenizer.json has a "model" key; a vocab.json is a flat token → id object. Decide by
+    // parsing with a callback that stops at the first top-level key.
+    std::string content = text::read_file_bytes(path);
+    bool has_model = false;
+    try {
+      nlohmann::json j = nlohmann::json::parse(content);
+      if (j.is_object() && j.contains("model")) has_model = true;
+      else if (j.is_object()) return Format::kVocabJson;
+      else throw Error(path, "a JSON file that is neither a tokenizer.json nor a vocab.json");
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(path, std::string("not valid JSON: ") + e.what());
+    }
+    if (has_model) return Format::kTokenizerJson;
+  }
+  // tiktoken: the first line is `base64 rank`.
+  size_t eol = head.find('\n');
+  std::string first = head.substr(0, eol);
+  if (!first.empty() && first.back() == '\r') first.pop_back();
+  size_t space = first.find(' ');
+  if (space != std::string::npos && space > 0 && space + 1 < first.size() &&
+      first.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") == space &&
+      first.find_first_not_of("0123456789", space + 1) == std::string::npos)
+    return Format::kTiktoken;
+  return Format::kSentencePiece;
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerOptions& options) {
+  if (options.path.empty()) throw Error("tokenizer", "no tokenizer file given");
+  Format format = detect_format(options.path);
+  switch (format) {
+    case Format::kTokenizerJson:
+      return text::load_hf_tokenizer_json(options.path, options.config_path);
+    case Format::kVocabJson: {
+      std::string merges = options.merges_file;
+      if (merges.empty()) merges = (std::filesystem::path(options.path).parent_path() / "merges.txt").string();
+      if (!std::filesystem::exists(merges))
+        throw Error(options.path, "is a vocab.json, which needs its merges file: " + merges +
+                                      " does not exist (pass merges_file / --merges)");
+      return text::load_vocab_merges_tokenizer(options.path, merges, options.config_path);
+    }
+    case Format::kTiktoken:
+      return text::load_tiktoken_tokenizer(options.path, options.config_path);
+    case Format::kSentencePiece:
+      return text::load_sentencepiece_tokenizer(options.path, options.config_path);
+  }
+  throw Error(options.path, "unknown tokenizer format");
+}
+
+}  // namespace ktune
