@@ -6,11 +6,12 @@
 // per row, the accumulator rescaled by exp(m_old - m_new)), O += P V (gemm). Finally
 // out = O / l and lse = m + log l. Memory: a (kQueryTile, kKeyTile) tile per thread.
 //
-// Backward: for each (batch, kv head), threads take key tiles (dynamic schedule, largest first);
-// a key tile owns its dK, dV rows, so those need no reduction. For each query head of the group
-// and each query tile that can see the key tile, P = exp(S - lse) is recomputed, then
-//   dV += P^T dO;  dP = dO V^T;  dS = P (dP - rowsum(dO o O)) cap'(.) scale;
-//   dQ += dS K (into a per-thread buffer, summed after);  dK += dS^T Q.
+// Backward, per key tile of kBwdKeyTile keys of one (batch, kv head): the tile owns its dK, dV rows.
+// For each query head of the group and each query tile that can see the key tile, P = exp(S - lse)
+// is recomputed, then
+//   dV += P^T dO;  dP = dO V^T;  dS = P (dP - rowsum(dO o O)) cap'(.) scale;  dQ += dS K;  dK += dS^T Q.
+// Threads take whole (batch, kv head) pairs when they divide evenly (then each owns its dQ rows);
+// otherwise they share key tiles and add dQ into per-thread buffers summed at the end.
 //
 // Visibility of key j to query i: j <= i; i - window < j (window > 0); doc[i] == doc[j] (doc_ids).
 // Key ranges are narrowed by all three (for documents: from the first occurrence of the query's id).
@@ -33,7 +34,7 @@ namespace {
 constexpr int64_t kQueryTile = 64;    // forward query rows per work item
 constexpr int64_t kKeyTile = 256;     // forward keys per online-softmax step
 constexpr int64_t kBwdKeyTile = 64;   // backward keys per work item
-constexpr int64_t kBwdQueryTile = 128;
+constexpr int64_t kBwdQueryTile = 256;
 
 void check_shape(const AttentionShape& s) {
   check(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0, "attention", "sizes must be positive");
@@ -162,15 +163,111 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   }
 }
 
+namespace {
+
+struct BackwardContext {
+  const AttentionShape& s;
+  const float *dout, *q, *k, *v, *lse, *delta;
+  const int32_t* doc_ids;
+  const std::vector<int64_t>& first;
+  float *dk, *dv;
+};
+
+// Scratch one thread needs for key tiles.
+struct BackwardScratch {
+  std::vector<float> S, dP, capd, dK, dV;
+  explicit BackwardScratch(int64_t D)
+      : S(static_cast<size_t>(kBwdQueryTile * kBwdKeyTile)),
+        dP(static_cast<size_t>(kBwdQueryTile * kBwdKeyTile)),
+        capd(static_cast<size_t>(kBwdQueryTile * kBwdKeyTile)),
+        dK(static_cast<size_t>(kBwdKeyTile * D)),
+        dV(static_cast<size_t>(kBwdKeyTile * D)) {}
+};
+
+// Key tile kt of (b, kv head): writes its dK, dV rows; adds into dq_acc (layout (B, T, Hq, D)).
+void backward_key_tile(const BackwardContext& c, BackwardScratch& w, int64_t b, int64_t kvh, int64_t kt,
+                       float* dq_acc) {
+  const AttentionShape& s = c.s;
+  const int64_t T = s.T, D = s.D, group = s.Hq / s.Hkv;
+  const int64_t ldq = s.Hq * D, ldk = s.Hkv * D;
+  const float cap = s.softcap, inv_cap = s.softcap > 0 ? 1.0f / s.softcap : 0.0f;
+  const int64_t k0 = kt * kBwdKeyTile, cols = std::min(kBwdKeyTile, T - k0);
+  const float* K = c.k + ((b * T + k0) * s.Hkv + kvh) * D;
+  const float* V = c.v + ((b * T + k0) * s.Hkv + kvh) * D;
+  std::fill(w.dK.begin(), w.dK.end(), 0.0f);
+  std::fill(w.dV.begin(), w.dV.end(), 0.0f);
+  // queries that can see some key of the tile: [k0, q_end)
+  int64_t q_end = T;
+  if (s.sliding_window > 0) q_end = std::min(T, k0 + cols - 1 + s.sliding_window);
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t h = kvh * group + g;
+    for (int64_t q0 = k0; q0 < q_end; q0 += kBwdQueryTile) {
+      const int64_t rows = std::min(kBwdQueryTile, q_end - q0);
+      const float* Q = c.q + ((b * T + q0) * s.Hq + h) * D;
+      const float* dO = c.dout + ((b * T + q0) * s.Hq + h) * D;
+      const float* L = c.lse + (b * s.Hq + h) * T + q0;
+      const float* Dl = c.delta + (b * s.Hq + h) * T + q0;
+      float* S = w.S.data();
+      float* dS = w.dP.data();
+      gemm_strided(false, true, rows, cols, D, s.scale, Q, ldq, K, ldk, 0.0f, S, cols);
+      cap_and_mask(S, rows, cols, q0, k0, b, c.doc_ids, c.first, s);
+      // P = exp(S - lse) in S; cap'(.) = 1 - (S/cap)^2 kept when capping
+      for (int64_t r = 0; r < rows; ++r) {
+        float* sr = S + r * cols;
+        const float li = L[r];
+        if (cap > 0) {
+          float* cr = w.capd.data() + r * cols;
+#pragma omp simd
+          for (int64_t j = 0; j < cols; ++j) {
+            float t = sr[j] * inv_cap;
+            cr[j] = sr[j] == -INFINITY ? 0.0f : 1.0f - t * t;
+            sr[j] = vexp(sr[j] - li);
+          }
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < cols; ++j) sr[j] = vexp(sr[j] - li);
+        }
+      }
+      // dV += P^T dO
+      gemm_strided(true, false, cols, D, rows, 1.0f, S, cols, dO, ldq, 1.0f, w.dV.data(), D);
+      // dS = P (dO V^T - delta) cap' scale
+      gemm_strided(false, true, rows, cols, D, 1.0f, dO, ldq, V, ldk, 0.0f, dS, cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* p = S + r * cols;
+        float* ds = dS + r * cols;
+        const float di = Dl[r];
+        if (cap > 0) {
+          const float* cr = w.capd.data() + r * cols;
+#pragma omp simd
+          for (int64_t j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - di) * cr[j] * s.scale;
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - di) * s.scale;
+        }
+      }
+      // dQ += dS K ;  dK += dS^T Q
+      gemm_strided(false, false, rows, D, cols, 1.0f, dS, cols, K, ldk, 1.0f, dq_acc + ((b * T + q0) * s.Hq + h) * D,
+                   ldq);
+      gemm_strided(true, false, cols, D, rows, 1.0f, dS, cols, Q, ldq, 1.0f, w.dK.data(), D);
+    }
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    std::copy(w.dK.begin() + j * D, w.dK.begin() + (j + 1) * D, c.dk + ((b * T + k0 + j) * s.Hkv + kvh) * D);
+    std::copy(w.dV.begin() + j * D, w.dV.begin() + (j + 1) * D, c.dv + ((b * T + k0 + j) * s.Hkv + kvh) * D);
+  }
+}
+
+}  // namespace
+
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, const int32_t* doc_ids,
                         const AttentionShape& s) {
   check_shape(s);
-  const int64_t T = s.T, D = s.D, group = s.Hq / s.Hkv;
-  const int64_t ldq = s.Hq * D, ldk = s.Hkv * D;
+  const int64_t T = s.T, D = s.D;
   const std::vector<int64_t> first = doc_ids ? first_occurrences(doc_ids, s) : std::vector<int64_t>{};
   // delta (B, Hq, T) = rowsum(dO o O)
   std::vector<float> delta(static_cast<size_t>(s.B * s.Hq * T));
+  const int64_t nq = s.B * T * s.Hq * D;
   parallel_for(s.B * T, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const int64_t b = n / T, i = n % T;
@@ -182,124 +279,44 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         for (int64_t d = 0; d < D; ++d) acc += o[d] * d_o[d];
         delta[size_t((b * s.Hq + h) * T + i)] = acc;
       }
+      std::fill(dq + n * s.Hq * D, dq + (n + 1) * s.Hq * D, 0.0f);
     }
   }, 16);
+  const BackwardContext ctx{s, dout, q, k, v, lse, delta.data(), doc_ids, first, dk, dv};
   const int threads = num_threads();
   const int64_t k_tiles = (T + kBwdKeyTile - 1) / kBwdKeyTile;
-  // per-thread dQ of one (b, kv head): (T, group, D)
-  std::vector<float> dq_partial(static_cast<size_t>(threads) * size_t(T * group * D));
-  std::vector<char> used(static_cast<size_t>(threads));
-  const float cap = s.softcap, inv_cap = s.softcap > 0 ? 1.0f / s.softcap : 0.0f;
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t kvh = 0; kvh < s.Hkv; ++kvh) {
-      std::fill(used.begin(), used.end(), 0);
+  const int64_t pairs = s.B * s.Hkv;
+  if (pairs % threads == 0 || pairs >= 4 * threads) {
+    // Each (b, kv head) is one thread's: it owns dq rows of its query heads, dk, dv rows of its kv head.
 #pragma omp parallel num_threads(threads)
-      {
-        const int t = omp_get_thread_num();
-        float* dQt = dq_partial.data() + size_t(t) * size_t(T * group * D);
-        bool zeroed = false;
-        std::vector<float> S(static_cast<size_t>(kBwdQueryTile * kBwdKeyTile)),
-            dP(static_cast<size_t>(kBwdQueryTile * kBwdKeyTile));
-        std::vector<float> dK(static_cast<size_t>(kBwdKeyTile * D)), dV(static_cast<size_t>(kBwdKeyTile * D));
+    {
+      BackwardScratch w(D);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t kt_rev = 0; kt_rev < k_tiles; ++kt_rev) {
-          const int64_t kt = kt_rev;  // tile 0 sees the most queries: largest first
-          if (!zeroed) {
-            std::fill(dQt, dQt + T * group * D, 0.0f);
-            zeroed = true;
-            used[size_t(t)] = 1;
-          }
-          const int64_t k0 = kt * kBwdKeyTile, cols = std::min(kBwdKeyTile, T - k0);
-          const float* K = k + ((b * T + k0) * s.Hkv + kvh) * D;
-          const float* V = v + ((b * T + k0) * s.Hkv + kvh) * D;
-          std::fill(dK.begin(), dK.end(), 0.0f);
-          std::fill(dV.begin(), dV.end(), 0.0f);
-          // queries that can see some key of the tile: [k0, q_end)
-          int64_t q_end = T;
-          if (s.sliding_window > 0) q_end = std::min(T, k0 + cols - 1 + s.sliding_window);
-          for (int64_t g = 0; g < group; ++g) {
-            const int64_t h = kvh * group + g;
-            for (int64_t q0 = k0; q0 < q_end; q0 += kBwdQueryTile) {
-              const int64_t rows = std::min(kBwdQueryTile, q_end - q0);
-              const float* Q = q + ((b * T + q0) * s.Hq + h) * D;
-              const float* dO = dout + ((b * T + q0) * s.Hq + h) * D;
-              const float* L = lse + (b * s.Hq + h) * T + q0;
-              const float* Dl = delta.data() + (b * s.Hq + h) * T + q0;
-              gemm_strided(false, true, rows, cols, D, s.scale, Q, ldq, K, ldk, 0.0f, S.data(), cols);
-              cap_and_mask(S.data(), rows, cols, q0, k0, b, doc_ids, first, s);
-              // P = exp(S - lse) in S
-              for (int64_t r = 0; r < rows; ++r) {
-                float* sr = S.data() + r * cols;
-                float* dpr = dP.data() + r * cols;  // keep the capped score's tanh for cap'(.)
-                const float li = L[r];
-                if (cap > 0) {
-#pragma omp simd
-                  for (int64_t c = 0; c < cols; ++c) {
-                    float t_ = sr[c] * inv_cap;
-                    dpr[c] = 1.0f - t_ * t_;  // (masked: -inf -> nan; P = 0 there, guarded below)
-                    sr[c] = vexp(sr[c] - li);
-                  }
-                } else {
-#pragma omp simd
-                  for (int64_t c = 0; c < cols; ++c) sr[c] = vexp(sr[c] - li);
-                }
-              }
-              // dV += P^T dO
-              gemm_strided(true, false, cols, D, rows, 1.0f, S.data(), cols, dO, ldq, 1.0f, dV.data(), D);
-              // dS = P (dO V^T - delta) cap' scale, in dP (dP holds cap' when capping)
-              std::vector<float>& dS = dP;
-              if (cap > 0) {
-                // need dO V^T without losing cap': compute into a temporary row-by-row after the gemm
-                thread_local std::vector<float> tmp;
-                tmp.resize(size_t(rows * cols));
-                gemm_strided(false, true, rows, cols, D, 1.0f, dO, ldq, V, ldk, 0.0f, tmp.data(), cols);
-                for (int64_t r = 0; r < rows; ++r) {
-                  const float* p = S.data() + r * cols;
-                  const float* x = tmp.data() + r * cols;
-                  float* ds = dS.data() + r * cols;
-                  const float di = Dl[r];
-#pragma omp simd
-                  for (int64_t c = 0; c < cols; ++c) ds[c] = p[c] == 0.0f ? 0.0f : p[c] * (x[c] - di) * ds[c] * s.scale;
-                }
-              } else {
-                gemm_strided(false, true, rows, cols, D, 1.0f, dO, ldq, V, ldk, 0.0f, dS.data(), cols);
-                for (int64_t r = 0; r < rows; ++r) {
-                  const float* p = S.data() + r * cols;
-                  float* ds = dS.data() + r * cols;
-                  const float di = Dl[r];
-#pragma omp simd
-                  for (int64_t c = 0; c < cols; ++c) ds[c] = p[c] * (ds[c] - di) * s.scale;
-                }
-              }
-              // dQ[q0:q0+rows, g] += dS K ;  dK += dS^T Q
-              gemm_strided(false, false, rows, D, cols, 1.0f, dS.data(), cols, K, ldk, 1.0f,
-                           dQt + (q0 * group + g) * D, group * D);
-              gemm_strided(true, false, cols, D, rows, 1.0f, dS.data(), cols, Q, ldq, 1.0f, dK.data(), D);
-            }
-          }
-          for (int64_t c = 0; c < cols; ++c) {
-            float* dkr = dk + ((b * T + k0 + c) * s.Hkv + kvh) * D;
-            float* dvr = dv + ((b * T + k0 + c) * s.Hkv + kvh) * D;
-            std::copy(dK.begin() + c * D, dK.begin() + (c + 1) * D, dkr);
-            std::copy(dV.begin() + c * D, dV.begin() + (c + 1) * D, dvr);
-          }
-        }
-      }
-      // dq rows of this (b, kv head) = sum of the threads' partials
-      parallel_for(T, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i)
-          for (int64_t g = 0; g < group; ++g) {
-            float* dst = dq + ((b * T + i) * s.Hq + kvh * group + g) * D;
-            std::fill(dst, dst + D, 0.0f);
-            for (int t = 0; t < threads; ++t) {
-              if (!used[size_t(t)]) continue;
-              const float* src = dq_partial.data() + size_t(t) * size_t(T * group * D) + (i * group + g) * D;
-#pragma omp simd
-              for (int64_t d = 0; d < D; ++d) dst[d] += src[d];
-            }
-          }
-      }, 16);
+      for (int64_t pair = 0; pair < pairs; ++pair)
+        for (int64_t kt = 0; kt < k_tiles; ++kt) backward_key_tile(ctx, w, pair / s.Hkv, pair % s.Hkv, kt, dq);
     }
+    return;
+  }
+  // Few (b, kv head) pairs: threads share them by key tile, each adding dq into its own buffer.
+  std::vector<float> dq_partial(static_cast<size_t>(threads - 1) * size_t(nq), 0.0f);
+  const int64_t items = pairs * k_tiles;
+#pragma omp parallel num_threads(threads)
+  {
+    BackwardScratch w(D);
+    const int t = omp_get_thread_num();
+    float* acc = t == 0 ? dq : dq_partial.data() + size_t(t - 1) * size_t(nq);
+    // key tile 0 of each pair sees the most queries: largest first
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item)
+      backward_key_tile(ctx, w, (item % pairs) / s.Hkv, (item % pairs) % s.Hkv, item / pairs, acc);
+  }
+  parallel_for(nq, [&](int64_t i0, int64_t i1) {
+    for (int t = 1; t < threads; ++t) {
+      const float* src = dq_partial.data() + size_t(t - 1) * size_t(nq);
+#pragma omp simd
+      for (int64_t i = i0; i < i1; ++i) dq[i] += src[i];
+    }
+  }, 4096);
 }
 
 }  // namespace ktune::cpu
