@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
@@ -73,6 +74,8 @@ struct Decoder::Plan {
   float* adapter_scratch = nullptr;
   float* ce_scratch = nullptr;
   int64_t ce_chunk = 0;
+  float* weight_scratch = nullptr;  // bf16 storage: the largest weight (+ bias) widened to f32
+  float* norm_scratch = nullptr;    // bf16 storage: one norm weight (C) widened to f32
   const int32_t* positions = nullptr;  // of the current batch
 };
 
@@ -96,6 +99,16 @@ namespace {
 
 float* grad_of(Parameter* p) { return p && p->trainable ? p->grad.f32() : nullptr; }
 
+// A parameter's value as f32: its data, or (bf16 storage) widened into scratch.
+const float* as_f32(const Parameter* p, float* scratch) {
+  if (p->value.dtype() == DType::F32) return p->value.f32();
+  const bf16_t* src = p->value.bf16();
+  parallel_for(p->value.numel(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) scratch[i] = bf16_to_f32(src[i]);
+  }, 1 << 14);
+  return scratch;
+}
+
 // splitmix64: a fast counter-based generator for initialisation.
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -109,10 +122,14 @@ uint64_t splitmix64(uint64_t x) {
 // ---------------------------------------------------------------------------------------------
 // Parameters
 
-Decoder::Decoder(ModelConfig config, uint64_t seed) : config_(std::move(config)) {
+Decoder::Decoder(ModelConfig config, uint64_t seed, DType storage) : config_(std::move(config)), storage_(storage) {
+  check(storage == DType::F32 || storage == DType::BF16, "Decoder",
+        std::string("weights can be stored in f32 or bf16, not ") + dtype_name(storage));
   build_parameters();
-  allocate_grads();
   init_random(seed);
+  if (storage_ != DType::F32)
+    for (auto& p : params_) p->value = p->value.to(storage_);
+  allocate_grads();
 }
 
 Decoder::~Decoder() = default;
@@ -122,7 +139,9 @@ void Decoder::build_parameters() {
   const int64_t C = c.hidden_size, I = c.intermediate_size;
   rope_ = std::make_unique<cpu::RopeTable>(c.head_dim, c.rope_theta, c.rope_scaling,
                                            std::max<int64_t>(c.max_position_embeddings, 1));
+  // Gemma: sqrt(hidden) rounded to the dtype of the weights, as HF does (embed_scale.to(weight.dtype)).
   embed_scale_ = c.scale_embeddings ? float(std::sqrt(double(C))) : 1.0f;
+  if (storage_ == DType::BF16) embed_scale_ = bf16_to_f32(f32_to_bf16(embed_scale_));
   auto add = [&](const std::string& name, Shape shape) {
     auto p = std::make_unique<Parameter>();
     p->name = name;
@@ -197,13 +216,12 @@ void Decoder::allocate_grads() {
 }
 
 std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const LoadOptions& options) {
-  if (options.storage != DType::F32)
-    throw Error(dir, std::string("storage dtype ") + dtype_name(options.storage) +
-                         " is not implemented by the decoder (f32 is; bf16 checkpoints load as f32)");
+  if (options.storage != DType::F32 && options.storage != DType::BF16)
+    throw Error(dir, std::string("weights can be stored in f32 or bf16, not ") + dtype_name(options.storage));
   if (!fs::is_directory(dir)) throw Error(dir, "not a model directory");
   ModelConfig config = ModelConfig::from_file((fs::path(dir) / "config.json").string());
   io::SafetensorsCheckpoint ckpt = io::SafetensorsCheckpoint::open(dir);
-  std::unique_ptr<Decoder> d(new Decoder(config, 0));
+  std::unique_ptr<Decoder> d(new Decoder(config, 0, options.storage));
   std::set<std::string> used;
   for (auto& p : d->params_) {
     if (!ckpt.contains(p->name))
@@ -348,6 +366,13 @@ void Decoder::layout(Take& take, int64_t B, int64_t T, Plan& p) const {
   // Chunks of the fused loss: about 4 Mi floats (16 MiB) of logits at a time.
   p.ce_chunk = std::clamp<int64_t>((int64_t(1) << 22) / c.vocab_size, 1, std::max<int64_t>(N, 1));
   p.ce_scratch = take.f(int64_t(cpu::linear_cross_entropy_scratch_floats(p.ce_chunk, c.vocab_size)));
+  if (storage_ != DType::F32) {
+    int64_t widest = c.vocab_size * C;  // the output head (or the tied embedding)
+    for (auto& layer : layers_)
+      for (int i = 0; i < 7; ++i) widest = std::max(widest, layer->linear(i)->weight_scratch_floats());
+    p.weight_scratch = take.f(widest);
+    p.norm_scratch = take.f(C);
+  }
   p.bytes = take.bytes;
 }
 
@@ -391,33 +416,33 @@ void Decoder::layer_forward(size_t l, const LayerActs& a, const float* x_in, flo
   const int64_t N = p.N, C = c.hidden_size, I = c.intermediate_size;
   const float eps = c.rms_norm_eps, off = c.norm_weight_offset;
   // attention block
-  cpu::rmsnorm_forward(a.ln1, a.rstd1, x_in, L.norm_attn_in->value.f32(), N, C, eps, off);
-  L.q.forward(a.q, a.ln1, N, a.saved[0]);
-  L.k.forward(a.k, a.ln1, N, a.saved[1]);
-  L.v.forward(a.v, a.ln1, N, a.saved[2]);
+  cpu::rmsnorm_forward(a.ln1, a.rstd1, x_in, as_f32(L.norm_attn_in, p.norm_scratch), N, C, eps, off);
+  L.q.forward(a.q, a.ln1, N, a.saved[0], p.weight_scratch);
+  L.k.forward(a.k, a.ln1, N, a.saved[1], p.weight_scratch);
+  L.v.forward(a.v, a.ln1, N, a.saved[2], p.weight_scratch);
   cpu::rope_forward(a.q, p.positions, *rope_, N, c.num_heads, c.head_dim);
   cpu::rope_forward(a.k, p.positions, *rope_, N, c.num_kv_heads, c.head_dim);
   cpu::AttentionShape s{p.B, p.T, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_scale,
                         c.sliding_window[l], c.attn_logit_softcap};
   cpu::attention_forward(a.att, a.lse, a.q, a.k, a.v, doc_ids_, s);
   if (c.sandwich_norms) {
-    L.o.forward(a.o, a.att, N, a.saved[3]);
-    cpu::rmsnorm_forward(a.x_mid, a.rstd_o, a.o, L.norm_attn_out->value.f32(), N, C, eps, off);
+    L.o.forward(a.o, a.att, N, a.saved[3], p.weight_scratch);
+    cpu::rmsnorm_forward(a.x_mid, a.rstd_o, a.o, as_f32(L.norm_attn_out, p.norm_scratch), N, C, eps, off);
   } else {
-    L.o.forward(a.x_mid, a.att, N, a.saved[3]);
+    L.o.forward(a.x_mid, a.att, N, a.saved[3], p.weight_scratch);
   }
   cpu::add_inplace(a.x_mid, x_in, N * C);  // h = x + attn
   // MLP block
-  cpu::rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, L.norm_mlp_in->value.f32(), N, C, eps, off);
-  L.gate.forward(a.gate, a.ln2, N, a.saved[4]);
-  L.up.forward(a.up, a.ln2, N, a.saved[5]);
+  cpu::rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, as_f32(L.norm_mlp_in, p.norm_scratch), N, C, eps, off);
+  L.gate.forward(a.gate, a.ln2, N, a.saved[4], p.weight_scratch);
+  L.up.forward(a.up, a.ln2, N, a.saved[5], p.weight_scratch);
   if (c.activation == Activation::SiLU) cpu::swiglu_forward(a.act, a.gate, a.up, N * I);
   else cpu::geglu_tanh_forward(a.act, a.gate, a.up, N * I);
   if (c.sandwich_norms) {
-    L.down.forward(a.down, a.act, N, a.saved[6]);
-    cpu::rmsnorm_forward(x_out, a.rstd_down, a.down, L.norm_mlp_out->value.f32(), N, C, eps, off);
+    L.down.forward(a.down, a.act, N, a.saved[6], p.weight_scratch);
+    cpu::rmsnorm_forward(x_out, a.rstd_down, a.down, as_f32(L.norm_mlp_out, p.norm_scratch), N, C, eps, off);
   } else {
-    L.down.forward(x_out, a.act, N, a.saved[6]);
+    L.down.forward(x_out, a.act, N, a.saved[6], p.weight_scratch);
   }
   cpu::add_inplace(x_out, a.x_mid, N * C);  // y = h + mlp
 }
@@ -432,26 +457,26 @@ void Decoder::layer_backward(size_t l, const LayerActs& a, const float* x_in, fl
   // Undo y = h + [post_ff_norm](down(act(gate(n)) * up(n))), n = norm2(h)
   const float* dy_down = dres;
   if (c.sandwich_norms) {
-    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_mlp_out), dres, a.down, L.norm_mlp_out->value.f32(), a.rstd_down,
+    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_mlp_out), dres, a.down, as_f32(L.norm_mlp_out, p.norm_scratch), a.rstd_down,
                           N, C, off);
     dy_down = p.dtmp;
   }
-  L.down.backward(p.dact, dy_down, a.act, N, a.saved[6], scratch, false);
+  L.down.backward(p.dact, dy_down, a.act, N, a.saved[6], scratch, p.weight_scratch, false);
   if (c.activation == Activation::SiLU) cpu::swiglu_backward(p.dgate, p.dup, p.dact, a.gate, a.up, N * I);
   else cpu::geglu_tanh_backward(p.dgate, p.dup, p.dact, a.gate, a.up, N * I);
-  L.gate.backward(p.dln, p.dgate, a.ln2, N, a.saved[4], scratch, false);
-  L.up.backward(p.dln, p.dup, a.ln2, N, a.saved[5], scratch, true);
-  cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_mlp_in), p.dln, a.x_mid, L.norm_mlp_in->value.f32(), a.rstd2, N, C,
+  L.gate.backward(p.dln, p.dgate, a.ln2, N, a.saved[4], scratch, p.weight_scratch, false);
+  L.up.backward(p.dln, p.dup, a.ln2, N, a.saved[5], scratch, p.weight_scratch, true);
+  cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_mlp_in), p.dln, a.x_mid, as_f32(L.norm_mlp_in, p.norm_scratch), a.rstd2, N, C,
                         off);
   cpu::add_inplace(dres, p.dtmp, N * C);  // dres = d h
   // Undo h = x + [post_attn_norm](o(attention(rope(q(n)), rope(k(n)), v(n)))), n = norm1(x)
   const float* dy_o = dres;
   if (c.sandwich_norms) {
-    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_attn_out), dres, a.o, L.norm_attn_out->value.f32(), a.rstd_o, N,
+    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_attn_out), dres, a.o, as_f32(L.norm_attn_out, p.norm_scratch), a.rstd_o, N,
                           C, off);
     dy_o = p.dtmp;
   }
-  L.o.backward(p.datt, dy_o, a.att, N, a.saved[3], scratch, false);
+  L.o.backward(p.datt, dy_o, a.att, N, a.saved[3], scratch, p.weight_scratch, false);
   cpu::AttentionShape s{p.B, p.T, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_scale,
                         c.sliding_window[l], c.attn_logit_softcap};
   cpu::attention_backward(p.dq, p.dk, p.dv, p.datt, a.q, a.k, a.v, a.att, a.lse, doc_ids_, s);
@@ -460,19 +485,35 @@ void Decoder::layer_backward(size_t l, const LayerActs& a, const float* x_in, fl
   // The input gradient is needed below this layer, or for this layer's input norm weight.
   const bool need_dx = needs_grad_below_[l] || L.norm_attn_in->trainable;
   float* dln = need_dx ? p.dln : nullptr;
-  L.q.backward(dln, p.dq, a.ln1, N, a.saved[0], scratch, false);
-  L.k.backward(dln, p.dk, a.ln1, N, a.saved[1], scratch, true);
-  L.v.backward(dln, p.dv, a.ln1, N, a.saved[2], scratch, true);
+  L.q.backward(dln, p.dq, a.ln1, N, a.saved[0], scratch, p.weight_scratch, false);
+  L.k.backward(dln, p.dk, a.ln1, N, a.saved[1], scratch, p.weight_scratch, true);
+  L.v.backward(dln, p.dv, a.ln1, N, a.saved[2], scratch, p.weight_scratch, true);
   if (need_dx) {
-    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_attn_in), p.dln, x_in, L.norm_attn_in->value.f32(), a.rstd1, N, C,
+    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_attn_in), p.dln, x_in, as_f32(L.norm_attn_in, p.norm_scratch), a.rstd1, N, C,
                           off);
     cpu::add_inplace(dres, p.dtmp, N * C);  // dres = d x
   }
 }
 
 void Decoder::embed_forward(const Batch& batch, Plan& p, float* x) {
-  cpu::embedding_forward(x, batch.tokens, embed_->value.f32(), p.N, config_.hidden_size, config_.vocab_size,
-                         embed_scale_);
+  const int64_t C = config_.hidden_size, V = config_.vocab_size;
+  if (embed_->value.dtype() == DType::F32) {
+    cpu::embedding_forward(x, batch.tokens, embed_->value.f32(), p.N, C, V, embed_scale_);
+    return;
+  }
+  // bf16 table: gather and widen the rows (out = table[ids] * scale, as the f32 kernel does).
+  for (int64_t n = 0; n < p.N; ++n)
+    if (batch.tokens[n] < 0 || batch.tokens[n] >= V)
+      throw Error("Decoder: token " + std::to_string(n), "id " + std::to_string(batch.tokens[n]) +
+                                                              " outside the vocabulary [0, " + std::to_string(V) + ")");
+  const bf16_t* table = embed_->value.bf16();
+  const float scale = embed_scale_;
+  parallel_for(p.N, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      const bf16_t* row = table + int64_t(batch.tokens[n]) * C;
+      for (int64_t i = 0; i < C; ++i) x[n * C + i] = bf16_to_f32(row[i]) * scale;
+    }
+  }, 16);
 }
 
 LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, float* logits) {
@@ -500,23 +541,24 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
   embed_forward(batch, p, p.resid[0]);
   for (int64_t l = 0; l < L; ++l)
     layer_forward(size_t(l), p.acts[checkpointing_ ? 0 : size_t(l)], p.resid[size_t(l)], p.resid[size_t(l) + 1], p);
-  cpu::rmsnorm_forward(p.final_normed, p.final_rstd, p.resid[size_t(L)], final_norm_->value.f32(), N, C,
+  cpu::rmsnorm_forward(p.final_normed, p.final_rstd, p.resid[size_t(L)], as_f32(final_norm_, p.norm_scratch), N, C,
                        c.rms_norm_eps, c.norm_weight_offset);
   Parameter* head = lm_head_ ? lm_head_ : embed_;
+  const float* head_w = as_f32(head, p.weight_scratch);  // (V, C)
   if (logits) {  // (N, V)
-    cpu::gemm(false, true, N, V, C, 1.0f, p.final_normed, head->value.f32(), 0.0f, logits);
+    cpu::gemm(false, true, N, V, C, 1.0f, p.final_normed, head_w, 0.0f, logits);
     if (c.final_logit_softcap > 0) cpu::softcap_forward(logits, N * V, c.final_logit_softcap);
     return {};
   }
   LossResult r;
   r.loss_sum = cpu::linear_cross_entropy(backward ? p.dnormed : nullptr, backward ? grad_of(head) : nullptr,
-                                         &r.n_valid, p.final_normed, head->value.f32(), batch.labels, N, C, V,
+                                         &r.n_valid, p.final_normed, head_w, batch.labels, N, C, V,
                                          c.final_logit_softcap, grad_scale, p.ce_chunk, p.ce_scratch);
   if (!backward) return r;
 
   const bool any_below = needs_grad_below_[size_t(L)];
   if (!any_below && !final_norm_->trainable) return r;
-  cpu::rmsnorm_backward(p.dres, grad_of(final_norm_), p.dnormed, p.resid[size_t(L)], final_norm_->value.f32(),
+  cpu::rmsnorm_backward(p.dres, grad_of(final_norm_), p.dnormed, p.resid[size_t(L)], as_f32(final_norm_, p.norm_scratch),
                         p.final_rstd, N, C, c.norm_weight_offset);
   for (int64_t l = L - 1; l >= 0; --l) {
     if (!needs_grad_below_[size_t(l) + 1]) break;  // nothing trainable in this layer or below

@@ -11,7 +11,7 @@
 //                    y = h + [post_ff_norm](down(act(gate(n)) * up(n)))      with n = norm2(h)
 // (bracketed norms: Gemma2 only).
 //
-// It deliberately does not do generation caches, dropout, bf16 compute, or the optimizer (the
+// It deliberately does not do generation caches, dropout, bf16 compute (bf16 storage is widened), or the optimizer (the
 // trainer runs AdamW over parameters()); adapters attach to Linear (model/linear.h).
 #pragma once
 
@@ -44,14 +44,16 @@ struct LossResult {
 };
 
 struct LoadOptions {
-  DType storage = DType::F32;  // only F32 is implemented (bf16 checkpoints are converted on load)
+  // How the weights are kept: F32, or BF16 (half the memory; widened to f32 one weight at a time for
+  // compute, gradients stay f32; pair with cpu::adamw_step_bf16). Checkpoints of any float dtype load.
+  DType storage = DType::F32;
 };
 
 class Decoder {
  public:
   // Parameters initialised for training from scratch (benchmarks): normal-ish(0, 0.02) with a
   // fixed seed, norms at their identity (1, or 0 for Gemma's 1+w).
-  explicit Decoder(ModelConfig config, uint64_t seed = 0);
+  explicit Decoder(ModelConfig config, uint64_t seed = 0, DType storage = DType::F32);
   // config.json + model.safetensors (or the sharded index) from an HF model directory.
   // Throws an Error naming the file and the tensor for a missing tensor or a wrong shape.
   static std::unique_ptr<Decoder> from_pretrained(const std::string& dir, const LoadOptions& options = {});
@@ -61,6 +63,7 @@ class Decoder {
   Decoder& operator=(const Decoder&) = delete;
 
   const ModelConfig& config() const { return config_; }
+  DType storage() const { return storage_; }
 
   // ---- parameters, by HF name, in HF's order (embed, layers, norm, lm_head) ----
   // Includes the parameters of attached adapters (after the base ones).
@@ -109,6 +112,7 @@ class Decoder {
   LossResult run(const Batch& batch, bool backward, float grad_scale, float* logits);
 
   ModelConfig config_;
+  DType storage_ = DType::F32;
   std::unique_ptr<cpu::RopeTable> rope_;
   std::vector<std::unique_ptr<Parameter>> params_;  // base parameters in HF order
   Parameter* embed_ = nullptr;

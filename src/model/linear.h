@@ -17,8 +17,8 @@ namespace ktune::model {
 
 struct Parameter {
   std::string name;  // the HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
-  Tensor value;      // f32
-  Tensor grad;       // f32, same shape; undefined while frozen
+  Tensor value;      // f32, or bf16 when the decoder stores its weights in bf16
+  Tensor grad;       // f32 always, same shape; undefined while frozen
   bool trainable = true;
 };
 
@@ -56,12 +56,18 @@ struct Linear {
 
   int64_t saved_floats(int64_t N) const { return adapter ? adapter->saved_floats(N) : 0; }
   int64_t scratch_floats(int64_t N) const { return adapter ? adapter->scratch_floats(N) : 0; }
+  // Floats of weight_scratch a bf16-stored weight needs (out*in + out; 0 when stored in f32).
+  int64_t weight_scratch_floats() const;
+  // The weight (out, in) and bias (out, or nullptr) as f32: the stored data, or (bf16 storage) widened
+  // into weight_scratch. Compute is f32 either way; bf16 storage halves the weights' memory.
+  const float* weight_f32(float* weight_scratch) const;
+  const float* bias_f32(float* weight_scratch) const;
   // y (N, out) = x (N, in) @ W^T + b  (+ adapter)
-  void forward(float* y, const float* x, int64_t N, float* saved) const;
+  void forward(float* y, const float* x, int64_t N, float* saved, float* weight_scratch) const;
   // dx (N, in) overwritten (or added when accumulate_dx), nullptr when no input gradient is needed;
   // dW, db accumulate when the weight/bias are trainable (a frozen weight costs no GEMM).
   void backward(float* dx, const float* dy, const float* x, int64_t N, const float* saved, float* scratch,
-                bool accumulate_dx) const;
+                float* weight_scratch, bool accumulate_dx) const;
 };
 
 }  // namespace ktune::model

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
 
@@ -18,6 +20,17 @@ using namespace ktune;
 using namespace ktune::model;
 
 namespace {
+
+// The fixture models are tiny (hidden 64): on a shared 2-core machine OpenMP's barriers cost more
+// than the work, so these tests run on one thread unless KTUNE_NUM_THREADS asks otherwise. The
+// kernels' own tests cover their threaded paths.
+class OneThreadUnlessAsked : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (!std::getenv("KTUNE_NUM_THREADS")) set_num_threads(1);
+  }
+};
+const auto* const kOneThread = ::testing::AddGlobalTestEnvironment(new OneThreadUnlessAsked);
 
 std::string fixture_dir(const std::string& family) {
   return std::string(KTUNE_SOURCE_DIR) + "/tests/model/fixtures/" + family;
@@ -174,6 +187,31 @@ TEST_P(DecoderParity, PackedDocumentsMatchSeparateRows) {
   Tensor l2 = f.model->forward_logits(second);
   EXPECT_LE(rel_error(lp.f32(), l1.f32(), A * V), 1e-5);
   EXPECT_LE(rel_error(lp.f32() + A * V, l2.f32(), (T - A) * V), 1e-5);
+}
+
+// bf16 storage: the same results as f32 storage of the bf16-rounded weights (compute is f32 both
+// ways), gradients in f32, half the bytes per weight; and still close to HF's f32 model.
+TEST_P(DecoderParity, Bf16StorageMatchesF32OfRoundedWeights) {
+  Fixture f = load(GetParam());
+  for (Parameter* p : f.model->parameters()) p->value.copy_from(p->value.to(DType::BF16));
+  LoadOptions bf16;
+  bf16.storage = DType::BF16;
+  std::unique_ptr<Decoder> m = Decoder::from_pretrained(fixture_dir(GetParam()), bf16);
+  EXPECT_EQ(m->storage(), DType::BF16);
+  Tensor l32 = f.model->forward_logits(f.batch());
+  Tensor l16 = m->forward_logits(f.batch());
+  EXPECT_LE(rel_error(l16.f32(), l32.f32(), l32.numel()), 1e-6);
+  EXPECT_LE(rel_error(l16.f32(), f.ref.view("logits").f32(), l32.numel()), 5e-2);
+  const int64_t n = f.ref.view("n_valid").data<int64_t>()[0];
+  LossResult r32 = f.model->forward_backward(f.batch(), 1.0f / float(n));
+  LossResult r16 = m->forward_backward(f.batch(), 1.0f / float(n));
+  EXPECT_NEAR(r16.loss_sum, r32.loss_sum, 1e-5 * r32.loss_sum);
+  for (Parameter* p : m->parameters()) {
+    ASSERT_EQ(p->value.dtype(), DType::BF16) << p->name;
+    ASSERT_EQ(p->grad.dtype(), DType::F32) << p->name;
+    Parameter& q = f.model->parameter(p->name);
+    EXPECT_LE(rel_error(p->grad.f32(), q.grad.f32(), q.grad.numel()), 1e-5) << p->name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderParity, ::testing::Values("llama", "qwen2", "mistral", "gemma2"),
