@@ -80,7 +80,7 @@ TEST(Attention, BackwardSharedByKeyTileAcrossThreadsMatchesReference) {
   for (int threads : {2, 3}) {
     ktune::set_num_threads(threads);
     compare_with_reference({"1 pair, " + std::to_string(threads) + " threads", {1, 200, 4, 1, 16, 0.25f, 50, 4.0f}, true});
-    compare_with_reference({"5 pairs, " + std::to_string(threads) + " threads", {1, 131, 5, 5, 8, 0.3f}, false});
+    compare_with_reference({"5 pairs, " + std::to_string(threads) + " threads", {1, 300, 5, 5, 8, 0.3f}, false});
   }
   ktune::set_num_threads(saved);
 }
@@ -110,9 +110,10 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     const size_t nq = size_t(s.T * s.Hq * s.D), nkv = size_t(s.T * s.Hkv * s.D);
     auto q = random_vector(nq, 5, -1.5f, 1.5f), k = random_vector(nkv, 6, -1.5f, 1.5f), v = random_vector(nkv, 7);
     auto r = random_vector(nq, 8);
+    // The loss through the reference forward (double inside); the tiled forward is proven equal to it above.
     auto loss = [&] {
       std::vector<float> out(nq), lse(size_t(s.Hq * s.T));
-      attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), doc_ids, s);
+      attention_forward_reference(out.data(), lse.data(), q.data(), k.data(), v.data(), doc_ids, s);
       return dot(out, r);
     };
     std::vector<float> out(nq), lse(size_t(s.Hq * s.T)), dq(nq), dk(nkv), dv(nkv);
@@ -124,6 +125,11 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     expect_gradient_matches_finite_differences(loss, q, dq, "dq" + tag, 1e-2, 2e-3, coords);
     expect_gradient_matches_finite_differences(loss, k, dk, "dk" + tag, 1e-2, 2e-3, coords);
     expect_gradient_matches_finite_differences(loss, v, dv, "dv" + tag, 1e-2, 2e-3, coords);
+    std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+    attention_backward_reference(dq_ref.data(), dk_ref.data(), dv_ref.data(), r.data(), q.data(), k.data(), v.data(),
+                                 out.data(), lse.data(), doc_ids, s);
+    expect_gradient_matches_finite_differences(loss, q, dq_ref, "reference dq" + tag, 1e-2, 2e-3, coords);
+    expect_gradient_matches_finite_differences(loss, k, dk_ref, "reference dk" + tag, 1e-2, 2e-3, coords);
   }
 }
 

@@ -10,7 +10,7 @@
 namespace ktune::cpu {
 namespace {
 
-constexpr int64_t kGrain = 4096;  // elements a thread must have before a split pays
+constexpr int64_t kGrain = 16384;  // elements a thread must have before a split pays
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCoeff = 0.044715f;
 

@@ -16,7 +16,7 @@
 namespace ktune::cpu {
 namespace {
 
-constexpr int64_t kGrain = 4096;
+constexpr int64_t kGrain = 16384;  // elements a thread must have before a split pays
 
 struct Coefficients {
   float decay;          // 1 - lr*wd

@@ -36,6 +36,12 @@ constexpr int64_t kKeyTile = 256;     // forward keys per online-softmax step
 constexpr int64_t kBwdKeyTile = 64;   // backward keys per work item
 constexpr int64_t kBwdQueryTile = 256;
 
+// Threads worth starting for this problem: one for tiny ones (a parallel region costs more than they do).
+int threads_for(const AttentionShape& s) {
+  const double flops = double(s.B) * s.Hq * double(s.T) * double(s.T) * s.D;
+  return flops < double(1 << 21) ? 1 : num_threads();
+}
+
 void check_shape(const AttentionShape& s) {
   check(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0, "attention", "sizes must be positive");
   check(s.Hq % s.Hkv == 0, "attention",
@@ -99,7 +105,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   const std::vector<int64_t> first = doc_ids ? first_occurrences(doc_ids, s) : std::vector<int64_t>{};
   const int64_t q_tiles = (T + kQueryTile - 1) / kQueryTile;
   const int64_t items = s.B * s.Hq * q_tiles;
-#pragma omp parallel num_threads(num_threads())
+#pragma omp parallel num_threads(threads_for(s))
   {
     std::vector<float> S(static_cast<size_t>(kQueryTile * kKeyTile)), O(static_cast<size_t>(kQueryTile * D));
     std::vector<float> m(static_cast<size_t>(kQueryTile)), l(static_cast<size_t>(kQueryTile));
@@ -283,7 +289,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     }
   }, 16);
   const BackwardContext ctx{s, dout, q, k, v, lse, delta.data(), doc_ids, first, dk, dv};
-  const int threads = num_threads();
+  const int threads = threads_for(s);
   const int64_t k_tiles = (T + kBwdKeyTile - 1) / kBwdKeyTile;
   const int64_t pairs = s.B * s.Hkv;
   if (pairs % threads == 0 || pairs >= 4 * threads) {

@@ -58,33 +58,40 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
         for (int64_t c = 0; c < V; ++c) m = std::max(m, z[c]);
         float sum = 0.0f;
         if (want_grad) {
-          // keep exp(z - m) for the gradient; z itself is needed only at the label (read first)
-          const float z_label = z[labels[r0 + i]];
-#pragma omp simd reduction(+ : sum)
-          for (int64_t c = 0; c < V; ++c) sum += vexp(z[c] - m);
-          const float lse = m + std::log(sum);
-          row_loss[size_t(i)] = double(lse) - double(z_label);
-          const float inv_sum = grad_scale / sum;
+          const int32_t label = labels[r0 + i];
+          const float z_label = z[label];
           if (softcap > 0) {
+            // z holds the capped logits; cap'(.) = 1 - (z/cap)^2 is read before z is overwritten.
+#pragma omp simd reduction(+ : sum)
+            for (int64_t c = 0; c < V; ++c) sum += vexp(z[c] - m);
+            const float inv_sum = grad_scale / sum;
 #pragma omp simd
             for (int64_t c = 0; c < V; ++c) {
               float t = z[c] * inv_cap;
               z[c] = vexp(z[c] - m) * inv_sum * (1.0f - t * t);
             }
-            float t = z_label * inv_cap;
-            z[labels[r0 + i]] -= grad_scale * (1.0f - t * t);
+            const float t = z_label * inv_cap;
+            z[label] -= grad_scale * (1.0f - t * t);
           } else {
+#pragma omp simd reduction(+ : sum)
+            for (int64_t c = 0; c < V; ++c) {
+              float e = vexp(z[c] - m);
+              z[c] = e;
+              sum += e;
+            }
+            const float inv_sum = grad_scale / sum;
 #pragma omp simd
-            for (int64_t c = 0; c < V; ++c) z[c] = vexp(z[c] - m) * inv_sum;
-            z[labels[r0 + i]] -= grad_scale;
+            for (int64_t c = 0; c < V; ++c) z[c] *= inv_sum;
+            z[label] -= grad_scale;
           }
+          row_loss[size_t(i)] = double(m + std::log(sum)) - double(z_label);
         } else {
 #pragma omp simd reduction(+ : sum)
           for (int64_t c = 0; c < V; ++c) sum += vexp(z[c] - m);
           row_loss[size_t(i)] = double(m + std::log(sum)) - double(z[labels[r0 + i]]);
         }
       }
-    }, 1);
+    }, std::max<int64_t>(1, 65536 / V));
     for (int64_t i = 0; i < rows; ++i) total += row_loss[size_t(i)];
     count += rows;
     if (dhidden) gemm(false, false, rows, C, V, 1.0f, logits, weight, 0.0f, dhidden + r0 * C);  // (rows,V)@(V,C)

@@ -2,6 +2,7 @@
 // so that two tokens with the same id never race.
 #include "kernels/cpu/embedding.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.h"
@@ -29,7 +30,7 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) dst[c] = src[c] * scale;
     }
-  }, 16);
+  }, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C)));
 }
 
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C, float scale) {
@@ -45,7 +46,7 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
 #pragma omp simd
       for (int64_t c = c0; c < c1; ++c) dst[c] += src[c] * scale;
     }
-  }, 64);
+  }, std::max<int64_t>(64, 16384 / std::max<int64_t>(1, N)));
 }
 
 void embedding_forward_reference(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <dnnl.hpp>
+#include <omp.h>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -106,6 +107,8 @@ void widen(std::vector<float>& dst, const bf16_t* src, int64_t rows, int64_t col
 
 // Products this small run as plain loops (oneDNN's call overhead is a few microseconds).
 constexpr double kTinyFlops = 2.0 * 16 * 16 * 16;
+// Products below this many FLOPs (~30 us on one core) run single-threaded.
+constexpr double kSingleThreadFlops = double(1 << 20);
 
 template <typename In>
 float load(const In* p);
@@ -174,8 +177,14 @@ void gemm_dispatch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
   memory a_mem(a_md, c.engine, const_cast<In*>(A));
   memory b_mem(b_md, c.engine, const_cast<In*>(B));
   memory c_mem(c_md, c.engine, C);
+  // Small products run on the calling thread: waking the team costs more than it saves, and on a
+  // loaded machine a tiny parallel region can wait a whole scheduler slice for its second thread.
+  const bool single = 2.0 * double(M) * double(N) * double(K) < kSingleThreadFlops && omp_get_max_threads() > 1;
+  const int saved_threads = single ? omp_get_max_threads() : 0;
+  if (single) omp_set_num_threads(1);
   prim->execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
   stream.wait();
+  if (single) omp_set_num_threads(saved_threads);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 //   dx = r (dy w') - x r^3 / C * sum(dy w' x),   dw += sum_rows(dy x r)
 #include "kernels/cpu/rmsnorm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -25,7 +26,7 @@ void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int6
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] * rs) * (weight_offset + w[c]);
     }
-  }, 8);
+  }, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C)));
 }
 
 void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
@@ -53,7 +54,7 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
         for (int64_t c = 0; c < C; ++c) dwt[c] += dyr[c] * xr[c] * rs;
       }
     }
-  }, 8);
+  }, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C)));
   if (dw)
     for (int t = 0; t < threads; ++t) {
       if (!used[size_t(t)]) continue;

@@ -1,6 +1,7 @@
 // RoPE table (built once per model, f32 like HF) and the in-place rotation, rows in parallel.
 #include "kernels/cpu/rope.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -83,7 +84,7 @@ void rotate(float* x, const int32_t* positions, const RopeTable& table, int64_t 
         }
       }
     }
-  }, 16);
+  }, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, H * D)));
 }
 
 }  // namespace
