@@ -1,0 +1,164 @@
+// Dataset builders against torchtune 0.6.1 + HF datasets reading the same files with the same
+// splits (fixtures/dataset_cases.json): identical tokens and labels, sample by sample. Then the
+// bad-input errors and the truncation count.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "data/dataset_builders.h"
+#include "fixture_cases.h"
+
+namespace ktune {
+namespace {
+
+using testing::bad_dir;
+using testing::files_dir;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+}
+
+TEST(DatasetBuilders, MatchTorchtuneOnEveryFixtureDataset) {
+  nlohmann::json cases = testing::load_json(testing::fixtures_dir() + "/dataset_cases.json");
+  ASSERT_GE(cases.size(), 18u);
+  for (const auto& c : cases) {
+    const std::string name = c.at("name");
+    SCOPED_TRACE(name);
+    auto tok = testing::tokenizer_for(c.at("format"));
+    ChatFormat format(*tok, parse_chat_format(c.at("format").get<std::string>()), c.at("max_seq_len").get<int64_t>());
+    DatasetOptions o = testing::options_from_case(c.at("component"), c.at("options"));
+    TokenizedDataset d = build_dataset(o, format);
+    const auto& samples = c.at("samples");
+    ASSERT_EQ(d.size(), (int64_t)samples.size());
+    for (int64_t i = 0; i < d.size(); ++i) {
+      std::vector<int32_t> tokens(d.tokens(i).begin(), d.tokens(i).end());
+      ASSERT_EQ(tokens, samples[i].at("tokens").get<std::vector<int32_t>>()) << "sample " << i;
+      ASSERT_EQ(d.labels(i), samples[i].at("labels").get<std::vector<int32_t>>()) << "sample " << i;
+    }
+  }
+}
+
+TEST(DatasetBuilders, CountsTruncatedSamples) {
+  testing::ByteTokenizer tok(testing::ByteTokenizer::Flavour::kLlama3);
+  ChatFormat format(tok, ChatFormatKind::kLlama3, 64);
+  DatasetOptions o;
+  o.source = "json";
+  o.data_files = {bad_dir() + "/too_long.jsonl"};
+  TokenizedDataset d = build_dataset(o, format);
+  ASSERT_EQ(d.size(), 3);
+  EXPECT_EQ(d.num_truncated, 1);
+  EXPECT_EQ(d.length(1), 64);
+  EXPECT_EQ(d.tokens(1).back(), *tok.token_to_id("<|end_of_text|>"));
+  EXPECT_LT(d.length(0), 64);
+}
+
+TEST(DatasetBuilders, MemoryIsTheTokensPlusOffsets) {
+  testing::ByteTokenizer tok(testing::ByteTokenizer::Flavour::kQwen);
+  ChatFormat format(tok, ChatFormatKind::kChatML);
+  DatasetOptions o;
+  o.source = "parquet";
+  o.data_dir = files_dir() + "/hf_repo/data";
+  TokenizedDataset d = build_dataset(o, format);
+  EXPECT_EQ(d.size(), 24);
+  // 4 bytes an id + 1 a mask byte + 8 an offset: nothing per sample beyond that.
+  EXPECT_EQ(d.memory_bytes(), (size_t)d.num_tokens() * 5 + (size_t)(d.size() + 1) * 8);
+}
+
+struct BadCase {
+  DatasetOptions options;
+  ChatFormatKind kind = ChatFormatKind::kLlama3;
+};
+
+std::string build_error(DatasetOptions o, ChatFormatKind kind = ChatFormatKind::kLlama3) {
+  auto tok = testing::tokenizer_for(kind == ChatFormatKind::kChatML ? "chatml" : kind == ChatFormatKind::kMistral ? "mistral" : "llama3");
+  ChatFormat format(*tok, kind);
+  return error_of([&] { build_dataset(o, format); });
+}
+
+TEST(DatasetBuilderErrors, MissingColumnIsNamedWithTheColumnsThatExist) {
+  DatasetOptions o;
+  o.source = "json";
+  o.data_files = {files_dir() + "/qa.jsonl"};
+  o.column_map = {{"input", "prompt"}, {"output", "answer"}};
+  std::string e = build_error(o);
+  expect_contains(e, "qa.jsonl: row 0");
+  expect_contains(e, "column 'prompt'");
+  expect_contains(e, "answer, id, question");
+  o.column_map = {{"input", "question"}};
+  e = build_error(o);
+  expect_contains(e, "dataset.column_map");
+  expect_contains(e, "'output'");
+}
+
+TEST(DatasetBuilderErrors, UnknownConversationStyleAndRole) {
+  DatasetOptions o;
+  o.component = "torchtune.datasets.chat_dataset";
+  o.source = "json";
+  o.data_files = {files_dir() + "/sharegpt.jsonl"};
+  o.conversation_column = "conversations";
+  o.conversation_style = "alpaca";
+  std::string e = build_error(o);
+  expect_contains(e, "dataset.conversation_style");
+  expect_contains(e, "'alpaca'");
+  expect_contains(e, "sharegpt or openai");
+  o.conversation_style = "sharegpt";
+  o.data_files = {bad_dir() + "/sharegpt_bad_role.jsonl"};
+  e = build_error(o);
+  expect_contains(e, "sharegpt_bad_role.jsonl: row 0");
+  expect_contains(e, "message 1");
+  expect_contains(e, "'robot'");
+  o.conversation_column = "";
+  expect_contains(build_error(o), "dataset.conversation_column");
+}
+
+TEST(DatasetBuilderErrors, EmptyDatasetEmptySplitAndBadSplit) {
+  DatasetOptions o;
+  o.source = "json";
+  o.data_files = {bad_dir() + "/empty.jsonl"};
+  expect_contains(build_error(o), "selects no rows");
+  o.data_files = {files_dir() + "/qa.jsonl"};
+  o.column_map = {{"input", "question"}, {"output", "answer"}};
+  o.split = "train[12:]";
+  expect_contains(build_error(o), "selects no rows");
+  o.split = "train[:0%]";
+  expect_contains(build_error(o), "selects no rows");
+  o.split = "train[a:b]";
+  expect_contains(build_error(o), "dataset.split");
+  o.split = "validation";
+  expect_contains(build_error(o), "split 'validation' not found");
+}
+
+TEST(DatasetBuilderErrors, MalformedAndInvalidUtf8RowsSurfaceWithTheirPlace) {
+  DatasetOptions o;
+  o.source = "json";
+  o.data_files = {bad_dir() + "/malformed.jsonl"};
+  expect_contains(build_error(o), "malformed.jsonl:3");
+  o.data_files = {bad_dir() + "/invalid_utf8.jsonl"};
+  expect_contains(build_error(o), "invalid_utf8.jsonl:2");
+  o.source = "csv";
+  o.data_files = {bad_dir() + "/invalid_utf8.csv"};
+  expect_contains(build_error(o), "invalid_utf8.csv: row 2 (line 5)");
+}
+
+TEST(DatasetBuilderErrors, UnknownBuilderAndMistralSystemPrompt) {
+  DatasetOptions o;
+  o.component = "torchtune.datasets.slimorca_dataset";
+  expect_contains(build_error(o), "unknown dataset builder");
+  DatasetOptions m;
+  m.source = "json";
+  m.data_files = {files_dir() + "/qa.jsonl"};
+  m.column_map = {{"input", "question"}, {"output", "answer"}};
+  m.new_system_prompt = "sys";
+  expect_contains(build_error(m, ChatFormatKind::kMistral), "dataset.new_system_prompt");
+}
+
+}  // namespace
+}  // namespace ktune
