@@ -390,10 +390,13 @@ Decoder::Plan& Decoder::prepare(const Batch& batch) {
   if (!plan_ || plan_->B != batch.B || plan_->T != batch.T || plan_->checkpointing != checkpointing_) {
     const size_t need = planned_activation_bytes(batch.B, batch.T);
     if (!arena_ || arena_->capacity() < need) {
+      // Growing (e.g. generation adding a token a call): leave a quarter of headroom so that a
+      // sequence of slightly larger batches reallocates only a few times.
+      const size_t bytes = arena_ ? std::max(need, arena_->capacity() + arena_->capacity() / 4) : need;
       arena_.reset();  // free the old block before taking the new one
-      arena_ = std::make_unique<Arena>(need);
-      log_info("decoder: activation arena planned at " + std::to_string(need) + " bytes (" +
-               std::to_string(double(need) / (1 << 20)) + " MiB) for B=" + std::to_string(batch.B) +
+      arena_ = std::make_unique<Arena>(bytes);
+      log_info("decoder: activation arena planned at " + std::to_string(bytes) + " bytes (" +
+               std::to_string(double(bytes) / (1 << 20)) + " MiB) for B=" + std::to_string(batch.B) +
                " T=" + std::to_string(batch.T) + (checkpointing_ ? " with activation checkpointing" : ""));
     }
     arena_->reset();

@@ -4,9 +4,12 @@
 // Tolerances (f32): relative error <= 1e-4 on logits and loss, <= 1e-3 on gradients, where the
 // relative error of a tensor is max|ktune - hf| / max|hf|.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -212,6 +215,28 @@ TEST_P(DecoderParity, Bf16StorageMatchesF32OfRoundedWeights) {
     Parameter& q = f.model->parameter(p->name);
     EXPECT_LE(rel_error(p->grad.f32(), q.grad.f32(), q.grad.numel()), 1e-5) << p->name;
   }
+}
+
+// The same model saved as a sharded bf16 checkpoint (HF names, index) loads to the same weights.
+TEST_P(DecoderParity, ShardedBf16CheckpointLoads) {
+  Fixture f = load(GetParam());
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("ktune_sharded_" + GetParam() + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(fixture_dir(GetParam()) + "/config.json", dir / "config.json");
+  std::vector<io::NamedTensor> tensors;
+  for (Parameter* p : f.model->parameters()) tensors.push_back({p->name, p->value.to(DType::BF16)});
+  auto written = io::write_safetensors_sharded(dir.string(), tensors, 64 * 1024);
+  ASSERT_GT(written.size(), 2u);
+  EXPECT_EQ(written.back(), "model.safetensors.index.json");
+  std::unique_ptr<Decoder> m = Decoder::from_pretrained(dir.string());
+  for (Parameter* p : m->parameters()) {
+    Tensor expect = f.model->parameter(p->name).value.to(DType::BF16).to(DType::F32);
+    ASSERT_EQ(p->value.dtype(), DType::F32);
+    ASSERT_EQ(std::memcmp(p->value.raw(), expect.raw(), expect.bytes()), 0) << p->name;
+  }
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderParity, ::testing::Values("llama", "qwen2", "mistral", "gemma2"),
