@@ -94,6 +94,7 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const override;
   std::string id_to_token(int32_t id) const override;
   bool is_special(int32_t id) const override;
+  bool is_added(int32_t id) const { return id >= 0 && id < vocab_size_ && added_[size_t(id)]; }
 
   // Applies the normaliser steps (exposed for tests).
   std::string normalize(std::string_view s) const;

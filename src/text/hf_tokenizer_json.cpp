@@ -407,8 +407,8 @@ void resolve_special_ids(BpeTokenizer& tok, const std::string& config_path) {
     return id;
   };
   auto first_known = [&](std::initializer_list<const char*> candidates) -> std::optional<int32_t> {
-    for (const char* c : candidates)
-      if (auto id = tok.token_to_id(c)) return id;
+    for (const char* c : candidates)  // added tokens only: "<s>" may be an ordinary word piece
+      if (auto id = tok.token_to_id(c); id && tok.is_added(*id)) return id;
     return std::nullopt;
   };
   if (names.bos.set) tok.bos = lookup(names.bos, "bos_token");

@@ -38,7 +38,7 @@ struct SpecialTokenNames {
 SpecialTokenNames read_tokenizer_config(const std::string& path);
 
 // BOS/EOS/PAD for the BPE tokenizers: the config when it names them; else TemplateProcessing's
-// tokens around $A (BOS before, EOS after); else the first known name present —
+// tokens around $A (BOS before, EOS after); else the first known name among the added tokens —
 // BOS <|begin_of_text|> <s> <bos>; EOS <|end_of_text|> <|endoftext|> </s> <eos>;
 // PAD <|finetune_right_pad_id|> <pad> <|pad|> [PAD], then <|endoftext|> (Qwen's pad).
 void resolve_special_ids(BpeTokenizer& tokenizer, const std::string& config_path);

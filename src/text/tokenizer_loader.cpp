@@ -31,7 +31,8 @@ Format detect_format(const std::string& path) {
     bool has_model = false;
     try {
       nlohmann::json j = nlohmann::json::parse(content);
-      if (j.is_object() && j.contains("model")) has_model = true;
+      // (a vocab.json may well hold a token spelled "model"; its value is then an id, not an object)
+      if (j.is_object() && j.contains("model") && j["model"].is_object()) has_model = true;
       else if (j.is_object()) return Format::kVocabJson;
       else throw Error(path, "a JSON file that is neither a tokenizer.json nor a vocab.json");
     } catch (const nlohmann::json::parse_error& e) {

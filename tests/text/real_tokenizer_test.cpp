@@ -94,7 +94,9 @@ void expect_same_ids(const Tokenizer& tok, const json& ref, bool add_bos, const 
     if (got != want && ++mismatches <= 3)
       ADD_FAILURE() << label << " text #" << i << " " << json(texts()[i]).dump().substr(0, 300) << "\n want "
                     << json(want).dump().substr(0, 300) << "\n got  " << json(got).dump().substr(0, 300);
-    if (add_bos) EXPECT_EQ(tok.encode(texts()[i], true), ref["ids_special"][i].get<std::vector<int32_t>>()) << label << " #" << i;
+    if (add_bos) {
+      EXPECT_EQ(tok.encode(texts()[i], true), ref["ids_special"][i].get<std::vector<int32_t>>()) << label << " #" << i;
+    }
     EXPECT_EQ(tok.decode(want), ref["decoded"][i].get<std::string>()) << label << " decode #" << i;
   }
   EXPECT_EQ(mismatches, 0) << label;
