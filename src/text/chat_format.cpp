@@ -100,8 +100,7 @@ ChatFormat::ChatFormat(const Tokenizer& tokenizer, ChatFormatKind kind, int64_t 
   newline_ids_ = tokenizer_.encode("\n");
   // Fail now, not at the first sample, when the tokenizer lacks the format's special tokens.
   if (kind_ == ChatFormatKind::kLlama3)
-    for (const char* t : {"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                          "<|eot_id|>", "<|eom_id|>"})
+    for (const char* t : {"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"})
       special(t);
   if (kind_ == ChatFormatKind::kChatML) { special("<|im_start|>"); special("<|im_end|>"); }
   if (kind_ == ChatFormatKind::kGemma) { special("<start_of_turn>"); special("<end_of_turn>"); }
@@ -145,7 +144,7 @@ TokenizedMessages ChatFormat::tokenize_llama3(const std::vector<Message>& in, bo
   std::vector<Message> messages = prompt_template_ ? prompt_template_->apply(in) : in;
   const int32_t bos = special("<|begin_of_text|>"), eos = special("<|end_of_text|>");
   const int32_t start_header = special("<|start_header_id|>"), end_header = special("<|end_header_id|>");
-  const int32_t eot = special("<|eot_id|>"), eom = special("<|eom_id|>");
+  const int32_t eot = special("<|eot_id|>");
   TokenizedMessages out;
   out.tokens.push_back(bos);
   out.mask.push_back(1);
@@ -159,7 +158,7 @@ TokenizedMessages ChatFormat::tokenize_llama3(const std::vector<Message>& in, bo
     append(ids, encode("\n\n"));
     if (m.ipython) ids.push_back(special("<|python_tag|>"));  // _tokenize_body
     for (const std::string& piece : m.content) append(ids, encode(python_strip(piece)));
-    if (add_end) ids.push_back(m.eot ? eot : eom);       // _tokenize_end
+    if (add_end) ids.push_back(m.eot ? eot : special("<|eom_id|>"));  // _tokenize_end
     append(out.tokens, ids);
     out.mask.insert(out.mask.end(), ids.size(), m.masked ? 1 : 0);
     if (max_seq_len_ > 0 && (int64_t)out.tokens.size() >= max_seq_len_) {
