@@ -11,8 +11,10 @@
 namespace ktune::cli {
 
 // Add a line per subcommand: {"name", "one-line summary", cmd_name}. Declarations go beside it.
+int cmd_tokenize(const Args& args);
 static const Command kCommands[] = {
     {"version", "print the version", nullptr},
+    {"tokenize", "text <-> token ids, JSON lines: --tokenizer FILE [--merges F] [--add-bos] [--decode]", cmd_tokenize},
 };
 
 static int print_help() {

@@ -1,0 +1,67 @@
+// `ktune tokenize`: text ↔ token ids from the command line, to script tokenizer checks and debug
+// datasets. One JSON string per input line → one JSON array of ids per output line; with --decode,
+// the other way. Reads stdin, or the files named after the options. The work is
+// tokenize_json_lines (text layer); this file only reads arguments.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "cli/command_table.h"
+#include "core/error.h"
+#include "text/tokenize_lines.h"
+#include "text/tokenizer.h"
+
+namespace ktune::cli {
+
+namespace {
+
+const char* kUsage =
+    "usage: ktune tokenize --tokenizer FILE [--merges FILE] [--config FILE] [--add-bos] [--add-eos]\n"
+    "                      [--decode [--skip-special]] [INPUT...]\n"
+    "  FILE: tokenizer.json, tiktoken tokenizer.model, SentencePiece tokenizer.model, or vocab.json\n"
+    "        (with merges.txt beside it or --merges); --config: tokenizer_config.json (BOS/EOS/PAD)\n"
+    "  input: one JSON string per line (stdin when no INPUT) → one JSON array of ids per line;\n"
+    "         --decode: one JSON array of ids per line → one JSON string per line\n";
+
+}  // namespace
+
+int cmd_tokenize(const Args& args) {
+  TokenizerOptions options;
+  TokenizeLinesOptions lines;
+  std::vector<std::string> inputs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* name) -> std::string {
+      if (i + 1 >= args.size()) throw Error("ktune tokenize", std::string(name) + " needs a value\n" + kUsage);
+      return args[++i];
+    };
+    if (a == "--tokenizer") options.path = value("--tokenizer");
+    else if (a == "--merges") options.merges_file = value("--merges");
+    else if (a == "--config") options.config_path = value("--config");
+    else if (a == "--add-bos") lines.add_bos = true;
+    else if (a == "--add-eos") lines.add_eos = true;
+    else if (a == "--decode") lines.decode = true;
+    else if (a == "--skip-special") lines.skip_special = true;
+    else if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (!a.empty() && a[0] == '-' && a != "-") throw Error("ktune tokenize", "unknown option " + a + "\n" + kUsage);
+    else inputs.push_back(a);
+  }
+  if (options.path.empty()) throw Error("ktune tokenize", std::string("--tokenizer is required\n") + kUsage);
+  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(options);
+  std::ios::sync_with_stdio(false);
+  if (inputs.empty()) inputs.push_back("-");
+  for (const std::string& input : inputs) {
+    if (input == "-") {
+      tokenize_json_lines(*tokenizer, std::cin, std::cout, lines, "stdin");
+      continue;
+    }
+    std::ifstream in(input, std::ios::binary);
+    if (!in) throw Error(input, "cannot open the input file");
+    tokenize_json_lines(*tokenizer, in, std::cout, lines, input);
+  }
+  return 0;
+}
+
+}  // namespace ktune::cli
