@@ -195,7 +195,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
       if (r.has("layer_types"))
         throw Error(r.at("layer_types"), "mistral with per-layer attention types (Ministral) is not supported");
-      int64_t window = r.has("sliding_window") ? r.integer("sliding_window") : 0;
+      // Absent means HF's class default (4096); null means full attention.
+      int64_t window = !r.j.contains("sliding_window") ? 4096 : r.integer("sliding_window", 0);
       c.sliding_window.assign(size_t(c.num_layers), window);
       break;
     }
@@ -210,7 +211,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       double qpas = r.number("query_pre_attn_scalar", 256.0);
       if (qpas <= 0) throw Error(r.at("query_pre_attn_scalar"), "must be positive");
       c.attention_scale = float(std::pow(qpas, -0.5));
-      int64_t window = r.has("sliding_window") ? r.integer("sliding_window") : 0;
+      // Absent means HF's class default (4096); null means full attention.
+      int64_t window = !r.j.contains("sliding_window") ? 4096 : r.integer("sliding_window", 0);
       if (r.has("layer_types")) {
         c.sliding_window = read_layer_types(r, c.num_layers, window);
       } else if (window > 0) {  // HF's default: even layers (0, 2, ...) slide

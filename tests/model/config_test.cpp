@@ -70,6 +70,15 @@ TEST(ModelConfig, MistralSlidesOnEveryLayer) {
   EXPECT_EQ(c.sliding_window[1], 6);
 }
 
+TEST(ModelConfig, MistralWindowDefaultsLikeHf) {
+  const std::string base = R"("model_type":"mistral","vocab_size":10,"hidden_size":8,"intermediate_size":16,
+    "num_hidden_layers":2,"num_attention_heads":2)";
+  EXPECT_EQ(ModelConfig::from_json_text("{" + base + "}", "config.json").sliding_window,
+            (std::vector<int64_t>{4096, 4096}));  // MistralConfig's default
+  EXPECT_EQ(ModelConfig::from_json_text("{" + base + R"(,"sliding_window":null})", "config.json").sliding_window,
+            (std::vector<int64_t>{0, 0}));
+}
+
 TEST(ModelConfig, Gemma2AlternatesSlidingWindowAndSoftCaps) {
   ModelConfig c = ModelConfig::from_file(fixture("gemma2"));
   EXPECT_EQ(c.family, Family::Gemma2);
