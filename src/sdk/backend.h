@@ -43,7 +43,7 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string kind() const = 0;  // "local", "kubernetes"
 
-  // Starts the plan and returns the job name (plan.job_name, or a new one: a letter + 11 hex).
+  // Starts the plan and returns the job name (plan.job_name, or a new one: a letter + 11 hex characters).
   virtual std::string submit(const TrainJobPlan& plan) = 0;
   virtual std::vector<TrainJobRecord> list_jobs(const std::string& runtime = "") = 0;
   virtual TrainJobRecord get_job(const std::string& name) = 0;  // throws Error if there is none
@@ -56,8 +56,5 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_backend(const BackendConfig& config);
-
-// A job name as upstream's SDK makes them: a lowercase letter + 11 lowercase hex characters.
-std::string generate_job_name();
 
 }  // namespace ktune::sdk

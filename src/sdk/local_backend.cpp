@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/trainjob_builder.h"
 #include "sdk/process_identity.h"
 
 namespace fs = std::filesystem;
@@ -141,35 +142,6 @@ std::unique_ptr<Backend> make_backend(const BackendConfig& config) {
               "the Kubernetes backend is not part of this build yet; use the local backend (KTUNE_BACKEND=local)");
 }
 
-std::string generate_job_name() {
-  static thread_local std::mt19937_64 rng{std::random_device{}() ^
-                                           (uint64_t(getpid()) << 32) ^
-                                           uint64_t(std::chrono::steady_clock::now().time_since_epoch().count())};
-  static const char hex[] = "0123456789abcdef";
-  std::string name(1, char('a' + rng() % 26));
-  for (int i = 0; i < 11; ++i) name += hex[rng() % 16];
-  return name;
-}
-
-std::string rewrite_workspace(const std::string& text, const std::string& root) {
-  static const std::string kWorkspace = "/workspace";
-  auto boundary_before = [](char c) { return c == '=' || c == ':' || c == ',' || c == '[' || c == '\'' || c == '"' || c == ' '; };
-  auto boundary_after = [](char c) { return c == '/' || c == ',' || c == ']' || c == '\'' || c == '"' || c == ' '; };
-  std::string out;
-  size_t at = 0;
-  while (true) {
-    size_t hit = text.find(kWorkspace, at);
-    if (hit == std::string::npos) break;
-    size_t end = hit + kWorkspace.size();
-    bool ok = (hit == 0 || boundary_before(text[hit - 1])) && (end == text.size() || boundary_after(text[end]));
-    out.append(text, at, hit - at);
-    out += ok ? root : kWorkspace;
-    at = end;
-  }
-  out.append(text, at, std::string::npos);
-  return out;
-}
-
 LocalBackend::LocalBackend(BackendConfig config) : config_(std::move(config)) {
   if (config_.home.empty()) config_.home = default_ktune_home();
   if (config_.workspace_root.empty()) config_.workspace_root = config_.home + "/jobs";
@@ -187,10 +159,8 @@ JobRegistry& LocalBackend::registry() {
 }
 
 std::string LocalBackend::submit(const TrainJobPlan& plan_in) {
-  TrainJobPlan plan = plan_in;
-  if (plan.job_name.empty()) plan.job_name = generate_job_name();
-  check_plan(plan);
-  const std::string& name = plan.job_name;
+  check_plan(plan_in);
+  const std::string name = plan_in.job_name.empty() ? generate_job_name() : plan_in.job_name;
   check(!config_.ktune_exe.empty(), "local backend",
         "cannot find the ktune binary that supervises local jobs: put `ktune` on PATH or set KTUNE_EXE");
   check(!registry().find(name), "job " + name, "a TrainJob with this name already exists (ktune jobs delete " + name + ")");
@@ -203,6 +173,8 @@ std::string LocalBackend::submit(const TrainJobPlan& plan_in) {
     fs::create_directories(workspace + sub, ec);
     check(!ec, workspace + sub, "cannot create the job workspace: " + ec.message());
   }
+  // The job's directory plays the plan's /workspace: its paths in args, env and working dirs move there.
+  const TrainJobPlan plan = plan_in.with_workspace(workspace);
 
   TrainJobRecord job;
   job.name = name;
@@ -220,7 +192,7 @@ std::string LocalBackend::submit(const TrainJobPlan& plan_in) {
     StepRecord s;
     s.name = p.name;
     s.index = int(i);
-    for (const std::string& a : p.command) s.command.push_back(rewrite_workspace(a, workspace));
+    s.command = p.command;
     const bool is_node = p.node_rank >= 0;
     const bool tune_run = s.command.size() >= 2 && is_ktune_name(s.command[0]) && s.command[0].find('/') == std::string::npos &&
                           s.command[1] == "run";
@@ -231,17 +203,18 @@ std::string LocalBackend::submit(const TrainJobPlan& plan_in) {
     } else if ((s.command[0] == "tune" || s.command[0] == "ktune") && is_ktune_name(config_.ktune_exe)) {
       s.command[0] = config_.ktune_exe;  // the local trainer is this ktune, never a torchtune on PATH
     }
-    for (const auto& [k, v] : p.env) s.env[k] = rewrite_workspace(v, workspace);
+    s.env = p.env;
     for (const auto& [k, v] : p.secret_env) {
       s.secret_env_keys.push_back(k);
       secrets[p.name][k] = v;
     }
-    s.working_dir = p.working_dir.empty() ? workspace : rewrite_workspace(p.working_dir, workspace);
+    s.working_dir = p.working_dir.empty() ? workspace : p.working_dir;
     s.depends_on = p.depends_on;
     s.node_rank = p.node_rank;
     s.num_proc = std::max(1, p.num_proc);
-    s.device = "cpu";
-    s.device_count = std::to_string(s.num_proc);
+    // The plan's device when it knows one, else what a local process runs on.
+    s.device = p.device.empty() || p.device == "Unknown" ? "cpu" : p.device;
+    s.device_count = p.device_count.empty() || p.device_count == "Unknown" ? std::to_string(s.num_proc) : p.device_count;
     s.log_path = workspace + "/logs/" + p.name + ".log";
     if (is_node) s.progress_path = workspace + "/progress/" + p.name + ".jsonl";
     job.steps.push_back(std::move(s));

@@ -2,8 +2,7 @@
 // jobs in the SQLite JobRegistry under $KTUNE_HOME, so `ktune jobs …` works from any later shell.
 //
 // submit() writes the job (status Created) to the registry, creates its workspace (the directory
-// that plays the container's /workspace: every "/workspace" in args, env and working dirs is
-// rewritten to it), and starts a detached supervisor — `ktune jobs supervise NAME`, double-forked
+// that plays the container's /workspace), and starts a detached supervisor — `ktune jobs supervise NAME`, double-forked
 // into its own session with its stdio on <workspace>/logs/supervisor.log — that outlives the
 // submitting command. Secrets travel to it through a pipe, never through the registry, argv or a
 // file. The supervisor (run_supervisor) starts steps as soon as their dependencies are Complete
@@ -54,10 +53,6 @@ class LocalBackend : public Backend {
 
 // The default home: $KTUNE_HOME, else $HOME/.ktune.
 std::string default_ktune_home();
-
-// Rewrites every "/workspace" path in `text` (at the start, or after '=', ':', ',', '[', a quote
-// or a space; followed by '/', the end, or one of ",]'\" ") to `root`. "/workspaces" is untouched.
-std::string rewrite_workspace(const std::string& text, const std::string& root);
 
 // The detached supervisor's body (`ktune jobs supervise [--ready-fd N] NAME`): reads the secrets
 // (JSON {step: {KEY: value}}) from stdin, registers itself, writes "ok\n" to ready_fd (if >= 0)

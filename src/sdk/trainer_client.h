@@ -1,0 +1,93 @@
+// TrainerClient: the one object a data scientist uses, with upstream's method names and shapes
+// (kubeflow.trainer.TrainerClient): list_runtimes, get_runtime, train, list_jobs, get_job,
+// get_job_logs, wait_for_job_status (with upstream's three errors), delete_job. train() builds
+// the TrainJob (runtime/trainjob_builder.h), validates and plans it (runtime/planner.h) and hands the
+// plan to the backend chosen by BackendConfig; everything after that is the backend's.
+// It deliberately adds no behaviour of its own beyond the waiting loop: the CLI is a thin layer
+// over this class, and so will the Python face be.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/runtime_catalog.h"
+#include "runtime/sdk_types.h"
+#include "sdk/backend.h"
+
+namespace ktune::sdk {
+
+// wait_for_job_status: the job reached Failed while Failed was not awaited (upstream: RuntimeError).
+class JobFailedError : public Error {
+ public:
+  using Error::Error;
+};
+// wait_for_job_status: the deadline passed (upstream: TimeoutError).
+class WaitTimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+class TrainerClient {
+ public:
+  // The backend from `config` (BackendConfig::from_env() reads KTUNE_BACKEND, KTUNE_HOME, ...), the
+  // runtimes compiled from manifests/ plus any in <home>/runtimes (a later one replaces a builtin).
+  explicit TrainerClient(const BackendConfig& config = BackendConfig::from_env());
+  TrainerClient(std::unique_ptr<Backend> backend, RuntimeCatalog catalog);
+
+  std::vector<types::Runtime> list_runtimes() const;
+  types::Runtime get_runtime(const std::string& name) const;
+
+  // The plan train() would run, without running it (`ktune train --dry-run`).
+  TrainJobPlan plan(const types::Runtime& runtime, const types::Initializer* initializer,
+                    const types::Trainer& trainer, const std::string& name = "") const;
+  // Starts a TrainJob and returns its name (a letter + 11 hex characters unless `name` is given).
+  std::string train(const types::Runtime& runtime, const types::Initializer* initializer = nullptr,
+                    const types::Trainer& trainer = {}, const std::string& name = "");
+  // Runs an already built plan (what train() does after planning).
+  std::string submit(const TrainJobPlan& plan);
+
+  std::vector<types::TrainJob> list_jobs(const std::string& runtime = "");
+  types::TrainJob get_job(const std::string& name);
+  // Everything the backend knows (commands, pids, exit codes, timestamps, log paths, progress).
+  TrainJobRecord get_job_record(const std::string& name);
+
+  // The lines of one step's log ("node-0", "dataset-initializer", ...). With follow, blocks until
+  // the step ends; the sink form streams lines as they come and may stop early by returning false.
+  std::vector<std::string> get_job_logs(const std::string& name, const std::string& step = "node-0",
+                                        bool follow = false);
+  void get_job_logs(const std::string& name, const std::string& step, bool follow, const LogLineSink& sink);
+
+  // Polls until the job's status is one of `status`. Throws Error when `status` is not a subset of
+  // {Created, Running, Complete, Failed}, polling_interval <= 0 or polling_interval >= timeout;
+  // JobFailedError when the job Failed and Failed was not awaited; WaitTimeoutError after `timeout`
+  // seconds. `callback`, if set, sees every polled state.
+  types::TrainJob wait_for_job_status(const std::string& name,
+                                      const std::set<std::string>& status = {types::kTrainJobComplete},
+                                      double timeout = 600, double polling_interval = 2,
+                                      const std::function<void(const types::TrainJob&)>& callback = {});
+
+  // Stops the job's processes and forgets it (with remove_workspace, its files too).
+  void delete_job(const std::string& name, bool remove_workspace = false);
+
+  Backend& backend() { return *backend_; }
+  const RuntimeCatalog& catalog() const { return catalog_; }
+
+ private:
+  types::TrainJob to_sdk_job(const TrainJobRecord& record) const;
+
+  std::unique_ptr<Backend> backend_;
+  RuntimeCatalog catalog_;
+};
+
+// The design's table of list_runtimes(): Runtime, Trainer Type, Framework, Pretrained Model,
+// Accelerator, Count — one row per runtime, columns padded to their widest cell.
+std::string format_runtimes_table(const std::vector<types::Runtime>& runtimes);
+
+// Unix seconds -> RFC 3339 UTC ("2026-12-02T13:10:00Z"); "" for 0.
+std::string rfc3339(double unix_seconds);
+
+}  // namespace ktune::sdk
