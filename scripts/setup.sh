@@ -7,7 +7,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(
-  build-essential cmake ninja-build pkg-config git xz-utils iproute2 sqlite3
+  build-essential cmake ninja-build ccache pkg-config git xz-utils iproute2 sqlite3
   libdnnl-dev            # oneDNN: CPU GEMMs
   libgtest-dev libgmock-dev
   libpcre2-dev           # tokenizer pre-tokenizer regexes (\p{L}, (?i:...))
