@@ -12,9 +12,17 @@ namespace ktune::cli {
 
 // Add a line per subcommand: {"name", "one-line summary", cmd_name}. Declarations go beside it.
 int cmd_tokenize(const Args& args);
+int cmd_ls(const Args& args);
+int cmd_cp(const Args& args);
+int cmd_cat(const Args& args);
+int cmd_validate(const Args& args);
 static const Command kCommands[] = {
     {"version", "print the version", nullptr},
     {"tokenize", "text <-> token ids, JSON lines: --tokenizer FILE [--merges F] [--add-bos] [--decode]", cmd_tokenize},
+    {"ls", "list the recipes and their bundled configs", cmd_ls},
+    {"cp", "copy a bundled config to a file to edit", cmd_cp},
+    {"cat", "print a config", cmd_cat},
+    {"validate", "check a config and overrides against its recipe, loading nothing", cmd_validate},
 };
 
 static int print_help() {

@@ -1,0 +1,56 @@
+// `ktune cat CONFIG|FILE [--sort]`: prints a config so a user sees which keys to override, as
+// torchtune's `tune cat`: the bundled text with its comments, or with --sort the parsed tree with
+// keys sorted. It prints the config as written (no overrides, no interpolation).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "cli/command_table.h"
+#include "core/error.h"
+#include "train/config.h"
+#include "train/recipe_registry.h"
+
+namespace ktune::cli {
+
+static void sort_keys(train::ConfigNode& node) {
+  if (node.is_map()) {
+    auto& entries = node.entries();
+    std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& e : entries) sort_keys(e.second);
+  } else if (node.is_list()) {
+    for (auto& item : node.items()) sort_keys(item);
+  }
+}
+
+int cmd_cat(const Args& args) {
+  bool sort = false;
+  std::string name;
+  for (const std::string& a : args) {
+    if (a == "--sort") {
+      sort = true;
+    } else if (a == "-h" || a == "--help") {
+      std::printf("usage: ktune cat CONFIG|FILE [--sort]\n\nPrint a config (see `ktune ls`).\n");
+      return 0;
+    } else if (a.rfind("-", 0) == 0) {
+      throw Error("ktune cat", "unknown option `" + a + "` (option: --sort)");
+    } else if (!name.empty()) {
+      throw Error("ktune cat", "takes one config, got `" + name + "` and `" + a + "`");
+    } else {
+      name = a;
+    }
+  }
+  if (name.empty()) throw Error("ktune cat", "usage: ktune cat CONFIG|FILE [--sort]");
+  if (train::find_recipe(name) != nullptr)
+    throw Error("ktune cat " + name, "'" + name + "' is a recipe, not a config: name a config (see `ktune ls`)");
+  train::ConfigSource source = train::find_config(name);
+  if (!sort) {
+    std::fputs(source.text.c_str(), stdout);
+    return 0;
+  }
+  train::ConfigNode tree = train::load_config_yaml(source.text, source.name);
+  sort_keys(tree);
+  std::fputs(tree.to_yaml().c_str(), stdout);
+  return 0;
+}
+
+}  // namespace ktune::cli

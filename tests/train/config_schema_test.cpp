@@ -1,0 +1,244 @@
+// Validation before anything loads: every refusal names its key, what was expected, and the
+// nearest valid name; all problems come together.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "train/config_schema.h"
+#include "train/recipe_config.h"
+#include "train/recipe_registry.h"
+
+using ktune::train::prepare_recipe_config;
+
+namespace {
+
+// The messages `ktune run RECIPE --config CONFIG overrides…` refuses with ("" when it accepts).
+std::string refusal(const std::string& recipe, const std::string& config, const std::vector<std::string>& overrides) {
+  try {
+    prepare_recipe_config(recipe, config, overrides);
+  } catch (const ktune::Errors& e) {
+    std::string out;
+    for (const auto& x : e.errors()) out += std::string(x.what()) + "\n";
+    return out;
+  } catch (const ktune::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kLora = "lora_finetune_single_device";
+const char* kLoraCfg = "llama3_2/1B_lora_single_device";
+const char* kFull = "full_finetune_single_device";
+const char* kFullCfg = "llama3_2/1B_full_single_device";
+
+#define EXPECT_HAS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
+
+}  // namespace
+
+TEST(ConfigSchema, BundledConfigWithoutOverridesIsAccepted) {
+  EXPECT_EQ(refusal(kLora, kLoraCfg, {}), "");
+  EXPECT_EQ(refusal(kFull, kFullCfg, {}), "");
+}
+
+TEST(ConfigSchema, UnknownTopLevelKeySuggestsNearest) {
+  std::string m = refusal(kLora, kLoraCfg, {"batch_szie=2"});
+  EXPECT_HAS(m, "config key batch_szie: unknown key for recipe lora_finetune_single_device");
+  EXPECT_HAS(m, "did you mean `batch_size`?");
+}
+
+TEST(ConfigSchema, UnknownComponentKeySuggestsFullPath) {
+  std::string m = refusal(kLora, kLoraCfg, {"optimizer.lrr=1e-4"});
+  EXPECT_HAS(m, "config key optimizer.lrr: unknown key for torch.optim.AdamW; did you mean `optimizer.lr`?");
+  m = refusal(kLora, kLoraCfg, {"model.lora_rnak=4"});
+  EXPECT_HAS(m, "did you mean `model.lora_rank`?");
+}
+
+TEST(ConfigSchema, WrongTypesNameTheExpectedType) {
+  std::string m = refusal(kLora, kLoraCfg, {"batch_size=two", "shuffle=maybe", "optimizer.lr=fast",
+                                            "model.lora_attn_modules=q_proj", "epochs=1.5"});
+  EXPECT_HAS(m, "config key batch_size: expected an int >= 1, got string two");
+  EXPECT_HAS(m, "config key shuffle: expected a bool (true/false), got string maybe");
+  EXPECT_HAS(m, "config key optimizer.lr: expected a float >= 0, got string fast");
+  EXPECT_HAS(m, "config key model.lora_attn_modules: expected a list of strings");
+  EXPECT_HAS(m, "config key epochs: expected an int >= 1, got float 1.5");
+}
+
+TEST(ConfigSchema, RangesAreChecked) {
+  std::string m = refusal(kLora, kLoraCfg, {"batch_size=0", "model.lora_rank=0", "model.lora_dropout=1.0",
+                                            "gradient_accumulation_steps=-1", "max_steps_per_epoch=0"});
+  EXPECT_HAS(m, "config key batch_size: expected an int >= 1, got 0");
+  EXPECT_HAS(m, "config key model.lora_rank: expected an int >= 1, got 0");
+  EXPECT_HAS(m, "config key model.lora_dropout: expected a float in [0, 1), got 1");
+  EXPECT_HAS(m, "config key gradient_accumulation_steps");
+  EXPECT_HAS(m, "config key max_steps_per_epoch");
+}
+
+TEST(ConfigSchema, Fp16IsRefusedWithTheReason) {
+  std::string m = refusal(kLora, kLoraCfg, {"dtype=fp16"});
+  EXPECT_HAS(m, "config key dtype: fp16 is not supported (torchtune refuses it too): use bf16 or fp32");
+  EXPECT_HAS(refusal(kLora, kLoraCfg, {"dtype=bf61"}), "did you mean `bf16`?");
+  EXPECT_EQ(refusal(kLora, kLoraCfg, {"dtype=fp32"}), "");
+}
+
+TEST(ConfigSchema, LoraKeysOnAFullRecipeAreRefused) {
+  std::string m = refusal(kFull, kFullCfg, {"model.lora_rank=8", "model.quantize_base=True"});
+  EXPECT_HAS(m, "config key model.lora_rank: a LoRA setting, but `torchtune.models.llama3_2.llama3_2_1b` is a "
+                "full-model builder");
+  EXPECT_HAS(m, "config key model.quantize_base: a QLoRA setting");
+  EXPECT_HAS(refusal(kFull, kFullCfg, {"save_adapter_weights_only=True"}),
+             "config key save_adapter_weights_only: not accepted by recipe full_finetune_single_device: only LoRA "
+             "recipes (lora_finetune_*) accept it");
+}
+
+TEST(ConfigSchema, BuilderMustMatchRecipeKind) {
+  std::string m = refusal(kFull, kFullCfg, {"model=torchtune.models.llama3_2.lora_llama3_2_1b"});
+  EXPECT_HAS(m, "config key model._component_: `torchtune.models.llama3_2.lora_llama3_2_1b` is a LoRA builder, but "
+                "recipe full_finetune_single_device trains all weights: use `torchtune.models.llama3_2.llama3_2_1b`");
+  m = refusal(kLora, kLoraCfg, {"model=torchtune.models.llama3_2.llama3_2_1b"});
+  EXPECT_HAS(m, "has no adapters, but recipe lora_finetune_single_device trains LoRA adapters");
+}
+
+TEST(ConfigSchema, UnknownComponentSuggestsNearestOfItsKind) {
+  std::string m = refusal(kLora, kLoraCfg, {"model=torchtune.models.llama3_2.lora_llama3_2_1c"});
+  EXPECT_HAS(m, "unknown model builder `torchtune.models.llama3_2.lora_llama3_2_1c`; did you mean "
+                "`torchtune.models.llama3_2.lora_llama3_2_1b`?");
+  m = refusal(kLora, kLoraCfg, {"optimizer=torch.optim.AdamWW"});
+  EXPECT_HAS(m, "did you mean `torch.optim.AdamW`?");
+}
+
+TEST(ConfigSchema, ComponentOfTheWrongKindOrUnsupportedIsRefusedWithReason) {
+  std::string m = refusal(kLora, kLoraCfg, {"optimizer=torchtune.modules.loss.CEWithChunkedOutputLoss"});
+  EXPECT_HAS(m, "is a loss, not a optimizer");
+  m = refusal(kFull, kFullCfg, {"optimizer=bitsandbytes.optim.PagedAdamW8bit"});
+  EXPECT_HAS(m, "is not supported by ktune: bitsandbytes optimizers are CUDA-only");
+}
+
+TEST(ConfigSchema, ComponentWrittenAsPlainStringIsRefused) {
+  // `loss=X` on a config without a loss section gives a string, not a component.
+  ktune::train::ConfigNode t = ktune::train::load_config_yaml(*ktune::train::bundled_config_text(kLoraCfg), "c");
+  t.set("loss", ktune::train::ConfigNode::string("torchtune.modules.loss.CEWithChunkedOutputLoss"));
+  auto errors = ktune::train::check_config(t, *ktune::train::find_recipe(kLora));
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_HAS(std::string(errors[0].what()), "config key loss: expected a loss component (a map with _component_), got "
+                                            "string torchtune.modules.loss.CEWithChunkedOutputLoss");
+}
+
+TEST(ConfigSchema, ImpossibleCombinationsAreRefused) {
+  std::string m = refusal(kLora, kLoraCfg, {"dataset.packed=True"});
+  EXPECT_HAS(m, "config key dataset.packed: packing fills sequences to tokenizer.max_seq_len, which is not set");
+  EXPECT_EQ(refusal(kLora, kLoraCfg, {"dataset.packed=True", "tokenizer.max_seq_len=2048"}), "");
+
+  m = refusal(kFull, kFullCfg, {"optimizer_in_bwd=True", "gradient_accumulation_steps=4", "clip_grad_norm=1.0"});
+  EXPECT_HAS(m, "cannot be combined with gradient_accumulation_steps > 1");
+  EXPECT_HAS(m, "cannot be combined with clip_grad_norm");
+
+  m = refusal(kLora, kLoraCfg, {"tokenizer=torchtune.models.qwen2_5.qwen2_5_tokenizer"});
+  EXPECT_HAS(m, "is a qwen2_5 tokenizer, but model `torchtune.models.llama3_2.lora_llama3_2_1b` is llama3_2");
+  EXPECT_HAS(m, "config key tokenizer.merges_file: missing");
+
+  m = refusal(kLora, kLoraCfg, {"checkpointer.model_type=QWEN2"});
+  EXPECT_HAS(m, "config key checkpointer.model_type: `QWEN2` does not match model");
+
+  m = refusal(kLora, kLoraCfg, {"dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet"});
+  EXPECT_HAS(m, "source `parquet` is a file format: say where the files are");
+
+  m = refusal(kLora, kLoraCfg, {"enable_activation_offloading=True", "enable_activation_checkpointing=False"});
+  EXPECT_HAS(m, "needs enable_activation_checkpointing=True");
+
+  m = refusal(kLora, kLoraCfg, {"profiler.enabled=True"});
+  EXPECT_HAS(m, "ktune has no torch profiler");
+
+  m = refusal(kLora, kLoraCfg, {"model.lora_attn_modules=[]", "model.apply_lora_to_mlp=False"});
+  EXPECT_HAS(m, "LoRA would train nothing");
+
+  m = refusal(kLora, kLoraCfg, {"model.lora_attn_modules=[q_proj,w_proj]"});
+  EXPECT_HAS(m, "`w_proj` is not one of q_proj, k_proj, v_proj, output_proj");
+}
+
+TEST(ConfigSchema, DistributedOnlyKeysOnASingleDeviceRecipe) {
+  std::string m = refusal(kLora, kLoraCfg, {"fsdp_cpu_offload=True"});
+  EXPECT_HAS(m, "only distributed recipes (*_distributed) accept it");
+  EXPECT_EQ(refusal("lora_finetune_distributed", "llama3_2/1B_lora", {"fsdp_cpu_offload=True"}), "");
+}
+
+TEST(ConfigSchema, MissingRequiredKeysAreNamed) {
+  std::string m = refusal(kLora, kLoraCfg, {"~tokenizer.path", "~checkpointer.model_type", "~batch_size"});
+  EXPECT_HAS(m, "config key tokenizer.path: missing: torchtune.models.llama3.llama3_tokenizer requires it");
+  EXPECT_HAS(m, "config key checkpointer.model_type: missing");
+  EXPECT_HAS(m, "config key batch_size: missing: recipe lora_finetune_single_device requires it (an int)");
+}
+
+TEST(ConfigSchema, AllProblemsOfAllStagesComeTogether) {
+  try {
+    prepare_recipe_config(kLora, kLoraCfg,
+                          {"bad_override", "batch_size=0", "dtype=fp16", "optimizer.lrr=1", "log=${nope}"});
+    FAIL();
+  } catch (const ktune::Errors& e) {
+    EXPECT_EQ(e.errors().size(), 6u) << e.what();  // + `log` is no key of the recipe
+  }
+}
+
+TEST(ConfigSchema, UnknownRecipeAndConfigSuggestNearest) {
+  EXPECT_HAS(refusal("lora_finetune_single_devices", kLoraCfg, {}), "did you mean `lora_finetune_single_device`?");
+  EXPECT_HAS(refusal(kLora, "llama3_2/1B_lora_single_devise", {}), "did you mean `llama3_2/1B_lora_single_device`?");
+}
+
+TEST(ConfigSchema, TypedViewCarriesConfigValues) {
+  auto c = prepare_recipe_config(kLora, kLoraCfg,
+                                 {"model.lora_rank=8", "model.use_dora=True", "batch_size=2", "clip_grad_norm=inf",
+                                  "seed=42", "dataset=torchtune.datasets.instruct_dataset", "dataset.source=parquet",
+                                  "dataset.data_dir=/workspace/dataset/data", "dataset.column_map={'input': 'q'}",
+                                  "output_dir=/workspace/output", "dtype=fp32", "save_every_n_steps=50"});
+  EXPECT_EQ(c.recipe, kLora);
+  EXPECT_EQ(c.model.family, "llama3_2");
+  EXPECT_EQ(c.model.size, "1B");
+  EXPECT_TRUE(c.model.lora);
+  EXPECT_FALSE(c.model.quantize_base);
+  EXPECT_TRUE(c.model.use_dora);
+  EXPECT_EQ(c.model.lora_rank, 8);
+  EXPECT_DOUBLE_EQ(c.model.lora_alpha, 128.0);
+  EXPECT_EQ(c.model.lora_attn_modules, (std::vector<std::string>{"q_proj", "v_proj", "output_proj"}));
+  EXPECT_TRUE(c.model.apply_lora_to_mlp);
+  EXPECT_EQ(c.tokenizer.family, "llama3");
+  EXPECT_FALSE(c.tokenizer.max_seq_len.has_value());
+  EXPECT_EQ(c.checkpointer.output_dir, "/workspace/output");
+  EXPECT_EQ(c.checkpointer.checkpoint_files, (std::vector<std::string>{"model.safetensors"}));
+  ASSERT_EQ(c.datasets.size(), 1u);
+  EXPECT_EQ(c.datasets[0].style, "instruct");
+  EXPECT_EQ(c.datasets[0].source, "parquet");
+  EXPECT_EQ(c.datasets[0].data_dir, "/workspace/dataset/data");
+  EXPECT_EQ(c.datasets[0].column_map.at("input"), "q");
+  EXPECT_FALSE(c.datasets[0].train_on_input);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_EQ(c.lr_scheduler.num_warmup_steps, 100);
+  EXPECT_EQ(c.loss.component, "torchtune.modules.loss.CEWithChunkedOutputLoss");
+  EXPECT_EQ(c.metric_logger.log_dir, "/workspace/output/logs");
+  EXPECT_EQ(c.batch_size, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 8);
+  ASSERT_TRUE(c.clip_grad_norm.has_value());
+  EXPECT_TRUE(std::isinf(*c.clip_grad_norm));
+  EXPECT_EQ(*c.seed, 42u);
+  EXPECT_EQ(c.dtype, ktune::train::TrainDtype::FP32);
+  EXPECT_EQ(*c.save_every_n_steps, 50);
+}
+
+TEST(ConfigSchema, TypedViewExpandsShardedCheckpointFileNames) {
+  auto c = prepare_recipe_config("full_finetune_distributed", "llama3_3/70B_full_multinode", {});
+  ASSERT_EQ(c.checkpointer.checkpoint_files.size(), 30u);
+  EXPECT_EQ(c.checkpointer.checkpoint_files.front(), "model-00001-of-00030.safetensors");
+  EXPECT_EQ(c.checkpointer.checkpoint_files.back(), "model-00030-of-00030.safetensors");
+  EXPECT_TRUE(c.datasets[0].packed);
+  EXPECT_EQ(*c.tokenizer.max_seq_len, 1024);
+}
+
+TEST(ConfigSchema, QloraFromBuilderOrFromQuantizeBase) {
+  auto a = prepare_recipe_config(kLora, "llama3_2/1B_qlora_single_device", {});
+  EXPECT_TRUE(a.model.quantize_base);
+  auto b = prepare_recipe_config(kLora, kLoraCfg, {"model.quantize_base=True"});
+  EXPECT_TRUE(b.model.quantize_base);
+  auto q = prepare_recipe_config(kLora, "qwen2_5/0.5B_qlora_single_device", {});
+  EXPECT_TRUE(q.model.quantize_base);
+  EXPECT_EQ(q.tokenizer.merges_file, "/tmp/Qwen2.5-0.5B-Instruct/merges.txt");
+}
