@@ -1,10 +1,14 @@
 // The dataset builders (see dataset_builders.h). The row → messages rules copy torchtune 0.6.1's
 // InputOutputToMessages, AlpacaToMessages, ShareGPTToMessages and OpenAIToMessages
 // (torchtune/data/_messages.py); tests/data compares whole datasets with torchtune's output.
+// Rows are tokenized in parallel, a chunk at a time, and appended in file order.
 #include "data/dataset_builders.h"
+
+#include <exception>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "data/data_source.h"
 
 namespace ktune {
@@ -175,27 +179,59 @@ TokenizedDataset build_dataset(const DatasetOptions& o, const ChatFormat& format
   const int64_t max_seq_len = format.max_seq_len();
   TokenizedDataset data;
   data.max_seq_len = max_seq_len;
-  std::vector<uint8_t> trained;
-  read_split_rows(files, o.split, [&](const nlohmann::json& row, const RowPlace& place) {
-    ++data.num_rows_read;
+
+  // One row → ids + mask (1 = not trained). Pure, so rows are tokenized in parallel a chunk at a
+  // time (the tokenizers' const encode is thread-safe) and appended in file order.
+  auto tokenize_row = [&](const nlohmann::json& row, const RowPlace& place) -> TokenizedMessages {
     if (name == "text_completion_dataset") {
-      std::vector<int32_t> tokens = tokenizer.encode(text_column(row, o.column, place, "column"), true, o.add_eos);
-      if (max_seq_len > 0 && (int64_t)tokens.size() > max_seq_len - 1) {
-        tokens.resize((size_t)std::max<int64_t>(max_seq_len - 1, 0));  // truncate(tokens, max_seq_len - 1)
-        ++data.num_truncated;
+      TokenizedMessages t;
+      t.tokens = tokenizer.encode(text_column(row, o.column, place, "column"), true, o.add_eos);
+      if (max_seq_len > 0 && (int64_t)t.tokens.size() > max_seq_len - 1) {
+        t.tokens.resize((size_t)std::max<int64_t>(max_seq_len - 1, 0));  // truncate(tokens, max_seq_len - 1)
+        t.truncated = true;
       }
-      trained.assign(tokens.size(), 1);
-      data.add(tokens, trained);
-      return;
+      t.mask.assign(t.tokens.size(), 0);  // every token is a target
+      return t;
     }
     std::vector<Message> messages = row_to_messages(o, row, place);
     validate_messages(messages, place.where());
-    TokenizedMessages t = format.tokenize(messages);
-    if (t.truncated) ++data.num_truncated;
-    trained.resize(t.mask.size());
-    for (size_t k = 0; k < t.mask.size(); ++k) trained[k] = t.mask[k] ? 0 : 1;
-    data.add(t.tokens, trained);
+    return format.tokenize(messages);
+  };
+
+  constexpr size_t kChunk = 4096;
+  std::vector<std::pair<nlohmann::json, RowPlace>> pending;
+  std::vector<TokenizedMessages> results;
+  std::vector<std::exception_ptr> errors;
+  std::vector<uint8_t> trained;
+  auto flush = [&]() {
+    const int64_t n = (int64_t)pending.size();
+    results.assign((size_t)n, TokenizedMessages{});
+    errors.assign((size_t)n, nullptr);
+    parallel_for(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        try {
+          results[(size_t)i] = tokenize_row(pending[(size_t)i].first, pending[(size_t)i].second);
+        } catch (...) {
+          errors[(size_t)i] = std::current_exception();
+        }
+      }
+    }, 64);
+    for (int64_t i = 0; i < n; ++i) {  // in order: the first bad row is the one reported
+      if (errors[(size_t)i]) std::rethrow_exception(errors[(size_t)i]);
+      const TokenizedMessages& t = results[(size_t)i];
+      if (t.truncated) ++data.num_truncated;
+      trained.resize(t.mask.size());
+      for (size_t k = 0; k < t.mask.size(); ++k) trained[k] = t.mask[k] ? 0 : 1;
+      data.add(t.tokens, trained);
+    }
+    pending.clear();
+  };
+  read_split_rows(files, o.split, [&](const nlohmann::json& row, const RowPlace& place) {
+    ++data.num_rows_read;
+    pending.emplace_back(row, place);
+    if (pending.size() == kChunk) flush();
   });
+  flush();
   data.shrink_to_fit();
   if (data.num_truncated > 0)
     log_warn(std::to_string(data.num_truncated) + " of " + std::to_string(data.size()) +
