@@ -137,8 +137,10 @@ Decoder::~Decoder() = default;
 void Decoder::build_parameters() {
   const ModelConfig& c = config_;
   const int64_t C = c.hidden_size, I = c.intermediate_size;
+  // The table starts at min(max_position_embeddings, 4096) rows (Llama 3.1's 131072 would be 64 MiB)
+  // and grows when a batch reaches further (prepare()).
   rope_ = std::make_unique<cpu::RopeTable>(c.head_dim, c.rope_theta, c.rope_scaling,
-                                           std::max<int64_t>(c.max_position_embeddings, 1));
+                                           std::clamp<int64_t>(c.max_position_embeddings, 1, 4096));
   // Gemma: sqrt(hidden) rounded to the dtype of the weights, as HF does (embed_scale.to(weight.dtype)).
   embed_scale_ = c.scale_embeddings ? float(std::sqrt(double(C))) : 1.0f;
   if (storage_ == DType::BF16) embed_scale_ = bf16_to_f32(f32_to_bf16(embed_scale_));
@@ -407,6 +409,16 @@ Decoder::Plan& Decoder::prepare(const Batch& batch) {
       for (int64_t t = 0; t < batch.T; ++t) plan_->default_positions[b * batch.T + t] = int32_t(t);
   }
   plan_->positions = batch.positions ? batch.positions : plan_->default_positions;
+  int32_t max_position = 0;
+  for (int64_t n = 0; n < plan_->N; ++n) {
+    const int32_t pos = plan_->positions[n];
+    if (pos < 0) throw Error("Decoder: position " + std::to_string(n), "negative rotary position " + std::to_string(pos));
+    max_position = std::max(max_position, pos);
+  }
+  if (max_position >= rope_->max_positions()) {
+    const int64_t rows = std::max<int64_t>(int64_t(max_position) + 1, 2 * rope_->max_positions());
+    rope_ = std::make_unique<cpu::RopeTable>(config_.head_dim, config_.rope_theta, config_.rope_scaling, rows);
+  }
   return *plan_;
 }
 

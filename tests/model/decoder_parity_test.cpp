@@ -192,6 +192,25 @@ TEST_P(DecoderParity, PackedDocumentsMatchSeparateRows) {
   EXPECT_LE(rel_error(lp.f32() + A * V, l2.f32(), (T - A) * V), 1e-5);
 }
 
+// RoPE is relative: shifting every position by the same amount (past the rotary table's first 4096
+// rows, which then grows) leaves the logits unchanged up to the rounding of larger angles.
+TEST_P(DecoderParity, ShiftedPositionsBeyondTheInitialTableGiveTheSameLogits) {
+  Fixture f = load(GetParam());
+  std::vector<int32_t> zero(static_cast<size_t>(f.T)), far(static_cast<size_t>(f.T));
+  for (int64_t t = 0; t < f.T; ++t) {
+    zero[size_t(t)] = int32_t(t);
+    far[size_t(t)] = int32_t(t + 5000);
+  }
+  Batch a{f.tokens.data(), nullptr, zero.data(), nullptr, 1, f.T};
+  Batch b{f.tokens.data(), nullptr, far.data(), nullptr, 1, f.T};
+  Tensor la = f.model->forward_logits(a);
+  Tensor lb = f.model->forward_logits(b);
+  EXPECT_LE(rel_error(lb.f32(), la.f32(), la.numel()), 2e-3);
+  std::vector<int32_t> negative(static_cast<size_t>(f.T), -1);
+  Batch bad{f.tokens.data(), nullptr, negative.data(), nullptr, 1, f.T};
+  EXPECT_THROW(f.model->forward_logits(bad), Error);
+}
+
 // bf16 storage: the same results as f32 storage of the bf16-rounded weights (compute is f32 both
 // ways), gradients in f32, half the bytes per weight; and still close to HF's f32 model.
 TEST_P(DecoderParity, Bf16StorageMatchesF32OfRoundedWeights) {
