@@ -11,7 +11,7 @@ namespace ktune {
 TrainJobPlan build_plan(const v1alpha1::TrainJob& job, const RuntimeCatalog& catalog) {
   validate_or_throw(job, catalog);
   const v1alpha1::TrainingRuntime& runtime = catalog.get(job.spec.runtime_ref.name);
-  RuntimeInfo info = make_runtime_info(job, runtime);
+  RuntimeInfo info = make_runtime_info(job, runtime, catalog.configs());
   for (const auto& p : plugins()) p->enforce_ml_policy(info);
   for (const auto& p : plugins()) p->mutate(info);
 
@@ -30,7 +30,7 @@ TrainJobPlan build_plan(const v1alpha1::TrainJob& job, const RuntimeCatalog& cat
 }
 
 TrainJobPlan build_plan(const v1alpha1::TrainJob& job, const v1alpha1::TrainingRuntime& runtime) {
-  RuntimeCatalog catalog;
+  RuntimeCatalog catalog;  // the default config set
   catalog.add(runtime);
   return build_plan(job, catalog);
 }

@@ -38,10 +38,12 @@ std::optional<double> parse_quantity(const std::string& q) {
   return std::nullopt;
 }
 
-RuntimeInfo make_runtime_info(const v1alpha1::TrainJob& job, const v1alpha1::TrainingRuntime& runtime) {
+RuntimeInfo make_runtime_info(const v1alpha1::TrainJob& job, const v1alpha1::TrainingRuntime& runtime,
+                              const ConfigSet& configs) {
   RuntimeInfo info;
   info.job = &job;
   info.runtime = &runtime;
+  info.configs = &configs;
   if (job.spec.trainer) info.trainer = *job.spec.trainer;
   info.node_job = runtime.find_replicated_job("trainer");
   if (info.node_job)

@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "runtime/plan.h"
+#include "runtime/recipe_table.h"
 #include "runtime/v1alpha1.h"
 
 namespace ktune {
@@ -30,6 +31,7 @@ inline constexpr int kTrainerPort = 29500;
 struct RuntimeInfo {
   const v1alpha1::TrainJob* job = nullptr;
   const v1alpha1::TrainingRuntime* runtime = nullptr;
+  const ConfigSet* configs = nullptr;             // what the trainer image ships
   v1alpha1::Trainer trainer;                      // the job's spec.trainer (empty when unset)
   std::optional<v1alpha1::ReplicatedJob> node_job;  // the runtime's trainer replicated job
   v1alpha1::Container node;                       // its "node" container (empty name when missing)
@@ -79,7 +81,8 @@ std::unique_ptr<Plugin> make_initializer_plugin();
 std::unique_ptr<Plugin> make_jobset_plugin();
 
 // The RuntimeInfo of a job on a runtime, before any plugin ran.
-RuntimeInfo make_runtime_info(const v1alpha1::TrainJob& job, const v1alpha1::TrainingRuntime& runtime);
+RuntimeInfo make_runtime_info(const v1alpha1::TrainJob& job, const v1alpha1::TrainingRuntime& runtime,
+                              const ConfigSet& configs);
 // Runs enforce_ml_policy and validate of every plugin: the errors of both, in plugin order.
 std::vector<Error> run_plugin_validation(RuntimeInfo& info);
 

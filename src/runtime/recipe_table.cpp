@@ -148,7 +148,7 @@ bool args_enable_qlora(const std::vector<std::string>& args) {
 }
 
 RecipeChoice select_recipe(const std::string& model_key, int num_nodes, int num_proc_per_node,
-                           const std::vector<std::string>& args) {
+                           const std::vector<std::string>& args, const ConfigSet& configs) {
   RecipeChoice c;
   const bool qlora = args_enable_qlora(args);
   const bool lora = args_enable_lora(args);
@@ -170,10 +170,10 @@ RecipeChoice select_recipe(const std::string& model_key, int num_nodes, int num_
     c = {kFullFinetuneDistributed, "_full", ""};
   }
   c.config = model_key + c.suffix;
-  // torchtune names Mistral's single-device full fine-tune `7B_full_low_memory`; no model of the
-  // catalog has both, so the alias only ever fills a gap.
-  if (c.suffix == "_full_single_device" && !torchtune_config_exists(c.config) &&
-      torchtune_config_exists(model_key + "_full_low_memory")) {
+  // torchtune names Mistral's single-device full fine-tune `7B_full_low_memory`; the alias only
+  // ever fills a gap.
+  if (c.suffix == "_full_single_device" && !configs.contains(c.config) &&
+      configs.contains(model_key + "_full_low_memory")) {
     c.suffix = "_full_low_memory";
     c.config = model_key + c.suffix;
   }
@@ -193,12 +193,38 @@ std::vector<std::string> supported_models() {
   return out;
 }
 
-bool torchtune_config_exists(const std::string& config) {
-  const size_t us = config.find('_', config.find('/') == std::string::npos ? 0 : config.find('/'));
-  if (us == std::string::npos) return false;
-  for (const TorchTuneConfigEntry& e : torchtune_configs(config.substr(0, us)))
-    if (e.config == config) return true;
-  return false;
+bool torchtune_config_exists(const std::string& config) { return ConfigSet::torchtune().contains(config); }
+
+ConfigSet::ConfigSet(std::vector<std::string> configs, std::string source)
+    : configs_(std::move(configs)), source_(std::move(source)) {
+  std::sort(configs_.begin(), configs_.end());
+  configs_.erase(std::unique(configs_.begin(), configs_.end()), configs_.end());
+}
+
+const ConfigSet& ConfigSet::torchtune() {
+  static const ConfigSet set = [] {
+    std::vector<std::string> all;
+    for (const ModelConfigs& m : config_table())
+      for (const TorchTuneConfigEntry& e : m.configs) all.push_back(e.config);
+    return ConfigSet(all, "torchtune 0.6.1");
+  }();
+  return set;
+}
+
+const ConfigSet& ConfigSet::bundled() {
+  static const ConfigSet set(bundled_config_names(), "ktune configs/");
+  return set;
+}
+
+bool ConfigSet::contains(const std::string& config) const {
+  return std::binary_search(configs_.begin(), configs_.end(), config);
+}
+
+std::vector<std::string> ConfigSet::for_model(const std::string& model_key) const {
+  std::vector<std::string> out;
+  for (const std::string& c : configs_)
+    if (c.rfind(model_key + "_", 0) == 0) out.push_back(c);
+  return out;
 }
 
 }  // namespace ktune

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/recipe_table.h"
 #include "runtime/sdk_types.h"
 #include "runtime/v1alpha1.h"
 
@@ -35,8 +36,14 @@ class RuntimeCatalog {
   const std::vector<v1alpha1::TrainingRuntime>& runtimes() const { return runtimes_; }
   bool empty() const { return runtimes_.empty(); }
 
+  // The configs the runtimes' trainer image ships, which validation checks a job's config against:
+  // ktune's bundled configs by default (ConfigSet::torchtune() where the build had none).
+  const ConfigSet& configs() const { return configs_; }
+  void set_configs(const ConfigSet& configs) { configs_ = configs; }
+
  private:
   std::vector<v1alpha1::TrainingRuntime> runtimes_;
+  ConfigSet configs_ = ConfigSet::bundled().empty() ? ConfigSet::torchtune() : ConfigSet::bundled();
 };
 
 // The SDK view of a runtime, as upstream's get_runtime() builds it.

@@ -291,7 +291,7 @@ Json yaml_to_json(const YAML::Node& node, const std::string& where) {
     case YAML::NodeType::Scalar: {
       const std::string s = node.Scalar();
       if (node.Tag() == "!" || node.Tag() == "tag:yaml.org,2002:str") return s;  // quoted: a string
-      if (is_yaml_null(s) && node.Tag() != "!") return s.empty() ? Json() : Json();
+      if (is_yaml_null(s)) return Json();
       bool b;
       if (is_yaml_bool(s, &b)) return b;
       if (is_yaml_int(s)) return std::stoll(s);

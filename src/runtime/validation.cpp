@@ -46,7 +46,7 @@ std::vector<Error> validate(const v1alpha1::TrainJob& job, const RuntimeCatalog&
       (ref.kind == v1alpha1::kClusterTrainingRuntimeKind || ref.kind == v1alpha1::kTrainingRuntimeKind))
     errors.emplace_back("spec.runtimeRef.kind", "runtime " + ref.name + " is a " + runtime->kind + ", not a " + ref.kind);
 
-  RuntimeInfo info = make_runtime_info(job, *runtime);
+  RuntimeInfo info = make_runtime_info(job, *runtime, catalog.configs());
   std::vector<Error> plugin_errors = run_plugin_validation(info);
   errors.insert(errors.end(), plugin_errors.begin(), plugin_errors.end());
   return errors;

@@ -312,6 +312,43 @@ TEST(Plan, WithWorkspaceReRootsPathsOnly) {
   EXPECT_EQ(p.workspace, "/tmp/ktune/jobs/job-1");
 }
 
+TEST(Catalog, MissingRuntimesAndDirectoriesAreNamed) {
+  try {
+    catalog().get("nope");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.where(), "runtime nope");
+    EXPECT_NE(e.what_only().find("available: torch-distributed, torchtune-gemma2-27b"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(RuntimeCatalog::load_dir("/nonexistent/ktune-runtimes"), Error);
+}
+
+TEST(Catalog, ALaterRuntimeOfTheSameNameReplacesAndKindsMustMatchTheRef) {
+  RuntimeCatalog c = RuntimeCatalog::builtin();
+  v1alpha1::TrainingRuntime rt = c.get("torch-distributed");
+  rt.kind = "TrainingRuntime";
+  rt.metadata.namespace_ = "team";
+  c.add(rt);
+  EXPECT_EQ(c.names().size(), 14u);
+  EXPECT_EQ(c.get("torch-distributed").kind, "TrainingRuntime");
+  v1alpha1::TrainJob j;
+  j.metadata.name = "k";
+  j.spec.runtime_ref.name = "torch-distributed";
+  v1alpha1::Trainer t;
+  t.command = {"python", "x.py"};
+  j.spec.trainer = t;
+  try {
+    build_plan(j, c);
+    FAIL();
+  } catch (const Errors& e) {
+    ASSERT_EQ(e.errors().size(), 1u);
+    EXPECT_EQ(e.errors()[0].where(), "spec.runtimeRef.kind");
+  }
+  j.spec.runtime_ref.kind = "TrainingRuntime";
+  EXPECT_EQ(build_plan(j, c).steps.size(), 1u);
+  EXPECT_EQ(to_sdk_runtime(c.get("torch-distributed")).kind, types::RuntimeKind::TrainingRuntime);
+}
+
 TEST(TrainJobYaml, RenderedForKubernetesWithSecretsMasked) {
   types::BuiltinTrainer b;
   b.config.epochs = 1;

@@ -67,6 +67,11 @@ TEST(RecipeTable, MistralSingleDeviceFullFineTuneUsesTheLowMemoryConfig) {
   EXPECT_TRUE(torchtune_config_exists(c.config));
   // Where the real name exists, no alias.
   EXPECT_EQ(select_recipe("qwen2_5/7B", 1, 1, {}).config, "qwen2_5/7B_full_single_device");
+  const ConfigSet both({"mistral/7B_full_low_memory", "mistral/7B_full_single_device"}, "test");
+  EXPECT_EQ(select_recipe("mistral/7B", 1, 1, {}, both).config, "mistral/7B_full_single_device");
+  EXPECT_TRUE(both.contains("mistral/7B_full_single_device"));
+  EXPECT_FALSE(both.contains("mistral/7B"));
+  EXPECT_EQ(both.for_model("mistral/7B").size(), 2u);
 }
 
 TEST(TorchTuneConfigs, MatchTorchtunesOwnRecipeRegistry) {

@@ -156,6 +156,18 @@ TEST(YamlTyping, ScalarsFollowYamlCoreTypes) {
   EXPECT_EQ(back, (Json{{"v", "1"}, {"w", "true"}, {"x", "plain"}, {"y", ""}})) << out;
 }
 
+TEST(YamlTyping, StringsWithYamlIndicatorsSurviveTheRoundTrip) {
+  const std::vector<std::string> tricky{"{'input': 'x'}", "[q_proj,v_proj]", "*.msgpack,*.h5", "&anchor", "!tag",
+                                        "%percent", "@at", "`tick", "- dash", "key: value", "#hash", "a #b",
+                                        "line\nbreak", " lead", "trail ", "'single'", "\"double\"", "null", "~",
+                                        "0x10", "1e3", ".5", "yes", "dataset.column_map={'input': \"it's\"}"};
+  Json doc = Json::object();
+  for (size_t i = 0; i < tricky.size(); ++i) doc["k" + std::to_string(i)] = tricky[i];
+  doc["list"] = tricky;
+  const std::string out = to_yaml(doc);
+  EXPECT_EQ(parse_yaml_documents(out, "out").at(0), doc) << out;
+}
+
 TEST(YamlTyping, DuplicateKeysAndBadYamlNameTheLine) {
   try {
     parse_yaml_documents("a: 1\nb: [\n", "bad.yaml");

@@ -1,8 +1,11 @@
 // Validation, one test per rule (each with the field path it must name), and one job with many
-// problems reported together. Runs against the built-in runtime catalog (manifests/).
+// problems reported together. Runs against the built-in runtime catalog (manifests/) with
+// torchtune's own config set, where upstream's rules apply; the last tests show ktune's bundled
+// configs lifting the rules where its trainer ships the config.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "runtime/recipe_table.h"
 #include "runtime/runtime_catalog.h"
 #include "runtime/validation.h"
 
@@ -10,7 +13,11 @@ namespace ktune {
 namespace {
 
 const RuntimeCatalog& catalog() {
-  static const RuntimeCatalog c = RuntimeCatalog::builtin();
+  static const RuntimeCatalog c = [] {
+    RuntimeCatalog r = RuntimeCatalog::builtin();
+    r.set_configs(ConfigSet::torchtune());
+    return r;
+  }();
   return c;
 }
 
@@ -87,7 +94,7 @@ TEST(Validation, ReservedPetEnvIsRefused) {
 }
 
 TEST(Validation, UnsupportedModelIsRefused) {
-  RuntimeCatalog c = RuntimeCatalog::builtin();
+  RuntimeCatalog c = catalog();
   v1alpha1::TrainingRuntime phi = c.get("torchtune-llama3.2-1b");
   phi.metadata.name = "torchtune-phi3-mini";
   c.add(phi);
@@ -178,7 +185,7 @@ TEST(Validation, ALayoutTorchtuneHasNoConfigForIsRefused) {
   auto j = tune_job("torchtune-gemma2-2b");
   set_gpus(j, "1");
   const auto errors = validate(j, catalog());
-  EXPECT_EQ(count(errors, "spec.trainer.numProcPerNode", "torchtune has no config gemma2/2B_full_single_device"), 1)
+  EXPECT_EQ(count(errors, "spec.trainer.numProcPerNode", "there is no config gemma2/2B_full_single_device"), 1)
       << dump(errors);
   auto lora = tune_job("torchtune-llama3.1-70b", kLora);
   set_gpus(lora, "1");
@@ -233,6 +240,41 @@ TEST(Validation, EveryProblemIsReportedAtOnce) {
     EXPECT_EQ(text.rfind("5 errors", 0), 0u) << text;
     EXPECT_NE(text.find("spec.trainer.args[1]: must not set immutable config \"output_dir\""), std::string::npos) << text;
   }
+}
+
+TEST(Validation, KtunesBundledConfigsAreTheDefaultAndLiftRulesWhereTheConfigExists) {
+  if (ConfigSet::bundled().empty()) GTEST_SKIP() << "the build found no configs/";
+  const RuntimeCatalog ktune = RuntimeCatalog::builtin();
+  EXPECT_EQ(ktune.configs().source(), "ktune configs/");
+  // Same job, two trainer images: torchtune has no gemma2 single-device full config, ktune has.
+  auto j = tune_job("torchtune-gemma2-2b");
+  set_gpus(j, "1");
+  ASSERT_TRUE(ConfigSet::bundled().contains("gemma2/2B_full_single_device"));
+  EXPECT_EQ(validate(j, catalog()).size(), 1u);
+  EXPECT_TRUE(validate(j, ktune).empty()) << dump(validate(j, ktune));
+  // Where neither ships the config, the rule stands.
+  auto multi = tune_job("torchtune-llama3.2-1b");
+  multi.spec.trainer->num_nodes = 2;
+  ASSERT_FALSE(ConfigSet::bundled().contains("llama3_2/1B_full_multinode"));
+  EXPECT_EQ(count(validate(multi, ktune), "spec.trainer.numNodes", "(configs: ktune configs/)"), 1)
+      << dump(validate(multi, ktune));
+  // LoRA on more than one node is refused whatever the configs.
+  auto lora = tune_job("torchtune-llama3.3-70b", kLora);
+  lora.spec.trainer->num_nodes = 2;
+  EXPECT_EQ(count(validate(lora, ktune), "spec.trainer.numNodes", "LoRA fine-tuning is not supported"), 1);
+}
+
+TEST(Validation, KtunesBundledConfigsCoverEveryTorchtuneFineTuneConfig) {
+  if (ConfigSet::bundled().empty()) GTEST_SKIP() << "the build found no configs/";
+  for (const std::string& model : supported_models())
+    for (const TorchTuneConfigEntry& e : torchtune_configs(model)) {
+      const bool finetune = e.recipe == "full_finetune_single_device" || e.recipe == "full_finetune_distributed" ||
+                            e.recipe == "lora_finetune_single_device" || e.recipe == "lora_finetune_distributed";
+      if (!finetune || e.config == "mistral/7B_full_low_memory") continue;  // ktune: mistral/7B_full_single_device
+      EXPECT_TRUE(ConfigSet::bundled().contains(e.config)) << e.config << " is a torchtune config ktune lacks";
+    }
+  EXPECT_TRUE(ConfigSet::bundled().contains("mistral/7B_full_single_device"));
+  EXPECT_EQ(select_recipe("mistral/7B", 1, 1, {}, ConfigSet::bundled()).config, "mistral/7B_full_single_device");
 }
 
 }  // namespace

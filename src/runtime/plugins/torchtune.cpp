@@ -41,15 +41,10 @@ std::vector<std::string> runtime_node_args(const RuntimeInfo& info) {
   return all;
 }
 
-bool has_config(const std::string& model_key, const std::string& suffix) {
-  return torchtune_config_exists(model_key + suffix);
-}
-
-std::string list_configs(const std::string& model_key) {
+std::string list_configs(const ConfigSet& configs, const std::string& model_key) {
   std::string out;
-  for (const TorchTuneConfigEntry& e : torchtune_configs(model_key))
-    if (e.recipe.find("finetune") != std::string::npos) out += (out.empty() ? "" : ", ") + e.config;
-  return out;
+  for (const std::string& c : configs.for_model(model_key)) out += (out.empty() ? "" : ", ") + c;
+  return out.empty() ? "none" : out;
 }
 
 // "x/y.jsonl" -> "json", ".csv" -> "csv", ...; "" when the extension names no format.
@@ -72,7 +67,8 @@ class TorchTunePlugin : public Plugin {
     if (info.runtime->framework() != "torchtune") return;
     info.model_key = model_key_from_runtime_name(info.runtime->metadata.name);
     if (info.torchtune_entrypoint()) {
-      const RecipeChoice c = select_recipe(info.model_key, info.num_nodes, info.num_proc_per_node, info.trainer.args);
+      const RecipeChoice c =
+          select_recipe(info.model_key, info.num_nodes, info.num_proc_per_node, info.trainer.args, *info.configs);
       info.recipe = c.recipe;
       info.config = c.config;
     } else {
@@ -108,6 +104,9 @@ class TorchTunePlugin : public Plugin {
                               "; supported: " + list);
       return;
     }
+    const ConfigSet& set = *info.configs;
+    auto has_config = [&](const std::string& suffix) { return set.contains(model + suffix); };
+    const std::string from = " (configs: " + set.source() + ")";
     const bool lora = args_enable_lora(info.trainer.args);
     const bool qlora = args_enable_qlora(info.trainer.args);
     const int n = info.num_nodes, p = info.num_proc_per_node;
@@ -118,26 +117,26 @@ class TorchTunePlugin : public Plugin {
       errors.emplace_back("spec.trainer.numNodes",
                           "LoRA fine-tuning is not supported for multi-node training in TorchTune (numNodes " +
                               std::to_string(n) + "); use 1 node with more processes");
-    } else if (n > 1 && !has_config(model, "_full_multinode")) {
-      errors.emplace_back("spec.trainer.numNodes", "must be 1 for " + model + " model: torchtune has no " + model +
-                                                       "_full_multinode config (got " + std::to_string(n) + ")");
-    } else if (qlora && !has_config(model, "_qlora") && !has_config(model, "_qlora_single_device")) {
-      errors.emplace_back("spec.runtimeRef.name", "QLoRA is not supported for " + model + " model (torchtune has no " +
-                                                      model + "_qlora config)");
-    } else if (qlora && n == 1 && p > 1 && !has_config(model, "_qlora")) {
+    } else if (n > 1 && !has_config("_full_multinode")) {
+      errors.emplace_back("spec.trainer.numNodes", "must be 1 for " + model + " model: there is no " + model +
+                                                       "_full_multinode config" + from + "; got " + std::to_string(n));
+    } else if (qlora && !has_config("_qlora") && !has_config("_qlora_single_device")) {
+      errors.emplace_back("spec.runtimeRef.name",
+                          "QLoRA is not supported for " + model + " model: no " + model + "_qlora config" + from);
+    } else if (qlora && n == 1 && p > 1 && !has_config("_qlora")) {
       errors.emplace_back("spec.trainer.numProcPerNode",
-                          "must be 1 for " + model + " model when using QLoRA (torchtune has only " + model +
-                              "_qlora_single_device); resolved to " + std::to_string(p) + " processes");
+                          "must be 1 for " + model + " model when using QLoRA: only " + model +
+                              "_qlora_single_device exists" + from + "; resolved to " + std::to_string(p) + " processes");
       errors.emplace_back("spec.trainer.resourcesPerNode",
                           "must have gpu resource with value 1 for " + model + " model when using QLoRA");
-    } else if (qlora && n == 1 && p == 1 && !has_config(model, "_qlora_single_device")) {
+    } else if (qlora && n == 1 && p == 1 && !has_config("_qlora_single_device")) {
       errors.emplace_back("spec.trainer.numProcPerNode",
-                          "must be more than 1 for " + model + " model when using QLoRA (torchtune has only " + model +
-                              "_qlora, a distributed config)");
-    } else if (!info.config.empty() && !torchtune_config_exists(info.config)) {
+                          "must be more than 1 for " + model + " model when using QLoRA: only " + model +
+                              "_qlora, a distributed config, exists" + from);
+    } else if (!info.config.empty() && !set.contains(info.config)) {
       errors.emplace_back("spec.trainer.numProcPerNode",
-                          "torchtune has no config " + info.config + " for " + layout + " (recipe " + info.recipe +
-                              "); " + model + " has: " + list_configs(model));
+                          "there is no config " + info.config + " for " + layout + " (recipe " + info.recipe + ")" +
+                              from + "; " + model + " has: " + list_configs(set, model));
     }
 
     for (size_t i = 0; i < info.trainer.args.size(); ++i) {
