@@ -93,7 +93,7 @@ MULTINODE_TEMPLATE = ('llama3_3', '70B')
 # (num_warmup_steps), rank, alpha, lora_out (apply_lora_to_output), adapter_only
 # (save_adapter_weights_only), ac (activation checkpointing), ds (dataset builder), packed,
 # max_seq_len ('absent' = key not written), peak (log_peak_memory_stats), compile, cpu_off
-# (fsdp_cpu_offload), sharded (custom_sharded_layers), low_cpu_ram.
+# (fsdp_cpu_offload), sharded (custom_sharded_layers), low_cpu_ram, prof_warmup (profiler.warmup_steps).
 TORCHTUNE_KNOBS = {
     ('llama3_2', '1B'): {
         'full': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'in_bwd': False, 'ac': False, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': None, 'peak': True, 'compile': False},
@@ -141,38 +141,38 @@ TORCHTUNE_KNOBS = {
     ('qwen2_5', '3B'): {
         'full': {'batch_size': 2, 'ga': 8, 'lr': '5e-6', 'fused': True, 'opt': 'AdamW', 'in_bwd': False, 'ac': True, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False},
         'full_single_device': {'batch_size': 2, 'ga': 1, 'lr': '5e-6', 'opt': 'PagedAdamW', 'in_bwd': True, 'ac': True, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False},
-        'lora': {'batch_size': 2, 'ga': 8, 'lr': '3e-4', 'wd': 0.01, 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 8, 'alpha': 16, 'ac': False, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False},
-        'lora_single_device': {'batch_size': 2, 'ga': 8, 'lr': '3e-4', 'wd': 0.01, 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 8, 'alpha': 16, 'ac': True, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False},
+        'lora': {'batch_size': 2, 'ga': 8, 'lr': '3e-4', 'wd': 0.01, 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 8, 'alpha': 16, 'ac': False, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False, 'prof_warmup': 5},
+        'lora_single_device': {'batch_size': 2, 'ga': 8, 'lr': '3e-4', 'wd': 0.01, 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 8, 'alpha': 16, 'ac': True, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False, 'prof_warmup': 5},
     },
     ('qwen2_5', '7B'): {
         'full': {'batch_size': 2, 'ga': 8, 'lr': '5e-6', 'fused': True, 'opt': 'AdamW', 'in_bwd': False, 'ac': True, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False},
         'full_single_device': {'batch_size': 2, 'ga': 1, 'lr': '5e-6', 'opt': 'PagedAdamW', 'in_bwd': True, 'ac': True, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False},
-        'lora': {'batch_size': 2, 'ga': 8, 'lr': '3e-4', 'wd': 0.01, 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 8, 'alpha': 16, 'lora_out': False, 'ac': False, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False},
-        'lora_single_device': {'batch_size': 2, 'ga': 8, 'lr': '3e-4', 'wd': 0.01, 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 8, 'alpha': 16, 'lora_out': False, 'ac': True, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False},
+        'lora': {'batch_size': 2, 'ga': 8, 'lr': '3e-4', 'wd': 0.01, 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 8, 'alpha': 16, 'lora_out': False, 'ac': False, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False, 'prof_warmup': 5},
+        'lora_single_device': {'batch_size': 2, 'ga': 8, 'lr': '3e-4', 'wd': 0.01, 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 8, 'alpha': 16, 'lora_out': False, 'ac': True, 'ds': 'alpaca_cleaned_dataset', 'packed': False, 'max_seq_len': None, 'peak': False, 'compile': False, 'prof_warmup': 5},
     },
     ('gemma2', '2B'): {
         'full': {'batch_size': 2, 'ga': 1, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'in_bwd': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False},
         'lora': {'batch_size': 4, 'ga': 1, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False},
-        'lora_single_device': {'batch_size': 8, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False},
-        'qlora_single_device': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False},
+        'lora_single_device': {'batch_size': 8, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False, 'prof_warmup': 5},
+        'qlora_single_device': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False, 'prof_warmup': 5},
     },
     ('gemma2', '9B'): {
         'full': {'batch_size': 1, 'ga': 1, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'in_bwd': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False},
         'lora': {'batch_size': 4, 'ga': 1, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False},
-        'lora_single_device': {'batch_size': 8, 'ga': 8, 'lr': '5e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 8, 'alpha': 16, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False},
-        'qlora_single_device': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False, 'low_cpu_ram': False},
+        'lora_single_device': {'batch_size': 8, 'ga': 8, 'lr': '5e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 8, 'alpha': 16, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False, 'prof_warmup': 5},
+        'qlora_single_device': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False, 'low_cpu_ram': False, 'prof_warmup': 5},
     },
     ('gemma2', '27B'): {
         'full': {'batch_size': 1, 'ga': 1, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'in_bwd': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False},
         'lora': {'batch_size': 4, 'ga': 1, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False},
-        'lora_single_device': {'batch_size': 2, 'ga': 8, 'lr': '5e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 8, 'alpha': 16, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False},
-        'qlora_single_device': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False, 'low_cpu_ram': False},
+        'lora_single_device': {'batch_size': 2, 'ga': 8, 'lr': '5e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 8, 'alpha': 16, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False, 'prof_warmup': 5},
+        'qlora_single_device': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 10, 'rank': 64, 'alpha': 128, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': 'absent', 'peak': True, 'compile': False, 'low_cpu_ram': False, 'prof_warmup': 5},
     },
     ('mistral', '7B'): {
         'full': {'batch_size': 2, 'ga': 1, 'lr': '5e-6', 'fused': True, 'opt': 'AdamW', 'in_bwd': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': None, 'peak': True, 'compile': False},
         'lora': {'batch_size': 4, 'ga': 1, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 64, 'alpha': 16, 'lora_out': True, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': None, 'peak': True, 'compile': False},
-        'lora_single_device': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 64, 'alpha': 16, 'lora_out': True, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': None, 'peak': True, 'compile': False},
-        'qlora_single_device': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 64, 'alpha': 16, 'lora_out': False, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': None, 'peak': True, 'compile': False, 'low_cpu_ram': False},
+        'lora_single_device': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 64, 'alpha': 16, 'lora_out': True, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': None, 'peak': True, 'compile': False, 'prof_warmup': 5},
+        'qlora_single_device': {'batch_size': 4, 'ga': 8, 'lr': '2e-5', 'fused': True, 'opt': 'AdamW', 'warmup': 100, 'rank': 64, 'alpha': 16, 'lora_out': False, 'adapter_only': False, 'ac': True, 'ds': 'alpaca_dataset', 'packed': False, 'max_seq_len': None, 'peak': True, 'compile': False, 'low_cpu_ram': False, 'prof_warmup': 5},
     },
 }
 
@@ -284,7 +284,7 @@ def render(model, variant):
     w('# Checkpointer: reads and writes Hugging Face safetensors')
     w('checkpointer:')
     w('  _component_: torchtune.training.FullModelHFCheckpointer')
-    w('  checkpoint_dir: %s/' % hf_dir)
+    w('  checkpoint_dir: %s%s' % (hf_dir, '' if family in ('qwen2_5', 'mistral') else '/'))
     files = facts['files']
     if isinstance(files, tuple):
         w('  checkpoint_files:')
@@ -299,8 +299,8 @@ def render(model, variant):
     w('  output_dir: ${output_dir}')
     w('  model_type: %s' % facts['model_type'])
     w('resume_from_checkpoint: False')
-    if lora:
-        w('save_adapter_weights_only: %s' % yaml_value(k.get('adapter_only', False)))
+    if lora and 'adapter_only' in k:
+        w('save_adapter_weights_only: %s' % yaml_value(k['adapter_only']))
     w('')
     w('# Dataset and sampler')
     w('dataset:')
@@ -369,7 +369,7 @@ def render(model, variant):
     w('  record_shapes: True')
     w('  with_flops: False')
     w('  wait_steps: 5')
-    w('  warmup_steps: 3')
+    w('  warmup_steps: %d' % k.get('prof_warmup', 3))
     w('  active_steps: 2')
     w('  num_cycles: 1')
     return '\n'.join(out) + '\n'

@@ -31,6 +31,7 @@ const char* param_type_name(ParamType type) {
     case ParamType::StringOrList: return "a string or a list of strings";
     case ParamType::StringMap: return "a map of string to string";
     case ParamType::CheckpointFiles: return "a list of file names or {filename_format, max_filename}";
+    case ParamType::FloatPair: return "a list of two floats";
     case ParamType::Any: return "any value";
   }
   return "?";
@@ -231,7 +232,10 @@ void add_training_components(std::vector<ComponentSpec>& out) {
                   p_str("recipe_checkpoint", false, true), p_bool("safe_serialization"),
                   p_bool("should_load_recipe_state")}});
 
-  ParamSpec betas{"betas", ParamType::Any};
+  ParamSpec betas{"betas", ParamType::FloatPair};
+  betas.min = 0.0;
+  betas.max = 1.0;
+  betas.max_exclusive = true;
   out.push_back({"torch.optim.AdamW",
                  ComponentKind::Optimizer,
                  {p_float("lr", 0.0), betas, p_float("eps", 0.0), p_float("weight_decay", 0.0), p_bool("amsgrad"),

@@ -26,6 +26,7 @@ enum class ParamType {
   StringOrList,   // a string or a list of strings (data_files)
   StringMap,      // a map of string to string (column_map)
   CheckpointFiles,// a list of file names, or {filename_format, max_filename}
+  FloatPair,      // a list of two floats (AdamW's betas), each within min/max
   Any,            // any YAML value (prompt_template)
 };
 const char* param_type_name(ParamType type);  // "a bool", "an int", … for messages

@@ -239,6 +239,14 @@ class Checker {
         }
         add(key, std::string("expected ") + param_type_name(p.type) + got());
         return;
+      case ParamType::FloatPair:
+        if (!v.is_list() || v.items().size() != 2 || !v.items()[0].is_number() || !v.items()[1].is_number()) {
+          add(key, std::string("expected a list of two floats such as [0.9, 0.999]") + got());
+          return;
+        }
+        check_range(key + ".0", v.items()[0].as_float(), p);
+        check_range(key + ".1", v.items()[1].as_float(), p);
+        return;
       case ParamType::Any:
         return;
     }

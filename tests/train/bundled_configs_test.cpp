@@ -88,6 +88,16 @@ TEST(BundledConfigs, FilesAreWhatTheGeneratorWrites) {
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "configs/ differ from configs/generate.py; rerun it";
 }
 
+TEST(BundledConfigs, ValuesMatchTorchtunesYamlsExceptDocumentedDifferences) {
+  // Needs torchtune 0.6.1's YAMLs: KTUNE_TORCHTUNE_CONFIGS=<wheel>/recipes/configs (a scratch
+  // `pip install torchtune==0.6.1 --no-deps`); ktune itself does not depend on torchtune.
+  const char* dir = std::getenv("KTUNE_TORCHTUNE_CONFIGS");
+  if (dir == nullptr) GTEST_SKIP() << "KTUNE_TORCHTUNE_CONFIGS not set (torchtune's recipes/configs directory)";
+  if (std::system("python3 -c 'import yaml' > /dev/null 2>&1") != 0) GTEST_SKIP() << "python3 with pyyaml needed";
+  std::string cmd = "python3 " + std::string(KTUNE_SOURCE_DIR) + "/configs/compare_with_torchtune.py " + dir;
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
 TEST(BundledConfigs, TorchtunesOwnYamlsValidate) {
   const std::string dir = std::string(KTUNE_SOURCE_DIR) + "/tests/train/fixtures/torchtune/";
   struct Case {

@@ -74,6 +74,15 @@ TEST(ConfigSchema, RangesAreChecked) {
   EXPECT_HAS(m, "config key max_steps_per_epoch");
 }
 
+TEST(ConfigSchema, AdamWBetasAreTwoFloatsBelowOne) {
+  EXPECT_EQ(refusal(kLora, kLoraCfg, {"optimizer.betas=[0.9, 0.95]"}), "");
+  EXPECT_HAS(refusal(kLora, kLoraCfg, {"optimizer.betas=[0.9]"}), "config key optimizer.betas: expected a list of two floats");
+  EXPECT_HAS(refusal(kLora, kLoraCfg, {"optimizer.betas=[0.9, 1.5]"}), "config key optimizer.betas.1: expected a float in [0, 1), got 1.5");
+  auto c = prepare_recipe_config(kLora, kLoraCfg, {"optimizer.betas=[0.8, 0.95]"});
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+}
+
 TEST(ConfigSchema, Fp16IsRefusedWithTheReason) {
   std::string m = refusal(kLora, kLoraCfg, {"dtype=fp16"});
   EXPECT_HAS(m, "config key dtype: fp16 is not supported (torchtune refuses it too): use bf16 or fp32");
