@@ -74,6 +74,7 @@ void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int
   const Coefficients c = coefficients(s);
   const uint64_t key = mix64(seed);
   parallel_for(n, [&](int64_t i0, int64_t i1) {
+#pragma omp simd
     for (int64_t i = i0; i < i1; ++i) {
       float g = grad[i];
       float mf = bf16_to_f32(m[i]), vf = bf16_to_f32(v[i]);

@@ -179,12 +179,17 @@ void gemm_dispatch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
   memory c_mem(c_md, c.engine, C);
   // Small products run on the calling thread: waking the team costs more than it saves, and on a
   // loaded machine a tiny parallel region can wait a whole scheduler slice for its second thread.
-  const bool single = 2.0 * double(M) * double(N) * double(K) < kSingleThreadFlops && omp_get_max_threads() > 1;
-  const int saved_threads = single ? omp_get_max_threads() : 0;
-  if (single) omp_set_num_threads(1);
+  struct SingleThreadScope {  // restores the thread count even if execute throws
+    int saved = 0;
+    explicit SingleThreadScope(bool single) : saved(single ? omp_get_max_threads() : 0) {
+      if (saved > 1) omp_set_num_threads(1);
+    }
+    ~SingleThreadScope() {
+      if (saved > 1) omp_set_num_threads(saved);
+    }
+  } scope(2.0 * double(M) * double(N) * double(K) < kSingleThreadFlops);
   prim->execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
   stream.wait();
-  if (single) omp_set_num_threads(saved_threads);
 }
 
 }  // namespace
