@@ -233,6 +233,25 @@ TEST(ConfigSchema, TypedViewCarriesConfigValues) {
   EXPECT_EQ(*c.save_every_n_steps, 50);
 }
 
+TEST(ConfigSchema, DatasetMayBeAListOfDatasetComponents) {
+  auto c = prepare_recipe_config(
+      kLora, kLoraCfg,
+      {"dataset=[{'_component_': 'torchtune.datasets.instruct_dataset', 'source': 'json', 'data_files': 'a.jsonl'}, "
+       "{'_component_': 'torchtune.datasets.chat_dataset', 'source': 'json', 'data_files': ['b.jsonl', 'c.jsonl'], "
+       "'conversation_column': 'messages', 'conversation_style': 'openai'}]"});
+  ASSERT_EQ(c.datasets.size(), 2u);
+  EXPECT_EQ(c.datasets[0].style, "instruct");
+  EXPECT_EQ(c.datasets[0].data_files, (std::vector<std::string>{"a.jsonl"}));
+  EXPECT_EQ(c.datasets[1].style, "chat");
+  EXPECT_EQ(c.datasets[1].conversation_style, "openai");
+  EXPECT_EQ(c.datasets[1].data_files.size(), 2u);
+  std::string m = refusal(kLora, kLoraCfg,
+                          {"dataset=[{'_component_': 'torchtune.datasets.chat_dataset', 'source': 'json', "
+                           "'data_files': 'b.jsonl', 'conversation_style': 'chatml'}]"});
+  EXPECT_HAS(m, "config key dataset.0.conversation_style: `chatml` is not one of sharegpt, openai");
+  EXPECT_HAS(m, "config key dataset.0.conversation_column: missing");
+}
+
 TEST(ConfigSchema, TypedViewExpandsShardedCheckpointFileNames) {
   auto c = prepare_recipe_config("full_finetune_distributed", "llama3_3/70B_full_multinode", {});
   ASSERT_EQ(c.checkpointer.checkpoint_files.size(), 30u);
