@@ -155,10 +155,12 @@ void BpeTokenizer::finalize() {
   }
   raw_matcher_ = AddedTokenMatcher();
   normalized_matcher_ = AddedTokenMatcher();
+  raw_ordinary_matcher_ = AddedTokenMatcher();
+  normalized_ordinary_matcher_ = AddedTokenMatcher();
   for (const AddedToken& t : added_tokens) {
-    if (t.normalized && !normalizers.empty()) normalized_matcher_.add(normalize(t.content), t);
-    else if (t.normalized) normalized_matcher_.add(t.content, t);
-    else raw_matcher_.add(t.content, t);
+    std::string pattern = t.normalized ? normalize(t.content) : t.content;
+    (t.normalized ? normalized_matcher_ : raw_matcher_).add(pattern, t);
+    if (!t.special) (t.normalized ? normalized_ordinary_matcher_ : raw_ordinary_matcher_).add(pattern, t);
   }
 }
 
@@ -204,15 +206,25 @@ std::string BpeTokenizer::normalize(std::string_view input) const {
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_bos, bool add_eos) const {
+  return encode_with(text, add_bos, add_eos, raw_matcher_, normalized_matcher_);
+}
+
+std::vector<int32_t> BpeTokenizer::encode_ordinary(std::string_view text) const {
+  return encode_with(text, false, false, raw_ordinary_matcher_, normalized_ordinary_matcher_);
+}
+
+std::vector<int32_t> BpeTokenizer::encode_with(std::string_view text, bool add_bos, bool add_eos,
+                                               const AddedTokenMatcher& raw_matcher,
+                                               const AddedTokenMatcher& normalized_matcher) const {
   require_valid_utf8(text, source + ": text to encode");
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
   if (add_bos && bos) ids.push_back(*bos);
   std::vector<TextSegment> segments;
-  if (raw_matcher_.empty()) {
+  if (raw_matcher.empty()) {
     if (!text.empty()) segments.push_back(TextSegment{0, text.size(), -1});
   } else {
-    raw_matcher_.split(text, segments);
+    raw_matcher.split(text, segments);
   }
   std::vector<TextSegment> inner;
   for (const TextSegment& seg : segments) {
@@ -226,12 +238,12 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_bos, b
       normalized = normalize(piece);
       piece = normalized;
     }
-    if (normalized_matcher_.empty()) {
+    if (normalized_matcher.empty()) {
       encode_segment(piece, seg.begin == 0, ids);
       continue;
     }
     inner.clear();
-    normalized_matcher_.split(piece, inner);
+    normalized_matcher.split(piece, inner);
     for (const TextSegment& s : inner) {
       if (s.id >= 0) ids.push_back(s.id);
       else encode_segment(piece.substr(s.begin, s.end - s.begin), seg.begin == 0 && s.begin == 0, ids);

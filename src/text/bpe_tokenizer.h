@@ -86,6 +86,7 @@ class BpeTokenizer final : public Tokenizer {
 
   // ---- Tokenizer ----
   std::vector<int32_t> encode(std::string_view text, bool add_bos = false, bool add_eos = false) const override;
+  std::vector<int32_t> encode_ordinary(std::string_view text) const override;
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const override;
   int32_t vocab_size() const override { return vocab_size_; }
   std::optional<int32_t> bos_id() const override { return bos; }
@@ -100,7 +101,8 @@ class BpeTokenizer final : public Tokenizer {
   std::string normalize(std::string_view s) const;
 
  private:
-  struct Sink;
+  std::vector<int32_t> encode_with(std::string_view text, bool add_bos, bool add_eos, const AddedTokenMatcher& raw,
+                                   const AddedTokenMatcher& normalized) const;
   void encode_segment(std::string_view segment, bool at_start, std::vector<int32_t>& ids) const;
   void pre_tokenize(size_t step, std::string_view piece, bool at_start, std::vector<int32_t>& ids) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& ids) const;
@@ -121,6 +123,7 @@ class BpeTokenizer final : public Tokenizer {
   std::array<int32_t, 256> byte_ids_{};
   std::array<int32_t, 256> byte_fallback_ids_{};
   AddedTokenMatcher raw_matcher_, normalized_matcher_;
+  AddedTokenMatcher raw_ordinary_matcher_, normalized_ordinary_matcher_;  // non-special added tokens only
   PieceCache cache_;
 };
 

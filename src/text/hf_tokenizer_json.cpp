@@ -421,32 +421,37 @@ void resolve_special_ids(BpeTokenizer& tok, const std::string& config_path) {
   else tok.pad = first_known({"<|finetune_right_pad_id|>", "<pad>", "<|pad|>", "[PAD]", "<|endoftext|>"});
 }
 
-std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path, const std::string& config_path) {
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path, const std::string& config_path,
+                                                  const json* parsed) {
   JsonReader r(path);
-  json j = r.parse(read_file_bytes(path));
+  json own;
+  if (!parsed) own = r.parse(read_file_bytes(path));
+  const json& j = parsed ? *parsed : own;
   if (!j.is_object()) r.fail("", "must be a JSON object");
   auto tok = std::make_unique<BpeTokenizer>();
   tok->source = path;
   parse_model(r, r.require(j, "model", ""), *tok);
-  if (j.contains("normalizer")) parse_normalizer(r, j["normalizer"], "normalizer", tok->normalizers);
-  if (j.contains("pre_tokenizer")) parse_pre_tokenizer(r, j["pre_tokenizer"], "pre_tokenizer", *tok);
+  if (j.contains("normalizer")) parse_normalizer(r, j.at("normalizer"), "normalizer", tok->normalizers);
+  if (j.contains("pre_tokenizer")) parse_pre_tokenizer(r, j.at("pre_tokenizer"), "pre_tokenizer", *tok);
   if (tok->byte_level && !tok->continuing_subword_prefix.empty())
     r.fail("model.continuing_subword_prefix", "is not supported together with a ByteLevel pre-tokenizer");
-  if (j.contains("decoder") && !j["decoder"].is_null()) {
+  if (j.contains("decoder") && !j.at("decoder").is_null()) {
     tok->has_decoder = true;
-    parse_decoder(r, j["decoder"], "decoder", tok->decoders);
+    parse_decoder(r, j.at("decoder"), "decoder", tok->decoders);
   }
-  if (j.contains("post_processor")) parse_post_processor(r, j["post_processor"], "post_processor", *tok);
-  if (j.contains("added_tokens")) parse_added_tokens(r, j["added_tokens"], *tok);
+  if (j.contains("post_processor")) parse_post_processor(r, j.at("post_processor"), "post_processor", *tok);
+  if (j.contains("added_tokens")) parse_added_tokens(r, j.at("added_tokens"), *tok);
   tok->finalize();
   resolve_special_ids(*tok, config_path);
   return tok;
 }
 
 std::unique_ptr<Tokenizer> load_vocab_merges_tokenizer(const std::string& vocab_path, const std::string& merges_path,
-                                                       const std::string& config_path) {
+                                                       const std::string& config_path, const json* parsed) {
   JsonReader r(vocab_path);
-  json vocab = r.parse(read_file_bytes(vocab_path));
+  json own;
+  if (!parsed) own = r.parse(read_file_bytes(vocab_path));
+  const json& vocab = parsed ? *parsed : own;
   if (!vocab.is_object()) r.fail("", "must be a JSON object of token: id (a vocab.json)");
   auto tok = std::make_unique<BpeTokenizer>();
   tok->source = vocab_path;

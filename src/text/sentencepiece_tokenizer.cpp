@@ -68,6 +68,15 @@ class SentencePieceTokenizer final : public Tokenizer {
     return ids;
   }
 
+  // SentencePiece itself never matches control pieces in text.
+  std::vector<int32_t> encode_ordinary(std::string_view text) const override {
+    require_valid_utf8(text, source_ + ": text to encode");
+    std::vector<int> piece_ids;
+    auto status = sp_.Encode(text, &piece_ids);
+    if (!status.ok()) throw Error(source_, "SentencePiece encode failed: " + status.ToString());
+    return std::vector<int32_t>(piece_ids.begin(), piece_ids.end());
+  }
+
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     std::string out, piece;
     std::vector<int> run;

@@ -20,6 +20,10 @@ class Tokenizer {
   // Text → ids. Added/special tokens in the text are matched as such (as HF tokenizers do).
   // add_bos / add_eos prepend / append the model's BOS / EOS where the model has them.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_bos = false, bool add_eos = false) const = 0;
+  // Text → ids with special tokens written in the text encoded as ordinary text: what torchtune's
+  // tiktoken and SentencePiece tokenizers do to message content, and HF's split_special_tokens=True
+  // (non-special added tokens still match). Implementations that have special tokens override it.
+  virtual std::vector<int32_t> encode_ordinary(std::string_view text) const { return encode(text); }
   // Ids → text; skip_special drops special tokens (BOS, EOS, chat headers).
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const = 0;
 

@@ -7,19 +7,23 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "text/tokenizer.h"
 
 namespace ktune::text {
 
 class BpeTokenizer;
 
-// HF tokenizer.json (BPE model).
-std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path, const std::string& config_path);
+// HF tokenizer.json (BPE model). `parsed`: the file's JSON when the caller has already parsed it.
+std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path, const std::string& config_path,
+                                                  const nlohmann::json* parsed = nullptr);
 // vocab.json + merges.txt with Qwen2's pipeline (NFC, Qwen2's split regex, byte-level) and its
 // special tokens after the vocabulary (from tokenizer_config.json's added_tokens_decoder if given,
 // else torchtune's Qwen2.5 list: <|endoftext|>, <|im_start|>, <|im_end|>, …).
 std::unique_ptr<Tokenizer> load_vocab_merges_tokenizer(const std::string& vocab_path, const std::string& merges_path,
-                                                       const std::string& config_path);
+                                                       const std::string& config_path,
+                                                       const nlohmann::json* parsed = nullptr);
 // Llama 3's tiktoken rank file (base64 token, rank per line) with Llama 3's split regex and its 256
 // special tokens from the first id after the ranks (Meta's names: <|begin_of_text|>, …, <|eot_id|>).
 std::unique_ptr<Tokenizer> load_tiktoken_tokenizer(const std::string& path, const std::string& config_path);

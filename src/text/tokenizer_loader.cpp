@@ -17,7 +17,8 @@ namespace {
 
 enum class Format { kTokenizerJson, kVocabJson, kTiktoken, kSentencePiece };
 
-Format detect_format(const std::string& path) {
+// The format, and for JSON files the parsed content (so that it is parsed once).
+Format detect_format(const std::string& path, nlohmann::json* parsed) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path, "cannot open the tokenizer file (does it exist and is it readable?)");
   std::string head(4096, '\0');
@@ -25,20 +26,16 @@ Format detect_format(const std::string& path) {
   head.resize(size_t(in.gcount()));
   size_t i = head.find_first_not_of(" \t\r\n");
   if (i != std::string::npos && head[i] == '{') {
-    // A tokenizer.json has a "model" key; a vocab.json is a flat token → id object. Decide by
-    // parsing with a callback that stops at the first top-level key.
-    std::string content = text::read_file_bytes(path);
-    bool has_model = false;
     try {
-      nlohmann::json j = nlohmann::json::parse(content);
-      // (a vocab.json may well hold a token spelled "model"; its value is then an id, not an object)
-      if (j.is_object() && j.contains("model") && j["model"].is_object()) has_model = true;
-      else if (j.is_object()) return Format::kVocabJson;
-      else throw Error(path, "a JSON file that is neither a tokenizer.json nor a vocab.json");
+      *parsed = nlohmann::json::parse(text::read_file_bytes(path));
     } catch (const nlohmann::json::parse_error& e) {
       throw Error(path, std::string("not valid JSON: ") + e.what());
     }
-    if (has_model) return Format::kTokenizerJson;
+    // A tokenizer.json has a "model" object; a vocab.json is a flat token → id object (which may
+    // well hold a token spelled "model", whose value is then an id).
+    if (parsed->is_object() && parsed->contains("model") && parsed->at("model").is_object()) return Format::kTokenizerJson;
+    if (parsed->is_object()) return Format::kVocabJson;
+    throw Error(path, "a JSON file that is neither a tokenizer.json nor a vocab.json");
   }
   // tiktoken: the first line is `base64 rank`.
   size_t eol = head.find('\n');
@@ -56,17 +53,18 @@ Format detect_format(const std::string& path) {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerOptions& options) {
   if (options.path.empty()) throw Error("tokenizer", "no tokenizer file given");
-  Format format = detect_format(options.path);
+  nlohmann::json parsed;
+  Format format = detect_format(options.path, &parsed);
   switch (format) {
     case Format::kTokenizerJson:
-      return text::load_hf_tokenizer_json(options.path, options.config_path);
+      return text::load_hf_tokenizer_json(options.path, options.config_path, &parsed);
     case Format::kVocabJson: {
       std::string merges = options.merges_file;
       if (merges.empty()) merges = (std::filesystem::path(options.path).parent_path() / "merges.txt").string();
       if (!std::filesystem::exists(merges))
         throw Error(options.path, "is a vocab.json, which needs its merges file: " + merges +
                                       " does not exist (pass merges_file / --merges)");
-      return text::load_vocab_merges_tokenizer(options.path, merges, options.config_path);
+      return text::load_vocab_merges_tokenizer(options.path, merges, options.config_path, &parsed);
     }
     case Format::kTiktoken:
       return text::load_tiktoken_tokenizer(options.path, options.config_path);

@@ -98,6 +98,7 @@ void expect_same_ids(const Tokenizer& tok, const json& ref, bool add_bos, const 
       EXPECT_EQ(tok.encode(texts()[i], true), ref["ids_special"][i].get<std::vector<int32_t>>()) << label << " #" << i;
     }
     EXPECT_EQ(tok.decode(want), ref["decoded"][i].get<std::string>()) << label << " decode #" << i;
+    EXPECT_EQ(tok.encode_ordinary(texts()[i]), ref["ids_ordinary"][i].get<std::vector<int32_t>>()) << label << " ordinary #" << i;
   }
   EXPECT_EQ(mismatches, 0) << label;
 }

@@ -76,6 +76,16 @@ TEST_P(FixtureTokenizer, EncodeMatchesReferenceIdsExactly) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// Special tokens written in the text read as plain text (HF's split_special_tokens; SentencePiece's own).
+TEST_P(FixtureTokenizer, EncodeOrdinaryMatchesReference) {
+  auto tok = load_fixture(GetParam().name);
+  const json& texts = reference()["texts"];
+  const json& ref = reference()["tokenizers"][GetParam().name];
+  for (size_t i = 0; i < texts.size(); ++i)
+    EXPECT_EQ(tok->encode_ordinary(texts[i].get<std::string>()), ref["ids_ordinary"][i].get<std::vector<int32_t>>())
+        << "text #" << i << " " << texts[i].dump();
+}
+
 TEST_P(FixtureTokenizer, BosEosMatchReferencePostProcessor) {
   auto tok = load_fixture(GetParam().name);
   const json& texts = reference()["texts"];
