@@ -4,12 +4,15 @@
 //  - the glue ops (RMSNorm, SwiGLU, RoPE, AdamW) in GB/s of the memory they must touch,
 // and prints them (and writes JSON for torch_ops.py, which measures PyTorch on the same shapes and
 // prints the ratios). Threads: KTUNE_NUM_THREADS / OMP_NUM_THREADS, else all cores.
-// Times are the best of several repetitions (the machines are shared and noisy).
+// Times are the best of several repetitions (the machines are shared and noisy). With --cpu-time
+// they are the process's CPU time instead of wall time: with KTUNE_NUM_THREADS=1 that is a per-core
+// figure a loaded machine cannot inflate by descheduling us (torch_ops.py then does the same).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -39,16 +42,44 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-// Best wall time of fn over `reps` runs after one warm-up (seconds).
+bool g_cpu_time = false;
+
+double now() {
+  if (g_cpu_time) {
+    timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Best time of fn over `reps` runs after one warm-up (seconds).
 double best_time(const std::function<void()>& fn, int reps) {
   fn();
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
+    double t0 = now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, now() - t0);
   }
   return best;
+}
+
+// GFLOP/s of gemm (f32 or bf16 inputs) on x (M,K) @ W^T, W (N,K): measure_gemm_gflops's figure, or
+// with --cpu-time the best of short CPU-timed batches.
+double gemm_rate(int64_t M, int64_t K, int64_t N, bool bf16, double seconds) {
+  if (!g_cpu_time) return bf16 ? measure_gemm_bf16_gflops(M, N, K, seconds) : measure_gemm_gflops(M, N, K, seconds);
+  auto a = random_floats(size_t(M * K), 1), b = random_floats(size_t(N * K), 2);
+  std::vector<float> c(size_t(M * N));
+  std::vector<bf16_t> a16(a.size()), b16(b.size());
+  for (size_t i = 0; i < a.size(); ++i) a16[i] = f32_to_bf16(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b16[i] = f32_to_bf16(b[i]);
+  auto run = [&] {
+    if (bf16) gemm_bf16(false, true, M, N, K, 1.0f, a16.data(), b16.data(), 0.0f, c.data());
+    else gemm(false, true, M, N, K, 1.0f, a.data(), b.data(), 0.0f, c.data());
+  };
+  double t = best_time(run, std::max(3, int(seconds * 20)));
+  return 2.0 * double(M) * double(N) * double(K) / t / 1e9;
 }
 
 }  // namespace
@@ -58,6 +89,7 @@ int main(int argc, char** argv) {
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--cpu-time")) g_cpu_time = true;
     else if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
   }
   const double seconds = quick ? 0.15 : 0.4;
@@ -65,8 +97,10 @@ int main(int argc, char** argv) {
   nlohmann::json report;
   report["threads"] = num_threads();
   report["bf16_native"] = gemm_bf16_native();
-  std::printf("ktune kernels benchmark: %d threads, oneDNN bf16 %s\n", num_threads(),
-              gemm_bf16_native() ? "native" : "NOT native on this CPU (widened to f32)");
+  report["cpu_time"] = g_cpu_time;
+  std::printf("ktune kernels benchmark: %d threads, oneDNN bf16 %s, %s time\n", num_threads(),
+              gemm_bf16_native() ? "native" : "NOT native on this CPU (widened to f32)",
+              g_cpu_time ? "process CPU" : "wall");
 
   // --- GEMM: (M tokens, K in, N out) as the forward of a linear layer computes it, x (M,K) @ W^T.
   const std::vector<std::array<int64_t, 3>> shapes = {
@@ -75,8 +109,8 @@ int main(int argc, char** argv) {
   std::printf("\n%-22s %12s %12s\n", "gemm M x K x N", "f32 GFLOP/s", "bf16 GFLOP/s");
   double best_f32 = 0;
   for (auto [M, K, N] : shapes) {
-    double f32 = measure_gemm_gflops(M, N, K, seconds);
-    double bf16 = measure_gemm_bf16_gflops(M, N, K, seconds * 0.5);
+    double f32 = gemm_rate(M, K, N, false, seconds);
+    double bf16 = gemm_rate(M, K, N, true, seconds * 0.5);
     best_f32 = std::max(best_f32, f32);
     char name[64];
     std::snprintf(name, sizeof name, "%lldx%lldx%lld", (long long)M, (long long)K, (long long)N);
@@ -115,7 +149,8 @@ int main(int argc, char** argv) {
 
   // --- Fused output projection + cross-entropy, forward + backward (dhidden and dweight).
   struct CeCase { int64_t N, C, V, chunk; };
-  const std::vector<CeCase> ce_cases = {{1024, 768, 32000, 256}, {256, 896, 151936, 128}};
+  const std::vector<CeCase> ce_cases = quick ? std::vector<CeCase>{{512, 768, 32000, 256}, {128, 896, 151936, 128}}
+                                             : std::vector<CeCase>{{1024, 768, 32000, 256}, {256, 896, 151936, 128}};
   std::printf("\n%-36s %10s %12s %14s\n", "linear+CE fwd+bwd (N, C, V, chunk)", "ms", "GFLOP/s", "scratch MB");
   for (const auto& c : ce_cases) {
     auto hidden = random_floats(size_t(c.N * c.C), 5), weight = random_floats(size_t(c.V * c.C), 6, 0.05f);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# bench/gemm/run.sh BUILD_DIR [--quick]: ktune's GEMM ceiling and kernel timings, then PyTorch eager on
+# bench/gemm/run.sh BUILD_DIR [--quick] [--cpu-time]: ktune's GEMM ceiling and kernel timings, then PyTorch eager on
 # the same shapes with the same threads, and the ratios. About 2 minutes on an idle 2-core machine
-# (--quick: about 1). Build first: cmake --build BUILD_DIR --target ktune_bench_gemm
+# (--quick: about 1; --cpu-time with KTUNE_NUM_THREADS=1: per-core figures on a loaded machine). Build first: cmake --build BUILD_DIR --target ktune_bench_gemm
 set -euo pipefail
 BUILD=$(realpath "${1:-build/release}")
 shift || true

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """PyTorch eager on the shapes ktune_bench_gemm measured, and the ratios.
 
-    python3 torch_ops.py KTUNE_JSON [--quick]
+    python3 torch_ops.py KTUNE_JSON [--quick] [--cpu-time]
 
 Reads the JSON ktune_bench_gemm wrote, times the same operations in PyTorch eager with the same
-thread count (torch.matmul; scaled_dot_product_attention, or HF Gemma2's eager attention where a
+thread count and clock (wall, or process CPU time as ktune used with --cpu-time) (torch.matmul; scaled_dot_product_attention, or HF Gemma2's eager attention where a
 window/soft-cap is involved; logits + F.cross_entropy; HF-style RMSNorm, SwiGLU, GELU-tanh, RoPE;
 torch.optim.AdamW), and prints both figures and ktune / torch for each. Times are best-of-N."""
 import json
@@ -25,19 +25,24 @@ def threads():
     return os.cpu_count()
 
 
+CLOCK = time.perf_counter
+
+
 def best_time(fn, reps):
     fn()
     best = float("inf")
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, CLOCK() - t0)
     return best
 
 
-def gemm_gflops(M, K, N, dtype, seconds):
+def gemm_gflops(M, K, N, dtype, seconds, cpu_time):
     x = torch.randn(M, K).to(dtype)
     w = torch.randn(N, K).to(dtype)
+    if cpu_time:  # as ktune: best of short batches
+        return 2.0 * M * N * K / best_time(lambda: torch.matmul(x, w.t()), max(3, int(seconds * 20))) / 1e9
     torch.matmul(x, w.t())
     n, t0 = 0, time.perf_counter()
     while True:
@@ -144,14 +149,19 @@ def main():
     quick = "--quick" in sys.argv
     reps = 3 if quick else 5
     k = json.load(open(sys.argv[1]))
+    global CLOCK
+    cpu_time = bool(k.get("cpu_time"))
+    if cpu_time:
+        CLOCK = time.process_time
     torch.set_num_threads(threads())
-    print(f"\nPyTorch {torch.__version__} eager, {torch.get_num_threads()} threads (ktune: {k['threads']})")
+    print(f"\nPyTorch {torch.__version__} eager, {torch.get_num_threads()} threads (ktune: {k['threads']}), "
+          f"{'process CPU' if cpu_time else 'wall'} time")
     print(f"\n{'gemm M x K x N':<20} {'ktune f32':>10} {'torch f32':>10} {'ratio':>7} {'ktune bf16':>11} {'torch bf16':>11} {'ratio':>7}   GFLOP/s")
     secs = 0.15 if quick else 0.4
     ratios = []
     for g in k["gemm"]:
-        tf = gemm_gflops(g["M"], g["K"], g["N"], torch.float32, secs)
-        tb = gemm_gflops(g["M"], g["K"], g["N"], torch.bfloat16, secs * 0.5)
+        tf = gemm_gflops(g["M"], g["K"], g["N"], torch.float32, secs, cpu_time)
+        tb = gemm_gflops(g["M"], g["K"], g["N"], torch.bfloat16, secs * 0.5, cpu_time)
         ratios.append(g["f32_gflops"] / tf)
         print(f"{g['M']}x{g['K']}x{g['N']:<10} {g['f32_gflops']:>10.1f} {tf:>10.1f} {g['f32_gflops'] / tf:>7.2f} "
               f"{g['bf16_gflops']:>11.1f} {tb:>11.1f} {g['bf16_gflops'] / tb:>7.2f}")
