@@ -1,0 +1,74 @@
+// `ktune download SOURCE --output-dir DIR [--hf-token T] [--ignore-patterns P] [--allow-patterns P]
+//  [--repo-type model|dataset] [--revision R] [S3 flags]`: fetch a model or dataset once, by hand.
+// SOURCE is hf://org/repo[/subpath], torchtune's bare org/repo, s3://bucket/prefix or file://path.
+// The token comes from --hf-token, else HF_TOKEN, else ACCESS_TOKEN, and is never printed.
+// It deliberately applies no default allow list (that is the model initializer's policy); like
+// torchtune, it fetches everything the ignore patterns leave.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cli/command_table.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "hub/storage.h"
+
+namespace ktune::cli {
+
+static int download_usage() {
+  std::fprintf(stderr,
+               "usage: ktune download hf://org/repo[/path] | org/repo | s3://bucket/prefix | file://path\n"
+               "         --output-dir DIR [--hf-token T] [--ignore-patterns P] [--allow-patterns P]\n"
+               "         [--repo-type model|dataset] [--revision R] [--hf-endpoint URL]\n"
+               "         [--s3-endpoint URL] [--s3-region R] [--aws-access-key-id K] [--aws-secret-access-key S]\n"
+               "         [--aws-session-token T] [--max-attempts N]\n"
+               "  patterns are comma- or space-separated fnmatch globs; HF_ENDPOINT sets the Hub's address\n");
+  return 2;
+}
+
+int cmd_download(const Args& args) {
+  hub::StorageOptions options;
+  options.s3 = hub::s3_options_from_env();
+  if (const char* t = std::getenv("HF_TOKEN"); t != nullptr && *t) options.hf_token = t;
+  else if (const char* a = std::getenv("ACCESS_TOKEN"); a != nullptr && *a) options.hf_token = a;
+  register_secret(options.hf_token);
+  std::string source, output_dir;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    if (flag == "-h" || flag == "--help") return download_usage();
+    if (flag.rfind("--", 0) != 0) {
+      if (!source.empty()) throw Error("ktune download", "more than one source: '" + source + "' and '" + flag + "'");
+      source = flag;
+      continue;
+    }
+    size_t eq = flag.find('=');
+    if (eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else {
+      if (i + 1 >= args.size()) throw Error("ktune download " + flag, "needs a value");
+      value = args[++i];
+    }
+    if (flag == "--output-dir") output_dir = value;
+    else if (!hub::apply_storage_flag(options, flag, value)) throw Error("ktune download", "unknown flag " + flag);
+  }
+  if (source.empty()) return download_usage();
+  hub::StorageUri uri = hub::parse_storage_uri(source);
+  if (output_dir.empty()) {
+    if (uri.scheme != hub::StorageScheme::HuggingFace) throw Error("ktune download", "--output-dir is required");
+    output_dir = "/tmp/" + uri.repo_id.substr(uri.repo_id.rfind('/') + 1);  // torchtune's default
+  }
+  hub::TransferReport report =
+      hub::download_uri(uri, output_dir, options, [](size_t i, size_t n, const hub::TransferredFile& f) {
+        log_info("[" + std::to_string(i) + "/" + std::to_string(n) + "] " + f.path + " " + std::to_string(f.bytes) +
+                 " bytes (" + hub::fetch_outcome_name(f.outcome) + ")");
+      });
+  std::printf("Downloaded %zu files (%llu bytes, %llu over the network) from %s%s to %s in %.1f s\n",
+              report.files.size(), (unsigned long long)report.total_bytes(),
+              (unsigned long long)report.bytes_transferred, report.source.c_str(),
+              report.revision.empty() ? "" : ("@" + report.revision).c_str(), report.destination.c_str(),
+              report.seconds);
+  return 0;
+}
+
+}  // namespace ktune::cli

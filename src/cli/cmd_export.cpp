@@ -1,0 +1,60 @@
+// `ktune export --from OUTPUT_DIR --to URI [--parts adapter|merged|all] [--epoch N] [flags]`:
+// copy the adapter and/or merged model of a finished job's latest epoch to file://, s3:// or
+// hf://, then print a JSON summary (destination, files, bytes) on stdout for the job status.
+// Without --parts, it exports whatever the epoch folder has (adapter, merged model, or both).
+// It deliberately exports no optimizer or recipe state.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cli/command_table.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "hub/exporter.h"
+
+namespace ktune::cli {
+
+static int export_usage() {
+  std::fprintf(stderr,
+               "usage: ktune export --from OUTPUT_DIR --to file://DIR | s3://bucket/prefix | hf://org/repo[/path]\n"
+               "         [--parts adapter|merged|all] [--epoch N] [--hf-token T] [--repo-type model|dataset]\n"
+               "         [--revision R] [--s3-endpoint URL] [--s3-region R] [--aws-access-key-id K]\n"
+               "         [--aws-secret-access-key S] [--aws-session-token T] [--max-attempts N]\n");
+  return 2;
+}
+
+int cmd_export(const Args& args) {
+  hub::StorageOptions options;
+  options.s3 = hub::s3_options_from_env();
+  if (const char* t = std::getenv("HF_TOKEN"); t != nullptr && *t) options.hf_token = t;
+  register_secret(options.hf_token);
+  std::string from, to;
+  hub::ExportParts parts = hub::ExportParts::Available;
+  int epoch = -1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    if (flag == "-h" || flag == "--help") return export_usage();
+    size_t eq = flag.find('=');
+    if (eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else {
+      if (i + 1 >= args.size()) throw Error("ktune export " + flag, "needs a value");
+      value = args[++i];
+    }
+    if (flag == "--from") from = value;
+    else if (flag == "--to") to = value;
+    else if (flag == "--parts") parts = hub::parse_export_parts(value);
+    else if (flag == "--epoch") epoch = std::atoi(value.c_str());
+    else if (!hub::apply_storage_flag(options, flag, value)) throw Error("ktune export", "unknown flag " + flag);
+  }
+  if (from.empty() || to.empty()) return export_usage();
+  nlohmann::json summary = hub::run_export(from, to, parts, options, epoch, [](size_t i, size_t n, const hub::TransferredFile& f) {
+    log_info("export: [" + std::to_string(i) + "/" + std::to_string(n) + "] " + f.path + " " +
+             std::to_string(f.bytes) + " bytes");
+  });
+  std::printf("%s\n", redact(summary.dump()).c_str());
+  return 0;
+}
+
+}  // namespace ktune::cli

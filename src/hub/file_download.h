@@ -1,0 +1,57 @@
+// The download discipline every store shares: bytes go to a partial file under the target's
+// `.ktune-download/`, a partial left by an earlier attempt (or an earlier run) is resumed with a
+// Range request, the finished file is checked against the size and digests the store gave
+// (sha256, git blob sha1, MD5), and only then renamed to its real name. 429/5xx and transport
+// failures are retried with backoff; other statuses go to the store's own explain_error, which
+// turns them into a clear ktune::Error (gated repo, wrong key, no such file…).
+// It deliberately does not list remotes or build URLs: a store client hands it one file's
+// request factory at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "hub/http_client.h"
+#include "hub/target_dir.h"
+
+namespace ktune::hub {
+
+struct ExpectedContent {
+  int64_t size = -1;     // -1: unknown
+  std::string sha256;    // lower-case hex, "" when the store gave none
+  std::string git_sha1;  // git blob id (Hub regular files)
+  std::string md5;       // S3 single-part ETag
+};
+
+enum class FetchOutcome { Downloaded, Resumed, UpToDate };
+const char* fetch_outcome_name(FetchOutcome outcome);
+
+struct DownloadJob {
+  std::string origin;       // "hf://org/repo", "s3://bucket/prefix": the place named in errors
+  std::string name;         // relative path inside the target
+  std::string version_tag;  // etag / digest that keys the partial file to one version
+  ExpectedContent expected;
+  // The request for the bytes from `offset` on (0: the whole file); called once per attempt.
+  std::function<HttpRequest(uint64_t offset)> make_request;
+  // Throws a clear Error for a response that is neither success nor retryable.
+  std::function<void(const HttpResponse&)> explain_error;
+};
+
+struct FetchResult {
+  FetchOutcome outcome = FetchOutcome::Downloaded;
+  uint64_t size = 0;              // bytes of the final file
+  uint64_t bytes_transferred = 0; // bytes that crossed the network in this call
+  std::string path;               // the final local path
+};
+
+FetchResult download_file(HttpClient& client, const TargetDir& target, const DownloadJob& job,
+                          const RetryPolicy& policy);
+
+// True when `path` exists and agrees with every part of `expected` that is known (size first,
+// digests next). A file with nothing known to compare against is never "up to date".
+bool local_file_matches(const std::string& path, const ExpectedContent& expected);
+// Throws an Error naming `where` and the first check that failed.
+void verify_content(const std::string& path, const ExpectedContent& expected, const std::string& where);
+
+}  // namespace ktune::hub

@@ -1,0 +1,102 @@
+#include "hub/local_files.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "hub/target_dir.h"
+
+namespace ktune::hub {
+
+namespace fs = std::filesystem;
+
+// Copies (or links) `from` to target/name through a partial file; returns the outcome.
+static FetchOutcome place_file(const std::string& from, const TargetDir& target, const std::string& name,
+                               const std::string& origin, bool allow_hard_links) {
+  std::string final_path = target.resolve(name, origin);
+  struct stat src, dst;
+  if (::stat(from.c_str(), &src) != 0) throw Error(from, std::string("cannot read: ") + std::strerror(errno));
+  if (::stat(final_path.c_str(), &dst) == 0 && dst.st_dev == src.st_dev && dst.st_ino == src.st_ino)
+    return FetchOutcome::UpToDate;  // already the same file (hard link)
+  ::mkdir((target.root() + "/.ktune-download").c_str(), 0755);
+  std::string partial = target.partial_path(name, std::to_string(src.st_size));
+  ::unlink(partial.c_str());
+  bool linked = allow_hard_links && ::link(from.c_str(), partial.c_str()) == 0;
+  if (!linked) {
+    std::error_code ec;
+    fs::copy_file(from, partial, fs::copy_options::overwrite_existing, ec);
+    if (ec) {
+      ::unlink(partial.c_str());
+      throw Error(origin + ": file '" + name + "'", "copy failed: " + ec.message());
+    }
+  }
+  target.commit(partial, final_path, origin);
+  return FetchOutcome::Downloaded;
+}
+
+TransferReport copy_local_tree(const std::string& source, const PatternFilter& filter, const std::string& output_dir,
+                               bool allow_hard_links, const ProgressFn& progress) {
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string origin = "file://" + source;
+  std::error_code ec;
+  fs::file_status st = fs::status(source, ec);
+  if (ec || !fs::exists(st)) throw Error(origin, "no such file or folder");
+  std::vector<std::pair<std::string, std::string>> chosen;  // absolute source, relative name
+  if (fs::is_regular_file(st)) {
+    std::string name = fs::path(source).filename().string();
+    if (filter.keeps(name)) chosen.emplace_back(source, name);
+  } else {
+    for (auto it = fs::recursive_directory_iterator(source, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+      if (!it->is_regular_file()) continue;  // folders, sockets; symlinked folders are not entered
+      std::string rel = fs::relative(it->path(), source).generic_string();
+      if (filter.keeps(rel)) chosen.emplace_back(it->path().string(), rel);
+    }
+    if (ec) throw Error(origin, "cannot list: " + ec.message());
+  }
+  std::sort(chosen.begin(), chosen.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  TargetDir target(output_dir);
+  for (const auto& c : chosen) target.resolve(c.second, origin);
+  if (chosen.empty()) throw Error(origin, "no file there passes the allow/ignore patterns");
+  TransferReport report;
+  report.source = origin;
+  report.destination = target.root();
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    FetchOutcome outcome = place_file(chosen[i].first, target, chosen[i].second, origin, allow_hard_links);
+    uint64_t bytes = uint64_t(fs::file_size(chosen[i].first));
+    if (outcome != FetchOutcome::UpToDate) report.bytes_transferred += bytes;
+    report.files.push_back({chosen[i].second, bytes, outcome});
+    if (progress) progress(i + 1, chosen.size(), report.files.back());
+  }
+  target.remove_partial_dir_if_empty();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+TransferReport copy_items_to_dir(const std::vector<UploadItem>& items, const std::string& dest_dir,
+                                 const ProgressFn& progress) {
+  auto t0 = std::chrono::steady_clock::now();
+  TargetDir target(dest_dir);
+  const std::string origin = "file://" + target.root();
+  for (const UploadItem& item : items) target.resolve(item.remote_path, origin);
+  TransferReport report;
+  report.destination = origin;
+  for (size_t i = 0; i < items.size(); ++i) {
+    place_file(items[i].local_path, target, items[i].remote_path, origin, /*allow_hard_links=*/false);
+    uint64_t bytes = uint64_t(fs::file_size(items[i].local_path));
+    report.bytes_transferred += bytes;
+    report.files.push_back({items[i].remote_path, bytes, FetchOutcome::Downloaded});
+    if (progress) progress(i + 1, items.size(), report.files.back());
+  }
+  target.remove_partial_dir_if_empty();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+}  // namespace ktune::hub

@@ -1,0 +1,336 @@
+#include "hub/s3_client.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+
+#include "core/log.h"
+#include "hub/digest.h"
+
+namespace ktune::hub {
+
+static const std::string kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+static std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+S3Options s3_options_from_env() {
+  S3Options o;
+  o.endpoint = env_or("AWS_ENDPOINT_URL_S3", env_or("AWS_ENDPOINT_URL", ""));
+  o.region = env_or("AWS_REGION", env_or("AWS_DEFAULT_REGION", "us-east-1"));
+  o.credentials.access_key_id = env_or("AWS_ACCESS_KEY_ID", "");
+  o.credentials.secret_access_key = env_or("AWS_SECRET_ACCESS_KEY", "");
+  o.credentials.session_token = env_or("AWS_SESSION_TOKEN", "");
+  return o;
+}
+
+S3Client::S3Client(S3Options options) : options_(std::move(options)) {
+  while (!options_.endpoint.empty() && options_.endpoint.back() == '/') options_.endpoint.pop_back();
+  if (options_.region.empty()) options_.region = "us-east-1";
+  register_secret(options_.credentials.secret_access_key);
+  register_secret(options_.credentials.session_token);
+  if (options_.credentials.access_key_id.empty() || options_.credentials.secret_access_key.empty())
+    throw Error("s3", "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or pass them as flags)");
+  if (options_.part_size < (5ull << 20)) options_.part_size = 5ull << 20;
+}
+
+std::vector<std::string> xml_elements(const std::string& xml, const std::string& tag) {
+  std::vector<std::string> out;
+  const std::string open = "<" + tag + ">", close = "</" + tag + ">";
+  size_t at = 0;
+  while ((at = xml.find(open, at)) != std::string::npos) {
+    size_t start = at + open.size();
+    size_t end = xml.find(close, start);
+    if (end == std::string::npos) break;
+    std::string raw = xml.substr(start, end - start), text;
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (raw[i] != '&') {
+        text.push_back(raw[i]);
+        continue;
+      }
+      size_t semi = raw.find(';', i);
+      std::string ent = semi == std::string::npos ? "" : raw.substr(i + 1, semi - i - 1);
+      if (ent == "amp") text.push_back('&');
+      else if (ent == "lt") text.push_back('<');
+      else if (ent == "gt") text.push_back('>');
+      else if (ent == "quot") text.push_back('"');
+      else if (ent == "apos") text.push_back('\'');
+      else if (!ent.empty() && ent[0] == '#') {
+        long cp = ent.size() > 1 && (ent[1] == 'x' || ent[1] == 'X') ? std::strtol(ent.c_str() + 2, nullptr, 16)
+                                                                     : std::strtol(ent.c_str() + 1, nullptr, 10);
+        // UTF-8 encode the code point.
+        if (cp < 0x80) text.push_back(char(cp));
+        else if (cp < 0x800) { text.push_back(char(0xC0 | (cp >> 6))); text.push_back(char(0x80 | (cp & 0x3F))); }
+        else if (cp < 0x10000) { text.push_back(char(0xE0 | (cp >> 12))); text.push_back(char(0x80 | ((cp >> 6) & 0x3F))); text.push_back(char(0x80 | (cp & 0x3F))); }
+        else { text.push_back(char(0xF0 | (cp >> 18))); text.push_back(char(0x80 | ((cp >> 12) & 0x3F))); text.push_back(char(0x80 | ((cp >> 6) & 0x3F))); text.push_back(char(0x80 | (cp & 0x3F))); }
+      } else {
+        text.push_back('&');
+        continue;
+      }
+      i = semi;
+    }
+    out.push_back(std::move(text));
+    at = end + close.size();
+  }
+  return out;
+}
+
+S3Client::Target S3Client::target_for(const std::string& bucket) const {
+  Target t;
+  std::string base = options_.endpoint;
+  bool path_style = true;
+  if (base.empty()) {
+    path_style = bucket.find('.') != std::string::npos;
+    base = "https://" + (path_style ? std::string() : bucket + ".") + "s3." + options_.region + ".amazonaws.com";
+  }
+  size_t scheme_end = base.find("://");
+  if (scheme_end == std::string::npos) throw Error("S3 endpoint '" + base + "'", "expected http(s)://host[:port]");
+  std::string scheme = base.substr(0, scheme_end);
+  std::string rest = base.substr(scheme_end + 3);
+  std::string host = rest.substr(0, rest.find('/'));
+  // The default port is left out of Host (that is what clients send and stores sign against).
+  if ((scheme == "http" && host.size() > 3 && host.compare(host.size() - 3, 3, ":80") == 0) ||
+      (scheme == "https" && host.size() > 4 && host.compare(host.size() - 4, 4, ":443") == 0))
+    host = host.substr(0, host.rfind(':'));
+  t.host = host;
+  t.path_prefix = path_style ? "/" + url_encode(bucket, false) : "";
+  t.url_base = scheme + "://" + host + t.path_prefix;
+  return t;
+}
+
+HttpRequest S3Client::signed_request(const std::string& method, const std::string& bucket, const std::string& key,
+                                     const std::vector<std::pair<std::string, std::string>>& query,
+                                     const std::string& payload_sha256) const {
+  Target t = target_for(bucket);
+  SigV4Input in;
+  in.method = method;
+  in.host = t.host;
+  // A bucket-level request (listing) addresses "/bucket" path-style, "/" virtual-hosted.
+  std::string path = key.empty() ? (t.path_prefix.empty() ? "/" : t.path_prefix) : t.path_prefix + "/" + url_encode(key, true);
+  in.canonical_uri = path;
+  in.query = query;
+  in.payload_sha256 = payload_sha256;
+  in.region = options_.region;
+  in.service = "s3";
+  in.amz_date = amz_date_now();
+  HttpRequest r;
+  r.method = method;
+  std::string q = sigv4_canonical_query(query);
+  r.url = t.url_base.substr(0, t.url_base.size() - t.path_prefix.size()) + path + (q.empty() ? "" : "?" + q);
+  r.headers = sigv4_sign(in, options_.credentials);
+  return r;
+}
+
+void S3Client::raise(const HttpResponse& r, const std::string& where) const {
+  std::vector<std::string> codes = xml_elements(r.body, "Code");
+  std::vector<std::string> messages = xml_elements(r.body, "Message");
+  std::string code = codes.empty() ? "" : codes[0];
+  std::string message = messages.empty() ? "" : messages[0];
+  std::string hint;
+  if (code == "SignatureDoesNotMatch")
+    hint = "the secret key does not match the access key id (or the region or clock is wrong)";
+  else if (code == "InvalidAccessKeyId")
+    hint = "the store does not know this access key id";
+  else if (code == "ExpiredToken" || code == "InvalidToken")
+    hint = "the session token is expired or invalid";
+  else if (code == "NoSuchBucket")
+    hint = "no such bucket";
+  else if (code == "NoSuchKey" || r.status == 404)
+    hint = "no such object";
+  else if (code == "AccessDenied" || r.status == 403)
+    hint = "access denied to these credentials";
+  std::string text = "HTTP " + std::to_string(r.status) + (code.empty() ? "" : " " + code) +
+                     (hint.empty() ? "" : ": " + hint) + (message.empty() ? "" : " (" + message + ")");
+  throw Error(where, redact(text));
+}
+
+std::vector<S3Object> S3Client::list(const std::string& bucket, const std::string& prefix) {
+  const std::string where = "s3://" + bucket + "/" + prefix;
+  std::vector<S3Object> out;
+  std::string token;
+  for (int page = 0;; ++page) {
+    std::vector<std::pair<std::string, std::string>> query = {
+        {"list-type", "2"}, {"prefix", prefix}, {"max-keys", std::to_string(options_.max_keys)}};
+    if (!token.empty()) query.emplace_back("continuation-token", token);
+    HttpResponse r = perform_with_retries(
+        http_, [&] { return signed_request("GET", bucket, "", query, kEmptySha256); }, options_.retry, where);
+    if (r.status != 200) raise(r, where + ": list");
+    size_t at = 0;
+    while ((at = r.body.find("<Contents>", at)) != std::string::npos) {
+      size_t end = r.body.find("</Contents>", at);
+      if (end == std::string::npos) break;
+      std::string block = r.body.substr(at, end - at);
+      S3Object obj;
+      auto keys = xml_elements(block, "Key");
+      auto sizes = xml_elements(block, "Size");
+      auto etags = xml_elements(block, "ETag");
+      if (keys.empty()) throw Error(where, "a listed object has no <Key>");
+      obj.key = keys[0];
+      obj.size = sizes.empty() ? 0 : std::strtoull(sizes[0].c_str(), nullptr, 10);
+      if (!etags.empty()) {
+        obj.etag = etags[0];
+        if (obj.etag.size() >= 2 && obj.etag.front() == '"') obj.etag = obj.etag.substr(1, obj.etag.size() - 2);
+      }
+      out.push_back(std::move(obj));
+      at = end;
+    }
+    auto truncated = xml_elements(r.body, "IsTruncated");
+    auto next = xml_elements(r.body, "NextContinuationToken");
+    if (truncated.empty() || truncated[0] != "true") break;
+    if (next.empty() || next[0].empty()) throw Error(where, "listing is truncated but has no continuation token");
+    token = next[0];
+  }
+  return out;
+}
+
+TransferReport S3Client::download(const std::string& bucket, const std::string& prefix_in,
+                                  const PatternFilter& filter, const std::string& output_dir,
+                                  const ProgressFn& progress) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string prefix = prefix_in;
+  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+  const std::string origin = "s3://" + bucket + (prefix.empty() ? "" : "/" + prefix);
+  TargetDir target(output_dir);
+  std::vector<std::pair<S3Object, std::string>> chosen;  // object, local relative name
+  for (S3Object& o : list(bucket, prefix)) {
+    if (!o.key.empty() && o.key.back() == '/') continue;  // folder marker
+    std::string rel;
+    if (prefix.empty()) rel = o.key;
+    else if (o.key == prefix) rel = o.key.substr(o.key.rfind('/') == std::string::npos ? 0 : o.key.rfind('/') + 1);
+    else if (o.key.size() > prefix.size() && o.key.compare(0, prefix.size(), prefix) == 0 && o.key[prefix.size()] == '/')
+      rel = o.key.substr(prefix.size() + 1);
+    else continue;  // "prefix-other": same characters, another folder
+    if (!filter.keeps(rel)) continue;
+    chosen.emplace_back(std::move(o), rel);
+  }
+  for (const auto& c : chosen) target.resolve(c.second, origin);
+  if (chosen.empty()) throw Error(origin, "no object under that prefix passes the allow/ignore patterns");
+  TransferReport report;
+  report.source = origin;
+  report.destination = target.root();
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const S3Object& o = chosen[i].first;
+    DownloadJob job;
+    job.origin = origin;
+    job.name = chosen[i].second;
+    job.version_tag = o.etag;
+    job.expected.size = int64_t(o.size);
+    std::string key = o.key;
+    job.make_request = [this, bucket, key](uint64_t) { return signed_request("GET", bucket, key, {}, kEmptySha256); };
+    const std::string where = "s3://" + bucket + "/" + key;
+    job.explain_error = [this, where](const HttpResponse& r) { raise(r, where); };
+    FetchResult fr = download_file(http_, target, job, options_.retry);
+    report.bytes_transferred += fr.bytes_transferred;
+    report.files.push_back({job.name, fr.size, fr.outcome});
+    if (progress) progress(i + 1, chosen.size(), report.files.back());
+  }
+  target.remove_partial_dir_if_empty();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+static uint64_t file_size_or_throw(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) throw Error(path, "not a readable file");
+  return uint64_t(st.st_size);
+}
+
+void S3Client::put_file(const std::string& bucket, const std::string& key, const std::string& local_path) {
+  uint64_t size = file_size_or_throw(local_path);
+  if (size > options_.multipart_threshold) return put_multipart(bucket, key, local_path, size);
+  const std::string where = "s3://" + bucket + "/" + key;
+  std::string hash = sha256_file_hex(local_path);
+  HttpResponse r = perform_with_retries(
+      http_,
+      [&] {
+        HttpRequest req = signed_request("PUT", bucket, key, {}, hash);
+        req.upload_path = local_path;
+        return req;
+      },
+      options_.retry, where);
+  if (r.status != 200) raise(r, where + ": put");
+}
+
+void S3Client::put_multipart(const std::string& bucket, const std::string& key, const std::string& local_path,
+                             uint64_t size) {
+  const std::string where = "s3://" + bucket + "/" + key;
+  HttpResponse c = perform_with_retries(
+      http_, [&] { return signed_request("POST", bucket, key, {{"uploads", ""}}, kEmptySha256); }, options_.retry,
+      where + ": create multipart upload");
+  if (c.status != 200) raise(c, where + ": create multipart upload");
+  auto ids = xml_elements(c.body, "UploadId");
+  if (ids.empty()) throw Error(where, "create multipart upload answered without an UploadId");
+  const std::string upload_id = ids[0];
+  try {
+    std::string complete = "<CompleteMultipartUpload>";
+    int part = 0;
+    for (uint64_t offset = 0; offset < size; offset += options_.part_size) {
+      ++part;
+      uint64_t length = std::min(options_.part_size, size - offset);
+      std::string hash = sha256_file_range_hex(local_path, offset, length);
+      std::vector<std::pair<std::string, std::string>> q = {{"partNumber", std::to_string(part)},
+                                                            {"uploadId", upload_id}};
+      HttpResponse r = perform_with_retries(
+          http_,
+          [&] {
+            HttpRequest req = signed_request("PUT", bucket, key, q, hash);
+            req.upload_path = local_path;
+            req.upload_offset = offset;
+            req.upload_length = length;
+            return req;
+          },
+          options_.retry, where + ": part " + std::to_string(part));
+      if (r.status != 200) raise(r, where + ": part " + std::to_string(part));
+      std::string etag = r.header("etag");
+      if (etag.empty()) throw Error(where, "part " + std::to_string(part) + " was stored without an ETag");
+      std::string quoted = etag.front() == '"' ? etag : "\"" + etag + "\"";
+      complete += "<Part><PartNumber>" + std::to_string(part) + "</PartNumber><ETag>" + quoted + "</ETag></Part>";
+    }
+    complete += "</CompleteMultipartUpload>";
+    std::string hash = sha256_hex(complete);
+    HttpResponse r = perform_with_retries(
+        http_,
+        [&] {
+          HttpRequest req = signed_request("POST", bucket, key, {{"uploadId", upload_id}}, hash);
+          req.body = complete;
+          req.headers.emplace_back("Content-Type", "application/xml");
+          return req;
+        },
+        options_.retry, where + ": complete multipart upload");
+    // S3 may answer 200 with an <Error> body when completion fails late.
+    if (r.status != 200 || r.body.find("<Error>") != std::string::npos) raise(r, where + ": complete multipart upload");
+  } catch (...) {
+    try {
+      http_.perform(signed_request("DELETE", bucket, key, {{"uploadId", upload_id}}, kEmptySha256));
+    } catch (...) {
+    }
+    throw;
+  }
+}
+
+TransferReport S3Client::upload(const std::string& bucket, const std::string& prefix_in,
+                                const std::vector<UploadItem>& files, const ProgressFn& progress) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string prefix = prefix_in;
+  while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+  TransferReport report;
+  report.source = "";
+  report.destination = "s3://" + bucket + (prefix.empty() ? "" : "/" + prefix);
+  for (size_t i = 0; i < files.size(); ++i) {
+    check_relative_name(files[i].remote_path, report.destination);
+    std::string key = prefix.empty() ? files[i].remote_path : prefix + "/" + files[i].remote_path;
+    put_file(bucket, key, files[i].local_path);
+    uint64_t bytes = file_size_or_throw(files[i].local_path);
+    report.bytes_transferred += bytes;
+    report.files.push_back({files[i].remote_path, bytes, FetchOutcome::Downloaded});
+    if (progress) progress(i + 1, files.size(), report.files.back());
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+}  // namespace ktune::hub

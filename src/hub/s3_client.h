@@ -1,0 +1,79 @@
+// An S3 client for the initializers and the exporter: ListObjectsV2 (with continuation-token
+// pagination), GetObject through the shared download discipline (partial file, Range resume,
+// size check, atomic rename), PutObject for one request and the multipart upload API above a
+// threshold. Every request is SigV4-signed with fresh time, including a session token when one is
+// given. Custom endpoints (MinIO, moto, Ceph) are addressed path-style (endpoint/bucket/key);
+// AWS itself virtual-hosted (bucket.s3.region.amazonaws.com) unless the bucket name has a dot.
+// It deliberately does not do: the AWS credential chain beyond env vars and flags (no
+// ~/.aws files, no instance metadata, no STS), SSE-C, S3 Express, or checksum headers; and it
+// checks downloads by size only (an ETag is an MD5 only for some encryption modes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hub/http_client.h"
+#include "hub/patterns.h"
+#include "hub/sigv4.h"
+#include "hub/transfer.h"
+
+namespace ktune::hub {
+
+struct S3Options {
+  std::string endpoint;  // "" → https://s3.<region>.amazonaws.com
+  std::string region = "us-east-1";
+  AwsCredentials credentials;
+  RetryPolicy retry;
+  uint64_t multipart_threshold = 64ull << 20;  // files above this go up in parts
+  uint64_t part_size = 16ull << 20;            // >= 5 MiB (S3's minimum for all but the last)
+  int max_keys = 1000;                         // page size of a listing
+};
+
+// From AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION / AWS_DEFAULT_REGION,
+// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (secrets are registered).
+S3Options s3_options_from_env();
+
+struct S3Object {
+  std::string key;
+  uint64_t size = 0;
+  std::string etag;  // without quotes
+};
+
+class S3Client {
+ public:
+  explicit S3Client(S3Options options);
+
+  // All objects whose key starts with `prefix` (every page).
+  std::vector<S3Object> list(const std::string& bucket, const std::string& prefix);
+
+  // The objects under `prefix` (a folder: keys "prefix/…", or one key equal to prefix) that pass
+  // `filter`, into output_dir at their path relative to the prefix folder.
+  TransferReport download(const std::string& bucket, const std::string& prefix, const PatternFilter& filter,
+                          const std::string& output_dir, const ProgressFn& progress = nullptr);
+
+  void put_file(const std::string& bucket, const std::string& key, const std::string& local_path);
+  TransferReport upload(const std::string& bucket, const std::string& prefix, const std::vector<UploadItem>& files,
+                        const ProgressFn& progress = nullptr);
+
+ private:
+  struct Target {
+    std::string url_base;  // scheme://host[:port][/bucket]
+    std::string host;      // Host header value
+    std::string path_prefix;  // "/bucket" (path-style) or ""
+  };
+  Target target_for(const std::string& bucket) const;
+  HttpRequest signed_request(const std::string& method, const std::string& bucket, const std::string& key,
+                             const std::vector<std::pair<std::string, std::string>>& query,
+                             const std::string& payload_sha256) const;
+  [[noreturn]] void raise(const HttpResponse& r, const std::string& where) const;
+  void put_multipart(const std::string& bucket, const std::string& key, const std::string& local_path, uint64_t size);
+
+  S3Options options_;
+  HttpClient http_;
+};
+
+// Text of each <tag>…</tag> in `xml` (not nested in itself), entities decoded.
+std::vector<std::string> xml_elements(const std::string& xml, const std::string& tag);
+
+}  // namespace ktune::hub

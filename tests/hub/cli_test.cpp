@@ -1,0 +1,269 @@
+// End to end through the built `ktune` binary: the initializer env contract (STORAGE_URI,
+// ACCESS_TOKEN, IGNORE_PATTERNS, AWS_*, KTUNE_WORKSPACE) against the local Hub server, moto and
+// file://; `ktune download` in both spellings; `ktune export` to file://, s3:// and hf://. Every
+// run checks that the token and the S3 secret appear in no output and no written file.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "test_processes.h"
+
+using namespace ktune::hub::testing;
+
+static const std::string kGood = "hf_goodtoken1234567890";
+
+class Cli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    uploads_ = new TempDir();
+    hub_ = new ServerProcess(source_dir() + "/tests/hub/hub_server.py",
+                             {"--root", source_dir() + "/tests/hub/fixtures/hub", "--upload-dir", uploads_->path,
+                              "--max-seconds", "300"});
+    if (python_has("moto") && python_has("boto3"))
+      s3_ = new ServerProcess(source_dir() + "/tests/hub/s3_server.py", {"--max-seconds", "300"}, 90);
+  }
+  static void TearDownTestSuite() {
+    delete hub_;
+    delete s3_;
+    delete uploads_;
+    s3_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(hub_->ready());
+    ASSERT_TRUE(std::filesystem::exists(ktune_binary())) << ktune_binary();
+  }
+  static std::string hub_endpoint() { return "http://127.0.0.1:" + std::to_string(hub_->port()); }
+  static std::string s3_endpoint() { return "http://127.0.0.1:" + std::to_string(s3_->port()); }
+  // The environment of a clean run: no inherited tokens or keys.
+  static std::map<std::string, std::string> base_env() {
+    std::map<std::string, std::string> env;
+    for (const char* k : {"HF_TOKEN", "ACCESS_TOKEN", "IGNORE_PATTERNS", "STORAGE_URI", "AWS_ACCESS_KEY_ID",
+                          "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                          "AWS_REGION", "AWS_DEFAULT_REGION", "KTUNE_WORKSPACE"})
+      env[k] = "\x01";
+    env["HF_ENDPOINT"] = hub_endpoint();
+    return env;
+  }
+  static std::map<std::string, std::string> s3_env() {
+    auto env = base_env();
+    env["AWS_ACCESS_KEY_ID"] = s3_->info()["access_key_id"];
+    env["AWS_SECRET_ACCESS_KEY"] = s3_->info()["secret_access_key"];
+    env["AWS_ENDPOINT_URL"] = s3_endpoint();
+    env["AWS_REGION"] = "us-east-1";
+    return env;
+  }
+  static void expect_no_secret(const CommandResult& r, const std::string& secret, const std::string& dir = "") {
+    EXPECT_EQ(r.out.find(secret), std::string::npos) << "secret on stdout";
+    EXPECT_EQ(r.err.find(secret), std::string::npos) << "secret on stderr";
+    if (!dir.empty() && std::filesystem::exists(dir)) {
+      for (const std::string& f : all_files(dir)) {
+        EXPECT_EQ(read_file(dir + "/" + f).find(secret), std::string::npos) << "secret in " << f;
+      }
+    }
+  }
+  static std::set<std::string> files_in(const std::string& dir) {
+    auto v = all_files(dir);
+    return {v.begin(), v.end()};
+  }
+  static std::string fixture(const std::string& p) {
+    return read_file(source_dir() + "/tests/hub/fixtures/hub/" + p);
+  }
+  static ServerProcess* hub_;
+  static ServerProcess* s3_;
+  static TempDir* uploads_;
+};
+ServerProcess* Cli::hub_ = nullptr;
+ServerProcess* Cli::s3_ = nullptr;
+TempDir* Cli::uploads_ = nullptr;
+
+TEST_F(Cli, ModelInitializerReadsTheUpstreamEnvContract) {
+  TempDir ws;
+  auto env = base_env();
+  env["STORAGE_URI"] = "hf://org/gated-model";
+  env["ACCESS_TOKEN"] = kGood;
+  env["KTUNE_WORKSPACE"] = ws.path;
+  CommandResult r = run_command({ktune_binary(), "initializer", "model"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(files_in(ws / "model"),
+            (std::set<std::string>{"config.json", "generation_config.json", "merges.txt", "model.safetensors",
+                                   "original/tokenizer.model", "tokenizer_config.json"}));
+  EXPECT_EQ(read_file(ws / "model/model.safetensors"), fixture("models/org/gated-model/model.safetensors"));
+  EXPECT_NE(r.err.find("[6/6]"), std::string::npos) << r.err;  // a progress line per file
+  EXPECT_NE(r.out.find("model-initializer: 6 files"), std::string::npos) << r.out;
+  expect_no_secret(r, kGood, ws.path);
+
+  // IGNORE_PATTERNS narrows the default set; a second run finds the rest up to date.
+  TempDir ws2;
+  env["KTUNE_WORKSPACE"] = ws2.path;
+  env["IGNORE_PATTERNS"] = "*.safetensors,original/*";
+  r = run_command({ktune_binary(), "initializer", "model"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(files_in(ws2 / "model"), (std::set<std::string>{"config.json", "generation_config.json", "merges.txt",
+                                                            "tokenizer_config.json"}));
+  r = run_command({ktune_binary(), "initializer", "model"}, env);
+  EXPECT_NE(r.err.find("(up to date)"), std::string::npos) << r.err;
+}
+
+TEST_F(Cli, DatasetInitializerFetchesTheSubpathIntoWorkspaceDataset) {
+  TempDir ws;
+  auto env = base_env();
+  env["STORAGE_URI"] = "hf://org/tiny-data/data";
+  env["KTUNE_WORKSPACE"] = ws.path;
+  CommandResult r = run_command({ktune_binary(), "initializer", "dataset"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(files_in(ws / "dataset"), (std::set<std::string>{"data/test.jsonl", "data/train.jsonl"}));
+  // --output-dir overrides the workspace; the whole repo without a subpath.
+  TempDir other;
+  env["STORAGE_URI"] = "hf://org/tiny-data";
+  r = run_command({ktune_binary(), "initializer", "dataset", "--output-dir", other / "d"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(files_in(other / "d").size(), 4u);
+}
+
+TEST_F(Cli, InitializerErrorsNameTheCauseAndHideTheToken) {
+  TempDir ws;
+  auto env = base_env();
+  env["KTUNE_WORKSPACE"] = ws.path;
+  CommandResult r = run_command({ktune_binary(), "initializer", "model"}, env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("STORAGE_URI is not set"), std::string::npos) << r.err;
+  env["STORAGE_URI"] = "hf://org/gated-model";
+  env["ACCESS_TOKEN"] = "hf_invalidtoken5555555";
+  r = run_command({ktune_binary(), "initializer", "model"}, env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("rejected the access token"), std::string::npos) << r.err;
+  expect_no_secret(r, "hf_invalidtoken5555555", ws.path);
+  env["STORAGE_URI"] = "hf://org/evil";  // lists "../escape.txt", which *.txt would take
+  r = run_command({ktune_binary(), "initializer", "model", "--output-dir", ws / "evil"}, env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("../escape.txt"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(ws / "escape.txt"));
+}
+
+TEST_F(Cli, DownloadAcceptsHfUrisAndTorchtunesSpelling) {
+  TempDir out;
+  auto env = base_env();
+  CommandResult r = run_command({ktune_binary(), "download", "org/tiny-model", "--output-dir", out / "a", "--hf-token",
+                                 kGood, "--ignore-patterns", "*.bin *.msgpack original/*"},
+                                env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(files_in(out / "a"), (std::set<std::string>{"README.md", "config.json", "generation_config.json",
+                                                        "merges.txt", "model.safetensors", "tokenizer_config.json"}));
+  expect_no_secret(r, kGood, out.path);
+  env["HF_TOKEN"] = kGood;
+  r = run_command({ktune_binary(), "download", "hf://org/tiny-data/data", "--repo-type", "dataset", "--output-dir",
+                   out / "b"},
+                  env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(files_in(out / "b"), (std::set<std::string>{"data/test.jsonl", "data/train.jsonl"}));
+  expect_no_secret(r, kGood, out.path);
+}
+
+TEST_F(Cli, InitializerFromS3AndFromFile) {
+  if (s3_ == nullptr) GTEST_SKIP() << "Python packages moto and boto3 are needed for the S3 server";
+  ASSERT_TRUE(s3_->ready());
+  // Put a model folder with `ktune export`'s S3 path is tested below; here boto3 writes it.
+  TempDir src;
+  write_file(src / "config.json", "{\"s3\": true}");
+  write_file(src / "model.safetensors", std::string(50000, 'w'));
+  write_file(src / "consolidated.pth", "skip me");
+  std::string secret = s3_->info()["secret_access_key"];
+  std::string cmd = "python3 " + source_dir() + "/tests/hub/s3_reference.py " + s3_endpoint() + " " +
+                    std::string(s3_->info()["access_key_id"]) + " " + secret + " put " +
+                    std::string(s3_->info()["bucket"]);
+  for (const char* f : {"config.json", "model.safetensors", "consolidated.pth"})
+    cmd += std::string(" cli-model/") + f + " " + (src / f);
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  TempDir ws;
+  auto env = s3_env();
+  env["STORAGE_URI"] = "s3://" + std::string(s3_->info()["bucket"]) + "/cli-model";
+  env["KTUNE_WORKSPACE"] = ws.path;
+  CommandResult r = run_command({ktune_binary(), "initializer", "model"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(files_in(ws / "model"), (std::set<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(read_file(ws / "model/model.safetensors"), std::string(50000, 'w'));
+  expect_no_secret(r, secret, ws.path);
+
+  env["AWS_SECRET_ACCESS_KEY"] = "notTheRightSecret000";
+  r = run_command({ktune_binary(), "initializer", "model", "--output-dir", ws / "bad"}, env);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("SignatureDoesNotMatch"), std::string::npos) << r.err;
+  expect_no_secret(r, "notTheRightSecret000");
+
+  auto fenv = base_env();
+  fenv["STORAGE_URI"] = "file://" + src.path;
+  fenv["KTUNE_WORKSPACE"] = ws / "f";
+  r = run_command({ktune_binary(), "initializer", "dataset"}, fenv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(files_in(ws / "f/dataset"), (std::set<std::string>{"config.json", "consolidated.pth", "model.safetensors"}));
+  EXPECT_EQ(read_file(ws / "f/dataset/config.json"), "{\"s3\": true}");
+}
+
+// A torchtune-layout output dir with two epochs.
+static void make_output_dir(const std::string& root) {
+  for (int e : {0, 1}) {
+    std::string d = root + "/epoch_" + std::to_string(e) + "/";
+    write_file(d + "adapter_model.safetensors", std::string(1000 + e, 'a'));
+    write_file(d + "adapter_config.json", "{\"r\": 8, \"epoch\": " + std::to_string(e) + "}");
+    write_file(d + "adapter_model.pt", "pickle");
+    write_file(d + "model-00001-of-00002.safetensors", std::string(3000, 'm'));
+    write_file(d + "model-00002-of-00002.safetensors", std::string(2000, 'n'));
+    write_file(d + "model.safetensors.index.json", "{}");
+    write_file(d + "config.json", "{}");
+    write_file(d + "tokenizer.json", "{}");
+  }
+  write_file(root + "/recipe_state/recipe_state.pt", "state");
+}
+
+TEST_F(Cli, ExportCopiesTheLatestEpochToFileS3AndHub) {
+  TempDir job;
+  make_output_dir(job / "output");
+  auto env = base_env();
+  CommandResult r = run_command(
+      {ktune_binary(), "export", "--from", job / "output", "--to", "file://" + (job / "dest"), "--parts", "adapter"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json summary = nlohmann::json::parse(r.out);
+  EXPECT_EQ(summary["epoch"], 1);
+  EXPECT_EQ(summary["parts"], "adapter");
+  EXPECT_EQ(summary["file_count"], 2);
+  EXPECT_EQ(summary["bytes"], 1001 + read_file(job / "output/epoch_1/adapter_config.json").size());
+  EXPECT_EQ(files_in(job / "dest"), (std::set<std::string>{"adapter_config.json", "adapter_model.safetensors"}));
+  EXPECT_EQ(read_file(job / "dest/adapter_model.safetensors"), std::string(1001, 'a'));
+
+  env["HF_TOKEN"] = kGood;
+  r = run_command({ktune_binary(), "export", "--from", job / "output", "--to", "hf://org/finetuned"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  summary = nlohmann::json::parse(r.out);
+  EXPECT_EQ(summary["parts"], "all");
+  EXPECT_EQ(summary["file_count"], 7);
+  EXPECT_EQ(summary["revision"].get<std::string>().size(), 40u);
+  std::string repo = uploads_->path + "/models/org/finetuned";
+  EXPECT_EQ(files_in(repo).size(), 7u);
+  EXPECT_EQ(read_file(repo + "/model-00001-of-00002.safetensors"), std::string(3000, 'm'));
+  expect_no_secret(r, kGood, repo);
+
+  if (s3_ == nullptr) GTEST_SKIP() << "Python packages moto and boto3 are needed for the S3 part of this test";
+  auto senv = s3_env();
+  std::string bucket = s3_->info()["bucket"];
+  r = run_command({ktune_binary(), "export", "--from", job / "output", "--to", "s3://" + bucket + "/runs/r1", "--parts",
+                   "merged"},
+                  senv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  summary = nlohmann::json::parse(r.out);
+  EXPECT_EQ(summary["destination"], "s3://" + bucket + "/runs/r1");
+  EXPECT_EQ(summary["file_count"], 5);
+  std::string cmd = "python3 " + source_dir() + "/tests/hub/s3_reference.py " + s3_endpoint() + " " +
+                    std::string(s3_->info()["access_key_id"]) + " " + std::string(s3_->info()["secret_access_key"]) +
+                    " list " + bucket + " runs/r1/";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string listing;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) listing.append(buf, n);
+  pclose(p);
+  EXPECT_EQ(listing,
+            "runs/r1/config.json\t2\nruns/r1/model-00001-of-00002.safetensors\t3000\n"
+            "runs/r1/model-00002-of-00002.safetensors\t2000\nruns/r1/model.safetensors.index.json\t2\n"
+            "runs/r1/tokenizer.json\t2\n");
+  expect_no_secret(r, s3_->info()["secret_access_key"]);
+}
