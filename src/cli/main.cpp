@@ -11,24 +11,24 @@
 namespace ktune::cli {
 
 // Add a line per subcommand: {"name", "one-line summary", cmd_name}. Declarations go beside it.
+int cmd_download(const Args& args);
+int cmd_initializer(const Args& args);
+int cmd_export(const Args& args);
 int cmd_tokenize(const Args& args);
 int cmd_ls(const Args& args);
 int cmd_cp(const Args& args);
 int cmd_cat(const Args& args);
 int cmd_validate(const Args& args);
-int cmd_train(const Args& args);
-int cmd_runtimes(const Args& args);
-int cmd_jobs(const Args& args);
 static const Command kCommands[] = {
     {"version", "print the version", nullptr},
+    {"download", "fetch a model or dataset (hf://, org/repo, s3://, file://) into a folder", cmd_download},
+    {"initializer", "dataset|model initializer step (STORAGE_URI, ACCESS_TOKEN, IGNORE_PATTERNS)", cmd_initializer},
+    {"export", "copy a job's adapter/merged model to file://, s3:// or hf://", cmd_export},
     {"tokenize", "text <-> token ids, JSON lines: --tokenizer FILE [--merges F] [--add-bos] [--decode]", cmd_tokenize},
     {"ls", "list the recipes and their bundled configs", cmd_ls},
     {"cp", "copy a bundled config to a file to edit", cmd_cp},
     {"cat", "print a config", cmd_cat},
     {"validate", "check a config and overrides against its recipe, loading nothing", cmd_validate},
-    {"train", "start a fine-tuning TrainJob on a runtime (local backend by default)", cmd_train},
-    {"runtimes", "list the training runtimes (or print one)", cmd_runtimes},
-    {"jobs", "list, inspect, follow, wait for and delete TrainJobs", cmd_jobs},
 };
 
 static int print_help() {
