@@ -133,6 +133,7 @@ TEST_F(Cli, InitializerErrorsNameTheCauseAndHideTheToken) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("rejected the access token"), std::string::npos) << r.err;
   expect_no_secret(r, "hf_invalidtoken5555555", ws.path);
+  env["ACCESS_TOKEN"] = "\x01";
   env["STORAGE_URI"] = "hf://org/evil";  // lists "../escape.txt", which *.txt would take
   r = run_command({ktune_binary(), "initializer", "model", "--output-dir", ws / "evil"}, env);
   EXPECT_EQ(r.exit_code, 1);
