@@ -19,6 +19,9 @@ int cmd_ls(const Args& args);
 int cmd_cp(const Args& args);
 int cmd_cat(const Args& args);
 int cmd_validate(const Args& args);
+int cmd_train(const Args& args);
+int cmd_runtimes(const Args& args);
+int cmd_jobs(const Args& args);
 static const Command kCommands[] = {
     {"version", "print the version", nullptr},
     {"download", "fetch a model or dataset (hf://, org/repo, s3://, file://) into a folder", cmd_download},
@@ -29,6 +32,9 @@ static const Command kCommands[] = {
     {"cp", "copy a bundled config to a file to edit", cmd_cp},
     {"cat", "print a config", cmd_cat},
     {"validate", "check a config and overrides against its recipe, loading nothing", cmd_validate},
+    {"train", "start a fine-tuning TrainJob on a runtime (local backend by default)", cmd_train},
+    {"runtimes", "list the training runtimes (or print one)", cmd_runtimes},
+    {"jobs", "list, inspect, follow, wait for and delete TrainJobs", cmd_jobs},
 };
 
 static int print_help() {

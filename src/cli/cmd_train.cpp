@@ -1,0 +1,168 @@
+// `ktune train --runtime NAME [...]`: TrainerClient::train() from the shell. Flags fill the SDK's
+// types (Initializer, BuiltinTrainer with a TorchTuneConfig and LoraConfig); the control plane
+// validates and plans; the backend (local by default) starts the job and this prints its name on
+// stdout (hints on stderr). --dry-run prints the plan instead; --follow streams node-0's log;
+// --wait blocks until the job ends (exit 0 Complete, 1 Failed, 3 timeout).
+// Access tokens never go on the command line (ps shows argv): they come from HF_TOKEN (Hugging
+// Face) and AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) in the environment.
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "cli/command_table.h"
+#include "core/error.h"
+#include "sdk/trainer_client.h"
+
+namespace ktune::cli {
+
+namespace {
+
+int train_usage(FILE* to) {
+  std::fprintf(to,
+               "usage: ktune train --runtime NAME [--model URI] [--dataset URI] [--lora-rank N]\n"
+               "         [--lora-alpha N] [--epochs N] [--batch-size N] [--dtype bf16|fp32] [--num-nodes N]\n"
+               "         [--name NAME] [--dry-run] [--wait] [--follow] [--timeout SECONDS]\n"
+               "  URIs: hf://org/repo[/path] (or org/repo) and s3://bucket/path.\n"
+               "  Tokens from the environment: HF_TOKEN; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,\n"
+               "  AWS_ENDPOINT_URL. Backend: KTUNE_BACKEND (local), KTUNE_HOME (~/.ktune).\n");
+  return to == stdout ? 0 : 2;
+}
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v && *v) return std::string(v);
+  return std::nullopt;
+}
+
+int parse_int(const std::string& flag, const std::string& value) {
+  char* end = nullptr;
+  long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || v <= 0 || v > 1000000)
+    throw Error("ktune train " + flag, "expects a positive integer, got '" + value + "'");
+  return int(v);
+}
+
+bool is_s3(const std::string& uri) { return uri.rfind("s3://", 0) == 0; }
+
+}  // namespace
+
+int cmd_train(const Args& args) {
+  std::string runtime_name, model_uri, dataset_uri, name;
+  bool dry_run = false, wait = false, follow = false;
+  double timeout = 0;
+  types::TorchTuneConfig config;
+  std::optional<types::LoraConfig> lora;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    if (flag == "-h" || flag == "--help") return train_usage(stdout);
+    if (flag == "--dry-run") { dry_run = true; continue; }
+    if (flag == "--wait") { wait = true; continue; }
+    if (flag == "--follow" || flag == "-f") { follow = true; continue; }
+    size_t eq = flag.find('=');
+    if (eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else {
+      if (i + 1 >= args.size()) throw Error("ktune train " + flag, "needs a value");
+      value = args[++i];
+    }
+    if (flag == "--runtime") runtime_name = value;
+    else if (flag == "--model") model_uri = value;
+    else if (flag == "--dataset") dataset_uri = value;
+    else if (flag == "--name") name = value;
+    else if (flag == "--epochs") config.epochs = parse_int(flag, value);
+    else if (flag == "--batch-size") config.batch_size = parse_int(flag, value);
+    else if (flag == "--num-nodes") config.num_nodes = parse_int(flag, value);
+    else if (flag == "--lora-rank") {
+      if (!lora) lora.emplace();
+      lora->lora_rank = parse_int(flag, value);
+    } else if (flag == "--lora-alpha") {
+      if (!lora) lora.emplace();
+      lora->lora_alpha = parse_int(flag, value);
+    } else if (flag == "--dtype") {
+      config.dtype = types::data_type_from_string(value);
+      if (!config.dtype) throw Error("ktune train --dtype", "expects bf16 or fp32, got '" + value + "'");
+    } else if (flag == "--timeout") {
+      timeout = std::atof(value.c_str());
+      if (!(timeout > 0)) throw Error("ktune train --timeout", "expects a positive number of seconds");
+    } else {
+      std::fprintf(stderr, "ktune train: unknown flag %s\n", flag.c_str());
+      return train_usage(stderr);
+    }
+  }
+  if (runtime_name.empty()) {
+    std::fprintf(stderr, "ktune train: --runtime is required (see `ktune runtimes`)\n");
+    return train_usage(stderr);
+  }
+  if (lora) config.peft_config = lora;
+
+  types::Initializer initializer;
+  if (!dataset_uri.empty()) {
+    if (is_s3(dataset_uri)) {
+      types::S3DatasetInitializer s3;
+      s3.storage_uri = dataset_uri;
+      s3.endpoint = env("AWS_ENDPOINT_URL");
+      s3.access_key_id = env("AWS_ACCESS_KEY_ID");
+      s3.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
+      s3.region = env("AWS_REGION");
+      initializer.dataset = s3;
+    } else {
+      types::HuggingFaceDatasetInitializer hf;
+      hf.storage_uri = dataset_uri;
+      hf.access_token = env("HF_TOKEN");
+      initializer.dataset = hf;
+    }
+  }
+  if (!model_uri.empty()) {
+    if (is_s3(model_uri)) {
+      types::S3ModelInitializer s3;
+      s3.storage_uri = model_uri;
+      s3.endpoint = env("AWS_ENDPOINT_URL");
+      s3.access_key_id = env("AWS_ACCESS_KEY_ID");
+      s3.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
+      s3.region = env("AWS_REGION");
+      initializer.model = s3;
+    } else {
+      types::HuggingFaceModelInitializer hf;
+      hf.storage_uri = model_uri;
+      hf.access_token = env("HF_TOKEN");
+      initializer.model = hf;
+    }
+  }
+
+  sdk::TrainerClient client;
+  const types::Runtime runtime = client.get_runtime(runtime_name);
+  TrainJobPlan plan = client.plan(runtime, &initializer, types::BuiltinTrainer{config}, name);
+  if (dry_run) {
+    std::fputs(plan.to_text().c_str(), stdout);
+    return 0;
+  }
+  const std::string job = client.submit(plan);
+  std::printf("%s\n", job.c_str());
+  std::fflush(stdout);
+  std::fprintf(stderr, "TrainJob %s started on the %s backend (%s, %s)\n  follow: ktune jobs logs -f %s\n",
+               job.c_str(), client.backend().kind().c_str(), plan.recipe.c_str(), plan.config.c_str(), job.c_str());
+  if (follow) {
+    client.get_job_logs(job, "node-0", true, [](const std::string& line) {
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+      return true;
+    });
+  }
+  if (!wait && !follow) return 0;
+  try {
+    types::TrainJob done = client.wait_for_job_status(job, {types::kTrainJobComplete}, timeout > 0 ? timeout : 1e9,
+                                                      follow ? 0.2 : 1.0);
+    std::fprintf(stderr, "TrainJob %s %s\n", job.c_str(), done.status.c_str());
+    return 0;
+  } catch (const sdk::JobFailedError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const sdk::WaitTimeoutError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 3;
+  }
+}
+
+}  // namespace ktune::cli
