@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/log.h"
 #include "hub/digest.h"
 
 namespace ktune::hub {
@@ -157,7 +158,11 @@ FetchResult download_file(HttpClient& client, const TargetDir& target, const Dow
         if (!e.retryable() || attempt >= policy.max_attempts)
           throw Error(where, std::string(e.what_only()) + " (after " + std::to_string(attempt) +
                                  " attempts; the partial file is kept for a resume)");
-        sleep_seconds(retry_delay_seconds(policy, attempt, nullptr));
+        double delay = retry_delay_seconds(policy, attempt, nullptr);
+        log_warn(where + ": " + e.what_only() + "; retrying from byte " + std::to_string(have + int64_t(sink.bytes())) +
+                 " in " + std::to_string(delay).substr(0, 4) + " s (attempt " + std::to_string(attempt + 1) + "/" +
+                 std::to_string(policy.max_attempts) + ")");
+        sleep_seconds(delay);
         continue;
       }
       sink.close();
@@ -168,7 +173,11 @@ FetchResult download_file(HttpClient& client, const TargetDir& target, const Dow
       }
       if (response.status < 200 || response.status >= 300) {
         if (is_retryable_status(response.status) && attempt < policy.max_attempts) {
-          sleep_seconds(retry_delay_seconds(policy, attempt, &response));
+          double delay = retry_delay_seconds(policy, attempt, &response);
+          log_warn(where + ": HTTP " + std::to_string(response.status) + "; retrying in " +
+                   std::to_string(delay).substr(0, 4) + " s (attempt " + std::to_string(attempt + 1) + "/" +
+                   std::to_string(policy.max_attempts) + ")");
+          sleep_seconds(delay);
           continue;
         }
         job.explain_error(response);

@@ -13,6 +13,8 @@
 #include <mutex>
 #include <thread>
 
+#include "core/log.h"
+
 namespace ktune::hub {
 
 static constexpr size_t kMaxErrorBody = 1 << 20;
@@ -299,10 +301,15 @@ HttpResponse perform_with_retries(HttpClient& client, const std::function<HttpRe
     try {
       HttpResponse r = client.perform(make_request());
       if (!is_retryable_status(r.status) || attempt >= policy.max_attempts) return r;
-      sleep_seconds(retry_delay_seconds(policy, attempt, &r));
+      double delay = retry_delay_seconds(policy, attempt, &r);
+      log_warn(what + ": HTTP " + std::to_string(r.status) + "; retrying in " + std::to_string(delay).substr(0, 4) +
+               " s (attempt " + std::to_string(attempt + 1) + "/" + std::to_string(policy.max_attempts) + ")");
+      sleep_seconds(delay);
     } catch (const TransportError& e) {
       if (!e.retryable() || attempt >= policy.max_attempts)
         throw Error(what, std::string(e.what_only()) + " (after " + std::to_string(attempt) + " attempts)");
+      log_warn(what + ": " + e.what_only() + "; retrying (attempt " + std::to_string(attempt + 1) + "/" +
+               std::to_string(policy.max_attempts) + ")");
       sleep_seconds(retry_delay_seconds(policy, attempt, nullptr));
     }
   }
