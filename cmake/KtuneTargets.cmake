@@ -8,10 +8,11 @@ function(ktune_layer name)
   target_link_libraries(ktune_${name} PUBLIC ${ARGN})
 endfunction()
 
-# ktune_test(NAME SOURCES... LIBS libs...) : a GoogleTest binary registered with CTest.
+# ktune_test(NAME SOURCES... LIBS libs... [LABELS labels...]) : a GoogleTest binary registered with
+# CTest. LABELS slow keeps a test out of the sanitizer run.
 # Tests find fixtures through KTUNE_SOURCE_DIR and run in the build tree.
 function(ktune_test name)
-  cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
   # While several engineers share one tree, a test whose source is not written yet must not break
   # everyone's configure; in CI (CI=true) a missing source is an error, so nothing is dropped silently.
   foreach(src IN LISTS T_SOURCES)
@@ -29,5 +30,6 @@ function(ktune_test name)
                                              KTUNE_BINARY_DIR="${CMAKE_BINARY_DIR}")
   include(GoogleTest)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120
-                       PROPERTIES ENVIRONMENT "KTUNE_SOURCE_DIR=${CMAKE_SOURCE_DIR};KTUNE_BINARY_DIR=${CMAKE_BINARY_DIR}")
+                       PROPERTIES ENVIRONMENT "KTUNE_SOURCE_DIR=${CMAKE_SOURCE_DIR};KTUNE_BINARY_DIR=${CMAKE_BINARY_DIR}"
+                                  LABELS "${T_LABELS}")
 endfunction()

@@ -14,7 +14,6 @@ namespace ktune::cli {
 int cmd_download(const Args& args);
 int cmd_initializer(const Args& args);
 int cmd_export(const Args& args);
-int cmd_tokenize(const Args& args);
 int cmd_ls(const Args& args);
 int cmd_cp(const Args& args);
 int cmd_cat(const Args& args);
@@ -22,12 +21,19 @@ int cmd_validate(const Args& args);
 int cmd_train(const Args& args);
 int cmd_runtimes(const Args& args);
 int cmd_jobs(const Args& args);
+int cmd_run(const Args& args);
+int cmd_generate(const Args& args);
+int cmd_init_model(const Args& args);
+int cmd_tokenize(const Args& args);
 static const Command kCommands[] = {
     {"version", "print the version", nullptr},
+    {"tokenize", "text <-> token ids, JSON lines: --tokenizer FILE [--merges F] [--add-bos] [--decode]", cmd_tokenize},
+    {"run", "run a recipe: [launcher args] RECIPE --config NAME|FILE key=value...", cmd_run},
+    {"generate", "greedy-decode from a model directory: --model DIR --prompt TEXT", cmd_generate},
+    {"init-model", "write a freshly initialised HF model from a config.json", cmd_init_model},
     {"download", "fetch a model or dataset (hf://, org/repo, s3://, file://) into a folder", cmd_download},
     {"initializer", "dataset|model initializer step (STORAGE_URI, ACCESS_TOKEN, IGNORE_PATTERNS)", cmd_initializer},
     {"export", "copy a job's adapter/merged model to file://, s3:// or hf://", cmd_export},
-    {"tokenize", "text <-> token ids, JSON lines: --tokenizer FILE [--merges F] [--add-bos] [--decode]", cmd_tokenize},
     {"ls", "list the recipes and their bundled configs", cmd_ls},
     {"cp", "copy a bundled config to a file to edit", cmd_cp},
     {"cat", "print a config", cmd_cat},

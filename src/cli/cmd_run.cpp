@@ -1,0 +1,74 @@
+// `ktune run [launcher args] RECIPE --config NAME|FILE key=value…` — torchtune's `tune run`.
+// With more than one process (or rendezvous arguments, as the Kubeflow runtimes pass) it becomes
+// the launcher and re-executes itself as each worker with torchrun's env; a worker (RANK set)
+// joins the Gloo process group and runs the recipe. Everything about the config is checked
+// before anything loads.
+#include <cstdio>
+#include <memory>
+
+#include "cli/command_table.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "dist/launcher.h"
+#include "dist/process_group.h"
+#include "dist/tcp_store.h"
+#include "train/finetune_recipe.h"
+#include "train/recipe_config.h"
+#include "train/recipe_registry.h"
+#include "train/run_command_line.h"
+
+namespace ktune::cli {
+
+namespace {
+
+dist::LaunchPlan launch_plan(const train::LauncherArgs& a) {
+  dist::LauncherArgs args;
+  args.nnodes = std::to_string(a.nnodes_min);
+  args.nproc_per_node = a.nproc_per_node;
+  args.node_rank = std::to_string(a.node_rank);
+  if (!a.rdzv_endpoint.empty()) args.rdzv_endpoint = a.rdzv_endpoint;
+  args.master_addr = a.master_addr;
+  args.master_port = std::to_string(a.master_port);
+  args.standalone = a.standalone;
+  return dist::resolve_launch_plan(args);
+}
+
+std::vector<std::string> worker_argv(const train::RunCommandLine& run) {
+  std::vector<std::string> argv = {"/proc/self/exe", "run", run.recipe, "--config", run.config};
+  argv.insert(argv.end(), run.overrides.begin(), run.overrides.end());
+  return argv;
+}
+
+}  // namespace
+
+int cmd_run(const Args& args) {
+  train::RunCommandLine run = train::parse_run_command_line(args);
+  const train::RecipeSpec* recipe = train::find_recipe(run.recipe);
+  if (recipe == nullptr) throw Error("recipe '" + run.recipe + "'", "unknown recipe (see `ktune ls`)");
+  std::optional<dist::WorkerEnv> worker = dist::read_worker_env();
+
+  // Check the config before starting any process, so that every error comes out once.
+  train::RecipeConfig config = train::prepare_recipe_config(run.recipe, run.config, run.overrides);
+
+  if (run.distributed_launch() && !worker) {
+    dist::LaunchPlan plan = launch_plan(run.launcher);
+    if (!recipe->distributed && plan.world_size() > 1)
+      throw Error("recipe " + recipe->name, "is single-device; it cannot run on " + std::to_string(plan.world_size()) +
+                                                " processes (use the _distributed recipe)");
+    return dist::run_launcher(plan, worker_argv(run));
+  }
+
+  if (!worker || worker->world_size == 1) {
+    dist::SingleProcessGroup single;
+    return train::run_finetune(config, *recipe, single);
+  }
+  if (!recipe->distributed)
+    throw Error("recipe " + recipe->name, "is single-device; it cannot run on " + std::to_string(worker->world_size) + " processes");
+  set_log_prefix("[rank" + std::to_string(worker->rank) + "] ");
+  dist::TcpStore store(worker->master_addr, worker->master_port, std::chrono::seconds(300));
+  auto group = dist::make_gloo_process_group(store, "ktune/pg", worker->rank, worker->world_size,
+                                             dist::local_address_towards(worker->master_addr));
+  return train::run_finetune(config, *recipe, *group);
+}
+
+}  // namespace ktune::cli

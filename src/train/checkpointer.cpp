@@ -1,0 +1,208 @@
+#include "train/checkpointer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace ktune::train {
+
+namespace {
+
+bool is_weight_file(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::string name = p.filename().string();
+  return ext == ".safetensors" || ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".gguf" ||
+         name == "model.safetensors.index.json" || name == "pytorch_model.bin.index.json";
+}
+
+// Copies the non-weight files (config, tokenizer, generation config, original/tokenizer.model, ...).
+void copy_non_weight_files(const fs::path& from, const fs::path& to) {
+  for (const fs::directory_entry& e : fs::recursive_directory_iterator(from)) {
+    if (!e.is_regular_file() || is_weight_file(e.path())) continue;
+    fs::path rel = fs::relative(e.path(), from);
+    if (rel.begin()->string().rfind("epoch_", 0) == 0 || rel.begin()->string().rfind("step_", 0) == 0) continue;
+    fs::create_directories((to / rel).parent_path());
+    fs::copy_file(e.path(), to / rel, fs::copy_options::overwrite_existing);
+  }
+}
+
+std::string shard_name(size_t index, size_t count) {
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index + 1, count);
+  return name;
+}
+
+Tensor in_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
+
+// The model as HF names it, adapters merged into their projections; tied heads not written.
+std::vector<io::NamedTensor> merged_model_tensors(model::Decoder& decoder,
+                                                  const std::vector<std::shared_ptr<model::LoraAdapter>>& adapters,
+                                                  DType dtype) {
+  std::map<std::string, Tensor> merged;  // weight name -> merged weight
+  for (model::Linear* linear : decoder.linears()) {
+    if (!linear->adapter) continue;
+    for (const auto& a : adapters)
+      if (a.get() == linear->adapter.get()) merged[linear->weight->name] = a->merged_weight(*linear);
+  }
+  std::vector<io::NamedTensor> tensors;
+  for (model::Parameter* p : decoder.parameters()) {
+    if (p->name.rfind("base_model.model.", 0) == 0) continue;  // adapter parameters
+    auto it = merged.find(p->name);
+    tensors.push_back({p->name, in_dtype(it != merged.end() ? it->second : p->value, dtype)});
+  }
+  return tensors;
+}
+
+void write_json(const fs::path& path, const nlohmann::json& j) { io::write_file_atomic(path.string(), j.dump(2) + "\n"); }
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path.string(), "cannot read");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(path.string(), std::string("malformed JSON: ") + e.what());
+  }
+}
+
+std::map<std::string, Tensor> read_all_f32(const fs::path& path) {
+  std::map<std::string, Tensor> out;
+  io::SafetensorsFile file = io::SafetensorsFile::open(path.string());
+  for (const std::string& name : file.names()) out[name] = file.to_f32(name);
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json peft_adapter_config(const AdapterDescription& adapter, const std::string& base_model) {
+  return {{"peft_type", "LORA"},
+          {"task_type", "CAUSAL_LM"},
+          {"base_model_name_or_path", base_model},
+          {"r", adapter.options.rank},
+          {"lora_alpha", adapter.options.alpha},
+          {"lora_dropout", adapter.options.dropout},
+          {"target_modules", adapter.target_modules},
+          {"bias", "none"},
+          {"fan_in_fan_out", false},
+          {"inference_mode", true},
+          {"init_lora_weights", true},
+          {"modules_to_save", nullptr},
+          {"use_rslora", adapter.options.use_rslora},
+          {"use_dora", adapter.options.use_dora}};
+}
+
+HfCheckpointer::HfCheckpointer(std::string checkpoint_dir, std::vector<std::string> checkpoint_files, std::string output_dir)
+    : checkpoint_dir_(std::move(checkpoint_dir)), checkpoint_files_(std::move(checkpoint_files)), output_dir_(std::move(output_dir)) {}
+
+std::unique_ptr<model::Decoder> HfCheckpointer::load_model() const {
+  if (!fs::is_directory(checkpoint_dir_))
+    throw Error("checkpointer.checkpoint_dir", "'" + checkpoint_dir_ + "' is not a directory");
+  for (const std::string& f : checkpoint_files_)
+    if (!fs::exists(fs::path(checkpoint_dir_) / f))
+      throw Error("checkpointer.checkpoint_files", "'" + f + "' does not exist in " + checkpoint_dir_);
+  return model::Decoder::from_pretrained(checkpoint_dir_);
+}
+
+std::string HfCheckpointer::save(const SaveRequest& request) const {
+  check(request.decoder != nullptr, "checkpointer", "nothing to save");
+  const fs::path final_dir = fs::path(output_dir_) / request.name;
+  const fs::path tmp = fs::path(output_dir_) / ("." + request.name + ".tmp-" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp / "recipe_state");
+  copy_non_weight_files(checkpoint_dir_, tmp);
+
+  const bool lora = !request.adapters.empty();
+  if (!(lora && request.adapter_weights_only)) {
+    // The merged model, sharded as the input checkpoint was (torchtune's naming and index).
+    std::vector<io::NamedTensor> tensors = merged_model_tensors(*request.decoder, request.adapters, request.weights_dtype);
+    io::SafetensorsCheckpoint input = io::SafetensorsCheckpoint::open(checkpoint_dir_);
+    std::vector<std::string> input_files;
+    for (const io::NamedTensor& t : tensors) {
+      std::string file = input.contains(t.name) ? input.file_of(t.name).path() : "";
+      if (std::find(input_files.begin(), input_files.end(), file) == input_files.end()) input_files.push_back(file);
+    }
+    std::vector<std::vector<io::NamedTensor>> shards(input_files.size());
+    nlohmann::json weight_map = nlohmann::json::object();
+    uint64_t total = 0;
+    for (const io::NamedTensor& t : tensors) {
+      std::string file = input.contains(t.name) ? input.file_of(t.name).path() : "";
+      size_t index = size_t(std::find(input_files.begin(), input_files.end(), file) - input_files.begin());
+      shards[index].push_back(t);
+      weight_map[t.name] = shard_name(index, shards.size());
+      total += t.tensor.bytes();
+    }
+    for (size_t i = 0; i < shards.size(); ++i)
+      io::write_safetensors((tmp / shard_name(i, shards.size())).string(), shards[i], {{"format", "pt"}});
+    write_json(tmp / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+  }
+  if (lora) {
+    std::vector<io::NamedTensor> adapter_tensors;
+    for (const auto& a : request.adapters)
+      for (model::Parameter* p : a->parameters()) adapter_tensors.push_back({p->name, p->value});
+    io::write_safetensors((tmp / "adapter_model.safetensors").string(), adapter_tensors, {{"format", "pt"}});
+    check(request.adapter.has_value(), "checkpointer", "LoRA checkpoint without an adapter description");
+    write_json(tmp / "adapter_config.json", peft_adapter_config(*request.adapter, fs::absolute(checkpoint_dir_).string()));
+  }
+
+  // What resume needs, in f32.
+  write_json(tmp / "recipe_state" / "recipe_state.json", request.recipe_state);
+  std::vector<io::NamedTensor> optimizer;
+  for (const auto& [name, t] : request.optimizer_state) optimizer.push_back({name, t});
+  io::write_safetensors((tmp / "recipe_state" / "optimizer.safetensors").string(), optimizer);
+  std::vector<io::NamedTensor> trainable;
+  for (model::Parameter* p : request.trainable) trainable.push_back({p->name, p->value});
+  io::write_safetensors((tmp / "recipe_state" / "trainable.safetensors").string(), trainable);
+
+  // Into place: an older checkpoint of the same name is moved aside first, then removed.
+  if (fs::exists(final_dir)) {
+    fs::path old = fs::path(output_dir_) / ("." + request.name + ".old-" + std::to_string(getpid()));
+    fs::remove_all(old);
+    fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp, final_dir);
+  }
+  return final_dir.string();
+}
+
+std::optional<std::string> HfCheckpointer::find_latest() const {
+  if (!fs::is_directory(output_dir_)) return std::nullopt;
+  std::optional<std::string> best;
+  int64_t best_step = -1;
+  for (const fs::directory_entry& e : fs::directory_iterator(output_dir_)) {
+    std::string name = e.path().filename().string();
+    if (!e.is_directory() || name.empty() || name[0] == '.') continue;
+    fs::path state = e.path() / "recipe_state" / "recipe_state.json";
+    if (!fs::exists(state)) continue;
+    int64_t step = read_json(state).value("global_step", int64_t(-1));
+    if (step > best_step) {
+      best_step = step;
+      best = e.path().string();
+    }
+  }
+  return best;
+}
+
+ResumePoint HfCheckpointer::load_resume_point(const std::string& dir) const {
+  ResumePoint point;
+  point.dir = dir;
+  fs::path state_dir = fs::path(dir) / "recipe_state";
+  point.recipe_state = read_json(state_dir / "recipe_state.json");
+  point.optimizer_state = read_all_f32(state_dir / "optimizer.safetensors");
+  point.trainable = read_all_f32(state_dir / "trainable.safetensors");
+  return point;
+}
+
+}  // namespace ktune::train

@@ -1,0 +1,78 @@
+// torchtune's FullModelHFCheckpointer, natively: loads the base model from an HF checkpoint
+// directory and writes checkpoints in torchtune's output layout, each written whole into a
+// temporary directory and renamed into place, so a crash never leaves a half checkpoint as the
+// latest:
+//   output_dir/epoch_N/ (or step_N/)
+//     model-0000k-of-0000n.safetensors + model.safetensors.index.json   the full (merged) model,
+//                                          sharded as the input checkpoint was, in the run's dtype
+//     config.json, tokenizer and other non-weight files copied from the checkpoint directory
+//     adapter_model.safetensors + adapter_config.json                  LoRA: PEFT's format
+//     recipe_state/recipe_state.json, optimizer.safetensors, trainable.safetensors
+//                                          what resume needs, in f32 so that it continues exactly
+// It deliberately knows nothing of the training loop: the recipe hands it what to write.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/tensor.h"
+#include "model/adapters/lora_adapter.h"
+#include "model/decoder.h"
+
+namespace ktune::train {
+
+struct CheckpointerConfig;
+
+struct AdapterDescription {
+  model::LoraOptions options;
+  std::vector<std::string> target_modules;  // HF module suffixes (q_proj, o_proj, gate_proj, …)
+};
+
+struct SaveRequest {
+  std::string name;                              // "epoch_0", "step_40"
+  model::Decoder* decoder = nullptr;
+  std::vector<std::shared_ptr<model::LoraAdapter>> adapters;  // empty: full fine-tune
+  std::optional<AdapterDescription> adapter;
+  bool adapter_weights_only = false;             // save_adapter_weights_only: no merged model
+  DType weights_dtype = DType::BF16;             // of the merged model files
+  nlohmann::json recipe_state;                   // epoch, step, loader position, ...
+  std::map<std::string, Tensor> optimizer_state; // f32
+  std::vector<model::Parameter*> trainable;      // saved f32 for an exact resume
+};
+
+struct ResumePoint {
+  std::string dir;              // the checkpoint directory
+  nlohmann::json recipe_state;
+  std::map<std::string, Tensor> optimizer_state;
+  std::map<std::string, Tensor> trainable;  // by parameter name
+};
+
+class HfCheckpointer {
+ public:
+  HfCheckpointer(std::string checkpoint_dir, std::vector<std::string> checkpoint_files, std::string output_dir);
+
+  // The base model. Errors name a listed checkpoint file that does not exist.
+  std::unique_ptr<model::Decoder> load_model() const;
+  // Writes output_dir/<request.name>/ atomically; returns its path.
+  std::string save(const SaveRequest& request) const;
+  // The newest checkpoint under output_dir that holds a recipe state (by global step), if any.
+  std::optional<std::string> find_latest() const;
+  ResumePoint load_resume_point(const std::string& dir) const;
+
+  const std::string& checkpoint_dir() const { return checkpoint_dir_; }
+  const std::string& output_dir() const { return output_dir_; }
+
+ private:
+  std::string checkpoint_dir_;
+  std::vector<std::string> checkpoint_files_;
+  std::string output_dir_;
+};
+
+// PEFT's adapter_config.json for the adapters.
+nlohmann::json peft_adapter_config(const AdapterDescription& adapter, const std::string& base_model);
+
+}  // namespace ktune::train

@@ -1,0 +1,354 @@
+// One fine-tuning loop for the four recipes (see finetune_recipe.h). Read setup() then train().
+#include "train/finetune_recipe.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <random>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/parallel.h"
+#include "data/data_loader.h"
+#include "data/dataset_builders.h"
+#include "model/adapters/lora_adapter.h"
+#include "model/decoder.h"
+#include "text/chat_format.h"
+#include "train/checkpointer.h"
+#include "train/lr_scheduler.h"
+#include "train/memory_stats.h"
+#include "train/metric_logger.h"
+#include "train/optimizer.h"
+#include "train/progress_bar.h"
+
+namespace fs = std::filesystem;
+
+namespace ktune::train {
+
+namespace {
+
+ChatFormatKind chat_format_for(const TokenizerConfig& t, const Tokenizer& tokenizer) {
+  if (t.family == "llama3" || t.family == "llama3_1" || t.family == "llama3_2" || t.family == "llama3_3")
+    return ChatFormatKind::kLlama3;
+  if (t.family == "qwen2_5" || t.family == "qwen2") return ChatFormatKind::kChatML;
+  if (t.family == "gemma" || t.family == "gemma2") return ChatFormatKind::kGemma;
+  if (t.family == "mistral") return ChatFormatKind::kMistral;
+  return detect_chat_format(tokenizer);
+}
+
+DatasetOptions dataset_options(const DatasetConfig& d) {
+  DatasetOptions o;
+  o.component = d.component;
+  o.source = d.source;
+  o.data_dir = d.data_dir;
+  o.data_files = d.data_files;
+  o.split = d.split;
+  o.column_map = d.column_map;
+  o.train_on_input = d.train_on_input;
+  o.new_system_prompt = d.new_system_prompt;
+  o.packed = d.packed;
+  o.split_across_pack = d.split_across_pack;
+  o.conversation_column = d.conversation_column;
+  o.conversation_style = d.conversation_style;
+  o.column = d.column;
+  o.add_eos = d.add_eos;
+  return o;
+}
+
+// torchtune's recipes shift labels left by one: position t predicts token t+1.
+void shift_labels(Batch& batch) {
+  for (int64_t b = 0; b < batch.batch_size; ++b) {
+    int32_t* row = batch.labels.data() + b * batch.seq_len;
+    for (int64_t t = 0; t + 1 < batch.seq_len; ++t) row[t] = row[t + 1];
+    row[batch.seq_len - 1] = kIgnoreIndex;
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+class FinetuneRecipe {
+ public:
+  FinetuneRecipe(const RecipeConfig& config, const RecipeSpec& recipe, dist::ProcessGroup& group)
+      : cfg_(config), recipe_(recipe), group_(group), rank0_(group.rank() == 0) {}
+
+  void setup();
+  void train();
+
+ private:
+  void setup_data();
+  void setup_model();
+  void resume();
+  void save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch);
+  void all_reduce_gradients();
+
+  const RecipeConfig& cfg_;
+  const RecipeSpec& recipe_;
+  dist::ProcessGroup& group_;
+  bool rank0_;
+
+  uint64_t seed_ = 0;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ChatFormat> format_;
+  std::shared_ptr<TokenizedDataset> dataset_;
+  std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<HfCheckpointer> checkpointer_;
+  std::unique_ptr<model::Decoder> model_;
+  std::vector<std::shared_ptr<model::LoraAdapter>> adapters_;
+  std::optional<AdapterDescription> adapter_description_;
+  std::vector<model::Parameter*> trainable_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::optional<CosineWithWarmup> schedule_;
+  std::unique_ptr<MetricLogger> metrics_;
+
+  int64_t steps_per_epoch_ = 0;
+  int64_t global_step_ = 0;
+  int64_t start_epoch_ = 0;
+  int64_t resume_step_in_epoch_ = 0;
+  std::optional<LoaderState> resume_loader_;
+  std::string last_checkpoint_;
+};
+
+void FinetuneRecipe::setup() {
+  seed_ = cfg_.seed ? *cfg_.seed : std::random_device{}();
+  if (cfg_.device != "cpu" && rank0_)
+    log_info("device=" + cfg_.device + " asked for; this build runs on the CPU (the CUDA backend is separate)");
+  if (cfg_.dtype == TrainDtype::BF16 && rank0_)
+    log_info("dtype=bf16: weights, gradients and optimizer state are kept in f32 on the CPU (exact master "
+             "weights); checkpoints are written in bf16");
+  checkpointer_ = std::make_unique<HfCheckpointer>(cfg_.checkpointer.checkpoint_dir, cfg_.checkpointer.checkpoint_files,
+                                                   cfg_.output_dir);
+  setup_data();
+  setup_model();
+
+  // Steps: batches // accumulation, capped by max_steps_per_epoch; the schedule spans them all.
+  steps_per_epoch_ = loader_->batches_per_epoch() / cfg_.gradient_accumulation_steps;
+  if (cfg_.max_steps_per_epoch) steps_per_epoch_ = std::min<int64_t>(steps_per_epoch_, *cfg_.max_steps_per_epoch);
+  if (steps_per_epoch_ < 1)
+    throw Error("dataset", std::to_string(loader_->batches_per_epoch()) + " batches per epoch on each of " +
+                               std::to_string(group_.size()) + " ranks is fewer than gradient_accumulation_steps=" +
+                               std::to_string(cfg_.gradient_accumulation_steps) + ": nothing to train on");
+  if (!cfg_.lr_scheduler.component.empty())
+    schedule_ = CosineWithWarmup{cfg_.lr_scheduler.num_warmup_steps, int64_t(cfg_.epochs) * steps_per_epoch_,
+                                 cfg_.lr_scheduler.num_cycles};
+  if (rank0_) {
+    std::string log_dir = cfg_.metric_logger.log_dir.empty() ? (fs::path(cfg_.output_dir) / "logs").string()
+                                                             : cfg_.metric_logger.log_dir;
+    metrics_ = std::make_unique<MetricLogger>(log_dir, int64_t(std::time(nullptr)));
+  }
+  if (cfg_.resume_from_checkpoint) resume();
+}
+
+void FinetuneRecipe::setup_data() {
+  TokenizerOptions t;
+  t.path = cfg_.tokenizer.path;
+  t.merges_file = cfg_.tokenizer.merges_file;
+  t.config_path = cfg_.tokenizer.tokenizer_config_path;
+  tokenizer_ = load_tokenizer(t);
+  const int64_t max_seq_len = cfg_.tokenizer.max_seq_len.value_or(0);
+  format_ = std::make_unique<ChatFormat>(*tokenizer_, chat_format_for(cfg_.tokenizer, *tokenizer_), max_seq_len);
+
+  dataset_ = std::make_shared<TokenizedDataset>();
+  bool packed = false, split = false;
+  for (const DatasetConfig& d : cfg_.datasets) {
+    DatasetOptions options = dataset_options(d);
+    TokenizedDataset part = build_dataset(options, *format_);
+    for (int64_t i = 0; i < part.size(); ++i) dataset_->add(part.tokens(i), part.trained(i));
+    dataset_->num_truncated += part.num_truncated;
+    dataset_->num_rows_read += part.num_rows_read;
+    packed = packed || d.packed;
+    split = split || split_across_pack(options);
+  }
+  if (packed && max_seq_len <= 0) throw Error("dataset.packed", "packing needs tokenizer.max_seq_len to be set");
+  if (rank0_) {
+    log_info("dataset: " + std::to_string(dataset_->size()) + " samples, " + std::to_string(dataset_->num_tokens()) +
+             " tokens" + (dataset_->num_truncated ? ", " + std::to_string(dataset_->num_truncated) +
+                                                        " truncated to max_seq_len=" + std::to_string(max_seq_len)
+                                                  : std::string()));
+  }
+  LoaderOptions o;
+  o.batch_size = cfg_.batch_size;
+  o.shuffle = cfg_.shuffle;
+  o.seed = seed_;
+  o.packed = packed;
+  o.max_seq_len = max_seq_len;
+  o.split_across_pack = split;
+  o.rank = group_.rank();
+  o.world_size = group_.size();
+  o.pad_id = tokenizer_->pad_id().value_or(0);
+  loader_ = std::make_unique<DataLoader>(dataset_, o);
+  loader_->set_epoch(0);
+}
+
+void FinetuneRecipe::setup_model() {
+  model_ = checkpointer_->load_model();
+  const model::ModelConfig& mc = model_->config();
+  if (tokenizer_->vocab_size() > mc.vocab_size)
+    throw Error("tokenizer.path", "the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
+                                      " ids but the model's vocab_size is " + std::to_string(mc.vocab_size));
+  if (recipe_.lora) {
+    check(cfg_.model.lora, "model", "the " + recipe_.name + " recipe needs a LoRA model builder (lora_… or qlora_…)");
+    model::LoraOptions options;
+    options.rank = cfg_.model.lora_rank;
+    options.alpha = float(cfg_.model.lora_alpha);
+    options.dropout = float(cfg_.model.lora_dropout);
+    options.use_dora = cfg_.model.use_dora;
+    options.quantize_base = cfg_.model.quantize_base;
+    options.seed = seed_;
+    model::LoraTargets targets{cfg_.model.lora_attn_modules, cfg_.model.apply_lora_to_mlp, cfg_.model.apply_lora_to_output};
+    adapters_ = model::attach_lora(*model_, targets, options);
+    adapter_description_ = AdapterDescription{options, model::lora_target_modules(targets)};
+  } else {
+    model_->set_trainable([](const std::string&) { return true; });
+  }
+  model_->set_activation_checkpointing(cfg_.enable_activation_checkpointing);
+  for (model::Parameter* p : model_->parameters())
+    if (p->trainable) trainable_.push_back(p);
+  // Every rank starts from rank 0's weights (adapters are seeded alike; this makes it a fact).
+  if (group_.size() > 1)
+    for (model::Parameter* p : trainable_) group_.broadcast(p->value.f32(), p->value.numel(), 0);
+  optimizer_ = std::make_unique<AdamW>(
+      trainable_, AdamWSettings{cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
+                                cfg_.optimizer.weight_decay});
+  if (rank0_) {
+    int64_t n_trainable = 0;
+    for (model::Parameter* p : trainable_) n_trainable += p->value.numel();
+    log_info("model: " + mc.model_type + ", " + std::to_string(mc.num_parameters()) + " parameters, " +
+             std::to_string(n_trainable) + " trainable" + (recipe_.lora ? " (adapters on " + std::to_string(adapters_.size()) + " projections)" : ""));
+  }
+}
+
+void FinetuneRecipe::resume() {
+  std::optional<std::string> latest = checkpointer_->find_latest();
+  if (!latest)
+    throw Error("resume_from_checkpoint", "no checkpoint with a recipe state under " + cfg_.output_dir);
+  ResumePoint point = checkpointer_->load_resume_point(*latest);
+  const nlohmann::json& s = point.recipe_state;
+  if (s.value("world_size", 1) != group_.size())
+    throw Error(*latest, "was written by " + std::to_string(s.value("world_size", 1)) + " ranks; this run has " +
+                             std::to_string(group_.size()) + " (resume with the same world size)");
+  if (s.value("recipe", std::string()) != recipe_.name)
+    throw Error(*latest, "was written by recipe " + s.value("recipe", std::string("?")) + ", not " + recipe_.name);
+  for (model::Parameter* p : trainable_) {
+    auto it = point.trainable.find(p->name);
+    if (it == point.trainable.end()) throw Error(*latest, "recipe state has no weights for " + p->name);
+    p->value.copy_from(it->second);
+  }
+  optimizer_->load_state(point.optimizer_state, s.at("optimizer_steps").get<int64_t>(), *latest);
+  global_step_ = s.at("global_step").get<int64_t>();
+  start_epoch_ = s.at("epoch").get<int64_t>();
+  resume_step_in_epoch_ = s.at("step_in_epoch").get<int64_t>();
+  seed_ = s.at("seed").get<uint64_t>();
+  if (s.contains("loader") && !s["loader"].is_null()) resume_loader_ = LoaderState::from_json(s["loader"]);
+  last_checkpoint_ = *latest;
+  if (rank0_) log_info("resumed from " + *latest + " at step " + std::to_string(global_step_));
+}
+
+void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch) {
+  group_.barrier();
+  if (rank0_) {
+    SaveRequest r;
+    r.name = name;
+    r.decoder = model_.get();
+    r.adapters = adapters_;
+    r.adapter = adapter_description_;
+    r.adapter_weights_only = cfg_.save_adapter_weights_only;
+    r.weights_dtype = cfg_.dtype == TrainDtype::BF16 ? DType::BF16 : DType::F32;
+    r.recipe_state = {{"recipe", recipe_.name}, {"epoch", next_epoch}, {"step_in_epoch", step_in_epoch},
+                      {"global_step", global_step_}, {"optimizer_steps", optimizer_->steps()},
+                      {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},
+                      {"loader", step_in_epoch > 0 ? loader_->state().to_json() : nlohmann::json(nullptr)}};
+    r.optimizer_state = optimizer_->state();
+    r.trainable = trainable_;
+    last_checkpoint_ = checkpointer_->save(r);
+    log_info("saved checkpoint " + last_checkpoint_);
+  }
+  group_.barrier();
+}
+
+void FinetuneRecipe::all_reduce_gradients() {
+  if (group_.size() == 1) return;
+  for (model::Parameter* p : trainable_) group_.allreduce_sum(p->grad.f32(), p->grad.numel());
+}
+
+void FinetuneRecipe::train() {
+  const bool terminal = rank0_ && ProgressBar::is_terminal(stdout);
+  ProgressBar bar(stdout, terminal, steps_per_epoch_);
+  const auto run_start = std::chrono::steady_clock::now();
+  for (int64_t epoch = start_epoch_; epoch < cfg_.epochs; ++epoch) {
+    int64_t step_in_epoch = 0;
+    if (resume_loader_ && epoch == start_epoch_) {
+      loader_->restore(*resume_loader_);
+      step_in_epoch = resume_step_in_epoch_;
+    } else {
+      loader_->set_epoch(epoch);
+    }
+    bar.reset(steps_per_epoch_);
+    const auto epoch_start = std::chrono::steady_clock::now();
+    while (step_in_epoch < steps_per_epoch_) {
+      const auto step_start = std::chrono::steady_clock::now();
+      model_->zero_grad();
+      double sums[2] = {0.0, 0.0};  // loss sum, label tokens (this rank, then the world)
+      for (int micro = 0; micro < cfg_.gradient_accumulation_steps; ++micro) {
+        Batch batch;
+        if (!loader_->next(&batch)) throw Error("data loader", "ran out of batches inside an epoch");
+        shift_labels(batch);
+        for (auto& a : adapters_) a->set_dropout_key(uint64_t(global_step_) * 1000003u + uint64_t(micro));
+        model::Batch mb{batch.tokens.data(), batch.labels.data(), batch.positions.data(),
+                        cfg_.datasets.front().packed ? batch.doc_ids.data() : nullptr, batch.batch_size, batch.seq_len};
+        model::LossResult r = model_->forward_backward(mb, 1.0f);
+        sums[0] += r.loss_sum;
+        sums[1] += double(r.n_valid);
+      }
+      // Token-weighted loss over the global batch: Σ CE / Σ label tokens, across steps and ranks.
+      group_.allreduce_sum(sums, 2);
+      all_reduce_gradients();
+      const double tokens = std::max(1.0, sums[1]);
+      const double loss = sums[0] / tokens;
+      if (!std::isfinite(loss))
+        throw Error("training at step " + std::to_string(global_step_ + 1),
+                    "the loss is " + std::to_string(loss) + "; stopped before updating the weights" +
+                        (last_checkpoint_.empty() ? std::string() : "; the last good checkpoint is " + last_checkpoint_));
+      scale_gradients(trainable_, float(1.0 / tokens));
+      std::optional<double> grad_norm;
+      if (cfg_.clip_grad_norm) grad_norm = clip_gradient_norm(trainable_, *cfg_.clip_grad_norm);
+      const double lr = cfg_.optimizer.lr * (schedule_ ? schedule_->multiplier(global_step_) : 1.0);
+      optimizer_->step(lr);
+      ++global_step_;
+      ++step_in_epoch;
+
+      const double step_seconds = seconds_since(step_start);
+      const double tokens_per_second = sums[1] > 0 ? double(tokens) / group_.size() / step_seconds : 0.0;
+      if (rank0_ && global_step_ % cfg_.log_every_n_steps == 0) {
+        Metrics m = {{"loss", loss}, {"lr", lr}, {"tokens_per_second_per_gpu", tokens_per_second}};
+        if (grad_norm) m.push_back({"grad_norm", *grad_norm});
+        if (cfg_.log_peak_memory_stats) m.push_back({"peak_memory_rss_gib", double(read_memory_stats().peak_rss_bytes) / (1 << 30)});
+        metrics_->log(global_step_, m);
+        metrics_->progress(global_step_, int64_t(cfg_.epochs) * steps_per_epoch_, epoch, loss, lr, tokens_per_second);
+      }
+      if (rank0_) bar.update(epoch + 1, global_step_, loss, step_in_epoch, seconds_since(epoch_start));
+      if (cfg_.save_every_n_steps && global_step_ % *cfg_.save_every_n_steps == 0 && step_in_epoch < steps_per_epoch_)
+        save("step_" + std::to_string(global_step_), epoch, step_in_epoch);
+    }
+    if (rank0_) bar.finish();
+    save("epoch_" + std::to_string(epoch), epoch + 1, 0);
+  }
+  if (rank0_)
+    log_info("training done: " + std::to_string(global_step_) + " steps in " +
+             std::to_string(int(seconds_since(run_start))) + " s; peak RSS " +
+             std::to_string(read_memory_stats().peak_rss_bytes >> 20) + " MiB");
+}
+
+}  // namespace
+
+int run_finetune(const RecipeConfig& config, const RecipeSpec& recipe, dist::ProcessGroup& group) {
+  FinetuneRecipe r(config, recipe, group);
+  r.setup();
+  r.train();
+  return 0;
+}
+
+}  // namespace ktune::train
