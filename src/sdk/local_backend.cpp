@@ -212,9 +212,16 @@ std::string LocalBackend::submit(const TrainJobPlan& plan_in) {
     s.depends_on = p.depends_on;
     s.node_rank = p.node_rank;
     s.num_proc = std::max(1, p.num_proc);
-    // The plan's device when it knows one, else what a local process runs on.
-    s.device = p.device.empty() || p.device == "Unknown" ? "cpu" : p.device;
-    s.device_count = p.device_count.empty() || p.device_count == "Unknown" ? std::to_string(s.num_proc) : p.device_count;
+    // What the step runs on here: the plan's GPUs only where this machine has NVIDIA GPUs (the
+    // runtimes ask for GPUs a laptop lacks), else the CPU with one process per plan process.
+    const bool has_gpu = fs::exists("/dev/nvidiactl");
+    if (p.device == "gpu" && has_gpu) {
+      s.device = p.device;
+      s.device_count = p.device_count;
+    } else {
+      s.device = "cpu";
+      s.device_count = std::to_string(s.num_proc);
+    }
     s.log_path = workspace + "/logs/" + p.name + ".log";
     if (is_node) s.progress_path = workspace + "/progress/" + p.name + ".jsonl";
     job.steps.push_back(std::move(s));
