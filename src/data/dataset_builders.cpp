@@ -175,7 +175,6 @@ TokenizedDataset build_dataset(const DatasetOptions& o, const ChatFormat& format
   parse_split(o.split);  // a bad split expression fails before reading
 
   DataFiles files = resolve_data_files(o.source, o.data_dir, o.data_files);
-  const Tokenizer& tokenizer = format.tokenizer();
   const int64_t max_seq_len = format.max_seq_len();
   TokenizedDataset data;
   data.max_seq_len = max_seq_len;
@@ -185,7 +184,7 @@ TokenizedDataset build_dataset(const DatasetOptions& o, const ChatFormat& format
   auto tokenize_row = [&](const nlohmann::json& row, const RowPlace& place) -> TokenizedMessages {
     if (name == "text_completion_dataset") {
       TokenizedMessages t;
-      t.tokens = tokenizer.encode(text_column(row, o.column, place, "column"), true, o.add_eos);
+      t.tokens = format.encode_text(text_column(row, o.column, place, "column"), true, o.add_eos);
       if (max_seq_len > 0 && (int64_t)t.tokens.size() > max_seq_len - 1) {
         t.tokens.resize((size_t)std::max<int64_t>(max_seq_len - 1, 0));  // truncate(tokens, max_seq_len - 1)
         t.truncated = true;

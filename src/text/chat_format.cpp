@@ -81,6 +81,17 @@ std::string chat_format_name(ChatFormatKind kind) {
   return "plain";
 }
 
+std::optional<ChatFormatKind> chat_format_for_tokenizer_component(std::string_view component) {
+  std::string_view name = component.substr(component.rfind('.') == std::string_view::npos ? 0 : component.rfind('.') + 1);
+  auto starts = [&](std::string_view p) { return name.substr(0, p.size()) == p; };
+  if (name.find("tokenizer") == std::string_view::npos) return std::nullopt;
+  if (starts("llama3")) return ChatFormatKind::kLlama3;
+  if (starts("qwen")) return ChatFormatKind::kChatML;
+  if (starts("mistral")) return ChatFormatKind::kMistral;
+  if (starts("gemma") || starts("llama2") || starts("code_llama2")) return ChatFormatKind::kPlain;
+  return std::nullopt;
+}
+
 ChatFormatKind detect_chat_format(const Tokenizer& tokenizer) {
   if (tokenizer.token_to_id("<|start_header_id|>")) return ChatFormatKind::kLlama3;
   if (tokenizer.token_to_id("<|im_start|>")) return ChatFormatKind::kChatML;
@@ -96,8 +107,8 @@ ChatFormat::ChatFormat(const Tokenizer& tokenizer, ChatFormatKind kind, int64_t 
   // SentencePieceBaseTokenizer: encodes_whitespace = any(encode(c) for c in WHITESPACE_CHARS).
   encodes_whitespace_ = false;
   for (const char* c : {" ", "\n", "\t", "\r", "\v"})
-    if (!tokenizer_.encode(c).empty()) encodes_whitespace_ = true;
-  newline_ids_ = tokenizer_.encode("\n");
+    if (!encode(c).empty()) encodes_whitespace_ = true;
+  newline_ids_ = encode("\n");
   // Fail now, not at the first sample, when the tokenizer lacks the format's special tokens.
   if (kind_ == ChatFormatKind::kLlama3)
     for (const char* t : {"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"})
@@ -114,7 +125,21 @@ int32_t ChatFormat::special(const char* token) const {
   return *id;
 }
 
-std::vector<int32_t> ChatFormat::encode(std::string_view text) const { return tokenizer_.encode(text, false, false); }
+std::vector<int32_t> ChatFormat::encode(std::string_view text) const {
+  if (kind_ == ChatFormatKind::kChatML) return tokenizer_.encode(text, false, false);
+  return tokenizer_.encode_ordinary(text);
+}
+
+std::vector<int32_t> ChatFormat::encode_text(std::string_view text, bool add_bos, bool add_eos) const {
+  if (kind_ == ChatFormatKind::kChatML) return tokenizer_.encode(text, add_bos, add_eos);
+  std::vector<int32_t> ids;
+  // torchtune's TikTokenBaseTokenizer.encode returns [] for empty text, BOS/EOS included.
+  if (kind_ == ChatFormatKind::kLlama3 && text.empty()) return ids;
+  if (add_bos && tokenizer_.bos_id()) ids.push_back(*tokenizer_.bos_id());
+  append(ids, tokenizer_.encode_ordinary(text));
+  if (add_eos && tokenizer_.eos_id()) ids.push_back(*tokenizer_.eos_id());
+  return ids;
+}
 
 std::vector<int32_t> ChatFormat::encode_trimmed(std::string_view text) const {
   if (!encodes_whitespace_) return encode(text);

@@ -17,10 +17,11 @@
 // Truncation to max_seq_len is torchtune's: stop adding messages once the length reaches it, cut,
 // and put the end token (and its mask value) in the last place when end tokens are on.
 //
+// Special-token text inside content ("<|eot_id|>" typed in a row) is encoded as plain text
+// (Tokenizer::encode_ordinary) by every format but ChatML, as torchtune's tiktoken and
+// SentencePiece tokenizers do; Qwen's matches it as the special token, and so does kChatML.
+//
 // Deliberately not here: which columns become messages (data/), images, tool-call parsing.
-// One known difference from torchtune: special-token text inside content ("<|eot_id|>") is
-// matched as the special token by ktune's tokenizers (as HF's do), where torchtune's Llama 3
-// tokenizer encodes it as plain text.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,10 @@ enum class ChatFormatKind { kLlama3, kChatML, kMistral, kGemma, kPlain };
 // "gemma" (also gemma2), "plain" (also llama2). Throws ktune::Error naming the accepted names.
 ChatFormatKind parse_chat_format(std::string_view name);
 std::string chat_format_name(ChatFormatKind kind);
+// The format torchtune's tokenizer builder implies: torchtune.models.llama3*.llama3*_tokenizer →
+// kLlama3, qwen2/qwen2_5 → kChatML, mistral → kMistral, gemma/gemma2 and llama2 → kPlain (torchtune
+// applies no Gemma turn template; ask for "gemma" explicitly to get one). nullopt if unknown.
+std::optional<ChatFormatKind> chat_format_for_tokenizer_component(std::string_view component);
 // From the tokenizer's special tokens: <|start_header_id|> → Llama 3, <|im_start|> → ChatML,
 // <start_of_turn> → Gemma, [INST] → Mistral, otherwise plain.
 ChatFormatKind detect_chat_format(const Tokenizer& tokenizer);
@@ -67,6 +72,11 @@ class ChatFormat {
 
   // add_end_tokens = false for generation (no EOS, last turn left open where the format allows).
   TokenizedMessages tokenize(const std::vector<Message>& messages, bool add_end_tokens = true) const;
+
+  // Text → ids the way this format's torchtune tokenizer encodes a text column (text completion):
+  // plain for all but ChatML, with the tokenizer's BOS / EOS when asked (Llama 3: nothing at all
+  // for empty text, as torchtune's tiktoken wrapper does).
+  std::vector<int32_t> encode_text(std::string_view text, bool add_bos, bool add_eos) const;
 
   ChatFormatKind kind() const { return kind_; }
   int64_t max_seq_len() const { return max_seq_len_; }

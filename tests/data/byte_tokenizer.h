@@ -2,13 +2,15 @@
 // 256 on, in four flavours that mirror the stand-ins make_data_fixtures.py builds for torchtune's
 // own tokenizer classes, so that the data layer can be compared with torchtune exactly without
 // depending on a real vocabulary:
-//   kLlama3  torchtune's TikTokenBaseTokenizer over a 256-byte rank file: special-token text is
-//            not matched, and empty text encodes to nothing (not even BOS/EOS)
+//   kLlama3  torchtune's TikTokenBaseTokenizer over a 256-byte rank file: empty text encodes to
+//            nothing (not even BOS/EOS)
+// encode() matches special-token text (as ktune's and HF's tokenizers do, SentencePiece aside);
+// encode_ordinary() never does (torchtune's tiktoken/SentencePiece content encoding).
 //   kQwen    Qwen2_5Tokenizer over a byte vocab.json and no merges: specials matched in text, no
 //            BOS, EOS = <|im_end|>
 //   kSentencePiece  a SentencePiece with add_dummy_prefix: non-empty text gets a leading "▁"
 //            piece (id 258); BOS <s> 256, EOS </s> 257, pad 0 (torchtune sets it so)
-//   kGemma   specials <bos> <eos> <start_of_turn> <end_of_turn> <pad>, matched in text
+//   kGemma   specials <bos> <eos> <start_of_turn> <end_of_turn> <pad>
 // It deliberately does no merging: the format logic, not BPE, is under test here.
 #pragma once
 
@@ -47,11 +49,18 @@ class ByteTokenizer : public Tokenizer {
   }
 
   std::vector<int32_t> encode(std::string_view text, bool add_bos = false, bool add_eos = false) const override {
+    return encode_impl(text, add_bos, add_eos, flavour_ != Flavour::kSentencePiece);
+  }
+  // Special-token text as plain bytes (what torchtune's tiktoken and SentencePiece wrappers do).
+  std::vector<int32_t> encode_ordinary(std::string_view text) const override {
+    return encode_impl(text, false, false, false);
+  }
+
+  std::vector<int32_t> encode_impl(std::string_view text, bool add_bos, bool add_eos, bool match) const {
     std::vector<int32_t> ids;
     if (flavour_ == Flavour::kLlama3 && text.empty()) return ids;
     if (add_bos && bos_ >= 0) ids.push_back(bos_);
     if (flavour_ == Flavour::kSentencePiece && !text.empty()) ids.push_back(258);
-    const bool match = flavour_ == Flavour::kQwen || flavour_ == Flavour::kGemma;
     for (size_t i = 0; i < text.size();) {
       bool matched = false;
       if (match) {

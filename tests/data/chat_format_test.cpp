@@ -92,6 +92,15 @@ TEST(ChatFormat, ParsesNamesAndRejectsUnknownOnes) {
   }
 }
 
+TEST(ChatFormat, MapsTorchtuneTokenizerBuildersToFormats) {
+  EXPECT_EQ(chat_format_for_tokenizer_component("torchtune.models.llama3.llama3_tokenizer"), ChatFormatKind::kLlama3);
+  EXPECT_EQ(chat_format_for_tokenizer_component("torchtune.models.qwen2_5.qwen2_5_tokenizer"), ChatFormatKind::kChatML);
+  EXPECT_EQ(chat_format_for_tokenizer_component("torchtune.models.mistral.mistral_tokenizer"), ChatFormatKind::kMistral);
+  EXPECT_EQ(chat_format_for_tokenizer_component("torchtune.models.gemma.gemma_tokenizer"), ChatFormatKind::kPlain);
+  EXPECT_EQ(chat_format_for_tokenizer_component("torchtune.models.phi3.phi3_mini_tokenizer"), std::nullopt);
+  EXPECT_EQ(chat_format_for_tokenizer_component("torchtune.models.llama3.llama3_8b"), std::nullopt);
+}
+
 TEST(ChatFormat, DetectsTheFormatFromSpecialTokens) {
   using F = testing::ByteTokenizer::Flavour;
   EXPECT_EQ(detect_chat_format(testing::ByteTokenizer(F::kLlama3)), ChatFormatKind::kLlama3);

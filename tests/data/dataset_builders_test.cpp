@@ -126,7 +126,7 @@ TEST(DatasetBuilderErrors, EmptyDatasetEmptySplitAndBadSplit) {
   expect_contains(build_error(o), "selects no rows");
   o.data_files = {files_dir() + "/qa.jsonl"};
   o.column_map = {{"input", "question"}, {"output", "answer"}};
-  o.split = "train[12:]";
+  o.split = "train[13:]";
   expect_contains(build_error(o), "selects no rows");
   o.split = "train[:0%]";
   expect_contains(build_error(o), "selects no rows");

@@ -35,7 +35,7 @@ void expect_contains(const std::string& text, const std::string& part) {
 
 TEST(RowReader, EveryFormatYieldsTheSameRows) {
   auto jsonl = all_rows(files_dir() + "/qa.jsonl", DataFormat::kJson);
-  ASSERT_EQ(jsonl.size(), 12u);
+  ASSERT_EQ(jsonl.size(), 13u);
   auto array = all_rows(files_dir() + "/qa_array.json", DataFormat::kJson);
   auto parquet = all_rows(files_dir() + "/qa.parquet", DataFormat::kParquet);
   auto stream = all_rows(files_dir() + "/qa.arrow", DataFormat::kArrow);
@@ -57,9 +57,9 @@ TEST(RowReader, EveryFormatYieldsTheSameRows) {
 }
 
 TEST(RowReader, CountsRowsWithoutReadingThemForParquetAndArrow) {
-  EXPECT_EQ(count_rows(files_dir() + "/qa.parquet", DataFormat::kParquet), 12);
-  EXPECT_EQ(count_rows(files_dir() + "/qa.arrow", DataFormat::kArrow), 12);
-  EXPECT_EQ(count_rows(files_dir() + "/qa.csv", DataFormat::kCsv), 12);
+  EXPECT_EQ(count_rows(files_dir() + "/qa.parquet", DataFormat::kParquet), 13);
+  EXPECT_EQ(count_rows(files_dir() + "/qa.arrow", DataFormat::kArrow), 13);
+  EXPECT_EQ(count_rows(files_dir() + "/qa.csv", DataFormat::kCsv), 13);
 }
 
 TEST(RowReader, ParquetListsOfStructsBecomeMessageLists) {
@@ -72,9 +72,9 @@ TEST(RowReader, ParquetListsOfStructsBecomeMessageLists) {
 
 TEST(RowReader, TextFilesGiveOneRowPerLineIncludingEmptyOnes) {
   auto rows = all_rows(files_dir() + "/lines.txt", DataFormat::kText);
-  ASSERT_EQ(rows.size(), 5u);
+  ASSERT_EQ(rows.size(), 6u);
   EXPECT_EQ(rows[1]["text"], "");
-  EXPECT_EQ(rows[4]["text"], "Last line.");
+  EXPECT_EQ(rows[5]["text"], "Last line.");
 }
 
 TEST(RowReaderErrors, MalformedJsonLineNamesFileAndLine) {
