@@ -9,6 +9,7 @@ Exit code 3 when torch/transformers/peft are missing (the test then skips, sayin
 """
 import os
 import sys
+import tempfile
 
 try:
     import torch
@@ -24,7 +25,15 @@ def main():
     ids = torch.tensor([[int(t) for t in sys.argv[4:]]])
     torch.manual_seed(0)
     results = {}
-    merged = AutoModelForCausalLM.from_pretrained(ckpt_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    # transformers >= 5 with peft installed treats a directory holding config.json *and*
+    # adapter_config.json as a model with an embedded adapter, and applies the adapter on top of the
+    # (already merged) weights. torchtune's layout puts both in epoch_N/, so the merged model is read
+    # from a view of the directory without the adapter files.
+    view = tempfile.mkdtemp(prefix="ktune_merged_")
+    for name in os.listdir(ckpt_dir):
+        if not name.startswith("adapter_"):
+            os.symlink(os.path.join(os.path.abspath(ckpt_dir), name), os.path.join(view, name))
+    merged = AutoModelForCausalLM.from_pretrained(view, dtype=torch.float32, attn_implementation="eager")
     merged.eval()
     with torch.no_grad():
         results["merged"] = merged(ids).logits.float().contiguous()
@@ -34,7 +43,7 @@ def main():
         except ImportError as e:  # pragma: no cover
             print(f"missing reference package: {e}", file=sys.stderr)
             sys.exit(3)
-        base = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32, attn_implementation="eager")
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager")
         peft_model = PeftModel.from_pretrained(base, ckpt_dir)
         peft_model.eval()
         with torch.no_grad():

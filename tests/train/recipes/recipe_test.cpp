@@ -17,13 +17,13 @@ using namespace ktune;
 
 namespace {
 
-struct Run {
+struct Outcome {
   int exit_code;
   std::string output;
 };
 
-Run sh(const std::string& command) {
-  Run r{-1, ""};
+Outcome sh(const std::string& command) {
+  Outcome r{-1, ""};
   std::FILE* p = popen((command + " 2>&1").c_str(), "r");
   char buffer[4096];
   size_t n;
@@ -44,7 +44,7 @@ class RecipeTest : public ::testing::Test {
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    Run r = sh(kKtune + " init-model --config " + kSource + "/examples/quickstart/config.json --output-dir " + model() +
+    Outcome r = sh(kKtune + " init-model --config " + kSource + "/examples/quickstart/config.json --output-dir " + model() +
                " --seed 3 --copy " + kSource + "/examples/quickstart/tokenizer.json --copy " + kSource +
                "/examples/quickstart/tokenizer_config.json");
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -55,7 +55,7 @@ class RecipeTest : public ::testing::Test {
   std::string out(const std::string& name = "out") const { return (dir_ / name).string(); }
 
   // `ktune run RECIPE --config tiny/CONFIG` pointed at this test's model, data and output.
-  Run run(const std::string& launcher, const std::string& recipe, const std::string& config, const std::string& extra,
+  Outcome run(const std::string& launcher, const std::string& recipe, const std::string& config, const std::string& extra,
           const std::string& output) {
     std::string cmd = kKtune + " run " + launcher + " " + recipe + " --config tiny/" + config + " output_dir=" + output +
                       " checkpointer.checkpoint_dir=" + model() + " tokenizer.path=" + model() + "/tokenizer.json" +
@@ -85,7 +85,7 @@ std::map<int, double> losses(const std::string& output_dir) {
 }  // namespace
 
 TEST_F(RecipeTest, FullFinetuneLossFallsAndWritesTorchtunesLayout) {
-  Run r = run("", "full_finetune_single_device", "full_single_device", "epochs=2 max_steps_per_epoch=12 batch_size=8", out());
+  Outcome r = run("", "full_finetune_single_device", "full_single_device", "epochs=2 max_steps_per_epoch=12 batch_size=8", out());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto l = losses(out());
   ASSERT_EQ(l.size(), 24u);
@@ -98,7 +98,7 @@ TEST_F(RecipeTest, FullFinetuneLossFallsAndWritesTorchtunesLayout) {
 }
 
 TEST_F(RecipeTest, BadConfigIsRefusedBeforeAnythingLoads) {
-  Run r = run("", "full_finetune_single_device", "full_single_device", "optimizer.lrr=1e-3 batch_size=zero", out());
+  Outcome r = run("", "full_finetune_single_device", "full_single_device", "optimizer.lrr=1e-3 batch_size=zero", out());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("optimizer.lrr"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("optimizer.lr"), std::string::npos) << r.output;  // the suggestion
@@ -107,7 +107,7 @@ TEST_F(RecipeTest, BadConfigIsRefusedBeforeAnythingLoads) {
 }
 
 TEST_F(RecipeTest, LoraAdapterAndMergedModelLoadInTransformersAndPeftWithOurLogits) {
-  Run r = run("", "lora_finetune_single_device", "lora_single_device",
+  Outcome r = run("", "lora_finetune_single_device", "lora_single_device",
               "epochs=1 max_steps_per_epoch=6 batch_size=4 model.lora_rank=4 model.lora_alpha=8 optimizer.lr=1e-2", out());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string ckpt = out() + "/epoch_0";
@@ -124,7 +124,7 @@ TEST_F(RecipeTest, LoraAdapterAndMergedModelLoadInTransformersAndPeftWithOurLogi
   std::string ids_text;
   for (int32_t id : ids) ids_text += " " + std::to_string(id);
   const std::string logits_file = (dir_ / "hf_logits.safetensors").string();
-  Run py = sh("python3 " + kSource + "/tests/train/recipes/hf_peft_logits.py " + model() + " " + ckpt + " " + logits_file + ids_text);
+  Outcome py = sh("python3 " + kSource + "/tests/train/recipes/hf_peft_logits.py " + model() + " " + ckpt + " " + logits_file + ids_text);
   if (py.exit_code == 3) GTEST_SKIP() << "torch/transformers/peft not installed: " << py.output;
   ASSERT_EQ(py.exit_code, 0) << py.output;
 
@@ -146,12 +146,12 @@ TEST_F(RecipeTest, LoraAdapterAndMergedModelLoadInTransformersAndPeftWithOurLogi
 
 TEST_F(RecipeTest, ResumeFromAMidEpochCheckpointContinuesExactly) {
   const std::string args = "epochs=2 max_steps_per_epoch=4 batch_size=4 save_every_n_steps=2";
-  Run full = run("", "full_finetune_single_device", "full_single_device", args, out("a"));
+  Outcome full = run("", "full_finetune_single_device", "full_single_device", args, out("a"));
   ASSERT_EQ(full.exit_code, 0) << full.output;
   // A run that "died" after step 2: only its step_2 checkpoint and logs survive.
   fs::create_directories(out("b"));
   fs::copy(out("a") + "/step_2", out("b") + "/step_2", fs::copy_options::recursive);
-  Run resumed = run("", "full_finetune_single_device", "full_single_device", args + " resume_from_checkpoint=True", out("b"));
+  Outcome resumed = run("", "full_finetune_single_device", "full_single_device", args + " resume_from_checkpoint=True", out("b"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   auto a = losses(out("a"));
   auto b = losses(out("b"));
@@ -161,11 +161,8 @@ TEST_F(RecipeTest, ResumeFromAMidEpochCheckpointContinuesExactly) {
 }
 
 TEST_F(RecipeTest, TwoProcessesEqualOneWithTheDoubledBatch) {
-  Run one = run("", "full_finetune_distributed", "full_single_device", "epochs=1 max_steps_per_epoch=3 batch_size=4", out("one"));
-  if (one.exit_code != 0 && one.output.find("config") != std::string::npos) {
-    // tiny/full_single_device is a single-device config; the distributed recipe has its own keys.
-  }
-  Run two = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device",
+  Outcome one = run("", "full_finetune_distributed", "full_single_device", "epochs=1 max_steps_per_epoch=3 batch_size=4", out("one"));
+  Outcome two = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device",
                 "epochs=1 max_steps_per_epoch=3 batch_size=2", out("two"));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
