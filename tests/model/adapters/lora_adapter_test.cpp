@@ -63,7 +63,7 @@ struct Fixture {
 
   std::vector<float> forward() {
     std::vector<float> y(size_t(N * out)), saved(size_t(std::max<int64_t>(1, linear.saved_floats(N))));
-    linear.forward(y.data(), x.data(), N, saved.data());
+    linear.forward(y.data(), x.data(), N, saved.data(), nullptr);
     return y;
   }
 
@@ -78,8 +78,8 @@ struct Fixture {
   std::vector<float> backward() {
     std::vector<float> y(size_t(N * out)), saved(size_t(std::max<int64_t>(1, linear.saved_floats(N))));
     std::vector<float> scratch(size_t(std::max<int64_t>(1, linear.scratch_floats(N)))), dx(size_t(N * in));
-    linear.forward(y.data(), x.data(), N, saved.data());
-    linear.backward(dx.data(), r.data(), x.data(), N, saved.data(), scratch.data(), false);
+    linear.forward(y.data(), x.data(), N, saved.data(), nullptr);
+    linear.backward(dx.data(), r.data(), x.data(), N, saved.data(), scratch.data(), nullptr, false);
     return dx;
   }
 };
