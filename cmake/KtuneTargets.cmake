@@ -10,7 +10,9 @@ endfunction()
 
 # ktune_test(NAME SOURCES... LIBS libs... [LABELS labels...]) : a GoogleTest binary registered with
 # CTest. LABELS slow keeps a test out of the sanitizer run.
-# Tests find fixtures through KTUNE_SOURCE_DIR and run in the build tree.
+# Tests find fixtures through KTUNE_SOURCE_DIR (compile definition and env) and the build tree
+# through the KTUNE_BINARY_DIR definition. One env entry only: gtest_discover_tests splits a list,
+# which would swallow the LABELS that follow.
 function(ktune_test name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
   # While several engineers share one tree, a test whose source is not written yet must not break
@@ -30,6 +32,6 @@ function(ktune_test name)
                                              KTUNE_BINARY_DIR="${CMAKE_BINARY_DIR}")
   include(GoogleTest)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120
-                       PROPERTIES ENVIRONMENT "KTUNE_SOURCE_DIR=${CMAKE_SOURCE_DIR};KTUNE_BINARY_DIR=${CMAKE_BINARY_DIR}"
+                       PROPERTIES ENVIRONMENT "KTUNE_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
                                   LABELS "${T_LABELS}")
 endfunction()
