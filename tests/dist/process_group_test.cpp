@@ -19,14 +19,15 @@ static void run_ranks(int world, const std::string& prefix, const std::function<
   for (int r = 0; r < world; ++r)
     ranks.emplace_back([&, r] {
       try {
-        TcpStore store("127.0.0.1", server.port(), 20s);
-        auto group = make_gloo_process_group(store, prefix, r, world, "127.0.0.1", 20s);
+        TcpStore store("127.0.0.1", server.port(), 60s);
+        auto group = make_gloo_process_group(store, prefix, r, world, "127.0.0.1", 60s);
         body(*group);
       } catch (const std::exception& e) {
         failures[size_t(r)] = e.what();
       }
     });
   for (auto& t : ranks) t.join();
+  // A failure names the rank and what went wrong (a wrong value, or the collective's error).
   for (int r = 0; r < world; ++r) EXPECT_EQ(failures[size_t(r)], "") << "rank " << r;
 }
 
