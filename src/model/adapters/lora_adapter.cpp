@@ -140,14 +140,19 @@ void LoraAdapter::compute_dora_scale(const Linear& base) {
   }
 }
 
+uint64_t LoraAdapter::dropout_seed() const {
+  return splitmix64(options_.seed ^ splitmix64(dropout_key_) ^ std::hash<std::string>{}(module_));
+}
+
+bool LoraAdapter::dropped(uint64_t seed, uint64_t index) const { return uniform01(seed, index) < options_.dropout; }
+
 void LoraAdapter::apply_dropout(float* xd, const float* x, int64_t row_begin, int64_t rows) const {
-  const float p = options_.dropout;
-  const float keep_scale = 1.0f / (1.0f - p);
-  const uint64_t seed = splitmix64(options_.seed ^ splitmix64(dropout_key_) ^ std::hash<std::string>{}(module_));
+  const float keep_scale = 1.0f / (1.0f - options_.dropout);
+  const uint64_t seed = dropout_seed();
   for (int64_t n = 0; n < rows; ++n)
     for (int64_t i = 0; i < in_; ++i) {
       uint64_t index = uint64_t((row_begin + n) * in_ + i);
-      xd[n * in_ + i] = uniform01(seed, index) < p ? 0.0f : x[n * in_ + i] * keep_scale;
+      xd[n * in_ + i] = dropped(seed, index) ? 0.0f : x[n * in_ + i] * keep_scale;
     }
 }
 
@@ -227,11 +232,10 @@ void LoraAdapter::backward(float* dx, const float* dy, const float* x, int64_t N
   if (dropping) {
     // dx += (g @ A) ⊙ mask / keep: the mask is where the dropped x is non-zero or x itself was zero
     cpu::gemm(false, false, N, in_, r, 1.0f, g, lora_a_.value.f32(), 0.0f, xd);  // xd now holds g @ A
-    const float p = options_.dropout;
-    const float keep_scale = 1.0f / (1.0f - p);
-    const uint64_t seed = splitmix64(options_.seed ^ splitmix64(dropout_key_) ^ std::hash<std::string>{}(module_));
+    const float keep_scale = 1.0f / (1.0f - options_.dropout);
+    const uint64_t seed = dropout_seed();
     for (int64_t i = 0; i < N * in_; ++i)
-      if (!(uniform01(seed, uint64_t(i)) < p)) dx[i] += xd[i] * keep_scale;
+      if (!dropped(seed, uint64_t(i))) dx[i] += xd[i] * keep_scale;
   } else {
     cpu::gemm(false, false, N, in_, r, 1.0f, g, lora_a_.value.f32(), 1.0f, dx);  // dx += g @ A
   }

@@ -65,6 +65,10 @@ class LoraAdapter : public LinearAdapter {
   void base_backward_input(float* dx, const float* dy, int64_t N, const Linear& base, float* scratch);  // dx += dy W
   void compute_dora_scale(const Linear& base);  // weight_norm_, dora_scale_
   void apply_dropout(float* xd, const float* x, int64_t row_begin, int64_t rows) const;
+  // The mask's seed for the current key; element `index` of x (N, in) is dropped when
+  // dropped(seed, index). One definition, so the backward redraws exactly the forward's mask.
+  uint64_t dropout_seed() const;
+  bool dropped(uint64_t seed, uint64_t index) const;
 
   std::string module_;
   LoraOptions options_;
