@@ -7,6 +7,7 @@
 #include "cli/command_table.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/worker_error.h"
 
 namespace ktune::cli {
 
@@ -67,11 +68,10 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "ktune: unknown command '%s' (see `ktune --help`)\n", argv[1]);
     return 2;
-  } catch (const ktune::Errors& e) {
-    std::fprintf(stderr, "error: %s\n", ktune::redact(e.what()).c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", ktune::redact(e.what()).c_str());
+  } catch (const std::exception& e) {  // ktune::Errors too: its what() lists every error
+    std::string message = ktune::redact(e.what());
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    ktune::dist::record_worker_error(message);  // for the launcher, when this is one of its workers
     return 1;
   }
 }

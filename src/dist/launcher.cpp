@@ -14,12 +14,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <thread>
 
 #include "core/error.h"
 #include "dist/tcp_store.h"
+#include "dist/worker_error.h"
 
 namespace ktune::dist {
 
@@ -158,6 +161,7 @@ struct Worker {
   pid_t pid = -1;
   int out_fd = -1, err_fd = -1;  // read ends of the worker's stdout and stderr
   std::string out_partial, err_partial;
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE: where the worker writes why it failed
   bool exited = false;
   int status = 0;
 };
@@ -212,6 +216,7 @@ static pid_t spawn_worker(const LaunchPlan& plan, int local_rank, const std::vec
     setenv("MASTER_ADDR", plan.master_addr.c_str(), 1);
     setenv("MASTER_PORT", std::to_string(plan.master_port).c_str(), 1);
     setenv("TORCHELASTIC_RUN_ID", "ktune", 0);
+    setenv("TORCHELASTIC_ERROR_FILE", w.error_file.c_str(), 1);
     // Share this node's cores among its workers, unless the user chose.
     if (std::getenv("KTUNE_NUM_THREADS") == nullptr) {
       long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -230,6 +235,22 @@ static pid_t spawn_worker(const LaunchPlan& plan, int local_rank, const std::vec
   w.err_fd = err_pipe[0];
   w.pid = pid;
   return pid;
+}
+
+// One worker's failure as the launchers share it through the store: "<time_ns> <why>".
+struct Failure {
+  int64_t time_ns = 0;
+  std::string why;
+};
+static std::string encode_failure(const Failure& f) { return std::to_string(f.time_ns) + " " + f.why; }
+static Failure decode_failure(const std::string& text) {
+  size_t space = text.find(' ');
+  if (space == std::string::npos) return {0, text};
+  try {
+    return {std::stoll(text.substr(0, space)), text.substr(space + 1)};
+  } catch (const std::exception&) {
+    return {0, text};
+  }
 }
 
 static void signal_all(std::vector<Worker>& workers, int sig) {
@@ -264,14 +285,23 @@ int run_launcher(const LaunchPlan& plan, const std::vector<std::string>& worker_
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 
+  // Each worker's error file lives in a directory of this launch, removed at the end.
+  std::string tmp_root = env("TMPDIR").value_or("/tmp");
+  std::string error_dir_template = tmp_root + "/ktune-launch-XXXXXX";
+  std::vector<char> error_dir(error_dir_template.begin(), error_dir_template.end());
+  error_dir.push_back(0);
+  if (mkdtemp(error_dir.data()) == nullptr) throw Error("launcher", "cannot create a directory under " + tmp_root + ": " + std::strerror(errno));
+
   std::vector<Worker> workers(size_t(plan.nproc_per_node));
   for (int local = 0; local < plan.nproc_per_node; ++local) {
-    workers[size_t(local)].rank = plan.node_rank * plan.nproc_per_node + local;
-    spawn_worker(plan, local, worker_argv, workers[size_t(local)]);
+    Worker& w = workers[size_t(local)];
+    w.rank = plan.node_rank * plan.nproc_per_node + local;
+    w.error_file = std::string(error_dir.data()) + "/error_rank" + std::to_string(w.rank) + ".json";
+    spawn_worker(plan, local, worker_argv, w);
   }
 
   std::string failure;                     // why this node stopped its workers
-  std::vector<std::string> local_failures;  // this node's workers that failed by themselves
+  std::vector<Failure> local_failures;  // this node's workers that failed by themselves
   bool stopping = false;
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
   auto last_store_check = std::chrono::steady_clock::now();
@@ -312,16 +342,19 @@ int run_launcher(const LaunchPlan& plan, const std::vector<std::string>& worker_
         w.exited = true;
         w.status = status;
         bool stopped_by_us = stopping && WIFSIGNALED(status) && (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGKILL);
-        if (failed(status) && !stopped_by_us) {
-          std::string why = "rank " + std::to_string(w.rank) + " (" + me + ", pid " + std::to_string(w.pid) + ") " +
-                            describe_exit(status);
+        // A worker that wrote an error file failed by itself, even if our SIGTERM met it on its way out.
+        std::optional<WorkerError> error = read_worker_error(w.error_file);
+        if ((failed(status) && !stopped_by_us) || error) {
+          Failure f{error ? error->time_ns : wall_clock_ns(),
+                    "rank " + std::to_string(w.rank) + " (" + me + ", pid " + std::to_string(w.pid) + ") " + describe_exit(status) +
+                        (error ? ": " + error->message : std::string())};
           try {
             int64_t index = store.add("ktune/failures", 1);
-            store.set("ktune/failure/" + std::to_string(index), why);
+            store.set("ktune/failure/" + std::to_string(index), encode_failure(f));
           } catch (const Error&) {
           }
-          local_failures.push_back(why);
-          begin_stop(why);
+          local_failures.push_back(f);
+          begin_stop(f.why);
         }
       }
     }
@@ -339,7 +372,7 @@ int run_launcher(const LaunchPlan& plan, const std::vector<std::string>& worker_
     if (plan.nnodes > 1 && !stopping && std::chrono::steady_clock::now() - last_store_check > std::chrono::milliseconds(500)) {
       last_store_check = std::chrono::steady_clock::now();
       try {
-        if (store.check("ktune/failure/1")) begin_stop(store.get_string("ktune/failure/1"));
+        if (store.check("ktune/failure/1")) begin_stop(decode_failure(store.get_string("ktune/failure/1")).why);
       } catch (const Error& e) {
         begin_stop(std::string("lost contact with the rendezvous store on node 0: ") + e.what_only());
       }
@@ -359,18 +392,21 @@ int run_launcher(const LaunchPlan& plan, const std::vector<std::string>& worker_
   } catch (const Error&) {
     // A node that died never says done; the failure (if any) is reported below.
   }
+  std::error_code ignored;
+  std::filesystem::remove_all(error_dir.data(), ignored);  // error files, and any a kill cut short
   if (any_failed || !failure.empty()) {
-    // Every failure the store knows of, in the order they were recorded: the first is most often
-    // the cause, the later ones peers that lost it in a collective.
-    std::vector<std::string> all;
+    // Every failure the store knows of, the earliest first: that one is most often the cause, the
+    // later ones peers that lost it in a collective.
+    std::vector<Failure> all;
     try {
-      for (int64_t i = 1, n = store.add("ktune/failures", 0); i <= n; ++i) all.push_back(store.get_string("ktune/failure/" + std::to_string(i)));
+      for (int64_t i = 1, n = store.add("ktune/failures", 0); i <= n; ++i) all.push_back(decode_failure(store.get_string("ktune/failure/" + std::to_string(i))));
     } catch (const Error&) {
       all = local_failures;
     }
-    if (all.empty()) all.push_back(failure.empty() ? std::string("a worker failed") : failure);
+    std::stable_sort(all.begin(), all.end(), [](const Failure& a, const Failure& b) { return a.time_ns < b.time_ns; });
     std::string message;
-    for (const std::string& f : all) message += (message.empty() ? "" : "; ") + f;
+    if (all.empty()) message = failure.empty() ? std::string("a worker failed") : failure;
+    for (size_t i = 0; i < all.size(); ++i) message += (i == 0 ? "" : i == 1 ? "; after it: " : "; ") + all[i].why;
     std::fprintf(stderr, "ktune launcher (%s): job failed: %s; stopped the other workers\n", me.c_str(), message.c_str());
     return 1;
   }

@@ -3,6 +3,9 @@
 // and launches itself as the workers; as a worker (RANK set), it joins a Gloo group, allreduces
 // rank+1 and prints the sum. MODE "ok" succeeds; "fail1" makes rank 1 exit 3 after joining, so the
 // others are blocked in a collective that can never finish — the launcher must stop them.
+// "fail1_slow_exit" makes rank 1 record its error and close its connections, then linger before
+// exiting: its peers fail (and are reaped) first, as happens when a sanitizer slows an exit, and
+// the launcher must still name rank 1 as the cause.
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,6 +15,7 @@
 #include "core/error.h"
 #include "dist/launcher.h"
 #include "dist/process_group.h"
+#include "dist/worker_error.h"
 #include "dist/tcp_store.h"
 
 using namespace ktune::dist;
@@ -20,8 +24,13 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
   TcpStore store(env.master_addr, env.master_port, std::chrono::seconds(20));
   auto group = make_gloo_process_group(store, "test", env.rank, env.world_size, local_address_towards(env.master_addr),
                                        std::chrono::seconds(20));
-  if (mode == "fail1" && env.rank == 1) {
+  if ((mode == "fail1" || mode == "fail1_slow_exit") && env.rank == 1) {
     std::fprintf(stderr, "rank 1 failing on purpose\n");
+    record_worker_error("rank 1 failing on purpose");
+    if (mode == "fail1_slow_exit") {
+      group.reset();  // the peers see the connection close now
+      usleep(1500 * 1000);
+    }
     return 3;
   }
   float value = float(env.rank + 1);
@@ -46,6 +55,7 @@ int main(int argc, char** argv) {
     return run_launcher(plan, {"/proc/self/exe", argv[5]});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    record_worker_error(e.what());
     return 1;
   }
 }
