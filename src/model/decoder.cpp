@@ -554,8 +554,11 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
   }
 
   embed_forward(batch, p, p.resid[0]);
-  for (int64_t l = 0; l < L; ++l)
+  for (int64_t l = 0; l < L; ++l) {
+    if (hooks_.before_forward) hooks_.before_forward(l);
     layer_forward(size_t(l), p.acts[checkpointing_ ? 0 : size_t(l)], p.resid[size_t(l)], p.resid[size_t(l) + 1], p);
+    if (hooks_.after_forward) hooks_.after_forward(l);
+  }
   cpu::rmsnorm_forward(p.final_normed, p.final_rstd, p.resid[size_t(L)], as_f32(final_norm_, p.norm_scratch), N, C,
                        c.rms_norm_eps, c.norm_weight_offset);
   Parameter* head = lm_head_ ? lm_head_ : embed_;
@@ -578,8 +581,10 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
   for (int64_t l = L - 1; l >= 0; --l) {
     if (!needs_grad_below_[size_t(l) + 1]) break;  // nothing trainable in this layer or below
     const LayerActs& a = p.acts[checkpointing_ ? 0 : size_t(l)];
+    if (hooks_.before_backward) hooks_.before_backward(l);
     if (checkpointing_) layer_forward(size_t(l), a, p.resid[size_t(l)], p.recompute_out, p);
     layer_backward(size_t(l), a, p.resid[size_t(l)], p.dres, p);
+    if (hooks_.after_backward) hooks_.after_backward(l);
   }
   if (embed_->trainable) cpu::embedding_backward(embed_->grad.f32(), p.dres, batch.tokens, N, C, embed_scale_);
   return r;

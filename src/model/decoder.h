@@ -43,6 +43,14 @@ struct LossResult {
   int64_t n_valid = 0;  // their count
 };
 
+// Called around each layer's compute with the layer index, so that sharded data parallelism
+// (train/sharded_data_parallel.h) can gather a layer's parameters just before they are read and
+// release them, and reduce its gradients, right after. The backward hooks run only for the layers
+// the backward reaches (it stops below the lowest trainable one). Unset hooks are skipped.
+struct LayerHooks {
+  std::function<void(int64_t layer)> before_forward, after_forward, before_backward, after_backward;
+};
+
 struct LoadOptions {
   // How the weights are kept: F32, or BF16 (half the memory; widened to f32 one weight at a time for
   // compute, gradients stay f32; pair with cpu::adamw_step_bf16). Checkpoints of any float dtype load.
@@ -80,6 +88,7 @@ class Decoder {
   void adapters_changed();
 
   // ---- compute ----
+  void set_layer_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
   void set_activation_checkpointing(bool on);
   bool activation_checkpointing() const { return checkpointing_; }
   // Forward and backward. Gradients ACCUMULATE (+=) into the trainable parameters' grads, scaled by
@@ -127,6 +136,7 @@ class Decoder {
   // the embedding) is trainable; needs_grad_below_[L] covers the whole stack.
   const int32_t* doc_ids_ = nullptr;
   std::vector<bool> needs_grad_below_;
+  LayerHooks hooks_;
 };
 
 }  // namespace ktune::model
