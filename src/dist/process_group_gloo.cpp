@@ -85,6 +85,14 @@ class GlooProcessGroup final : public ProcessGroup {
   void allreduce_sum(double* data, int64_t n) override { allreduce(data, n); }
 
   void reduce_scatter_sum(float* out, float* in, int64_t n_per_rank) override {
+    // Gloo's ReduceScatterHalvingDoubling sums wrongly when the world size is not a power of two
+    // (pytorch/gloo#303; our test ReduceScatterIsRightForWorldSizesThatAreNotPowersOfTwo saw it):
+    // there, an allreduce of the whole buffer (twice the traffic) and this rank's slice of it.
+    if ((size_ & (size_ - 1)) != 0) {
+      allreduce(in, n_per_rank * size_);
+      std::memmove(out, in + rank_ * n_per_rank, size_t(n_per_rank) * sizeof(float));
+      return;
+    }
     guard("reduce_scatter", [&] {
       std::vector<int> counts(static_cast<size_t>(size_), static_cast<int>(n_per_rank));
       std::vector<float*> buffers{in};

@@ -55,6 +55,22 @@ TEST(GlooProcessGroup, ReduceScatterGivesEachRankItsSummedShard) {
   });
 }
 
+TEST(GlooProcessGroup, ReduceScatterIsRightForWorldSizesThatAreNotPowersOfTwo) {
+  for (int world : {3, 5}) {
+    run_ranks(world, "rs" + std::to_string(world), [](ProcessGroup& g) {
+      const int64_t shard = 48;
+      std::vector<float> in(size_t(shard * g.size()));
+      for (size_t i = 0; i < in.size(); ++i) in[i] = float(i % 97) + 1000.0f * float(g.rank());
+      std::vector<float> out(static_cast<size_t>(shard));
+      g.reduce_scatter_sum(out.data(), in.data(), shard);
+      const int w = g.size();
+      for (int64_t i = 0; i < shard; ++i)
+        ASSERT_FLOAT_EQ(out[size_t(i)], float(w) * float((g.rank() * shard + i) % 97) + 1000.0f * float(w * (w - 1) / 2))
+            << "world " << w << " rank " << g.rank() << " element " << i;
+    });
+  }
+}
+
 TEST(GlooProcessGroup, AllGatherConcatenatesInRankOrder) {
   run_ranks(2, "ag", [](ProcessGroup& g) {
     std::vector<float> in(5, float(g.rank() + 1));
