@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <random>
@@ -22,6 +23,7 @@
 #include "train/metric_logger.h"
 #include "train/optimizer.h"
 #include "train/progress_bar.h"
+#include "train/sharded_data_parallel.h"
 
 namespace fs = std::filesystem;
 
@@ -66,6 +68,23 @@ void shift_labels(Batch& batch) {
   }
 }
 
+// The distributed recipes shard (FSDP) unless KTUNE_DATA_PARALLEL=replicate asks for the DDP
+// baseline (benchmarks compare the two); single-device recipes never shard.
+bool shard_parameters(const RecipeSpec& recipe) {
+  if (!recipe.distributed) return false;
+  const char* v = std::getenv("KTUNE_DATA_PARALLEL");
+  const std::string mode = v ? v : "";
+  if (mode.empty() || mode == "shard") return true;
+  if (mode == "replicate") return false;
+  throw Error("env KTUNE_DATA_PARALLEL", "is '" + mode + "'; expected shard (the default) or replicate");
+}
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MiB", double(bytes) / (1 << 20));
+  return text;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -100,6 +119,7 @@ class FinetuneRecipe {
   std::vector<std::shared_ptr<model::LoraAdapter>> adapters_;
   std::optional<AdapterDescription> adapter_description_;
   std::vector<model::Parameter*> trainable_;
+  std::unique_ptr<ShardedDataParallel> sharded_;  // distributed recipes: FSDP over group_
   std::unique_ptr<AdamW> optimizer_;
   std::optional<CosineWithWarmup> schedule_;
   std::unique_ptr<MetricLogger> metrics_;
@@ -210,12 +230,25 @@ void FinetuneRecipe::setup_model() {
   // Every rank starts from rank 0's weights (adapters are seeded alike; this makes it a fact).
   if (group_.size() > 1)
     for (model::Parameter* p : trainable_) group_.broadcast(p->value.f32(), p->value.numel(), 0);
+  int64_t n_trainable = 0;
+  for (model::Parameter* p : trainable_) n_trainable += p->value.numel();
+  if (shard_parameters(recipe_)) {
+    sharded_ = std::make_unique<ShardedDataParallel>(*model_, trainable_, group_,
+                                                     ShardingOptions{cfg_.fsdp_reshard_after_forward});
+    if (rank0_) {
+      const ShardedMemory m = sharded_->memory();
+      log_info("sharded data parallel (FSDP) over " + std::to_string(group_.size()) + " ranks, reshard_after_forward=" +
+               (cfg_.fsdp_reshard_after_forward ? "true" : "false") + ": per rank " + mib(m.sharded_params) +
+               " parameters + " + mib(m.gradient_shards) + " gradients + " + mib(2 * m.sharded_params) +
+               " AdamW state (unsharded: " + mib(16 * n_trainable) + ")" +
+               (m.replicated_frozen ? "; frozen base replicated: " + mib(m.replicated_frozen) : std::string()) +
+               "; gathered at once: root " + mib(m.root_unit_full) + " + layer " + mib(m.largest_unit_full));
+    }
+  }
   optimizer_ = std::make_unique<AdamW>(
-      trainable_, AdamWSettings{cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
+      sharded_ ? sharded_->shard_parameters() : trainable_, AdamWSettings{cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
                                 cfg_.optimizer.weight_decay});
   if (rank0_) {
-    int64_t n_trainable = 0;
-    for (model::Parameter* p : trainable_) n_trainable += p->value.numel();
     log_info("model: " + mc.model_type + ", " + std::to_string(mc.num_parameters()) + " parameters, " +
              std::to_string(n_trainable) + " trainable" + (recipe_.lora ? " (adapters on " + std::to_string(adapters_.size()) + " projections)" : ""));
   }
@@ -232,12 +265,18 @@ void FinetuneRecipe::resume() {
                              std::to_string(group_.size()) + " (resume with the same world size)");
   if (s.value("recipe", std::string()) != recipe_.name)
     throw Error(*latest, "was written by recipe " + s.value("recipe", std::string("?")) + ", not " + recipe_.name);
-  for (model::Parameter* p : trainable_) {
-    auto it = point.trainable.find(p->name);
-    if (it == point.trainable.end()) throw Error(*latest, "recipe state has no weights for " + p->name);
-    p->value.copy_from(it->second);
+  if (sharded_) {
+    sharded_->load_full_parameters(point.trainable, *latest + " recipe state");
+    optimizer_->load_state(sharded_->shard_optimizer_state(point.optimizer_state, *latest),
+                           s.at("optimizer_steps").get<int64_t>(), *latest);
+  } else {
+    for (model::Parameter* p : trainable_) {
+      auto it = point.trainable.find(p->name);
+      if (it == point.trainable.end()) throw Error(*latest, "recipe state has no weights for " + p->name);
+      p->value.copy_from(it->second);
+    }
+    optimizer_->load_state(point.optimizer_state, s.at("optimizer_steps").get<int64_t>(), *latest);
   }
-  optimizer_->load_state(point.optimizer_state, s.at("optimizer_steps").get<int64_t>(), *latest);
   global_step_ = s.at("global_step").get<int64_t>();
   start_epoch_ = s.at("epoch").get<int64_t>();
   resume_step_in_epoch_ = s.at("step_in_epoch").get<int64_t>();
@@ -249,6 +288,12 @@ void FinetuneRecipe::resume() {
 
 void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch) {
   group_.barrier();
+  // Sharded: every rank takes part in gathering the full weights and moments; rank 0 writes them.
+  std::map<std::string, Tensor> optimizer_state;
+  if (sharded_) {
+    sharded_->gather_full_parameters();
+    optimizer_state = sharded_->gather_optimizer_state(*optimizer_);
+  }
   if (rank0_) {
     SaveRequest r;
     r.name = name;
@@ -261,16 +306,17 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
                       {"global_step", global_step_}, {"optimizer_steps", optimizer_->steps()},
                       {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},
                       {"loader", step_in_epoch > 0 ? loader_->state().to_json() : nlohmann::json(nullptr)}};
-    r.optimizer_state = optimizer_->state();
+    r.optimizer_state = sharded_ ? std::move(optimizer_state) : optimizer_->state();
     r.trainable = trainable_;
     last_checkpoint_ = checkpointer_->save(r);
     log_info("saved checkpoint " + last_checkpoint_);
   }
+  if (sharded_) sharded_->release_full_parameters();
   group_.barrier();
 }
 
 void FinetuneRecipe::all_reduce_gradients() {
-  if (group_.size() == 1) return;
+  if (group_.size() == 1 || sharded_) return;  // sharded: reduce-scattered inside forward_backward
   for (model::Parameter* p : trainable_) group_.allreduce_sum(p->grad.f32(), p->grad.numel());
 }
 
@@ -291,6 +337,7 @@ void FinetuneRecipe::train() {
     while (step_in_epoch < steps_per_epoch_) {
       const auto step_start = std::chrono::steady_clock::now();
       model_->zero_grad();
+      if (sharded_) sharded_->zero_grad();
       double sums[2] = {0.0, 0.0};  // loss sum, label tokens (this rank, then the world)
       for (int micro = 0; micro < cfg_.gradient_accumulation_steps; ++micro) {
         Batch batch;
@@ -299,7 +346,7 @@ void FinetuneRecipe::train() {
         for (auto& a : adapters_) a->set_dropout_key(uint64_t(global_step_) * 1000003u + uint64_t(micro));
         model::Batch mb{batch.tokens.data(), batch.labels.data(), batch.positions.data(),
                         cfg_.datasets.front().packed ? batch.doc_ids.data() : nullptr, batch.batch_size, batch.seq_len};
-        model::LossResult r = model_->forward_backward(mb, 1.0f);
+        model::LossResult r = sharded_ ? sharded_->forward_backward(mb, 1.0f) : model_->forward_backward(mb, 1.0f);
         sums[0] += r.loss_sum;
         sums[1] += double(r.n_valid);
       }
@@ -312,9 +359,11 @@ void FinetuneRecipe::train() {
         throw Error("training at step " + std::to_string(global_step_ + 1),
                     "the loss is " + std::to_string(loss) + "; stopped before updating the weights" +
                         (last_checkpoint_.empty() ? std::string() : "; the last good checkpoint is " + last_checkpoint_));
-      scale_gradients(trainable_, float(1.0 / tokens));
+      scale_gradients(optimizer_->params(), float(1.0 / tokens));
       std::optional<double> grad_norm;
-      if (cfg_.clip_grad_norm) grad_norm = clip_gradient_norm(trainable_, *cfg_.clip_grad_norm);
+      if (cfg_.clip_grad_norm)
+        grad_norm = sharded_ ? sharded_->clip_gradient_norm(*cfg_.clip_grad_norm)
+                             : clip_gradient_norm(trainable_, *cfg_.clip_grad_norm);
       const double lr = cfg_.optimizer.lr * (schedule_ ? schedule_->multiplier(global_step_) : 1.0);
       optimizer_->step(lr);
       ++global_step_;
@@ -336,7 +385,8 @@ void FinetuneRecipe::train() {
     if (rank0_) bar.finish();
     save("epoch_" + std::to_string(epoch), epoch + 1, 0);
   }
-  if (rank0_)
+  // Every rank reports its own peak (ranks differ: rank 0 also gathers checkpoints).
+  if (rank0_ || group_.size() > 1)
     log_info("training done: " + std::to_string(global_step_) + " steps in " +
              std::to_string(int(seconds_since(run_start))) + " s; peak RSS " +
              std::to_string(read_memory_stats().peak_rss_bytes >> 20) + " MiB");

@@ -2,8 +2,10 @@
 // lora_finetune_single_device and lora_finetune_distributed. They share one loop (setup(), then
 // train(), as torchtune's recipes read); what differs is policy chosen in setup from the
 // RecipeSpec: LoRA/DoRA/QLoRA adapters or all weights trainable, one process or a process group.
-// Data parallelism here replicates the model and sums gradients across ranks (DDP semantics);
-// sharding parameters, gradients and optimizer state across ranks (FSDP) is not built yet.
+// The distributed recipes shard the trainable parameters, their gradients and AdamW state across
+// ranks (FSDP / ZeRO-3, train/sharded_data_parallel.h; fsdp_reshard_after_forward honoured; the
+// frozen LoRA base stays replicated). env KTUNE_DATA_PARALLEL=replicate runs them with replicated
+// weights and all-reduced gradients instead (DDP: the benchmark's baseline).
 #pragma once
 
 #include "dist/process_group.h"

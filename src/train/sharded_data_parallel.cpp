@@ -1,0 +1,257 @@
+#include "train/sharded_data_parallel.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cpu/adamw.h"
+#include "train/optimizer.h"
+
+namespace ktune::train {
+
+struct ShardedDataParallel::Unit {
+  int64_t index = 0;
+  std::vector<model::Parameter*> params;
+  std::vector<Shape> shapes;  // of params (their values are undefined while the unit is sharded)
+  FlatShardLayout layout;
+  model::Parameter shard;             // value, grad: (shard_size) f32, this rank's part
+  std::shared_ptr<Tensor> full;       // gathered values (padded), null while sharded
+  std::shared_ptr<Tensor> full_grad;  // full gradients (padded) between a backward and its reduction
+  bool empty() const { return params.empty(); }
+};
+
+namespace {
+// Copies the part of parameter i of `layout` that `rank` owns, between a full tensor and a shard.
+void copy_owned_part(const FlatShardLayout& layout, size_t i, int rank, float* shard, const float* full_param) {
+  auto [lo, hi] = layout.param_in_shard(i, rank);
+  if (lo < hi)
+    std::memcpy(shard + (lo - layout.shard_begin(rank)), full_param + (lo - layout.offset[i]), size_t(hi - lo) * sizeof(float));
+}
+}  // namespace
+
+ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vector<model::Parameter*>& trainable,
+                                         dist::ProcessGroup& group, ShardingOptions options)
+    : model_(model), group_(group), options_(options) {
+  const int64_t L = model.config().num_layers;
+  for (int64_t u = 0; u <= L; ++u) {
+    units_.push_back(std::make_unique<Unit>());
+    units_.back()->index = u;
+  }
+  for (model::Parameter* p : trainable) {
+    check(p->value.defined() && p->value.dtype() == DType::F32, "sharded data parallel",
+          "parameter " + p->name + " must hold f32 values to be sharded");
+    const int64_t layer = layer_of_parameter(p->name);
+    check(layer < L, "sharded data parallel", "parameter " + p->name + " names a layer beyond the model's " + std::to_string(L));
+    Unit& u = *units_[size_t(layer < 0 ? L : layer)];
+    u.params.push_back(p);
+    u.shapes.push_back(p->value.shape());
+  }
+  const int rank = group.rank();
+  for (auto& up : units_) {
+    Unit& u = *up;
+    std::vector<int64_t> numels;
+    for (const Shape& s : u.shapes) numels.push_back(s.numel());
+    u.layout = FlatShardLayout::plan(numels, group.size());
+    layouts_.push_back(u.layout);
+    if (u.empty()) continue;
+    u.shard.name = "shard." + std::to_string(u.index);
+    u.shard.value = Tensor::zeros({u.layout.shard_size()});
+    u.shard.grad = Tensor::zeros({u.layout.shard_size()});
+    u.shard.trainable = true;
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      copy_owned_part(u.layout, i, rank, u.shard.value.f32(), u.params[i]->value.f32());
+      u.params[i]->value = Tensor();
+      u.params[i]->grad = Tensor();
+    }
+  }
+  for (model::Parameter* p : model.parameters())
+    if (!p->trainable && p->value.defined()) replicated_frozen_bytes_ += int64_t(p->value.bytes());
+
+  model::LayerHooks hooks;
+  hooks.before_forward = [this](int64_t l) { gather(*units_[size_t(l)]); };
+  hooks.after_forward = [this](int64_t l) {
+    if (options_.reshard_after_forward) release(*units_[size_t(l)]);
+  };
+  hooks.before_backward = [this](int64_t l) {
+    gather(*units_[size_t(l)]);
+    begin_gradients(*units_[size_t(l)]);
+  };
+  hooks.after_backward = [this](int64_t l) {
+    reduce_gradients(*units_[size_t(l)]);
+    release(*units_[size_t(l)]);
+  };
+  model.set_layer_hooks(std::move(hooks));
+}
+
+ShardedDataParallel::~ShardedDataParallel() { model_.set_layer_hooks({}); }
+
+std::vector<model::Parameter*> ShardedDataParallel::shard_parameters() {
+  std::vector<model::Parameter*> out;
+  for (auto& u : units_)
+    if (!u->empty()) out.push_back(&u->shard);
+  return out;
+}
+
+void ShardedDataParallel::gather(Unit& u) {
+  if (u.empty() || u.full) return;
+  u.full = std::make_shared<Tensor>(Tensor::empty({u.layout.padded}));
+  group_.all_gather(u.full->f32(), u.shard.value.f32(), u.layout.shard_size());
+  for (size_t i = 0; i < u.params.size(); ++i)
+    u.params[i]->value = Tensor::view(u.full->f32() + u.layout.offset[i], u.shapes[i], DType::F32, u.full);
+}
+
+void ShardedDataParallel::release(Unit& u) {
+  if (!u.full) return;
+  for (model::Parameter* p : u.params) p->value = Tensor();
+  u.full.reset();
+}
+
+void ShardedDataParallel::begin_gradients(Unit& u) {
+  if (u.empty() || u.full_grad) return;
+  u.full_grad = std::make_shared<Tensor>(Tensor::zeros({u.layout.padded}));
+  for (size_t i = 0; i < u.params.size(); ++i)
+    u.params[i]->grad = Tensor::view(u.full_grad->f32() + u.layout.offset[i], u.shapes[i], DType::F32, u.full_grad);
+}
+
+void ShardedDataParallel::reduce_gradients(Unit& u) {
+  if (!u.full_grad) return;
+  const int64_t S = u.layout.shard_size();
+  float* flat = u.full_grad->f32();
+  group_.reduce_scatter_sum(flat, flat, S);  // flat[0:S] ← Σ_ranks this rank's part
+  float* g = u.shard.grad.f32();
+  for (int64_t i = 0; i < S; ++i) g[i] += flat[i];
+  for (model::Parameter* p : u.params) p->grad = Tensor();
+  u.full_grad.reset();
+}
+
+model::LossResult ShardedDataParallel::forward_backward(const model::Batch& batch, float grad_scale) {
+  Unit& root = *units_.back();
+  gather(root);
+  begin_gradients(root);
+  model::LossResult r = model_.forward_backward(batch, grad_scale);
+  reduce_gradients(root);
+  release(root);
+  // Layers the backward did not reach hold nothing trainable (empty units): this only makes
+  // sure no gathered value outlives the step.
+  for (auto& u : units_) {
+    reduce_gradients(*u);
+    release(*u);
+  }
+  return r;
+}
+
+void ShardedDataParallel::zero_grad() {
+  for (auto& u : units_)
+    if (!u->empty()) u->shard.grad.fill_zero();
+}
+
+double ShardedDataParallel::gradient_norm() {
+  double sum = 0;
+  for (auto& u : units_)
+    if (!u->empty()) sum += cpu::sum_of_squares(u->shard.grad.f32(), u->shard.grad.numel());
+  group_.allreduce_sum(&sum, 1);
+  return std::sqrt(sum);
+}
+
+double ShardedDataParallel::clip_gradient_norm(double max_norm) {
+  const double norm = gradient_norm();
+  if (std::isfinite(max_norm) && norm > max_norm) scale_gradients(shard_parameters(), float(max_norm / (norm + 1e-6)));
+  return norm;
+}
+
+void ShardedDataParallel::gather_full_parameters() {
+  for (auto& u : units_) gather(*u);
+}
+
+void ShardedDataParallel::release_full_parameters() {
+  for (auto& u : units_) release(*u);
+}
+
+void ShardedDataParallel::load_full_parameters(const std::map<std::string, Tensor>& by_name, const std::string& where) {
+  const int rank = group_.rank();
+  for (auto& up : units_) {
+    Unit& u = *up;
+    release(u);
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      auto it = by_name.find(u.params[i]->name);
+      if (it == by_name.end()) throw Error(where, "has no weights for " + u.params[i]->name);
+      if (it->second.shape() != u.shapes[i])
+        throw Error(where, u.params[i]->name + " has shape " + it->second.shape().str() + ", expected " + u.shapes[i].str());
+      Tensor f32 = it->second.dtype() == DType::F32 ? it->second : it->second.to(DType::F32);
+      copy_owned_part(u.layout, i, rank, u.shard.value.f32(), f32.f32());
+    }
+  }
+}
+
+std::vector<Tensor> ShardedDataParallel::gather_flat(const std::vector<Tensor>& shards, const std::vector<Unit*>& units) {
+  std::vector<Tensor> flats;
+  for (size_t k = 0; k < units.size(); ++k) {
+    flats.push_back(Tensor::empty({units[k]->layout.padded}));
+    group_.all_gather(flats.back().f32(), shards[k].f32(), units[k]->layout.shard_size());
+  }
+  return flats;
+}
+
+std::map<std::string, Tensor> ShardedDataParallel::gather_optimizer_state(const AdamW& optimizer) {
+  std::map<std::string, Tensor> state = optimizer.state(), out;
+  std::vector<Unit*> units;
+  for (auto& u : units_)
+    if (!u->empty()) units.push_back(u.get());
+  for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
+    std::vector<Tensor> shards;
+    for (Unit* u : units) {
+      auto it = state.find(prefix + u->shard.name);
+      check(it != state.end(), "sharded data parallel", std::string("the optimizer has no ") + prefix + u->shard.name);
+      shards.push_back(it->second);
+    }
+    std::vector<Tensor> flats = gather_flat(shards, units);
+    for (size_t k = 0; k < units.size(); ++k)
+      for (size_t i = 0; i < units[k]->params.size(); ++i) {
+        Tensor t = Tensor::empty(units[k]->shapes[i]);
+        std::memcpy(t.f32(), flats[k].f32() + units[k]->layout.offset[i], size_t(t.numel()) * sizeof(float));
+        out[prefix + units[k]->params[i]->name] = t;
+      }
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> ShardedDataParallel::shard_optimizer_state(const std::map<std::string, Tensor>& full,
+                                                                         const std::string& where) {
+  const int rank = group_.rank();
+  std::map<std::string, Tensor> out;
+  for (auto& up : units_) {
+    Unit& u = *up;
+    if (u.empty()) continue;
+    for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
+      Tensor shard = Tensor::zeros({u.layout.shard_size()});
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        auto it = full.find(prefix + u.params[i]->name);
+        if (it == full.end()) throw Error(where, std::string("optimizer state has no ") + prefix + u.params[i]->name);
+        if (it->second.shape() != u.shapes[i])
+          throw Error(where, "optimizer state " + it->first + " has shape " + it->second.shape().str() + ", expected " +
+                                 u.shapes[i].str());
+        copy_owned_part(u.layout, i, rank, shard.f32(), it->second.f32());
+      }
+      out[prefix + u.shard.name] = shard;
+    }
+  }
+  return out;
+}
+
+ShardedMemory ShardedDataParallel::memory() const {
+  ShardedMemory m;
+  m.replicated_frozen = replicated_frozen_bytes_;
+  for (const auto& u : units_) {
+    const int64_t shard_bytes = u->layout.shard_size() * int64_t(sizeof(float));
+    m.sharded_params += shard_bytes;
+    m.gradient_shards += shard_bytes;
+    const int64_t full_bytes = u->layout.padded * int64_t(sizeof(float));
+    if (u.get() == units_.back().get())
+      m.root_unit_full = full_bytes;
+    else
+      m.largest_unit_full = std::max(m.largest_unit_full, full_bytes);
+  }
+  return m;
+}
+
+}  // namespace ktune::train

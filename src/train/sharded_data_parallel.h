@@ -1,0 +1,107 @@
+// ShardedDataParallel: FSDP / ZeRO-3 for the decoder over a dist::ProcessGroup. Each rank keeps
+// only 1/W of every trainable parameter, of its gradient and (through the optimizer, which is
+// given the shards) of its AdamW moments. The trainable parameters are grouped in units, one per
+// decoder layer plus one for the rest (embeddings, final norm, output projection), each a flat
+// buffer laid out by FlatShardLayout (sharded_layout.h).
+//
+// A step, per micro-batch:
+//   root unit: all-gather values, zero full grads             (kept for the whole call: the
+//   layer l forward:  all-gather l → forward → free l          embedding and the output
+//                     (kept until its backward when             projection are used at both ends)
+//                      reshard_after_forward is false)
+//   layer l backward: all-gather l (if freed) → backward into full grads → reduce-scatter them
+//                     into l's gradient shard (+=, so micro-batches accumulate) → free l
+//   root unit: reduce-scatter grads, free
+// then the recipe scales, clips (global norm over the shards) and steps AdamW on the shards.
+// Frozen parameters are not sharded: the LoRA base stays replicated on every rank (its memory is
+// counted as such), while the adapters are sharded like any trainable parameter.
+// Checkpoints: gather_full_parameters() gives every rank the full values (rank 0 writes them with
+// the ordinary checkpointer), and the optimizer state is gathered into the same per-parameter
+// "exp_avg.<name>" tensors an unsharded run saves, so a checkpoint does not depend on W.
+//
+// It deliberately does not overlap communication with compute (Gloo collectives block; the
+// gather of layer l+1 could be prefetched on another thread), offload to the CPU, or shard
+// bf16-stored weights (the recipes keep f32 master weights).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "dist/process_group.h"
+#include "model/decoder.h"
+#include "train/sharded_layout.h"
+
+namespace ktune::train {
+
+class AdamW;
+
+struct ShardingOptions {
+  bool reshard_after_forward = true;  // fsdp_reshard_after_forward
+};
+
+// Bytes one rank holds between steps, and at most on top of that during a step.
+struct ShardedMemory {
+  int64_t sharded_params = 0;     // Σ over units of the shard (f32), incl. padding
+  int64_t replicated_frozen = 0;  // parameters that are not trainable, on every rank
+  int64_t gradient_shards = 0;    // f32
+  int64_t largest_unit_full = 0;  // bytes of one gathered unit (values), the transient granule
+  int64_t root_unit_full = 0;     // bytes of the gathered root unit (values)
+};
+
+class ShardedDataParallel {
+ public:
+  // Takes the trainable parameters (f32 values, identical on every rank) of `model`, keeps this
+  // rank's shards, frees the full values and gradients, and installs the model's layer hooks.
+  ShardedDataParallel(model::Decoder& model, const std::vector<model::Parameter*>& trainable, dist::ProcessGroup& group,
+                      ShardingOptions options);
+  ~ShardedDataParallel();  // removes the hooks
+  ShardedDataParallel(const ShardedDataParallel&) = delete;
+  ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
+
+  // What the optimizer updates: one flat (shard_size) value + gradient per non-empty unit,
+  // named "shard.<unit>" (unit L is the root).
+  std::vector<model::Parameter*> shard_parameters();
+
+  // The model's forward_backward with the gathers and reductions above; gradients accumulate into
+  // the shards (grad_scale as model::Decoder::forward_backward).
+  model::LossResult forward_backward(const model::Batch& batch, float grad_scale);
+  void zero_grad();
+  // √Σ‖g‖² over every rank's shards (one allreduce), and torch's clip_grad_norm_ with it.
+  double gradient_norm();
+  double clip_gradient_norm(double max_norm);
+
+  // Every rank: the full values of the sharded parameters in place (for saving), and back.
+  void gather_full_parameters();
+  void release_full_parameters();
+  // Sets this rank's shards from full per-parameter tensors by name (resume); errors name the
+  // missing or misshapen entry and `where`.
+  void load_full_parameters(const std::map<std::string, Tensor>& by_name, const std::string& where);
+  // The optimizer's moments as an unsharded AdamW names them ("exp_avg.<param>", "exp_avg_sq.<param>"),
+  // gathered on every rank; and the reverse, the shard state AdamW::load_state wants.
+  std::map<std::string, Tensor> gather_optimizer_state(const AdamW& optimizer);
+  std::map<std::string, Tensor> shard_optimizer_state(const std::map<std::string, Tensor>& full, const std::string& where);
+
+  ShardedMemory memory() const;
+  const std::vector<FlatShardLayout>& layouts() const { return layouts_; }
+
+ private:
+  struct Unit;
+  void gather(Unit& u);
+  void release(Unit& u);
+  void begin_gradients(Unit& u);
+  void reduce_gradients(Unit& u);
+  std::vector<Tensor> gather_flat(const std::vector<Tensor>& shards, const std::vector<Unit*>& units);
+
+  model::Decoder& model_;
+  dist::ProcessGroup& group_;
+  ShardingOptions options_;
+  std::vector<std::unique_ptr<Unit>> units_;  // layers 0..L-1, then the root
+  std::vector<FlatShardLayout> layouts_;      // per unit
+  int64_t replicated_frozen_bytes_ = 0;
+};
+
+}  // namespace ktune::train

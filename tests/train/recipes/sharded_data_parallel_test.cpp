@@ -1,0 +1,307 @@
+// Sharded data parallelism in-process: the flat layout's arithmetic by hand and by property, and
+// ShardedDataParallel on W = 1, 2, 3 ranks (threads over Gloo) against one unsharded decoder that
+// sees every rank's rows: same loss, same gradient norm, same weights after AdamW steps — for a
+// full fine-tune (with and without resharding after the forward, with activation checkpointing)
+// and for LoRA (frozen base replicated, adapters sharded).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "core/parallel.h"
+#include "dist/process_group.h"
+#include "dist/tcp_store.h"
+#include "model/adapters/lora_adapter.h"
+#include "model/decoder.h"
+#include "train/optimizer.h"
+#include "train/sharded_data_parallel.h"
+#include "train/sharded_layout.h"
+
+using namespace ktune;
+using namespace ktune::train;
+using namespace std::chrono_literals;
+
+TEST(FlatShardLayout, OffsetsPaddingAndShardRangesMatchAHandComputedCase) {
+  // Sizes 5, 20, 3: offsets 0, 16, 48 (each start aligned to 16 floats); payload ends at 51.
+  FlatShardLayout w1 = FlatShardLayout::plan({5, 20, 3}, 1);
+  EXPECT_EQ(w1.offset, (std::vector<int64_t>{0, 16, 48}));
+  EXPECT_EQ(w1.padded, 64);
+  EXPECT_EQ(w1.shard_size(), 64);
+  EXPECT_EQ(w1.payload(), 28);
+  EXPECT_EQ(w1.param_in_shard(2, 0), (std::pair<int64_t, int64_t>{48, 51}));
+
+  FlatShardLayout w2 = FlatShardLayout::plan({5, 20, 3}, 2);  // 64 is a multiple of 32: S = 32
+  EXPECT_EQ(w2.padded, 64);
+  EXPECT_EQ(w2.shard_size(), 32);
+  EXPECT_EQ(w2.param_in_shard(0, 0), (std::pair<int64_t, int64_t>{0, 5}));
+  EXPECT_EQ(w2.param_in_shard(1, 0), (std::pair<int64_t, int64_t>{16, 32}));
+  EXPECT_EQ(w2.param_in_shard(1, 1), (std::pair<int64_t, int64_t>{32, 36}));  // p1 straddles the shards
+  EXPECT_EQ(w2.param_in_shard(2, 1), (std::pair<int64_t, int64_t>{48, 51}));
+  auto r = w2.param_in_shard(2, 0);
+  EXPECT_EQ(r.first, r.second);  // p2 is not on rank 0
+
+  FlatShardLayout w3 = FlatShardLayout::plan({5, 20, 3}, 3);  // 64 rounded up to a multiple of 48: 96, S = 32
+  EXPECT_EQ(w3.padded, 96);
+  EXPECT_EQ(w3.shard_size(), 32);
+  EXPECT_EQ(w3.shard_begin(2), 64);
+  for (size_t i = 0; i < 3; ++i) {  // rank 2 holds padding only
+    auto e = w3.param_in_shard(i, 2);
+    EXPECT_EQ(e.first, e.second) << i;
+  }
+  EXPECT_EQ(FlatShardLayout::plan({}, 3).padded, 0);
+}
+
+TEST(FlatShardLayout, EveryElementIsOwnedByExactlyOneRankAndShardsAreAligned) {
+  std::mt19937 rng(11);
+  for (int world = 1; world <= 5; ++world)
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<int64_t> sizes(1 + rng() % 7);
+      for (int64_t& s : sizes) s = int64_t(rng() % 300);
+      FlatShardLayout l = FlatShardLayout::plan(sizes, world);
+      ASSERT_EQ(l.padded % (FlatShardLayout::kAlignFloats * world), 0);
+      ASSERT_EQ(l.shard_size() % FlatShardLayout::kAlignFloats, 0);
+      ASSERT_LT(l.padded - l.payload(), FlatShardLayout::kAlignFloats * int64_t(sizes.size() + size_t(world)));
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        ASSERT_EQ(l.offset[i] % FlatShardLayout::kAlignFloats, 0);
+        if (i > 0) ASSERT_GE(l.offset[i], l.offset[i - 1] + sizes[i - 1]);
+        int64_t owned = 0, next = l.offset[i];
+        for (int rank = 0; rank < world; ++rank) {
+          auto [lo, hi] = l.param_in_shard(i, rank);
+          if (lo == hi) continue;
+          ASSERT_EQ(lo, next) << "parts must tile the parameter in rank order";
+          ASSERT_GE(lo, l.shard_begin(rank));
+          ASSERT_LE(hi, l.shard_begin(rank) + l.shard_size());
+          owned += hi - lo;
+          next = hi;
+        }
+        ASSERT_EQ(owned, sizes[i]) << "world " << world << " param " << i;
+      }
+    }
+}
+
+TEST(ShardedLayerOfParameter, NamesTheDecoderLayerOrTheRoot) {
+  EXPECT_EQ(layer_of_parameter("model.layers.0.self_attn.q_proj.weight"), 0);
+  EXPECT_EQ(layer_of_parameter("model.layers.17.mlp.down_proj.weight"), 17);
+  EXPECT_EQ(layer_of_parameter("base_model.model.model.layers.3.self_attn.v_proj.lora_A.weight"), 3);
+  EXPECT_EQ(layer_of_parameter("model.embed_tokens.weight"), -1);
+  EXPECT_EQ(layer_of_parameter("model.norm.weight"), -1);
+  EXPECT_EQ(layer_of_parameter("lm_head.weight"), -1);
+  EXPECT_EQ(layer_of_parameter("model.layers.x.weight"), -1);
+}
+
+namespace {
+
+model::ModelConfig small_config() {
+  model::ModelConfig c = model::ModelConfig::llama_like(/*vocab*/ 97, /*hidden*/ 48, /*layers*/ 3, /*heads*/ 4,
+                                                        /*kv_heads*/ 2, /*intermediate*/ 72);
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+constexpr int64_t kRowsPerRank = 2, kT = 11;
+
+// Deterministic tokens and labels for `rows` rows starting at global row `first`.
+void make_rows(std::vector<int32_t>& tokens, std::vector<int32_t>& labels, int64_t first, int64_t rows, int step) {
+  tokens.resize(size_t(rows * kT));
+  labels.resize(size_t(rows * kT));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < kT; ++t) {
+      const int64_t g = (first + r) * kT + t;
+      tokens[size_t(r * kT + t)] = int32_t((g * 31 + step * 7 + 3) % 97);
+      labels[size_t(r * kT + t)] = (g + step) % 5 == 0 ? -100 : int32_t((g * 17 + step) % 97);
+    }
+}
+
+struct Scenario {
+  bool lora = false;
+  bool reshard_after_forward = true;
+  bool checkpointing = false;
+  int steps = 2;
+};
+
+std::unique_ptr<model::Decoder> make_model(const Scenario& s, std::vector<std::shared_ptr<model::LoraAdapter>>* adapters) {
+  auto m = std::make_unique<model::Decoder>(small_config(), /*seed*/ 5);
+  if (s.lora) {
+    model::LoraOptions o;
+    o.rank = 4;
+    o.alpha = 8;
+    o.seed = 9;
+    *adapters = model::attach_lora(*m, model::LoraTargets{{"q_proj", "v_proj", "output_proj"}, true, false}, o);
+    // B starts at zero; move it so that A's gradient is not zero either.
+    for (model::Parameter* p : m->parameters())
+      if (p->name.find("lora_B") != std::string::npos)
+        for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] = 0.01f * float((i * 7) % 13 - 6);
+  } else {
+    m->set_trainable([](const std::string&) { return true; });
+  }
+  m->set_activation_checkpointing(s.checkpointing);
+  return m;
+}
+
+std::vector<model::Parameter*> trainable_of(model::Decoder& m) {
+  std::vector<model::Parameter*> out;
+  for (model::Parameter* p : m.parameters())
+    if (p->trainable) out.push_back(p);
+  return out;
+}
+
+struct Outcome {
+  std::vector<double> losses, norms;
+  std::map<std::string, Tensor> weights;  // trainable, after the last step
+};
+
+const AdamWSettings kAdam{1e-2, 0.9, 0.999, 1e-8, 0.01};
+
+// One decoder, every rank's rows in one batch, plain AdamW.
+Outcome reference(const Scenario& s, int world) {
+  std::vector<std::shared_ptr<model::LoraAdapter>> adapters;
+  auto m = make_model(s, &adapters);
+  auto trainable = trainable_of(*m);
+  AdamW opt(trainable, kAdam);
+  Outcome out;
+  std::vector<int32_t> tokens, labels;
+  for (int step = 0; step < s.steps; ++step) {
+    m->zero_grad();
+    make_rows(tokens, labels, 0, kRowsPerRank * world, step);
+    model::LossResult r = m->forward_backward({tokens.data(), labels.data(), nullptr, nullptr, kRowsPerRank * world, kT}, 1.0f);
+    scale_gradients(trainable, float(1.0 / double(r.n_valid)));
+    out.norms.push_back(clip_gradient_norm(trainable, 0.5));
+    out.losses.push_back(r.loss_sum / double(r.n_valid));
+    opt.step(kAdam.lr);
+  }
+  for (model::Parameter* p : trainable) out.weights[p->name] = p->value.to(DType::F32);
+  return out;
+}
+
+// The same on `world` ranks (threads over Gloo), each with its rows, sharded; the result of rank 0.
+Outcome sharded(const Scenario& s, int world) {
+  dist::TcpStoreServer server(0);
+  std::vector<Outcome> outcomes(static_cast<size_t>(world));
+  std::vector<std::string> failures(static_cast<size_t>(world));
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < world; ++rank)
+    ranks.emplace_back([&, rank] {
+      try {
+        dist::TcpStore store("127.0.0.1", server.port(), 60s);
+        auto group = dist::make_gloo_process_group(store, "sdp", rank, world, "127.0.0.1", 60s);
+        std::vector<std::shared_ptr<model::LoraAdapter>> adapters;
+        auto m = make_model(s, &adapters);
+        auto trainable = trainable_of(*m);
+        ShardedDataParallel sdp(*m, trainable, *group, ShardingOptions{s.reshard_after_forward});
+        for (model::Parameter* p : trainable) EXPECT_FALSE(p->value.defined()) << p->name << " kept whole";
+        AdamW opt(sdp.shard_parameters(), kAdam);
+        Outcome& out = outcomes[size_t(rank)];
+        std::vector<int32_t> tokens, labels;
+        for (int step = 0; step < s.steps; ++step) {
+          sdp.zero_grad();
+          make_rows(tokens, labels, kRowsPerRank * rank, kRowsPerRank, step);
+          model::LossResult r = sdp.forward_backward({tokens.data(), labels.data(), nullptr, nullptr, kRowsPerRank, kT}, 1.0f);
+          double sums[2] = {r.loss_sum, double(r.n_valid)};
+          group->allreduce_sum(sums, 2);
+          scale_gradients(opt.params(), float(1.0 / sums[1]));
+          out.norms.push_back(sdp.clip_gradient_norm(0.5));
+          out.losses.push_back(sums[0] / sums[1]);
+          opt.step(kAdam.lr);
+        }
+        // The moments survive a round trip through the unsharded naming (checkpoints).
+        std::map<std::string, Tensor> full = sdp.gather_optimizer_state(opt);
+        EXPECT_EQ(full.size(), 2 * trainable.size());
+        std::map<std::string, Tensor> back = sdp.shard_optimizer_state(full, "test");
+        for (const auto& [name, t] : opt.state())
+          for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(back.at(name).f32()[i], t.f32()[i]) << name;
+        sdp.gather_full_parameters();
+        for (model::Parameter* p : trainable) out.weights[p->name] = p->value.to(DType::F32);
+        sdp.release_full_parameters();
+        // Loading the gathered weights back gives the same shards.
+        std::vector<Tensor> before;
+        for (model::Parameter* p : sdp.shard_parameters()) before.push_back(p->value.to(DType::F32));
+        sdp.load_full_parameters(out.weights, "test");
+        auto shards = sdp.shard_parameters();
+        for (size_t k = 0; k < shards.size(); ++k)
+          for (int64_t i = 0; i < before[k].numel(); ++i) ASSERT_EQ(shards[k]->value.f32()[i], before[k].f32()[i]);
+      } catch (const std::exception& e) {
+        failures[size_t(rank)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(failures[size_t(r)], "") << "rank " << r;
+  // Every rank ends with the same weights.
+  for (int r = 1; r < world; ++r)
+    for (const auto& [name, t] : outcomes[0].weights)
+      for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(outcomes[size_t(r)].weights.at(name).f32()[i], t.f32()[i]);
+  return outcomes[0];
+}
+
+void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::max(1.0, std::fabs(b.losses[i]))) << what << " step " << i;
+    EXPECT_NEAR(a.norms[i], b.norms[i], 1e-4 * std::max(1.0, b.norms[i])) << what << " step " << i;
+  }
+  ASSERT_EQ(a.weights.size(), b.weights.size()) << what;
+  double worst = 0, moved = 0;
+  for (const auto& [name, t] : b.weights) {
+    const Tensor& u = a.weights.at(name);
+    ASSERT_EQ(u.numel(), t.numel()) << name;
+    for (int64_t i = 0; i < t.numel(); ++i) worst = std::max(worst, double(std::fabs(u.f32()[i] - t.f32()[i])));
+  }
+  // The steps moved the weights far more than the difference (the comparison is not vacuous).
+  auto initial = reference(Scenario{what.find("lora") != std::string::npos, true, false, 0}, 1);
+  for (const auto& [name, t] : b.weights)
+    for (int64_t i = 0; i < t.numel(); ++i) moved = std::max(moved, double(std::fabs(initial.weights.at(name).f32()[i] - t.f32()[i])));
+  EXPECT_LT(worst, 2e-5) << what;
+  EXPECT_GT(moved, 1e-3) << what;
+}
+
+class ShardedDataParallelTest : public ::testing::Test {
+ protected:
+  void SetUp() override { set_num_threads(1); }
+};
+
+}  // namespace
+
+TEST_F(ShardedDataParallelTest, FullFinetuneOnOneTwoThreeRanksMatchesOneUnshardedDecoder) {
+  for (int world : {1, 2, 3}) {
+    Scenario s;
+    expect_same(sharded(s, world), reference(s, world), "full W=" + std::to_string(world));
+  }
+}
+
+TEST_F(ShardedDataParallelTest, KeepingLayersGatheredAfterTheForwardAndCheckpointingChangeNothing) {
+  Scenario s;
+  s.reshard_after_forward = false;
+  expect_same(sharded(s, 2), reference(s, 2), "full no-reshard W=2");
+  s.reshard_after_forward = true;
+  s.checkpointing = true;
+  expect_same(sharded(s, 2), reference(s, 2), "full checkpointing W=2");
+}
+
+TEST_F(ShardedDataParallelTest, LoraAdaptersShardedBaseReplicatedMatchesOneUnshardedDecoder) {
+  for (int world : {2, 3}) {
+    Scenario s;
+    s.lora = true;
+    expect_same(sharded(s, world), reference(s, world), "lora W=" + std::to_string(world));
+  }
+}
+
+TEST_F(ShardedDataParallelTest, PerRankParameterGradientAndOptimizerBytesFallAsOneOverW) {
+  Scenario s;
+  auto m = make_model(s, nullptr);
+  int64_t total = 0;
+  for (model::Parameter* p : trainable_of(*m)) total += p->value.numel();
+  dist::SingleProcessGroup single;
+  ShardedDataParallel one(*m, trainable_of(*m), single, {});
+  EXPECT_EQ(one.memory().replicated_frozen, 0);
+  // W = 1: the shard is the model plus the per-parameter alignment padding only.
+  EXPECT_GE(one.memory().sharded_params, 4 * total);
+  EXPECT_LT(one.memory().sharded_params, 4 * total + 4 * 16 * 64);
+  for (int world : {2, 3, 8}) {
+    int64_t shard_floats = 0;
+    for (const FlatShardLayout& l : one.layouts()) shard_floats += FlatShardLayout::plan(l.numel, world).shard_size();
+    EXPECT_NEAR(double(shard_floats), double(total) / world, 16.0 * 64) << world;
+  }
+}
