@@ -168,7 +168,20 @@ std::vector<std::string> torchtune_args(const types::TorchTuneConfig& config, co
   if (config.loss) args.push_back("loss=" + types::to_string(*config.loss));
 
   if (initializer) {
-    if (const auto* hf = std::get_if<types::HuggingFaceDatasetInitializer>(&initializer->dataset)) {
+    const auto* hf = std::get_if<types::HuggingFaceDatasetInitializer>(&initializer->dataset);
+    if (hf && hf->storage_uri.rfind("file://", 0) == 0) {
+      // ktune: the initializer copies a file:// folder's contents into /workspace/dataset, or a
+      // single file to /workspace/dataset/<its name>. A last component with a dot is taken for a
+      // file, as upstream takes an hf:// subpath with a dot (the plan never looks at the disk: it
+      // must read the same wherever it is made, and a Kubernetes initializer sees other disks).
+      std::string path = hf->storage_uri.substr(7);
+      while (path.size() > 1 && path.back() == '/') path.pop_back();
+      const std::string base = path.substr(path.find_last_of('/') + 1);
+      if (!base.empty() && base.find('.') != std::string::npos && base != "." && base != "..")
+        args.push_back("dataset.data_files=" + py_path_join(kDatasetPath, base));
+      else
+        args.push_back(std::string("dataset.data_dir=") + kDatasetPath);
+    } else if (hf) {
       const std::string rel = hf_relative_path(hf->storage_uri);
       if (rel != "." && rel.find('.') != std::string::npos)
         args.push_back("dataset.data_files=" + py_path_join(kDatasetPath, rel));

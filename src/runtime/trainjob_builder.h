@@ -21,8 +21,10 @@ inline constexpr const char* kModelPath = "/workspace/model";
 // loss, the dataset location from a Hugging Face dataset URI, the LoRA fields, then the dataset
 // preprocessing. ktune additions, each one of upstream's listed weaknesses fixed (off when
 // `upstream_exact`): an S3 dataset gets `dataset.data_dir=/workspace/dataset` (upstream renders no
-// location and trains on the config's default dataset); chat and multimodal datasets render their
-// fields (upstream refuses them).
+// location and trains on the config's default dataset); a file:// dataset points where its
+// initializer copies it (a folder: `dataset.data_dir=/workspace/dataset`; a file, i.e. a last
+// component with a dot: `dataset.data_files=/workspace/dataset/<name>`); chat and multimodal
+// datasets render their fields (upstream refuses them).
 std::vector<std::string> torchtune_args(const types::TorchTuneConfig& config, const types::Initializer* initializer,
                                         bool upstream_exact = false);
 

@@ -34,8 +34,11 @@ RuntimeCatalog catalog_for(const BackendConfig& config) {
   RuntimeCatalog catalog = RuntimeCatalog::builtin();
   if (config.kind == BackendConfig::Kind::Local) {
     const std::string dir = (config.home.empty() ? default_ktune_home() : config.home) + "/runtimes";
-    if (std::filesystem::is_directory(dir))
-      for (const v1alpha1::TrainingRuntime& r : RuntimeCatalog::load_dir(dir).runtimes()) catalog.add(r);
+    if (std::filesystem::is_directory(dir)) {
+      // Named: a range-for over a temporary's runtimes() would read a destroyed catalog.
+      const RuntimeCatalog extra = RuntimeCatalog::load_dir(dir);
+      for (const v1alpha1::TrainingRuntime& r : extra.runtimes()) catalog.add(r);
+    }
   }
   return catalog;
 }

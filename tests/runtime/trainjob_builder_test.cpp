@@ -125,6 +125,27 @@ TEST(TorchTuneArgs, S3DatasetPointsAtTheWorkspaceUnlikeUpstream) {
   EXPECT_EQ(torchtune_args(cfg, &init), (std::vector<std::string>{"epochs=1", "dataset.data_dir=/workspace/dataset"}));
 }
 
+// The dataset initializer copies a file:// folder's contents into /workspace/dataset (and one file
+// to /workspace/dataset/<name>): the location must point there, not at a path made of the source's
+// own directories (the bug an hf://-style reading of file:///a/b/c gave: data_dir=/workspace/dataset/b/c).
+TEST(TorchTuneArgs, FileDatasetPointsWhereTheInitializerCopiedIt) {
+  types::TorchTuneConfig cfg;
+  auto args_for = [&](const std::string& uri) {
+    types::Initializer init;
+    init.dataset = types::HuggingFaceDatasetInitializer{uri};
+    return torchtune_args(cfg, &init);
+  };
+  EXPECT_EQ(args_for("file:///tmp/jobs/src/dataset"), (std::vector<std::string>{"dataset.data_dir=/workspace/dataset"}));
+  EXPECT_EQ(args_for("file:///tmp/jobs/src/dataset/"), (std::vector<std::string>{"dataset.data_dir=/workspace/dataset"}));
+  EXPECT_EQ(args_for("file:///data"), (std::vector<std::string>{"dataset.data_dir=/workspace/dataset"}));
+  EXPECT_EQ(args_for("file:///tmp/src/train.jsonl"),
+            (std::vector<std::string>{"dataset.data_files=/workspace/dataset/train.jsonl"}));
+  EXPECT_EQ(args_for("file://relative/dir/rows.parquet"),
+            (std::vector<std::string>{"dataset.data_files=/workspace/dataset/rows.parquet"}));
+  // hf:// keeps upstream's rendering.
+  EXPECT_EQ(args_for("hf://tatsu-lab/alpaca/data"), (std::vector<std::string>{"dataset.data_dir=/workspace/dataset/data"}));
+}
+
 TEST(TorchTuneArgs, ChatAndMultimodalDatasetsRenderTheirFieldsWhereUpstreamRefuses) {
   types::TorchTuneConfig cfg;
   types::TorchTuneChatDataset chat;

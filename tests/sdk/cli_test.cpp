@@ -49,20 +49,12 @@ std::string trainer_env(double step_seconds = 0.02) {
   return "KTUNE_TRAINER_COMMAND='python3 " + kFakeTune + " run' KTUNE_FAKE_STEP_SECONDS=" + std::to_string(step_seconds);
 }
 
-// A dataset folder and a model folder, served to the initializers as file:// sources.
-// The control plane renders a dataset URI's location as upstream renders hf://org/repo/path:
-// dataset.data_dir=/workspace/dataset/<the path after the first component>. For a file:// URI
-// that is the source's own path minus its first component, while the initializer copies the
-// source folder to /workspace/dataset: so the data sits at that relative path inside the source.
-std::string dataset_relative_dir(const std::string& source) {
-  std::string p = source.substr(1);          // without the leading '/'
-  return p.substr(p.find('/') + 1);          // without the first component
-}
-
+// A dataset folder and a model folder, served to the initializers as file:// sources. The dataset
+// initializer copies the folder's contents into /workspace/dataset, and the control plane points
+// dataset.data_dir there (TorchTuneArgs.FileDatasetPointsWhereTheInitializerCopiedIt).
 void make_sources(const std::string& root) {
-  const std::string rel = dataset_relative_dir(root + "/dataset");
-  std::filesystem::create_directories(root + "/dataset/" + rel);
-  std::ofstream(root + "/dataset/" + rel + "/train.json")
+  std::filesystem::create_directories(root + "/dataset");
+  std::ofstream(root + "/dataset/train.json")
       << R"([{"instruction":"a","input":"","output":"1"},{"instruction":"b","input":"","output":"2"},)"
       << R"({"instruction":"c","input":"","output":"3"},{"instruction":"d","input":"","output":"4"}])";
   std::filesystem::create_directories(root + "/model/original");
@@ -158,8 +150,7 @@ TEST_F(Cli, EndToEndJobWithRealInitializersAndTheTestTrainer) {
 
   const std::string ws = home.path() + "/jobs/" + name;
   EXPECT_TRUE(std::filesystem::exists(ws + "/output/epoch_1/adapter_model.safetensors"));
-  const std::string rel = dataset_relative_dir(home.path() + "/src/dataset");
-  EXPECT_EQ(read_text(ws + "/dataset/" + rel + "/train.json"), read_text(home.path() + "/src/dataset/" + rel + "/train.json"));
+  EXPECT_EQ(read_text(ws + "/dataset/train.json"), read_text(home.path() + "/src/dataset/train.json"));
 
   Result del = ktune(home, "jobs delete " + name + " --workspace");
   EXPECT_EQ(del.code, 0) << del.err;
@@ -170,8 +161,7 @@ TEST_F(Cli, EndToEndJobWithRealInitializersAndTheTestTrainer) {
 TEST_F(Cli, WaitExitCodesSayFailedAndTimeout) {
   make_sources(home.path() + "/src");
   // A dataset that is not JSON: the test trainer exits 3 reading it.
-  std::ofstream(home.path() + "/src/dataset/" + dataset_relative_dir(home.path() + "/src/dataset") + "/train.json")
-      << "not json";
+  std::ofstream(home.path() + "/src/dataset/train.json") << "not json";
   const std::string uris = " --model file://" + home.path() + "/src/model --dataset file://" + home.path() + "/src/dataset";
   Result train = ktune(home, "train --runtime torchtune-llama3.2-1b" + uris + " --name failing-job", trainer_env());
   ASSERT_EQ(train.code, 0) << train.err;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -134,6 +135,30 @@ TEST(TrainerClient, RuntimesTableHasTheDesignsColumns) {
   EXPECT_NE(table.find("builtin-trainer"), std::string::npos);
   EXPECT_EQ(client.get_runtime("torchtune-llama3.2-1b").name, "torchtune-llama3.2-1b");
   EXPECT_THROW(client.get_runtime("torchtune-nonexistent-1b"), Error);
+}
+
+// Runtimes in <home>/runtimes join the builtin ones, and one of the same name replaces the builtin.
+TEST(TrainerClient, RuntimesInTheHomeDirectoryAddToAndReplaceTheBuiltinOnes) {
+  TempHome home;
+  std::filesystem::create_directories(home.path() + "/runtimes/more");
+  std::string yaml;
+  for (const EmbeddedManifest& m : embedded_manifests())
+    if (std::string(m.text).find("name: torchtune-llama3.2-1b\n") != std::string::npos) yaml = m.text;
+  ASSERT_FALSE(yaml.empty());
+  const std::string image = "ghcr.io/ktune/ktune-trainer:0.1.0";
+  std::string replaced = yaml;
+  for (size_t at; (at = replaced.find(image)) != std::string::npos;) replaced.replace(at, image.size(), "example.com/mine:1");
+  std::ofstream(home.path() + "/runtimes/replaced.yaml") << replaced;
+  std::string added = yaml;
+  const std::string name_line = "name: torchtune-llama3.2-1b\n";
+  added.replace(added.find(name_line), name_line.size(), "name: torchtune-llama3.2-9b\n");
+  std::ofstream(home.path() + "/runtimes/more/added.yml") << added;
+  BackendConfig config = local_config(home.path());
+  TrainerClient client(config);
+  EXPECT_EQ(client.get_runtime("torchtune-llama3.2-1b").trainer.image, "example.com/mine:1");
+  EXPECT_EQ(client.get_runtime("torchtune-llama3.2-3b").trainer.image, image);
+  EXPECT_EQ(client.get_runtime("torchtune-llama3.2-9b").trainer.image, image);
+  EXPECT_EQ(client.list_runtimes().size(), TrainerClient(local_config(home.path() + "/none")).list_runtimes().size() + 1);
 }
 
 // The end-to-end proof, with the test trainer standing in for `tune run`: submit a BuiltinTrainer
