@@ -1,6 +1,9 @@
 // The recipes end to end, through `ktune run` as a user (or the Kubeflow runtime) calls it.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -8,6 +11,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "io/safetensors.h"
 #include "model/decoder.h"
@@ -167,6 +171,7 @@ TEST_F(RecipeTest, TwoProcessesEqualOneWithTheDoubledBatch) {
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_NE(two.output.find("[rank1]"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("sharded data parallel (FSDP) over 2 ranks"), std::string::npos) << two.output;
   auto l1 = losses(out("one"));
   auto l2 = losses(out("two"));
   ASSERT_EQ(l1.size(), 3u);
@@ -182,4 +187,145 @@ TEST_F(RecipeTest, TwoProcessesEqualOneWithTheDoubledBatch) {
     for (int64_t j = 0; j < p1[i]->value.numel(); ++j)
       worst = std::max(worst, double(std::fabs(p1[i]->value.f32()[j] - p2[i]->value.f32()[j])));
   EXPECT_LT(worst, 1e-4);
+}
+
+// ---- distributed: sharded data parallelism (FSDP) through `ktune run` ----
+
+namespace {
+
+// Largest |a - b| over the tensors of two safetensors files with the same names.
+double max_abs_diff(const std::string& a_path, const std::string& b_path) {
+  io::SafetensorsFile a = io::SafetensorsFile::open(a_path);
+  io::SafetensorsFile b = io::SafetensorsFile::open(b_path);
+  EXPECT_EQ(a.names().size(), b.names().size());
+  double worst = 0;
+  for (const std::string& name : a.names()) {
+    Tensor x = a.to_f32(name), y = b.to_f32(name);
+    EXPECT_EQ(x.numel(), y.numel()) << name;
+    for (int64_t i = 0; i < std::min(x.numel(), y.numel()); ++i)
+      worst = std::max(worst, double(std::fabs(x.f32()[i] - y.f32()[i])));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_F(RecipeTest, TwoShardedLoraProcessesEqualOneWithTheDoubledBatch) {
+  // Resharding kept off after the forward here (the full test above reshards): both are exact.
+  const std::string args = "epochs=1 max_steps_per_epoch=3 model.lora_rank=4 model.lora_alpha=8 optimizer.lr=1e-2 "
+                           "fsdp_reshard_after_forward=False";
+  Outcome one = run("", "lora_finetune_distributed", "lora_single_device", args + " batch_size=4", out("one"));
+  Outcome two = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device",
+                    args + " batch_size=2", out("two"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("reshard_after_forward=false"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("frozen base replicated"), std::string::npos) << two.output;
+  auto l1 = losses(out("one"));
+  auto l2 = losses(out("two"));
+  ASSERT_EQ(l1.size(), 3u);
+  ASSERT_EQ(l2.size(), 3u);
+  for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 1e-4 * std::max(1.0, loss)) << "step " << step;
+  // The adapters (PEFT file) and the merged model agree; and training moved the adapters.
+  EXPECT_LT(max_abs_diff(out("one") + "/epoch_0/adapter_model.safetensors", out("two") + "/epoch_0/adapter_model.safetensors"), 1e-5);
+  EXPECT_LT(max_abs_diff(out("one") + "/epoch_0/model-00001-of-00001.safetensors",
+                         out("two") + "/epoch_0/model-00001-of-00001.safetensors"), 1e-5);
+  EXPECT_GT(max_abs_diff(out("two") + "/epoch_0/model-00001-of-00001.safetensors", model() + "/model.safetensors"), 1e-4);
+}
+
+TEST_F(RecipeTest, ShardedResumeFromAMidEpochCheckpointContinuesExactly) {
+  const std::string launcher = "--nproc_per_node 2 --standalone";
+  const std::string args = "epochs=2 max_steps_per_epoch=3 batch_size=2 save_every_n_steps=2";
+  Outcome full = run(launcher, "full_finetune_distributed", "full_single_device", args, out("a"));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  fs::create_directories(out("b"));
+  fs::copy(out("a") + "/step_2", out("b") + "/step_2", fs::copy_options::recursive);
+  Outcome resumed = run(launcher, "full_finetune_distributed", "full_single_device", args + " resume_from_checkpoint=True", out("b"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  auto a = losses(out("a"));
+  auto b = losses(out("b"));
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 4u);  // steps 3..6
+  for (const auto& [step, loss] : b) EXPECT_NEAR(loss, a.at(step), 1e-6 * std::max(1.0, a.at(step))) << "step " << step;
+  // The moments were restored too: the final weights are those of the uninterrupted run.
+  EXPECT_LT(max_abs_diff(out("a") + "/epoch_1/model-00001-of-00001.safetensors",
+                         out("b") + "/epoch_1/model-00001-of-00001.safetensors"), 1e-6);
+  // And they are the same per-parameter moments a single process writes (no shard layout on disk).
+  io::SafetensorsFile optimizer = io::SafetensorsFile::open(out("a") + "/step_2/recipe_state/optimizer.safetensors");
+  bool found = false;
+  for (const std::string& name : optimizer.names()) found = found || name == "exp_avg.model.layers.0.mlp.down_proj.weight";
+  EXPECT_TRUE(found);
+}
+
+TEST_F(RecipeTest, ResumingWithAnotherWorldSizeIsRefusedNamingBothSizes) {
+  const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2 save_every_n_steps=1";
+  Outcome two = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", args, out());
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  fs::remove_all(out() + "/epoch_0");  // the step_1 checkpoint is the latest with a recipe state
+  Outcome one = run("", "full_finetune_distributed", "full_single_device", args + " resume_from_checkpoint=True", out());
+  EXPECT_NE(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("step_1"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("was written by 2 ranks; this run has 1"), std::string::npos) << one.output;
+}
+
+TEST_F(RecipeTest, KillingOneWorkerEndsTheJobWithTheRankNamedAndNoHang) {
+  // A long run in the background, its output in a file; its pid is the launcher's (exec).
+  const std::string log = (dir_ / "launcher.log").string();
+  const std::string cmd = "exec " + kKtune + " run --nproc_per_node 2 --standalone full_finetune_distributed --config tiny/full_single_device"
+                          " output_dir=" + out() + " checkpointer.checkpoint_dir=" + model() + " tokenizer.path=" + model() +
+                          "/tokenizer.json dataset=torchtune.datasets.alpaca_dataset dataset.source=json dataset.data_files=" +
+                          kSource + "/data/quickstart/jsonl/train.jsonl dtype=fp32 seed=7 epochs=1000 batch_size=2";
+  pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  auto read_log = [&] {
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  // Rank 1: the launcher's child whose environment says RANK=1; wait until training has begun.
+  pid_t victim = 0;
+  while (std::chrono::steady_clock::now() < deadline && victim == 0) {
+    if (fs::exists(fs::path(out()) / "logs") && !losses(out()).empty()) {
+      for (const auto& e : fs::directory_iterator("/proc")) {
+        std::ifstream stat(e.path() / "stat");
+        std::string pid, comm, state;
+        long ppid = 0;
+        if (!(stat >> pid >> comm >> state >> ppid) || ppid != launcher) continue;
+        std::ifstream environ_file(e.path() / "environ");
+        std::string entry;
+        while (std::getline(environ_file, entry, '\0'))
+          if (entry == "RANK=1") victim = pid_t(std::stol(pid));
+      }
+    }
+    if (victim == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (victim == 0) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, nullptr, 0);
+    FAIL() << "rank 1 never started training: " << read_log();
+  }
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  int status = 0;
+  pid_t done = 0;
+  while (std::chrono::steady_clock::now() < deadline && (done = waitpid(launcher, &status, WNOHANG)) == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (done == 0) {  // a hang: clean up, then fail
+    kill(launcher, SIGTERM);
+    waitpid(launcher, &status, 0);
+    FAIL() << "the job did not end after rank 1 was killed: " << read_log();
+  }
+  const std::string output = read_log();
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_NE(WEXITSTATUS(status), 0) << output;
+  EXPECT_NE(output.find("job failed: "), std::string::npos) << output;
+  EXPECT_NE(output.find("rank 1 (node0, pid " + std::to_string(victim) + ") was killed by signal"), std::string::npos) << output;
+  // No worker outlives the job.
+  EXPECT_NE(kill(victim, 0), 0);
 }
