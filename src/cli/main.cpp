@@ -26,6 +26,7 @@ int cmd_run(const Args& args);
 int cmd_generate(const Args& args);
 int cmd_init_model(const Args& args);
 int cmd_tokenize(const Args& args);
+int cmd_plan(const Args& args);
 static const Command kCommands[] = {
     {"version", "print the version", nullptr},
     {"tokenize", "text <-> token ids, JSON lines: --tokenizer FILE [--merges F] [--add-bos] [--decode]", cmd_tokenize},
@@ -42,6 +43,7 @@ static const Command kCommands[] = {
     {"train", "start a fine-tuning TrainJob on a runtime (local backend by default)", cmd_train},
     {"runtimes", "list the training runtimes (or print one)", cmd_runtimes},
     {"jobs", "list, inspect, follow, wait for and delete TrainJobs", cmd_jobs},
+    {"plan", "per-rank memory and traffic of distributed fine-tuning: --model NAME --nnodes N --nproc_per_node P", cmd_plan},
 };
 
 static int print_help() {
