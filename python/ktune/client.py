@@ -1,0 +1,278 @@
+"""TrainerClient: upstream's ``kubeflow.trainer.TrainerClient``, method for method, over ktune's C++
+SDK (src/sdk/trainer_client.h) through the native module ``ktune._ktune``.
+
+What happens here, and only here, in Python: a runtime given by name or as a ``Runtime`` becomes
+its name; a ``CustomTrainer``'s function becomes the script the C++ CustomTrainer runs (upstream's
+way: ``inspect.getsource`` plus a call with ``func_args``); the C++ results (dicts) become the
+dataclasses of ``ktune.types``; a followed log becomes a generator. Planning, validation, the
+backends, waiting and every error message are the C++ SDK's (the CLI runs the very same code), so
+the Python face cannot drift from it.
+
+ktune's additions: ``plan()`` (what ``train()`` would submit, with the TrainJob's YAML: a dry run),
+``train(..., name=...)``, ``delete_job(..., remove_workspace=True)`` and ``TrainJob.progress``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import textwrap
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Optional, Union
+
+from . import constants
+from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, Initializer, Runtime,
+                    RuntimeKind, RuntimeTrainer, Step, TrainerType, TrainJob, TrainJobProgress,
+                    _CustomTrainerSpec)
+
+__all__ = ["TrainerClient", "TrainJobPlan"]
+
+
+def _native():
+    try:
+        from . import _ktune
+    except ImportError as e:  # the pure-Python types still import; the client needs the module
+        raise ImportError(
+            "ktune's native module (ktune._ktune) is not built: build the CMake target _ktune "
+            "(PYTHONPATH=<build>/python) or `pip install .` at the repository root") from e
+    return _ktune
+
+
+def _default_ktune_exe(native) -> Optional[str]:
+    """The ktune binary installed with the package, else the build tree's; None leaves the choice to
+    the C++ default ($KTUNE_EXE, else `ktune` on PATH)."""
+    if os.environ.get("KTUNE_EXE"):
+        return None
+    bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "ktune")
+    for candidate in (bundled, native.build_tree_ktune_exe):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _runtime_from_dict(d: dict) -> Runtime:
+    t = d["trainer"]
+    trainer = RuntimeTrainer(trainer_type=TrainerType(t["trainer_type"]), framework=t["framework"],
+                             image=t["image"], num_nodes=t["num_nodes"], device=t["device"],
+                             device_count=t["device_count"])
+    trainer.set_command(tuple(t["command"]))
+    return Runtime(name=d["name"], trainer=trainer, kind=RuntimeKind(d["kind"]),
+                   pretrained_model=d["pretrained_model"])
+
+
+def _timestamp(text: str) -> Optional[datetime]:
+    if not text:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+def _job_from_dict(d: dict) -> TrainJob:
+    p = d["progress"]
+    progress = TrainJobProgress(progress_percentage=p["progress_percentage"],
+                                estimated_remaining_seconds=p["estimated_remaining_seconds"],
+                                metrics={k: float(v) for k, v in p["metrics"].items()})
+    return TrainJob(name=d["name"], runtime=_runtime_from_dict(d["runtime"]),
+                    steps=[Step(**s) for s in d["steps"]], num_nodes=d["num_nodes"],
+                    creation_timestamp=_timestamp(d["creation_timestamp"]), status=d["status"],
+                    progress=progress)
+
+
+def function_script(func: Callable, func_args: Optional[dict] = None) -> str:
+    """The script a CustomTrainer's function becomes, as upstream builds it: the function's
+    dedented source, then ``func()`` or ``func(**func_args)``."""
+    if not callable(func):
+        raise ValueError(f"Training function must be callable, got function type: {type(func)}")
+    try:
+        code = textwrap.dedent(inspect.getsource(func))
+    except (OSError, TypeError) as e:
+        raise ValueError(f"CustomTrainer.func: cannot read the source of {func!r} ({e}); define the "
+                         "function with `def` in a file or a notebook cell") from e
+    if func_args is None:
+        call = f"{func.__name__}()"
+    else:
+        if not isinstance(func_args, dict):
+            raise ValueError(f"CustomTrainer.func_args: expected a dict, got {type(func_args).__name__}")
+        call = f"{func.__name__}(**{func_args!r})"
+    return f"{code}\n{call}\n"
+
+
+def _trainer_spec(trainer):
+    """What the native module takes: BuiltinTrainer as it is, a CustomTrainer as a script."""
+    if trainer is None or isinstance(trainer, BuiltinTrainer) or type(trainer).__name__ == "BuiltinTrainer":
+        return trainer
+    if isinstance(trainer, CustomTrainer) or type(trainer).__name__ == "CustomTrainer":
+        return _CustomTrainerSpec(script=function_script(trainer.func, trainer.func_args), env=trainer.env,
+                                  packages_to_install=trainer.packages_to_install,
+                                  pip_index_urls=trainer.pip_index_urls, num_nodes=trainer.num_nodes,
+                                  resources_per_node=trainer.resources_per_node, image=trainer.image)
+    if isinstance(trainer, _CustomTrainerSpec):
+        return trainer
+    raise ValueError(f"trainer: expected a BuiltinTrainer or a CustomTrainer, got {type(trainer).__name__}")
+
+
+def _runtime_name(runtime) -> str:
+    if runtime is None:
+        return constants.DEFAULT_TRAINING_RUNTIME
+    if isinstance(runtime, str):
+        return runtime
+    name = getattr(runtime, "name", None)
+    if not isinstance(name, str):
+        raise ValueError(f"runtime: expected a runtime name or a Runtime, got {type(runtime).__name__}")
+    return name
+
+
+class TrainJobPlan:
+    """What ``train()`` would submit: the control plane's plan (recipe, config, steps with their
+    commands and env) and the TrainJob object a Kubernetes backend would create.
+
+    ``str(plan)`` is the plan as ``ktune train --dry-run`` prints it; ``plan.trainjob_yaml()`` is the
+    TrainJob as YAML (``kubectl apply -f`` input; secrets shown as ``***``).
+    """
+
+    def __init__(self, native_plan):
+        self._plan = native_plan
+
+    job_name = property(lambda self: self._plan.job_name, doc="The TrainJob's name.")
+    runtime_name = property(lambda self: self._plan.runtime_name, doc="The runtime it references.")
+    trainer_type = property(lambda self: self._plan.trainer_type, doc="BuiltinTrainer or CustomTrainer.")
+    num_nodes = property(lambda self: self._plan.num_nodes, doc="Nodes (PET_NNODES).")
+    num_proc_per_node = property(lambda self: self._plan.num_proc_per_node, doc="Processes per node.")
+    recipe = property(lambda self: self._plan.recipe, doc="The torchtune recipe, e.g. lora_finetune_single_device.")
+    config = property(lambda self: self._plan.config, doc="The torchtune config, e.g. llama3_2/1B_lora_single_device.")
+    model_key = property(lambda self: self._plan.model_key, doc="The model key from the runtime name, e.g. llama3_2/1B.")
+    steps = property(lambda self: self._plan.steps,
+                     doc="The steps in dependency order, each a dict (name, command, env, depends_on, ...).")
+    trainer_command = property(lambda self: list(self._plan.trainer_command),
+                               doc="The TrainJob's spec.trainer.command as the SDK set it.")
+    trainer_args = property(lambda self: list(self._plan.trainer_args),
+                            doc="The TrainJob's spec.trainer.args as the SDK rendered them.")
+
+    def trainjob_yaml(self) -> str:
+        """The TrainJob object (apiVersion trainer.kubeflow.org/v1alpha1) as YAML, secrets as ``***``."""
+        return self._plan.trainjob_yaml()
+
+    def __str__(self) -> str:
+        return self._plan.to_text()
+
+    def __repr__(self) -> str:
+        return f"<TrainJobPlan {self.job_name} runtime={self.runtime_name} recipe={self.recipe} config={self.config}>"
+
+
+class TrainerClient:
+    """The data scientist's entry point: list runtimes, start TrainJobs, follow and wait for them.
+
+    ``TrainerClient()`` uses the local backend (jobs run as processes on this machine and are kept in
+    ``~/.ktune``, or ``$KTUNE_HOME``) unless ``KTUNE_BACKEND`` or ``backend_config`` says otherwise.
+
+    Example::
+
+        from ktune import *
+        client = TrainerClient()
+        job = client.train(
+            runtime=client.get_runtime("torchtune-qwen2.5-0.5b"),
+            initializer=Initializer(model=HuggingFaceModelInitializer(storage_uri="hf://Qwen/Qwen2.5-0.5B-Instruct")),
+            trainer=BuiltinTrainer(config=TorchTuneConfig(epochs=1, peft_config=LoraConfig(lora_rank=8))))
+        for line in client.get_job_logs(job, follow=True):
+            print(line)
+        client.wait_for_job_status(job)
+
+    Errors: ``ValueError`` for a call the control plane refuses (its ``errors`` attribute lists
+    every ``(field, problem)``), ``RuntimeError`` for a job that Failed while waiting and for backend
+    failures, ``TimeoutError`` when a wait runs out of time.
+    """
+
+    def __init__(self, backend_config: Optional[BackendConfig] = None):
+        native = _native()
+        c = backend_config or BackendConfig()
+        kind = c.kind.value if isinstance(c.kind, BackendKind) else (c.kind or "")
+        ktune_exe = c.ktune_exe if c.ktune_exe is not None else _default_ktune_exe(native)
+        self._client = native.Client(kind=kind, home=c.home, workspace_root=c.workspace_root, ktune_exe=ktune_exe,
+                                     trainer_command=c.trainer_command, stop_grace_seconds=c.stop_grace_seconds,
+                                     kubernetes_namespace=c.namespace)
+
+    @property
+    def backend(self) -> str:
+        """The backend in use: ``"local"`` or ``"kubernetes"``."""
+        return self._client.backend_kind()
+
+    def list_runtimes(self) -> list[Runtime]:
+        """The runtimes TrainJobs may use (those with a framework label), sorted by name."""
+        return [_runtime_from_dict(d) for d in self._client.list_runtimes()]
+
+    def get_runtime(self, name: str) -> Runtime:
+        """One runtime by name; RuntimeError if there is none (the message lists those there are)."""
+        return _runtime_from_dict(self._client.get_runtime(name))
+
+    def plan(self, runtime: Union[str, Runtime, None] = None, initializer: Optional[Initializer] = None,
+             trainer: Union[CustomTrainer, BuiltinTrainer, None] = None, *, name: Optional[str] = None) -> TrainJobPlan:
+        """What ``train()`` would submit, without submitting it (a dry run). Same arguments as ``train()``."""
+        return TrainJobPlan(self._client.plan(_runtime_name(runtime), initializer, _trainer_spec(trainer), name or ""))
+
+    def train(self, runtime: Union[str, Runtime, None] = None, initializer: Optional[Initializer] = None,
+              trainer: Union[CustomTrainer, BuiltinTrainer, None] = None, *, name: Optional[str] = None) -> str:
+        """Creates a TrainJob and returns its name (a letter and 11 hex digits, unless ``name`` is given).
+
+        Args:
+            runtime: A runtime name or a ``Runtime`` (default: ``torch-distributed``).
+            initializer: Where the dataset and the model come from (``Initializer``).
+            trainer: ``BuiltinTrainer(config=TorchTuneConfig(...))`` for torchtune runtimes, or
+                ``CustomTrainer(func=...)`` for ``torch-distributed``.
+            name: ktune: the TrainJob's name (an RFC 1035 label).
+
+        Raises:
+            ValueError: the control plane refused the job; the message and ``.errors`` list every problem.
+        """
+        plan = self.plan(runtime, initializer, trainer, name=name)
+        return self._client.submit(plan._plan)
+
+    def list_jobs(self, runtime: Optional[Runtime] = None) -> list[TrainJob]:
+        """The backend's TrainJobs, optionally only those of one runtime."""
+        return [_job_from_dict(d) for d in self._client.list_jobs(_runtime_name(runtime) if runtime else "")]
+
+    def get_job(self, name: str) -> TrainJob:
+        """One TrainJob with its steps, status and progress; RuntimeError if there is none."""
+        return _job_from_dict(self._client.get_job(name))
+
+    def get_job_logs(self, name: str, step: str = "node-0", follow: Optional[bool] = False) -> Iterator[str]:
+        """The lines of one step's log (``node-0``, ``dataset-initializer``, ``model-initializer``, ...).
+
+        With ``follow=True`` the lines come as they are written, until the step ends; the wait for the
+        next line releases the GIL. Closing the iterator early (``break``) stops the reader at its
+        next line.
+        """
+        if not follow:
+            return iter(self._client.get_job_logs(name, step))
+        stream = self._client.follow_job_logs(name, step)
+
+        def lines():
+            try:
+                yield from stream
+            finally:
+                stream.close()
+
+        return lines()
+
+    def wait_for_job_status(self, name: str, status: set[str] = {constants.TRAINJOB_COMPLETE}, timeout: int = 600,
+                            polling_interval: int = 2,
+                            callbacks: Optional[list[Callable[[TrainJob], None]]] = None) -> TrainJob:
+        """Polls until the job's status is one of ``status`` and returns the job.
+
+        Raises:
+            ValueError: ``status`` is not a subset of {Created, Running, Complete, Failed}, or
+                ``polling_interval`` is not positive and less than ``timeout``.
+            RuntimeError: the job Failed while Failed was not awaited.
+            TimeoutError: ``timeout`` seconds passed.
+        """
+        callback = None
+        if callbacks:
+            def callback(job_dict):
+                job = _job_from_dict(job_dict)
+                for cb in callbacks:
+                    cb(job)
+        return _job_from_dict(self._client.wait_for_job_status(name, sorted(status), float(timeout),
+                                                               float(polling_interval), callback))
+
+    def delete_job(self, name: str, *, remove_workspace: bool = False):
+        """Stops the job's processes and forgets it; with ``remove_workspace`` (ktune) its files go too."""
+        self._client.delete_job(name, remove_workspace)
