@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""ktune vs torchtune 0.6.1 on the CPU: the same fine-tune, run by both, one after the other.
+
+Same model shape (a Llama 3.2-style decoder with the real Llama 3 tokenizer and vocabulary, random
+weights), same data (data/quickstart, alpaca format, unshuffled), same batch, sequence length,
+dtype (fp32), optimizer (AdamW) and thread count. Full fine-tune and LoRA. For each tool it reads
+the per-step times from the tool's own DiskLogger lines (tokens / tokens_per_second_per_gpu), drops
+the first WARMUP steps, and takes the peak RSS of the whole process (wait4's ru_maxrss). Prints both
+figures, their ratios, and ktune's model FLOP rate against the GEMM ceiling measured in the same run.
+
+    python3 bench/torchtune/compare.py --ktune build/release/bin/ktune --tune /path/venv/bin/tune
+
+torchtune 0.6.1 needs torchao 0.10 (its NF4 module), which PEFT refuses: run.sh keeps both in a
+separate virtual environment. The Llama 3 tokenizer comes from ../shared/data/tokenizers/llama3.
+"""
+import argparse
+import json
+import lzma
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+DATA = os.path.join(ROOT, "data", "quickstart", "jsonl", "train.jsonl")
+TOKENIZER_XZ = os.path.join(ROOT, "..", "shared", "data", "tokenizers", "llama3", "tokenizer.model.xz")
+
+SHAPE = dict(vocab=128256, dim=512, layers=4, heads=8, kv_heads=2, hidden=1536)
+
+
+def make_model(model_dir, tokenizer_xz):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=SHAPE["vocab"], hidden_size=SHAPE["dim"], intermediate_size=SHAPE["hidden"],
+        num_hidden_layers=SHAPE["layers"], num_attention_heads=SHAPE["heads"], num_key_value_heads=SHAPE["kv_heads"],
+        head_dim=SHAPE["dim"] // SHAPE["heads"], max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001, torch_dtype="float32")
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(model_dir, safe_serialization=True)
+    os.makedirs(os.path.join(model_dir, "original"), exist_ok=True)
+    with lzma.open(tokenizer_xz) as src, open(os.path.join(model_dir, "original", "tokenizer.model"), "wb") as dst:
+        shutil.copyfileobj(src, dst)
+
+
+def overrides(kind, model_dir, out_dir, steps, batch, seq_len, tool):
+    common = [
+        f"output_dir={out_dir}", f"tokenizer.path={model_dir}/original/tokenizer.model", f"tokenizer.max_seq_len={seq_len}",
+        f"checkpointer.checkpoint_dir={model_dir}", "checkpointer.checkpoint_files=[model.safetensors]",
+        f"checkpointer.output_dir={out_dir}", "dataset._component_=torchtune.datasets.alpaca_dataset",
+        "dataset.source=json", f"dataset.data_files={DATA}", "dataset.split=train", "dataset.packed=False",
+        f"batch_size={batch}", "shuffle=False", "seed=0", "epochs=1", f"max_steps_per_epoch={steps}",
+        "device=cpu", "dtype=fp32", "gradient_accumulation_steps=1", "clip_grad_norm=null",
+        "optimizer._component_=torch.optim.AdamW", "optimizer.lr=2e-5",
+        "enable_activation_checkpointing=False", "log_peak_memory_stats=False", "log_every_n_steps=1",
+        f"metric_logger.log_dir={out_dir}/logs", "compile=False",
+    ]
+    if kind == "full":
+        common += ["optimizer_in_bwd=False"]
+    if kind == "lora":
+        common += ["model.lora_rank=16", "model.lora_alpha=32", "model.lora_dropout=0.0",
+                   "model.lora_attn_modules=[q_proj,v_proj,output_proj]", "model.apply_lora_to_mlp=True"]
+    if tool == "ktune":
+        component = "ktune.models.hf_model" if kind == "full" else "ktune.models.lora_hf_model"
+        return [f"model._component_={component}"] + common
+    builder = "torchtune.models.llama3_2.llama3_2" if kind == "full" else "torchtune.models.llama3_2.lora_llama3_2"
+    return [f"model._component_={builder}", f"model.vocab_size={SHAPE['vocab']}", f"model.num_layers={SHAPE['layers']}",
+            f"model.num_heads={SHAPE['heads']}", f"model.num_kv_heads={SHAPE['kv_heads']}", f"model.embed_dim={SHAPE['dim']}",
+            "model.max_seq_len=131072", f"model.intermediate_dim={SHAPE['hidden']}"] + common
+
+
+def run(argv, env, log_path):
+    """Runs argv; returns (wall seconds, peak RSS bytes of the process)."""
+    start = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"{' '.join(argv[:4])} failed; its output is in {log_path}:\n" + open(log_path).read()[-3000:])
+    return time.time() - start, usage.ru_maxrss * 1024
+
+
+STEP_LINE = re.compile(r"Step (\d+) \| (.*)")
+
+
+def step_times(log_dir, warmup):
+    """(step seconds, label tokens) of each step after the warmup, from the DiskLogger's log_*.txt."""
+    logs = [f for f in os.listdir(log_dir) if f.startswith("log_") and f.endswith(".txt")]
+    if len(logs) != 1:
+        sys.exit(f"expected one log_*.txt in {log_dir}, found {logs}")
+    rows = []
+    for line in open(os.path.join(log_dir, logs[0])):
+        m = STEP_LINE.search(line)
+        if not m:
+            continue
+        values = dict(kv.split(":", 1) for kv in m.group(2).split())
+        rows.append((int(m.group(1)), float(values["tokens_per_second_per_gpu"])))
+    return rows[warmup:]
+
+
+def gemm_ceiling(ktune_build, threads):
+    """The best f32 GEMM rate (GFLOP/s) bench/gemm measures now, at the same thread count."""
+    exe = os.path.join(ktune_build, "bench", "gemm", "ktune_bench_gemm")
+    if not os.path.exists(exe):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        subprocess.run([exe, "--quick", "--json", report.name], capture_output=True, check=True,
+                       env=dict(os.environ, KTUNE_NUM_THREADS=str(threads)))
+        return json.load(open(report.name)).get("gemm_ceiling_gflops")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ktune", required=True, help="the ktune binary")
+    ap.add_argument("--tune", required=True, help="torchtune 0.6.1's `tune` (in its own venv)")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--kinds", default="full,lora")
+    ap.add_argument("--keep", help="keep the work directory here")
+    args = ap.parse_args()
+    if not os.path.exists(TOKENIZER_XZ):
+        sys.exit(f"missing the Llama 3 tokenizer: {TOKENIZER_XZ}")
+
+    work = args.keep or tempfile.mkdtemp(prefix="ktune_vs_torchtune_")
+    os.makedirs(work, exist_ok=True)
+    model_dir = os.path.join(work, "model")
+    if not os.path.exists(os.path.join(model_dir, "model.safetensors")):
+        make_model(model_dir, TOKENIZER_XZ)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), KTUNE_NUM_THREADS=str(args.threads),
+               MKL_NUM_THREADS=str(args.threads))
+    n_params = SHAPE["vocab"] * SHAPE["dim"] + SHAPE["layers"] * (
+        2 * SHAPE["dim"] * SHAPE["dim"] + 2 * SHAPE["dim"] * (SHAPE["dim"] // SHAPE["heads"]) * SHAPE["kv_heads"]
+        + 3 * SHAPE["dim"] * SHAPE["hidden"])
+    print(f"model: Llama 3.2-style, vocab {SHAPE['vocab']}, dim {SHAPE['dim']}, {SHAPE['layers']} layers, "
+          f"{n_params / 1e6:.1f}M parameters (tied); batch {args.batch}, fp32, {args.threads} threads, "
+          f"{args.steps} steps ({args.warmup} warm-up)")
+    ceiling = gemm_ceiling(os.path.dirname(os.path.dirname(os.path.abspath(args.ktune))), args.threads)
+
+    results = {}
+    for kind in args.kinds.split(","):
+        recipe = f"{kind}_finetune_single_device"
+        config = f"llama3_2/1B_{kind}_single_device"
+        for tool, exe in (("torchtune", args.tune), ("ktune", args.ktune)):
+            out_dir = os.path.join(work, f"{tool}_{kind}")
+            shutil.rmtree(out_dir, ignore_errors=True)
+            argv = [exe, "run", recipe, "--config", config] + overrides(kind, model_dir, out_dir, args.steps, args.batch,
+                                                                       args.seq_len, tool)
+            wall, rss = run(argv, env, os.path.join(work, f"{tool}_{kind}.log"))
+            rows = step_times(os.path.join(out_dir, "logs"), args.warmup)
+            results[(kind, tool)] = dict(rows=rows, rss=rss, wall=wall)
+        t, k = results[(kind, "torchtune")], results[(kind, "ktune")]
+        # Same data, same order: each step's tokens are the same for both; tokens/s are averaged
+        # as total tokens over total time, using torchtune's token counts for both.
+        def rate(r):
+            return len(r["rows"]) / sum(1.0 / tps for _, tps in r["rows"])  # steps/s (harmonic)
+        tt_steps, kt_steps = rate(t), rate(k)
+        tt_tps = sum(tps for _, tps in t["rows"]) / len(t["rows"])
+        kt_tps = sum(tps for _, tps in k["rows"]) / len(k["rows"])
+        print(f"{kind:4s} torchtune {tt_tps:8.1f} tokens/s  peak RSS {t['rss'] / 2**20:7.0f} MiB  (wall {t['wall']:.0f} s)")
+        print(f"{kind:4s} ktune     {kt_tps:8.1f} tokens/s  peak RSS {k['rss'] / 2**20:7.0f} MiB  (wall {k['wall']:.0f} s)")
+        flops_per_token = (6 if kind == "full" else 4) * n_params
+        line = (f"{kind:4s} ratio: ktune/torchtune speed {kt_steps / tt_steps:.2f}x (target >= 3x), "
+                f"memory {k['rss'] / t['rss']:.2f}x (target <= 0.6x)")
+        if ceiling:
+            achieved = kt_tps * flops_per_token / 1e9
+            line += f"; ktune {achieved:.0f} GFLOP/s of model math = {100 * achieved / ceiling:.0f}% of the GEMM ceiling {ceiling:.0f} GFLOP/s"
+        print(line, flush=True)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
