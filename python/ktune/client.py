@@ -83,6 +83,9 @@ def function_script(func: Callable, func_args: Optional[dict] = None) -> str:
     dedented source, then ``func()`` or ``func(**func_args)``."""
     if not callable(func):
         raise ValueError(f"Training function must be callable, got function type: {type(func)}")
+    if not func.__name__.isidentifier():
+        raise ValueError(f"CustomTrainer.func: {func.__name__} cannot be called by name in the shipped script; "
+                         "define the function with `def`")
     try:
         code = textwrap.dedent(inspect.getsource(func))
     except (OSError, TypeError) as e:

@@ -234,6 +234,8 @@ class BuiltinTrainer:
 
 
 class TrainerType(enum.Enum):
+    """The trainer a runtime takes: ``CustomTrainer`` (your function) or ``BuiltinTrainer`` (torchtune)."""
+
     CUSTOM_TRAINER = CustomTrainer.__name__
     BUILTIN_TRAINER = BuiltinTrainer.__name__
 

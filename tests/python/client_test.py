@@ -1,0 +1,142 @@
+"""TrainerClient from Python against the local backend, for real: the real file:// initializers (the
+ktune binary), the TEST TRAINER tests/sdk/fake_tune.py for `tune run` (it trains nothing; it prints
+torchtune-style loss lines and reports progress), and torchrun for a CustomTrainer's function.
+Each test uses its own KTUNE_HOME and stops and removes every job it started."""
+import json
+import os
+import shutil
+import unittest
+
+import sdk_test_home
+from sdk_test_home import TempHome
+from ktune import (BuiltinTrainer, CustomTrainer, HuggingFaceDatasetInitializer, HuggingFaceModelInitializer,
+                   Initializer, TorchTuneConfig)
+
+RUNTIME = "torchtune-llama3.2-1b"
+
+
+class LocalBackend(unittest.TestCase):
+    def setUp(self):
+        self.home = TempHome()
+
+    def tearDown(self):
+        self.home.close()
+
+    def start(self, client, rows=6, batch_size=2, epochs=2, name=None, dataset_text=None):
+        model, dataset = self.home.sources(rows=rows, dataset_text=dataset_text)
+        return client.train(RUNTIME,
+                            Initializer(dataset=HuggingFaceDatasetInitializer(storage_uri=dataset),
+                                        model=HuggingFaceModelInitializer(storage_uri=model)),
+                            BuiltinTrainer(config=TorchTuneConfig(batch_size=batch_size, epochs=epochs)), name=name)
+
+    def test_train_follow_wait_get_list_delete(self):
+        client = self.home.client()
+        job = self.start(client)
+        self.assertRegex(job, r"^[a-z][0-9a-f]{11}$")
+        lines = list(client.get_job_logs(job, follow=True))
+        self.assertEqual(len([l for l in lines if "|Loss: " in l]), 6, lines)  # 6 rows / batch 2 x 2 epochs
+        done = client.wait_for_job_status(job, timeout=60, polling_interval=0.2)
+        self.assertEqual(done.status, "Complete")
+        self.assertEqual([(s.name, s.status) for s in done.steps],
+                         [("dataset-initializer", "Complete"), ("model-initializer", "Complete"), ("node-0", "Complete")])
+        self.assertEqual(done.progress.progress_percentage, 100)
+        self.assertAlmostEqual(done.progress.metrics["loss"], 2.5 * 0.9 ** 6, places=3)
+        self.assertIsNotNone(done.creation_timestamp.tzinfo)
+        self.assertEqual(done.runtime.name, RUNTIME)
+        self.assertEqual(list(client.get_job_logs(job)), lines)  # the whole log, without follow
+        self.assertIn("file://", "\n".join(client.get_job_logs(job, step="model-initializer")))
+        self.assertEqual([j.name for j in client.list_jobs()], [job])
+        self.assertEqual([j.name for j in client.list_jobs(client.get_runtime(RUNTIME))], [job])
+        self.assertEqual(client.list_jobs(client.get_runtime("torchtune-qwen2.5-0.5b")), [])
+        run = json.load(open(os.path.join(self.home.path, "jobs", job, "output", "fake_tune_run.json")))
+        self.assertEqual(run["recipe"], "full_finetune_single_device")
+        self.assertEqual(run["overrides"]["batch_size"], "2")
+        client.delete_job(job, remove_workspace=True)
+        with self.assertRaisesRegex(RuntimeError, job):
+            client.get_job(job)
+        self.assertFalse(os.path.exists(os.path.join(self.home.path, "jobs", job)))
+
+    def test_follow_streams_lines_while_the_step_runs(self):
+        client = self.home.client(step_seconds=1.0)
+        job = self.start(client, rows=8, batch_size=1, epochs=1)  # 8 steps of 1 s
+        logs = client.get_job_logs(job, follow=True)
+        for line in logs:
+            if "|Loss: " in line:
+                break
+        # The first loss line came while the trainer still had 7 s of steps to go.
+        self.assertEqual(client.get_job(job).status, "Running")
+        logs.close()  # stops the reader at its next line
+        client.delete_job(job)
+
+    def test_wait_times_out(self):
+        client = self.home.client(step_seconds=1.0)
+        job = self.start(client, rows=30, batch_size=1, epochs=1)
+        with self.assertRaisesRegex(TimeoutError, f"Timeout waiting for TrainJob {job} to reach status: {{'Complete'}}"):
+            client.wait_for_job_status(job, timeout=1, polling_interval=0.2)
+        seen = []
+        running = client.wait_for_job_status(job, status={"Running"}, timeout=60, polling_interval=0.1,
+                                             callbacks=[lambda j: seen.append(j.status)])
+        self.assertEqual(running.status, "Running")
+        self.assertEqual(seen[-1], "Running")
+
+    def test_a_failed_job_raises_runtime_error(self):
+        client = self.home.client()
+        job = self.start(client, dataset_text="not json", name="failing-job")
+        self.assertEqual(job, "failing-job")
+        with self.assertRaisesRegex(RuntimeError, "TrainJob failing-job is Failed"):
+            client.wait_for_job_status(job, timeout=60, polling_interval=0.1)
+        self.assertEqual(client.wait_for_job_status(job, status={"Failed"}, timeout=5, polling_interval=0.1).status, "Failed")
+
+    def test_wait_arguments_are_checked_as_upstream(self):
+        client = self.home.client()
+        job = self.start(client)
+        with self.assertRaisesRegex(ValueError, "must be a subset of"):
+            client.wait_for_job_status(job, status={"Done"})
+        with self.assertRaisesRegex(ValueError, "Polling interval must be strictly less than timeout"):
+            client.wait_for_job_status(job, timeout=1, polling_interval=2)
+        with self.assertRaisesRegex(RuntimeError, "no-such-job"):
+            client.wait_for_job_status("no-such-job", timeout=5, polling_interval=1)
+        with self.assertRaisesRegex(RuntimeError, "no-such-job"):
+            list(client.get_job_logs("no-such-job", follow=True))
+        with self.assertRaisesRegex(RuntimeError, "no step 'node-7'"):
+            list(client.get_job_logs(job, step="node-7"))
+
+    def test_a_callback_error_stops_the_wait(self):
+        client = self.home.client()
+        job = self.start(client)
+
+        def boom(j):
+            raise KeyError("from the callback")
+
+        with self.assertRaisesRegex(KeyError, "from the callback"):
+            client.wait_for_job_status(job, timeout=60, polling_interval=0.1, callbacks=[boom])
+
+    @unittest.skipIf(shutil.which("torchrun") is None, "torchrun (torch) is not installed")
+    def test_custom_trainer_function_runs_with_the_torchrun_env(self):
+        out = os.path.join(self.home.path, "custom.json")
+
+        def train_func(out, lr):
+            import json
+            import os
+            keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "PET_NNODES", "PET_NODE_RANK"]
+            with open(out, "w") as f:
+                json.dump({"lr": lr, "env": {k: os.environ.get(k) for k in keys}}, f)
+            print("trained with lr", lr)
+
+        client = self.home.client()
+        job = client.train(trainer=CustomTrainer(func=train_func, func_args={"out": out, "lr": 0.01},
+                                                 env={"KTUNE_TEST_VAR": "1"}))
+        done = client.wait_for_job_status(job, timeout=120, polling_interval=0.2)
+        self.assertEqual(done.status, "Complete", "\n".join(client.get_job_logs(job)))
+        self.assertEqual(done.runtime.name, "torch-distributed")
+        got = json.load(open(out))
+        self.assertEqual(got["lr"], 0.01)
+        self.assertEqual(got["env"]["RANK"], "0")
+        self.assertEqual(got["env"]["WORLD_SIZE"], "1")
+        self.assertEqual(got["env"]["PET_NNODES"], "1")
+        self.assertEqual(got["env"]["MASTER_ADDR"], "127.0.0.1")
+        self.assertIn("trained with lr 0.01", "\n".join(client.get_job_logs(job)))
+
+
+if __name__ == "__main__":
+    unittest.main()
