@@ -130,6 +130,7 @@ class FinetuneRecipe {
   int64_t resume_step_in_epoch_ = 0;
   std::optional<LoaderState> resume_loader_;
   std::string last_checkpoint_;
+  int64_t peak_rss_before_save_ = -1;  // VmHWM when the first checkpoint began (the training steps' peak)
 };
 
 void FinetuneRecipe::setup() {
@@ -244,6 +245,10 @@ void FinetuneRecipe::setup_model() {
                (m.replicated_frozen ? "; frozen base replicated: " + mib(m.replicated_frozen) : std::string()) +
                "; gathered at once: root " + mib(m.root_unit_full) + " + layer " + mib(m.largest_unit_full));
     }
+  } else if (recipe_.distributed && rank0_) {
+    log_info("replicated data parallel (DDP) over " + std::to_string(group_.size()) + " ranks: per rank " +
+             mib(4 * n_trainable) + " parameters + " + mib(4 * n_trainable) + " gradients + " + mib(8 * n_trainable) +
+             " AdamW state (trainable)");
   }
   optimizer_ = std::make_unique<AdamW>(
       sharded_ ? sharded_->shard_parameters() : trainable_, AdamWSettings{cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
@@ -290,9 +295,10 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
   group_.barrier();
   // Sharded: every rank takes part in gathering the full weights and moments; rank 0 writes them.
   std::map<std::string, Tensor> optimizer_state;
+  if (peak_rss_before_save_ < 0) peak_rss_before_save_ = read_memory_stats().peak_rss_bytes;
   if (sharded_) {
-    sharded_->gather_full_parameters();
-    optimizer_state = sharded_->gather_optimizer_state(*optimizer_);
+    sharded_->gather_full_parameters(/*keep=*/rank0_);
+    optimizer_state = sharded_->gather_optimizer_state(*optimizer_, /*keep=*/rank0_);
   }
   if (rank0_) {
     SaveRequest r;
@@ -324,6 +330,8 @@ void FinetuneRecipe::train() {
   const bool terminal = rank0_ && ProgressBar::is_terminal(stdout);
   ProgressBar bar(stdout, terminal, steps_per_epoch_);
   const auto run_start = std::chrono::steady_clock::now();
+  double later_steps_seconds = 0;  // steps after this run's first (which also plans the arena)
+  int64_t later_steps = 0, steps_this_run = 0;
   for (int64_t epoch = start_epoch_; epoch < cfg_.epochs; ++epoch) {
     int64_t step_in_epoch = 0;
     if (resume_loader_ && epoch == start_epoch_) {
@@ -370,6 +378,10 @@ void FinetuneRecipe::train() {
       ++step_in_epoch;
 
       const double step_seconds = seconds_since(step_start);
+      if (steps_this_run++ > 0) {
+        later_steps_seconds += step_seconds;
+        ++later_steps;
+      }
       const double tokens_per_second = sums[1] > 0 ? double(tokens) / group_.size() / step_seconds : 0.0;
       if (rank0_ && global_step_ % cfg_.log_every_n_steps == 0) {
         Metrics m = {{"loss", loss}, {"lr", lr}, {"tokens_per_second_per_gpu", tokens_per_second}};
@@ -386,10 +398,14 @@ void FinetuneRecipe::train() {
     save("epoch_" + std::to_string(epoch), epoch + 1, 0);
   }
   // Every rank reports its own peak (ranks differ: rank 0 also gathers checkpoints).
-  if (rank0_ || group_.size() > 1)
-    log_info("training done: " + std::to_string(global_step_) + " steps in " +
-             std::to_string(int(seconds_since(run_start))) + " s; peak RSS " +
-             std::to_string(read_memory_stats().peak_rss_bytes >> 20) + " MiB");
+  if (rank0_ || group_.size() > 1) {
+    char timing[160];
+    std::snprintf(timing, sizeof timing, "%.1f s; mean step %.4f s over %lld steps after the first", seconds_since(run_start),
+                  later_steps ? later_steps_seconds / double(later_steps) : 0.0, (long long)later_steps);
+    log_info("training done: " + std::to_string(global_step_) + " steps in " + timing + "; peak RSS " +
+             std::to_string(read_memory_stats().peak_rss_bytes >> 20) + " MiB (" +
+             std::to_string(peak_rss_before_save_ >> 20) + " MiB before the first checkpoint)");
+  }
 }
 
 }  // namespace

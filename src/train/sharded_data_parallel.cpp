@@ -47,6 +47,9 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
     u.shapes.push_back(p->value.shape());
   }
   const int rank = group.rank();
+  // Full gradients first, then each unit's full values as soon as its shard holds them: the
+  // construction never holds a full copy of the trainable state next to its shards.
+  for (model::Parameter* p : trainable) p->grad = Tensor();
   for (auto& up : units_) {
     Unit& u = *up;
     std::vector<int64_t> numels;
@@ -61,7 +64,6 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
     for (size_t i = 0; i < u.params.size(); ++i) {
       copy_owned_part(u.layout, i, rank, u.shard.value.f32(), u.params[i]->value.f32());
       u.params[i]->value = Tensor();
-      u.params[i]->grad = Tensor();
     }
   }
   for (model::Parameter* p : model.parameters())
@@ -159,8 +161,11 @@ double ShardedDataParallel::clip_gradient_norm(double max_norm) {
   return norm;
 }
 
-void ShardedDataParallel::gather_full_parameters() {
-  for (auto& u : units_) gather(*u);
+void ShardedDataParallel::gather_full_parameters(bool keep) {
+  for (auto& u : units_) {
+    gather(*u);
+    if (!keep) release(*u);
+  }
 }
 
 void ShardedDataParallel::release_full_parameters() {
@@ -183,34 +188,23 @@ void ShardedDataParallel::load_full_parameters(const std::map<std::string, Tenso
   }
 }
 
-std::vector<Tensor> ShardedDataParallel::gather_flat(const std::vector<Tensor>& shards, const std::vector<Unit*>& units) {
-  std::vector<Tensor> flats;
-  for (size_t k = 0; k < units.size(); ++k) {
-    flats.push_back(Tensor::empty({units[k]->layout.padded}));
-    group_.all_gather(flats.back().f32(), shards[k].f32(), units[k]->layout.shard_size());
-  }
-  return flats;
-}
-
-std::map<std::string, Tensor> ShardedDataParallel::gather_optimizer_state(const AdamW& optimizer) {
+std::map<std::string, Tensor> ShardedDataParallel::gather_optimizer_state(const AdamW& optimizer, bool keep) {
   std::map<std::string, Tensor> state = optimizer.state(), out;
-  std::vector<Unit*> units;
-  for (auto& u : units_)
-    if (!u->empty()) units.push_back(u.get());
-  for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
-    std::vector<Tensor> shards;
-    for (Unit* u : units) {
-      auto it = state.find(prefix + u->shard.name);
-      check(it != state.end(), "sharded data parallel", std::string("the optimizer has no ") + prefix + u->shard.name);
-      shards.push_back(it->second);
-    }
-    std::vector<Tensor> flats = gather_flat(shards, units);
-    for (size_t k = 0; k < units.size(); ++k)
-      for (size_t i = 0; i < units[k]->params.size(); ++i) {
-        Tensor t = Tensor::empty(units[k]->shapes[i]);
-        std::memcpy(t.f32(), flats[k].f32() + units[k]->layout.offset[i], size_t(t.numel()) * sizeof(float));
-        out[prefix + units[k]->params[i]->name] = t;
+  for (auto& up : units_) {
+    const Unit& u = *up;
+    if (u.empty()) continue;
+    for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
+      auto it = state.find(prefix + u.shard.name);
+      check(it != state.end(), "sharded data parallel", std::string("the optimizer has no ") + prefix + u.shard.name);
+      Tensor flat = Tensor::empty({u.layout.padded});  // one unit at a time
+      group_.all_gather(flat.f32(), it->second.f32(), u.layout.shard_size());
+      if (!keep) continue;
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        Tensor t = Tensor::empty(u.shapes[i]);
+        std::memcpy(t.f32(), flat.f32() + u.layout.offset[i], size_t(t.numel()) * sizeof(float));
+        out[prefix + u.params[i]->name] = t;
       }
+    }
   }
   return out;
 }

@@ -74,15 +74,18 @@ class ShardedDataParallel {
   double gradient_norm();
   double clip_gradient_norm(double max_norm);
 
-  // Every rank: the full values of the sharded parameters in place (for saving), and back.
-  void gather_full_parameters();
+  // The full values of the sharded parameters in place (for saving), and back. Every rank takes part
+  // in the gathers; only a rank that keeps them (rank 0, which writes) ends up holding them — the
+  // others hold one unit at a time.
+  void gather_full_parameters(bool keep = true);
   void release_full_parameters();
   // Sets this rank's shards from full per-parameter tensors by name (resume); errors name the
   // missing or misshapen entry and `where`.
   void load_full_parameters(const std::map<std::string, Tensor>& by_name, const std::string& where);
   // The optimizer's moments as an unsharded AdamW names them ("exp_avg.<param>", "exp_avg_sq.<param>"),
-  // gathered on every rank; and the reverse, the shard state AdamW::load_state wants.
-  std::map<std::string, Tensor> gather_optimizer_state(const AdamW& optimizer);
+  // gathered unit by unit (every rank takes part; empty unless keep); and the reverse, the shard
+  // state AdamW::load_state wants.
+  std::map<std::string, Tensor> gather_optimizer_state(const AdamW& optimizer, bool keep = true);
   std::map<std::string, Tensor> shard_optimizer_state(const std::map<std::string, Tensor>& full, const std::string& where);
 
   ShardedMemory memory() const;
@@ -94,7 +97,6 @@ class ShardedDataParallel {
   void release(Unit& u);
   void begin_gradients(Unit& u);
   void reduce_gradients(Unit& u);
-  std::vector<Tensor> gather_flat(const std::vector<Tensor>& shards, const std::vector<Unit*>& units);
 
   model::Decoder& model_;
   dist::ProcessGroup& group_;

@@ -216,6 +216,11 @@ Outcome sharded(const Scenario& s, int world) {
         sdp.gather_full_parameters();
         for (model::Parameter* p : trainable) out.weights[p->name] = p->value.to(DType::F32);
         sdp.release_full_parameters();
+        // As a checkpoint gathers: only rank 0 keeps what it gathers (the others took part).
+        EXPECT_EQ(sdp.gather_optimizer_state(opt, rank == 0).size(), rank == 0 ? 2 * trainable.size() : 0u);
+        sdp.gather_full_parameters(rank == 0);
+        for (model::Parameter* p : trainable) EXPECT_EQ(p->value.defined(), rank == 0) << p->name;
+        sdp.release_full_parameters();
         // Loading the gathered weights back gives the same shards.
         std::vector<Tensor> before;
         for (model::Parameter* p : sdp.shard_parameters()) before.push_back(p->value.to(DType::F32));
