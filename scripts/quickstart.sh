@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build/release}
 KTUNE="$BUILD/bin/ktune"
-ROOT=${KTUNE_QUICKSTART_DIR:-/tmp/ktune-tiny}   # where configs/tiny/* expect the model and data
+ROOT=${KTUNE_QUICKSTART_DIR:-/tmp/ktune-tiny}   # configs/tiny/* expect the model and data here; the
+                                                # run below points them at $ROOT, wherever it is
 EPOCHS=${KTUNE_QUICKSTART_EPOCHS:-10}
 # A model this small is faster on one thread: its GEMMs are too small to pay for a parallel region.
 export KTUNE_NUM_THREADS=${KTUNE_NUM_THREADS:-1}
@@ -51,6 +52,8 @@ echo "== 2. before fine-tuning: held-out answers right: $(score "$ROOT/model" "$
 
 echo "== 3. ktune run full_finetune_single_device --config tiny/full_single_device ($EPOCHS epochs)"
 "$KTUNE" run full_finetune_single_device --config tiny/full_single_device \
+  output_dir="$ROOT/output/full_single_device" checkpointer.checkpoint_dir="$ROOT/model" \
+  tokenizer.path="$ROOT/model/tokenizer.json" dataset.data_files="$ROOT/data/train.jsonl" \
   dataset=torchtune.datasets.alpaca_dataset epochs="$EPOCHS" optimizer.lr="${KTUNE_QUICKSTART_LR:-3e-3}"
 
 LAST=$(ls -d "$ROOT"/output/full_single_device/epoch_* | sort -t_ -k2 -n | tail -1)
