@@ -121,6 +121,7 @@ struct Scenario {
   bool reshard_after_forward = true;
   bool checkpointing = false;
   int steps = 2;
+  int micro_batches = 1;  // gradient accumulation: sharded runs reduce-scatter every micro-batch
 };
 
 std::unique_ptr<model::Decoder> make_model(const Scenario& s, std::vector<std::shared_ptr<model::LoraAdapter>>* adapters) {
@@ -166,11 +167,16 @@ Outcome reference(const Scenario& s, int world) {
   std::vector<int32_t> tokens, labels;
   for (int step = 0; step < s.steps; ++step) {
     m->zero_grad();
-    make_rows(tokens, labels, 0, kRowsPerRank * world, step);
-    model::LossResult r = m->forward_backward({tokens.data(), labels.data(), nullptr, nullptr, kRowsPerRank * world, kT}, 1.0f);
-    scale_gradients(trainable, float(1.0 / double(r.n_valid)));
+    double loss = 0, n = 0;
+    for (int micro = 0; micro < s.micro_batches; ++micro) {
+      make_rows(tokens, labels, 0, kRowsPerRank * world, step * s.micro_batches + micro);
+      model::LossResult r = m->forward_backward({tokens.data(), labels.data(), nullptr, nullptr, kRowsPerRank * world, kT}, 1.0f);
+      loss += r.loss_sum;
+      n += double(r.n_valid);
+    }
+    scale_gradients(trainable, float(1.0 / n));
     out.norms.push_back(clip_gradient_norm(trainable, 0.5));
-    out.losses.push_back(r.loss_sum / double(r.n_valid));
+    out.losses.push_back(loss / n);
     opt.step(kAdam.lr);
   }
   for (model::Parameter* p : trainable) out.weights[p->name] = p->value.to(DType::F32);
@@ -198,9 +204,13 @@ Outcome sharded(const Scenario& s, int world) {
         std::vector<int32_t> tokens, labels;
         for (int step = 0; step < s.steps; ++step) {
           sdp.zero_grad();
-          make_rows(tokens, labels, kRowsPerRank * rank, kRowsPerRank, step);
-          model::LossResult r = sdp.forward_backward({tokens.data(), labels.data(), nullptr, nullptr, kRowsPerRank, kT}, 1.0f);
-          double sums[2] = {r.loss_sum, double(r.n_valid)};
+          double sums[2] = {0, 0};
+          for (int micro = 0; micro < s.micro_batches; ++micro) {
+            make_rows(tokens, labels, kRowsPerRank * rank, kRowsPerRank, step * s.micro_batches + micro);
+            model::LossResult r = sdp.forward_backward({tokens.data(), labels.data(), nullptr, nullptr, kRowsPerRank, kT}, 1.0f);
+            sums[0] += r.loss_sum;
+            sums[1] += double(r.n_valid);
+          }
           group->allreduce_sum(sums, 2);
           scale_gradients(opt.params(), float(1.0 / sums[1]));
           out.norms.push_back(sdp.clip_gradient_norm(0.5));
@@ -283,6 +293,12 @@ TEST_F(ShardedDataParallelTest, KeepingLayersGatheredAfterTheForwardAndCheckpoin
   s.reshard_after_forward = true;
   s.checkpointing = true;
   expect_same(sharded(s, 2), reference(s, 2), "full checkpointing W=2");
+}
+
+TEST_F(ShardedDataParallelTest, GradientAccumulationOverMicroBatchesMatchesOneUnshardedDecoder) {
+  Scenario s;
+  s.micro_batches = 3;
+  expect_same(sharded(s, 2), reference(s, 2), "full 3 micro-batches W=2");
 }
 
 TEST_F(ShardedDataParallelTest, LoraAdaptersShardedBaseReplicatedMatchesOneUnshardedDecoder) {
