@@ -54,14 +54,28 @@ const nlohmann::json& conversation(const nlohmann::json& row, const std::string&
   return value;
 }
 
-std::vector<Message> sharegpt_to_messages(const DatasetOptions& o, const nlohmann::json& row, const RowPlace& place) {
+// The messages of a conversation column: the optional new system prompt, then each entry read by
+// `read_message` (which names the entry's place in its errors). A system message is dropped when a
+// new system prompt replaces it; every message but the assistant's is masked unless train_on_input.
+template <typename ReadMessage>
+std::vector<Message> conversation_to_messages(const DatasetOptions& o, const nlohmann::json& row, const RowPlace& place,
+                                              const ReadMessage& read_message) {
   const bool train_on_input = o.train_on_input.value_or(false);
   std::vector<Message> messages;
   if (o.new_system_prompt) messages.push_back(Message::text("system", *o.new_system_prompt, true));
   const nlohmann::json& list = conversation(row, o.conversation_column, place);
   for (size_t k = 0; k < list.size(); ++k) {
-    const nlohmann::json& m = list[k];
-    const std::string at = place.where() + ": message " + std::to_string(k);
+    Message message = read_message(list[k], place.where() + ": message " + std::to_string(k));
+    if (message.role == "system" && o.new_system_prompt) continue;
+    message.masked = message.role != "assistant" && !train_on_input;
+    messages.push_back(std::move(message));
+  }
+  return messages;
+}
+
+// {"from": "human" | "gpt" | "system", "value": text}
+std::vector<Message> sharegpt_to_messages(const DatasetOptions& o, const nlohmann::json& row, const RowPlace& place) {
+  return conversation_to_messages(o, row, place, [&](const nlohmann::json& m, const std::string& at) {
     if (!m.is_object() || !m.contains("from") || !m.contains("value"))
       throw Error(at, "a sharegpt message needs 'from' and 'value' keys, got " + m.dump().substr(0, 200));
     std::string from = as_text(m["from"], place, o.conversation_column + ".from");
@@ -70,30 +84,20 @@ std::vector<Message> sharegpt_to_messages(const DatasetOptions& o, const nlohman
     else if (from == "human") role = "user";
     else if (from == "gpt") role = "assistant";
     else throw Error(at, "unknown sharegpt role '" + from + "'; expected system, human or gpt");
-    if (role == "system" && o.new_system_prompt) continue;
-    bool masked = role != "assistant" && !train_on_input;
-    messages.push_back(Message::text(role, as_text(m["value"], place, o.conversation_column + ".value"), masked));
-  }
-  return messages;
+    return Message::text(role, as_text(m["value"], place, o.conversation_column + ".value"), false);
+  });
 }
 
+// {"role": "system" | "user" | "assistant" | "ipython", "content": text or [{"type": "text", ...}]}
 std::vector<Message> openai_to_messages(const DatasetOptions& o, const nlohmann::json& row, const RowPlace& place) {
-  const bool train_on_input = o.train_on_input.value_or(false);
-  std::vector<Message> messages;
-  if (o.new_system_prompt) messages.push_back(Message::text("system", *o.new_system_prompt, true));
-  const nlohmann::json& list = conversation(row, o.conversation_column, place);
-  for (size_t k = 0; k < list.size(); ++k) {
-    const nlohmann::json& m = list[k];
-    const std::string at = place.where() + ": message " + std::to_string(k);
+  return conversation_to_messages(o, row, place, [&](const nlohmann::json& m, const std::string& at) {
     if (!m.is_object() || !m.contains("role") || !m.contains("content"))
       throw Error(at, "an openai message needs 'role' and 'content' keys, got " + m.dump().substr(0, 200));
     std::string role = as_text(m["role"], place, o.conversation_column + ".role");
     if (role != "system" && role != "user" && role != "assistant" && role != "ipython")
       throw Error(at, "unknown openai role '" + role + "'; expected system, user, assistant or ipython");
-    if (role == "system" && o.new_system_prompt) continue;
     Message msg;
     msg.role = role;
-    msg.masked = role != "assistant" && !train_on_input;
     const nlohmann::json& content = m["content"];
     if (content.is_array()) {
       for (const nlohmann::json& piece : content) {
@@ -105,9 +109,8 @@ std::vector<Message> openai_to_messages(const DatasetOptions& o, const nlohmann:
     } else {
       msg.content.push_back(as_text(content, place, o.conversation_column + ".content"));
     }
-    messages.push_back(std::move(msg));
-  }
-  return messages;
+    return msg;
+  });
 }
 
 }  // namespace
