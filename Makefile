@@ -4,6 +4,10 @@
 JOBS ?= $(shell nproc)
 BUILD ?= build/release
 ASAN_BUILD ?= build/asan
+# ccache (CMakeLists.txt uses it when installed) keys objects by paths relative to this checkout, so
+# a clone in another folder (CI's) reuses what a build here compiled.
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
 
 .PHONY: setup build test test-fast test-asan quickstart bench clean
 
