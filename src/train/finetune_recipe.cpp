@@ -242,7 +242,8 @@ void FinetuneRecipe::setup_model() {
                (cfg_.fsdp_reshard_after_forward ? "true" : "false") + ": per rank " + mib(m.sharded_params) +
                " parameters + " + mib(m.gradient_shards) + " gradients + " + mib(2 * m.sharded_params) +
                " AdamW state (unsharded: " + mib(16 * n_trainable) + ")" +
-               (m.replicated_frozen ? "; frozen base replicated: " + mib(m.replicated_frozen) : std::string()) +
+               (m.sharded_frozen ? "; frozen base sharded: " + mib(m.sharded_frozen) + " per rank" : std::string()) +
+               (m.replicated_frozen ? "; frozen, replicated (not f32): " + mib(m.replicated_frozen) : std::string()) +
                "; gathered at once: root " + mib(m.root_unit_full) + " + layer " + mib(m.largest_unit_full));
     }
   } else if (recipe_.distributed && rank0_) {

@@ -9,15 +9,26 @@
 
 namespace ktune::train {
 
+// The frozen parameters of a unit: sharded values only (no gradient, no optimizer state).
+struct FrozenFlat {
+  std::vector<model::Parameter*> params;
+  std::vector<Shape> shapes;
+  FlatShardLayout layout;
+  Tensor shard;                  // (shard_size) f32
+  std::shared_ptr<Tensor> full;  // gathered (padded), null while sharded
+};
+
 struct ShardedDataParallel::Unit {
   int64_t index = 0;
-  std::vector<model::Parameter*> params;
+  std::vector<model::Parameter*> params;  // trainable
   std::vector<Shape> shapes;  // of params (their values are undefined while the unit is sharded)
   FlatShardLayout layout;
   model::Parameter shard;             // value, grad: (shard_size) f32, this rank's part
   std::shared_ptr<Tensor> full;       // gathered values (padded), null while sharded
   std::shared_ptr<Tensor> full_grad;  // full gradients (padded) between a backward and its reduction
-  bool empty() const { return params.empty(); }
+  FrozenFlat frozen;
+  bool gathered = false;
+  bool empty() const { return params.empty(); }  // nothing trainable
 };
 
 namespace {
@@ -37,14 +48,29 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
     units_.push_back(std::make_unique<Unit>());
     units_.back()->index = u;
   }
+  auto unit_of = [&](const model::Parameter* p) -> Unit& {
+    const int64_t layer = layer_of_parameter(p->name);
+    check(layer < L, "sharded data parallel", "parameter " + p->name + " names a layer beyond the model's " + std::to_string(L));
+    return *units_[size_t(layer < 0 ? L : layer)];
+  };
   for (model::Parameter* p : trainable) {
     check(p->value.defined() && p->value.dtype() == DType::F32, "sharded data parallel",
           "parameter " + p->name + " must hold f32 values to be sharded");
-    const int64_t layer = layer_of_parameter(p->name);
-    check(layer < L, "sharded data parallel", "parameter " + p->name + " names a layer beyond the model's " + std::to_string(L));
-    Unit& u = *units_[size_t(layer < 0 ? L : layer)];
+    Unit& u = unit_of(p);
     u.params.push_back(p);
     u.shapes.push_back(p->value.shape());
+  }
+  // Frozen f32 weights (the LoRA base) are sharded too; others stay as they are (bf16 storage,
+  // and QLoRA's base, which lives in its adapter as NF4 with no f32 value left).
+  for (model::Parameter* p : model.parameters()) {
+    if (p->trainable || !p->value.defined()) continue;
+    if (p->value.dtype() != DType::F32) {
+      replicated_frozen_bytes_ += int64_t(p->value.bytes());
+      continue;
+    }
+    Unit& u = unit_of(p);
+    u.frozen.params.push_back(p);
+    u.frozen.shapes.push_back(p->value.shape());
   }
   const int rank = group.rank();
   // Full gradients first, then each unit's full values as soon as its shard holds them: the
@@ -56,6 +82,14 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
     for (const Shape& s : u.shapes) numels.push_back(s.numel());
     u.layout = FlatShardLayout::plan(numels, group.size());
     layouts_.push_back(u.layout);
+    numels.clear();
+    for (const Shape& sh : u.frozen.shapes) numels.push_back(sh.numel());
+    u.frozen.layout = FlatShardLayout::plan(numels, group.size());
+    u.frozen.shard = Tensor::zeros({u.frozen.layout.shard_size()});
+    for (size_t i = 0; i < u.frozen.params.size(); ++i) {
+      copy_owned_part(u.frozen.layout, i, rank, u.frozen.shard.f32(), u.frozen.params[i]->value.f32());
+      u.frozen.params[i]->value = Tensor();
+    }
     if (u.empty()) continue;
     u.shard.name = "shard." + std::to_string(u.index);
     u.shard.value = Tensor::zeros({u.layout.shard_size()});
@@ -66,8 +100,6 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
       u.params[i]->value = Tensor();
     }
   }
-  for (model::Parameter* p : model.parameters())
-    if (!p->trainable && p->value.defined()) replicated_frozen_bytes_ += int64_t(p->value.bytes());
 
   model::LayerHooks hooks;
   hooks.before_forward = [this](int64_t l) { gather(*units_[size_t(l)]); };
@@ -94,18 +126,33 @@ std::vector<model::Parameter*> ShardedDataParallel::shard_parameters() {
   return out;
 }
 
+namespace {
+// All-gathers a flat of `layout` from this rank's shard and points the parameters' values into it.
+std::shared_ptr<Tensor> gather_flat(dist::ProcessGroup& group, const FlatShardLayout& layout, const Tensor& shard,
+                                    const std::vector<model::Parameter*>& params, const std::vector<Shape>& shapes) {
+  auto full = std::make_shared<Tensor>(Tensor::empty({layout.padded}));
+  group.all_gather(full->f32(), shard.f32(), layout.shard_size());
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i]->value = Tensor::view(full->f32() + layout.offset[i], shapes[i], DType::F32, full);
+  return full;
+}
+}  // namespace
+
 void ShardedDataParallel::gather(Unit& u) {
-  if (u.empty() || u.full) return;
-  u.full = std::make_shared<Tensor>(Tensor::empty({u.layout.padded}));
-  group_.all_gather(u.full->f32(), u.shard.value.f32(), u.layout.shard_size());
-  for (size_t i = 0; i < u.params.size(); ++i)
-    u.params[i]->value = Tensor::view(u.full->f32() + u.layout.offset[i], u.shapes[i], DType::F32, u.full);
+  if (u.gathered) return;
+  if (!u.params.empty()) u.full = gather_flat(group_, u.layout, u.shard.value, u.params, u.shapes);
+  if (!u.frozen.params.empty())
+    u.frozen.full = gather_flat(group_, u.frozen.layout, u.frozen.shard, u.frozen.params, u.frozen.shapes);
+  u.gathered = true;
 }
 
 void ShardedDataParallel::release(Unit& u) {
-  if (!u.full) return;
+  if (!u.gathered) return;
   for (model::Parameter* p : u.params) p->value = Tensor();
+  for (model::Parameter* p : u.frozen.params) p->value = Tensor();
   u.full.reset();
+  u.frozen.full.reset();
+  u.gathered = false;
 }
 
 void ShardedDataParallel::begin_gradients(Unit& u) {
@@ -239,7 +286,8 @@ ShardedMemory ShardedDataParallel::memory() const {
     const int64_t shard_bytes = u->layout.shard_size() * int64_t(sizeof(float));
     m.sharded_params += shard_bytes;
     m.gradient_shards += shard_bytes;
-    const int64_t full_bytes = u->layout.padded * int64_t(sizeof(float));
+    m.sharded_frozen += u->frozen.layout.shard_size() * int64_t(sizeof(float));
+    const int64_t full_bytes = (u->layout.padded + u->frozen.layout.padded) * int64_t(sizeof(float));
     if (u.get() == units_.back().get())
       m.root_unit_full = full_bytes;
     else

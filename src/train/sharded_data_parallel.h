@@ -13,8 +13,9 @@
 //                     into l's gradient shard (+=, so micro-batches accumulate) → free l
 //   root unit: reduce-scatter grads, free
 // then the recipe scales, clips (global norm over the shards) and steps AdamW on the shards.
-// Frozen parameters are not sharded: the LoRA base stays replicated on every rank (its memory is
-// counted as such), while the adapters are sharded like any trainable parameter.
+// Frozen f32 parameters (the LoRA base) are sharded the same way, without gradients or optimizer
+// state: gathered with their unit, never reduced. The adapters are sharded like any trainable
+// parameter. A QLoRA base (NF4 inside its adapter) and bf16-stored weights stay replicated.
 // Checkpoints: gather_full_parameters() gives every rank the full values (rank 0 writes them with
 // the ordinary checkpointer), and the optimizer state is gathered into the same per-parameter
 // "exp_avg.<name>" tensors an unsharded run saves, so a checkpoint does not depend on W.
@@ -45,11 +46,12 @@ struct ShardingOptions {
 
 // Bytes one rank holds between steps, and at most on top of that during a step.
 struct ShardedMemory {
-  int64_t sharded_params = 0;     // Σ over units of the shard (f32), incl. padding
-  int64_t replicated_frozen = 0;  // parameters that are not trainable, on every rank
+  int64_t sharded_params = 0;     // Σ over units of the trainable shard (f32), incl. padding
+  int64_t sharded_frozen = 0;     // Σ over units of the frozen shard (f32), incl. padding
+  int64_t replicated_frozen = 0;  // frozen parameters left whole on every rank (not f32)
   int64_t gradient_shards = 0;    // f32
-  int64_t largest_unit_full = 0;  // bytes of one gathered unit (values), the transient granule
-  int64_t root_unit_full = 0;     // bytes of the gathered root unit (values)
+  int64_t largest_unit_full = 0;  // bytes of one gathered layer (values, trainable + frozen)
+  int64_t root_unit_full = 0;     // bytes of the gathered root unit (values, trainable + frozen)
 };
 
 class ShardedDataParallel {
@@ -67,7 +69,8 @@ class ShardedDataParallel {
   std::vector<model::Parameter*> shard_parameters();
 
   // The model's forward_backward with the gathers and reductions above; gradients accumulate into
-  // the shards (grad_scale as model::Decoder::forward_backward).
+  // the shards (grad_scale as model::Decoder::forward_backward). While sharded, call the model only
+  // through this (its own entry points would find the root unit's values absent).
   model::LossResult forward_backward(const model::Batch& batch, float grad_scale);
   void zero_grad();
   // √Σ‖g‖² over every rank's shards (one allreduce), and torch's clip_grad_norm_ with it.

@@ -90,36 +90,42 @@ ShardingPlan plan_sharding(const ShardingPlanRequest& r) {
   const int64_t b = r.bytes_per_value;
   plan.world_size = W;
   std::vector<UnitSizes> units = unit_sizes(r);
-  int64_t largest_layer = 0, all_layers = 0, root = 0, sharded_elements = 0;
+  // Gathered floats: the root's values (trainable + frozen) and gradients for the whole call; a
+  // layer's values from its forward (or, not resharded, from the forward until its backward) and its
+  // gradients during its backward.
+  int64_t largest_layer = 0, all_layer_values = 0, root = 0, sharded_elements = 0, frozen_shards = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     plan.trainable_params += sum(units[u].trainable);
     plan.frozen_params += sum(units[u].frozen);
     const FlatShardLayout layout = FlatShardLayout::plan(units[u].trainable, W);
+    const FlatShardLayout frozen = FlatShardLayout::plan(units[u].frozen, W);
     sharded_elements += layout.shard_size();
-    plan.frozen_if_sharded += FlatShardLayout::plan(units[u].frozen, W).shard_size() * b;
+    frozen_shards += frozen.shard_size();
     if (u + 1 == units.size()) {
-      root = layout.padded;
+      root = 2 * layout.padded + frozen.padded;
     } else {
-      largest_layer = std::max(largest_layer, layout.padded);
-      all_layers += layout.padded;
+      largest_layer = std::max(largest_layer, 2 * layout.padded + frozen.padded);
+      all_layer_values += layout.padded + frozen.padded;
     }
     if (r.sharded) {
       // Forward all-gather of every unit; again in the backward for the layers when resharded.
       const int64_t gathers = (u + 1 < units.size() && r.reshard_after_forward) ? 2 : 1;
-      plan.all_gather_sent += gathers * (W - 1) * layout.shard_size() * b;
+      plan.all_gather_sent += gathers * (W - 1) * (layout.shard_size() + frozen.shard_size()) * b;
       plan.reduce_scatter_sent += (W - 1) * layout.shard_size() * b;
     }
   }
   plan.total_params = plan.trainable_params + plan.frozen_params;
-  plan.frozen = plan.frozen_params * b;
+  plan.frozen_if_replicated = plan.frozen_params * b;
+  plan.frozen = r.sharded ? frozen_shards * b : plan.frozen_if_replicated;
   plan.replicated_persistent = 4 * plan.trainable_params * b;
   if (r.sharded) {
     plan.params = sharded_elements * b;
     plan.gradients = sharded_elements * b;
     plan.optimizer = 2 * sharded_elements * b;
-    // The root stays gathered (values and gradients) for the whole call; a layer's values from its
-    // forward (or, kept, from the forward until its backward) and its gradients during its backward.
-    plan.gathered_peak = 2 * root * b + (r.reshard_after_forward ? 2 * largest_layer : all_layers + largest_layer) * b;
+    int64_t largest_layer_grads = 0;
+    for (size_t u = 0; u + 1 < units.size(); ++u)
+      largest_layer_grads = std::max(largest_layer_grads, FlatShardLayout::plan(units[u].trainable, W).padded);
+    plan.gathered_peak = (root + (r.reshard_after_forward ? largest_layer : all_layer_values + largest_layer_grads)) * b;
     plan.all_gather_sent *= r.gradient_accumulation_steps;
     plan.reduce_scatter_sent *= r.gradient_accumulation_steps;
   } else {
@@ -162,14 +168,15 @@ std::string format_sharding_plan(const ShardingPlanRequest& r, const ShardingPla
   add("  gradients            " + gib(p.gradients));
   add("  AdamW state (m, v)   " + gib(p.optimizer));
   if (p.frozen_params > 0)
-    add("  frozen base          " + gib(p.frozen) + "  replicated; sharded it would be " + gib(p.frozen_if_sharded));
+    add("  frozen base          " + gib(p.frozen) + (r.sharded ? "  sharded; replicated it would be " : "  replicated ") +
+        (r.sharded ? gib(p.frozen_if_replicated) : std::string()));
   add("  total                " + gib(p.persistent()));
   std::snprintf(line, sizeof line, "  params+grads+AdamW   %s  = 1/%.2f of the replicated %s",
                 gib(p.params + p.gradients + p.optimizer).c_str(),
                 double(p.replicated_persistent) / double(std::max<int64_t>(1, p.params + p.gradients + p.optimizer)),
                 gib(p.replicated_persistent).c_str());
   add(line);
-  add("per rank, gathered at most during a step (values + gradients of the units in flight):");
+  add("per rank, gathered at most during a step (values, trainable and frozen, + gradients of the units in flight):");
   add("  gathered             " + gib(p.gathered_peak));
   add("  (activations are not included: they depend on batch_size x seq_len; a run prints its arena)");
   add("per rank, sent per optimizer step (ring algorithms):");

@@ -14,8 +14,9 @@
 //    values send (W-1)/W·N each, all-reduce 2·(W-1)/W·N. FSDP: a forward all-gather of every unit,
 //    a backward all-gather of every layer again when reshard_after_forward, a reduce-scatter of the
 //    gradients — per micro-batch. Replicated (DDP): one all-reduce of the gradients per step.
-//  - LoRA: the frozen base is replicated on every rank (what ktune does); the figure for a sharded
-//    base (what torchtune's FSDP does) is given beside it. QLoRA's NF4 base is not modelled.
+//  - LoRA: the frozen base is sharded too (what ktune and torchtune's FSDP do), gathered with its
+//    unit (forward, and backward for the input gradients) and never reduced; the figure for a
+//    replicated base is given beside it. QLoRA's NF4 base is not modelled.
 // It deliberately does not estimate activations (they depend on batch and sequence length; a run
 // prints its activation arena), CUDA workspaces or allocator fragmentation.
 #pragma once
@@ -46,8 +47,8 @@ struct ShardingPlan {
   int64_t total_params = 0, trainable_params = 0, frozen_params = 0;
   // Bytes per rank between steps.
   int64_t params = 0;           // trainable parameters this rank keeps (its shards, padding included)
-  int64_t frozen = 0;           // frozen parameters (replicated)
-  int64_t frozen_if_sharded = 0;  // the same if they were sharded too (torchtune's FSDP of the LoRA base)
+  int64_t frozen = 0;                // frozen parameters (this rank's shards when sharded)
+  int64_t frozen_if_replicated = 0;  // the same if every rank kept them whole
   int64_t gradients = 0;
   int64_t optimizer = 0;        // AdamW: two moments
   int64_t persistent() const { return params + frozen + gradients + optimizer; }

@@ -220,7 +220,7 @@ TEST_F(RecipeTest, TwoShardedLoraProcessesEqualOneWithTheDoubledBatch) {
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_NE(two.output.find("reshard_after_forward=false"), std::string::npos) << two.output;
-  EXPECT_NE(two.output.find("frozen base replicated"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("frozen base sharded"), std::string::npos) << two.output;
   auto l1 = losses(out("one"));
   auto l2 = losses(out("two"));
   ASSERT_EQ(l1.size(), 3u);

@@ -2,7 +2,7 @@
 // ShardedDataParallel on W = 1, 2, 3 ranks (threads over Gloo) against one unsharded decoder that
 // sees every rank's rows: same loss, same gradient norm, same weights after AdamW steps — for a
 // full fine-tune (with and without resharding after the forward, with activation checkpointing)
-// and for LoRA (frozen base replicated, adapters sharded).
+// and for LoRA (frozen base and adapters sharded).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -122,6 +122,7 @@ struct Scenario {
   bool checkpointing = false;
   int steps = 2;
   int micro_batches = 1;  // gradient accumulation: sharded runs reduce-scatter every micro-batch
+  bool dora = false, qlora = false;
 };
 
 std::unique_ptr<model::Decoder> make_model(const Scenario& s, std::vector<std::shared_ptr<model::LoraAdapter>>* adapters) {
@@ -131,6 +132,8 @@ std::unique_ptr<model::Decoder> make_model(const Scenario& s, std::vector<std::s
     o.rank = 4;
     o.alpha = 8;
     o.seed = 9;
+    o.use_dora = s.dora;
+    o.quantize_base = s.qlora;
     *adapters = model::attach_lora(*m, model::LoraTargets{{"q_proj", "v_proj", "output_proj"}, true, false}, o);
     // B starts at zero; move it so that A's gradient is not zero either.
     for (model::Parameter* p : m->parameters())
@@ -198,7 +201,8 @@ Outcome sharded(const Scenario& s, int world) {
         auto m = make_model(s, &adapters);
         auto trainable = trainable_of(*m);
         ShardedDataParallel sdp(*m, trainable, *group, ShardingOptions{s.reshard_after_forward});
-        for (model::Parameter* p : trainable) EXPECT_FALSE(p->value.defined()) << p->name << " kept whole";
+        for (model::Parameter* p : m->parameters()) EXPECT_FALSE(p->value.defined()) << p->name << " kept whole";
+        EXPECT_EQ(sdp.memory().replicated_frozen, 0);  // f32 frozen weights are all sharded (QLoRA: NF4 lives in the adapters)
         AdamW opt(sdp.shard_parameters(), kAdam);
         Outcome& out = outcomes[size_t(rank)];
         std::vector<int32_t> tokens, labels;
@@ -251,7 +255,7 @@ Outcome sharded(const Scenario& s, int world) {
   return outcomes[0];
 }
 
-void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
+void expect_same(const Outcome& a, const Outcome& b, const std::string& what, Scenario s) {
   ASSERT_EQ(a.losses.size(), b.losses.size());
   for (size_t i = 0; i < a.losses.size(); ++i) {
     EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::max(1.0, std::fabs(b.losses[i]))) << what << " step " << i;
@@ -265,7 +269,8 @@ void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
     for (int64_t i = 0; i < t.numel(); ++i) worst = std::max(worst, double(std::fabs(u.f32()[i] - t.f32()[i])));
   }
   // The steps moved the weights far more than the difference (the comparison is not vacuous).
-  auto initial = reference(Scenario{what.find("lora") != std::string::npos, true, false, 0}, 1);
+  s.steps = 0;
+  auto initial = reference(s, 1);
   for (const auto& [name, t] : b.weights)
     for (int64_t i = 0; i < t.numel(); ++i) moved = std::max(moved, double(std::fabs(initial.weights.at(name).f32()[i] - t.f32()[i])));
   EXPECT_LT(worst, 2e-5) << what;
@@ -282,31 +287,41 @@ class ShardedDataParallelTest : public ::testing::Test {
 TEST_F(ShardedDataParallelTest, FullFinetuneOnOneTwoThreeRanksMatchesOneUnshardedDecoder) {
   for (int world : {1, 2, 3}) {
     Scenario s;
-    expect_same(sharded(s, world), reference(s, world), "full W=" + std::to_string(world));
+    expect_same(sharded(s, world), reference(s, world), "full W=" + std::to_string(world), s);
   }
 }
 
 TEST_F(ShardedDataParallelTest, KeepingLayersGatheredAfterTheForwardAndCheckpointingChangeNothing) {
   Scenario s;
   s.reshard_after_forward = false;
-  expect_same(sharded(s, 2), reference(s, 2), "full no-reshard W=2");
+  expect_same(sharded(s, 2), reference(s, 2), "full no-reshard W=2", s);
   s.reshard_after_forward = true;
   s.checkpointing = true;
-  expect_same(sharded(s, 2), reference(s, 2), "full checkpointing W=2");
+  expect_same(sharded(s, 2), reference(s, 2), "full checkpointing W=2", s);
 }
 
 TEST_F(ShardedDataParallelTest, GradientAccumulationOverMicroBatchesMatchesOneUnshardedDecoder) {
   Scenario s;
   s.micro_batches = 3;
-  expect_same(sharded(s, 2), reference(s, 2), "full 3 micro-batches W=2");
+  expect_same(sharded(s, 2), reference(s, 2), "full 3 micro-batches W=2", s);
 }
 
-TEST_F(ShardedDataParallelTest, LoraAdaptersShardedBaseReplicatedMatchesOneUnshardedDecoder) {
+TEST_F(ShardedDataParallelTest, LoraWithAdaptersAndBaseShardedMatchesOneUnshardedDecoder) {
   for (int world : {2, 3}) {
     Scenario s;
     s.lora = true;
-    expect_same(sharded(s, world), reference(s, world), "lora W=" + std::to_string(world));
+    expect_same(sharded(s, world), reference(s, world), "lora W=" + std::to_string(world), s);
   }
+}
+
+TEST_F(ShardedDataParallelTest, DoraAndQloraShardedMatchOneUnshardedDecoder) {
+  Scenario s;
+  s.lora = true;
+  s.dora = true;  // the magnitude is sharded with its layer, the base gathered for the row norms
+  expect_same(sharded(s, 2), reference(s, 2), "lora dora W=2", s);
+  s.dora = false;
+  s.qlora = true;  // the NF4 base stays in its adapters (replicated); the rest is sharded
+  expect_same(sharded(s, 2), reference(s, 2), "lora qlora W=2", s);
 }
 
 TEST_F(ShardedDataParallelTest, PerRankParameterGradientAndOptimizerBytesFallAsOneOverW) {

@@ -60,7 +60,7 @@ TEST(ShardingPlan, FullFinetuneOnTwoRanksMatchesTheHandComputedFigures) {
   EXPECT_EQ(p.all_gather_sent + p.reduce_scatter_sent, 0);
 }
 
-TEST(ShardingPlan, LoraShardsTheAdaptersAndReplicatesTheBase) {
+TEST(ShardingPlan, LoraShardsTheAdaptersAndTheFrozenBase) {
   ShardingPlanRequest r = hand_case();
   r.lora = true;
   r.lora_rank = 2;
@@ -71,11 +71,14 @@ TEST(ShardingPlan, LoraShardsTheAdaptersAndReplicatesTheBase) {
   EXPECT_EQ(p.trainable_params, 2 * 28);
   EXPECT_EQ(p.frozen_params, 340);
   EXPECT_EQ(p.params, 2 * 32 * 2);
-  EXPECT_EQ(p.frozen, 340 * 2);
-  // Sharded base: layers 192 → 96 each, root 128 → 64.
-  EXPECT_EQ(p.frozen_if_sharded, (96 + 96 + 64) * 2);
-  EXPECT_EQ(p.all_gather_sent, 2 * 2 * 32 * 2);
-  EXPECT_EQ(p.reduce_scatter_sent, 2 * 32 * 2);
+  // The base, sharded: layers 192 → 96 each, root 128 → 64; whole it is 340 values.
+  EXPECT_EQ(p.frozen, (96 + 96 + 64) * 2);
+  EXPECT_EQ(p.frozen_if_replicated, 340 * 2);
+  // All-gathers: each layer's adapters (32) and base (96) shards, forward and backward; the root's base once.
+  EXPECT_EQ(p.all_gather_sent, (2 * 2 * (32 + 96) + 64) * 2);
+  EXPECT_EQ(p.reduce_scatter_sent, 2 * 32 * 2);  // gradients of the adapters only
+  // Gathered: the root's base (128) + one layer's adapters with gradients (2 · 64) and base (192).
+  EXPECT_EQ(p.gathered_peak, (128 + 2 * 64 + 192) * 2);
 }
 
 TEST(ShardingPlan, BadRequestsAreRefusedNamingTheField) {
@@ -120,7 +123,8 @@ TEST(ShardingPlan, AgreesWithWhatShardedDataParallelHolds) {
     ShardingPlan p = plan_sharding(r);
     EXPECT_EQ(p.params, sdp.memory().sharded_params) << "lora " << lora;
     EXPECT_EQ(p.gradients, sdp.memory().gradient_shards) << "lora " << lora;
-    EXPECT_EQ(p.frozen, sdp.memory().replicated_frozen) << "lora " << lora;
+    EXPECT_EQ(p.frozen, sdp.memory().sharded_frozen) << "lora " << lora;
+    EXPECT_EQ(sdp.memory().replicated_frozen, 0) << "lora " << lora;
     // And at W = 4, from the runtime's own layouts.
     r.nproc_per_node = 4;
     int64_t shards = 0;
