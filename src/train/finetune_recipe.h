@@ -4,7 +4,7 @@
 // RecipeSpec: LoRA/DoRA/QLoRA adapters or all weights trainable, one process or a process group.
 // The distributed recipes shard the trainable parameters, their gradients and AdamW state across
 // ranks (FSDP / ZeRO-3, train/sharded_data_parallel.h; fsdp_reshard_after_forward honoured; the
-// frozen LoRA base stays replicated). env KTUNE_DATA_PARALLEL=replicate runs them with replicated
+// frozen LoRA base is sharded too). env KTUNE_DATA_PARALLEL=replicate runs them with replicated
 // weights and all-reduced gradients instead (DDP: the benchmark's baseline).
 #pragma once
 
