@@ -28,7 +28,9 @@ int jobs_usage(FILE* to) {
                "       ktune jobs logs NAME [-f|--follow] [--step STEP]     (STEP default node-0)\n"
                "       ktune jobs wait NAME [--status S[,S...]] [--timeout SECONDS] [--interval SECONDS]\n"
                "       ktune jobs delete NAME [--workspace]                 (--workspace: remove its files too)\n"
-               "  statuses: Created, Running, Complete, Failed. Backend: KTUNE_BACKEND (local), KTUNE_HOME (~/.ktune)\n");
+               "  statuses: Created, Running, Complete, Failed. Backend: KTUNE_BACKEND (local), KTUNE_HOME (~/.ktune)\n"
+               "  or --backend kubernetes [--namespace NS] [--kubeconfig PATH] [--context NAME] (KUBECONFIG,\n"
+               "  ~/.kube/config or the in-cluster service account; KTUNE_NAMESPACE)\n");
   return to == stdout ? 0 : 2;
 }
 
@@ -139,7 +141,7 @@ int jobs_get(sdk::TrainerClient& client, const Args& args) {
   std::printf("Created:     %s\n", sdk::rfc3339(j.created_at).c_str());
   if (j.started_at > 0)
     std::printf("Duration:    %s\n", duration_text((j.finished_at > 0 ? j.finished_at : now) - j.started_at).c_str());
-  std::printf("Workspace:   %s\n", j.workspace.c_str());
+  if (!j.workspace.empty()) std::printf("Workspace:   %s\n", j.workspace.c_str());
   if (j.progress.present) {
     const sdk::JobProgress& pr = j.progress;
     std::printf("Progress:    %s  epoch %g  ETA %s\n", progress_text(pr).c_str(), pr.epoch,
@@ -158,7 +160,8 @@ int jobs_get(sdk::TrainerClient& client, const Args& args) {
   for (const sdk::StepRecord& s : j.steps) {
     std::string duration = s.started_at > 0 ? duration_text((s.finished_at > 0 ? s.finished_at : now) - s.started_at) : "-";
     rows.push_back({s.name, s.status, s.device, s.device_count, s.pid > 0 ? std::to_string(s.pid) : "-",
-                    s.exit_code >= 0 ? std::to_string(s.exit_code) : "-", duration, s.log_path});
+                    s.exit_code >= 0 ? std::to_string(s.exit_code) : "-", duration,
+                    s.pod_name.empty() ? s.log_path : "pod/" + s.pod_name});
   }
   std::printf("\n%s", table(rows).c_str());
   return 0;
@@ -208,13 +211,36 @@ int jobs_delete(sdk::TrainerClient& client, const Args& args) {
 
 }  // namespace
 
+int run_jobs(sdk::TrainerClient& client, const Args& args);
+
 int cmd_jobs(const Args& args) {
   if (args.empty()) return jobs_usage(stderr);
   const std::string& sub = args[0];
   if (sub == "-h" || sub == "--help" || sub == "help") return jobs_usage(stdout);
   // The supervisor needs no catalog and no client: it runs one job from the registry.
   if (sub == "supervise") return sdk::supervise_command(Args(args.begin() + 1, args.end()));
-  sdk::TrainerClient client;
+  // The backend flags may come anywhere after the subcommand.
+  sdk::BackendConfig config = sdk::BackendConfig::from_env();
+  Args rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    const size_t eq = flag.find('=');
+    if (eq != std::string::npos) flag = flag.substr(0, eq);
+    if (i == 0 || !sdk::BackendConfig::is_flag(flag)) {
+      rest.push_back(args[i]);
+      continue;
+    }
+    if (eq != std::string::npos) value = args[i].substr(eq + 1);
+    else if (i + 1 < args.size()) value = args[++i];
+    else throw Error("ktune jobs " + flag, "needs a value");
+    config.apply_flag(flag, value);
+  }
+  sdk::TrainerClient client(config);
+  return run_jobs(client, rest);
+}
+
+int run_jobs(sdk::TrainerClient& client, const Args& args) {
+  const std::string& sub = args[0];
   if (sub == "list" || sub == "ls") return jobs_list(client, args);
   if (sub == "get") return jobs_get(client, args);
   if (sub == "logs") return jobs_logs(client, args);

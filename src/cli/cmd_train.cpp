@@ -12,6 +12,7 @@
 
 #include "cli/command_table.h"
 #include "core/error.h"
+#include "sdk/kubernetes_backend.h"
 #include "sdk/trainer_client.h"
 
 namespace ktune::cli {
@@ -25,7 +26,8 @@ int train_usage(FILE* to) {
                "         [--name NAME] [--dry-run] [--wait] [--follow] [--timeout SECONDS]\n"
                "  URIs: hf://org/repo[/path] (or org/repo) and s3://bucket/path.\n"
                "  Tokens from the environment: HF_TOKEN; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,\n"
-               "  AWS_ENDPOINT_URL. Backend: KTUNE_BACKEND (local), KTUNE_HOME (~/.ktune).\n");
+               "  AWS_ENDPOINT_URL. Backend: KTUNE_BACKEND (local), KTUNE_HOME (~/.ktune), or --backend kubernetes\n"
+               "  [--namespace NS] [--kubeconfig PATH] [--context NAME] (--dry-run then prints the TrainJob YAML).\n");
   return to == stdout ? 0 : 2;
 }
 
@@ -53,6 +55,7 @@ int cmd_train(const Args& args) {
   double timeout = 0;
   types::TorchTuneConfig config;
   std::optional<types::LoraConfig> lora;
+  sdk::BackendConfig backend = sdk::BackendConfig::from_env();
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i], value;
     if (flag == "-h" || flag == "--help") return train_usage(stdout);
@@ -67,6 +70,7 @@ int cmd_train(const Args& args) {
       if (i + 1 >= args.size()) throw Error("ktune train " + flag, "needs a value");
       value = args[++i];
     }
+    if (backend.apply_flag(flag, value)) continue;
     if (flag == "--runtime") runtime_name = value;
     else if (flag == "--model") model_uri = value;
     else if (flag == "--dataset") dataset_uri = value;
@@ -131,11 +135,22 @@ int cmd_train(const Args& args) {
     }
   }
 
-  sdk::TrainerClient client;
+  sdk::TrainerClient client(backend);
   const types::Runtime runtime = client.get_runtime(runtime_name);
   TrainJobPlan plan = client.plan(runtime, &initializer, types::BuiltinTrainer{config}, name);
   if (dry_run) {
-    std::fputs(plan.to_text().c_str(), stdout);
+    if (auto* k8s = dynamic_cast<sdk::KubernetesBackend*>(&client.backend())) {
+      // Exactly the object the backend would POST (secret values live in the Secret, never here).
+      std::fputs(v1alpha1::to_yaml(k8s->trainjob_object(plan)).c_str(), stdout);
+      if (!plan.secret_name.empty()) {
+        std::string keys;
+        for (const auto& [k, v] : plan.secret_data) keys += (keys.empty() ? "" : ", ") + k;
+        std::fprintf(stderr, "and first the Secret %s/%s with keys: %s\n", k8s->kubernetes_namespace().c_str(),
+                     plan.secret_name.c_str(), keys.c_str());
+      }
+    } else {
+      std::fputs(plan.to_text().c_str(), stdout);
+    }
     return 0;
   }
   const std::string job = client.submit(plan);

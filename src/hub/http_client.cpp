@@ -182,8 +182,32 @@ HttpResponse HttpClient::perform_once(const HttpRequest& request, BodySink* sink
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 15L);
-  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);   // a stalled transfer (no byte for
-  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, 60L);   // 60 s) is a transport failure
+  if (!request.streaming) {
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1L);   // a stalled transfer (no byte for
+    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, 60L);   // 60 s) is a transport failure
+  }
+  const TlsOptions& tls = request.tls;
+  curl_blob ca_blob{const_cast<char*>(tls.ca_pem.data()), tls.ca_pem.size(), CURL_BLOB_COPY};
+  curl_blob cert_blob{const_cast<char*>(tls.client_cert_pem.data()), tls.client_cert_pem.size(), CURL_BLOB_COPY};
+  curl_blob key_blob{const_cast<char*>(tls.client_key_pem.data()), tls.client_key_pem.size(), CURL_BLOB_COPY};
+  if (!tls.ca_pem.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO_BLOB, &ca_blob);
+  else if (!tls.ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, tls.ca_file.c_str());
+  if (!tls.client_cert_pem.empty()) {
+    curl_easy_setopt(curl, CURLOPT_SSLCERT_BLOB, &cert_blob);
+    curl_easy_setopt(curl, CURLOPT_SSLCERTTYPE, "PEM");
+  } else if (!tls.client_cert_file.empty()) {
+    curl_easy_setopt(curl, CURLOPT_SSLCERT, tls.client_cert_file.c_str());
+  }
+  if (!tls.client_key_pem.empty()) {
+    curl_easy_setopt(curl, CURLOPT_SSLKEY_BLOB, &key_blob);
+    curl_easy_setopt(curl, CURLOPT_SSLKEYTYPE, "PEM");
+  } else if (!tls.client_key_file.empty()) {
+    curl_easy_setopt(curl, CURLOPT_SSLKEY, tls.client_key_file.c_str());
+  }
+  if (tls.insecure_skip_verify) {
+    curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 0L);
+    curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, 0L);
+  }
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &ex);
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);

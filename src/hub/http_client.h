@@ -22,6 +22,15 @@ namespace ktune::hub {
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
+// TLS settings beyond the system's CA store (a Kubernetes API server's own CA, client
+// certificates). PEM text or file paths; text wins when both are set.
+struct TlsOptions {
+  std::string ca_pem, ca_file;                   // trust these CAs instead of the system's
+  std::string client_cert_pem, client_cert_file; // mutual TLS
+  std::string client_key_pem, client_key_file;
+  bool insecure_skip_verify = false;             // kubeconfig's insecure-skip-tls-verify
+};
+
 struct HttpRequest {
   std::string method = "GET";
   std::string url;
@@ -31,6 +40,8 @@ struct HttpRequest {
   uint64_t upload_offset = 0;  // the slice of upload_path to send (multipart parts)
   uint64_t upload_length = UINT64_MAX;
   bool follow_redirects = true;
+  TlsOptions tls;
+  bool streaming = false;      // a long poll (a followed log): no stalled-transfer limit
 };
 
 struct HttpResponse {

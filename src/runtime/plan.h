@@ -41,6 +41,14 @@ struct TrainJobPlan {
 
   std::string workspace = "/workspace";  // the shared volume's mount path, as the steps' paths spell it
 
+  // The TrainJob object itself (trainer.kubeflow.org/v1alpha1 JSON), what a Kubernetes backend
+  // creates and `ktune train --dry-run --backend kubernetes` prints. It holds no secret value: an
+  // env var with a secret name (ACCESS_TOKEN, SECRET_ACCESS_KEY, *_TOKEN, ...) reads its value
+  // from the Secret `secret_name` (valueFrom.secretKeyRef), whose data is `secret_data`.
+  std::string trainjob_json;
+  std::string secret_name;                          // "<job>-ktune-secrets"; "" when no secret
+  std::map<std::string, std::string> secret_data;   // Secret key -> value: never printed or stored
+
   // Human-readable, as `ktune train --dry-run` prints it (secret_env values shown as ***).
   std::string to_text() const;
   // A copy whose paths under `workspace` (in commands, env values and working dirs) point into

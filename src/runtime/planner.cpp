@@ -26,7 +26,30 @@ TrainJobPlan build_plan(const v1alpha1::TrainJob& job, const RuntimeCatalog& cat
   plan.recipe = info.recipe;
   plan.config = info.config;
   for (const auto& p : plugins()) p->build_steps(info, plan);
+  attach_trainjob(job, plan);
   return plan;
+}
+
+void attach_trainjob(const v1alpha1::TrainJob& job, TrainJobPlan& plan) {
+  v1alpha1::TrainJob copy = job;
+  const std::string secret = job.metadata.name + "-ktune-secrets";
+  plan.secret_data.clear();
+  auto move_secrets = [&](std::vector<v1alpha1::EnvVar>& env, const std::string& prefix) {
+    for (v1alpha1::EnvVar& e : env)
+      if (e.value && is_secret_env_name(e.name)) {
+        const std::string key = prefix + "." + e.name;
+        plan.secret_data[key] = *e.value;
+        e.value.reset();
+        e.value_from = {{"secretKeyRef", {{"name", secret}, {"key", key}}}};
+      }
+  };
+  if (copy.spec.initializer) {
+    if (copy.spec.initializer->dataset) move_secrets(copy.spec.initializer->dataset->env, "dataset");
+    if (copy.spec.initializer->model) move_secrets(copy.spec.initializer->model->env, "model");
+  }
+  if (copy.spec.trainer) move_secrets(copy.spec.trainer->env, "trainer");
+  plan.secret_name = plan.secret_data.empty() ? "" : secret;
+  plan.trainjob_json = v1alpha1::to_json(copy).dump();
 }
 
 TrainJobPlan build_plan(const v1alpha1::TrainJob& job, const v1alpha1::TrainingRuntime& runtime) {

@@ -19,7 +19,8 @@ bool is_runtime_doc(const v1alpha1::Json& doc) {
   return kind == v1alpha1::kClusterTrainingRuntimeKind || kind == v1alpha1::kTrainingRuntimeKind;
 }
 
-// Upstream's get_container_devices: the first of GPU, TPU, MIG, NPU, CPU in the limits.
+}  // namespace
+
 bool container_devices(const v1alpha1::ResourceRequirements& r, std::string* device, std::string* count) {
   if (r.limits.empty()) return false;
   auto take = [&](const std::string& key, const std::string& name) {
@@ -39,6 +40,8 @@ bool container_devices(const v1alpha1::ResourceRequirements& r, std::string* dev
   if (take("huawei.com/Ascend910", "npu") || take("cpu", "cpu")) return true;
   return false;
 }
+
+namespace {
 
 bool is_digits(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });

@@ -46,6 +46,10 @@ class RuntimeCatalog {
   ConfigSet configs_ = ConfigSet::bundled().empty() ? ConfigSet::torchtune() : ConfigSet::bundled();
 };
 
+// Upstream's get_container_devices: the first of GPU, TPU, MIG, NPU, CPU in the limits, as
+// ("gpu", "2"); false when the limits name none.
+bool container_devices(const v1alpha1::ResourceRequirements& r, std::string* device, std::string* count);
+
 // The SDK view of a runtime, as upstream's get_runtime() builds it.
 types::Runtime to_sdk_runtime(const v1alpha1::TrainingRuntime& runtime);
 // list_runtimes(): runtimes without the framework label are skipped (as upstream does); sorted by name.

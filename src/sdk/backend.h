@@ -1,6 +1,6 @@
 // Backend: where a TrainJobPlan runs. TrainerClient talks only to this interface, so the local
 // backend (processes on this machine + a SQLite registry, the embedded default) and the
-// Kubernetes backend (a TrainJob over the API server, a later issue) are interchangeable, chosen
+// Kubernetes backend (a TrainJob over the API server) are interchangeable, chosen
 // by BackendConfig (or the environment: KTUNE_BACKEND=local|kubernetes).
 // It deliberately does not plan: it runs the steps it is given, in their dependency order.
 #pragma once
@@ -28,11 +28,17 @@ struct BackendConfig {
                                              // trainers); "" = $KTUNE_TRAINER_COMMAND split on spaces
   double stop_grace_seconds = 10;  // SIGTERM → SIGKILL when stopping a step's processes
 
-  // Kubernetes backend (not built yet).
-  std::string kubernetes_namespace = "default";
+  // Kubernetes backend (kubernetes_backend.h): a TrainJob over the API server.
+  std::string kubernetes_namespace;  // "" = the context's namespace, else "default"; $KTUNE_NAMESPACE
+  std::string kubeconfig;            // "" = $KUBECONFIG, else ~/.kube/config, else in-cluster
+  std::string kubernetes_context;    // "" = current-context; $KTUNE_KUBE_CONTEXT
 
   // Kind from KTUNE_BACKEND, the rest from the variables named above; unset fields keep defaults.
   static BackendConfig from_env();
+  // The CLI's backend flags: --backend local|kubernetes, --namespace, --kubeconfig, --context.
+  // Returns false for any other flag; throws Error on a bad value.
+  bool apply_flag(const std::string& flag, const std::string& value);
+  static bool is_flag(const std::string& flag);
 };
 
 // Called once per log line (without its '\n'); return false to stop reading.

@@ -42,6 +42,7 @@ struct StepRecord {
   double finished_at = 0;
   std::string log_path;
   std::string progress_path;               // node steps: the KTUNE_PROGRESS_FILE
+  std::string pod_name;                    // Kubernetes backend: the step's pod ("" locally)
 };
 
 struct TrainJobRecord {

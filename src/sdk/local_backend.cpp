@@ -2,6 +2,7 @@
 // reading jobs (with dead-supervisor reconciliation), following logs and deleting. The
 // supervisor's own loop is in job_supervisor.cpp.
 #include "sdk/local_backend.h"
+#include "sdk/kubernetes_backend.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -133,13 +134,34 @@ BackendConfig BackendConfig::from_env() {
   c.ktune_exe = env_or("KTUNE_EXE", "");
   c.trainer_command = split_spaces(env_or("KTUNE_TRAINER_COMMAND", ""));
   c.kubernetes_namespace = env_or("KTUNE_NAMESPACE", c.kubernetes_namespace);
+  c.kubernetes_context = env_or("KTUNE_KUBE_CONTEXT", c.kubernetes_context);
   return c;
+}
+
+bool BackendConfig::is_flag(const std::string& flag) {
+  return flag == "--backend" || flag == "--namespace" || flag == "-n" || flag == "--kubeconfig" || flag == "--context";
+}
+
+bool BackendConfig::apply_flag(const std::string& flag, const std::string& value) {
+  if (flag == "--backend") {
+    if (value == "local") kind = Kind::Local;
+    else if (value == "kubernetes" || value == "k8s") kind = Kind::Kubernetes;
+    else throw Error("--backend", "unknown backend '" + value + "' (expected local or kubernetes)");
+  } else if (flag == "--namespace" || flag == "-n") {
+    kubernetes_namespace = value;
+  } else if (flag == "--kubeconfig") {
+    kubeconfig = value;
+  } else if (flag == "--context") {
+    kubernetes_context = value;
+  } else {
+    return false;
+  }
+  return true;
 }
 
 std::unique_ptr<Backend> make_backend(const BackendConfig& config) {
   if (config.kind == BackendConfig::Kind::Local) return std::make_unique<LocalBackend>(config);
-  throw Error("backend kubernetes",
-              "the Kubernetes backend is not part of this build yet; use the local backend (KTUNE_BACKEND=local)");
+  return std::make_unique<KubernetesBackend>(config);
 }
 
 LocalBackend::LocalBackend(BackendConfig config) : config_(std::move(config)) {

@@ -1,0 +1,465 @@
+// The Kubernetes backend over the API server's REST interface (see kubernetes_backend.h).
+#include "sdk/kubernetes_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <cstdlib>
+#include <ctime>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "core/log.h"
+#include "runtime/runtime_catalog.h"
+#include "sdk/local_backend.h"
+
+namespace ktune::sdk {
+
+using Json = v1alpha1::Json;
+
+namespace {
+
+constexpr const char* kJobSetNameLabel = "jobset.sigs.k8s.io/jobset-name";
+constexpr const char* kReplicatedJobLabel = "jobset.sigs.k8s.io/replicatedjob-name";
+constexpr const char* kJobIndexLabel = "batch.kubernetes.io/job-completion-index";
+
+std::string str(const Json& obj, const char* key) {
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return "";
+  if (obj[key].is_string()) return obj[key].get<std::string>();
+  return obj[key].dump();
+}
+
+const Json& at(const Json& obj, const char* key) {
+  static const Json null;
+  if (!obj.is_object() || !obj.contains(key)) return null;
+  return obj[key];
+}
+
+// Pod phase → ktune's step status.
+std::string step_status_of_phase(const std::string& phase) {
+  if (phase == "Pending" || phase.empty()) return kCreated;
+  if (phase == "Running") return kRunning;
+  if (phase == "Succeeded") return kComplete;
+  if (phase == "Failed") return kFailed;
+  return phase;  // "Unknown": shown as the cluster says it
+}
+
+int role_order(const std::string& role) {
+  if (role == "dataset-initializer") return 0;
+  if (role == "model-initializer") return 1;
+  if (role == "launcher") return 2;
+  return 3;
+}
+
+v1alpha1::ResourceRequirements resources_of(const Json& container) {
+  v1alpha1::ResourceRequirements r;
+  const Json& res = at(container, "resources");
+  for (const char* field : {"limits", "requests"}) {
+    const Json& m = at(res, field);
+    if (!m.is_object()) continue;
+    for (const auto& [k, v] : m.items())
+      (std::string(field) == "limits" ? r.limits : r.requests)[k] = v.is_string() ? v.get<std::string>() : v.dump();
+  }
+  return r;
+}
+
+// Reads a streamed body line by line into a LogLineSink; stops the transfer when the sink says so.
+struct StopReading {};
+class LineSink : public hub::BodySink {
+ public:
+  explicit LineSink(const LogLineSink& sink) : sink_(sink) {}
+  void begin(const hub::HttpResponse&) override {}
+  void write(const char* data, size_t size) override {
+    pending_.append(data, size);
+    size_t start = 0;
+    for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
+      std::string line = pending_.substr(start, nl - start);
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (!sink_(line)) {
+        pending_.clear();
+        stopped_ = true;
+        throw StopReading{};
+      }
+    }
+    pending_.erase(0, start);
+  }
+  void finish() {
+    if (!stopped_ && !pending_.empty()) sink_(pending_);
+    pending_.clear();
+  }
+
+ private:
+  const LogLineSink& sink_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+std::string api_message(const hub::HttpResponse& r) {
+  std::string reason, message;
+  try {
+    const Json status = Json::parse(r.body);
+    reason = str(status, "reason");
+    message = str(status, "message");
+  } catch (...) {
+    message = r.body.substr(0, 500);
+    while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
+  }
+  std::string out = std::to_string(r.status) + (reason.empty() ? "" : " " + reason);
+  if (!message.empty()) out += ": " + message;
+  return redact(out);
+}
+
+}  // namespace
+
+double parse_rfc3339(const std::string& text) {
+  std::tm tm{};
+  const char* rest = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
+  if (rest == nullptr) return 0;
+  double seconds = double(timegm(&tm));
+  if (*rest == '.') {
+    char* end = nullptr;
+    seconds += std::strtod(rest, &end);
+    rest = end;
+  }
+  if (*rest == 'Z' || *rest == 'z') return seconds;
+  if ((*rest == '+' || *rest == '-') && std::strlen(rest) >= 6) {
+    const int sign = *rest == '+' ? 1 : -1;
+    const int hh = std::atoi(std::string(rest + 1, 2).c_str()), mm = std::atoi(std::string(rest + 4, 2).c_str());
+    return seconds - sign * (hh * 3600 + mm * 60);
+  }
+  return *rest == '\0' ? seconds : 0;
+}
+
+KubernetesBackend::KubernetesBackend(const BackendConfig& config)
+    : KubernetesBackend(load_kube_connection(config.kubeconfig, config.kubernetes_context), config.kubernetes_namespace) {}
+
+KubernetesBackend::KubernetesBackend(KubeConnection connection, std::string kubernetes_namespace)
+    : connection_(std::move(connection)), namespace_(std::move(kubernetes_namespace)) {
+  if (namespace_.empty()) namespace_ = connection_.namespace_.empty() ? "default" : connection_.namespace_;
+  register_secret(connection_.bearer_token);
+}
+
+std::string KubernetesBackend::trainjobs_path() const {
+  return "/apis/trainer.kubeflow.org/v1alpha1/namespaces/" + hub::url_encode(namespace_, false) + "/trainjobs";
+}
+
+Json KubernetesBackend::request(const std::string& method, const std::string& path, const std::string& body,
+                                const std::string& content_type) {
+  auto make = [&] {
+    hub::HttpRequest r;
+    r.method = method;
+    r.url = connection_.server + path;
+    r.tls = connection_.tls;
+    r.headers.emplace_back("Accept", "application/json");
+    if (!connection_.bearer_token.empty()) r.headers.emplace_back("Authorization", "Bearer " + connection_.bearer_token);
+    if (method != "GET" && method != "DELETE") {
+      r.headers.emplace_back("Content-Type", content_type);
+      r.body = body;
+    }
+    return r;
+  };
+  const std::string where = "kubernetes " + method + " " + path;
+  hub::HttpResponse response;
+  try {
+    if (method == "GET") {
+      hub::RetryPolicy policy;
+      policy.max_attempts = 3;
+      response = hub::perform_with_retries(http_, make, policy, where);
+    } else {
+      response = http_.perform(make());
+    }
+  } catch (const Error& e) {  // transport failures (after the retries of a GET)
+    throw Error(where, "cannot reach the API server " + connection_.server + " (" + connection_.source + "): " + e.what());
+  }
+  if (response.status < 200 || response.status >= 300) throw KubernetesApiError(where, api_message(response), response.status);
+  if (response.body.empty()) return Json::object();
+  try {
+    return Json::parse(response.body);
+  } catch (const std::exception& e) {
+    throw Error(where, std::string("the API server answered with malformed JSON: ") + e.what());
+  }
+}
+
+const v1alpha1::TrainingRuntime* KubernetesBackend::runtime_of(const std::string& kind, const std::string& name) {
+  const std::string key = kind + "/" + name;
+  auto it = runtimes_.find(key);
+  if (it != runtimes_.end()) return it->second.get();
+  std::unique_ptr<v1alpha1::TrainingRuntime> runtime;
+  const std::string path = kind == v1alpha1::kTrainingRuntimeKind
+                               ? "/apis/trainer.kubeflow.org/v1alpha1/namespaces/" + hub::url_encode(namespace_, false) +
+                                     "/trainingruntimes/" + hub::url_encode(name, false)
+                               : "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/" + hub::url_encode(name, false);
+  try {
+    runtime = std::make_unique<v1alpha1::TrainingRuntime>(v1alpha1::runtime_from_json(request("GET", path), path));
+  } catch (const Error& e) {
+    // Not readable (no permission, deleted since): the job still shows, with the TrainJob's own fields.
+    log_debug("runtime " + key + " is not readable: " + e.what());
+  }
+  return (runtimes_[key] = std::move(runtime)).get();
+}
+
+TrainJobRecord KubernetesBackend::record_of(const Json& trainjob) {
+  TrainJobRecord r;
+  const Json& meta = at(trainjob, "metadata");
+  const Json& spec = at(trainjob, "spec");
+  const Json& status = at(trainjob, "status");
+  r.name = str(meta, "name");
+  r.created_at = parse_rfc3339(str(meta, "creationTimestamp"));
+  const Json& ref = at(spec, "runtimeRef");
+  r.runtime = str(ref, "name");
+  const std::string ref_kind = str(ref, "kind").empty() ? v1alpha1::kClusterTrainingRuntimeKind : str(ref, "kind");
+  const v1alpha1::TrainingRuntime* runtime = r.runtime.empty() ? nullptr : runtime_of(ref_kind, r.runtime);
+  if (runtime) r.trainer_type = runtime->framework() == "torchtune" ? "BuiltinTrainer" : "CustomTrainer";
+  const Json& trainer = at(spec, "trainer");
+  if (at(trainer, "numNodes").is_number_integer()) r.num_nodes = at(trainer, "numNodes").get<int>();
+  else if (runtime && runtime->ml_policy.num_nodes) r.num_nodes = *runtime->ml_policy.num_nodes;
+  if (at(trainer, "numProcPerNode").is_number_integer()) r.num_proc_per_node = at(trainer, "numProcPerNode").get<int>();
+
+  // Steps from the job's pods.
+  const std::string selector = std::string(kJobSetNameLabel) + "=" + r.name + "," + kReplicatedJobLabel +
+                               " in (dataset-initializer, model-initializer, launcher, node)";
+  const Json pods = request("GET", "/api/v1/namespaces/" + hub::url_encode(namespace_, false) +
+                                       "/pods?labelSelector=" + hub::url_encode(selector, false));
+  std::vector<const Json*> items;
+  if (at(pods, "items").is_array())
+    for (const Json& p : pods["items"]) items.push_back(&p);
+  std::stable_sort(items.begin(), items.end(), [](const Json* a, const Json* b) {
+    return str(at(*a, "metadata"), "creationTimestamp") > str(at(*b, "metadata"), "creationTimestamp");
+  });
+  std::vector<std::pair<std::pair<int, int>, StepRecord>> steps;
+  std::set<std::string> seen;
+  int running_nodes = 0;
+  for (const Json* pod : items) {
+    const Json& labels = at(at(*pod, "metadata"), "labels");
+    const std::string role = str(labels, kReplicatedJobLabel);
+    if (role.empty()) continue;
+    const bool is_node = role == "node" || role == "launcher";
+    const std::string index = str(labels, kJobIndexLabel);
+    int job_index = std::atoi(index.c_str());
+    const std::string key = is_node ? role + "-" + index : role;
+    if (!seen.insert(key).second) continue;
+    StepRecord s;
+    s.name = is_node ? "node-" + std::to_string(job_index) : role;
+    s.pod_name = str(at(*pod, "metadata"), "name");
+    const Json& pstatus = at(*pod, "status");
+    s.status = step_status_of_phase(str(pstatus, "phase"));
+    s.started_at = parse_rfc3339(str(pstatus, "startTime"));
+    s.node_rank = is_node ? job_index : -1;
+    s.device = "Unknown";
+    s.device_count = "Unknown";
+    const std::string container_name = is_node ? "node" : role;
+    const Json& containers = at(at(*pod, "spec"), "containers");
+    if (containers.is_array())
+      for (const Json& c : containers) {
+        if (str(c, "name") != container_name) continue;
+        std::string device, count;
+        if (container_devices(resources_of(c), &device, &count)) {
+          s.device = device;
+          s.device_count = count;
+        }
+        if (at(c, "env").is_array())
+          for (const Json& e : c["env"])
+            if (is_node && str(e, "name") == "PET_NPROC_PER_NODE") {
+              const std::string v = str(e, "value");
+              if (!v.empty() && std::all_of(v.begin(), v.end(), ::isdigit)) s.device_count = v;
+            }
+        if (at(c, "command").is_array())
+          for (const Json& a : c["command"]) s.command.push_back(a.is_string() ? a.get<std::string>() : a.dump());
+        if (at(c, "args").is_array())
+          for (const Json& a : c["args"]) s.command.push_back(a.is_string() ? a.get<std::string>() : a.dump());
+      }
+    if (at(pstatus, "containerStatuses").is_array())
+      for (const Json& cs : pstatus["containerStatuses"]) {
+        if (str(cs, "name") != container_name) continue;
+        const Json& term = at(at(cs, "state"), "terminated");
+        if (term.is_object()) {
+          if (at(term, "exitCode").is_number_integer()) s.exit_code = term["exitCode"].get<int>();
+          s.finished_at = parse_rfc3339(str(term, "finishedAt"));
+        }
+      }
+    if (is_node && role == "node" && (s.status == kRunning || s.status == kComplete)) ++running_nodes;
+    steps.push_back({{role_order(role), job_index}, s});
+  }
+  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [order, s] : steps) {
+    s.index = int(r.steps.size());
+    if (r.started_at == 0 || (s.started_at > 0 && s.started_at < r.started_at)) r.started_at = s.started_at;
+    r.steps.push_back(std::move(s));
+  }
+
+  // Status: a terminal condition, else Running when every node runs (or ran), else Created.
+  r.status = kCreated;
+  bool terminal = false;
+  if (at(status, "conditions").is_array())
+    for (const Json& c : status["conditions"]) {
+      const std::string type = str(c, "type");
+      if ((type == kComplete || type == kFailed) && str(c, "status") == "True") {
+        r.status = type;
+        terminal = true;
+        r.finished_at = parse_rfc3339(str(c, "lastTransitionTime"));
+        if (type == kFailed) {
+          const std::string reason = str(c, "reason"), message = str(c, "message");
+          r.reason = reason + (reason.empty() || message.empty() ? "" : ": ") + message;
+        }
+      }
+    }
+  if (!terminal && r.num_nodes > 0 && running_nodes == r.num_nodes) r.status = kRunning;
+
+  // Progress (trainerStatus), when the trainer reports it.
+  const Json& ts = at(status, "trainerStatus");
+  if (ts.is_object()) {
+    r.progress.present = true;
+    if (at(ts, "progressPercentage").is_number()) r.progress.progress_percentage = ts["progressPercentage"].get<double>();
+    if (at(ts, "estimatedRemainingSeconds").is_number())
+      r.progress.estimated_remaining_seconds = ts["estimatedRemainingSeconds"].get<double>();
+    if (at(ts, "metrics").is_array())
+      for (const Json& m : ts["metrics"]) {
+        const std::string value = str(m, "value");
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (!str(m, "name").empty() && end != value.c_str()) r.progress.metrics[str(m, "name")] = v;
+      }
+  }
+  return r;
+}
+
+Json KubernetesBackend::trainjob_object(const TrainJobPlan& plan) const {
+  if (plan.trainjob_json.empty())
+    throw Error("kubernetes backend", "the plan of " + plan.job_name + " carries no TrainJob (plans from build_plan do)");
+  Json job = Json::parse(plan.trainjob_json);
+  if (str(at(job, "metadata"), "name").empty()) throw Error("kubernetes backend", "the plan's TrainJob has no metadata.name");
+  job["metadata"]["namespace"] = namespace_;
+  return job;
+}
+
+std::string KubernetesBackend::submit(const TrainJobPlan& plan) {
+  const Json job = trainjob_object(plan);
+  const std::string name = str(at(job, "metadata"), "name");
+  const std::string secrets_path = "/api/v1/namespaces/" + hub::url_encode(namespace_, false) + "/secrets";
+  if (!plan.secret_data.empty()) {
+    Json secret = {{"apiVersion", "v1"},
+                   {"kind", "Secret"},
+                   {"metadata",
+                    {{"name", plan.secret_name},
+                     {"namespace", namespace_},
+                     {"labels", {{"app.kubernetes.io/managed-by", "ktune"}, {"trainer.kubeflow.org/trainjob-name", name}}}}},
+                   {"type", "Opaque"},
+                   {"stringData", Json::object()}};
+    for (const auto& [k, v] : plan.secret_data) {
+      register_secret(v);
+      secret["stringData"][k] = v;
+    }
+    request("POST", secrets_path, secret.dump());
+  }
+  Json created;
+  try {
+    created = request("POST", trainjobs_path(), job.dump());
+  } catch (...) {
+    if (!plan.secret_data.empty()) {
+      try {
+        request("DELETE", secrets_path + "/" + hub::url_encode(plan.secret_name, false));
+      } catch (const Error& e) {
+        log_warn("could not delete the Secret " + plan.secret_name + " of the TrainJob that was not created: " + e.what());
+      }
+    }
+    throw;
+  }
+  const std::string uid = str(at(created, "metadata"), "uid");
+  if (!plan.secret_data.empty() && !uid.empty()) {
+    // The Secret now belongs to the TrainJob: the cluster's garbage collector deletes it with the job.
+    const Json patch = {{"metadata",
+                         {{"ownerReferences",
+                           Json::array({{{"apiVersion", "trainer.kubeflow.org/v1alpha1"},
+                                         {"kind", "TrainJob"},
+                                         {"name", name},
+                                         {"uid", uid}}})}}}};
+    try {
+      request("PATCH", secrets_path + "/" + hub::url_encode(plan.secret_name, false), patch.dump(),
+              "application/merge-patch+json");
+    } catch (const Error& e) {
+      log_warn("the Secret " + plan.secret_name + " is not owned by TrainJob " + name +
+               " (delete it with the job: ktune jobs delete): " + e.what());
+    }
+  }
+  return name;
+}
+
+std::vector<TrainJobRecord> KubernetesBackend::list_jobs(const std::string& runtime) {
+  const Json list = request("GET", trainjobs_path());
+  std::vector<TrainJobRecord> out;
+  if (!at(list, "items").is_array()) return out;
+  for (const Json& item : list["items"]) {
+    if (!runtime.empty() && str(at(at(item, "spec"), "runtimeRef"), "name") != runtime) continue;
+    out.push_back(record_of(item));
+  }
+  std::sort(out.begin(), out.end(), [](const TrainJobRecord& a, const TrainJobRecord& b) {
+    return a.created_at != b.created_at ? a.created_at > b.created_at : a.name < b.name;
+  });
+  return out;
+}
+
+TrainJobRecord KubernetesBackend::get_job(const std::string& name) {
+  try {
+    return record_of(request("GET", trainjobs_path() + "/" + hub::url_encode(name, false)));
+  } catch (const KubernetesApiError& e) {
+    if (e.status() == 404)
+      throw KubernetesApiError("TrainJob " + namespace_ + "/" + name, std::string("not found: ") + e.what(), 404);
+    throw;
+  }
+}
+
+void KubernetesBackend::get_job_logs(const std::string& name, const std::string& step, bool follow,
+                                     const LogLineSink& sink) {
+  std::string pod;
+  while (true) {
+    const TrainJobRecord job = get_job(name);
+    const StepRecord* s = job.step(step);
+    if (s && !s->pod_name.empty() && s->status != kCreated) {
+      pod = s->pod_name;
+      break;
+    }
+    if (!follow || is_terminal(job.status)) return;  // as upstream: no pod past Pending, no lines
+    std::this_thread::sleep_for(std::chrono::duration<double>(poll_interval_));
+  }
+  static const std::regex index_suffix("-[0-9]+$");
+  const std::string container = std::regex_replace(step, index_suffix, "");
+  hub::HttpRequest r;
+  r.url = connection_.server + "/api/v1/namespaces/" + hub::url_encode(namespace_, false) + "/pods/" +
+          hub::url_encode(pod, false) + "/log?container=" + hub::url_encode(container, false) +
+          (follow ? "&follow=true" : "");
+  r.tls = connection_.tls;
+  r.streaming = follow;
+  if (!connection_.bearer_token.empty()) r.headers.emplace_back("Authorization", "Bearer " + connection_.bearer_token);
+  const std::string where = "kubernetes GET pods/" + pod + "/log";
+  LineSink lines(sink);
+  hub::HttpResponse response;
+  try {
+    response = http_.perform(r, &lines);
+  } catch (const StopReading&) {
+    return;
+  } catch (const hub::TransportError& e) {
+    throw Error(where, "cannot reach the API server " + connection_.server + ": " + e.what());
+  }
+  if (response.status < 200 || response.status >= 300) throw KubernetesApiError(where, api_message(response), response.status);
+  lines.finish();
+}
+
+void KubernetesBackend::delete_job(const std::string& name, bool /*remove_workspace*/) {
+  try {
+    request("DELETE", trainjobs_path() + "/" + hub::url_encode(name, false));
+  } catch (const KubernetesApiError& e) {
+    if (e.status() == 404)
+      throw KubernetesApiError("TrainJob " + namespace_ + "/" + name, std::string("not found: ") + e.what(), 404);
+    throw;
+  }
+  // Normally garbage-collected through its owner reference; gone already is fine.
+  try {
+    request("DELETE", "/api/v1/namespaces/" + hub::url_encode(namespace_, false) + "/secrets/" +
+                          hub::url_encode(name + "-ktune-secrets", false));
+  } catch (const KubernetesApiError& e) {
+    if (e.status() != 404) log_warn("could not delete the Secret " + name + "-ktune-secrets: " + std::string(e.what()));
+  }
+}
+
+}  // namespace ktune::sdk

@@ -1,0 +1,87 @@
+// KubernetesBackend: TrainerClient's backend for a cluster running the Kubeflow Trainer controller.
+// It speaks the API server's REST interface (libcurl through hub::HttpClient) with the credentials
+// of a kubeconfig or the in-cluster service account (kube_config.h):
+//   submit      POST the plan's TrainJob (trainer.kubeflow.org/v1alpha1, namespaced `trainjobs`),
+//               after a Secret <job>-ktune-secrets holding the secret env values the TrainJob
+//               references (valueFrom.secretKeyRef); the Secret is then owned by the TrainJob
+//               (ownerReferences), so the cluster deletes it with the job.
+//   get/list    the TrainJob's status as upstream's SDK derives it: Complete or Failed from a
+//               condition with status "True"; else Running when every node pod is Running or
+//               Succeeded; else Created. Steps from the job's pods, selected by the labels
+//               jobset.sigs.k8s.io/jobset-name=<job> and jobset.sigs.k8s.io/replicatedjob-name in
+//               (dataset-initializer, model-initializer, launcher, node); a node's step is
+//               node-<batch.kubernetes.io/job-completion-index>; the newest pod of a step wins.
+//               Pod phases read as ktune's step statuses: Pending → Created, Running → Running,
+//               Succeeded → Complete, Failed → Failed. trainerStatus gives the progress.
+//   logs        GET pods/<pod>/log?container=<step without -N>[&follow=true], streamed line by
+//               line; with follow it first waits for the step's pod to leave Pending.
+//   delete      DELETE the TrainJob (and the Secret, in case the owner reference was not set).
+// Errors from the API server surface with their status and the Status object's message. The
+// bearer token goes only into the Authorization header and is registered as a secret.
+// It deliberately does not create runtimes, volumes or pods: the controller does (the runtimes are
+// installed from manifests/, see docs/kubernetes.md). remove_workspace has no meaning here.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hub/http_client.h"
+#include "runtime/v1alpha1.h"
+#include "sdk/backend.h"
+#include "sdk/kube_config.h"
+
+namespace ktune::sdk {
+
+// An answer of the API server that is not 2xx: status, reason ("Forbidden") and message.
+class KubernetesApiError : public Error {
+ public:
+  KubernetesApiError(const std::string& where, const std::string& what, long status)
+      : Error(where, what), status_(status) {}
+  long status() const { return status_; }
+
+ private:
+  long status_;
+};
+
+class KubernetesBackend : public Backend {
+ public:
+  explicit KubernetesBackend(const BackendConfig& config);  // reads the kubeconfig / service account
+  KubernetesBackend(KubeConnection connection, std::string kubernetes_namespace);
+
+  std::string kind() const override { return "kubernetes"; }
+  std::string submit(const TrainJobPlan& plan) override;
+  std::vector<TrainJobRecord> list_jobs(const std::string& runtime = "") override;
+  TrainJobRecord get_job(const std::string& name) override;
+  void get_job_logs(const std::string& name, const std::string& step, bool follow,
+                    const LogLineSink& sink) override;
+  void delete_job(const std::string& name, bool remove_workspace = false) override;
+
+  // The exact object submit() POSTs for the plan (its TrainJob, in this backend's namespace):
+  // what `ktune train --backend kubernetes --dry-run` prints.
+  v1alpha1::Json trainjob_object(const TrainJobPlan& plan) const;
+
+  const std::string& kubernetes_namespace() const { return namespace_; }
+  const KubeConnection& connection() const { return connection_; }
+  // Seconds between looks at a pending pod while following its log (tests shorten it).
+  void set_poll_interval(double seconds) { poll_interval_ = seconds; }
+
+ private:
+  v1alpha1::Json request(const std::string& method, const std::string& path, const std::string& body = "",
+                         const std::string& content_type = "application/json");
+  TrainJobRecord record_of(const v1alpha1::Json& trainjob);
+  const v1alpha1::TrainingRuntime* runtime_of(const std::string& kind, const std::string& name);
+  std::string trainjobs_path() const;
+
+  KubeConnection connection_;
+  std::string namespace_;
+  hub::HttpClient http_;
+  double poll_interval_ = 1.0;
+  std::map<std::string, std::unique_ptr<v1alpha1::TrainingRuntime>> runtimes_;  // by kind/name; null: unreadable
+};
+
+// RFC 3339 ("2026-12-02T13:10:00Z", fractional seconds allowed) → unix seconds; 0 when malformed.
+double parse_rfc3339(const std::string& text);
+
+}  // namespace ktune::sdk

@@ -1,0 +1,468 @@
+// The Kubernetes backend against a fake API server (tests/sdk/kube_api_server.py, plain HTTP on
+// loopback, bearer-token auth, every request recorded): the kubeconfig and in-cluster readers, the
+// exact TrainJob (and Secret) the backend POSTs, compared with `ktune train --dry-run` and validated
+// against the Kubeflow Trainer CRD schema; upstream's status mapping from conditions and pods; logs
+// streamed while the server is still writing them; the API server's errors (401/403/404/409) with
+// their messages; and the token in no output, error or request other than its Authorization header.
+// It does not run a cluster: the controller's behaviour (pods, conditions) is what the test sets.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "../hub/test_processes.h"
+#include "core/log.h"
+#include "hub/digest.h"
+#include "runtime/v1alpha1.h"
+#include "sdk/kubernetes_backend.h"
+#include "sdk/trainer_client.h"
+
+namespace ktune::sdk {
+namespace {
+
+namespace fs = std::filesystem;
+using hub::testing::CommandResult;
+using hub::testing::run_command;
+using hub::testing::ServerProcess;
+using hub::testing::TempDir;
+using hub::testing::write_file;
+using Json = nlohmann::json;
+
+const std::string kToken = "kube-token-7f3a9c2e51d04b86";
+const std::string kHfToken = "hf_k8sSecretToken0123456789";
+const std::string kServerScript = std::string(KTUNE_SOURCE_DIR) + "/tests/sdk/kube_api_server.py";
+const std::string kKtune = std::string(KTUNE_BINARY_DIR) + "/bin/ktune";
+
+std::string kubeconfig_text(int port, const std::string& token, const std::string& ns = "team-a") {
+  return "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+         "clusters:\n- name: fake-cluster\n  cluster:\n    server: http://127.0.0.1:" + std::to_string(port) + "/\n"
+         "contexts:\n- name: other\n  context: {cluster: fake-cluster, user: nobody}\n"
+         "- name: fake\n  context:\n    cluster: fake-cluster\n    user: tester\n    namespace: " + ns + "\n"
+         "users:\n- name: tester\n  user:\n    token: " + token + "\n- name: nobody\n  user: {}\n";
+}
+
+// A tiny client for the server's /_test/ control endpoints.
+Json control(int port, const std::string& method, const std::string& path, const Json& body = nullptr) {
+  hub::HttpClient http;
+  hub::HttpRequest r;
+  r.method = method;
+  r.url = "http://127.0.0.1:" + std::to_string(port) + path;
+  if (!body.is_null()) {
+    r.body = body.dump();
+    r.headers.emplace_back("Content-Type", "application/json");
+  }
+  hub::HttpResponse resp = http.perform(r);
+  EXPECT_EQ(resp.status, 200) << path << ": " << resp.body;
+  return resp.body.empty() ? Json() : Json::parse(resp.body);
+}
+
+Json pod(const std::string& job, const std::string& role, int index, const std::string& phase,
+         const std::string& created, Json extra_container = Json::object()) {
+  const std::string container = role == "node" ? "node" : role;
+  Json c = {{"name", container}, {"image", "ghcr.io/ktune/ktune-trainer:0.1.0"}};
+  c.update(extra_container);
+  return {{"metadata",
+           {{"name", job + "-" + role + "-0-" + std::to_string(index) + "-" + created.substr(17, 2)},
+            {"namespace", "team-a"},
+            {"creationTimestamp", created},
+            {"labels",
+             {{"jobset.sigs.k8s.io/jobset-name", job},
+              {"jobset.sigs.k8s.io/replicatedjob-name", role},
+              {"batch.kubernetes.io/job-completion-index", std::to_string(index)}}}}},
+          {"spec", {{"containers", Json::array({c})}}},
+          {"status", {{"phase", phase}, {"startTime", created}}}};
+}
+
+class KubernetesBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<ServerProcess>(kServerScript, std::vector<std::string>{"--token", kToken, "--max-seconds", "120"});
+    ASSERT_TRUE(server_->ready()) << "the fake API server did not start";
+    port_ = server_->port();
+    kubeconfig_ = dir_ / "kubeconfig";
+    write_file(kubeconfig_, kubeconfig_text(port_, kToken));
+  }
+  KubernetesBackend backend() { return KubernetesBackend(parse_kubeconfig(kubeconfig_text(port_, kToken), kubeconfig_), ""); }
+  std::unique_ptr<KubernetesBackend> make_backend() {
+    return std::make_unique<KubernetesBackend>(parse_kubeconfig(kubeconfig_text(port_, kToken), kubeconfig_), "");
+  }
+  Json requests() { return control(port_, "GET", "/_test/requests"); }
+  void set_state(const Json& state) { control(port_, "PUT", "/_test/state", state); }
+  CommandResult ktune(const std::vector<std::string>& args, std::map<std::string, std::string> env = {}) {
+    std::vector<std::string> argv{kKtune};
+    argv.insert(argv.end(), args.begin(), args.end());
+    env.emplace("KUBECONFIG", kubeconfig_);
+    env.emplace("KTUNE_HOME", dir_ / "home");
+    return run_command(argv, env);
+  }
+  // A job submitted through TrainerClient on the builtin catalog, as `ktune train` does.
+  std::string submit(const std::string& name, int num_nodes = 1) {
+    TrainerClient client(make_backend(), RuntimeCatalog::builtin());
+    types::Initializer init;
+    init.dataset = types::HuggingFaceDatasetInitializer{"hf://tatsu-lab/alpaca/data", std::nullopt, std::nullopt};
+    types::HuggingFaceModelInitializer model;
+    model.storage_uri = "hf://meta-llama/Llama-3.2-1B-Instruct";
+    model.access_token = kHfToken;
+    init.model = model;
+    types::TorchTuneConfig cfg;
+    cfg.epochs = 1;
+    if (num_nodes > 1) cfg.num_nodes = num_nodes;
+    return client.train(client.get_runtime(num_nodes > 1 ? "torchtune-llama3.3-70b" : "torchtune-llama3.2-1b"), &init,
+                        types::BuiltinTrainer{cfg}, name);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<ServerProcess> server_;
+  int port_ = 0;
+  std::string kubeconfig_;
+};
+
+TEST(KubeConfig, ReadsTheCurrentContextWithItsClusterUserAndNamespace) {
+  TempDir dir;
+  write_file(dir / "certs/ca.crt", "CA");
+  write_file(dir / "token", "file-token-123456\n");
+  const std::string text =
+      "current-context: prod\n"
+      "clusters:\n- name: c1\n  cluster:\n    server: https://10.0.0.1:6443/\n"
+      "    certificate-authority-data: " + hub::base64_encode("-----BEGIN CERTIFICATE-----\nX\n") + "\n"
+      "- name: c2\n  cluster:\n    server: https://c2\n    certificate-authority: certs/ca.crt\n    insecure-skip-tls-verify: true\n"
+      "contexts:\n- name: prod\n  context: {cluster: c1, user: u1, namespace: ml}\n"
+      "- name: dev\n  context: {cluster: c2, user: u2}\n"
+      "users:\n- name: u1\n  user:\n    client-certificate-data: " + hub::base64_encode("CERT") + "\n"
+      "    client-key-data: " + hub::base64_encode("KEY-SECRET-VALUE") + "\n"
+      "- name: u2\n  user:\n    tokenFile: token\n";
+  const KubeConnection prod = parse_kubeconfig(text, dir / "config");
+  EXPECT_EQ(prod.server, "https://10.0.0.1:6443");
+  EXPECT_EQ(prod.namespace_, "ml");
+  EXPECT_EQ(prod.tls.ca_pem, "-----BEGIN CERTIFICATE-----\nX\n");
+  EXPECT_EQ(prod.tls.client_cert_pem, "CERT");
+  EXPECT_EQ(prod.tls.client_key_pem, "KEY-SECRET-VALUE");
+  EXPECT_EQ(prod.bearer_token, "");
+  EXPECT_EQ(redact("key KEY-SECRET-VALUE"), "key ***");
+  const KubeConnection dev = parse_kubeconfig(text, dir / "config", "dev");
+  EXPECT_EQ(dev.server, "https://c2");
+  EXPECT_EQ(dev.tls.ca_file, dir / "certs/ca.crt");
+  EXPECT_TRUE(dev.tls.insecure_skip_verify);
+  EXPECT_EQ(dev.bearer_token, "file-token-123456");
+  EXPECT_EQ(dev.namespace_, "");
+  EXPECT_EQ(redact("Bearer file-token-123456"), "Bearer ***");
+  // The backend's namespace: the flag, else the context's, else "default".
+  EXPECT_EQ(KubernetesBackend(prod, "").kubernetes_namespace(), "ml");
+  EXPECT_EQ(KubernetesBackend(dev, "").kubernetes_namespace(), "default");
+  EXPECT_EQ(KubernetesBackend(prod, "other").kubernetes_namespace(), "other");
+}
+
+TEST(KubeConfig, RefusesWhatItCannotUseWithThePlace) {
+  auto error_of = [](const std::string& text, const std::string& context = "") {
+    try {
+      parse_kubeconfig(text, "/k/config", context);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string base = "clusters:\n- name: c\n  cluster: {server: https://x}\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\n";
+  EXPECT_NE(error_of(base + "users: []\n").find("no current-context"), std::string::npos);
+  EXPECT_NE(error_of(base + "current-context: b\n").find("no context named \"b\""), std::string::npos);
+  EXPECT_NE(error_of(base + "current-context: a\nusers: []\n").find("no user named \"u\""), std::string::npos);
+  const std::string exec = base + "current-context: a\nusers:\n- name: u\n  user:\n    exec: {command: aws}\n";
+  EXPECT_NE(error_of(exec).find("exec or auth-provider plugin"), std::string::npos) << error_of(exec);
+  EXPECT_NE(error_of("current-context: a\ncontexts:\n- name: a\n  context: {cluster: c}\nclusters:\n- name: c\n  cluster: {}\n")
+                .find("server: is not set"),
+            std::string::npos);
+}
+
+TEST(KubeConfig, SearchesKubeconfigThenHomeThenTheServiceAccount) {
+  TempDir dir;
+  write_file(dir / "b/config", "current-context: a\nclusters:\n- name: c\n  cluster: {server: https://b}\n"
+                               "contexts:\n- name: a\n  context: {cluster: c}\n");
+  static std::map<std::string, std::string> env;
+  auto lookup = +[](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  env = {{"KUBECONFIG", dir / "missing:" + dir / "b/config"}};
+  EXPECT_EQ(load_kube_connection("", "", lookup).server, "https://b");
+  env = {{"KUBECONFIG", dir / "missing"}};
+  EXPECT_THROW(load_kube_connection("", "", lookup), Error);
+  env = {{"HOME", dir.path}, {"KUBERNETES_SERVICE_HOST", "10.96.0.1"}, {"KUBERNETES_SERVICE_PORT", "443"}};
+  EXPECT_THROW(load_kube_connection("", "", lookup), Error);  // no token file at the real account path here
+  write_file(dir / "sa/token", "sa-token-abcdef\n");
+  write_file(dir / "sa/namespace", "jobs\n");
+  const KubeConnection sa = in_cluster_connection("10.96.0.1", "443", dir / "sa");
+  EXPECT_EQ(sa.server, "https://10.96.0.1:443");
+  EXPECT_EQ(sa.bearer_token, "sa-token-abcdef");
+  EXPECT_EQ(sa.namespace_, "jobs");
+  EXPECT_EQ(sa.tls.ca_file, dir / "sa/ca.crt");
+  env = {{"HOME", dir.path}};
+  EXPECT_THROW(load_kube_connection("", "", lookup), Error);
+}
+
+TEST(Rfc3339, ParsesUtcFractionsAndOffsets) {
+  EXPECT_EQ(parse_rfc3339("2026-12-02T13:10:00Z"), 1796217000.0);
+  EXPECT_EQ(parse_rfc3339("2026-12-02T13:10:00.5Z"), 1796217000.5);
+  EXPECT_EQ(parse_rfc3339("2026-12-02T15:10:00+02:00"), 1796217000.0);
+  EXPECT_EQ(parse_rfc3339("yesterday"), 0.0);
+}
+
+// The TrainJob posted is the one `ktune train --dry-run --backend kubernetes` prints, valid for the
+// CRD; the access token travels in a Secret the job owns, and appears nowhere else.
+TEST_F(KubernetesBackendTest, SubmitPostsTheDryRunTrainJobAndKeepsTheTokenInASecret) {
+  if (!fs::exists(kKtune)) GTEST_SKIP() << "the ktune binary is not built at " << kKtune;
+  const std::vector<std::string> args = {"train", "--backend", "kubernetes", "--runtime", "torchtune-llama3.2-1b",
+                                         "--model", "hf://meta-llama/Llama-3.2-1B-Instruct", "--dataset",
+                                         "hf://tatsu-lab/alpaca/data", "--lora-rank", "8", "--epochs", "1",
+                                         "--name", "k8s-job"};
+  std::vector<std::string> dry = args;
+  dry.push_back("--dry-run");
+  const CommandResult printed = ktune(dry, {{"HF_TOKEN", kHfToken}});
+  ASSERT_EQ(printed.exit_code, 0) << printed.err;
+  EXPECT_NE(printed.err.find("Secret team-a/k8s-job-ktune-secrets with keys: dataset.ACCESS_TOKEN, model.ACCESS_TOKEN"), std::string::npos)
+      << printed.err;
+  EXPECT_EQ(requests()["requests"].size(), 0u) << "a dry run sends nothing";
+  const CommandResult submitted = ktune(args, {{"HF_TOKEN", kHfToken}});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
+  EXPECT_EQ(submitted.out, "k8s-job\n");
+  EXPECT_NE(submitted.err.find("on the kubernetes backend"), std::string::npos) << submitted.err;
+
+  const Json log = requests();
+  const Json& reqs = log["requests"];
+  ASSERT_EQ(reqs.size(), 3u) << reqs.dump(1);
+  EXPECT_EQ(reqs[0]["method"], "POST");
+  EXPECT_EQ(reqs[0]["path"], "/api/v1/namespaces/team-a/secrets");
+  EXPECT_EQ(reqs[1]["method"], "POST");
+  EXPECT_EQ(reqs[1]["path"], "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs");
+  EXPECT_EQ(reqs[1]["headers"]["content-type"], "application/json");
+  EXPECT_EQ(reqs[2]["method"], "PATCH");
+  EXPECT_EQ(reqs[2]["path"], "/api/v1/namespaces/team-a/secrets/k8s-job-ktune-secrets");
+  for (const Json& r : reqs) EXPECT_EQ(r["headers"]["authorization"], "Bearer " + kToken);
+
+  // The posted TrainJob is the printed one.
+  const std::vector<v1alpha1::Json> docs = v1alpha1::parse_yaml_documents(printed.out, "dry run");
+  ASSERT_EQ(docs.size(), 1u);
+  EXPECT_EQ(Json::parse(docs[0].dump()), reqs[1]["body"]);
+  const Json& job = reqs[1]["body"];
+  EXPECT_EQ(job["apiVersion"], "trainer.kubeflow.org/v1alpha1");
+  EXPECT_EQ(job["kind"], "TrainJob");
+  EXPECT_EQ(job["metadata"]["name"], "k8s-job");
+  EXPECT_EQ(job["metadata"]["namespace"], "team-a");
+  EXPECT_EQ(job["spec"]["runtimeRef"]["name"], "torchtune-llama3.2-1b");
+  EXPECT_EQ(job["spec"]["trainer"]["command"], Json::array({"tune", "run"}));
+  const Json& model_env = job["spec"]["initializer"]["model"]["env"];
+  bool token_ref = false;
+  for (const Json& e : model_env)
+    if (e["name"] == "ACCESS_TOKEN") {
+      EXPECT_FALSE(e.contains("value"));
+      EXPECT_EQ(e["valueFrom"]["secretKeyRef"], (Json{{"name", "k8s-job-ktune-secrets"}, {"key", "model.ACCESS_TOKEN"}}));
+      token_ref = true;
+    }
+  EXPECT_TRUE(token_ref) << model_env.dump();
+  // The Secret holds the token and belongs to the TrainJob.
+  const Json& secret = log["secrets"]["k8s-job-ktune-secrets"];
+  EXPECT_EQ(secret["stringData"]["model.ACCESS_TOKEN"], kHfToken);
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["kind"], "TrainJob");
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["name"], "k8s-job");
+  EXPECT_FALSE(secret["metadata"]["ownerReferences"][0]["uid"].get<std::string>().empty());
+  // No token in what ktune printed, nor the HF token in any request but the Secret's.
+  for (const std::string& text : {printed.out, printed.err, submitted.out, submitted.err}) {
+    EXPECT_EQ(text.find(kToken), std::string::npos) << text;
+    EXPECT_EQ(text.find(kHfToken), std::string::npos) << text;
+  }
+  for (size_t i = 1; i < reqs.size(); ++i) EXPECT_EQ(reqs[i].dump().find(kHfToken), std::string::npos) << reqs[i].dump();
+
+  // Valid for the Kubeflow Trainer CRD (and its generated models, where installed).
+  write_file(dir_ / "posted.json", job.dump(1));
+  const int rc = std::system(("python3 " + std::string(KTUNE_SOURCE_DIR) + "/tests/runtime/check_trainer_schema.py '" +
+                              dir_ / "posted.json' >'" + dir_ / "schema.out' 2>&1").c_str());
+  const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  if (code == 77) GTEST_SKIP() << "jsonschema is not installed";
+  EXPECT_EQ(code, 0) << hub::testing::read_file(dir_ / "schema.out");
+}
+
+TEST_F(KubernetesBackendTest, StatusFollowsUpstreamsMappingOfConditionsAndPods) {
+  ASSERT_EQ(submit("job-a"), "job-a");
+  KubernetesBackend k = backend();
+  // No pods yet: Created, no steps.
+  TrainJobRecord r = k.get_job("job-a");
+  EXPECT_EQ(r.status, "Created");
+  EXPECT_EQ(r.runtime, "torchtune-llama3.2-1b");
+  EXPECT_GT(r.created_at, 0);
+  EXPECT_TRUE(r.steps.empty());
+  // Initializers done, node pending: still Created. An older failed pod of a step is ignored.
+  Json gpu = {{"resources", {{"limits", {{"nvidia.com/gpu", "2"}, {"cpu", "8"}}}}},
+              {"env", Json::array({{{"name", "PET_NPROC_PER_NODE"}, {"value", "2"}}})}};
+  set_state({{"pods",
+              {{"job-a",
+                Json::array({pod("job-a", "model-initializer", 0, "Failed", "2026-12-02T10:00:01Z"),
+                             pod("job-a", "model-initializer", 0, "Succeeded", "2026-12-02T10:00:05Z"),
+                             pod("job-a", "dataset-initializer", 0, "Succeeded", "2026-12-02T10:00:02Z"),
+                             pod("job-a", "node", 0, "Pending", "2026-12-02T10:01:00Z", gpu),
+                             pod("other", "node", 0, "Running", "2026-12-02T10:01:00Z")})}}}});
+  r = k.get_job("job-a");
+  EXPECT_EQ(r.status, "Created");
+  ASSERT_EQ(r.steps.size(), 3u);
+  EXPECT_EQ(r.steps[0].name, "dataset-initializer");
+  EXPECT_EQ(r.steps[1].name, "model-initializer");
+  EXPECT_EQ(r.steps[1].status, "Complete");
+  EXPECT_EQ(r.steps[1].pod_name, "job-a-model-initializer-0-0-05");
+  EXPECT_EQ(r.steps[2].name, "node-0");
+  EXPECT_EQ(r.steps[2].status, "Created");
+  EXPECT_EQ(r.steps[2].device, "gpu");
+  EXPECT_EQ(r.steps[2].device_count, "2");  // PET_NPROC_PER_NODE wins, as upstream
+  // Every node running: Running.
+  set_state({{"pods", {{"job-a", Json::array({pod("job-a", "node", 0, "Running", "2026-12-02T10:02:00Z")})}}}});
+  EXPECT_EQ(k.get_job("job-a").status, "Running");
+  // A terminal condition decides, with its message as the reason; trainerStatus is the progress.
+  set_state({{"status",
+              {{"job-a",
+                {{"conditions", Json::array({{{"type", "Suspended"}, {"status", "False"}},
+                                             {{"type", "Failed"}, {"status", "True"}, {"reason", "TrainerFailed"},
+                                              {"message", "node-0 exited 1"},
+                                              {"lastTransitionTime", "2026-12-02T10:05:00Z"}}})},
+                 {"trainerStatus",
+                  {{"progressPercentage", 40},
+                   {"estimatedRemainingSeconds", 90},
+                   {"metrics", Json::array({{{"name", "loss"}, {"value", "1.25"}}})}}}}}}}});
+  r = k.get_job("job-a");
+  EXPECT_EQ(r.status, "Failed");
+  EXPECT_EQ(r.reason, "TrainerFailed: node-0 exited 1");
+  EXPECT_TRUE(r.progress.present);
+  EXPECT_EQ(r.progress.progress_percentage, 40);
+  EXPECT_EQ(r.progress.estimated_remaining_seconds, 90);
+  EXPECT_EQ(r.progress.metrics.at("loss"), 1.25);
+  set_state({{"status", {{"job-a", {{"conditions", Json::array({{{"type", "Complete"}, {"status", "True"}}})}}}}}});
+  EXPECT_EQ(k.get_job("job-a").status, "Complete");
+
+  // Two nodes, one running: Created (upstream counts nodes against numNodes).
+  ASSERT_EQ(submit("job-b", 2), "job-b");
+  set_state({{"pods",
+              {{"job-b", Json::array({pod("job-b", "node", 0, "Running", "2026-12-02T10:02:00Z"),
+                                      pod("job-b", "node", 1, "Pending", "2026-12-02T10:02:00Z")})}}}});
+  EXPECT_EQ(k.get_job("job-b").num_nodes, 2);
+  EXPECT_EQ(k.get_job("job-b").status, "Created");
+  set_state({{"pods",
+              {{"job-b", Json::array({pod("job-b", "node", 0, "Running", "2026-12-02T10:02:00Z"),
+                                      pod("job-b", "node", 1, "Running", "2026-12-02T10:02:01Z")})}}}});
+  EXPECT_EQ(k.get_job("job-b").status, "Running");
+
+  // list_jobs filters by runtime; TrainerClient's wait sees Complete.
+  EXPECT_EQ(k.list_jobs().size(), 2u);
+  EXPECT_EQ(k.list_jobs("torchtune-llama3.3-70b").size(), 1u);
+  TrainerClient client(make_backend(), RuntimeCatalog::builtin());
+  EXPECT_EQ(client.wait_for_job_status("job-a", {"Complete"}, 10, 0.1).status, "Complete");
+  EXPECT_THROW(client.wait_for_job_status("job-b", {"Complete"}, 0.5, 0.1), WaitTimeoutError);
+  // Deleting removes the job and its Secret.
+  client.delete_job("job-a");
+  EXPECT_THROW(k.get_job("job-a"), Error);
+  EXPECT_FALSE(requests()["secrets"].contains("job-a-ktune-secrets"));
+}
+
+TEST_F(KubernetesBackendTest, FollowedLogsArriveWhileTheServerIsStillWriting) {
+  ASSERT_EQ(submit("job-l"), "job-l");
+  const Json node = pod("job-l", "node", 0, "Running", "2026-12-02T10:02:00Z");
+  const std::string pod_name = node["metadata"]["name"];
+  set_state({{"pods", {{"job-l", Json::array({node})}}},
+             {"logs", {{pod_name + "/node", {{"lines", {"step 1", "step 2", "step 3", "done"}}, {"hold_after", 2}}}}}});
+  KubernetesBackend k = backend();
+  std::vector<std::string> lines;
+  k.get_job_logs("job-l", "node-0", /*follow=*/true, [&](const std::string& l) {
+    lines.push_back(l);
+    if (lines.size() == 2) control(port_, "POST", "/_test/release");  // the server holds the rest until now
+    return true;
+  });
+  EXPECT_EQ(lines, (std::vector<std::string>{"step 1", "step 2", "step 3", "done"}));
+  const Json log = requests();
+  EXPECT_EQ(log["held_released"], Json::array({true})) << "the first lines did not arrive before the last were sent";
+  const std::string last = log["requests"].back()["path"];
+  EXPECT_EQ(last, "/api/v1/namespaces/team-a/pods/" + pod_name + "/log?container=node&follow=true");
+  // Without follow: the whole log; a sink may stop early.
+  std::vector<std::string> all;
+  k.get_job_logs("job-l", "node-0", false, [&](const std::string& l) {
+    all.push_back(l);
+    return all.size() < 3;
+  });
+  EXPECT_EQ(all, (std::vector<std::string>{"step 1", "step 2", "step 3"}));
+  // A step whose pod is still pending, of a job that ended: no lines, as upstream.
+  set_state({{"pods", {{"job-l", Json::array({pod("job-l", "node", 0, "Pending", "2026-12-02T10:03:00Z")})}}},
+             {"status", {{"job-l", {{"conditions", Json::array({{{"type", "Failed"}, {"status", "True"}}})}}}}}});
+  int count = 0;
+  k.set_poll_interval(0.05);
+  k.get_job_logs("job-l", "node-0", true, [&](const std::string&) { return ++count, true; });
+  EXPECT_EQ(count, 0);
+}
+
+TEST_F(KubernetesBackendTest, ApiServerErrorsSurfaceWithTheirMessage) {
+  auto error_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  KubernetesBackend k = backend();
+  // 404
+  const std::string missing = error_of([&] { k.get_job("nope"); });
+  EXPECT_NE(missing.find("TrainJob team-a/nope"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("404 NotFound: trainjobs.trainer.kubeflow.org \"nope\" not found"), std::string::npos) << missing;
+  EXPECT_NE(error_of([&] { k.delete_job("nope"); }).find("404 NotFound"), std::string::npos);
+  // 409: the same name twice; the second Secret is refused first.
+  ASSERT_EQ(submit("dup"), "dup");
+  const std::string dup = error_of([&] { submit("dup"); });
+  EXPECT_NE(dup.find("409 AlreadyExists: secrets \"dup-ktune-secrets\" already exists"), std::string::npos) << dup;
+  // 403 on the TrainJob: the message says why, and the Secret made for it is deleted again.
+  set_state({{"errors", Json::array({{{"method", "POST"},
+                                      {"path", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs"},
+                                      {"status", 403},
+                                      {"reason", "Forbidden"},
+                                      {"message", "trainjobs.trainer.kubeflow.org is forbidden: User \"system:serviceaccount:team-a:ci\" "
+                                                  "cannot create resource \"trainjobs\" in the namespace \"team-a\""}}})}});
+  const std::string forbidden = error_of([&] { submit("denied"); });
+  EXPECT_NE(forbidden.find("403 Forbidden: trainjobs.trainer.kubeflow.org is forbidden: User"), std::string::npos) << forbidden;
+  const Json log = requests();
+  EXPECT_FALSE(log["secrets"].contains("denied-ktune-secrets"));
+  EXPECT_EQ(log["requests"].back()["method"], "DELETE");
+  // 401: a wrong token; the message names no token.
+  KubernetesBackend wrong(parse_kubeconfig(kubeconfig_text(port_, "wrong-token-value-99"), kubeconfig_), "");
+  const std::string unauthorized = error_of([&] { wrong.list_jobs(); });
+  EXPECT_NE(unauthorized.find("401 Unauthorized"), std::string::npos) << unauthorized;
+  for (const std::string& text : {missing, dup, forbidden, unauthorized}) {
+    EXPECT_EQ(text.find(kToken), std::string::npos);
+    EXPECT_EQ(text.find("wrong-token-value-99"), std::string::npos);
+  }
+  // An unreachable server says which one.
+  KubeConnection gone = parse_kubeconfig(kubeconfig_text(1, kToken), kubeconfig_);
+  const std::string unreachable = error_of([&] { KubernetesBackend(gone, "").list_jobs(); });
+  EXPECT_NE(unreachable.find("cannot reach the API server http://127.0.0.1:1"), std::string::npos) << unreachable;
+}
+
+// `ktune jobs ... --backend kubernetes` (and KTUNE_BACKEND=kubernetes) from the shell.
+TEST_F(KubernetesBackendTest, JobsCommandsWorkOnTheKubernetesBackend) {
+  if (!fs::exists(kKtune)) GTEST_SKIP() << "the ktune binary is not built at " << kKtune;
+  ASSERT_EQ(submit("cli-job"), "cli-job");
+  const Json node = pod("cli-job", "node", 0, "Running", "2026-12-02T10:02:00Z");
+  set_state({{"pods", {{"cli-job", Json::array({node})}}},
+             {"logs", {{node["metadata"]["name"].get<std::string>() + "/node", {{"lines", {"hello from node-0"}}}}}}});
+  const CommandResult list = ktune({"jobs", "list", "--backend", "kubernetes"});
+  ASSERT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_TRUE(std::regex_search(list.out, std::regex("cli-job +Running +torchtune-llama3.2-1b +0/1 "))) << list.out;
+  const CommandResult get = ktune({"jobs", "get", "cli-job"}, {{"KTUNE_BACKEND", "kubernetes"}});
+  ASSERT_EQ(get.exit_code, 0) << get.err;
+  EXPECT_NE(get.out.find("Status:      Running"), std::string::npos) << get.out;
+  EXPECT_NE(get.out.find("pod/" + node["metadata"]["name"].get<std::string>()), std::string::npos) << get.out;
+  const CommandResult logs = ktune({"jobs", "logs", "cli-job", "-f", "--backend=kubernetes", "--namespace", "team-a"});
+  ASSERT_EQ(logs.exit_code, 0) << logs.err;
+  EXPECT_EQ(logs.out, "hello from node-0\n");
+  const CommandResult other_ns = ktune({"jobs", "get", "cli-job", "--backend", "kubernetes", "-n", "team-b"});
+  EXPECT_EQ(other_ns.exit_code, 1);
+  EXPECT_NE(other_ns.err.find("TrainJob team-b/cli-job"), std::string::npos) << other_ns.err;
+  const CommandResult del = ktune({"jobs", "delete", "cli-job", "--backend", "kubernetes"});
+  EXPECT_EQ(del.exit_code, 0) << del.err;
+  for (const CommandResult* r : {&list, &get, &logs, &other_ns, &del}) {
+    EXPECT_EQ(r->out.find(kToken), std::string::npos);
+    EXPECT_EQ(r->err.find(kToken), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace ktune::sdk
