@@ -1,0 +1,236 @@
+// cuBLASLt behind the row-major GEMM of kernels/cuda/gemm.h.
+//
+// cuBLASLt is column-major. A row-major (R, C) matrix with row stride ld is the column-major
+// (C, R) matrix with leading dimension ld, i.e. its transpose. So row-major C = op(A) op(B) is
+// computed as column-major C^T (N, M) = op(B)^T (N, K) @ op(A)^T (K, M): cuBLASLt's "A" is our B
+// (stored, column-major, as (N, K) when !trans_b -> op N; as (K, N) when trans_b -> op T) and its
+// "B" is our A likewise. The bias epilogue adds a vector over cuBLASLt's rows = our columns (N).
+//
+// Plans (matmul descriptor, four layouts, the heuristic's first algorithm) are cached per shape,
+// transposes, leading dimensions, dtypes, bias and pointer alignment: the heuristic is told the
+// actual alignment of the pointers (sub-matrix views are often not 256-byte aligned).
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_memory.h"
+
+namespace ktune::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // NVIDIA's recommendation for Hopper
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    default: throw Error("cuda gemm", std::string("unsupported dtype ") + dtype_name(t) + " (f32 or bf16)");
+  }
+}
+
+uint32_t alignment_of(const void* p) {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && (a % align) != 0) align /= 2;
+  return align;
+}
+
+using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, uint32_t,
+                           uint32_t, uint32_t, uint32_t>;
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// out-of-place scale for K == 0: C = beta * C (C untouched is wrong when beta != 1; beta == 0 writes 0).
+template <typename T>
+__global__ void scale_matrix(T* C, int64_t M, int64_t N, int64_t ldc, float beta) {
+  int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= M * N) return;
+  int64_t r = idx / N, c = idx % N;
+  float v = beta == 0.0f ? 0.0f : beta * float(C[r * ldc + c]);
+  C[r * ldc + c] = T(v);
+}
+
+}  // namespace
+
+struct GemmContext::State {
+  cublasLtHandle_t handle = nullptr;
+  DeviceBuffer workspace{kWorkspaceBytes};
+  std::map<PlanKey, Plan> plans;
+};
+
+GemmContext::GemmContext() : state_(std::make_unique<State>()) { KTUNE_CUBLAS_CHECK(cublasLtCreate(&state_->handle)); }
+
+GemmContext::~GemmContext() {
+  for (auto& [key, p] : state_->plans) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    cublasLtMatmulDescDestroy(p.desc);
+  }
+  cublasLtDestroy(state_->handle);
+}
+
+int64_t GemmContext::cached_plans() const { return int64_t(state_->plans.size()); }
+
+void GemmContext::run(const GemmCall& g, Stream stream) {
+  check(g.M >= 0 && g.N >= 0 && g.K >= 0, "cuda gemm", "negative size");
+  check(g.in == DType::BF16 || g.in == DType::F32, "cuda gemm", "inputs must be bf16 or f32");
+  check(g.out == DType::BF16 || g.out == DType::F32, "cuda gemm", "output must be bf16 or f32");
+  check(!(g.in == DType::F32 && g.out == DType::BF16), "cuda gemm", "f32 inputs need an f32 output");
+  if (g.M == 0 || g.N == 0) return;
+  const int64_t lda = g.lda ? g.lda : (g.trans_a ? g.M : g.K);
+  const int64_t ldb = g.ldb ? g.ldb : (g.trans_b ? g.K : g.N);
+  const int64_t ldc = g.ldc ? g.ldc : g.N;
+  check(lda >= (g.trans_a ? g.M : g.K) && ldb >= (g.trans_b ? g.K : g.N) && ldc >= g.N, "cuda gemm",
+        "a leading dimension is smaller than the row it strides over");
+  if (g.K == 0) {
+    check(g.bias == nullptr, "cuda gemm", "bias with K == 0 is not supported");
+    int64_t n = g.M * g.N;
+    unsigned blocks = unsigned((n + 255) / 256);
+    if (g.out == DType::F32)
+      scale_matrix<float><<<blocks, 256, 0, stream>>>(static_cast<float*>(g.C), g.M, g.N, ldc, g.beta);
+    else
+      scale_matrix<__nv_bfloat16><<<blocks, 256, 0, stream>>>(static_cast<__nv_bfloat16*>(g.C), g.M, g.N, ldc, g.beta);
+    KTUNE_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const uint32_t align_a = alignment_of(g.A), align_b = alignment_of(g.B), align_c = alignment_of(g.C),
+                 align_bias = g.bias ? alignment_of(g.bias) : 256;
+  PlanKey key{g.trans_a, g.trans_b, g.M, g.N, g.K, lda, ldb, ldc, int(g.in), int(g.out), g.bias != nullptr,
+              align_a, align_b, align_c, align_bias};
+  auto it = state_->plans.find(key);
+  if (it == state_->plans.end()) {
+    Plan p;
+    const cudaDataType_t in = cuda_type(g.in), out = cuda_type(g.out);
+    KTUNE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // cuBLASLt's A is our B, its B our A (see the top of the file).
+    cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    KTUNE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    KTUNE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    if (g.bias) {
+      cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      KTUNE_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+      cudaDataType_t bias_type = out;
+      KTUNE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                        sizeof bias_type));
+    }
+    // Stored column-major shapes: ours-B is (N, K) or (K, N); ours-A is (K, M) or (M, K); C is (N, M).
+    KTUNE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, ldb));
+    KTUNE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in, g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, lda));
+    KTUNE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out, g.N, g.M, ldc));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    KTUNE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kWorkspaceBytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    // cuBLASLt's A is our B and vice versa.
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b, sizeof align_b);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a, sizeof align_a);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(state_->handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      cublasLtMatrixLayoutDestroy(p.a);
+      cublasLtMatrixLayoutDestroy(p.b);
+      cublasLtMatrixLayoutDestroy(p.c);
+      cublasLtMatmulDescDestroy(p.desc);
+      throw Error("cuda gemm",
+                  "cuBLASLt has no algorithm for M=" + std::to_string(g.M) + " N=" + std::to_string(g.N) +
+                      " K=" + std::to_string(g.K) + " trans_a=" + std::to_string(g.trans_a) + " trans_b=" +
+                      std::to_string(g.trans_b) + " in=" + dtype_name(g.in) + " out=" + dtype_name(g.out) + ": " +
+                      cublasLtGetStatusName(st));
+    }
+    p.algo = result.algo;
+    it = state_->plans.emplace(key, p).first;
+  }
+  Plan& p = it->second;
+  if (g.bias) {
+    const void* bias = g.bias;
+    KTUNE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  }
+  KTUNE_CUBLAS_CHECK(cublasLtMatmul(state_->handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c,
+                                    &p.algo, state_->workspace.data(), kWorkspaceBytes, stream));
+}
+
+void gemm(GemmContext& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          const float* B, float beta, float* C, Stream stream) {
+  GemmCall g;
+  g.trans_a = trans_a, g.trans_b = trans_b, g.M = M, g.N = N, g.K = K, g.alpha = alpha, g.beta = beta;
+  g.A = A, g.B = B, g.C = C, g.in = DType::F32, g.out = DType::F32;
+  ctx.run(g, stream);
+}
+
+void gemm_bf16(GemmContext& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const bf16_t* A, const bf16_t* B, float beta, float* C, Stream stream) {
+  gemm_bf16_strided(ctx, trans_a, trans_b, M, N, K, alpha, A, 0, B, 0, beta, C, 0, stream);
+}
+
+void gemm_bf16_strided(GemmContext& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                       Stream stream) {
+  GemmCall g;
+  g.trans_a = trans_a, g.trans_b = trans_b, g.M = M, g.N = N, g.K = K, g.alpha = alpha, g.beta = beta;
+  g.A = A, g.lda = lda, g.B = B, g.ldb = ldb, g.C = C, g.ldc = ldc, g.in = DType::BF16, g.out = DType::F32;
+  ctx.run(g, stream);
+}
+
+void gemm_bf16_out_bf16(GemmContext& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                        const bf16_t* A, const bf16_t* B, float beta, bf16_t* C, Stream stream) {
+  GemmCall g;
+  g.trans_a = trans_a, g.trans_b = trans_b, g.M = M, g.N = N, g.K = K, g.alpha = alpha, g.beta = beta;
+  g.A = A, g.B = B, g.C = C, g.in = DType::BF16, g.out = DType::BF16;
+  ctx.run(g, stream);
+}
+
+double measure_gemm_bf16_tflops(GemmContext& ctx, int64_t M, int64_t N, int64_t K, double seconds) {
+  DeviceBuffer a(size_t(M * K) * 2), b(size_t(K * N) * 2), c(size_t(M * N) * 2);
+  // Values do not change the rate; fill with small bf16 numbers (0x3c00 = 0.0078125) to avoid inf.
+  KTUNE_CUDA_CHECK(cudaMemset(a.data(), 0x3c, a.bytes()));
+  KTUNE_CUDA_CHECK(cudaMemset(b.data(), 0x3c, b.bytes()));
+  auto run = [&] {
+    gemm_bf16_out_bf16(ctx, false, false, M, N, K, 1.0f, a.as<bf16_t>(), b.as<bf16_t>(), 0.0f, c.as<bf16_t>());
+  };
+  for (int i = 0; i < 3; ++i) run();  // plan, clocks up
+  KTUNE_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  KTUNE_CUDA_CHECK(cudaEventCreate(&start));
+  KTUNE_CUDA_CHECK(cudaEventCreate(&stop));
+  // Calibrate the count from one timed batch of 10, then run about `seconds` worth.
+  KTUNE_CUDA_CHECK(cudaEventRecord(start));
+  for (int i = 0; i < 10; ++i) run();
+  KTUNE_CUDA_CHECK(cudaEventRecord(stop));
+  KTUNE_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  KTUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  int64_t iterations = std::max<int64_t>(10, int64_t(seconds * 1000.0 / std::max(1e-3f, ms / 10.0f)));
+  KTUNE_CUDA_CHECK(cudaEventRecord(start));
+  for (int64_t i = 0; i < iterations; ++i) run();
+  KTUNE_CUDA_CHECK(cudaEventRecord(stop));
+  KTUNE_CUDA_CHECK(cudaEventSynchronize(stop));
+  KTUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * double(M) * double(N) * double(K) * double(iterations) / (double(ms) * 1e-3) / 1e12;
+}
+
+}  // namespace ktune::cuda

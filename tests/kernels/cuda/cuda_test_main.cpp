@@ -1,0 +1,87 @@
+// The CUDA tests' main: runs the registered cases (cuda_test_harness.h) and prints PASS/FAIL/SKIP
+// per case and a summary. Exit 0: all passed; 1: a case failed; 77: no CUDA device (all skipped).
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include "cuda_test_harness.h"
+#include "kernels/cuda/device_memory.h"
+
+namespace ktune::cuda_test {
+namespace {
+int g_failures = 0;
+}
+
+std::vector<Case>& registry() {
+  static std::vector<Case> cases;
+  return cases;
+}
+
+void record_failure(const char* file, int line, const std::string& message) {
+  ++g_failures;
+  std::printf("    %s:%d: %s\n", file, line, message.c_str());
+  std::fflush(stdout);
+}
+
+int failures_in_current_case() { return g_failures; }
+
+Closeness closeness(const float* got, const float* want, int64_t n, double atol, double rtol) {
+  Closeness c;
+  for (int64_t i = 0; i < n; ++i) {
+    double g = got[i], w = want[i];
+    double r = std::isnan(g) || std::isnan(w) ? INFINITY : std::fabs(g - w) / (atol + rtol * std::fabs(w));
+    if (r > c.ratio || c.worst < 0) c = Closeness{r, i, g, w};
+  }
+  return c;
+}
+
+std::string describe(const Closeness& c, double atol, double rtol) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "worst element %lld: got %.9g want %.9g (%.3g x the tolerance atol=%g rtol=%g)",
+                (long long)c.worst, c.got, c.want, c.ratio, atol, rtol);
+  return buf;
+}
+
+}  // namespace ktune::cuda_test
+
+int main(int argc, char** argv) {
+  using namespace ktune::cuda_test;
+  const std::string filter = argc > 1 ? argv[1] : "";
+  const int devices = ktune::cuda::device_count();
+  int passed = 0, failed = 0, skipped = 0;
+  if (devices == 0) {
+    const std::string why = ktune::cuda::device_description();
+    for (const Case& c : registry()) {
+      if (!filter.empty() && std::string(c.name).find(filter) == std::string::npos) continue;
+      std::printf("SKIP %s: %s\n", c.name, why.c_str());
+      ++skipped;
+    }
+    std::printf("ktune CUDA tests: 0 passed, 0 failed, %d skipped (no GPU: nothing was tested)\n", skipped);
+    return 77;
+  }
+  std::printf("device: %s\n", ktune::cuda::device_description().c_str());
+  for (const Case& c : registry()) {
+    if (!filter.empty() && std::string(c.name).find(filter) == std::string::npos) continue;
+    const int before = failures_in_current_case();
+    auto start = std::chrono::steady_clock::now();
+    std::string thrown;
+    try {
+      c.body();
+    } catch (const std::exception& e) {
+      thrown = e.what();
+    }
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (!thrown.empty()) std::printf("    threw: %s\n", thrown.c_str());
+    if (thrown.empty() && failures_in_current_case() == before) {
+      std::printf("PASS %s (%.0f ms)\n", c.name, ms);
+      ++passed;
+    } else {
+      std::printf("FAIL %s (%.0f ms)\n", c.name, ms);
+      ++failed;
+    }
+    std::fflush(stdout);
+  }
+  std::printf("ktune CUDA tests: %d passed, %d failed, 0 skipped\n", passed, failed);
+  return failed == 0 && passed > 0 ? 0 : 1;
+}
