@@ -29,9 +29,9 @@ void check_bf16_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
   // Stored shapes, with `pad` extra columns of row stride when pad > 0 (strided sub-matrices).
   const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
   const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
-  auto a = cuda_test::rounded_to_bf16(random_floats(size_t(a_rows * lda), 1));
-  auto b = cuda_test::rounded_to_bf16(random_floats(size_t(b_rows * ldb), 2));
-  auto c0 = random_floats(size_t(M * ldc), 3);
+  auto a = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(a_rows * lda), 1));
+  auto b = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(b_rows * ldb), 2));
+  auto c0 = random_floats(static_cast<size_t>(M * ldc), 3);
   auto want = c0;
   gemm_loops(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
   auto da = to_device(cuda_test::to_bf16(a)), db = to_device(cuda_test::to_bf16(b)), dc = to_device(c0);
@@ -62,8 +62,8 @@ KTUNE_CUDA_TEST(GemmF32IsStrictF32NotTf32) {
   const int64_t M = 40, N = 24, K = 256;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      auto a = random_floats(size_t(M * K), 4), b = random_floats(size_t(K * N), 5);
-      std::vector<float> want(size_t(M * N), 0.0f);
+      auto a = random_floats(static_cast<size_t>(M * K), 4), b = random_floats(static_cast<size_t>(K * N), 5);
+      std::vector<float> want(static_cast<size_t>(M * N), 0.0f);
       gemm_loops(ta, tb, M, N, K, 1.0f, a.data(), ta ? M : K, b.data(), tb ? K : N, 0.0f, want.data(), N);
       auto da = to_device(a), db = to_device(b);
       cuda::DeviceBuffer dc(want.size() * sizeof(float));
@@ -76,12 +76,12 @@ KTUNE_CUDA_TEST(GemmF32IsStrictF32NotTf32) {
 
 KTUNE_CUDA_TEST(GemmBf16OutputIsTheRoundedF32Result) {
   const int64_t M = 64, N = 80, K = 96;
-  auto a = cuda_test::rounded_to_bf16(random_floats(size_t(M * K), 6));
-  auto b = cuda_test::rounded_to_bf16(random_floats(size_t(N * K), 7));
-  std::vector<float> want(size_t(M * N), 0.0f);
+  auto a = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(M * K), 6));
+  auto b = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(N * K), 7));
+  std::vector<float> want(static_cast<size_t>(M * N), 0.0f);
   gemm_loops(false, true, M, N, K, 1.0f, a.data(), K, b.data(), K, 0.0f, want.data(), N);
   auto da = to_device(cuda_test::to_bf16(a)), db = to_device(cuda_test::to_bf16(b));
-  cuda::DeviceBuffer dc(size_t(M * N) * sizeof(bf16_t));
+  cuda::DeviceBuffer dc(static_cast<size_t>(M * N) * sizeof(bf16_t));
   cuda::GemmContext ctx;
   cuda::gemm_bf16_out_bf16(ctx, false, true, M, N, K, 1.0f, da.as<bf16_t>(), db.as<bf16_t>(), 0.0f, dc.as<bf16_t>());
   auto got = cuda_test::from_bf16(from_device<bf16_t>(dc, want.size()));
@@ -91,10 +91,10 @@ KTUNE_CUDA_TEST(GemmBf16OutputIsTheRoundedF32Result) {
 KTUNE_CUDA_TEST(GemmFusedBiasIsAddedToEveryRow) {
   // linear: y (N_tok, out) = x (N_tok, in) @ W^T + b
   const int64_t rows = 50, in = 64, out = 72;
-  auto x = cuda_test::rounded_to_bf16(random_floats(size_t(rows * in), 8));
-  auto w = cuda_test::rounded_to_bf16(random_floats(size_t(out * in), 9));
-  auto bias = random_floats(size_t(out), 10);
-  std::vector<float> want(size_t(rows * out), 0.0f);
+  auto x = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(rows * in), 8));
+  auto w = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(out * in), 9));
+  auto bias = random_floats(static_cast<size_t>(out), 10);
+  std::vector<float> want(static_cast<size_t>(rows * out), 0.0f);
   gemm_loops(false, true, rows, out, in, 1.0f, x.data(), in, w.data(), in, 0.0f, want.data(), out);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < out; ++c) want[size_t(r * out + c)] += bias[size_t(c)];
@@ -111,7 +111,7 @@ KTUNE_CUDA_TEST(GemmFusedBiasIsAddedToEveryRow) {
 
 KTUNE_CUDA_TEST(GemmCachesOnePlanPerShape) {
   const int64_t M = 32, N = 32, K = 32;
-  cuda::DeviceBuffer a(size_t(M * K) * 2), b(size_t(K * N) * 2), c(size_t(M * N) * 4);
+  cuda::DeviceBuffer a(static_cast<size_t>(M * K) * 2), b(static_cast<size_t>(K * N) * 2), c(static_cast<size_t>(M * N) * 4);
   a.zero();
   b.zero();
   cuda::GemmContext ctx;
@@ -120,7 +120,7 @@ KTUNE_CUDA_TEST(GemmCachesOnePlanPerShape) {
   CHECK(ctx.cached_plans() == 1) << ctx.cached_plans();
   cuda::gemm_bf16(ctx, true, false, M, N, K, 1.0f, a.as<bf16_t>(), b.as<bf16_t>(), 0.0f, c.as<float>());
   CHECK(ctx.cached_plans() == 2) << ctx.cached_plans();
-  std::vector<float> zeros(size_t(M * N), 0.0f);
+  std::vector<float> zeros(static_cast<size_t>(M * N), 0.0f);
   auto got = from_device<float>(c, zeros.size());
   CHECK_CLOSE(got.data(), zeros.data(), int64_t(zeros.size()), 0.0, 0.0);
 }

@@ -1,0 +1,107 @@
+// AdamW kernels: a thread per element; scalars computed on the host in double exactly as the CPU
+// op computes them (kernels/cpu/adamw.cpp), then narrowed to f32.
+#include "kernels/cuda/adamw.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_math.cuh"
+
+namespace ktune::cuda {
+namespace {
+
+struct Coefficients {
+  float decay, one_minus_b1, b2, one_minus_b2, step_size, inv_bc2_sqrt, eps;
+};
+
+Coefficients coefficients(const AdamWStep& s) {
+  check(s.step >= 1, "cuda adamw", "step is 1-based, got " + std::to_string(s.step));
+  double bc1 = 1.0 - std::pow(double(s.beta1), double(s.step));
+  double bc2 = 1.0 - std::pow(double(s.beta2), double(s.step));
+  Coefficients c;
+  c.decay = float(1.0 - double(s.lr) * double(s.weight_decay));
+  c.one_minus_b1 = float(1.0 - double(s.beta1));
+  c.b2 = s.beta2;
+  c.one_minus_b2 = float(1.0 - double(s.beta2));
+  c.step_size = float(double(s.lr) / bc1);
+  c.inv_bc2_sqrt = float(1.0 / std::sqrt(bc2));
+  c.eps = s.eps;
+  return c;
+}
+
+// splitmix64, as the CPU op.
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t mix64_host(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// core/dtype.h's f32_to_bf16_stochastic: add 16 random bits below the kept half, truncate.
+__device__ __forceinline__ uint16_t bf16_stochastic(float f, uint32_t random16) {
+  uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7f800000u) == 0x7f800000u) {  // inf, NaN: round to nearest even (NaN stays NaN)
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x0040u);
+    return uint16_t(bits >> 16);
+  }
+  return uint16_t((bits + (random16 & 0xffffu)) >> 16);
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n, Coefficients c) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float g = grad[i];
+  float p = param[i] * c.decay;
+  float mi = m[i] + (g - m[i]) * c.one_minus_b1;
+  float vi = v[i] * c.b2 + c.one_minus_b2 * g * g;
+  float denom = sqrtf(vi) * c.inv_bc2_sqrt + c.eps;
+  param[i] = p - c.step_size * mi / denom;
+  m[i] = mi;
+  v[i] = vi;
+}
+
+__global__ void adamw_bf16_kernel(uint16_t* param, const float* grad, uint16_t* m, uint16_t* v, int64_t n,
+                                  Coefficients c, uint64_t key) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float g = grad[i];
+  float mf = bf16_bits_to_f32(m[i]), vf = bf16_bits_to_f32(v[i]);
+  float p = bf16_bits_to_f32(param[i]) * c.decay;
+  mf = mf + (g - mf) * c.one_minus_b1;
+  vf = vf * c.b2 + c.one_minus_b2 * g * g;
+  p -= c.step_size * mf / (sqrtf(vf) * c.inv_bc2_sqrt + c.eps);
+  uint64_t bits = mix64(key ^ uint64_t(i));  // 48 bits used: 16 for each tensor
+  param[i] = bf16_stochastic(p, uint32_t(bits));
+  m[i] = bf16_stochastic(mf, uint32_t(bits >> 16));
+  v[i] = bf16_stochastic(vf, uint32_t(bits >> 32));
+}
+
+}  // namespace
+
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s, Stream stream) {
+  const Coefficients c = coefficients(s);
+  if (n == 0) return;
+  adamw_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(param, grad, m, v, n, c);
+  KTUNE_CUDA_CHECK_LAUNCH();
+}
+
+void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int64_t n, const AdamWStep& s,
+                     uint64_t seed, Stream stream) {
+  const Coefficients c = coefficients(s);
+  if (n == 0) return;
+  adamw_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(param, grad, m, v, n, c, mix64_host(seed));
+  KTUNE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ktune::cuda

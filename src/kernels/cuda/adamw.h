@@ -1,0 +1,25 @@
+// AdamW on the GPU, fused into one pass over the parameters, with the CPU op's semantics
+// (kernels/cpu/adamw.h: torch.optim.AdamW, decoupled weight decay, eps outside the square root,
+// 1-based step). The bf16 variant keeps param, m, v in bf16 and rounds stochastically with the very
+// same counter-based random bits as the CPU (splitmix64 of seed and element index), so the GPU and
+// the CPU agree bit for bit wherever their f32 arithmetic does (they may differ in FMA contraction).
+// It deliberately holds no optimizer state itself.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/cpu/adamw.h"  // AdamWStep (a plain struct; nothing of the CPU code is linked)
+#include "kernels/cuda/gemm.h"
+
+namespace ktune::cuda {
+
+using cpu::AdamWStep;
+
+// param, grad, m, v: (n) on the device
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s,
+                Stream stream = nullptr);
+void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int64_t n, const AdamWStep& s,
+                     uint64_t seed, Stream stream = nullptr);
+
+}  // namespace ktune::cuda
