@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -172,11 +173,23 @@ TEST_F(RecipeTest, TwoProcessesEqualOneWithTheDoubledBatch) {
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_NE(two.output.find("[rank1]"), std::string::npos) << two.output;
   EXPECT_NE(two.output.find("sharded data parallel (FSDP) over 2 ranks"), std::string::npos) << two.output;
+  // The DDP baseline (replicated weights, all-reduced gradients) agrees too.
+  setenv("KTUNE_DATA_PARALLEL", "replicate", 1);
+  Outcome ddp = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device",
+                    "epochs=1 max_steps_per_epoch=3 batch_size=2", out("ddp"));
+  unsetenv("KTUNE_DATA_PARALLEL");
+  ASSERT_EQ(ddp.exit_code, 0) << ddp.output;
+  EXPECT_NE(ddp.output.find("replicated data parallel (DDP) over 2 ranks"), std::string::npos) << ddp.output;
   auto l1 = losses(out("one"));
   auto l2 = losses(out("two"));
+  auto l3 = losses(out("ddp"));
   ASSERT_EQ(l1.size(), 3u);
   ASSERT_EQ(l2.size(), 3u);
-  for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 1e-4 * std::max(1.0, loss)) << "step " << step;
+  ASSERT_EQ(l3.size(), 3u);
+  for (const auto& [step, loss] : l1) {
+    EXPECT_NEAR(l2.at(step), loss, 1e-4 * std::max(1.0, loss)) << "step " << step;
+    EXPECT_NEAR(l3.at(step), loss, 1e-4 * std::max(1.0, loss)) << "ddp step " << step;
+  }
   // And the final weights agree.
   auto m1 = model::Decoder::from_pretrained(out("one") + "/epoch_0");
   auto m2 = model::Decoder::from_pretrained(out("two") + "/epoch_0");
