@@ -342,3 +342,27 @@ TEST_F(RecipeTest, KillingOneWorkerEndsTheJobWithTheRankNamedAndNoHang) {
   // No worker outlives the job.
   EXPECT_NE(kill(victim, 0), 0);
 }
+
+TEST_F(RecipeTest, PlanPrintsThePerRankStateAShardedRunHolds) {
+  for (const char* recipe : {"full", "lora"}) {
+    const bool lora = std::string(recipe) == "lora";
+    Outcome plan = sh(kKtune + " plan --model " + model() + " --nproc_per_node 2 --dtype fp32 --recipe " + recipe +
+                      (lora ? " --lora_rank 4 --lora_attn_modules q_proj,v_proj" : ""));
+    ASSERT_EQ(plan.exit_code, 0) << plan.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(plan.output, m, std::regex(R"(trainable parameters +[0-9.]+ GiB \((\d+) bytes\))")))
+        << plan.output;
+    char expected[64];
+    std::snprintf(expected, sizeof expected, "per rank %.2f MiB parameters", std::stod(m[1]) / (1 << 20));
+    Outcome run2 = run("--nproc_per_node 2 --standalone", lora ? "lora_finetune_distributed" : "full_finetune_distributed",
+                       lora ? "lora_single_device" : "full_single_device",
+                       std::string("epochs=1 max_steps_per_epoch=1 batch_size=2") +
+                           (lora ? " model.lora_rank=4 model.lora_attn_modules=[q_proj,v_proj] model.apply_lora_to_mlp=False" : ""),
+                       out(recipe));
+    ASSERT_EQ(run2.exit_code, 0) << run2.output;
+    EXPECT_NE(run2.output.find(expected), std::string::npos) << recipe << ": " << expected << "\n" << run2.output;
+  }
+  Outcome bad = sh(kKtune + " plan --model " + model() + " --dtype fp16");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--dtype"), std::string::npos) << bad.output;
+}
