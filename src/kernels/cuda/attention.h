@@ -1,0 +1,38 @@
+// Causal self-attention on the GPU for training, with the CPU op's semantics and layouts
+// (kernels/cpu/attention.h): grouped-query heads, optional sliding window, optional logit
+// soft-capping, optional document ids; a tiled forward with an online softmax that saves lse,
+// and a backward that recomputes P from lse (flash-attention 2's algorithm: the (T, T) scores
+// never exist). q, k, v, out, dout, dq, dk, dv are f32 or bf16 (one type); lse and the arithmetic f32.
+// This first version runs on the CUDA cores (a warp per query row, a lane per key of a tile in
+// shared memory), not on tensor cores: correct for every mask, but far from the GPU's bf16 peak.
+// It deliberately has no dropout, no ALiBi, no KV cache, no non-causal mode; head_dim <= 256.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/cpu/attention.h"  // AttentionShape (a plain struct; nothing of the CPU code is linked)
+#include "kernels/cuda/gemm.h"
+
+namespace ktune::cuda {
+
+using cpu::AttentionShape;
+
+// Floats of scratch the backward needs: B * Hq * T (rowsum(dout * out)).
+int64_t attention_backward_scratch_floats(const AttentionShape& s);
+
+// q (B,T,Hq,D)   k, v (B,T,Hkv,D)   doc_ids (B,T) or nullptr   out (B,T,Hq,D)   lse (B,Hq,T) saved
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const int32_t* doc_ids,
+                       const AttentionShape& s, Stream stream = nullptr);
+void attention_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                       const int32_t* doc_ids, const AttentionShape& s, Stream stream = nullptr);
+// Undoes out = softmax(mask(cap(scale q k^T))) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten.
+// scratch: attention_backward_scratch_floats(s) floats.
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                        const float* v, const float* out, const float* lse, const int32_t* doc_ids,
+                        const AttentionShape& s, float* scratch, Stream stream = nullptr);
+void attention_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q, const bf16_t* k,
+                        const bf16_t* v, const bf16_t* out, const float* lse, const int32_t* doc_ids,
+                        const AttentionShape& s, float* scratch, Stream stream = nullptr);
+
+}  // namespace ktune::cuda
