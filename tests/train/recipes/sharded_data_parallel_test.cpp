@@ -67,7 +67,9 @@ TEST(FlatShardLayout, EveryElementIsOwnedByExactlyOneRankAndShardsAreAligned) {
       ASSERT_LT(l.padded - l.payload(), FlatShardLayout::kAlignFloats * int64_t(sizes.size() + size_t(world)));
       for (size_t i = 0; i < sizes.size(); ++i) {
         ASSERT_EQ(l.offset[i] % FlatShardLayout::kAlignFloats, 0);
-        if (i > 0) ASSERT_GE(l.offset[i], l.offset[i - 1] + sizes[i - 1]);
+        if (i > 0) {
+          ASSERT_GE(l.offset[i], l.offset[i - 1] + sizes[i - 1]);
+        }
         int64_t owned = 0, next = l.offset[i];
         for (int rank = 0; rank < world; ++rank) {
           auto [lo, hi] = l.param_in_shard(i, rank);
