@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/command_table.h"
 #include "core/error.h"
 #include "sdk/local_backend.h"
@@ -164,6 +166,22 @@ int jobs_get(sdk::TrainerClient& client, const Args& args) {
                     s.pod_name.empty() ? s.log_path : "pod/" + s.pod_name});
   }
   std::printf("\n%s", table(rows).c_str());
+  if (!j.exports.empty()) {
+    std::vector<std::vector<std::string>> ex = {{"EXPORT", "STATUS", "PARTS", "FILES", "BYTES", "FINISHED", "DESTINATION"}};
+    for (const sdk::ExportRecord& e : j.exports) {
+      std::string files = "-", bytes = "-";
+      if (!e.summary_json.empty()) {
+        const nlohmann::json summary = nlohmann::json::parse(e.summary_json, nullptr, false);
+        if (summary.is_object()) {
+          files = std::to_string(summary.value("file_count", 0));
+          bytes = std::to_string(summary.value("bytes", 0LL));
+        }
+      }
+      ex.push_back({std::to_string(e.id), e.status + (e.error.empty() ? "" : " (" + e.error + ")"), e.parts, files,
+                    bytes, e.finished_at > 0 ? sdk::rfc3339(e.finished_at) : "-", e.destination});
+    }
+    std::printf("\n%s", table(ex).c_str());
+  }
   return 0;
 }
 

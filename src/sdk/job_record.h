@@ -45,6 +45,18 @@ struct StepRecord {
   std::string pod_name;                    // Kubernetes backend: the step's pod ("" locally)
 };
 
+// One run of the exporter over a finished job's outputs (`ktune export --job`), upstream has none.
+struct ExportRecord {
+  int id = 0;
+  std::string status = kRunning;           // Running, Complete or Failed
+  std::string destination;                 // the URI (file://, s3://, hf://)
+  std::string parts;                       // "adapter", "merged", "all", "available"
+  double started_at = 0;
+  double finished_at = 0;
+  std::string summary_json;                // the exporter's summary (files, bytes, revision) when Complete
+  std::string error;                       // why it Failed
+};
+
 struct TrainJobRecord {
   std::string name;
   std::string runtime;
@@ -63,6 +75,7 @@ struct TrainJobRecord {
   long long supervisor_start_time = 0;
   JobProgress progress;
   std::vector<StepRecord> steps;
+  std::vector<ExportRecord> exports;       // oldest first
 
   const StepRecord* step(const std::string& step_name) const;
 };

@@ -69,6 +69,17 @@ CREATE TABLE IF NOT EXISTS steps (
   PRIMARY KEY (job, name)
 );
 CREATE INDEX IF NOT EXISTS jobs_by_runtime ON jobs(runtime);
+CREATE TABLE IF NOT EXISTS exports (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job TEXT NOT NULL REFERENCES jobs(name) ON DELETE CASCADE,
+  status TEXT NOT NULL,
+  destination TEXT NOT NULL,
+  parts TEXT NOT NULL,
+  started_at REAL NOT NULL,
+  finished_at REAL NOT NULL DEFAULT 0,
+  summary TEXT NOT NULL DEFAULT '',
+  error TEXT NOT NULL DEFAULT ''
+);
 )sql";
 
 // One prepared statement; binds by position (1-based), steps once or row by row.
@@ -278,6 +289,23 @@ std::vector<TrainJobRecord> JobRegistry::query_jobs(const std::string& where_sql
         r.progress_path = s.text(18);
         j.steps.push_back(std::move(r));
       }
+      Statement e(db_,
+                  "SELECT id, status, destination, parts, started_at, finished_at, summary, error FROM exports"
+                  " WHERE job = ? ORDER BY id",
+                  where);
+      e.bind(1, j.name);
+      while (e.step()) {
+        ExportRecord x;
+        x.id = int(e.integer(0));
+        x.status = e.text(1);
+        x.destination = e.text(2);
+        x.parts = e.text(3);
+        x.started_at = e.real(4);
+        x.finished_at = e.real(5);
+        x.summary_json = e.text(6);
+        x.error = e.text(7);
+        j.exports.push_back(std::move(x));
+      }
     }
   } catch (...) {
     sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -302,11 +330,35 @@ bool JobRegistry::remove(const std::string& name) {
   Transaction tx(db_, where);
   Statement s(db_, "DELETE FROM steps WHERE job = ?", where);
   s.bind(1, name).step();
+  Statement x(db_, "DELETE FROM exports WHERE job = ?", where);
+  x.bind(1, name).step();
   Statement j(db_, "DELETE FROM jobs WHERE name = ?", where);
   j.bind(1, name).step();
   bool changed = sqlite3_changes(db_) > 0;
   tx.commit();
   return changed;
+}
+
+int JobRegistry::begin_export(const std::string& job, const std::string& destination, const std::string& parts,
+                              double now) {
+  const std::string where = path_ + ": job " + job;
+  Transaction tx(db_, where);
+  {
+    Statement exists(db_, "SELECT 1 FROM jobs WHERE name = ?", where);
+    exists.bind(1, job);
+    if (!exists.step()) throw Error("TrainJob " + job, "not found in " + path_);
+  }
+  Statement st(db_, "INSERT INTO exports (job, status, destination, parts, started_at) VALUES (?,?,?,?,?)", where);
+  st.bind(1, job).bind(2, kRunning).bind(3, destination).bind(4, parts).bind(5, now).step();
+  const int id = int(sqlite3_last_insert_rowid(db_));
+  tx.commit();
+  return id;
+}
+
+bool JobRegistry::finish_export(int id, const std::string& status, const std::string& summary_json,
+                                const std::string& error, double now) {
+  return update(db_, "UPDATE exports SET status = ?, summary = ?, error = ?, finished_at = ? WHERE id = ? AND status = 'Running'",
+                path_ + ": export " + std::to_string(id), status, summary_json, error, now, id) > 0;
 }
 
 bool JobRegistry::set_supervisor(const std::string& name, int pid, long long start_time) {

@@ -54,6 +54,12 @@ class JobRegistry {
   // When a job ends early: Running steps become Failed; steps never started stay Created.
   int fail_running_steps(const std::string& job, double now);
 
+  // Exports of a job's outputs: begin_export records one Running and returns its id (throws when
+  // there is no such job); finish_export sets Complete (with the summary) or Failed (with the error).
+  int begin_export(const std::string& job, const std::string& destination, const std::string& parts, double now);
+  bool finish_export(int id, const std::string& status, const std::string& summary_json, const std::string& error,
+                     double now);
+
  private:
   std::vector<TrainJobRecord> query_jobs(const std::string& where, const std::string& arg);
   std::string path_;

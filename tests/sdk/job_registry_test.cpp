@@ -97,6 +97,32 @@ TEST(JobRegistry, TheFirstTerminalStatusWins) {
   EXPECT_THROW(reg.finish_job("b0123456789a", kRunning, "", 1), Error);
 }
 
+TEST(JobRegistry, RecordsExportsOfAJobAndForgetsThemWithIt) {
+  TempHome home;
+  JobRegistry r(home.path() + "/registry.db");
+  r.insert(sample_job("exported"));
+  EXPECT_THROW(r.begin_export("nope", "file:///x", "all", 1.0), Error);
+  const int first = r.begin_export("exported", "file:///tmp/out", "adapter", 10.0);
+  const int second = r.begin_export("exported", "s3://bucket/model", "all", 20.0);
+  EXPECT_NE(first, second);
+  EXPECT_TRUE(r.finish_export(first, kComplete, R"({"file_count":2,"bytes":10})", "", 11.0));
+  EXPECT_TRUE(r.finish_export(second, kFailed, "", "403 Forbidden", 21.0));
+  EXPECT_FALSE(r.finish_export(second, kComplete, "", "", 22.0));  // already finished
+  const TrainJobRecord j = *r.find("exported");
+  ASSERT_EQ(j.exports.size(), 2u);
+  EXPECT_EQ(j.exports[0].status, kComplete);
+  EXPECT_EQ(j.exports[0].destination, "file:///tmp/out");
+  EXPECT_EQ(j.exports[0].parts, "adapter");
+  EXPECT_EQ(j.exports[0].summary_json, R"({"file_count":2,"bytes":10})");
+  EXPECT_EQ(j.exports[0].started_at, 10.0);
+  EXPECT_EQ(j.exports[0].finished_at, 11.0);
+  EXPECT_EQ(j.exports[1].status, kFailed);
+  EXPECT_EQ(j.exports[1].error, "403 Forbidden");
+  EXPECT_TRUE(r.remove("exported"));
+  r.insert(sample_job("exported"));
+  EXPECT_TRUE(r.find("exported")->exports.empty());
+}
+
 TEST(JobRegistry, ManyProcessesWriteAndReadAtOnce) {
   TempHome home;
   const std::string db = home.path() + "/registry.db";

@@ -96,7 +96,9 @@ class RealTrainer : public ::testing::Test {
       ASSERT_TRUE(h.is_object()) << f;
       EXPECT_TRUE(h.contains("model.layers.0.self_attn.q_proj.weight")) << f;
       for (const auto& [name, t] : h.items())
-        if (name != "__metadata__") EXPECT_EQ(name.find("lora"), std::string::npos) << "merged model holds " << name;
+        if (name != "__metadata__") {
+          EXPECT_EQ(name.find("lora"), std::string::npos) << "merged model holds " << name;
+        }
     }
     const nlohmann::json config = nlohmann::json::parse(read_text(dir + "/adapter_config.json"));
     EXPECT_EQ(config["r"], rank);
@@ -222,6 +224,23 @@ TEST_F(RealTrainer, KtuneTrainCliRunsTheSameJobWithASingleFileDataset) {
   EXPECT_TRUE(std::regex_search(get, std::regex("\nnode-0 +Complete +cpu +1 +[0-9]+ +0 "))) << get;
   EXPECT_TRUE(fs::exists(home_.path() + "/jobs/cli-real/dataset/rows.jsonl"));
   expect_lora_outputs(home_.path() + "/jobs/cli-real/output", 8, 16);
+
+  // The exporter copies the adapter to a file:// destination and records it in the job's status;
+  // a failing export is recorded as Failed with its reason.
+  const std::string dest = home_.path() + "/exported";
+  ASSERT_EQ(run_shell(env + "'" + kKtune + "' export --job cli-real --to file://" + dest + " --parts adapter >'" + out +
+                      "' 2>'" + err + "'"),
+            0)
+      << read_text(err);
+  EXPECT_TRUE(fs::exists(dest + "/adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(dest + "/adapter_config.json"));
+  EXPECT_FALSE(fs::exists(dest + "/model.safetensors.index.json"));
+  EXPECT_NE(run_shell(env + "'" + kKtune + "' export --job cli-real --to file://" + dest + "2 --epoch 7 >/dev/null 2>&1"), 0);
+  ASSERT_EQ(run_shell(env + "'" + kKtune + "' jobs get cli-real >'" + out + "' 2>'" + err + "'"), 0) << read_text(err);
+  const std::string exported = read_text(out);
+  EXPECT_TRUE(std::regex_search(exported, std::regex("\n1 +Complete +adapter +2 +[0-9]+ +[^ ]+ +file://" + dest + "\n")))
+      << exported;
+  EXPECT_TRUE(std::regex_search(exported, std::regex("\n2 +Failed [(].*epoch_7.*[)] +available "))) << exported;
   EXPECT_EQ(run_shell(env + "'" + kKtune + "' jobs delete cli-real --workspace >/dev/null 2>&1"), 0);
 }
 
