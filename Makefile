@@ -22,7 +22,7 @@ test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-asan: setup
-	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKTUNE_SANITIZE=ON
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKTUNE_SANITIZE=ON -DKTUNE_CUDA=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 KTUNE_SANITIZED=1 ctest --output-on-failure -j $(JOBS) -LE slow
 
