@@ -132,6 +132,15 @@ Decoder::Decoder(ModelConfig config, uint64_t seed, DType storage) : config_(std
   allocate_grads();
 }
 
+Decoder::Decoder(ModelConfig config, DType storage, WeightsToLoad) : config_(std::move(config)), storage_(storage) {
+  check(storage == DType::F32 || storage == DType::BF16, "Decoder",
+        std::string("weights can be stored in f32 or bf16, not ") + dtype_name(storage));
+  build_parameters();
+  if (storage_ != DType::F32)
+    for (auto& p : params_) p->value = Tensor::empty(p->value.shape(), storage_);
+  allocate_grads();
+}
+
 Decoder::~Decoder() = default;
 
 void Decoder::build_parameters() {
@@ -223,7 +232,7 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
   if (!fs::is_directory(dir)) throw Error(dir, "not a model directory");
   ModelConfig config = ModelConfig::from_file((fs::path(dir) / "config.json").string());
   io::SafetensorsCheckpoint ckpt = io::SafetensorsCheckpoint::open(dir);
-  std::unique_ptr<Decoder> d(new Decoder(config, 0, options.storage));
+  std::unique_ptr<Decoder> d(new Decoder(config, options.storage, WeightsToLoad{}));
   std::set<std::string> used;
   for (auto& p : d->params_) {
     if (!ckpt.contains(p->name))

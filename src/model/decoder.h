@@ -105,6 +105,9 @@ class Decoder {
   size_t activation_arena_capacity() const { return arena_ ? arena_->capacity() : 0; }
 
  private:
+  // Weights allocated in `storage` but not initialised: from_pretrained fills every one.
+  struct WeightsToLoad {};
+  Decoder(ModelConfig config, DType storage, WeightsToLoad);
   struct Layer;
   struct LayerActs;
   struct Plan;
