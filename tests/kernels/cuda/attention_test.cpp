@@ -5,7 +5,9 @@
 // ~1): atol 2e-5, rtol 1e-4 everywhere. bf16: inputs are rounded before both see them, outputs are
 // rounded once (relative 2^-9: rtol 1e-2 leaves headroom), and the backward's rowsum(dout * out)
 // uses the bf16-rounded out (as flash-attention does) where the reference uses P dP in double:
-// that costs ~2^-9 |dout . out| * scale per key, so gradients get atol 2e-3.
+// that costs ~2^-9 |dout . out| * scale per (query, key) pair, summed over up to T queries for dk
+// (random signs: ~1e-3 in the worst rows here), so gradients get atol 4e-3 (a wrong mask or
+// a wrong softmax is off by 0.1 or more).
 #include <cmath>
 
 #include "core/error.h"
@@ -66,7 +68,7 @@ void check_attention(const char* name, cpu::AttentionShape s, bool with_docs, bo
   }
   auto got_lse = from_device<float>(d_lse, lse.size());
   const double out_atol = bf16 ? 1e-5 : 2e-5, out_rtol = bf16 ? 1e-2 : 1e-4;
-  const double grad_atol = bf16 ? 2e-3 : 2e-5, grad_rtol = bf16 ? 1e-2 : 1e-4;
+  const double grad_atol = bf16 ? 4e-3 : 2e-5, grad_rtol = bf16 ? 1e-2 : 1e-4;
   const char* type = bf16 ? " bf16" : " f32";
   CHECK_CLOSE(got_out.data(), out.data(), int64_t(nq), out_atol, out_rtol) << name << type;
   CHECK_CLOSE(got_lse.data(), lse.data(), int64_t(lse.size()), 2e-5, 1e-5) << name << type;

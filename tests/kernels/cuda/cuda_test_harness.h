@@ -116,4 +116,4 @@ std::string describe(const Closeness& c, double atol, double rtol);
   if (auto ktune_c_ = ::ktune::cuda_test::closeness((got), (want), (n), (atol), (rtol)); ktune_c_.ratio <= 1.0) { \
   } else                                                                                            \
     ::ktune::cuda_test::FailureMessage(__FILE__, __LINE__, "CHECK_CLOSE(" #got ", " #want ")")       \
-        << ::ktune::cuda_test::describe(ktune_c_, (atol), (rtol))
+        << ::ktune::cuda_test::describe(ktune_c_, (atol), (rtol)) << "; "

@@ -1,5 +1,6 @@
 // The CUDA tests' main: runs the registered cases (cuda_test_harness.h) and prints PASS/FAIL/SKIP
 // per case and a summary. Exit 0: all passed; 1: a case failed; 77: no CUDA device (all skipped).
+// `--self-test` checks the harness's own comparisons on the CPU; any other argument filters cases.
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -30,7 +31,9 @@ Closeness closeness(const float* got, const float* want, int64_t n, double atol,
   Closeness c;
   for (int64_t i = 0; i < n; ++i) {
     double g = got[i], w = want[i];
-    double r = std::isnan(g) || std::isnan(w) ? INFINITY : std::fabs(g - w) / (atol + rtol * std::fabs(w));
+    const double diff = std::fabs(g - w);
+    // Equal values are within any tolerance (also atol = rtol = 0, where 0/0 would be NaN).
+    double r = std::isnan(g) || std::isnan(w) ? INFINITY : diff == 0.0 ? 0.0 : diff / (atol + rtol * std::fabs(w));
     if (r > c.ratio || c.worst < 0) c = Closeness{r, i, g, w};
   }
   return c;
@@ -45,9 +48,45 @@ std::string describe(const Closeness& c, double atol, double rtol) {
 
 }  // namespace ktune::cuda_test
 
+namespace {
+
+// --self-test: the harness's own logic, on the CPU (runs where there is no GPU, so CTest proves the
+// comparisons that every GPU case relies on). Returns the number of wrong answers.
+int self_test() {
+  using namespace ktune::cuda_test;
+  int wrong = 0;
+  auto expect = [&](bool ok, const char* what) {
+    if (!ok) {
+      std::printf("self-test: %s\n", what);
+      ++wrong;
+    }
+  };
+  const float a[3] = {1.0f, -2.0f, 0.0f}, b[3] = {1.0f, -2.0f, 0.0f}, c[3] = {1.0f, -2.001f, 0.0f};
+  const float nan[3] = {1.0f, NAN, 0.0f};
+  expect(closeness(a, b, 3, 0.0, 0.0).ratio == 0.0, "equal arrays are within a zero tolerance");
+  expect(closeness(a, c, 3, 0.0, 1e-4).ratio > 1.0, "a 5e-4 relative difference exceeds rtol 1e-4");
+  expect(closeness(a, c, 3, 0.0, 1e-3).ratio <= 1.0, "a 5e-4 relative difference is within rtol 1e-3");
+  expect(closeness(a, c, 3, 0.0, 1e-4).worst == 1, "the worst element is named");
+  expect(closeness(nan, b, 3, 1.0, 1.0).ratio > 1.0, "NaN is never close");
+  const int before = failures_in_current_case();
+  CHECK(1 + 1 == 3) << "expected failure, printed by the self-test";
+  CHECK_CLOSE(a, c, 3, 0.0, 1e-4) << "expected failure, printed by the self-test";
+  CHECK(true) << "not recorded";
+  CHECK_CLOSE(a, b, 3, 0.0, 0.0);
+  expect(failures_in_current_case() - before == 2, "CHECK and CHECK_CLOSE record exactly the two failures");
+  return wrong;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace ktune::cuda_test;
   const std::string filter = argc > 1 ? argv[1] : "";
+  if (filter == "--self-test") {
+    const int wrong = self_test();
+    std::printf("%s harness self-test (%d wrong)\n", wrong == 0 ? "PASS" : "FAIL", wrong);
+    return wrong == 0 ? 0 : 1;
+  }
   const int devices = ktune::cuda::device_count();
   int passed = 0, failed = 0, skipped = 0;
   if (devices == 0) {

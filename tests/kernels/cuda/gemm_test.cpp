@@ -70,7 +70,8 @@ KTUNE_CUDA_TEST(GemmF32IsStrictF32NotTf32) {
       cuda::GemmContext ctx;
       cuda::gemm(ctx, ta, tb, M, N, K, 1.0f, da.as<float>(), db.as<float>(), 0.0f, dc.as<float>());
       auto got = from_device<float>(dc, want.size());
-      CHECK_CLOSE(got.data(), want.data(), int64_t(got.size()), 2e-5, 1e-5) << "trans_a=" << ta << " trans_b=" << tb;
+      // f32 accumulation over K = 256 of |a b| <= 1: ~5e-6 RMS; TF32 inputs would be off by ~2e-3.
+      CHECK_CLOSE(got.data(), want.data(), int64_t(got.size()), 1e-4, 1e-5) << "trans_a=" << ta << " trans_b=" << tb;
     }
 }
 
