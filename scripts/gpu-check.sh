@@ -2,7 +2,8 @@
 # The GPU check: on a machine with an NVIDIA GPU, the CUDA toolkit, CMake, a C++ compiler and
 # Python (+torch), and nothing else of ktune's dependencies, build the CUDA backend from this source
 # tree alone (-DKTUNE_CPU_ENGINE=OFF: core, src/kernels/cuda, their tests, bench/gpu), run every
-# CUDA kernel test against the CPU references, run the GEMM benchmark beside torch.matmul, and
+# CUDA kernel test against the CPU references, run the GEMM benchmark beside torch.matmul (and
+# attention forward+backward beside torch's scaled_dot_product_attention), and
 # print a summary. Budget: well under 8 minutes on one H200 (build ~1-2 min on 16 cores).
 #
 #   scripts/gpu-check.sh [BUILD_DIR]        (default build/gpu-check)
@@ -74,7 +75,7 @@ echo "tests:   $TEST_SUMMARY"
 grep -E "^FAIL " "$LOG_DIR/tests.log" | sed 's/^/         /'
 grep -m1 -E "^SKIP " "$LOG_DIR/tests.log" | sed 's/^SKIP [^:]*: /         skipped because: /'
 echo "bench:   $BENCH_STATUS"
-[ "$BENCH_STATUS" = ok ] && grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ \|" "$LOG_DIR/bench.log" | sed 's/^/         /'
+[ "$BENCH_STATUS" = ok ] && grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ \||^attention " "$LOG_DIR/bench.log" | sed 's/^/         /'
 echo "logs:    $LOG_DIR"
 case "$TEST_RC" in
   0) echo "RESULT: PASS"; exit 0 ;;

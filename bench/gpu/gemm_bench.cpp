@@ -2,15 +2,71 @@
 // accumulation, timed with CUDA events. Prints one line a shape:
 //   ktune_gemm M N K TFLOPS
 // for the shapes given as MxNxK arguments (default: square 4096/8192 and the GEMMs of a
-// Llama-3.2-1B step at 8 x 2048 tokens). bench/gpu/gemm_compare.py puts torch.matmul beside it.
-// Exit 77 without a GPU. It deliberately measures only the GEMM (no step, no model).
+// Llama-3.2-1B step at 8 x 2048 tokens), then one line for causal attention forward+backward
+// (bf16, kernels/cuda/attention.h) at Llama-3.2-1B's heads (32 query, 8 kv, head_dim 64):
+//   ktune_attention B T Hq Hkv D FWD_MS BWD_MS TFLOPS
+// bench/gpu/gemm_compare.py puts torch.matmul and torch's scaled_dot_product_attention beside them.
+// Exit 77 without a GPU. It deliberately measures kernels only (no step, no model).
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <vector>
 
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/gemm.h"
+
+namespace {
+
+// Milliseconds per call of fn, by CUDA events over `reps` calls after one warm-up.
+template <typename Fn>
+double time_ms(Fn fn, int reps) {
+  fn();
+  cudaDeviceSynchronize();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start);
+  for (int i = 0; i < reps; ++i) fn();
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return double(ms) / reps;
+}
+
+void bench_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+  using ktune::bf16_t;
+  ktune::cuda::AttentionShape s{B, T, Hq, Hkv, D, 1.0f / 8.0f};
+  const size_t nq = size_t(B * T * Hq * D), nkv = size_t(B * T * Hkv * D);
+  ktune::cuda::DeviceBuffer q(nq * 2), k(nkv * 2), v(nkv * 2), out(nq * 2), dout(nq * 2), dq(nq * 2), dk(nkv * 2),
+      dv(nkv * 2), lse(size_t(B * Hq * T) * 4), scratch(size_t(ktune::cuda::attention_backward_scratch_floats(s)) * 4);
+  for (auto* b : {&q, &k, &v, &dout}) cudaMemset(b->data(), 0x3c, b->bytes());  // 0.0115 everywhere
+  auto fwd = [&] {
+    ktune::cuda::attention_forward(out.as<bf16_t>(), lse.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(),
+                                   nullptr, s);
+  };
+  auto bwd = [&] {
+    ktune::cuda::attention_backward(dq.as<bf16_t>(), dk.as<bf16_t>(), dv.as<bf16_t>(), dout.as<bf16_t>(),
+                                    q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(), out.as<bf16_t>(), lse.as<float>(),
+                                    nullptr, s, scratch.as<float>());
+  };
+  const double fwd_ms = time_ms(fwd, 3), bwd_ms = time_ms(bwd, 3);
+  ktune::cuda::synchronize();  // surfaces a kernel fault as ktune::Error
+  // Causal: half of the T x T scores. Forward 2 GEMMs (QK^T, PV), backward 5 (as FlashAttention counts).
+  const double fwd_flops = 4.0 * double(B) * double(Hq) * double(T) * double(T) * double(D) / 2.0;
+  const double tflops = fwd_flops * 3.5 / ((fwd_ms + bwd_ms) * 1e-3) / 1e12;
+  std::printf("ktune_attention %lld %lld %lld %lld %lld %.3f %.3f %.2f\n", (long long)B, (long long)T, (long long)Hq,
+              (long long)Hkv, (long long)D, fwd_ms, bwd_ms, tflops);
+  std::fflush(stdout);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> shapes;
@@ -26,6 +82,7 @@ int main(int argc, char** argv) {
               "16384x8192x2048",   // gate/up projection
               "16384x2048x8192",   // down projection
               "16384x128256x2048"};  // lm_head over the full vocabulary
+  try {
   if (ktune::cuda::device_count() == 0) {
     std::printf("SKIP ktune_gpu_gemm_bench: %s\n", ktune::cuda::device_description().c_str());
     return 77;
@@ -41,6 +98,11 @@ int main(int argc, char** argv) {
     double tflops = ktune::cuda::measure_gemm_bf16_tflops(ctx, M, N, K, seconds);
     std::printf("ktune_gemm %lld %lld %lld %.1f\n", M, N, K, tflops);
     std::fflush(stdout);
+  }
+  bench_attention(4, 2048, 32, 8, 64);
+  } catch (const std::exception& e) {
+    std::printf("ERROR %s\n", e.what());
+    return 1;
   }
   return 0;
 }

@@ -12,6 +12,37 @@ import sys
 PEAK_TFLOPS = 990.0  # H200 SXM, dense bf16
 
 
+def torch_attention_ms(torch, B, T, Hq, Hkv, D):
+    """Forward and backward ms of torch's fused causal attention (GQA) at the same shape, bf16."""
+    import torch.nn.functional as F
+    q = torch.full((B, Hq, T, D), 0.0115, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    k = torch.full((B, Hkv, T, D), 0.0115, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    v = torch.full((B, Hkv, T, D), 0.0115, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    dout = torch.full((B, Hq, T, D), 0.0115, dtype=torch.bfloat16, device="cuda")
+
+    def fwd():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True)
+
+    def step():
+        fwd().backward(dout)
+
+    def timed(fn, reps=5):
+        fn()
+        torch.cuda.synchronize()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / reps
+
+    with torch.no_grad():
+        fwd_ms = timed(fwd)
+    total_ms = timed(step)
+    return fwd_ms, total_ms - fwd_ms
+
+
 def ktune_rates(binary, seconds):
     proc = subprocess.run([binary, f"--seconds={seconds}"], capture_output=True, text=True, timeout=300)
     sys.stdout.write(proc.stdout if proc.returncode != 0 else "")
@@ -20,14 +51,16 @@ def ktune_rates(binary, seconds):
     if proc.returncode != 0:
         sys.stdout.write(proc.stderr)
         raise SystemExit(f"ktune_gpu_gemm_bench failed with exit code {proc.returncode}")
-    rates = {}
+    rates, attention = {}, None
     for line in proc.stdout.splitlines():
         if line.startswith("device:"):
             print(line)
         parts = line.split()
         if len(parts) == 5 and parts[0] == "ktune_gemm":
             rates[tuple(int(p) for p in parts[1:4])] = float(parts[4])
-    return rates
+        if len(parts) == 9 and parts[0] == "ktune_attention":
+            attention = (tuple(int(p) for p in parts[1:6]), float(parts[6]), float(parts[7]), float(parts[8]))
+    return rates, attention
 
 
 def torch_rate(torch, M, N, K, seconds):
@@ -59,10 +92,11 @@ def main():
     if len(sys.argv) < 2:
         raise SystemExit("usage: gemm_compare.py BUILD/bench/gpu/ktune_gpu_gemm_bench [seconds]")
     seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
-    rates = ktune_rates(sys.argv[1], seconds)
-    if rates is None:
+    result = ktune_rates(sys.argv[1], seconds)
+    if result is None:
         print("SKIP gpu gemm benchmark: no CUDA device")
         return 0
+    rates, attention = result
     try:
         import torch
         have_torch = torch.cuda.is_available()
@@ -80,6 +114,17 @@ def main():
         else:
             print(f"{M:>6} {N:>7} {K:>6} | {k:>13.1f} {100 * k / PEAK_TFLOPS:>6.1f}% | {'-':>13} {'-':>7} | -")
     print(f"(peak: {PEAK_TFLOPS:.0f} TFLOP/s dense bf16, H200)")
+    if attention:
+        (B, T, Hq, Hkv, D), fwd, bwd, tflops = attention
+        line = (f"attention B={B} T={T} Hq={Hq} Hkv={Hkv} D={D} causal bf16: ktune fwd {fwd:.2f} ms bwd {bwd:.2f} ms "
+                f"({tflops:.1f} TFLOP/s, {100 * tflops / PEAK_TFLOPS:.1f}% peak)")
+        if have_torch:
+            try:
+                tf, tb = torch_attention_ms(torch, B, T, Hq, Hkv, D)
+                line += f"; torch sdpa fwd {tf:.2f} ms bwd {tb:.2f} ms; ktune/torch time {(fwd + bwd) / (tf + tb):.1f}x"
+            except Exception as e:  # an older torch without enable_gqa, say
+                line += f"; torch sdpa failed: {e}"
+        print(line)
     return 0
 
 
