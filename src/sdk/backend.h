@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/plan.h"
+#include "runtime/v1alpha1.h"
 #include "sdk/job_record.h"
 
 namespace ktune::sdk {
@@ -59,6 +60,9 @@ class Backend {
                             const LogLineSink& sink) = 0;
   // Stops the job's processes and forgets it; with remove_workspace also deletes its files.
   virtual void delete_job(const std::string& name, bool remove_workspace = false) = 0;
+  // Runtimes the backend's own store holds (the cluster's ClusterTrainingRuntimes and the
+  // namespace's TrainingRuntimes); TrainerClient adds them over the builtin catalog. None locally.
+  virtual std::vector<v1alpha1::TrainingRuntime> runtimes() { return {}; }
 };
 
 std::unique_ptr<Backend> make_backend(const BackendConfig& config);

@@ -445,6 +445,35 @@ void KubernetesBackend::get_job_logs(const std::string& name, const std::string&
   lines.finish();
 }
 
+std::vector<v1alpha1::TrainingRuntime> KubernetesBackend::runtimes() {
+  std::vector<v1alpha1::TrainingRuntime> out;
+  const std::string base = "/apis/trainer.kubeflow.org/v1alpha1/";
+  for (const std::string& path : {base + "clustertrainingruntimes",
+                                  base + "namespaces/" + hub::url_encode(namespace_, false) + "/trainingruntimes"}) {
+    Json list;
+    try {
+      list = request("GET", path);
+    } catch (const KubernetesApiError& e) {
+      log_debug("runtimes: " + std::string(e.what()));
+      continue;
+    }
+    if (!at(list, "items").is_array()) continue;
+    const std::string kind = path.find("/clustertrainingruntimes") != std::string::npos ? v1alpha1::kClusterTrainingRuntimeKind
+                                                                                    : v1alpha1::kTrainingRuntimeKind;
+    for (Json item : list["items"]) {
+      // List items carry no apiVersion/kind; the reader wants them.
+      item["apiVersion"] = "trainer.kubeflow.org/v1alpha1";
+      item["kind"] = kind;
+      try {
+        out.push_back(v1alpha1::runtime_from_json(item, path + ": " + str(at(item, "metadata"), "name")));
+      } catch (const Error& e) {
+        log_warn("skipping a runtime the cluster holds: " + std::string(e.what()));
+      }
+    }
+  }
+  return out;
+}
+
 void KubernetesBackend::delete_job(const std::string& name, bool /*remove_workspace*/) {
   try {
     request("DELETE", trainjobs_path() + "/" + hub::url_encode(name, false));

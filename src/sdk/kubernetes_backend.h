@@ -57,6 +57,9 @@ class KubernetesBackend : public Backend {
   void get_job_logs(const std::string& name, const std::string& step, bool follow,
                     const LogLineSink& sink) override;
   void delete_job(const std::string& name, bool remove_workspace = false) override;
+  // The cluster's ClusterTrainingRuntimes and the namespace's TrainingRuntimes (each list that
+  // cannot be read, for want of permission or of the CRD, is skipped with a debug line).
+  std::vector<v1alpha1::TrainingRuntime> runtimes() override;
 
   // The exact object submit() POSTs for the plan (its TrainJob, in this backend's namespace):
   // what `ktune train --backend kubernetes --dry-run` prints.

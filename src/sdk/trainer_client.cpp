@@ -56,7 +56,10 @@ std::string rfc3339(double unix_seconds) {
 }
 
 TrainerClient::TrainerClient(const BackendConfig& config)
-    : TrainerClient(make_backend(config), catalog_for(config)) {}
+    : TrainerClient(make_backend(config), catalog_for(config)) {
+  // The backend's own runtimes (a cluster's) replace builtin ones of the same name.
+  for (v1alpha1::TrainingRuntime& r : backend_->runtimes()) catalog_.add(std::move(r));
+}
 
 TrainerClient::TrainerClient(std::unique_ptr<Backend> backend, RuntimeCatalog catalog)
     : backend_(std::move(backend)), catalog_(std::move(catalog)) {}

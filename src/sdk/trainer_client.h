@@ -34,7 +34,8 @@ class WaitTimeoutError : public Error {
 class TrainerClient {
  public:
   // The backend from `config` (BackendConfig::from_env() reads KTUNE_BACKEND, KTUNE_HOME, ...), the
-  // runtimes compiled from manifests/ plus any in <home>/runtimes (a later one replaces a builtin).
+  // runtimes compiled from manifests/ plus any in <home>/runtimes (a later one replaces a builtin),
+  // plus the backend's own (Kubernetes: the cluster's runtimes, which replace builtin ones).
   explicit TrainerClient(const BackendConfig& config = BackendConfig::from_env());
   TrainerClient(std::unique_ptr<Backend> backend, RuntimeCatalog catalog);
 

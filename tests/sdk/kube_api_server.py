@@ -119,6 +119,15 @@ class Handler(BaseHTTPRequestHandler):
         m = TJ.match(path)
         if m:
             return self.trainjobs(m.group(1), m.group(2), body)
+        if path == "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes" and self.command == "GET":
+            with LOCK:
+                items = [dict((k, v) for k, v in rt.items() if k not in ("apiVersion", "kind"))
+                         for rt in STATE["runtimes"].values()]
+            return self.send_json(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1",
+                                        "kind": "ClusterTrainingRuntimeList", "items": items, "metadata": {}})
+        if re.match(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/[^/]+/trainingruntimes$", path):
+            return self.fail(403, "Forbidden", "trainingruntimes.trainer.kubeflow.org is forbidden: User \"tester\" "
+                                               "cannot list resource \"trainingruntimes\"")
         m = CTR.match(path)
         if m and self.command == "GET":
             with LOCK:

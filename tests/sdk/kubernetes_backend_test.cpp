@@ -13,6 +13,7 @@
 #include "../hub/test_processes.h"
 #include "core/log.h"
 #include "hub/digest.h"
+#include "runtime/runtime_catalog.h"
 #include "runtime/v1alpha1.h"
 #include "sdk/kubernetes_backend.h"
 #include "sdk/trainer_client.h"
@@ -219,15 +220,17 @@ TEST_F(KubernetesBackendTest, SubmitPostsTheDryRunTrainJobAndKeepsTheTokenInASec
   ASSERT_EQ(printed.exit_code, 0) << printed.err;
   EXPECT_NE(printed.err.find("Secret team-a/k8s-job-ktune-secrets with keys: dataset.ACCESS_TOKEN, model.ACCESS_TOKEN"), std::string::npos)
       << printed.err;
-  EXPECT_EQ(requests()["requests"].size(), 0u) << "a dry run sends nothing";
+  for (const Json& r : requests()["requests"]) EXPECT_EQ(r["method"], "GET") << "a dry run only reads: " << r.dump();
   const CommandResult submitted = ktune(args, {{"HF_TOKEN", kHfToken}});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   EXPECT_EQ(submitted.out, "k8s-job\n");
   EXPECT_NE(submitted.err.find("on the kubernetes backend"), std::string::npos) << submitted.err;
 
   const Json log = requests();
-  const Json& reqs = log["requests"];
-  ASSERT_EQ(reqs.size(), 3u) << reqs.dump(1);
+  Json reqs = Json::array();  // the writes (the reads are the cluster's runtime lists)
+  for (const Json& r : log["requests"])
+    if (r["method"] != "GET") reqs.push_back(r);
+  ASSERT_EQ(reqs.size(), 3u) << log["requests"].dump(1);
   EXPECT_EQ(reqs[0]["method"], "POST");
   EXPECT_EQ(reqs[0]["path"], "/api/v1/namespaces/team-a/secrets");
   EXPECT_EQ(reqs[1]["method"], "POST");
@@ -235,7 +238,7 @@ TEST_F(KubernetesBackendTest, SubmitPostsTheDryRunTrainJobAndKeepsTheTokenInASec
   EXPECT_EQ(reqs[1]["headers"]["content-type"], "application/json");
   EXPECT_EQ(reqs[2]["method"], "PATCH");
   EXPECT_EQ(reqs[2]["path"], "/api/v1/namespaces/team-a/secrets/k8s-job-ktune-secrets");
-  for (const Json& r : reqs) EXPECT_EQ(r["headers"]["authorization"], "Bearer " + kToken);
+  for (const Json& r : log["requests"]) EXPECT_EQ(r["headers"]["authorization"], "Bearer " + kToken);
 
   // The posted TrainJob is the printed one.
   const std::vector<v1alpha1::Json> docs = v1alpha1::parse_yaml_documents(printed.out, "dry run");
@@ -277,6 +280,37 @@ TEST_F(KubernetesBackendTest, SubmitPostsTheDryRunTrainJobAndKeepsTheTokenInASec
   const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
   if (code == 77) GTEST_SKIP() << "jsonschema is not installed";
   EXPECT_EQ(code, 0) << hub::testing::read_file(dir_ / "schema.out");
+}
+
+// TrainerClient on the Kubernetes backend takes the cluster's runtimes over the builtin ones (a list
+// it may not read is skipped), and a job's node count comes from its runtime when the job sets none.
+TEST_F(KubernetesBackendTest, TheClustersRuntimesReplaceTheBuiltinOnes) {
+  std::string yaml;
+  for (const EmbeddedManifest& m : embedded_manifests())
+    if (std::string(m.text).find("name: torchtune-llama3.2-1b\n") != std::string::npos) yaml = m.text;
+  ASSERT_FALSE(yaml.empty());
+  Json runtime = Json::parse(v1alpha1::parse_yaml_documents(yaml, "manifest")[0].dump());
+  runtime["metadata"]["uid"] = "r-1";
+  runtime["spec"]["mlPolicy"]["numNodes"] = 1;
+  Json custom = runtime;
+  custom["metadata"]["name"] = "torchtune-llama3.3-70b";
+  custom["spec"]["mlPolicy"]["numNodes"] = 2;
+  for (Json& rj : custom["spec"]["template"]["spec"]["replicatedJobs"])
+    for (Json& c : rj["template"]["spec"]["template"]["spec"]["containers"])
+      if (c["name"] == "node") c["image"] = "registry.example/ktune-trainer:dev";
+  set_state({{"runtimes", {{"torchtune-llama3.2-1b", runtime}, {"torchtune-llama3.3-70b", custom}}}});
+  BackendConfig config;
+  config.kind = BackendConfig::Kind::Kubernetes;
+  config.kubeconfig = kubeconfig_;
+  TrainerClient client(config);
+  EXPECT_EQ(client.get_runtime("torchtune-llama3.3-70b").trainer.image, "registry.example/ktune-trainer:dev");
+  EXPECT_EQ(client.get_runtime("torchtune-qwen2.5-7b").name, "torchtune-qwen2.5-7b");  // builtin, not on the cluster
+  types::TorchTuneConfig cfg;
+  cfg.epochs = 1;
+  const std::string name = client.train(client.get_runtime("torchtune-llama3.3-70b"), nullptr, types::BuiltinTrainer{cfg});
+  const TrainJobRecord r = client.get_job_record(name);
+  EXPECT_EQ(r.num_nodes, 2);
+  EXPECT_EQ(r.trainer_type, "BuiltinTrainer");
 }
 
 TEST_F(KubernetesBackendTest, StatusFollowsUpstreamsMappingOfConditionsAndPods) {
