@@ -13,6 +13,12 @@ set_property(CACHE KTUNE_CUDA PROPERTY STRINGS AUTO ON OFF)
 option(KTUNE_CPU_ENGINE "Build the CPU engine and every layer (OFF: core and the CUDA kernels only)" ON)
 
 string(TOUPPER "${KTUNE_CUDA}" _ktune_cuda_request)
+if(_ktune_cuda_request STREQUAL "AUTO" AND KTUNE_SANITIZE)
+  # The sanitizer flags do not survive nvcc's -Xcompiler (it splits them at commas), and the
+  # sanitizer build is a CPU check: AUTO means OFF there (KTUNE_CUDA=ON still forces it).
+  message(STATUS "ktune: KTUNE_SANITIZE=ON: KTUNE_CUDA=AUTO resolves to OFF")
+  set(_ktune_cuda_request OFF)
+endif()
 if(_ktune_cuda_request STREQUAL "AUTO" OR _ktune_cuda_request STREQUAL "ON")
   if(NOT CMAKE_CUDA_COMPILER)
     # nvcc is often installed outside PATH; look where the toolkit installs it.
