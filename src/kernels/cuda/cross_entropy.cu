@@ -66,12 +66,48 @@ __global__ void cross_entropy_rows_kernel(__nv_bfloat16* dlogits, float* loss, i
   }
 }
 
+// Adds the chunk's losses and valid count to the running totals, in double and in a fixed order
+// (one block; thread t takes rows t, t+256, ...; then a tree): the same sum on every run.
+constexpr int kSumThreads = 256;
+__global__ void accumulate_chunk_kernel(double* total, long long* count, const float* loss, const int32_t* valid,
+                                        int64_t rows) {
+  __shared__ double sums[kSumThreads];
+  __shared__ long long counts[kSumThreads];
+  double s = 0;
+  long long c = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += kSumThreads) {
+    s += double(loss[r]);
+    c += valid[r];
+  }
+  sums[threadIdx.x] = s;
+  counts[threadIdx.x] = c;
+  __syncthreads();
+  for (int stride = kSumThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      sums[threadIdx.x] += sums[threadIdx.x + stride];
+      counts[threadIdx.x] += counts[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *total += sums[0];
+    *count += counts[0];
+  }
+}
+
+// The totals and the bad-label flag, at the end of the scratch.
+struct Totals {
+  double loss;
+  long long count;
+  int32_t bad_row;
+};
+
 }  // namespace
 
 size_t linear_cross_entropy_scratch_bytes(int64_t chunk_tokens, int64_t V) {
   const size_t cv = size_t(chunk_tokens) * size_t(V);
   return align256(cv * sizeof(float)) + align256(cv * sizeof(uint16_t)) + align256(size_t(chunk_tokens) * 4) +
-         align256(size_t(chunk_tokens) * 4) + 256;
+         align256(size_t(chunk_tokens) * 4) + align256(sizeof(Totals));
 }
 
 double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, int64_t* n_valid, const bf16_t* hidden,
@@ -88,21 +124,20 @@ double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, in
   base += align256(size_t(chunk_tokens) * 4);
   auto* valid = reinterpret_cast<int32_t*>(base);
   base += align256(size_t(chunk_tokens) * 4);
-  auto* flag = reinterpret_cast<int32_t*>(base);
-  const int32_t none = kNoBadIndex;
-  KTUNE_CUDA_CHECK(cudaMemcpyAsync(flag, &none, sizeof none, cudaMemcpyHostToDevice, stream));
+  auto* totals = reinterpret_cast<Totals*>(base);
+  const Totals zero{0.0, 0, kNoBadIndex};
+  KTUNE_CUDA_CHECK(cudaMemcpyAsync(totals, &zero, sizeof zero, cudaMemcpyHostToDevice, stream));
 
-  double total = 0;
-  int64_t count = 0;
-  std::vector<float> loss_host(size_t(std::min(chunk_tokens, std::max<int64_t>(N, 1))));
-  std::vector<int32_t> valid_host(loss_host.size());
   for (int64_t r0 = 0; r0 < N; r0 += chunk_tokens) {
     const int64_t rows = std::min(chunk_tokens, N - r0);
     const bf16_t* h = hidden + r0 * C;
     // logits (rows, V) = h (rows, C) @ W^T
     gemm_bf16(ctx, false, true, rows, V, C, 1.0f, h, weight, 0.0f, logits, stream);
-    cross_entropy_rows_kernel<<<unsigned(rows), kRowThreads, 0, stream>>>(
-        reinterpret_cast<__nv_bfloat16*>(dlogits), loss, valid, logits, labels + r0, V, softcap, grad_scale, r0, flag);
+    cross_entropy_rows_kernel<<<unsigned(rows), kRowThreads, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(dlogits),
+                                                                           loss, valid, logits, labels + r0, V, softcap,
+                                                                           grad_scale, r0, &totals->bad_row);
+    KTUNE_CUDA_CHECK_LAUNCH();
+    accumulate_chunk_kernel<<<1, kSumThreads, 0, stream>>>(&totals->loss, &totals->count, loss, valid, rows);
     KTUNE_CUDA_CHECK_LAUNCH();
     // dhidden (rows, C) = dlogits (rows, V) @ W (V, C);  dW (V, C) += dlogits^T @ h
     if (dhidden) {
@@ -115,19 +150,15 @@ double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, in
       g.trans_a = true, g.M = V, g.N = C, g.K = rows, g.beta = 1.0f, g.A = dlogits, g.B = h, g.C = dweight;
       ctx.run(g, stream);
     }
-    KTUNE_CUDA_CHECK(cudaMemcpyAsync(loss_host.data(), loss, size_t(rows) * 4, cudaMemcpyDeviceToHost, stream));
-    KTUNE_CUDA_CHECK(cudaMemcpyAsync(valid_host.data(), valid, size_t(rows) * 4, cudaMemcpyDeviceToHost, stream));
-    KTUNE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    for (int64_t r = 0; r < rows; ++r) {
-      total += double(loss_host[size_t(r)]);
-      count += valid_host[size_t(r)];
-    }
   }
-  int32_t bad = kNoBadIndex;
-  KTUNE_CUDA_CHECK(cudaMemcpyAsync(&bad, flag, sizeof bad, cudaMemcpyDeviceToHost, stream));
+  Totals result{};
+  KTUNE_CUDA_CHECK(cudaMemcpyAsync(&result, totals, sizeof result, cudaMemcpyDeviceToHost, stream));
   KTUNE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (bad != kNoBadIndex)
-    throw Error("cuda cross_entropy: token " + std::to_string(bad), "label outside [0, " + std::to_string(V) + ") and not -100");
+  if (result.bad_row != kNoBadIndex)
+    throw Error("cuda cross_entropy: token " + std::to_string(result.bad_row),
+                "label outside [0, " + std::to_string(V) + ") and not -100");
+  const double total = result.loss;
+  const int64_t count = result.count;
   if (n_valid) *n_valid = count;
   return total;
 }
