@@ -69,6 +69,10 @@ function(ktune_cuda_wrap_directory_options)
   foreach(o IN LISTS _opts)
     if(o MATCHES "^\\$<")  # already language-guarded
       list(APPEND _wrapped "${o}")
+    elseif(o MATCHES ",")
+      # nvcc splits -Xcompiler values at commas (-fsanitize=address,undefined): C/C++ only, so
+      # the host code of .cu files is not instrumented in a sanitizer build with CUDA forced on.
+      list(APPEND _wrapped "$<$<COMPILE_LANGUAGE:C,CXX>:${o}>")
     else()
       list(APPEND _wrapped "$<$<COMPILE_LANGUAGE:C,CXX>:${o}>" "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${o}>")
     endif()

@@ -87,7 +87,58 @@ __global__ void adamw_bf16_kernel(uint16_t* param, const float* grad, uint16_t* 
   v[i] = bf16_stochastic(vf, uint32_t(bits >> 32));
 }
 
+constexpr int kSumBlocks = 1024, kSumThreads = 256;
+
+// Block b sums x[i]^2 for i = b*256 + t + k*(1024*256), each thread in double, then a tree: partial[b].
+__global__ void sum_of_squares_partial_kernel(double* partial, const float* x, int64_t n) {
+  __shared__ double s[kSumThreads];
+  double acc = 0;
+  for (int64_t i = int64_t(blockIdx.x) * kSumThreads + threadIdx.x; i < n; i += int64_t(kSumBlocks) * kSumThreads) {
+    const double v = x[i];
+    acc += v * v;
+  }
+  s[threadIdx.x] = acc;
+  __syncthreads();
+  for (int stride = kSumThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) s[threadIdx.x] += s[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = s[0];
+}
+
+// One block of 1024 threads: total = tree sum of the 1024 partials.
+__global__ void sum_partials_kernel(double* total, const double* partial) {
+  __shared__ double s[kSumBlocks];
+  s[threadIdx.x] = partial[threadIdx.x];
+  __syncthreads();
+  for (int stride = kSumBlocks / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) s[threadIdx.x] += s[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *total = s[0];
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float factor) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= factor;
+}
+
 }  // namespace
+
+int64_t sum_of_squares_scratch_doubles() { return 1 + kSumBlocks; }
+
+void sum_of_squares(double* scratch, const float* x, int64_t n, Stream stream) {
+  sum_of_squares_partial_kernel<<<kSumBlocks, kSumThreads, 0, stream>>>(scratch + 1, x, n);
+  KTUNE_CUDA_CHECK_LAUNCH();
+  sum_partials_kernel<<<1, kSumBlocks, 0, stream>>>(scratch, scratch + 1);
+  KTUNE_CUDA_CHECK_LAUNCH();
+}
+
+void scale_inplace(float* x, int64_t n, float factor, Stream stream) {
+  if (n == 0) return;
+  scale_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, factor);
+  KTUNE_CUDA_CHECK_LAUNCH();
+}
 
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s, Stream stream) {
   const Coefficients c = coefficients(s);

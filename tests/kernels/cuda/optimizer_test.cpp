@@ -95,5 +95,22 @@ KTUNE_CUDA_TEST(AdamWBf16StochasticRoundingIsUnbiased) {
   CHECK(std::fabs(mean - 0.999) < 2e-5) << "mean " << mean << " (" << down << " rounded down)";
 }
 
+KTUNE_CUDA_TEST(SumOfSquaresAndScaleMatchCpuForGradientClipping) {
+  const int64_t n = 1000003;  // more than one pass of the 1024 x 256 grid, not a multiple of it
+  auto x = random_floats(static_cast<size_t>(n), 6);
+  const double want = cpu::sum_of_squares(x.data(), n);
+  auto d_x = to_device(x);
+  cuda::DeviceBuffer scratch(static_cast<size_t>(cuda::sum_of_squares_scratch_doubles()) * sizeof(double));
+  cuda::sum_of_squares(scratch.as<double>(), d_x.as<float>(), n);
+  double got = 0;
+  scratch.download(&got, sizeof got);
+  // Both accumulate in double (the CPU from f32 runs of 1024): agreement to ~1e-7 relative.
+  CHECK(std::fabs(got - want) <= 1e-6 * want) << got << " vs " << want;
+  cuda::scale_inplace(d_x.as<float>(), n, 0.25f);
+  auto scaled = from_device<float>(d_x, x.size());
+  for (auto& v : x) v *= 0.25f;
+  CHECK_CLOSE(scaled.data(), x.data(), n, 0.0, 0.0);
+}
+
 }  // namespace
 }  // namespace ktune
