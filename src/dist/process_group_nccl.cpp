@@ -6,8 +6,8 @@
 // semantics); the wait polls ncclCommGetAsyncError and aborts the communicator on a peer's failure
 // or after the timeout, so a dead peer ends in an Error, not a hang (what torch's watchdog does).
 //
-// Built only with -DKTUNE_NCCL=ON where CUDA and NCCL are found (KTUNE_HAS_NCCL); otherwise
-// make_nccl_process_group says the build has none. UNTESTED on a GPU: none was available when it was
+// Built with the CUDA backend (KTUNE_CUDA resolved ON) or -DKTUNE_NCCL=ON, where CUDA and NCCL
+// are found (KTUNE_HAS_NCCL); otherwise make_nccl_process_group says the build has none. UNTESTED on a GPU: none was available when it was
 // written; it compiles and links against CUDA 13's NCCL 2.28.
 #include <chrono>
 #include <cstring>
@@ -172,7 +172,7 @@ bool nccl_available() { return true; }
 std::unique_ptr<ProcessGroup> make_nccl_process_group(TcpStore&, const std::string& prefix, int rank, int,
                                                       std::chrono::milliseconds) {
   throw Error("NCCL process group '" + prefix + "' rank " + std::to_string(rank),
-              "this build has no NCCL (configure with -DKTUNE_NCCL=ON where the CUDA toolkit and NCCL are installed)");
+              "this build has no NCCL (configure with -DKTUNE_CUDA=ON or -DKTUNE_NCCL=ON where the CUDA toolkit and NCCL are installed)");
 }
 
 bool nccl_available() { return false; }
