@@ -21,7 +21,7 @@ See ``help(ktune.TrainerClient)`` and ``help(ktune.types)``.
 from . import constants, types
 from .client import TrainerClient, TrainJobPlan, function_script
 from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, DataFormat, DataType,
-                    HuggingFaceDatasetInitializer, HuggingFaceModelInitializer, Initializer, LoraConfig, Loss,
+                    HuggingFaceDatasetInitializer, HuggingFaceModelInitializer, Initializer, KubernetesBackendConfig, LoraConfig, Loss,
                     Runtime, RuntimeKind, RuntimeTrainer, S3DatasetInitializer, S3ModelInitializer, Step,
                     TorchTuneChatDataset, TorchTuneConfig, TorchTuneInstructDataset, TorchTuneMultimodalDataset,
                     TrainerType, TrainJob, TrainJobProgress)
@@ -33,7 +33,7 @@ MODEL_PATH = constants.MODEL_PATH
 
 __all__ = [
     "BackendConfig", "BackendKind", "BuiltinTrainer", "CustomTrainer", "DATASET_PATH", "DataFormat", "DataType",
-    "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "LoraConfig", "Loss", "MODEL_PATH",
+    "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "KubernetesBackendConfig", "LoraConfig", "Loss", "MODEL_PATH",
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",
     "TrainJob", "TrainJobPlan", "TrainJobProgress", "TrainerClient", "TrainerType", "constants", "function_script",

@@ -192,7 +192,8 @@ class TrainerClient:
         ktune_exe = c.ktune_exe if c.ktune_exe is not None else _default_ktune_exe(native)
         self._client = native.Client(kind=kind, home=c.home, workspace_root=c.workspace_root, ktune_exe=ktune_exe,
                                      trainer_command=c.trainer_command, stop_grace_seconds=c.stop_grace_seconds,
-                                     kubernetes_namespace=c.namespace)
+                                     kubernetes_namespace=c.namespace, kubeconfig=c.config_file,
+                                     kubernetes_context=c.context)
 
     @property
     def backend(self) -> str:
@@ -267,6 +268,8 @@ class TrainerClient:
             RuntimeError: the job Failed while Failed was not awaited.
             TimeoutError: ``timeout`` seconds passed.
         """
+        if isinstance(status, str):  # a single status, as a convenience
+            status = {status}
         callback = None
         if callbacks:
             def callback(job_dict):

@@ -32,7 +32,7 @@ from typing import Optional, Union
 from . import constants
 
 __all__ = [
-    "BackendConfig", "BackendKind", "BuiltinTrainer", "CustomTrainer", "DataFormat", "DataType",
+    "BackendConfig", "BackendKind", "BuiltinTrainer", "KubernetesBackendConfig", "CustomTrainer", "DataFormat", "DataType",
     "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "LoraConfig", "Loss",
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",
@@ -431,7 +431,9 @@ class BackendConfig:
             ``$KTUNE_EXE``, else the one installed with this package, else ``ktune`` on PATH.
         trainer_command: Replaces a node's leading ``tune run`` (another trainer, tests).
         stop_grace_seconds: SIGTERM to SIGKILL delay when stopping a job's processes.
-        namespace: The Kubernetes namespace.
+        namespace: The Kubernetes namespace (default: the kubeconfig context's, else ``default``).
+        config_file: The kubeconfig (default ``$KUBECONFIG``, else ``~/.kube/config``, else in-cluster).
+        context: The kubeconfig context (default: its current-context).
     """
 
     kind: Optional[BackendKind] = None
@@ -441,6 +443,17 @@ class BackendConfig:
     trainer_command: Optional[list[str]] = None
     stop_grace_seconds: Optional[float] = None
     namespace: Optional[str] = None
+    config_file: Optional[str] = None
+    context: Optional[str] = None
+
+
+@dataclass
+class KubernetesBackendConfig(BackendConfig):
+    """``BackendConfig`` for the Kubernetes backend, under upstream's name (``namespace``,
+    ``config_file``, ``context``; pass them by keyword)."""
+
+    def __post_init__(self):
+        self.kind = BackendKind.KUBERNETES
 
 
 @dataclass

@@ -11,8 +11,9 @@
 //
 // It deliberately adds no behaviour to TrainerClient: no defaults of its own (those are the
 // dataclasses'), no planning, no Python function handling (client.py turns a function into the
-// CustomTrainer script). Long calls (wait_for_job_status, following logs) release the GIL and run on
-// a TrainerClient of their own, so that other Python threads may use the shared one meanwhile.
+// CustomTrainer script). Every backend call releases the GIL (the Kubernetes backend waits on the
+// network); short ones share one TrainerClient under a mutex, long ones (wait_for_job_status,
+// following logs) run on a TrainerClient of their own, so that other Python threads are not held up.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -563,22 +564,22 @@ class Client {
   }
 
   std::string submit(const Plan& plan) {
-    nb::gil_scoped_release release;
-    return client_.submit(plan.plan);
+    return backend_call([&] { return client_.submit(plan.plan); });
   }
 
   nb::list list_jobs(const std::string& runtime) {
     nb::list out;
-    for (const types::TrainJob& j : client_.list_jobs(runtime)) out.append(job_dict(j));
+    for (const types::TrainJob& j : backend_call([&] { return client_.list_jobs(runtime); })) out.append(job_dict(j));
     return out;
   }
-  nb::dict get_job(const std::string& name) { return job_dict(client_.get_job(name)); }
+  nb::dict get_job(const std::string& name) { return job_dict(backend_call([&] { return client_.get_job(name); })); }
 
   std::vector<std::string> get_job_logs(const std::string& name, const std::string& step) {
-    return client_.get_job_logs(name, step, false);
+    return backend_call([&] { return client_.get_job_logs(name, step, false); });
   }
   LogStream* follow_job_logs(const std::string& name, const std::string& step) {
-    client_.get_job_record(name);  // a missing job raises here, not on the first next()
+    // A missing job raises here, not on the first next().
+    backend_call([&] { return client_.get_job_record(name).name; });
     return new LogStream(config_, name, step);
   }
 
@@ -612,23 +613,54 @@ class Client {
   }
 
   void delete_job(const std::string& name, bool remove_workspace) {
-    nb::gil_scoped_release release;
-    client_.delete_job(name, remove_workspace);
+    backend_call([&] {
+      client_.delete_job(name, remove_workspace);
+      return 0;
+    });
   }
 
   std::string backend_kind() { return client_.backend().kind(); }
 
  private:
+  // A call into the backend: without the GIL (the Kubernetes backend waits on the network, and a
+  // server in this very process, as in tests, needs the GIL to answer), one at a time on client_.
+  template <typename F>
+  auto backend_call(F&& f) -> decltype(f()) {
+    nb::gil_scoped_release release;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return f();
+  }
+
   sdk::BackendConfig config_;
   sdk::TrainerClient client_;
+  std::mutex mutex_;
 };
+
+// The Kubernetes backend's connection settings, where this build's BackendConfig has them (a
+// template, so that a BackendConfig without the fields still compiles: the check is on C).
+template <typename C>
+void apply_kubernetes_connection(C& c, const std::optional<std::string>& kubeconfig,
+                                 const std::optional<std::string>& context) {
+  if constexpr (requires { c.kubeconfig = std::string(); }) {
+    if (kubeconfig) c.kubeconfig = *kubeconfig;
+  } else if (kubeconfig) {
+    throw Error("BackendConfig.config_file", "this build's Kubernetes backend takes no kubeconfig path");
+  }
+  if constexpr (requires { c.kubernetes_context = std::string(); }) {
+    if (context) c.kubernetes_context = *context;
+  } else if (context) {
+    throw Error("BackendConfig.context", "this build's Kubernetes backend takes no context");
+  }
+}
 
 sdk::BackendConfig make_config(const std::string& kind, const std::optional<std::string>& home,
                                const std::optional<std::string>& workspace_root,
                                const std::optional<std::string>& ktune_exe,
                                const std::optional<std::vector<std::string>>& trainer_command,
                                std::optional<double> stop_grace_seconds,
-                               const std::optional<std::string>& kubernetes_namespace) {
+                               const std::optional<std::string>& kubernetes_namespace,
+                               const std::optional<std::string>& kubeconfig,
+                               const std::optional<std::string>& kubernetes_context) {
   sdk::BackendConfig c = sdk::BackendConfig::from_env();
   if (kind == "local") c.kind = sdk::BackendConfig::Kind::Local;
   else if (kind == "kubernetes") c.kind = sdk::BackendConfig::Kind::Kubernetes;
@@ -639,6 +671,7 @@ sdk::BackendConfig make_config(const std::string& kind, const std::optional<std:
   if (trainer_command) c.trainer_command = *trainer_command;
   if (stop_grace_seconds) c.stop_grace_seconds = *stop_grace_seconds;
   if (kubernetes_namespace) c.kubernetes_namespace = *kubernetes_namespace;
+  apply_kubernetes_connection(c, kubeconfig, kubernetes_context);
   return c;
 }
 
@@ -701,15 +734,19 @@ NB_MODULE(_ktune, m) {
            [](Client* self, const std::string& kind, std::optional<std::string> home,
               std::optional<std::string> workspace_root, std::optional<std::string> ktune_exe,
               std::optional<std::vector<std::string>> trainer_command, std::optional<double> stop_grace_seconds,
-              std::optional<std::string> kubernetes_namespace) {
+              std::optional<std::string> kubernetes_namespace, std::optional<std::string> kubeconfig,
+              std::optional<std::string> kubernetes_context) {
              sdk::BackendConfig c = user_input([&] {
                return make_config(kind, home, workspace_root, ktune_exe, trainer_command, stop_grace_seconds,
-                                  kubernetes_namespace);
+                                  kubernetes_namespace, kubeconfig, kubernetes_context);
              });
+             // Without the GIL: a Kubernetes backend reads the cluster's runtimes while constructing.
+             nb::gil_scoped_release release;
              new (self) Client(c);
            },
            "kind"_a = "", "home"_a = nb::none(), "workspace_root"_a = nb::none(), "ktune_exe"_a = nb::none(),
-           "trainer_command"_a = nb::none(), "stop_grace_seconds"_a = nb::none(), "kubernetes_namespace"_a = nb::none())
+           "trainer_command"_a = nb::none(), "stop_grace_seconds"_a = nb::none(), "kubernetes_namespace"_a = nb::none(),
+           "kubeconfig"_a = nb::none(), "kubernetes_context"_a = nb::none())
       .def("list_runtimes", &Client::list_runtimes)
       .def("get_runtime", &Client::get_runtime, "name"_a)
       .def("plan", &Client::plan, "runtime"_a, "initializer"_a.none(), "trainer"_a.none(), "name"_a = "")

@@ -1,0 +1,109 @@
+"""BackendConfig's Kubernetes kind reaches the C++ Kubernetes backend with the kubeconfig, context and
+namespace given from Python: a fake API server (http, on loopback) sees the requests, and the TrainJob
+that train() POSTs is the one plan() renders for the same call."""
+import http.server
+import json
+import os
+import threading
+import unittest
+
+import sdk_test_home
+from sdk_test_home import TempHome
+import yaml
+from ktune import (BuiltinTrainer, HuggingFaceModelInitializer, Initializer, KubernetesBackendConfig, LoraConfig,
+                   TorchTuneConfig, TrainerClient)
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+current-context: ctx-a
+clusters:
+- name: fake
+  cluster: {{server: "http://127.0.0.1:{port}"}}
+users:
+- name: me
+  user: {{token: t0ken-for-tests}}
+contexts:
+- name: ctx-a
+  context: {{cluster: fake, user: me, namespace: team-a}}
+- name: ctx-b
+  context: {{cluster: fake, user: me, namespace: team-b}}
+"""
+
+
+class FakeApiServer(http.server.BaseHTTPRequestHandler):
+    requests = []
+
+    def log_message(self, *args):
+        pass
+
+    def answer(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        FakeApiServer.requests.append(("GET", self.path, self.headers.get("Authorization"), None))
+        if self.path.endswith("/trainjobs"):
+            return self.answer(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJobList", "items": []})
+        if self.path.endswith("trainingruntimes"):  # the cluster's runtimes: none beyond the builtin catalog
+            return self.answer(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "items": []})
+        return self.answer(404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "message": "not found", "code": 404})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeApiServer.requests.append(("POST", self.path, self.headers.get("Authorization"), body))
+        body.setdefault("metadata", {}).setdefault("uid", "1234")
+        return self.answer(201, body)
+
+
+class KubernetesBackend(unittest.TestCase):
+    def setUp(self):
+        self.home = TempHome()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeApiServer)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        FakeApiServer.requests = []
+        self.kubeconfig = os.path.join(self.home.path, "kubeconfig")
+        with open(self.kubeconfig, "w") as f:
+            f.write(KUBECONFIG.format(port=self.server.server_address[1]))
+
+    def tearDown(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.home.close()
+
+    def test_context_and_namespace_reach_the_api_server(self):
+        client = TrainerClient(KubernetesBackendConfig(config_file=self.kubeconfig, context="ctx-b"))
+        self.assertEqual(client.backend, "kubernetes")
+        self.assertEqual(client.list_jobs(), [])
+        client = TrainerClient(KubernetesBackendConfig(config_file=self.kubeconfig, namespace="ns-x"))
+        self.assertEqual(client.list_jobs(), [])
+        paths = [(m, p) for m, p, _, _ in FakeApiServer.requests if p.endswith("/trainjobs")]
+        self.assertEqual(paths, [("GET", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-b/trainjobs"),
+                                 ("GET", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/ns-x/trainjobs")])
+        self.assertTrue(all(auth == "Bearer t0ken-for-tests" for _, _, auth, _ in FakeApiServer.requests))
+        with self.assertRaisesRegex(RuntimeError, "404|not found|NotFound"):
+            client.get_job("nope")
+
+    def test_train_posts_the_trainjob_plan_renders(self):
+        client = TrainerClient(KubernetesBackendConfig(config_file=self.kubeconfig))
+        args = dict(runtime="torchtune-llama3.2-1b",
+                    initializer=Initializer(model=HuggingFaceModelInitializer(storage_uri="hf://meta-llama/Llama-3.2-1B-Instruct")),
+                    trainer=BuiltinTrainer(config=TorchTuneConfig(epochs=1, peft_config=LoraConfig(lora_rank=8))))
+        rendered = yaml.safe_load(client.plan(**args, name="k8s-job").trainjob_yaml())
+        self.assertEqual(client.train(**args, name="k8s-job"), "k8s-job")
+        posts = [r for r in FakeApiServer.requests if r[0] == "POST" and r[1].endswith("/trainjobs")]
+        self.assertEqual(len(posts), 1, FakeApiServer.requests)
+        self.assertEqual(posts[0][1], "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs")
+        sent = posts[0][3]
+        self.assertEqual(sent["kind"], "TrainJob")
+        self.assertEqual(sent["metadata"]["name"], "k8s-job")
+        self.assertEqual(sent["spec"]["runtimeRef"], rendered["spec"]["runtimeRef"])
+        self.assertEqual(sent["spec"]["trainer"], rendered["spec"]["trainer"])
+        self.assertEqual(sent["spec"]["initializer"], rendered["spec"]["initializer"])
+
+
+if __name__ == "__main__":
+    unittest.main()
