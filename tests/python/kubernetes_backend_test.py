@@ -1,6 +1,7 @@
 """BackendConfig's Kubernetes kind reaches the C++ Kubernetes backend with the kubeconfig, context and
 namespace given from Python: a fake API server (http, on loopback) sees the requests, and the TrainJob
-that train() POSTs is the one plan() renders for the same call."""
+that train() POSTs is the one plan() renders for the same call, which is also the one the C++ CLI's
+`ktune train --backend kubernetes --dry-run` prints for the same values."""
 import http.server
 import json
 import os
@@ -8,10 +9,10 @@ import threading
 import unittest
 
 import sdk_test_home
-from sdk_test_home import TempHome
+from sdk_test_home import TempHome, run_cli
 import yaml
-from ktune import (BuiltinTrainer, HuggingFaceModelInitializer, Initializer, KubernetesBackendConfig, LoraConfig,
-                   TorchTuneConfig, TrainerClient)
+from ktune import (BuiltinTrainer, DataType, HuggingFaceDatasetInitializer, HuggingFaceModelInitializer, Initializer,
+                   KubernetesBackendConfig, LoraConfig, TorchTuneConfig, TrainerClient)
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -103,6 +104,24 @@ class KubernetesBackend(unittest.TestCase):
         self.assertEqual(sent["spec"]["runtimeRef"], rendered["spec"]["runtimeRef"])
         self.assertEqual(sent["spec"]["trainer"], rendered["spec"]["trainer"])
         self.assertEqual(sent["spec"]["initializer"], rendered["spec"]["initializer"])
+
+    def test_plan_yaml_is_the_clis_kubernetes_dry_run(self):
+        # `ktune train --backend kubernetes --dry-run` (C++ flags -> structs) prints the TrainJob it would create.
+        code, out, err = run_cli(["train", "--backend", "kubernetes", "--runtime", "torchtune-qwen2.5-0.5b", "--name", "cli-job",
+                                  "--dry-run", "--model", "hf://Qwen/Qwen2.5-0.5B-Instruct", "--dataset", "hf://org/data/train",
+                                  "--lora-rank", "8", "--lora-alpha", "16", "--epochs", "3", "--batch-size", "2",
+                                  "--dtype", "bf16"], self.home.path, env={"KUBECONFIG": self.kubeconfig})
+        self.assertEqual(code, 0, err)
+        client = TrainerClient(KubernetesBackendConfig(config_file=self.kubeconfig))
+        plan = client.plan("torchtune-qwen2.5-0.5b",
+                           Initializer(dataset=HuggingFaceDatasetInitializer(storage_uri="hf://org/data/train"),
+                                       model=HuggingFaceModelInitializer(storage_uri="hf://Qwen/Qwen2.5-0.5B-Instruct")),
+                           BuiltinTrainer(config=TorchTuneConfig(dtype=DataType.BF16, batch_size=2, epochs=3,
+                                                                 peft_config=LoraConfig(lora_rank=8, lora_alpha=16))),
+                           name="cli-job")
+        cli, ours = yaml.safe_load(out), yaml.safe_load(plan.trainjob_yaml())
+        self.assertEqual(cli["metadata"].pop("namespace"), "team-a")  # the backend adds its namespace
+        self.assertEqual(cli, ours)
 
 
 if __name__ == "__main__":
