@@ -101,6 +101,31 @@ class LocalBackend(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "no step 'node-7'"):
             list(client.get_job_logs(job, step="node-7"))
 
+    def test_waiting_and_following_let_other_python_threads_run(self):
+        import threading
+        client = self.home.client(step_seconds=0.3)
+        job = self.start(client, rows=6, batch_size=1, epochs=1)  # about 2 s of steps
+        ticks = []
+        stop = threading.Event()
+
+        def tick():
+            while not stop.is_set():
+                ticks.append(1)
+                stop.wait(0.01)
+
+        t = threading.Thread(target=tick)
+        t.start()
+        try:
+            before = len(ticks)
+            lines = list(client.get_job_logs(job, follow=True))
+            during_follow = len(ticks) - before
+            self.assertEqual(client.wait_for_job_status(job, timeout=60, polling_interval=0.5).status, "Complete")
+        finally:
+            stop.set()
+            t.join()
+        self.assertTrue(any("|Loss: " in l for l in lines))
+        self.assertGreater(during_follow, 10)   # the follow took seconds; the other thread kept running
+
     def test_a_callback_error_stops_the_wait(self):
         client = self.home.client()
         job = self.start(client)
