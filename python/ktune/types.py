@@ -16,7 +16,8 @@ Where ktune differs, on purpose:
     values ("bf16", "parquet"), as the design's example writes ``dtype="bf16"``.
   * ``TrainJob.progress`` (last field, default None) carries what the trainer reports: percentage,
     remaining seconds, metrics such as loss. Upstream has no such signal.
-  * ``BackendConfig`` chooses ktune's backend (local, the default, or Kubernetes).
+  * ``BackendConfig`` chooses ktune's backend (local, the default, or Kubernetes);
+    ``KubernetesBackendConfig`` keeps upstream's name and fields (namespace, config_file, context).
 
 It deliberately holds no behaviour beyond small derived properties.
 """
