@@ -105,8 +105,11 @@ int main(int argc, char** argv) {
     const int before = failures_in_current_case();
     auto start = std::chrono::steady_clock::now();
     std::string thrown;
+    std::printf("RUN  %s\n", c.name);  // a crash or hang shows which case it was in
+    std::fflush(stdout);
     try {
       c.body();
+      ktune::cuda::synchronize();  // a fault in a kernel this case launched is this case's failure
     } catch (const std::exception& e) {
       thrown = e.what();
     }
