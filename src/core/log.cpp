@@ -29,11 +29,13 @@ std::string redact(const std::string& text) {
       for (size_t at = out.find(s); at != std::string::npos; at = out.find(s, at + 3)) out.replace(at, s.size(), "***");
     }
   }
-  static const std::regex hf_token(R"(hf_[A-Za-z0-9]{8,})");
+  // A Hugging Face token: "hf_" and ~34 letters/digits, standing alone (not the tail of a name such
+  // as ktune.models.hf_tokenizer).
+  static const std::regex hf_token(R"((^|[^A-Za-z0-9_.])hf_[A-Za-z0-9]{20,})");
   static const std::regex bearer(R"((Bearer|bearer)\s+[A-Za-z0-9._~+/=-]+)");
   static const std::regex authorization(R"((Authorization|authorization):\s*[^\r\n]+)");
   static const std::regex aws_secret(R"((aws_secret_access_key|AWS_SECRET_ACCESS_KEY|ACCESS_TOKEN)(\s*[=:]\s*)\S+)");
-  out = std::regex_replace(out, hf_token, "***");
+  out = std::regex_replace(out, hf_token, "$1***");
   out = std::regex_replace(out, authorization, "$1: ***");
   out = std::regex_replace(out, bearer, "$1 ***");
   out = std::regex_replace(out, aws_secret, "$1$2***");

@@ -6,13 +6,18 @@ using namespace ktune;
 
 TEST(Log, RedactsRegisteredSecretsAndTokenShapes) {
   register_secret("s3cr3t-value");
-  std::string line = redact("token=s3cr3t-value and hf_abcdefghijklmnop, Authorization: Bearer xyz.abc");
+  std::string line = redact("token=s3cr3t-value and hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567, Authorization: Bearer xyz.abc");
   EXPECT_EQ(line.find("s3cr3t-value"), std::string::npos);
-  EXPECT_EQ(line.find("hf_abcdefghijklmnop"), std::string::npos);
+  EXPECT_EQ(line.find("hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567"), std::string::npos);
+  EXPECT_NE(line.find("and ***,"), std::string::npos);
+  EXPECT_EQ(redact("HF_TOKEN=hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567"), "HF_TOKEN=***");
   EXPECT_EQ(line.find("xyz.abc"), std::string::npos);
   EXPECT_NE(line.find("token=***"), std::string::npos);
 }
 
 TEST(Log, LeavesOrdinaryTextAlone) {
   EXPECT_EQ(redact("Step 3 | loss: 2.31 lr: 0.0003"), "Step 3 | loss: 2.31 lr: 0.0003");
+  // Component names that merely contain "hf_" are not tokens.
+  EXPECT_EQ(redact("tokenizer._component_=ktune.models.hf_tokenizer"), "tokenizer._component_=ktune.models.hf_tokenizer");
+  EXPECT_EQ(redact("model: ktune.models.lora_hf_model"), "model: ktune.models.lora_hf_model");
 }
