@@ -101,6 +101,8 @@ def step_times(log_dir, warmup):
         if not m:
             continue
         values = dict(kv.split(":", 1) for kv in m.group(2).split())
+        if "tokens_per_second_per_gpu" not in values:  # a validation line
+            continue
         rows.append((int(m.group(1)), float(values["tokens_per_second_per_gpu"])))
     return rows[warmup:]
 

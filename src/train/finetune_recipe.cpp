@@ -99,7 +99,12 @@ class FinetuneRecipe {
 
  private:
   void setup_data();
+  // Tokenizes every dataset of `configs` into one; says whether any is packed / splits across packs.
+  std::shared_ptr<TokenizedDataset> build_datasets(const std::vector<DatasetConfig>& configs, bool* packed, bool* split);
   void setup_model();
+  // dataset_val: the token-mean loss over the whole validation set, every rank its share, no
+  // gradients; logged as val_loss.
+  void validate(int64_t epoch);
   void resume();
   void save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch);
   void all_reduce_gradients();
@@ -114,6 +119,8 @@ class FinetuneRecipe {
   std::unique_ptr<ChatFormat> format_;
   std::shared_ptr<TokenizedDataset> dataset_;
   std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<DataLoader> val_loader_;  // dataset_val, when given
+  bool val_packed_ = false;
   std::unique_ptr<HfCheckpointer> checkpointer_;
   std::unique_ptr<model::Decoder> model_;
   std::vector<std::shared_ptr<model::LoraAdapter>> adapters_;
@@ -172,17 +179,8 @@ void FinetuneRecipe::setup_data() {
   const int64_t max_seq_len = cfg_.tokenizer.max_seq_len.value_or(0);
   format_ = std::make_unique<ChatFormat>(*tokenizer_, chat_format_for(cfg_.tokenizer, *tokenizer_), max_seq_len);
 
-  dataset_ = std::make_shared<TokenizedDataset>();
   bool packed = false, split = false;
-  for (const DatasetConfig& d : cfg_.datasets) {
-    DatasetOptions options = dataset_options(d);
-    TokenizedDataset part = build_dataset(options, *format_);
-    for (int64_t i = 0; i < part.size(); ++i) dataset_->add(part.tokens(i), part.trained(i));
-    dataset_->num_truncated += part.num_truncated;
-    dataset_->num_rows_read += part.num_rows_read;
-    packed = packed || d.packed;
-    split = split || split_across_pack(options);
-  }
+  dataset_ = build_datasets(cfg_.datasets, &packed, &split);
   if (packed && max_seq_len <= 0) throw Error("dataset.packed", "packing needs tokenizer.max_seq_len to be set");
   if (rank0_) {
     log_info("dataset: " + std::to_string(dataset_->size()) + " samples, " + std::to_string(dataset_->num_tokens()) +
@@ -202,6 +200,62 @@ void FinetuneRecipe::setup_data() {
   o.pad_id = tokenizer_->pad_id().value_or(0);
   loader_ = std::make_unique<DataLoader>(dataset_, o);
   loader_->set_epoch(0);
+
+  if (cfg_.datasets_val.empty()) return;
+  bool val_split = false;
+  std::shared_ptr<TokenizedDataset> val = build_datasets(cfg_.datasets_val, &val_packed_, &val_split);
+  if (val_packed_ && max_seq_len <= 0) throw Error("dataset_val.packed", "packing needs tokenizer.max_seq_len to be set");
+  LoaderOptions v = o;  // the same batch size and ranks; in order, every sample once
+  v.shuffle = false;
+  v.packed = val_packed_;
+  v.split_across_pack = val_split;
+  val_loader_ = std::make_unique<DataLoader>(val, v);
+  val_loader_->set_epoch(0);
+  if (val_loader_->batches_per_epoch() < 1)
+    throw Error("dataset_val", std::to_string(val->size()) + " samples make no batch of " + std::to_string(cfg_.batch_size) +
+                                   " on each of " + std::to_string(group_.size()) + " ranks");
+  if (rank0_)
+    log_info("dataset_val: " + std::to_string(val->size()) + " samples, " + std::to_string(val->num_tokens()) + " tokens, " +
+             std::to_string(val_loader_->batches_per_epoch()) + " batches a rank");
+}
+
+std::shared_ptr<TokenizedDataset> FinetuneRecipe::build_datasets(const std::vector<DatasetConfig>& configs, bool* packed,
+                                                                 bool* split) {
+  auto dataset = std::make_shared<TokenizedDataset>();
+  for (const DatasetConfig& d : configs) {
+    DatasetOptions options = dataset_options(d);
+    TokenizedDataset part = build_dataset(options, *format_);
+    for (int64_t i = 0; i < part.size(); ++i) dataset->add(part.tokens(i), part.trained(i));
+    dataset->num_truncated += part.num_truncated;
+    dataset->num_rows_read += part.num_rows_read;
+    *packed = *packed || d.packed;
+    *split = *split || split_across_pack(options);
+  }
+  return dataset;
+}
+
+void FinetuneRecipe::validate(int64_t epoch) {
+  for (auto& a : adapters_) a->set_training(false);  // no dropout
+  val_loader_->set_epoch(0);
+  double sums[2] = {0.0, 0.0};  // loss sum, label tokens (this rank, then the world)
+  Batch batch;
+  while (val_loader_->next(&batch)) {
+    shift_labels(batch);
+    model::Batch mb{batch.tokens.data(), batch.labels.data(), batch.positions.data(),
+                    val_packed_ ? batch.doc_ids.data() : nullptr, batch.batch_size, batch.seq_len};
+    model::LossResult r = sharded_ ? sharded_->forward_loss(mb) : model_->forward_loss(mb);
+    sums[0] += r.loss_sum;
+    sums[1] += double(r.n_valid);
+  }
+  for (auto& a : adapters_) a->set_training(true);
+  group_.allreduce_sum(sums, 2);
+  const double val_loss = sums[0] / std::max(1.0, sums[1]);
+  if (!rank0_) return;
+  char line[160];
+  std::snprintf(line, sizeof line, "validation after step %lld (epoch %lld): val_loss %.4f over %.0f tokens",
+                (long long)global_step_, (long long)epoch + 1, val_loss, sums[1]);
+  log_info(line);
+  metrics_->log(global_step_, {{"val_loss", val_loss}});
 }
 
 void FinetuneRecipe::setup_model() {
@@ -392,10 +446,13 @@ void FinetuneRecipe::train() {
         metrics_->progress(global_step_, int64_t(cfg_.epochs) * steps_per_epoch_, epoch, loss, lr, tokens_per_second);
       }
       if (rank0_) bar.update(epoch + 1, global_step_, loss, step_in_epoch, seconds_since(epoch_start));
+      if (val_loader_ && cfg_.run_val_every_n_steps && global_step_ % *cfg_.run_val_every_n_steps == 0) validate(epoch);
       if (cfg_.save_every_n_steps && global_step_ % *cfg_.save_every_n_steps == 0 && step_in_epoch < steps_per_epoch_)
         save("step_" + std::to_string(global_step_), epoch, step_in_epoch);
     }
     if (rank0_) bar.finish();
+    // Without run_val_every_n_steps, dataset_val is evaluated at the end of every epoch.
+    if (val_loader_ && !cfg_.run_val_every_n_steps) validate(epoch);
     save("epoch_" + std::to_string(epoch), epoch + 1, 0);
   }
   // Every rank reports its own peak (ranks differ: rank 0 also gathers checkpoints).

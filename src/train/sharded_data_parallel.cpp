@@ -189,6 +189,13 @@ model::LossResult ShardedDataParallel::forward_backward(const model::Batch& batc
   return r;
 }
 
+model::LossResult ShardedDataParallel::forward_loss(const model::Batch& batch) {
+  gather(*units_.back());  // the root: embeddings, final norm, head
+  model::LossResult r = model_.forward_loss(batch);
+  for (auto& u : units_) release(*u);
+  return r;
+}
+
 void ShardedDataParallel::zero_grad() {
   for (auto& u : units_)
     if (!u->empty()) u->shard.grad.fill_zero();

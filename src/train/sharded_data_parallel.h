@@ -72,6 +72,9 @@ class ShardedDataParallel {
   // the shards (grad_scale as model::Decoder::forward_backward). While sharded, call the model only
   // through this (its own entry points would find the root unit's values absent).
   model::LossResult forward_backward(const model::Batch& batch, float grad_scale);
+  // The model's forward_loss (no gradients) with the same gathers; nothing gathered outlives it.
+  // Every rank must call it the same number of times (the gathers are collectives).
+  model::LossResult forward_loss(const model::Batch& batch);
   void zero_grad();
   // √Σ‖g‖² over every rank's shards (one allreduce), and torch's clip_grad_norm_ with it.
   double gradient_norm();

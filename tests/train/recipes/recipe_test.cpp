@@ -366,3 +366,54 @@ TEST_F(RecipeTest, PlanPrintsThePerRankStateAShardedRunHolds) {
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--dtype"), std::string::npos) << bad.output;
 }
+
+namespace {
+
+// Step → val_loss from a run's log_<unix>.txt.
+std::map<int, double> validation_losses(const std::string& output_dir) {
+  std::map<int, double> result;
+  for (const auto& e : fs::directory_iterator(fs::path(output_dir) / "logs")) {
+    if (e.path().filename().string().rfind("log_", 0) != 0) continue;
+    std::ifstream in(e.path());
+    std::string line;
+    static const std::regex pattern(R"(Step (\d+) \| val_loss:([0-9.eE+-]+))");
+    std::smatch m;
+    while (std::getline(in, line))
+      if (std::regex_search(line, m, pattern)) result[std::stoi(m[1])] = std::stod(m[2]);
+  }
+  return result;
+}
+
+}  // namespace
+
+TEST_F(RecipeTest, ValidationLossIsTheSameOnOneAndTwoShardedProcessesAndFalls) {
+  // 40 held-out rows: 10 batches of 4 on one process, 10 of 2 on each of two; the same tokens.
+  const std::string args = "epochs=1 max_steps_per_epoch=6 model.lora_rank=4 model.lora_alpha=8 optimizer.lr=1e-2 "
+                           "dataset_val._component_=torchtune.datasets.alpaca_dataset dataset_val.source=json dataset_val.data_files=" +
+                           kSource + "/data/quickstart/jsonl/validation.jsonl run_val_every_n_steps=3";
+  Outcome one = run("", "lora_finetune_distributed", "lora_single_device", args + " batch_size=4", out("one"));
+  Outcome two = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device",
+                    args + " batch_size=2", out("two"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(one.output.find("dataset_val: 40 samples"), std::string::npos) << one.output;
+  auto v1 = validation_losses(out("one"));
+  auto v2 = validation_losses(out("two"));
+  ASSERT_EQ(v1.size(), 2u) << one.output;  // after steps 3 and 6
+  ASSERT_EQ(v2.size(), 2u) << two.output;
+  for (const auto& [step, loss] : v1) EXPECT_NEAR(v2.at(step), loss, 1e-4 * loss) << "step " << step;
+  EXPECT_LT(v1.at(6), v1.at(3)) << "training on the task lowers the held-out loss";
+  // The training loss lines are still one a step, next to the validation lines.
+  EXPECT_EQ(losses(out("one")).size(), 6u);
+}
+
+TEST_F(RecipeTest, ValidationWithoutAnIntervalRunsAtTheEndOfEachEpoch) {
+  Outcome r = run("", "full_finetune_distributed", "full_single_device",
+                  "epochs=2 max_steps_per_epoch=2 batch_size=8 dataset_val._component_=torchtune.datasets.alpaca_dataset "
+                  "dataset_val.source=json dataset_val.data_files=" + kSource + "/data/quickstart/jsonl/validation.jsonl",
+                  out());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto v = validation_losses(out());
+  ASSERT_EQ(v.size(), 2u) << r.output;
+  EXPECT_TRUE(v.count(2) && v.count(4)) << r.output;
+}
