@@ -72,14 +72,14 @@ class RecipeTest : public ::testing::Test {
   fs::path dir_;
 };
 
-// Step → loss from a run's log_<unix>.txt.
-std::map<int, double> losses(const std::string& output_dir) {
+// Step → `metric` ("loss", "val_loss") from a run's log_<unix>.txt.
+std::map<int, double> losses(const std::string& output_dir, const std::string& metric = "loss") {
   std::map<int, double> result;
   for (const auto& e : fs::directory_iterator(fs::path(output_dir) / "logs")) {
     if (e.path().filename().string().rfind("log_", 0) != 0) continue;
     std::ifstream in(e.path());
     std::string line;
-    static const std::regex pattern(R"(Step (\d+) \| loss:([0-9.eE+-]+))");
+    const std::regex pattern("Step (\\d+) \\| " + metric + ":([0-9.eE+-]+)");
     std::smatch m;
     while (std::getline(in, line))
       if (std::regex_search(line, m, pattern)) result[std::stoi(m[1])] = std::stod(m[2]);
@@ -367,25 +367,6 @@ TEST_F(RecipeTest, PlanPrintsThePerRankStateAShardedRunHolds) {
   EXPECT_NE(bad.output.find("--dtype"), std::string::npos) << bad.output;
 }
 
-namespace {
-
-// Step → val_loss from a run's log_<unix>.txt.
-std::map<int, double> validation_losses(const std::string& output_dir) {
-  std::map<int, double> result;
-  for (const auto& e : fs::directory_iterator(fs::path(output_dir) / "logs")) {
-    if (e.path().filename().string().rfind("log_", 0) != 0) continue;
-    std::ifstream in(e.path());
-    std::string line;
-    static const std::regex pattern(R"(Step (\d+) \| val_loss:([0-9.eE+-]+))");
-    std::smatch m;
-    while (std::getline(in, line))
-      if (std::regex_search(line, m, pattern)) result[std::stoi(m[1])] = std::stod(m[2]);
-  }
-  return result;
-}
-
-}  // namespace
-
 TEST_F(RecipeTest, ValidationLossIsTheSameOnOneAndTwoShardedProcessesAndFalls) {
   // 40 held-out rows: 10 batches of 4 on one process, 10 of 2 on each of two; the same tokens.
   const std::string args = "epochs=1 max_steps_per_epoch=6 model.lora_rank=4 model.lora_alpha=8 optimizer.lr=1e-2 "
@@ -397,8 +378,8 @@ TEST_F(RecipeTest, ValidationLossIsTheSameOnOneAndTwoShardedProcessesAndFalls) {
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
   EXPECT_NE(one.output.find("dataset_val: 40 samples"), std::string::npos) << one.output;
-  auto v1 = validation_losses(out("one"));
-  auto v2 = validation_losses(out("two"));
+  auto v1 = losses(out("one"), "val_loss");
+  auto v2 = losses(out("two"), "val_loss");
   ASSERT_EQ(v1.size(), 2u) << one.output;  // after steps 3 and 6
   ASSERT_EQ(v2.size(), 2u) << two.output;
   for (const auto& [step, loss] : v1) EXPECT_NEAR(v2.at(step), loss, 1e-4 * loss) << "step " << step;
@@ -413,7 +394,7 @@ TEST_F(RecipeTest, ValidationWithoutAnIntervalRunsAtTheEndOfEachEpoch) {
                   "dataset_val.source=json dataset_val.data_files=" + kSource + "/data/quickstart/jsonl/validation.jsonl",
                   out());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  auto v = validation_losses(out());
+  auto v = losses(out(), "val_loss");
   ASSERT_EQ(v.size(), 2u) << r.output;
   EXPECT_TRUE(v.count(2) && v.count(4)) << r.output;
 }
