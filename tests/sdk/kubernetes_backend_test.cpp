@@ -220,7 +220,8 @@ TEST_F(KubernetesBackendTest, SubmitPostsTheDryRunTrainJobAndKeepsTheTokenInASec
   ASSERT_EQ(printed.exit_code, 0) << printed.err;
   EXPECT_NE(printed.err.find("Secret team-a/k8s-job-ktune-secrets with keys: dataset.ACCESS_TOKEN, model.ACCESS_TOKEN"), std::string::npos)
       << printed.err;
-  for (const Json& r : requests()["requests"]) EXPECT_EQ(r["method"], "GET") << "a dry run only reads: " << r.dump();
+  const Json dry_log = requests();  // named: a range-for over a temporary's element would dangle
+  for (const Json& r : dry_log["requests"]) EXPECT_EQ(r["method"], "GET") << "a dry run only reads: " << r.dump();
   const CommandResult submitted = ktune(args, {{"HF_TOKEN", kHfToken}});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.err;
   EXPECT_EQ(submitted.out, "k8s-job\n");
