@@ -27,6 +27,17 @@ float uniform01(uint64_t seed, uint64_t i) { return float(splitmix64(seed ^ spli
 
 std::string suffix_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
 
+// FNV-1a (64-bit) of a module name: a hash with one definition everywhere (std::hash is the
+// library's choice), so that a reference can redraw the dropout masks (tests/train/peft_steps).
+uint64_t fnv1a64(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
 }  // namespace
 
 LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
@@ -34,8 +45,6 @@ LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
   const int64_t r = options.rank;
   check(r >= 1, "lora_rank", "must be at least 1, got " + std::to_string(r));
   check(options.dropout >= 0.0f && options.dropout < 1.0f, "lora_dropout", "must be in [0, 1)");
-  check(!(options.use_dora && options.dropout > 0.0f), "model.use_dora",
-        "DoRA with lora_dropout > 0 is not supported; set lora_dropout=0.0");
   scale_ = options.use_rslora ? options.alpha / std::sqrt(float(r)) : options.alpha / float(r);
 
   const std::string prefix = "base_model.model." + module_;
@@ -141,7 +150,7 @@ void LoraAdapter::compute_dora_scale(const Linear& base) {
 }
 
 uint64_t LoraAdapter::dropout_seed() const {
-  return splitmix64(options_.seed ^ splitmix64(dropout_key_) ^ std::hash<std::string>{}(module_));
+  return splitmix64(options_.seed ^ splitmix64(dropout_key_) ^ fnv1a64(module_));
 }
 
 bool LoraAdapter::dropped(uint64_t seed, uint64_t index) const { return uniform01(seed, index) < options_.dropout; }
@@ -158,28 +167,38 @@ void LoraAdapter::apply_dropout(float* xd, const float* x, int64_t row_begin, in
 
 void LoraAdapter::forward(float* y, const float* x, int64_t N, const Linear& base, float* saved) {
   const int64_t r = options_.rank;
-  float* xa = saved;  // (N, r) = dropout(x) @ Aᵀ
+  float* xa = saved;                                          // (N, r) = x' Aᵀ, x' = dropout(x)
+  float* pre = options_.use_dora ? saved + N * r : nullptr;  // DoRA: (N, out) = x' Wᵀ + s · xa Bᵀ
   const bool dropping = options_.dropout > 0.0f && training_;
+  if (options_.use_dora) compute_dora_scale(base);  // before the dropout blocks: it borrows their buffer
   if (dropping) {
     dropout_rows_.resize(size_t(std::max<int64_t>(kRowBlock * in_, int64_t(dropout_rows_.size()))));
     for (int64_t n0 = 0; n0 < N; n0 += kRowBlock) {
       const int64_t m = std::min(kRowBlock, N - n0);
       apply_dropout(dropout_rows_.data(), x + n0 * in_, n0, m);
       cpu::gemm(false, true, m, r, in_, 1.0f, dropout_rows_.data(), lora_a_.value.f32(), 0.0f, xa + n0 * r);
+      if (pre) base_forward(pre + n0 * out_, dropout_rows_.data(), m, base);  // x' Wᵀ
     }
   } else {
     cpu::gemm(false, true, N, r, in_, 1.0f, x, lora_a_.value.f32(), 0.0f, xa);
   }
 
   if (options_.use_dora) {
-    compute_dora_scale(base);
-    float* pre = saved + N * r;  // (N, out) = x Wᵀ + s · xa Bᵀ
-    base_forward(pre, x, N, base);
-    cpu::gemm(false, true, N, out_, r, scale_, xa, lora_b_.value.f32(), 1.0f, pre);
+    // PEFT (lora/variants.py + dora.py):  y = base(x) + (c − 1) ⊙ x' Wᵀ + c ⊙ s · x' Aᵀ Bᵀ
+    // (bias once, from base(x)). Without dropout x' = x and this is y = c ⊙ (x Wᵀ + s · x Aᵀ Bᵀ) + b.
     const float* bias = base.bias ? base.bias->value.f32() : nullptr;
+    if (dropping) {
+      base_forward(y, x, N, base);  // x Wᵀ
+      for (int64_t i = 0; i < N * out_; ++i) y[i] -= pre[i];
+    } else {
+      base_forward(pre, x, N, base);
+    }
+    cpu::gemm(false, true, N, out_, r, scale_, xa, lora_b_.value.f32(), 1.0f, pre);
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t o = 0; o < out_; ++o)
-        y[n * out_ + o] = dora_scale_[size_t(o)] * pre[n * out_ + o] + (bias ? bias[o] : 0.0f);
+      for (int64_t o = 0; o < out_; ++o) {
+        const float v = dora_scale_[size_t(o)] * pre[n * out_ + o] + (bias ? bias[o] : 0.0f);
+        y[n * out_ + o] = dropping ? y[n * out_ + o] + v : v;
+      }
     return;
   }
   if (options_.quantize_base) {
@@ -197,18 +216,20 @@ void LoraAdapter::backward(float* dx, const float* dy, const float* x, int64_t N
   const float* xa = saved;
   float* g = scratch;  // (N, r)
   float* next = scratch + N * r;
+  const bool dropping = options_.dropout > 0.0f && training_;
 
   // d: the gradient at the LoRA sum's output (dy, or dy ⊙ c for DoRA).
   const float* d = dy;
+  float* dyc = nullptr;
   if (options_.use_dora) {
-    float* dyc = next;
+    dyc = next;
     next += N * out_;
     const float* pre = saved + N * r;
     float* dm = magnitude_.trainable && magnitude_.grad.defined() ? magnitude_.grad.f32() : nullptr;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t o = 0; o < out_; ++o) dyc[n * out_ + o] = dy[n * out_ + o] * dora_scale_[size_t(o)];
     if (dm) {
-      // y = m/‖·‖ ⊙ pre  ⇒  ∂y/∂m = pre / ‖·‖ (the norm detached)
+      // y = m/‖·‖ ⊙ pre (+ terms without m)  ⇒  ∂y/∂m = pre / ‖·‖ (the norm detached)
       for (int64_t o = 0; o < out_; ++o) {
         double sum = 0;
         for (int64_t n = 0; n < N; ++n) sum += double(dy[n * out_ + o]) * pre[n * out_ + o];
@@ -222,16 +243,19 @@ void LoraAdapter::backward(float* dx, const float* dy, const float* x, int64_t N
     cpu::gemm(true, false, out_, r, N, scale_, d, xa, 1.0f, lora_b_.grad.f32());
   cpu::gemm(false, false, N, r, out_, scale_, d, lora_b_.value.f32(), 0.0f, g);  // g = s · d @ B   (N, r)
 
-  const bool dropping = options_.dropout > 0.0f && training_;
-  float* xd = dropping ? next : nullptr;
+  float* xd = dropping ? next : nullptr;  // (N, in)
   if (dropping) apply_dropout(xd, x, 0, N);
   if (lora_a_.grad.defined())  // dA += gᵀ @ dropout(x)   (r, in)
     cpu::gemm(true, false, r, in_, N, 1.0f, g, dropping ? xd : x, 1.0f, lora_a_.grad.f32());
 
   if (dx == nullptr) return;
   if (dropping) {
-    // dx += (g @ A) ⊙ mask / keep: the mask is where the dropped x is non-zero or x itself was zero
+    // d/dx' = g @ A (+ DoRA: ((c − 1) ⊙ dy) @ W), then dx += mask ⊙ d/dx' / keep
     cpu::gemm(false, false, N, in_, r, 1.0f, g, lora_a_.value.f32(), 0.0f, xd);  // xd now holds g @ A
+    if (options_.use_dora) {
+      for (int64_t i = 0; i < N * out_; ++i) dyc[i] -= dy[i];  // dy ⊙ (c − 1)
+      base_backward_input(xd, dyc, N, base, nullptr);
+    }
     const float keep_scale = 1.0f / (1.0f - options_.dropout);
     const uint64_t seed = dropout_seed();
     for (int64_t i = 0; i < N * in_; ++i)
@@ -239,7 +263,8 @@ void LoraAdapter::backward(float* dx, const float* dy, const float* x, int64_t N
   } else {
     cpu::gemm(false, false, N, in_, r, 1.0f, g, lora_a_.value.f32(), 1.0f, dx);  // dx += g @ A
   }
-  if (replaces_base()) base_backward_input(dx, d, N, base, nullptr);  // dx += d @ W
+  // The base path: dx += dy @ W (DoRA without dropout: (dy ⊙ c) @ W).
+  if (replaces_base()) base_backward_input(dx, options_.use_dora && !dropping ? d : dy, N, base, nullptr);
 }
 
 Tensor LoraAdapter::merged_weight(const Linear& base) const {

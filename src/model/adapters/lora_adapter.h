@@ -1,13 +1,15 @@
 // LoRA, DoRA and QLoRA as one adapter on a model::Linear (the decoder's hook, model/linear.h).
 //   LoRA:  y = base(x) + s · B(A(dropout(x)))                     s = alpha / r (alpha / √r: rsLoRA)
 //   DoRA:  y = c ⊙ (x Wᵀ + s · B(A x)) + b,   c = m / ‖W + s·B·A‖_row  (the norm detached, as PEFT)
+//          with dropout (PEFT's variant): y = x Wᵀ + b + (c − 1) ⊙ x' Wᵀ + c ⊙ s · B(A x'), x' = dropout(x)
 //   QLoRA: the base W kept only in NF4 (blocks of 64, an f32 scale each; kernels/cpu/nf4.h): the
 //          f32 weight is freed when the adapter attaches and never rebuilt whole in training.
 // Parameters are named as PEFT names them (`base_model.model.<module>.lora_A.weight`, `…lora_B.weight`,
 // `…lora_magnitude_vector`), so saving an adapter is writing parameters() as they are.
 // Init as PEFT: A kaiming-uniform (bound 1/√in), B zero, m the row norms of W.
-// It deliberately does not support DoRA with dropout > 0 (PEFT's mixed dropped/undropped base term),
-// nor LoRA on the fused output projection (lm_head): both are refused with an Error.
+// Dropout masks are a pure function of (seed, key, module name, element index) — splitmix64 and
+// FNV-1a, written out so that a reference can redraw them (tests/train/peft_steps).
+// It deliberately does not support LoRA on the fused output projection (lm_head): refused with an Error.
 #pragma once
 
 #include <cstdint>

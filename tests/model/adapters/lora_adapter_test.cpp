@@ -167,6 +167,54 @@ TEST(LoraAdapter, DoraMagnitudeGradientMatchesFiniteDifferences) {
   expect_matches_finite_differences([&] { return f.loss(); }, m->value.f32(), m->value.numel(), m->grad.f32(), "dm");
 }
 
+TEST(LoraAdapter, DoraWithDropoutMagnitudeAndInputGradientsMatchFiniteDifferencesForAFixedMask) {
+  // PEFT's DoRA with dropout: y = base(x) + (c − 1) ⊙ x' Wᵀ + c ⊙ s · x' Aᵀ Bᵀ, x' = dropout(x). The norm in
+  // c does not depend on x or m, so these two gradients are plain derivatives of the loss (A and B: the
+  // step parity with PEFT in tests/train/peft_steps checks them with the norm detached).
+  for (bool qlora : {false, true}) {
+    Fixture f;
+    auto adapter = f.attach({.rank = 2, .alpha = 4.0f, .dropout = 0.4f, .use_dora = true, .quantize_base = qlora,
+                             .seed = 5});
+    adapter->set_dropout_key(9);
+    std::vector<float> dx = f.backward();
+    Parameter* m = adapter->parameters()[2];
+    expect_matches_finite_differences([&] { return f.loss(); }, m->value.f32(), m->value.numel(), m->grad.f32(), "dm");
+    expect_matches_finite_differences([&] { return f.loss(); }, f.x.data(), int64_t(f.x.size()), dx.data(), "dx");
+  }
+}
+
+TEST(LoraAdapter, DoraWithDropoutKeepsTheUndroppedBaseAndIsDoraWithoutItWhenNotTraining) {
+  Fixture f;
+  auto adapter = f.attach({.rank = 2, .alpha = 4.0f, .dropout = 0.5f, .use_dora = true, .seed = 3});
+  adapter->set_dropout_key(1);
+  std::vector<float> y_train = f.forward();
+  // Dropping every x' term leaves y = x Wᵀ + b: rows differ from the evaluation output, and with A and
+  // B zero the output is base(x) + (c − 1) ⊙ x' Wᵀ, which equals base(x) only where c = 1.
+  adapter->set_training(false);
+  std::vector<float> y_eval = f.forward();
+  double differ = 0;
+  for (size_t i = 0; i < y_eval.size(); ++i) differ = std::max(differ, double(std::fabs(y_train[i] - y_eval[i])));
+  EXPECT_GT(differ, 1e-3) << "dropout had no effect in training";
+  // Evaluation: exactly DoRA without dropout, y = c ⊙ (x Wᵀ + s B A x) + b.
+  Fixture g;
+  auto plain = g.attach({.rank = 2, .alpha = 4.0f, .use_dora = true, .seed = 3});
+  for (size_t p = 0; p < 3; ++p) plain->parameters()[p]->value.copy_from(adapter->parameters()[p]->value);
+  std::vector<float> y_plain = g.forward();
+  for (size_t i = 0; i < y_eval.size(); ++i) EXPECT_FLOAT_EQ(y_eval[i], y_plain[i]);
+  // With the magnitude at the row norms of W and B = 0 (c = 1), the dropped terms cancel: y = base(x).
+  Fixture h;
+  auto fresh = h.attach({.rank = 2, .alpha = 4.0f, .dropout = 0.5f, .use_dora = true, .seed = 3});
+  fresh->parameters()[1]->value.fill_zero();
+  fresh->set_dropout_key(1);
+  std::vector<float> y_fresh = h.forward();
+  for (int64_t n = 0; n < h.N; ++n)
+    for (int64_t o = 0; o < h.out; ++o) {
+      double expected = h.bias.value.f32()[o];
+      for (int64_t i = 0; i < h.in; ++i) expected += double(h.x[size_t(n * h.in + i)]) * h.weight.value.f32()[o * h.in + i];
+      EXPECT_NEAR(y_fresh[size_t(n * h.out + o)], expected, 1e-4 * std::max(1.0, std::fabs(expected)));
+    }
+}
+
 TEST(LoraAdapter, DoraTreatsTheNormAsAConstantLikePeft) {
   // With the row norms frozen at their current values, DoRA is linear in (A, B, x) given c, so
   // finite differences of that frozen-norm function must match the adapter's gradients.
@@ -245,7 +293,7 @@ TEST(LoraAdapter, QloraKeepsOnlyNf4AndMatchesLoraOnTheDequantisedBase) {
 TEST(LoraAdapter, RefusesWhatItDoesNotSupport) {
   Fixture f;
   EXPECT_THROW(LoraAdapter(f.linear, {.rank = 0}), Error);
-  EXPECT_THROW(LoraAdapter(f.linear, {.rank = 2, .dropout = 0.1f, .use_dora = true}), Error);
+  EXPECT_THROW(LoraAdapter(f.linear, {.rank = 2, .dropout = 1.0f}), Error);
   EXPECT_THROW(lora_target_modules({.attn_modules = {"qkv"}}), Error);
   EXPECT_THROW(lora_target_modules({.attn_modules = {"q_proj"}, .apply_to_output = true}), Error);
   EXPECT_EQ(lora_target_modules({.attn_modules = {"q_proj", "output_proj"}, .apply_to_mlp = true}),

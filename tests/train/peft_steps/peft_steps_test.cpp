@@ -1,11 +1,14 @@
-// The first training steps of a LoRA and a DoRA fine-tune, step by step against PyTorch + PEFT:
-// the same model (tests/model/fixtures/llama), the same adapter init, the same batch; at each step
-// the loss and every adapter gradient must match, and after the last, the adapter weights.
+// The first training steps of LoRA and DoRA fine-tunes, step by step against PyTorch + PEFT: the
+// same model (tests/model/fixtures/llama, or its untied variant for LoRA on lm_head), the same
+// adapter init, the same batch, and with dropout the same mask (the fixture script redraws ktune's);
+// at each step the loss and every adapter gradient must match, and after the last, the adapter weights.
 // The fixtures come from make_peft_steps_fixture.py beside this file (torch.optim.AdamW, PEFT).
 // The step is the trainer's: zero_grad, forward_backward with grad_scale 1/n_valid, AdamW.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +24,7 @@ namespace {
 
 const std::string kDir = std::string(KTUNE_SOURCE_DIR) + "/tests/train/peft_steps/";
 const std::string kModel = std::string(KTUNE_SOURCE_DIR) + "/tests/model/fixtures/llama";
+const std::string kUntiedModel = kDir + "untied_llama";
 
 // max |a - b| / max(max |b|, tiny): one number per tensor, robust to entries near zero.
 double relative_max_error(const float* a, const float* b, int64_t n) {
@@ -38,30 +42,61 @@ std::vector<int32_t> as_i32(const Tensor& t) {
   return out;
 }
 
-void check_steps(const std::string& fixture_name, bool use_dora) {
-  io::SafetensorsFile fixture = io::SafetensorsFile::open(kDir + fixture_name);
-  Tensor settings = fixture.to_f32("settings");  // lr, beta1, beta2, eps, weight_decay, scale
-  std::vector<double> s(settings.f32(), settings.f32() + settings.numel());
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string::npos) end = text.size();
+    out.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return out;
+}
 
-  auto decoder = model::Decoder::from_pretrained(kModel);
+// Maximum relative errors over all steps, for the report line each test prints.
+struct Worst {
+  double loss = 0, grad = 0, final_weight = 0;
+};
+
+void check_steps(const std::string& fixture_name, bool use_dora, const std::string& model_dir = kModel) {
+  Worst worst;
+  io::SafetensorsFile fixture = io::SafetensorsFile::open(kDir + fixture_name);
+  Tensor settings = fixture.to_f32("settings");  // lr, beta1, beta2, eps, weight_decay, scale[, dropout, seed]
+  std::vector<double> s(settings.f32(), settings.f32() + settings.numel());
+  std::vector<std::string> peft_targets;
+  if (fixture.contains("targets")) {
+    Tensor t = fixture.view("targets");
+    peft_targets = split(std::string(t.data<uint8_t>(), t.data<uint8_t>() + t.numel()));
+  }
+  const bool head = std::find(peft_targets.begin(), peft_targets.end(), "lm_head") != peft_targets.end();
+
+  auto decoder = model::Decoder::from_pretrained(model_dir);
   model::LoraTargets targets;
   targets.attn_modules = {"q_proj", "v_proj", "output_proj"};
   targets.apply_to_mlp = false;
+  targets.apply_to_output = head;
   model::LoraOptions options;
   options.rank = 4;
   options.alpha = 8.0f;
   options.use_dora = use_dora;
+  if (s.size() >= 8) {
+    options.dropout = float(s[6]);
+    options.seed = uint64_t(s[7]);
+  }
   auto adapters = model::attach_lora(*decoder, targets, options);
   // The fixture targets gate_proj and down_proj but not up_proj: attach those two by hand.
   for (const char* module : {"mlp.gate_proj", "mlp.down_proj"}) {
     for (int layer = 0; layer < 2; ++layer) {
       model::Linear& linear = decoder->linear("model.layers." + std::to_string(layer) + "." + module);
-      linear.adapter = std::make_shared<model::LoraAdapter>(linear, options);
+      auto adapter = std::make_shared<model::LoraAdapter>(linear, options);
+      linear.adapter = adapter;
+      adapters.push_back(adapter);
     }
   }
   decoder->adapters_changed();
   decoder->set_trainable([](const std::string& name) { return name.find("lora_") != std::string::npos; });
-  ASSERT_NEAR(adapters.front()->scale(), s[5], 1e-7);
+  EXPECT_NEAR(adapters.front()->scale(), s[5], 1e-7);
 
   std::vector<model::Parameter*> params = decoder->parameters();
   std::vector<model::Parameter*> trainable;
@@ -86,24 +121,32 @@ void check_steps(const std::string& fixture_name, bool use_dora) {
 
   train::AdamW optimizer(trainable, {s[0], s[1], s[2], s[3], s[4]});
   for (int step = 0; fixture.contains("loss." + std::to_string(step)); ++step) {
+    for (auto& adapter : adapters) adapter->set_dropout_key(uint64_t(step));  // the fixture's key of step k is k
     decoder->zero_grad();
     int64_t n_valid = 0;
     for (int32_t label : labels) n_valid += label != -100;
     model::LossResult r = decoder->forward_backward(batch, 1.0f / float(n_valid));
     ASSERT_EQ(r.n_valid, n_valid);
     float reference_loss = fixture.to_f32("loss." + std::to_string(step)).f32()[0];
-    EXPECT_NEAR(r.loss_sum / double(r.n_valid), reference_loss, 1e-5 * std::fabs(reference_loss)) << "step " << step;
+    const double loss = r.loss_sum / double(r.n_valid);
+    EXPECT_NEAR(loss, reference_loss, 1e-5 * std::fabs(reference_loss)) << "step " << step;
+    worst.loss = std::max(worst.loss, std::fabs(loss - reference_loss) / std::fabs(reference_loss));
     for (model::Parameter* p : trainable) {
       Tensor reference = fixture.to_f32("grad." + std::to_string(step) + "." + p->name);
-      EXPECT_LT(relative_max_error(p->grad.f32(), reference.f32(), reference.numel()), 1e-3)
-          << "gradient of " << p->name << " at step " << step;
+      const double error = relative_max_error(p->grad.f32(), reference.f32(), reference.numel());
+      EXPECT_LT(error, 1e-3) << "gradient of " << p->name << " at step " << step;
+      worst.grad = std::max(worst.grad, error);
     }
     optimizer.step(s[0]);
   }
   for (model::Parameter* p : trainable) {
     Tensor reference = fixture.to_f32("final." + p->name);
-    EXPECT_LT(relative_max_error(p->value.f32(), reference.f32(), reference.numel()), 1e-4) << "final " << p->name;
+    const double error = relative_max_error(p->value.f32(), reference.f32(), reference.numel());
+    EXPECT_LT(error, 1e-4) << "final " << p->name;
+    worst.final_weight = std::max(worst.final_weight, error);
   }
+  std::printf("%s: max relative error vs PEFT: loss %.3g, gradients %.3g, final weights %.3g\n", fixture_name.c_str(),
+              worst.loss, worst.grad, worst.final_weight);
 }
 
 }  // namespace
@@ -115,3 +158,7 @@ TEST(PeftSteps, LoraLossesGradientsAndWeightsFollowPytorchAndPeftStepByStep) {
 TEST(PeftSteps, DoraLossesGradientsAndWeightsFollowPytorchAndPeftStepByStep) {
   check_steps("dora.safetensors", true);
 }
+
+TEST(PeftSteps, LoraWithDropoutFollowsPeftWithTheSameMask) { check_steps("lora_dropout.safetensors", false); }
+
+TEST(PeftSteps, DoraWithDropoutFollowsPeftWithTheSameMask) { check_steps("dora_dropout.safetensors", true); }
