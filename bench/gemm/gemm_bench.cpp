@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> labels(static_cast<size_t>(c.N));
     for (int64_t i = 0; i < c.N; ++i) labels[size_t(i)] = int32_t((i * 7919) % c.V);
     std::vector<float> dh(size_t(c.N * c.C)), dw(size_t(c.V * c.C), 0.0f);
-    std::vector<float> scratch(linear_cross_entropy_scratch_floats(c.chunk, c.V));
+    std::vector<float> scratch(linear_cross_entropy_scratch_floats(c.chunk, c.V, c.C));
     double t = best_time([&] {
       linear_cross_entropy(dh.data(), dw.data(), nullptr, hidden.data(), weight.data(), labels.data(), c.N, c.C, c.V,
                            0.0f, 1.0f / float(c.N), c.chunk, scratch.data());

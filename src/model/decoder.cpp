@@ -376,7 +376,7 @@ void Decoder::layout(Take& take, int64_t B, int64_t T, Plan& p) const {
   p.adapter_scratch = adapter_scratch > 0 ? take.f(adapter_scratch) : nullptr;
   // Chunks of the fused loss: about 4 Mi floats (16 MiB) of logits at a time.
   p.ce_chunk = std::clamp<int64_t>((int64_t(1) << 22) / c.vocab_size, 1, std::max<int64_t>(N, 1));
-  p.ce_scratch = take.f(int64_t(cpu::linear_cross_entropy_scratch_floats(p.ce_chunk, c.vocab_size)));
+  p.ce_scratch = take.f(int64_t(cpu::linear_cross_entropy_scratch_floats(p.ce_chunk, c.vocab_size, C)));
   if (storage_ != DType::F32) {
     int64_t widest = c.vocab_size * C;  // the output head (or the tied embedding)
     for (auto& layer : layers_)

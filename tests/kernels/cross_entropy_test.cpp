@@ -36,7 +36,7 @@ TEST(CrossEntropy, FusedMatchesReference) {
       const std::string tag = " softcap=" + std::to_string(softcap) + " chunk=" + std::to_string(chunk);
       std::vector<float> dh(size_t(N * C), NAN), dw = random_vector(size_t(V * C), 3);
       std::vector<float> dh_ref(size_t(N * C)), dw_ref = dw;
-      std::vector<float> scratch(linear_cross_entropy_scratch_floats(chunk, V));
+      std::vector<float> scratch(linear_cross_entropy_scratch_floats(chunk, V, C));
       int64_t n_valid = -1, n_valid_ref = -1;
       double loss = linear_cross_entropy(dh.data(), dw.data(), &n_valid, hidden.data(), weight.data(), labels.data(), N,
                                          C, V, softcap, 0.37f, chunk, scratch.data());
@@ -55,11 +55,35 @@ TEST(CrossEntropy, FusedMatchesReference) {
     }
 }
 
+// A prompt-masked batch: short answer runs between long ignored prompts and padding. A chunk gathers
+// tokens from several runs; the result is the reference's whatever the chunk size.
+TEST(CrossEntropy, ChunksGatherShortAnswerRunsFromAcrossTheBatch) {
+  const int64_t N = 60, C = 24, V = 211;
+  auto hidden = random_vector(size_t(N * C), 11, -1, 1), weight = random_vector(size_t(V * C), 12, -0.5f, 0.5f);
+  std::vector<int32_t> labels(size_t(N), kIgnoreIndex);
+  for (int64_t i = 0; i < N; ++i)
+    if (i % 10 >= 7) labels[size_t(i)] = int32_t((i * 31) % V);  // runs of 3 answer tokens every 10
+  for (int64_t chunk : {int64_t(2), int64_t(5), int64_t(64)}) {
+    const std::string tag = " chunk=" + std::to_string(chunk);
+    std::vector<float> dh(size_t(N * C), NAN), dw(size_t(V * C), 0.0f), dh_ref(size_t(N * C)), dw_ref = dw;
+    std::vector<float> scratch(linear_cross_entropy_scratch_floats(chunk, V, C));
+    int64_t n_valid = -1;
+    double loss = linear_cross_entropy(dh.data(), dw.data(), &n_valid, hidden.data(), weight.data(), labels.data(), N,
+                                       C, V, 0.0f, 1.0f, chunk, scratch.data());
+    double loss_ref = linear_cross_entropy_reference(dh_ref.data(), dw_ref.data(), nullptr, hidden.data(),
+                                                     weight.data(), labels.data(), N, C, V, 0.0f, 1.0f);
+    EXPECT_EQ(n_valid, 18) << tag;
+    EXPECT_NEAR(loss, loss_ref, 1e-5 * std::fabs(loss_ref)) << tag;
+    expect_close(dh, dh_ref, 1e-5, "dhidden" + tag);
+    expect_close(dw, dw_ref, 1e-5, "dweight" + tag);
+  }
+}
+
 TEST(CrossEntropy, AllIgnoredGivesZeroLossAndGradient) {
   const int64_t N = 4, C = 8, V = 16;
   auto hidden = random_vector(size_t(N * C), 4), weight = random_vector(size_t(V * C), 5);
   std::vector<int32_t> labels(static_cast<size_t>(N), kIgnoreIndex);
-  std::vector<float> dh(size_t(N * C), 1.0f), dw(size_t(V * C), 0.0f), scratch(linear_cross_entropy_scratch_floats(2, V));
+  std::vector<float> dh(size_t(N * C), 1.0f), dw(size_t(V * C), 0.0f), scratch(linear_cross_entropy_scratch_floats(2, V, C));
   int64_t n_valid = -1;
   EXPECT_EQ(linear_cross_entropy(dh.data(), dw.data(), &n_valid, hidden.data(), weight.data(), labels.data(), N, C, V,
                                  0.0f, 1.0f, 2, scratch.data()),
@@ -73,7 +97,7 @@ TEST(CrossEntropy, UniformLogitsGiveLogV) {
   const int64_t N = 3, C = 4, V = 50;
   std::vector<float> hidden(size_t(N * C), 0.0f), weight = random_vector(size_t(V * C), 6);
   std::vector<int32_t> labels = {0, 17, 49};
-  std::vector<float> scratch(linear_cross_entropy_scratch_floats(2, V));
+  std::vector<float> scratch(linear_cross_entropy_scratch_floats(2, V, C));
   double loss = linear_cross_entropy(nullptr, nullptr, nullptr, hidden.data(), weight.data(), labels.data(), N, C, V,
                                      0.0f, 1.0f, 2, scratch.data());
   EXPECT_NEAR(loss, 3 * std::log(50.0), 1e-5);
@@ -86,7 +110,7 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
     auto labels = labels_with_ignored(N, V);
     labels[2] = kIgnoreIndex;
     labels[3] = 5;
-    std::vector<float> scratch(linear_cross_entropy_scratch_floats(4, V));
+    std::vector<float> scratch(linear_cross_entropy_scratch_floats(4, V, C));
     auto loss = [&] {
       return linear_cross_entropy(nullptr, nullptr, nullptr, hidden.data(), weight.data(), labels.data(), N, C, V,
                                   softcap, 1.0f, 4, scratch.data());
@@ -103,7 +127,7 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
 
 TEST(CrossEntropy, RejectsLabelsOutsideTheVocabulary) {
   const int64_t N = 2, C = 2, V = 3;
-  std::vector<float> hidden(4), weight(6), scratch(linear_cross_entropy_scratch_floats(2, V));
+  std::vector<float> hidden(4), weight(6), scratch(linear_cross_entropy_scratch_floats(2, V, C));
   for (int32_t bad : {3, -1, -99}) {
     std::vector<int32_t> labels = {0, bad};
     EXPECT_THROW(linear_cross_entropy(nullptr, nullptr, nullptr, hidden.data(), weight.data(), labels.data(), N, C, V,

@@ -1,6 +1,8 @@
-// Fused output projection + cross-entropy in chunks (see cross_entropy.h). A chunk is a run of at
-// most chunk_tokens consecutive tokens whose labels are all valid, so hidden and dhidden rows are
-// contiguous and ignored tokens cost nothing. Per chunk, in scratch (rows, V):
+// Fused output projection + cross-entropy in chunks (see cross_entropy.h). A chunk is up to
+// chunk_tokens tokens with valid labels, gathered from wherever they sit among the ignored ones
+// (a prompt-masked batch has short runs of answer tokens: one GEMM per run would read the whole
+// (V, C) weight once per run), so ignored tokens cost nothing and each chunk's GEMMs are as tall as
+// the chunk. Per chunk, in scratch (rows, V):
 //   logits = hidden @ W^T;  [z = cap tanh(logits/cap)];  lse;  loss += lse - z[label]
 //   dlogits = grad_scale (softmax(z) - onehot) [* (1 - (z/cap)^2)]   (in place)
 //   dhidden = dlogits @ W;  dW += dlogits^T @ hidden
@@ -18,7 +20,9 @@
 
 namespace ktune::cpu {
 
-size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V) { return size_t(chunk_tokens * V); }
+size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C) {
+  return size_t(chunk_tokens * V + 2 * chunk_tokens * C);  // logits, gathered hidden, gathered dhidden
+}
 
 double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, const float* hidden,
                             const float* weight, const int32_t* labels, int64_t N, int64_t C, int64_t V,
@@ -33,22 +37,25 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
   double total = 0.0;
   int64_t count = 0;
   std::vector<double> row_loss(static_cast<size_t>(chunk_tokens));
+  std::vector<int64_t> chunk_rows(static_cast<size_t>(chunk_tokens));  // the chunk's token indices
+  float* logits = scratch;                               // (rows, V)
+  float* h = scratch + chunk_tokens * V;                 // (rows, C) gathered hidden
+  float* dh = h + chunk_tokens * C;                      // (rows, C) gathered dhidden
+  if (dhidden)
+    for (int64_t r = 0; r < N; ++r)
+      if (labels[r] == kIgnoreIndex) std::fill(dhidden + r * C, dhidden + (r + 1) * C, 0.0f);
   int64_t r = 0;
   while (r < N) {
-    if (labels[r] == kIgnoreIndex) {
-      if (dhidden) std::fill(dhidden + r * C, dhidden + (r + 1) * C, 0.0f);
-      ++r;
-      continue;
-    }
-    int64_t r0 = r, r1 = r;
-    while (r1 < N && r1 - r0 < chunk_tokens && labels[r1] != kIgnoreIndex) ++r1;
-    const int64_t rows = r1 - r0;
-    const float* h = hidden + r0 * C;
-    float* logits = scratch;  // (rows, V)
+    int64_t rows = 0;
+    for (; r < N && rows < chunk_tokens; ++r)
+      if (labels[r] != kIgnoreIndex) chunk_rows[size_t(rows++)] = r;
+    if (rows == 0) break;
+    for (int64_t i = 0; i < rows; ++i) std::copy_n(hidden + chunk_rows[size_t(i)] * C, C, h + i * C);
     gemm(false, true, rows, V, C, 1.0f, h, weight, 0.0f, logits);
     parallel_for(rows, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         float* z = logits + i * V;
+        const int32_t label = labels[chunk_rows[size_t(i)]];
         if (softcap > 0) {
 #pragma omp simd
           for (int64_t c = 0; c < V; ++c) z[c] = softcap * vtanh(z[c] * inv_cap);
@@ -58,7 +65,6 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
         for (int64_t c = 0; c < V; ++c) m = std::max(m, z[c]);
         float sum = 0.0f;
         if (want_grad) {
-          const int32_t label = labels[r0 + i];
           const float z_label = z[label];
           if (softcap > 0) {
             // z holds the capped logits; cap'(.) = 1 - (z/cap)^2 is read before z is overwritten.
@@ -88,15 +94,17 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
         } else {
 #pragma omp simd reduction(+ : sum)
           for (int64_t c = 0; c < V; ++c) sum += vexp(z[c] - m);
-          row_loss[size_t(i)] = double(m + std::log(sum)) - double(z[labels[r0 + i]]);
+          row_loss[size_t(i)] = double(m + std::log(sum)) - double(z[label]);
         }
       }
     }, std::max<int64_t>(1, 65536 / V));
     for (int64_t i = 0; i < rows; ++i) total += row_loss[size_t(i)];
     count += rows;
-    if (dhidden) gemm(false, false, rows, C, V, 1.0f, logits, weight, 0.0f, dhidden + r0 * C);  // (rows,V)@(V,C)
-    if (dweight) gemm(true, false, V, C, rows, 1.0f, logits, h, 1.0f, dweight);                 // (V,rows)@(rows,C)
-    r = r1;
+    if (dhidden) {
+      gemm(false, false, rows, C, V, 1.0f, logits, weight, 0.0f, dh);  // (rows,V)@(V,C)
+      for (int64_t i = 0; i < rows; ++i) std::copy_n(dh + i * C, C, dhidden + chunk_rows[size_t(i)] * C);
+    }
+    if (dweight) gemm(true, false, V, C, rows, 1.0f, logits, h, 1.0f, dweight);  // (V,rows)@(rows,C)
   }
   if (n_valid) *n_valid = count;
   return total;

@@ -1,8 +1,9 @@
 // The output projection fused with cross-entropy, in chunks of tokens, so that the (N, V) logits
 // never exist in full (peak memory is chunk_tokens * V floats, flat in N). Per chunk: logits =
 // hidden @ W^T (gemm), optional final-logit soft-cap, log-softmax, the gradient in place, then
-// dhidden = dlogits @ W and dW += dlogits^T @ hidden (gemm). Chunks are runs of consecutive tokens
-// with valid labels, so ignored tokens (label -100) cost no GEMM at all.
+// dhidden = dlogits @ W and dW += dlogits^T @ hidden (gemm). A chunk gathers up to chunk_tokens tokens
+// with valid labels from anywhere in the batch, so ignored tokens (label -100) cost no GEMM at all and
+// a prompt-masked batch's short answer runs share tall GEMMs (one read of W per chunk, not per run).
 // It deliberately does not average: it returns the sum and the count, and the caller divides
 // (through grad_scale) the way its recipe normalises (per batch, per accumulation window, per rank).
 #pragma once
@@ -14,8 +15,9 @@ namespace ktune::cpu {
 
 constexpr int32_t kIgnoreIndex = -100;
 
-// Floats of scratch linear_cross_entropy needs for chunks of chunk_tokens tokens: chunk_tokens * V.
-size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V);
+// Floats of scratch linear_cross_entropy needs for chunks of chunk_tokens tokens:
+// chunk_tokens * V (logits) + 2 * chunk_tokens * C (the gathered hidden rows and their gradient).
+size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C);
 
 // hidden (N, C)   weight (V, C)   labels (N), -100 ignored   softcap: 0 = off
 // Returns sum over valid tokens of CE(logits_i, labels_i); *n_valid = their count (n_valid may be nullptr).
