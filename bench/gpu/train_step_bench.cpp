@@ -1,0 +1,169 @@
+// ktune's training step on the GPU (src/model/cuda/decoder.h) at Llama-3.2-1B's shape: random
+// weights, random tokens (next-token labels, the last position of each row ignored), a timed loop
+// of zero_grad + forward/backward + AdamW. One mode a run:
+//   --mode=lora   torchtune's llama3_2/1B_lora_single_device: rank 64, alpha 128 on q_proj, v_proj,
+//                 output_proj (o_proj) and the MLP (gate, up, down); base frozen
+//   --mode=full   every parameter trainable (torchtune's 1B_full_single_device, bf16 AdamW)
+// Prints the memory plan and one machine-readable line:
+//   RESULT side=ktune mode=M batch=B seq=T steps=S step_ms=X tokens_per_s=Y flops_per_token=F
+//          tflops=Z mfu=U loss_first=A loss_last=L planned_gib=P device_used_gib=D
+// MFU is against 990 TFLOP/s (H200 dense bf16) with the FLOPs counted by flops_per_token (below;
+// bench/gpu/train_step_compare.py uses the same count for PyTorch). Exit 77 without a GPU.
+// Options: --batch=4 --seq=2048 --layers=16 --steps=6 --warmup=2 --max-seconds=20.
+// It deliberately has no data loading, no checkpointing, no gradient accumulation: the step only.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/device_memory.h"
+#include "model/cuda/decoder.h"
+
+namespace {
+
+constexpr double kPeakTflops = 990.0;  // H200 SXM, dense bf16
+
+// Matmul FLOPs of one token's step, attention included (causal: half the T x T products).
+//   base projections + head: Pm = L (C QD + 2 C KD + QD C + 3 C I) + V C
+//   LoRA matrices:           Pl = sum over adapted projections of r (in + out)
+//   attention per layer:     forward 2 T QD (QK^T and PV over T/2 keys on average), backward 2x
+// full: 6 Pm + 6 Pl + 6 L T QD;  LoRA (no weight gradient for the base): 4 Pm + 6 Pl + 6 L T QD
+double flops_per_token(const ktune::cuda::DecoderConfig& c, const ktune::cuda::TrainingSetup& s) {
+  const double C = double(c.hidden_size), I = double(c.intermediate_size), QD = double(c.num_heads * c.head_dim),
+               KD = double(c.num_kv_heads * c.head_dim), L = double(c.num_layers), V = double(c.vocab_size),
+               T = double(s.seq_len), r = double(s.lora_rank);
+  const double pm = L * (C * QD + 2 * C * KD + QD * C + 3 * C * I) + V * C;
+  const double dims[7][2] = {{C, QD}, {C, KD}, {C, KD}, {QD, C}, {C, I}, {C, I}, {I, C}};
+  double pl = 0;
+  for (int p = 0; p < 7; ++p)
+    if (s.lora_rank > 0 && s.lora_on[p]) pl += L * r * (dims[p][0] + dims[p][1]);
+  const double attention = 6 * L * T * QD;
+  return (s.full_finetune ? 6 : 4) * pm + 6 * pl + attention;
+}
+
+int64_t arg(int argc, char** argv, const std::string& key, int64_t fallback) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--" + key + "=", 0) == 0) return std::atoll(a.c_str() + key.size() + 3);
+  }
+  return fallback;
+}
+
+std::string arg_s(int argc, char** argv, const std::string& key, const std::string& fallback) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--" + key + "=", 0) == 0) return a.substr(key.size() + 3);
+  }
+  return fallback;
+}
+
+int run(int argc, char** argv) {
+  using namespace ktune;
+  const std::string mode = arg_s(argc, argv, "mode", "lora");
+  if (mode != "lora" && mode != "full") {
+    std::fprintf(stderr, "--mode must be lora or full, not %s\n", mode.c_str());
+    return 2;
+  }
+  if (cuda::device_count() == 0) {
+    std::printf("SKIP train_step_bench: %s\n", cuda::device_description().c_str());
+    return 77;
+  }
+  cuda::DecoderConfig config = cuda::DecoderConfig::llama3_2_1b();
+  config.num_layers = arg(argc, argv, "layers", config.num_layers);
+  cuda::TrainingSetup setup;
+  setup.batch = arg(argc, argv, "batch", 4);
+  setup.seq_len = arg(argc, argv, "seq", 2048);
+  if (mode == "full") {
+    setup.full_finetune = true;
+  } else {
+    setup.lora_rank = 64;
+    setup.lora_alpha = 128;
+    for (int p : {cuda::kQ, cuda::kV, cuda::kO, cuda::kGate, cuda::kUp, cuda::kDown}) setup.lora_on[p] = true;
+  }
+  const int64_t steps = arg(argc, argv, "steps", 6), warmup = arg(argc, argv, "warmup", 2);
+  const double max_seconds = double(arg(argc, argv, "max-seconds", 20));
+  std::printf("device: %s\n", cuda::device_description().c_str());
+  std::printf("config: Llama-3.2-1B shape (vocab %lld, dim %lld, %lld layers, %lld/%lld heads, hidden %lld, tied), "
+              "batch %lld x seq %lld, mode %s%s\n",
+              (long long)config.vocab_size, (long long)config.hidden_size, (long long)config.num_layers,
+              (long long)config.num_heads, (long long)config.num_kv_heads, (long long)config.intermediate_size,
+              (long long)setup.batch, (long long)setup.seq_len, mode.c_str(),
+              mode == "lora" ? " (rank 64, alpha 128 on q,v,o,gate,up,down)" : "");
+
+  cuda::Decoder model(config, setup, 1234);
+  std::printf("parameters: %lld, trainable %lld\n", (long long)model.parameter_count(false),
+              (long long)model.parameter_count(true));
+  std::printf("%s\n", model.memory_report().c_str());
+  std::fflush(stdout);
+
+  const int64_t N = setup.batch * setup.seq_len;
+  std::vector<int32_t> tokens(static_cast<size_t>(N)), labels(static_cast<size_t>(N));
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int32_t> token(0, int32_t(config.vocab_size - 1));
+  for (auto& t : tokens) t = token(rng);
+  for (int64_t b = 0; b < setup.batch; ++b)
+    for (int64_t t = 0; t < setup.seq_len; ++t)
+      labels[size_t(b * setup.seq_len + t)] =
+          t + 1 < setup.seq_len ? tokens[size_t(b * setup.seq_len + t + 1)] : cuda::kIgnoreIndex;
+
+  cpu::AdamWStep st{mode == "full" ? 2e-5f : 3e-4f};
+  st.weight_decay = 0.01f;
+  int64_t step_no = 0;
+  double loss_first = 0, loss_last = 0;
+  auto one_step = [&] {
+    model.zero_grad();
+    const cuda::StepResult r = model.forward_backward(tokens.data(), labels.data(), 1.0f / float(N - setup.batch));
+    st.step = ++step_no;
+    model.adamw_step(st, uint64_t(step_no));
+    const double loss = r.loss_sum / double(r.n_valid);
+    if (step_no == 1) loss_first = loss;
+    loss_last = loss;
+  };
+  using clock = std::chrono::steady_clock;
+  for (int64_t i = 0; i < warmup; ++i) {
+    const auto t0 = clock::now();
+    one_step();
+    cuda::synchronize();
+    std::printf("warm-up step %lld: %.1f ms, loss %.4f\n", (long long)step_no,
+                std::chrono::duration<double, std::milli>(clock::now() - t0).count(), loss_last);
+    std::fflush(stdout);
+  }
+  size_t used_after = 0, total = 0;
+  cuda::device_memory_info(&used_after, &total);
+  const auto start = clock::now();
+  int64_t timed = 0;
+  while (timed < steps) {
+    one_step();
+    ++timed;
+    cuda::synchronize();
+    if (std::chrono::duration<double>(clock::now() - start).count() > max_seconds) break;
+  }
+  const double seconds = std::chrono::duration<double>(clock::now() - start).count();
+  const double step_ms = 1000.0 * seconds / double(timed);
+  const double tokens_per_s = double(N) * double(timed) / seconds;
+  const double fpt = flops_per_token(config, setup);
+  const double tflops = tokens_per_s * fpt / 1e12;
+  std::printf("RESULT side=ktune mode=%s batch=%lld seq=%lld steps=%lld step_ms=%.2f tokens_per_s=%.1f "
+              "flops_per_token=%.6e tflops=%.2f mfu=%.4f loss_first=%.4f loss_last=%.4f planned_gib=%.3f "
+              "device_used_gib=%.3f\n",
+              mode.c_str(), (long long)setup.batch, (long long)setup.seq_len, (long long)timed, step_ms, tokens_per_s,
+              fpt, tflops, tflops / kPeakTflops, loss_first, loss_last,
+              double(model.memory_plan().total()) / double(1ull << 30), double(used_after) / double(1ull << 30));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::printf("ERROR train_step_bench: %s\n", e.what());
+    return 1;
+  }
+}

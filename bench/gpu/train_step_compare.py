@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""ktune's GPU training step beside PyTorch's on the same GPU, in the same run.
+
+  train_step_compare.py BUILD/bench/gpu/ktune_gpu_train_step_bench [--modes lora,full] [--batch 4]
+                        [--seq 2048] [--steps 6] [--warmup 2] [--max-seconds 20] [--timeout 120]
+
+For each mode (lora: torchtune's llama3_2/1B_lora_single_device adapters, rank 64, alpha 128 on
+q_proj, v_proj, o_proj and the MLP; full: every parameter), it runs the ktune binary, then the same
+step in PyTorch — a Llama-3.2-1B-shaped transformers LlamaForCausalLM (random weights, bf16,
+attn_implementation="sdpa", tied embeddings), PEFT LoRA with the same targets (adapters kept in
+bf16), torch.optim.AdamW (fused) — each in its own subprocess with a timeout, so that a crash or a
+hang in one leaves the others running. Prints a table (tokens/s, step ms, MFU against 990 TFLOP/s
+with ktune's FLOP count, peak memory) and ktune/torch ratios, and one summary line per mode:
+  SUMMARY mode=lora ktune_tokens_per_s=... torch_tokens_per_s=... ratio=... ktune_mfu=... ...
+Exit code: 0 when every part ran; 1 when some part failed (the table says which); 77 without a GPU.
+Memory: ktune's figure is its planned arenas (parameters, gradients, AdamW state, activations, loss
+scratch) and the driver's in-use total; torch's is max_memory_allocated and max_memory_reserved.
+It deliberately runs random tokens: the step's speed, not a training result.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+PEAK_TFLOPS = 990.0  # H200 SXM, dense bf16
+LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def parse_result(text):
+    for line in text.splitlines():
+        if line.startswith("RESULT "):
+            out = {}
+            for kv in line.split()[1:]:
+                k, _, v = kv.partition("=")
+                out[k] = v
+            return out
+    return None
+
+
+def run_part(cmd, timeout):
+    """Runs one part; returns (result dict or None, exit code, output)."""
+    start = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        out = proc.stdout + (("\n[stderr]\n" + proc.stderr[-4000:]) if proc.stderr.strip() else "")
+        rc = proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out += f"\n[timed out after {timeout} s]"
+        rc = 124
+    sys.stdout.write(f"--- {' '.join(cmd[:2])} {' '.join(cmd[2:])} ({time.time() - start:.0f} s, exit {rc})\n")
+    for line in out.splitlines():
+        sys.stdout.write("    " + line + "\n")
+    sys.stdout.flush()
+    return (parse_result(out) if rc == 0 else None), rc, out
+
+
+# ---------------------------------------------------------------------------------------------
+# The PyTorch side (run as a subprocess of this script: --torch-worker MODE)
+
+def torch_worker(args):
+    import torch
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cuda = args.torch_device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("SKIP torch: no CUDA device")
+        return 77
+    dev = torch.device(args.torch_device)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    cfg = LlamaConfig(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=args.layers,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192},
+    )
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    with dev:
+        model = LlamaForCausalLM(cfg)
+    torch.set_default_dtype(prev)
+    model.to(dtype=torch.bfloat16)
+    model.config.use_cache = False
+    model.train()
+    if args.torch_worker == "lora":
+        import peft
+        lcfg = peft.LoraConfig(r=64, lora_alpha=128, lora_dropout=0.0, target_modules=LORA_TARGETS, bias="none")
+        try:
+            model = peft.get_peft_model(model, lcfg, autocast_adapter_dtype=False)  # adapters in bf16, as ktune
+        except TypeError:
+            model = peft.get_peft_model(model, lcfg)
+        for p in model.parameters():
+            if p.requires_grad and p.dtype != torch.bfloat16:
+                p.data = p.data.to(torch.bfloat16)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    lr = 2e-5 if args.torch_worker == "full" else 3e-4
+    try:
+        opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.01, fused=True)
+    except Exception:
+        opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.01)
+    g = torch.Generator(device="cpu").manual_seed(42)
+    ids = torch.randint(0, 128256, (args.batch, args.seq), generator=g).to(dev)
+    attn_impl = getattr(model.config, "_attn_implementation", "?")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, attention {attn_impl}, "
+          f"parameters {sum(p.numel() for p in model.parameters())}, trainable {sum(p.numel() for p in trainable)}")
+    sys.stdout.flush()
+
+    losses = []
+
+    def step():
+        out = model(input_ids=ids, labels=ids)  # HF shifts the labels: T-1 targets a row, as ktune
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(out.loss.detach())
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    for i in range(args.warmup):
+        t0 = time.time()
+        step()
+        sync()
+        print(f"warm-up step {i + 1}: {1000 * (time.time() - t0):.1f} ms, loss {losses[-1].item():.4f}")
+        sys.stdout.flush()
+    timed = 0
+    start = time.time()
+    while timed < args.steps:
+        step()
+        timed += 1
+        sync()
+        if time.time() - start > args.max_seconds:
+            break
+    seconds = time.time() - start
+    tokens = args.batch * args.seq * timed
+    print(f"RESULT side=torch mode={args.torch_worker} batch={args.batch} seq={args.seq} steps={timed} "
+          f"step_ms={1000 * seconds / timed:.2f} tokens_per_s={tokens / seconds:.1f} "
+          f"loss_first={losses[0].item():.4f} loss_last={losses[-1].item():.4f} "
+          f"max_allocated_gib={(torch.cuda.max_memory_allocated() if cuda else 0) / 2**30:.3f} "
+          f"max_reserved_gib={(torch.cuda.max_memory_reserved() if cuda else 0) / 2**30:.3f}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary", nargs="?")
+    ap.add_argument("--modes", default="lora,full")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--max-seconds", type=float, default=20)
+    ap.add_argument("--timeout", type=float, default=120, help="seconds for each part (ktune or torch, each mode)")
+    ap.add_argument("--torch-worker", choices=["lora", "full"])
+    ap.add_argument("--torch-device", default="cuda", help="cpu: a smoke test of the PyTorch side only")
+    args = ap.parse_args()
+    if args.torch_worker:
+        return torch_worker(args)
+    if not args.binary:
+        ap.error("the ktune_gpu_train_step_bench binary is required")
+
+    common = [f"--batch={args.batch}", f"--seq={args.seq}", f"--layers={args.layers}", f"--steps={args.steps}",
+              f"--warmup={args.warmup}"]
+    rows, failed = [], []
+    for mode in [m for m in args.modes.split(",") if m]:
+        k, krc, _ = run_part([args.binary, f"--mode={mode}", *common, f"--max-seconds={int(args.max_seconds)}"],
+                             args.timeout)
+        if krc == 77:
+            print("SKIP gpu train-step benchmark: no CUDA device")
+            return 77
+        if k is None:
+            failed.append(f"ktune {mode} (exit {krc})")
+        t, trc, _ = run_part([sys.executable, os.path.abspath(__file__), f"--torch-worker={mode}",
+                              f"--batch={args.batch}", f"--seq={args.seq}", f"--layers={args.layers}",
+                              f"--steps={args.steps}", f"--warmup={args.warmup}",
+                              f"--max-seconds={args.max_seconds}"], args.timeout)
+        if t is None:
+            failed.append(f"torch {mode} (exit {trc})")
+        rows.append((mode, k, t))
+
+    print()
+    print(f"training step, Llama-3.2-1B shape, batch {args.batch} x seq {args.seq}, bf16, "
+          f"MFU vs {PEAK_TFLOPS:.0f} TFLOP/s (H200 dense bf16)")
+    print(f"{'mode':<5} {'side':<6} {'tokens/s':>10} {'step ms':>9} {'TFLOP/s':>8} {'MFU':>6} {'memory GiB':>28}  loss")
+    for mode, k, t in rows:
+        fpt = float(k["flops_per_token"]) if k else None
+        if k:
+            print(f"{mode:<5} {'ktune':<6} {float(k['tokens_per_s']):>10.0f} {float(k['step_ms']):>9.1f} "
+                  f"{float(k['tflops']):>8.1f} {100 * float(k['mfu']):>5.1f}% "
+                  f"{'planned ' + k['planned_gib'] + ', in use ' + k['device_used_gib']:>28}  "
+                  f"{k['loss_first']} -> {k['loss_last']}")
+        else:
+            print(f"{mode:<5} {'ktune':<6} {'FAILED':>10}")
+        if t:
+            tps = float(t["tokens_per_s"])
+            tfl = f"{tps * fpt / 1e12:>8.1f} {100 * tps * fpt / 1e12 / PEAK_TFLOPS:>5.1f}%" if fpt else f"{'-':>8} {'-':>6}"
+            print(f"{mode:<5} {'torch':<6} {tps:>10.0f} {float(t['step_ms']):>9.1f} {tfl} "
+                  f"{'alloc ' + t['max_allocated_gib'] + ', resv ' + t['max_reserved_gib']:>28}  "
+                  f"{t['loss_first']} -> {t['loss_last']}")
+        else:
+            print(f"{mode:<5} {'torch':<6} {'FAILED':>10}")
+    for mode, k, t in rows:
+        parts = [f"SUMMARY mode={mode}"]
+        if k:
+            parts += [f"ktune_tokens_per_s={float(k['tokens_per_s']):.0f}", f"ktune_mfu={100 * float(k['mfu']):.1f}%",
+                      f"ktune_planned_gib={k['planned_gib']}", f"ktune_device_used_gib={k['device_used_gib']}"]
+        else:
+            parts.append("ktune=FAILED")
+        if t:
+            parts += [f"torch_tokens_per_s={float(t['tokens_per_s']):.0f}",
+                      f"torch_max_allocated_gib={t['max_allocated_gib']}"]
+        else:
+            parts.append("torch=FAILED")
+        if k and t:
+            parts += [f"speed_ratio={float(k['tokens_per_s']) / float(t['tokens_per_s']):.2f}",
+                      f"memory_ratio={float(k['planned_gib']) / max(float(t['max_allocated_gib']), 1e-9):.2f}"]
+        print(" ".join(parts))
+    if failed:
+        print("FAILED parts: " + ", ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,612 @@
+// cuda::Decoder: parameters, the memory plan, and the forward, backward and AdamW step on the GPU.
+// See decoder.h. The layer code follows src/model/decoder.cpp's layer_forward/layer_backward line
+// by line (without the Gemma-only branches); the LoRA projection follows LoraAdapter::forward and
+// ::backward without dropout. Everything runs on the default stream; the only synchronisation in a
+// step is the loss's (linear_cross_entropy returns it) and the index-flag check after it.
+#include "model/cuda/decoder.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/error.h"
+#include "kernels/cuda/activation.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/rmsnorm.h"
+#include "kernels/cuda/rope.h"
+
+namespace ktune::cuda {
+
+namespace {
+
+constexpr size_t kAlign = 256;  // DeviceArena's slice alignment
+size_t aligned(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; }
+
+// Carves typed slices out of an arena, or (arena == nullptr) only adds up their aligned bytes.
+struct Carver {
+  DeviceArena* arena = nullptr;
+  size_t bytes = 0;
+  template <typename T>
+  T* take(int64_t n) {
+    const size_t b = size_t(std::max<int64_t>(n, 1)) * sizeof(T);
+    bytes += aligned(b);
+    return arena ? static_cast<T*>(arena->allocate(b)) : nullptr;
+  }
+};
+
+// ---- small elementwise kernels the step needs between the library ops ----
+
+// y += x (bf16, added in f32, rounded once): the residual's gradient.
+__global__ void add_inplace_kernel(__nv_bfloat16* y, const __nv_bfloat16* x, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + __bfloat162float(x[i]));
+}
+
+__global__ void f32_to_bf16_kernel(__nv_bfloat16* y, const float* x, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// x[i] = bf16(uniform(-bound, bound)) from (key, i); bound == 0 fills with `fill`.
+__global__ void init_kernel(__nv_bfloat16* x, int64_t n, uint64_t key, float bound, float fill) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (bound == 0.0f) {
+    x[i] = __float2bfloat16_rn(fill);
+    return;
+  }
+  const uint64_t bits = mix64(key ^ (uint64_t(i) * 0xd1342543de82ef95ull));
+  const float u = float(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+  x[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * bound);
+}
+
+void add_inplace(bf16_t* y, const bf16_t* x, int64_t n) {
+  add_inplace_kernel<<<blocks_for(n, 256), 256>>>(dev(y), dev(x), n);
+  KTUNE_CUDA_CHECK_LAUNCH();
+}
+
+void convert_to_bf16(bf16_t* y, const float* x, int64_t n) {
+  f32_to_bf16_kernel<<<blocks_for(n, 256), 256>>>(dev(y), x, n);
+  KTUNE_CUDA_CHECK_LAUNCH();
+}
+
+uint64_t mix64_host(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f GiB", double(bytes) / double(1ull << 30));
+  return buf;
+}
+
+}  // namespace
+
+const char* projection_name(int p) {
+  static const char* names[kNumProjections] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                               "gate_proj", "up_proj", "down_proj"};
+  return (p >= 0 && p < kNumProjections) ? names[p] : "?";
+}
+
+DecoderConfig DecoderConfig::llama3_2_1b() {
+  DecoderConfig c;
+  c.vocab_size = 128256;
+  c.hidden_size = 2048;
+  c.num_layers = 16;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 64;
+  c.intermediate_size = 8192;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 500000.0f;
+  c.rope_scaling.type = "llama3";
+  c.rope_scaling.factor = 32.0f;
+  c.rope_scaling.low_freq_factor = 1.0f;
+  c.rope_scaling.high_freq_factor = 4.0f;
+  c.rope_scaling.original_max_position_embeddings = 8192;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Implementation state
+
+struct Decoder::Impl {
+  // A projection: its base weight (out, in) and, with LoRA, A (r, in) and B (out, r). Indices into params_.
+  struct Linear {
+    int64_t in = 0, out = 0;
+    int weight = -1, lora_a = -1, lora_b = -1;
+  };
+  struct Layer {
+    Linear proj[kNumProjections];
+    int norm_attn = -1, norm_mlp = -1;
+  };
+  // What one layer's forward saves for its backward (bf16 unless noted). N = B*T.
+  struct Acts {
+    bf16_t* ln1 = nullptr;    // (N, C)
+    float* rstd1 = nullptr;   // (N) f32
+    bf16_t* q = nullptr;      // (N, Hq*D) after rope
+    bf16_t* k = nullptr;      // (N, Hkv*D) after rope
+    bf16_t* v = nullptr;      // (N, Hkv*D)
+    bf16_t* att = nullptr;    // (N, Hq*D)
+    float* lse = nullptr;     // (B, Hq, T) f32
+    bf16_t* x_mid = nullptr;  // (N, C) residual after attention
+    bf16_t* ln2 = nullptr;    // (N, C)
+    float* rstd2 = nullptr;   // (N) f32
+    bf16_t* gate = nullptr;   // (N, I)
+    bf16_t* up = nullptr;     // (N, I)
+    bf16_t* act = nullptr;    // (N, I) silu(gate) * up
+    bf16_t* xa[kNumProjections] = {};  // (N, r) LoRA x A^T per adapted projection
+  };
+
+  GemmContext gemm;
+  std::unique_ptr<DeviceArena> param_arena, grad_arena, optim_arena, act_arena;
+  DeviceBuffer rope_cos, rope_sin;
+  IndexFlag flag;
+  std::vector<Layer> layers;
+  int embed = -1, final_norm = -1, head = -1;  // head == embed when tied
+  float lora_scale = 0;
+  int64_t ce_chunk = 0;
+  // activations
+  int64_t B = 0, T = 0, N = 0;
+  std::vector<bf16_t*> resid;  // L+1 of (N, C)
+  std::vector<Acts> acts;      // L
+  bf16_t* final_normed = nullptr;  // (N, C)
+  float* final_rstd = nullptr;     // (N)
+  int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr;  // (N)
+  // backward scratch
+  bf16_t *dres = nullptr, *dtmp = nullptr, *dln = nullptr;       // (N, C)
+  float* dnormed = nullptr;                                      // (N, C) f32 from the loss
+  bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  bf16_t *dact = nullptr, *dgate = nullptr, *dup = nullptr;      // (N, I)
+  bf16_t* lora_g = nullptr;                                      // (N, r)
+  float* attn_scratch = nullptr;
+  void* ce_scratch = nullptr;
+  size_t ce_scratch_bytes = 0;
+
+  void mm(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, float alpha, const bf16_t* A, const bf16_t* Bm,
+          float beta, void* C, DType out) {
+    GemmCall g;
+    g.trans_a = ta, g.trans_b = tb, g.M = M, g.N = Nn, g.K = K, g.alpha = alpha, g.beta = beta;
+    g.A = A, g.B = Bm, g.C = C, g.in = DType::BF16, g.out = out;
+    gemm.run(g);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Construction: parameters, arenas
+
+Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64_t seed)
+    : config_(config), setup_(setup), impl_(std::make_unique<Impl>()) {
+  const DecoderConfig& c = config_;
+  check(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0 &&
+            c.head_dim > 0 && c.intermediate_size > 0,
+        "cuda decoder", "every size of the config must be positive");
+  check(c.num_heads % c.num_kv_heads == 0, "cuda decoder", "num_heads must be a multiple of num_kv_heads");
+  check(c.head_dim % 2 == 0 && c.head_dim <= 256, "cuda decoder", "head_dim must be even and at most 256");
+  check(setup.batch > 0 && setup.seq_len > 0, "cuda decoder", "batch and seq_len must be positive");
+  bool any_lora = false;
+  for (bool on : setup.lora_on) any_lora |= on;
+  check(!any_lora || (setup.lora_rank > 0 && setup.lora_alpha > 0), "cuda decoder",
+        "LoRA needs lora_rank > 0 and lora_alpha > 0");
+  check(setup.full_finetune || any_lora, "cuda decoder", "nothing to train: neither full_finetune nor LoRA");
+  allocate();
+  init_parameters(seed);
+}
+
+Decoder::~Decoder() = default;
+
+void Decoder::allocate() {
+  const DecoderConfig& c = config_;
+  Impl& s = *impl_;
+  const int64_t C = c.hidden_size, I = c.intermediate_size, QD = c.num_heads * c.head_dim,
+                KD = c.num_kv_heads * c.head_dim, L = c.num_layers, V = c.vocab_size;
+  const int64_t r = setup_.lora_rank;
+  s.lora_scale = r > 0 ? setup_.lora_alpha / float(r) : 0.0f;
+
+  // Parameter metadata in HF order, then the LoRA matrices in PEFT's names.
+  std::vector<bool> trainable;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool train) {
+    DeviceParameter p;
+    p.name = name;
+    p.numel = 1;
+    for (int64_t d : shape) p.numel *= d;
+    p.shape = std::move(shape);
+    params_.push_back(std::move(p));
+    trainable.push_back(train);
+    return int(params_.size() - 1);
+  };
+  const bool full = setup_.full_finetune;
+  s.embed = add("model.embed_tokens.weight", {V, C}, full);
+  s.layers.resize(size_t(L));
+  const int64_t dims[kNumProjections][2] = {{C, QD}, {C, KD}, {C, KD}, {QD, C}, {C, I}, {C, I}, {I, C}};  // in, out
+  for (int64_t l = 0; l < L; ++l) {
+    Impl::Layer& layer = s.layers[size_t(l)];
+    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    for (int p = 0; p < kNumProjections; ++p) {
+      const std::string module = pre + (p <= kO ? "self_attn." : "mlp.") + projection_name(p);
+      layer.proj[p].in = dims[p][0];
+      layer.proj[p].out = dims[p][1];
+      layer.proj[p].weight = add(module + ".weight", {dims[p][1], dims[p][0]}, full);
+    }
+    layer.norm_attn = add(pre + "input_layernorm.weight", {C}, full);
+    layer.norm_mlp = add(pre + "post_attention_layernorm.weight", {C}, full);
+  }
+  s.final_norm = add("model.norm.weight", {C}, full);
+  s.head = c.tie_word_embeddings ? s.embed : add("lm_head.weight", {V, C}, full);
+  if (r > 0) {
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string pre = "base_model.model.model.layers." + std::to_string(l) + ".";
+      for (int p = 0; p < kNumProjections; ++p) {
+        if (!setup_.lora_on[p]) continue;
+        Impl::Linear& lin = s.layers[size_t(l)].proj[p];
+        const std::string module = pre + (p <= kO ? "self_attn." : "mlp.") + projection_name(p);
+        lin.lora_a = add(module + ".lora_A.weight", {r, lin.in}, true);
+        lin.lora_b = add(module + ".lora_B.weight", {lin.out, r}, true);
+      }
+    }
+  }
+
+  // Parameters, gradients, optimizer state: sized, then carved.
+  size_t pbytes = 0, gbytes = 0, obytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    pbytes += aligned(size_t(params_[i].numel) * 2);
+    if (trainable[i]) {
+      gbytes += aligned(size_t(params_[i].numel) * 4);
+      obytes += 2 * aligned(size_t(params_[i].numel) * 2);
+    }
+  }
+  s.param_arena = std::make_unique<DeviceArena>("cuda decoder parameters", pbytes);
+  s.grad_arena = std::make_unique<DeviceArena>("cuda decoder gradients", gbytes);
+  s.optim_arena = std::make_unique<DeviceArena>("cuda decoder AdamW state", obytes);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    DeviceParameter& p = params_[i];
+    p.value = s.param_arena->allocate_n<bf16_t>(size_t(p.numel));
+    if (trainable[i]) {
+      p.grad = s.grad_arena->allocate_n<float>(size_t(p.numel));
+      p.m = s.optim_arena->allocate_n<bf16_t>(size_t(p.numel));
+      p.v = s.optim_arena->allocate_n<bf16_t>(size_t(p.numel));
+    }
+  }
+
+  // Activations: one layout function, run to count and then to carve.
+  s.B = setup_.batch;
+  s.T = setup_.seq_len;
+  s.N = s.B * s.T;
+  const int64_t N = s.N;
+  s.ce_chunk = setup_.ce_chunk_tokens > 0 ? setup_.ce_chunk_tokens
+                                          : std::max<int64_t>(1, (int64_t(1) << 30) / (V * 6));
+  if (s.ce_chunk > 128) s.ce_chunk = s.ce_chunk / 128 * 128;
+  s.ce_chunk = std::min(s.ce_chunk, N);
+  s.ce_scratch_bytes = linear_cross_entropy_scratch_bytes(s.ce_chunk, V);
+  AttentionShape ashape{s.B, s.T, c.num_heads, c.num_kv_heads, c.head_dim, 1.0f, 0, 0.0f};
+  auto layout = [&](Carver& k) {
+    s.resid.assign(size_t(L + 1), nullptr);
+    for (auto& x : s.resid) x = k.take<bf16_t>(N * C);
+    s.acts.assign(size_t(L), Impl::Acts{});
+    for (int64_t l = 0; l < L; ++l) {
+      Impl::Acts& a = s.acts[size_t(l)];
+      a.ln1 = k.take<bf16_t>(N * C);
+      a.rstd1 = k.take<float>(N);
+      a.q = k.take<bf16_t>(N * QD);
+      a.k = k.take<bf16_t>(N * KD);
+      a.v = k.take<bf16_t>(N * KD);
+      a.att = k.take<bf16_t>(N * QD);
+      a.lse = k.take<float>(N * c.num_heads);
+      a.x_mid = k.take<bf16_t>(N * C);
+      a.ln2 = k.take<bf16_t>(N * C);
+      a.rstd2 = k.take<float>(N);
+      a.gate = k.take<bf16_t>(N * I);
+      a.up = k.take<bf16_t>(N * I);
+      a.act = k.take<bf16_t>(N * I);
+      for (int p = 0; p < kNumProjections; ++p)
+        a.xa[p] = s.layers[size_t(l)].proj[p].lora_a >= 0 ? k.take<bf16_t>(N * r) : nullptr;
+    }
+    s.final_normed = k.take<bf16_t>(N * C);
+    s.final_rstd = k.take<float>(N);
+    s.tokens = k.take<int32_t>(N);
+    s.labels = k.take<int32_t>(N);
+    s.positions = k.take<int32_t>(N);
+    s.dres = k.take<bf16_t>(N * C);
+    s.dtmp = k.take<bf16_t>(N * C);
+    s.dln = k.take<bf16_t>(N * C);
+    s.dnormed = k.take<float>(N * C);
+    s.datt = k.take<bf16_t>(N * QD);
+    s.dq = k.take<bf16_t>(N * QD);
+    s.dk = k.take<bf16_t>(N * KD);
+    s.dv = k.take<bf16_t>(N * KD);
+    s.dact = k.take<bf16_t>(N * I);
+    s.dgate = k.take<bf16_t>(N * I);
+    s.dup = k.take<bf16_t>(N * I);
+    s.lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
+    s.attn_scratch = k.take<float>(attention_backward_scratch_floats(ashape));
+    s.ce_scratch = k.take<char>(int64_t(s.ce_scratch_bytes));
+  };
+  Carver count;
+  layout(count);
+  s.act_arena = std::make_unique<DeviceArena>("cuda decoder activations", count.bytes);
+  Carver carve{s.act_arena.get()};
+  layout(carve);
+
+  plan_bytes_.parameters = pbytes;
+  plan_bytes_.gradients = gbytes;
+  plan_bytes_.optimizer = obytes;
+  plan_bytes_.activations = count.bytes;
+  plan_bytes_.loss_scratch = aligned(s.ce_scratch_bytes);
+
+  // Positions 0..T-1 in every row; the rotary table for T positions (the CPU RopeTable's angles).
+  std::vector<int32_t> pos(static_cast<size_t>(N));
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t t = 0; t < s.T; ++t) pos[size_t(b * s.T + t)] = int32_t(t);
+  copy_to_device(s.positions, pos.data(), pos.size() * sizeof(int32_t));
+  cpu::RopeTable table(c.head_dim, c.rope_theta, c.rope_scaling, s.T);
+  const size_t table_floats = size_t(s.T) * size_t(c.head_dim / 2);
+  s.rope_cos = DeviceBuffer(table_floats * sizeof(float));
+  s.rope_sin = DeviceBuffer(table_floats * sizeof(float));
+  s.rope_cos.upload(table.cos(0), table_floats * sizeof(float));
+  s.rope_sin.upload(table.sin(0), table_floats * sizeof(float));
+}
+
+void Decoder::init_parameters(uint64_t seed) {
+  Impl& s = *impl_;
+  const float normal_bound = 0.02f * std::sqrt(3.0f);  // uniform with std 0.02
+  std::vector<bool> is_norm(params_.size(), false), is_a(params_.size(), false), is_b(params_.size(), false);
+  for (auto& layer : s.layers) {
+    is_norm[size_t(layer.norm_attn)] = is_norm[size_t(layer.norm_mlp)] = true;
+    for (auto& lin : layer.proj) {
+      if (lin.lora_a >= 0) is_a[size_t(lin.lora_a)] = true;
+      if (lin.lora_b >= 0) is_b[size_t(lin.lora_b)] = true;
+    }
+  }
+  is_norm[size_t(s.final_norm)] = true;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    DeviceParameter& p = params_[i];
+    float bound = normal_bound, fill = 0.0f;
+    if (is_norm[i]) bound = 0.0f, fill = 1.0f;
+    if (is_a[i]) bound = 1.0f / std::sqrt(float(p.shape[1]));
+    if (is_b[i]) bound = 0.0f, fill = 0.0f;
+    init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(p.value), p.numel, mix64_host(seed ^ mix64_host(i)), bound,
+                                                   fill);
+    KTUNE_CUDA_CHECK_LAUNCH();
+  }
+  zero_grad();
+  for (auto& p : params_) {
+    if (!p.m) continue;
+    KTUNE_CUDA_CHECK(cudaMemsetAsync(p.m, 0, size_t(p.numel) * 2, nullptr));
+    KTUNE_CUDA_CHECK(cudaMemsetAsync(p.v, 0, size_t(p.numel) * 2, nullptr));
+  }
+  synchronize();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters by name
+
+DeviceParameter& Decoder::parameter(const std::string& name) {
+  for (auto& p : params_)
+    if (p.name == name) return p;
+  throw Error("cuda decoder: parameter " + name, "no such parameter");
+}
+
+int64_t Decoder::parameter_count(bool trainable_only) const {
+  int64_t n = 0;
+  for (const auto& p : params_)
+    if (!trainable_only || p.grad) n += p.numel;
+  return n;
+}
+
+void Decoder::upload(const std::string& name, const std::vector<float>& values) {
+  DeviceParameter& p = parameter(name);
+  check(int64_t(values.size()) == p.numel, "cuda decoder: parameter " + name,
+        "upload of " + std::to_string(values.size()) + " values, the parameter has " + std::to_string(p.numel));
+  std::vector<bf16_t> host(values.size());
+  for (size_t i = 0; i < values.size(); ++i) host[i] = ktune::f32_to_bf16(values[i]);
+  copy_to_device(p.value, host.data(), host.size() * sizeof(bf16_t));
+}
+
+std::vector<float> Decoder::download_value(const std::string& name) {
+  DeviceParameter& p = parameter(name);
+  std::vector<bf16_t> host(size_t(p.numel));
+  synchronize();
+  copy_to_host(host.data(), p.value, host.size() * sizeof(bf16_t));
+  std::vector<float> out(host.size());
+  for (size_t i = 0; i < host.size(); ++i) out[i] = ktune::bf16_to_f32(host[i]);
+  return out;
+}
+
+std::vector<float> Decoder::download_grad(const std::string& name) {
+  DeviceParameter& p = parameter(name);
+  check(p.grad != nullptr, "cuda decoder: parameter " + name, "is frozen: it has no gradient");
+  std::vector<float> out(size_t(p.numel));
+  synchronize();
+  copy_to_host(out.data(), p.grad, out.size() * sizeof(float));
+  return out;
+}
+
+void Decoder::zero_grad() {
+  for (auto& p : params_)
+    if (p.grad) KTUNE_CUDA_CHECK(cudaMemsetAsync(p.grad, 0, size_t(p.numel) * sizeof(float), nullptr));
+}
+
+void Decoder::adamw_step(const cpu::AdamWStep& st, uint64_t seed) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    DeviceParameter& p = params_[i];
+    if (p.grad)
+      cuda::adamw_step_bf16(p.value, p.grad, p.m, p.v, p.numel, st, mix64_host(seed ^ mix64_host(i + 1)), nullptr);
+  }
+}
+
+std::string Decoder::memory_report() const {
+  std::ostringstream os;
+  const MemoryPlan& m = plan_bytes_;
+  os << "planned device memory: parameters " << gib(m.parameters) << ", gradients " << gib(m.gradients)
+     << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations) << " (of which loss chunk "
+     << gib(m.loss_scratch) << ", " << impl_->ce_chunk << " tokens), total " << gib(m.total());
+  size_t used = 0, total = 0;
+  device_memory_info(&used, &total);
+  os << "; device in use (driver, incl. context and cuBLASLt workspace) " << gib(used) << " of " << gib(total)
+     << "; activation arena peak use " << gib(impl_->act_arena->peak());
+  return os.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The step
+
+namespace {
+
+struct LinearRef {
+  const bf16_t* w;
+  float* dw;  // nullptr: frozen base
+  const bf16_t *a = nullptr, *b = nullptr;
+  float *da = nullptr, *db = nullptr;
+  int64_t in, out, r;
+  float scale;
+};
+
+}  // namespace
+
+StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* labels_host, float grad_scale) {
+  Impl& s = *impl_;
+  const DecoderConfig& c = config_;
+  const int64_t N = s.N, C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
+  const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+  copy_to_device(s.tokens, tokens_host, size_t(N) * sizeof(int32_t));
+  copy_to_device(s.labels, labels_host, size_t(N) * sizeof(int32_t));
+  const RopeTableView rope{s.rope_cos.as<float>(), s.rope_sin.as<float>(), s.T, D};
+  const AttentionShape ashape{s.B, s.T, Hq, Hkv, D, 1.0f / std::sqrt(float(D)), 0, 0.0f};
+  const float eps = c.rms_norm_eps;
+  auto P = [&](int i) -> DeviceParameter& { return params_[size_t(i)]; };
+  auto lin = [&](const Impl::Linear& l) {
+    LinearRef ref{P(l.weight).value, P(l.weight).grad};
+    ref.in = l.in, ref.out = l.out, ref.r = setup_.lora_rank, ref.scale = s.lora_scale;
+    if (l.lora_a >= 0) {
+      ref.a = P(l.lora_a).value, ref.da = P(l.lora_a).grad;
+      ref.b = P(l.lora_b).value, ref.db = P(l.lora_b).grad;
+    }
+    return ref;
+  };
+  // y (N, out) = beta * y + x W^T [+ s (x A^T) B^T];  xa (N, r) saved
+  auto linear_forward = [&](bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta) {
+    s.mm(false, true, N, w.out, w.in, 1.0f, x, w.w, beta, y, DType::BF16);
+    if (w.a) {
+      s.mm(false, true, N, w.r, w.in, 1.0f, x, w.a, 0.0f, xa, DType::BF16);
+      s.mm(false, true, N, w.out, w.r, w.scale, xa, w.b, 1.0f, y, DType::BF16);
+    }
+  };
+  // Undoes y = x W^T + s (x A^T) B^T: dx (N, in) overwritten (or += when accumulate; nullptr: not
+  // wanted), dW += dy^T x (trainable base only), dB += s dy^T xa, dA += g^T x with g = s dy B.
+  auto linear_backward = [&](bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
+                             const bf16_t* xa) {
+    if (w.dw) s.mm(true, false, w.out, w.in, N, 1.0f, dy, x, 1.0f, w.dw, DType::F32);
+    if (dx) s.mm(false, false, N, w.in, w.out, 1.0f, dy, w.w, accumulate ? 1.0f : 0.0f, dx, DType::BF16);
+    if (w.a) {
+      s.mm(true, false, w.out, w.r, N, w.scale, dy, xa, 1.0f, w.db, DType::F32);
+      s.mm(false, false, N, w.r, w.out, w.scale, dy, w.b, 0.0f, s.lora_g, DType::BF16);
+      s.mm(true, false, w.r, w.in, N, 1.0f, s.lora_g, x, 1.0f, w.da, DType::F32);
+      if (dx) s.mm(false, false, N, w.in, w.r, 1.0f, s.lora_g, w.a, 1.0f, dx, DType::BF16);
+    }
+  };
+
+  // Which layers need their input gradient: anything trainable below them (or the embedding).
+  std::vector<bool> trainable_in_layer(size_t(L), false);
+  for (int64_t l = 0; l < L; ++l) {
+    const Impl::Layer& layer = s.layers[size_t(l)];
+    bool any = P(layer.norm_attn).grad || P(layer.norm_mlp).grad;
+    for (const auto& pr : layer.proj) any = any || P(pr.weight).grad || pr.lora_a >= 0;
+    trainable_in_layer[size_t(l)] = any;
+  }
+  // below[l]: the embedding or a layer < l is trainable.
+  std::vector<bool> below(size_t(L) + 1, false);
+  below[0] = P(s.embed).grad != nullptr;
+  for (int64_t l = 0; l < L; ++l) below[size_t(l) + 1] = below[size_t(l)] || trainable_in_layer[size_t(l)];
+
+  // ---- forward ----
+  const DeviceParameter& embed = P(s.embed);
+  embedding_forward(s.resid[0], s.tokens, embed.value, N, C, V, 1.0f, s.flag.data());
+  for (int64_t l = 0; l < L; ++l) {
+    const Impl::Layer& layer = s.layers[size_t(l)];
+    const Impl::Acts& a = s.acts[size_t(l)];
+    const bf16_t* x_in = s.resid[size_t(l)];
+    bf16_t* x_out = s.resid[size_t(l) + 1];
+    rmsnorm_forward(a.ln1, a.rstd1, x_in, P(layer.norm_attn).value, N, C, eps, 0.0f);
+    linear_forward(a.q, a.ln1, lin(layer.proj[kQ]), a.xa[kQ], 0.0f);
+    linear_forward(a.k, a.ln1, lin(layer.proj[kK]), a.xa[kK], 0.0f);
+    linear_forward(a.v, a.ln1, lin(layer.proj[kV]), a.xa[kV], 0.0f);
+    rope_forward(a.q, s.positions, rope, N, Hq, D, s.flag.data());
+    rope_forward(a.k, s.positions, rope, N, Hkv, D, s.flag.data());
+    attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, ashape);
+    // h = x + o(att): x copied into h, the projection accumulated onto it (beta = 1)
+    KTUNE_CUDA_CHECK(cudaMemcpyAsync(a.x_mid, x_in, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
+    linear_forward(a.x_mid, a.att, lin(layer.proj[kO]), a.xa[kO], 1.0f);
+    rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, P(layer.norm_mlp).value, N, C, eps, 0.0f);
+    linear_forward(a.gate, a.ln2, lin(layer.proj[kGate]), a.xa[kGate], 0.0f);
+    linear_forward(a.up, a.ln2, lin(layer.proj[kUp]), a.xa[kUp], 0.0f);
+    swiglu_forward(a.act, a.gate, a.up, N * I);
+    KTUNE_CUDA_CHECK(cudaMemcpyAsync(x_out, a.x_mid, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
+    linear_forward(x_out, a.act, lin(layer.proj[kDown]), a.xa[kDown], 1.0f);  // y = h + mlp
+  }
+  const DeviceParameter& fnorm = P(s.final_norm);
+  rmsnorm_forward(s.final_normed, s.final_rstd, s.resid[size_t(L)], fnorm.value, N, C, eps, 0.0f);
+  const DeviceParameter& head = P(s.head);
+  StepResult result;
+  result.loss_sum = linear_cross_entropy(s.gemm, s.dnormed, head.grad, &result.n_valid, s.final_normed, head.value,
+                                         s.labels, N, C, V, 0.0f, grad_scale, s.ce_chunk, s.ce_scratch);
+
+  // ---- backward ----
+  if (below[size_t(L)] || fnorm.grad) {
+    convert_to_bf16(s.dtmp, s.dnormed, N * C);
+    rmsnorm_backward(s.dres, fnorm.grad, s.dtmp, s.resid[size_t(L)], fnorm.value, s.final_rstd, N, C, 0.0f);
+    for (int64_t l = L - 1; l >= 0; --l) {
+      if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
+      const Impl::Layer& layer = s.layers[size_t(l)];
+      const Impl::Acts& a = s.acts[size_t(l)];
+      const bf16_t* x_in = s.resid[size_t(l)];
+      // Undo y = h + down(silu(gate(n)) * up(n)), n = norm2(h)
+      linear_backward(s.dact, false, s.dres, a.act, lin(layer.proj[kDown]), a.xa[kDown]);
+      swiglu_backward(s.dgate, s.dup, s.dact, a.gate, a.up, N * I);
+      linear_backward(s.dln, false, s.dgate, a.ln2, lin(layer.proj[kGate]), a.xa[kGate]);
+      linear_backward(s.dln, true, s.dup, a.ln2, lin(layer.proj[kUp]), a.xa[kUp]);
+      rmsnorm_backward(s.dtmp, P(layer.norm_mlp).grad, s.dln, a.x_mid, P(layer.norm_mlp).value, a.rstd2, N, C, 0.0f);
+      add_inplace(s.dres, s.dtmp, N * C);  // dres = d h
+      // Undo h = x + o(attention(rope(q(n)), rope(k(n)), v(n))), n = norm1(x)
+      linear_backward(s.datt, false, s.dres, a.att, lin(layer.proj[kO]), a.xa[kO]);
+      attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, nullptr, ashape, s.attn_scratch);
+      rope_backward(s.dq, s.positions, rope, N, Hq, D, s.flag.data());
+      rope_backward(s.dk, s.positions, rope, N, Hkv, D, s.flag.data());
+      const bool need_dx = below[size_t(l)] || P(layer.norm_attn).grad;
+      bf16_t* dln = need_dx ? s.dln : nullptr;
+      linear_backward(dln, false, s.dq, a.ln1, lin(layer.proj[kQ]), a.xa[kQ]);
+      linear_backward(dln, true, s.dk, a.ln1, lin(layer.proj[kK]), a.xa[kK]);
+      linear_backward(dln, true, s.dv, a.ln1, lin(layer.proj[kV]), a.xa[kV]);
+      if (need_dx) {
+        rmsnorm_backward(s.dtmp, P(layer.norm_attn).grad, s.dln, x_in, P(layer.norm_attn).value, a.rstd1, N, C, 0.0f);
+        add_inplace(s.dres, s.dtmp, N * C);  // dres = d x
+      }
+    }
+    if (embed.grad) embedding_backward(embed.grad, s.dres, s.tokens, N, C, V, 1.0f, s.flag.data());
+  }
+  s.flag.check("cuda decoder: token id or rotary position");  // synchronises
+  return result;
+}
+
+}  // namespace ktune::cuda

@@ -1,0 +1,131 @@
+// cuda::Decoder: one training step of the Llama-family decoder on an NVIDIA GPU, everything
+// device-resident: embedding, per layer RMSNorm, q/k/v/o with grouped-query heads, RoPE (HF
+// half-split, the CPU RopeTable's angles), causal flash attention, the SwiGLU MLP, the final norm,
+// the output projection fused with cross-entropy in chunks (tied or untied head), LoRA on any of the
+// seven projections (A, B trainable, the base frozen: no weight-gradient GEMM for it) or full
+// fine-tuning, and the AdamW step. The math mirrors the CPU model::Decoder (src/model/decoder.cpp)
+// and model::LoraAdapter (src/model/adapters/lora_adapter.cpp):
+//   layer: h = x + o(attn(rope(q(n1)), rope(k(n1)), v(n1))),  n1 = norm1(x)
+//          y = h + down(silu(gate(n2)) * up(n2)),             n2 = norm2(h)
+//   LoRA:  proj(x) = x W^T + (alpha / r) (x A^T) B^T
+//
+// Precision (the torchtune `dtype: bf16` setting): weights, LoRA A/B, activations and activation
+// gradients are bf16; every GEMM accumulates in f32 (cuBLASLt); norms, softmax, loss and rotary
+// angles are computed in f32; weight gradients are f32 and accumulate (+=) over steps until
+// zero_grad(); AdamW keeps m and v in bf16 and rounds param, m, v stochastically
+// (cuda::adamw_step_bf16). The residual stream is bf16, as in a bf16 PyTorch model.
+//
+// Memory is planned once, for the (batch, seq_len) given at construction: four DeviceArenas —
+// parameters (bf16), gradients (f32, trainable only), optimizer state (bf16 m and v, trainable only),
+// activations (everything a step's forward saves for its backward, the backward's scratch and the
+// loss's chunk scratch). memory_report() prints the plan and what the driver reports in use.
+//
+// It deliberately does not do: Gemma's sandwich norms, soft-capping, sliding windows, biases,
+// LoRA dropout, DoRA, QLoRA, packed documents (doc_ids), custom positions (always 0..T-1 per row),
+// activation checkpointing, gradient clipping or loading checkpoints (weights are random or
+// uploaded by name). Those live in the CPU Decoder; the recipes do not run on it yet.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/cpu/adamw.h"  // AdamWStep (a plain struct)
+#include "kernels/cpu/rope.h"   // RopeScaling, RopeTable (plain C++, compiled into this library)
+
+namespace ktune::cuda {
+
+struct DecoderConfig {
+  int64_t vocab_size = 0, hidden_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int64_t intermediate_size = 0;
+  float rms_norm_eps = 1e-5f;
+  float rope_theta = 500000.0f;
+  cpu::RopeScaling rope_scaling;
+  bool tie_word_embeddings = true;
+
+  // meta-llama/Llama-3.2-1B's config.json.
+  static DecoderConfig llama3_2_1b();
+};
+
+// The seven projections of a layer, in HF order.
+constexpr int kNumProjections = 7;
+enum Projection : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
+const char* projection_name(int p);  // "q_proj", ..., "down_proj"
+
+struct TrainingSetup {
+  int64_t batch = 1, seq_len = 1;
+  // true: every base parameter trainable (full fine-tune); false: only the LoRA matrices.
+  bool full_finetune = false;
+  int64_t lora_rank = 0;  // > 0 attaches LoRA to the projections lora_on names
+  float lora_alpha = 0;
+  bool lora_on[kNumProjections] = {};
+  int64_t ce_chunk_tokens = 0;  // 0: about 1 GiB of logits scratch
+};
+
+// One named parameter on the device. grad, m, v are nullptr when frozen.
+struct DeviceParameter {
+  std::string name;   // HF (base) or PEFT (LoRA) name
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  bf16_t* value = nullptr;  // bf16
+  float* grad = nullptr;    // f32, accumulates
+  bf16_t* m = nullptr;      // bf16 AdamW state
+  bf16_t* v = nullptr;
+};
+
+struct StepResult {
+  double loss_sum = 0;  // sum of token cross-entropies over valid labels (unscaled)
+  int64_t n_valid = 0;
+};
+
+class Decoder {
+ public:
+  // Allocates every arena and initialises the parameters: base weights uniform with std 0.02
+  // (seeded), norms 1, LoRA A kaiming-uniform (bound 1/sqrt(in)) and B zero, as PEFT.
+  Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64_t seed = 0);
+  ~Decoder();
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+
+  const DecoderConfig& config() const { return config_; }
+  const TrainingSetup& setup() const { return setup_; }
+  std::vector<DeviceParameter>& parameters() { return params_; }
+  DeviceParameter& parameter(const std::string& name);  // throws ktune::Error naming it when absent
+  int64_t parameter_count(bool trainable_only) const;
+
+  // Host f32 values, rounded to bf16 (nearest even) on the way in; widened on the way out.
+  void upload(const std::string& name, const std::vector<float>& values);
+  std::vector<float> download_value(const std::string& name);
+  std::vector<float> download_grad(const std::string& name);  // throws when frozen
+
+  // One forward and backward over host tokens and labels (batch * seq_len each, row-major;
+  // labels are the target of each position, -100 ignored). Gradients ACCUMULATE scaled by
+  // grad_scale (1/n_valid for a token mean). Synchronises once (the loss comes back).
+  StepResult forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale);
+  void zero_grad();
+  // AdamW over every trainable parameter; s.step is 1-based. Asynchronous.
+  void adamw_step(const cpu::AdamWStep& s, uint64_t seed);
+
+  // Bytes planned in each arena, their sum, and what the driver reports in use now.
+  struct MemoryPlan {
+    size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, loss_scratch = 0;
+    size_t total() const { return parameters + gradients + optimizer + activations; }
+  };
+  MemoryPlan memory_plan() const { return plan_bytes_; }
+  std::string memory_report() const;
+
+ private:
+  struct Impl;
+  void allocate();
+  void init_parameters(uint64_t seed);
+
+  DecoderConfig config_;
+  TrainingSetup setup_;
+  std::vector<DeviceParameter> params_;
+  MemoryPlan plan_bytes_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ktune::cuda
