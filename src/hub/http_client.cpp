@@ -177,6 +177,8 @@ HttpResponse HttpClient::perform_once(const HttpRequest& request, BodySink* sink
   ex.sink = sink;
   ex.response.url = request.url;
 
+  char error_detail[CURL_ERROR_SIZE] = {0};  // libcurl's specific reason (TLS verification, ...)
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, error_detail);
   curl_easy_setopt(curl, CURLOPT_URL, request.url.c_str());
   curl_easy_setopt(curl, CURLOPT_USERAGENT, "ktune/0.1");
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
@@ -251,13 +253,16 @@ HttpResponse HttpClient::perform_once(const HttpRequest& request, BodySink* sink
   curl_easy_setopt(curl, CURLOPT_HTTPHEADER, list);
 
   CURLcode code = curl_easy_perform(curl);
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, nullptr);  // the buffer lives on this frame only
   curl_slist_free_all(list);
   if (ex.sink_error) std::rethrow_exception(ex.sink_error);
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &ex.response.status);
   if (code != CURLE_OK) {
     // A truncated body of an error page is still an answer: keep the status for the caller.
     if (ex.response.status >= 400 && !ex.to_sink && code == CURLE_PARTIAL_FILE) return ex.response;
-    throw TransportError(request.method + " " + request.url, curl_easy_strerror(code), retryable_curl_code(code));
+    std::string what = curl_easy_strerror(code);
+    if (error_detail[0] != '\0' && what != error_detail) what += std::string(" (") + error_detail + ")";
+    throw TransportError(request.method + " " + request.url, what, retryable_curl_code(code));
   }
   if (!ex.started && sink != nullptr && ex.response.status >= 200 && ex.response.status < 300 && m != "HEAD") {
     sink->begin(ex.response);  // an empty body: the sink still learns the response began

@@ -65,10 +65,16 @@ v1alpha1::ResourceRequirements resources_of(const Json& container) {
 }
 
 // Reads a streamed body line by line into a LogLineSink; stops the transfer when the sink says so.
+// With a ResumePoint (a followed log asked with timestamps=true), each line starts with its
+// RFC 3339 time: the time is cut off before the sink sees the line, and lines at or before the
+// point already delivered are skipped, so a stream reopened from sinceTime (whole seconds, earlier
+// than the last line) neither repeats nor loses a line.
 struct StopReading {};
 class LineSink : public hub::BodySink {
  public:
-  explicit LineSink(const LogLineSink& sink) : sink_(sink) {}
+  LineSink(const LogLineSink& sink, LogResumePoint* resume) : sink_(sink), resume_(resume) {
+    if (resume_) replay_equal_ = resume_->lines_at_time;
+  }
   void begin(const hub::HttpResponse&) override {}
   void write(const char* data, size_t size) override {
     pending_.append(data, size);
@@ -76,24 +82,79 @@ class LineSink : public hub::BodySink {
     for (size_t nl; (nl = pending_.find('\n', start)) != std::string::npos; start = nl + 1) {
       std::string line = pending_.substr(start, nl - start);
       if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (!sink_(line)) {
-        pending_.clear();
-        stopped_ = true;
-        throw StopReading{};
-      }
+      deliver(line);
     }
     pending_.erase(0, start);
   }
+  // The stream ended properly: a last line without '\n' is still a line.
   void finish() {
-    if (!stopped_ && !pending_.empty()) sink_(pending_);
+    if (!pending_.empty()) deliver(pending_);
     pending_.clear();
   }
+  // The stream was cut: a partial last line is dropped (the reopened stream sends it whole).
+  void discard_partial() { pending_.clear(); }
+  size_t delivered() const { return delivered_; }
 
  private:
+  void deliver(std::string line) {
+    if (resume_) {
+      const size_t space = line.find(' ');
+      const int64_t t = space == std::string::npos ? -1 : parse_rfc3339_ns(line.substr(0, space));
+      if (t >= 0) {
+        line.erase(0, space + 1);
+        if (resume_->time_ns >= 0 && t < resume_->time_ns) return;  // delivered before the stream was reopened
+        if (t == resume_->time_ns) {
+          if (replay_equal_ > 0) {
+            --replay_equal_;
+            return;
+          }
+          ++resume_->lines_at_time;
+        } else {
+          resume_->time_ns = t;
+          resume_->lines_at_time = 1;
+          replay_equal_ = 0;
+        }
+      }
+    }
+    ++delivered_;
+    if (!sink_(line)) {
+      pending_.clear();
+      throw StopReading{};
+    }
+  }
+
   const LogLineSink& sink_;
+  LogResumePoint* resume_;
+  size_t replay_equal_ = 0;  // lines at resume_->time_ns the reopened stream repeats
+  size_t delivered_ = 0;
   std::string pending_;
-  bool stopped_ = false;
 };
+
+// A transport failure said plainly: which server, which credentials, and for TLS what to check.
+Error transport_error(const std::string& where, const KubeConnection& c, const std::string& detail) {
+  std::string hint;
+  if (detail.find("SSL peer certificate") != std::string::npos || detail.find("SSL certificate problem") != std::string::npos ||
+      detail.find("certificate verify failed") != std::string::npos)
+    hint = "; the server's TLS certificate does not verify against the CA this kubeconfig gives (the cluster's "
+           "certificate-authority-data or certificate-authority; the system's CAs when it gives none): fix the CA, "
+           "or for a throwaway cluster only set insecure-skip-tls-verify: true";
+  else if (detail.find("alert certificate required") != std::string::npos ||
+           detail.find("alert bad certificate") != std::string::npos ||
+           detail.find("alert unknown ca") != std::string::npos ||
+           detail.find("alert certificate unknown") != std::string::npos)
+    hint = "; the server refused the TLS client certificate (client-certificate-data / client-key-data) of this "
+           "kubeconfig user, or wants one and none was given";
+  else if (c.server.rfind("https://", 0) == 0 && (detail.find("Failed sending data to the peer") != std::string::npos ||
+                                                   detail.find("Failure when receiving data from the peer") != std::string::npos ||
+                                                   detail.find("SSL connect error") != std::string::npos))
+    hint = "; the server closed the TLS connection (if it requires a client certificate, check this kubeconfig user's "
+           "client-certificate and client-key)";
+  else if (detail.find("unable to set private key") != std::string::npos ||
+           detail.find("could not load PEM client certificate") != std::string::npos ||
+           detail.find("unable to use client certificate") != std::string::npos)
+    hint = "; the client certificate or key of this kubeconfig user cannot be used";
+  return Error(where, "cannot reach the API server " + c.server + " (" + c.source + "): " + detail + hint);
+}
 
 std::string api_message(const hub::HttpResponse& r) {
   std::string reason, message;
@@ -129,6 +190,38 @@ double parse_rfc3339(const std::string& text) {
     return seconds - sign * (hh * 3600 + mm * 60);
   }
   return *rest == '\0' ? seconds : 0;
+}
+
+int64_t parse_rfc3339_ns(const std::string& text) {
+  std::tm tm{};
+  const char* rest = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
+  if (rest == nullptr || tm.tm_year < 70) return -1;
+  int64_t ns = int64_t(timegm(&tm)) * 1000000000;
+  if (*rest == '.') {
+    int64_t frac = 0;
+    int digits = 0;
+    for (++rest; *rest >= '0' && *rest <= '9'; ++rest)
+      if (digits < 9) frac = frac * 10 + (*rest - '0'), ++digits;
+    if (digits == 0) return -1;
+    for (; digits < 9; ++digits) frac *= 10;
+    ns += frac;
+  }
+  if ((*rest == 'Z' || *rest == 'z') && rest[1] == '\0') return ns;
+  if ((*rest == '+' || *rest == '-') && std::strlen(rest) == 6 && rest[3] == ':') {
+    const int sign = *rest == '+' ? 1 : -1;
+    const int hh = std::atoi(std::string(rest + 1, 2).c_str()), mm = std::atoi(std::string(rest + 4, 2).c_str());
+    return ns - int64_t(sign) * (hh * 3600 + mm * 60) * 1000000000;
+  }
+  return -1;
+}
+
+std::string format_rfc3339_seconds(int64_t ns) {
+  const std::time_t seconds = std::time_t(ns / 1000000000);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 KubernetesBackend::KubernetesBackend(const BackendConfig& config)
@@ -170,7 +263,7 @@ Json KubernetesBackend::request(const std::string& method, const std::string& pa
       response = http_.perform(make());
     }
   } catch (const Error& e) {  // transport failures (after the retries of a GET)
-    throw Error(where, "cannot reach the API server " + connection_.server + " (" + connection_.source + "): " + e.what());
+    throw transport_error(where, connection_, e.what());
   }
   if (response.status < 200 || response.status >= 300) throw KubernetesApiError(where, api_message(response), response.status);
   if (response.body.empty()) return Json::object();
@@ -409,6 +502,27 @@ TrainJobRecord KubernetesBackend::get_job(const std::string& name) {
   }
 }
 
+std::string KubernetesBackend::container_state(const std::string& pod, const std::string& container) {
+  Json p;
+  try {
+    p = request("GET", "/api/v1/namespaces/" + hub::url_encode(namespace_, false) + "/pods/" + hub::url_encode(pod, false));
+  } catch (const KubernetesApiError& e) {
+    if (e.status() == 404) return "gone";
+    throw;
+  }
+  const Json& status = at(p, "status");
+  if (at(status, "containerStatuses").is_array())
+    for (const Json& cs : status["containerStatuses"]) {
+      if (str(cs, "name") != container) continue;
+      const Json& state = at(cs, "state");
+      if (at(state, "terminated").is_object()) return "terminated";
+      if (at(state, "running").is_object()) return "running";
+      return "waiting";
+    }
+  const std::string phase = str(status, "phase");
+  return phase == "Succeeded" || phase == "Failed" ? "terminated" : "running";
+}
+
 void KubernetesBackend::get_job_logs(const std::string& name, const std::string& step, bool follow,
                                      const LogLineSink& sink) {
   std::string pod;
@@ -424,25 +538,76 @@ void KubernetesBackend::get_job_logs(const std::string& name, const std::string&
   }
   static const std::regex index_suffix("-[0-9]+$");
   const std::string container = std::regex_replace(step, index_suffix, "");
-  hub::HttpRequest r;
-  r.url = connection_.server + "/api/v1/namespaces/" + hub::url_encode(namespace_, false) + "/pods/" +
-          hub::url_encode(pod, false) + "/log?container=" + hub::url_encode(container, false) +
-          (follow ? "&follow=true" : "");
-  r.tls = connection_.tls;
-  r.streaming = follow;
-  if (!connection_.bearer_token.empty()) r.headers.emplace_back("Authorization", "Bearer " + connection_.bearer_token);
+  const std::string base = connection_.server + "/api/v1/namespaces/" + hub::url_encode(namespace_, false) + "/pods/" +
+                           hub::url_encode(pod, false) + "/log?container=" + hub::url_encode(container, false);
   const std::string where = "kubernetes GET pods/" + pod + "/log";
-  LineSink lines(sink);
-  hub::HttpResponse response;
+
+  // One GET of the log. Returns false when the stream was cut (a transport failure), with why.
+  LogResumePoint resume;
+  auto read = [&](bool follow_now, std::string* cut) -> bool {
+    hub::HttpRequest r;
+    r.url = base;
+    if (follow) {  // timestamps let a reopened stream start where this one stopped
+      r.url += "&timestamps=true";
+      if (resume.time_ns >= 0) r.url += "&sinceTime=" + hub::url_encode(format_rfc3339_seconds(resume.time_ns), false);
+    }
+    if (follow_now) r.url += "&follow=true";
+    r.tls = connection_.tls;
+    r.streaming = follow_now;
+    if (!connection_.bearer_token.empty()) r.headers.emplace_back("Authorization", "Bearer " + connection_.bearer_token);
+    LineSink lines(sink, follow ? &resume : nullptr);
+    hub::HttpResponse response;
+    try {
+      response = http_.perform(r, &lines);
+    } catch (const hub::TransportError& e) {
+      lines.discard_partial();
+      if (!follow_now) throw transport_error(where, connection_, e.what());
+      *cut = e.what();
+      return false;
+    }
+    if (response.status < 200 || response.status >= 300) throw KubernetesApiError(where, api_message(response), response.status);
+    lines.finish();
+    return true;
+  };
+
   try {
-    response = http_.perform(r, &lines);
+    if (!follow) {
+      std::string cut;
+      read(false, &cut);
+      return;
+    }
+    // Follow until the container has ended. The API server may end a stream early (a timeout, a
+    // restarted kubelet or apiserver) or the connection may drop: while the container still runs,
+    // the stream is reopened from the last line's time.
+    constexpr int kMaxFruitlessReopens = 5;
+    int fruitless = 0;
+    while (true) {
+      const int64_t before_time = resume.time_ns;
+      const size_t before_count = resume.lines_at_time;
+      std::string cut;
+      const bool clean = read(true, &cut);
+      const bool progress = resume.time_ns != before_time || resume.lines_at_time != before_count;
+      fruitless = progress ? 0 : fruitless + 1;
+      const std::string state = container_state(pod, container);
+      if (state == "gone") return;
+      if (state == "terminated") {
+        // It ended while the stream was down (or the stream's end was its end): the rest, once.
+        if (!clean) read(false, &cut);
+        return;
+      }
+      if (fruitless >= kMaxFruitlessReopens) {
+        if (clean) return;  // the server keeps closing an idle stream: nothing more to wait for here
+        throw Error(where, "the log stream of the running container keeps failing (" + std::to_string(fruitless) +
+                               " attempts without a new line): " + cut);
+      }
+      log_debug("the log stream of " + pod + " " + (clean ? "ended" : "was cut (" + cut + ")") +
+                " while the container runs; reopening it from " +
+                (resume.time_ns >= 0 ? format_rfc3339_seconds(resume.time_ns) : std::string("the start")));
+      if (fruitless > 0) std::this_thread::sleep_for(std::chrono::duration<double>(poll_interval_ * fruitless));
+    }
   } catch (const StopReading&) {
     return;
-  } catch (const hub::TransportError& e) {
-    throw Error(where, "cannot reach the API server " + connection_.server + ": " + e.what());
   }
-  if (response.status < 200 || response.status >= 300) throw KubernetesApiError(where, api_message(response), response.status);
-  lines.finish();
 }
 
 std::vector<v1alpha1::TrainingRuntime> KubernetesBackend::runtimes() {

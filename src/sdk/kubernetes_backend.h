@@ -13,8 +13,13 @@
 //               node-<batch.kubernetes.io/job-completion-index>; the newest pod of a step wins.
 //               Pod phases read as ktune's step statuses: Pending → Created, Running → Running,
 //               Succeeded → Complete, Failed → Failed. trainerStatus gives the progress.
-//   logs        GET pods/<pod>/log?container=<step without -N>[&follow=true], streamed line by
-//               line; with follow it first waits for the step's pod to leave Pending.
+//   logs        GET pods/<pod>/log?container=<step without -N>, streamed line by line; with
+//               follow it first waits for the step's pod to leave Pending, then asks with
+//               follow=true&timestamps=true; when the stream ends or is cut while the container
+//               still runs (the pod's containerStatuses), it is reopened with sinceTime (the last
+//               line's second) and the lines already delivered are skipped by their timestamps, so
+//               no line is repeated or lost; once the container has ended, a cut stream's rest is
+//               read once without follow.
 //   delete      DELETE the TrainJob (and the Secret, in case the owner reference was not set).
 // Errors from the API server surface with their status and the Status object's message. The
 // bearer token goes only into the Authorization header and is registered as a secret.
@@ -22,6 +27,7 @@
 // installed from manifests/, see docs/kubernetes.md). remove_workspace has no meaning here.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -76,6 +82,8 @@ class KubernetesBackend : public Backend {
   TrainJobRecord record_of(const v1alpha1::Json& trainjob);
   const v1alpha1::TrainingRuntime* runtime_of(const std::string& kind, const std::string& name);
   std::string trainjobs_path() const;
+  // The state of a pod's container: "running", "waiting", "terminated", or "gone" (no such pod).
+  std::string container_state(const std::string& pod, const std::string& container);
 
   KubeConnection connection_;
   std::string namespace_;
@@ -86,5 +94,16 @@ class KubernetesBackend : public Backend {
 
 // RFC 3339 ("2026-12-02T13:10:00Z", fractional seconds allowed) → unix seconds; 0 when malformed.
 double parse_rfc3339(const std::string& text);
+// The same to the nanosecond (a log line's "2026-12-02T13:10:00.123456789Z"); -1 when malformed.
+int64_t parse_rfc3339_ns(const std::string& text);
+// Unix nanoseconds → "2026-12-02T13:10:00Z", the second rounded down (a log request's sinceTime).
+std::string format_rfc3339_seconds(int64_t ns);
+
+// Where a followed log stands: the time of the last line delivered and how many lines with that
+// very time were delivered (lines may share a time). time_ns -1: nothing delivered yet.
+struct LogResumePoint {
+  int64_t time_ns = -1;
+  size_t lines_at_time = 0;
+};
 
 }  // namespace ktune::sdk

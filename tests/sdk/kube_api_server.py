@@ -1,24 +1,48 @@
 #!/usr/bin/env python3
-"""A fake Kubernetes API server for the Kubernetes backend's tests (stdlib only, plain HTTP on
-loopback). It answers the few endpoints the backend uses, with the API's shapes (Status objects on
-errors, lists with items, label selectors on pods, streamed pod logs), checks every request's
-bearer token, and records every request (method, path, headers, body) for the test to inspect.
+"""A fake Kubernetes API server for the Kubernetes backend's tests (stdlib plus `cryptography` for
+its throwaway certificates), on loopback. It answers the few endpoints the backend uses, with the
+API's shapes (Status objects on errors, lists with items, label selectors on pods, pod logs streamed
+chunked as the API server does, with `timestamps` and `sinceTime`), authenticates every request as
+the API server does (a bearer token, or a client certificate the cluster CA signed), and records
+every request (method, path, headers, body, TLS client identity) for the test to inspect.
 
-The test drives it through /_test/... (no token needed):
-  PUT  /_test/state     {"pods": {job: [pod, ...]}, "status": {job: status}, "logs": {"pod/container":
-                         {"lines": [...], "hold_after": k}}, "errors": [{"method", "path", "status",
-                         "reason", "message"}], "runtimes": {name: ClusterTrainingRuntime}} (merged)
+With --tls-dir DIR it serves HTTPS: it writes a fresh PKI into DIR first (ca.crt, server.crt/.key
+for 127.0.0.1 and localhost, client.crt/.key for user "tester" signed by the CA, and other-ca.crt
+plus other-client.crt/.key from an unrelated CA), asks for client certificates and verifies any
+given against ca.crt (--client-cert required: refuses the TLS handshake without one). Handshakes
+that fail are recorded (tls_failures). Without --tls-dir it serves plain HTTP (as `kubectl proxy`).
+No key is ever committed: each run makes its own.
+
+The test drives it through a second, plain-HTTP control port (no credentials needed):
+  PUT  /_test/state     {"pods": {job: [pod, ...]}, "status": {job: status}, "logs": {"pod/container": LOG},
+                         "errors": [{"method", "path", "status", "reason", "message"}],
+                         "runtimes": {name: ClusterTrainingRuntime}} (merged)
   POST /_test/release   lets a held log stream send its remaining lines
-  GET  /_test/requests  the recorded requests, in order
-A held log (hold_after k) sends k lines, then waits (up to 30 s) for /_test/release, then sends the
-rest and records whether the release came (so a test can prove lines arrived while streaming).
+  GET  /_test/requests  the recorded requests, in order (and tls_failures, held_released, secrets)
+LOG = {"lines": [...], "times": [RFC 3339 with nanoseconds, one per line] (default: one line every
+0.4 s from 2026-12-02T10:02:00Z), "hold_after": k, "drops": [{"at": i, "how": "reset"|"clean",
+"partial": bool, "container_ends": bool}], "ends": true}. A followed stream sends the lines from sinceTime on (whole seconds,
+as the kubelet sees it; `timestamps=true` prefixes each with its time); at a drop's line index it
+either cuts the connection (reset: no closing chunk, half of line i sent first when partial) or
+ends the response as if the API server had timed it out (clean); each drop happens once, and with
+container_ends the container has exited by then. After the
+last line of a followed stream the container has ended (unless "ends" is false): the pod turns
+Succeeded with the container terminated, and the stream closes. A held log (hold_after k) sends k
+lines, then waits (up to 30 s) for /_test/release, then sends the rest and records whether the
+release came (so a test can prove lines arrived while streaming).
 
-Usage: kube_api_server.py --token TOKEN [--max-seconds N]; prints {"port": N} when ready; exits
-when stdin closes or after max-seconds.
+Usage: kube_api_server.py --token TOKEN [--tls-dir DIR [--client-cert optional|required]]
+[--max-seconds N]; prints {"port": N, "control_port": M} when ready; exits when stdin closes or
+after max-seconds.
 """
 import argparse
+import calendar
+import datetime
 import json
+import os
 import re
+import socket
+import ssl
 import sys
 import threading
 import time
@@ -28,19 +52,104 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 LOCK = threading.Lock()
 STATE = {"trainjobs": {}, "secrets": {}, "pods": {}, "status": {}, "logs": {}, "errors": [], "runtimes": {},
-         "requests": [], "held_released": []}
+         "requests": [], "held_released": [], "tls_failures": []}
 RELEASE = threading.Event()
 TOKEN = ""
+CLIENT_CN = "tester"  # the user the client certificate names
 
 TJ = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs(?:/([^/]+))?$")
 CTR = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/clustertrainingruntimes/([^/]+)$")
 SECRET = re.compile(r"^/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
+POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)$")
 LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
+BASE_TIME = calendar.timegm((2026, 12, 2, 10, 2, 0))
 
 
 def now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def make_pki(directory):
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, plus an
+    unrelated CA with its own client certificate: EC P-256, valid for a day."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    import ipaddress
+
+    os.makedirs(directory, exist_ok=True)
+    start = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+    end = start + datetime.timedelta(days=1)
+
+    def name(cn, org=None):
+        attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+        if org:
+            attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+        return x509.Name(attrs)
+
+    def write(stem, cert, key=None):
+        with open(os.path.join(directory, stem + ".crt"), "wb") as f:
+            f.write(cert.public_bytes(serialization.Encoding.PEM))
+        if key is not None:
+            with open(os.path.join(directory, stem + ".key"), "wb") as f:
+                f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+
+    def ca(cn):
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(name(cn)).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                             content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                             key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+                .sign(key, hashes.SHA256()))
+        return cert, key
+
+    def leaf(ca_cert, ca_key, subject, usage, sans=None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
+             .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False))
+        if sans:
+            b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return b.sign(ca_key, hashes.SHA256()), key
+
+    ca_cert, ca_key = ca("fake-kube-ca")
+    write("ca", ca_cert)
+    server, server_key = leaf(ca_cert, ca_key, name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH,
+                              [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    write("server", server, server_key)
+    client, client_key = leaf(ca_cert, ca_key, name(CLIENT_CN, "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH)
+    write("client", client, client_key)
+    other_cert, other_key = ca("some-other-ca")
+    write("other-ca", other_cert)
+    other_client, other_client_key = leaf(other_cert, other_key, name(CLIENT_CN, "system:masters"),
+                                          ExtendedKeyUsageOID.CLIENT_AUTH)
+    write("other-client", other_client, other_client_key)
+
+
+def parse_time_ns(text):
+    """RFC 3339 (UTC 'Z', optional fraction) -> integer nanoseconds since the epoch."""
+    m = re.match(r"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?Z$", text)
+    if not m:
+        raise ValueError("not an RFC 3339 UTC time: " + text)
+    seconds = calendar.timegm(tuple(int(g) for g in m.groups()[:6]))
+    return seconds * 10**9 + int((m.group(7) or "").ljust(9, "0"))
+
+
+def format_time_ns(ns):
+    """As Go's RFC3339Nano: trailing zeros of the fraction dropped."""
+    seconds, frac = divmod(ns, 10**9)
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    if frac:
+        text += "." + str(frac).rjust(9, "0").rstrip("0")
+    return text + "Z"
 
 
 def status_obj(code, reason, message):
@@ -79,7 +188,7 @@ def selector_matches(selector, labels):
 
 
 class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"
+    protocol_version = "HTTP/1.1"  # logs stream chunked, as the API server's do; one request a connection
 
     def log_message(self, *args):
         pass
@@ -89,11 +198,23 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
+        self.close_connection = True
 
     def fail(self, code, reason, message):
         self.send_json(code, status_obj(code, reason, message))
+
+    def client_identity(self):
+        """The verified client certificate's common name ("" without one)."""
+        getpeercert = getattr(self.connection, "getpeercert", None)
+        cert = getpeercert() if getpeercert else None
+        for rdn in (cert or {}).get("subject", ()):
+            for k, v in rdn:
+                if k == "commonName":
+                    return v
+        return ""
 
     def handle_any(self):
         url = urlparse(self.path)
@@ -105,12 +226,15 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw.decode(errors="replace")
-        if path.startswith("/_test/"):
+        if self.server.is_control:
             return self.control(path, body)
+        client_cn = self.client_identity()
         with LOCK:
             STATE["requests"].append({"method": self.command, "path": self.path,
-                                      "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
-        if self.headers.get("Authorization") != "Bearer " + TOKEN:
+                                      "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body,
+                                      "tls": isinstance(self.connection, ssl.SSLSocket), "client_cn": client_cn})
+        # As the API server: a valid bearer token, or a client certificate its CA signed.
+        if self.headers.get("Authorization") != "Bearer " + TOKEN and client_cn != CLIENT_CN:
             return self.fail(401, "Unauthorized", "Unauthorized")
         with LOCK:
             for e in STATE["errors"]:
@@ -146,10 +270,26 @@ class Handler(BaseHTTPRequestHandler):
                         if p["metadata"].get("namespace", m.group(1)) == m.group(1)
                         and selector_matches(selector, p["metadata"].get("labels", {}))]
             return self.send_json(200, {"kind": "PodList", "apiVersion": "v1", "items": pods})
+        m = POD.match(path)
+        if m and self.command == "GET":
+            with LOCK:
+                found = self.find_pod(m.group(2))
+                found = json.loads(json.dumps(found)) if found else None
+            if found is None:
+                return self.fail(404, "NotFound", f'pods "{m.group(2)}" not found')
+            return self.send_json(200, found)
         m = LOG.match(path)
         if m and self.command == "GET":
             return self.log(m.group(2), query)
         return self.fail(404, "NotFound", f"the server could not find the requested resource ({self.command} {path})")
+
+    @staticmethod
+    def find_pod(name):  # under LOCK
+        for job in STATE["pods"].values():
+            for p in job:
+                if p["metadata"]["name"] == name:
+                    return p
+        return None
 
     def trainjobs(self, ns, name, body):
         with LOCK:
@@ -205,25 +345,76 @@ class Handler(BaseHTTPRequestHandler):
                 return self.send_json(200, status_obj(200, "", "") | {"status": "Success"})
         return self.fail(405, "MethodNotAllowed", "method not allowed")
 
+    def chunk(self, data):
+        if data:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
     def log(self, pod, query):
         container = query.get("container", [""])[0]
         follow = query.get("follow", ["false"])[0] == "true"
+        timestamps = query.get("timestamps", ["false"])[0] == "true"
+        since = query.get("sinceTime", [None])[0]
         with LOCK:
             spec = STATE["logs"].get(pod + "/" + container)
+            spec = json.loads(json.dumps(spec)) if spec is not None else None
         if spec is None:
             return self.fail(404, "NotFound", f'pods "{pod}" not found')
+        if since is not None:
+            try:
+                since_ns = parse_time_ns(since) // 10**9 * 10**9  # the kubelet gets whole seconds
+            except ValueError as e:
+                return self.fail(400, "BadRequest", f"sinceTime: {e}")
         lines = spec["lines"]
+        times = spec.get("times") or [format_time_ns(BASE_TIME * 10**9 + i * 400 * 10**6) for i in range(len(lines))]
+        first = 0
+        if since is not None:
+            while first < len(lines) and parse_time_ns(times[first]) < since_ns:
+                first += 1
         hold = spec.get("hold_after") if follow else None
+        drop = None
+        if follow:
+            with LOCK:  # the first drop still ahead of this stream, used up now
+                live = STATE["logs"][pod + "/" + container]
+                for i, d in enumerate(live.get("drops", [])):
+                    if d["at"] >= first:
+                        drop = live["drops"].pop(i)
+                        break
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
         self.end_headers()
-        for i, line in enumerate(lines):
+        self.close_connection = True
+        for i in range(first, len(lines)):
+            text = ((times[i] + " ") if timestamps else "") + lines[i] + "\n"
+            if drop is not None and i == drop["at"]:
+                if drop.get("container_ends"):  # it exits while the stream is down
+                    self.end_container(pod, container)
+                if drop.get("how", "reset") == "clean":
+                    break  # the response ends properly, the container still runs
+                if drop.get("partial"):
+                    self.chunk(text[: len(text) // 2].encode())
+                self.connection.shutdown(socket.SHUT_RDWR)  # no closing chunk: the stream is cut
+                return
             if hold is not None and i == hold:
                 released = RELEASE.wait(30)
                 with LOCK:
                     STATE["held_released"].append(released)
-            self.wfile.write((line + "\n").encode())
-            self.wfile.flush()
+            self.chunk(text.encode())
+        else:
+            if follow and spec.get("ends", True):  # the container exits; its log is complete
+                self.end_container(pod, container)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def end_container(self, pod, container):
+        with LOCK:
+            p = self.find_pod(pod)
+            if p is not None:
+                p["status"]["phase"] = "Succeeded"
+                p["status"]["containerStatuses"] = [{"name": container, "state": {"terminated": {
+                    "exitCode": 0, "finishedAt": now()}}}]
 
     def control(self, path, body):
         if path == "/_test/state" and self.command == "PUT":
@@ -240,23 +431,76 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/_test/requests":
             with LOCK:
                 return self.send_json(200, {"requests": STATE["requests"], "held_released": STATE["held_released"],
-                                            "secrets": STATE["secrets"]})
+                                            "secrets": STATE["secrets"], "tls_failures": STATE["tls_failures"]})
         return self.fail(404, "NotFound", path)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = handle_any
+
+
+class Server(ThreadingHTTPServer):
+    """Serves each connection on its own thread; with a TLS context the handshake happens there too,
+    so a refused handshake is recorded and the other connections go on."""
+    daemon_threads = True
+
+    def __init__(self, address, tls_context=None, is_control=False):
+        super().__init__(address, Handler)
+        self.tls_context = tls_context
+        self.is_control = is_control
+
+    def finish_request(self, request, client_address):
+        if self.tls_context is None:
+            return super().finish_request(request, client_address)
+        request.settimeout(30)
+        tls = self.tls_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        try:
+            tls.do_handshake()
+        except (ssl.SSLError, OSError) as e:
+            with LOCK:
+                STATE["tls_failures"].append(str(e))
+            # Close gently: the alert just sent must reach the client before the socket goes
+            # (closing with its request unread would reset the connection and lose the alert).
+            raw = socket.socket(fileno=tls.detach())
+            try:
+                raw.shutdown(socket.SHUT_WR)
+                while raw.recv(65536):
+                    pass
+            except OSError:
+                pass
+            raw.close()
+            return
+        try:
+            Handler(tls, client_address, self)
+        except (ssl.SSLError, OSError) as e:  # e.g. TLS 1.3: the client certificate is checked after the handshake
+            with LOCK:
+                STATE["tls_failures"].append(str(e))
+        finally:
+            tls.close()
+
+    def handle_error(self, request, client_address):
+        pass  # a client that went away mid-stream is no error of the server
 
 
 def main():
     global TOKEN
     ap = argparse.ArgumentParser()
     ap.add_argument("--token", required=True)
+    ap.add_argument("--tls-dir", help="serve HTTPS with a fresh PKI written here")
+    ap.add_argument("--client-cert", choices=["optional", "required"], default="optional")
     ap.add_argument("--max-seconds", type=float, default=300)
     args = ap.parse_args()
     TOKEN = args.token
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    print(json.dumps({"port": server.server_address[1]}), flush=True)
+    context = None
+    if args.tls_dir:
+        make_pki(args.tls_dir)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(os.path.join(args.tls_dir, "server.crt"), os.path.join(args.tls_dir, "server.key"))
+        context.load_verify_locations(os.path.join(args.tls_dir, "ca.crt"))
+        context.verify_mode = ssl.CERT_REQUIRED if args.client_cert == "required" else ssl.CERT_OPTIONAL
+    server = Server(("127.0.0.1", 0), context)
+    control = Server(("127.0.0.1", 0), None, is_control=True)
+    for s in (server, control):
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    print(json.dumps({"port": server.server_address[1], "control_port": control.server_address[1]}), flush=True)
     deadline = time.time() + args.max_seconds
 
     def watch_stdin():
@@ -268,6 +512,7 @@ def main():
     while time.time() < deadline and not deadline_hit.wait(0.2):
         pass
     server.shutdown()
+    control.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,10 +1,16 @@
-// The Kubernetes backend against a fake API server (tests/sdk/kube_api_server.py, plain HTTP on
-// loopback, bearer-token auth, every request recorded): the kubeconfig and in-cluster readers, the
-// exact TrainJob (and Secret) the backend POSTs, compared with `ktune train --dry-run` and validated
-// against the Kubeflow Trainer CRD schema; upstream's status mapping from conditions and pods; logs
-// streamed while the server is still writing them; the API server's errors (401/403/404/409) with
-// their messages; and the token in no output, error or request other than its Authorization header.
-// It does not run a cluster: the controller's behaviour (pods, conditions) is what the test sets.
+// The Kubernetes backend against a fake API server (tests/sdk/kube_api_server.py on loopback, HTTPS
+// with a CA, server and client certificates it makes afresh for each test, every request recorded):
+// the kubeconfig and in-cluster readers; TLS as a kubeconfig asks for it (the CA from
+// certificate-authority-data or a certificate-authority file, a bearer token or a client
+// certificate as data or files, a wrong CA refused naming the server and the kubeconfig,
+// insecure-skip-tls-verify); the exact TrainJob (and Secret) the backend POSTs, compared with
+// `ktune train --dry-run` and validated against the Kubeflow Trainer CRD schema; upstream's status
+// mapping from conditions and pods; logs streamed while the server is still writing them, and a
+// followed stream that is cut or ended early reopened without a repeated or lost line; the API
+// server's errors (401/403/404/409) with their messages; and the token in no output, error or
+// request other than its Authorization header. One test keeps plain HTTP (what `kubectl proxy`
+// serves). It does not run a cluster: the controller's behaviour (pods, conditions) is what the
+// test sets.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -34,15 +40,28 @@ const std::string kHfToken = "hf_k8sSecretToken0123456789";
 const std::string kServerScript = std::string(KTUNE_SOURCE_DIR) + "/tests/sdk/kube_api_server.py";
 const std::string kKtune = std::string(KTUNE_BINARY_DIR) + "/bin/ktune";
 
-std::string kubeconfig_text(int port, const std::string& token, const std::string& ns = "team-a") {
+// A kubeconfig whose current context "fake" (namespace team-a) points at `server`; `cluster` and
+// `user` are more lines of the cluster and user entries ("    key: value\n" each).
+std::string kubeconfig_yaml(const std::string& server, const std::string& cluster, const std::string& user,
+                            const std::string& ns = "team-a") {
   return "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
-         "clusters:\n- name: fake-cluster\n  cluster:\n    server: http://127.0.0.1:" + std::to_string(port) + "/\n"
+         "clusters:\n- name: fake-cluster\n  cluster:\n    server: " + server + "\n" + cluster +
          "contexts:\n- name: other\n  context: {cluster: fake-cluster, user: nobody}\n"
          "- name: fake\n  context:\n    cluster: fake-cluster\n    user: tester\n    namespace: " + ns + "\n"
-         "users:\n- name: tester\n  user:\n    token: " + token + "\n- name: nobody\n  user: {}\n";
+         "users:\n- name: tester\n" + (user.empty() ? "  user: {}\n" : "  user:\n" + user) +
+         "- name: nobody\n  user: {}\n";
 }
 
-// A tiny client for the server's /_test/ control endpoints.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+
+// A tiny client for the server's /_test/ control endpoints (a plain-HTTP port of their own).
 Json control(int port, const std::string& method, const std::string& path, const Json& body = nullptr) {
   hub::HttpClient http;
   hub::HttpRequest r;
@@ -74,21 +93,40 @@ Json pod(const std::string& job, const std::string& role, int index, const std::
           {"status", {{"phase", phase}, {"startTime", created}}}};
 }
 
+// The fake API server over HTTPS (its PKI in `pki_dir`), or plain HTTP when pki_dir is "".
+std::unique_ptr<ServerProcess> start_server(const std::string& pki_dir, const std::string& client_cert = "optional") {
+  std::vector<std::string> args{"--token", kToken, "--max-seconds", "120"};
+  if (!pki_dir.empty()) args.insert(args.end(), {"--tls-dir", pki_dir, "--client-cert", client_cert});
+  return std::make_unique<ServerProcess>(kServerScript, args);
+}
+
 class KubernetesBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_ = std::make_unique<ServerProcess>(kServerScript, std::vector<std::string>{"--token", kToken, "--max-seconds", "120"});
+    if (!hub::testing::python_has("cryptography")) GTEST_SKIP() << "python3 cryptography (the test PKI) is not installed";
+    pki_ = dir_ / "pki";
+    server_ = start_server(pki_);
     ASSERT_TRUE(server_->ready()) << "the fake API server did not start";
     port_ = server_->port();
+    control_port_ = server_->info().value("control_port", 0);
     kubeconfig_ = dir_ / "kubeconfig";
-    write_file(kubeconfig_, kubeconfig_text(port_, kToken));
+    write_file(kubeconfig_, kubeconfig_text(kToken));
   }
-  KubernetesBackend backend() { return KubernetesBackend(parse_kubeconfig(kubeconfig_text(port_, kToken), kubeconfig_), ""); }
+  std::string server_url(const std::string& host = "127.0.0.1") const {
+    return "https://" + host + ":" + std::to_string(port_);
+  }
+  std::string pem(const std::string& name) const { return hub::testing::read_file(pki_ + "/" + name); }
+  // Bearer token over TLS, the CA given as certificate-authority-data.
+  std::string kubeconfig_text(const std::string& token) const {
+    return kubeconfig_yaml(server_url() + "/", "    certificate-authority-data: " + hub::base64_encode(pem("ca.crt")) + "\n",
+                           "    token: " + token + "\n");
+  }
+  KubernetesBackend backend() { return KubernetesBackend(parse_kubeconfig(kubeconfig_text(kToken), kubeconfig_), ""); }
   std::unique_ptr<KubernetesBackend> make_backend() {
-    return std::make_unique<KubernetesBackend>(parse_kubeconfig(kubeconfig_text(port_, kToken), kubeconfig_), "");
+    return std::make_unique<KubernetesBackend>(parse_kubeconfig(kubeconfig_text(kToken), kubeconfig_), "");
   }
-  Json requests() { return control(port_, "GET", "/_test/requests"); }
-  void set_state(const Json& state) { control(port_, "PUT", "/_test/state", state); }
+  Json requests() { return control(control_port_, "GET", "/_test/requests"); }
+  void set_state(const Json& state) { control(control_port_, "PUT", "/_test/state", state); }
   CommandResult ktune(const std::vector<std::string>& args, std::map<std::string, std::string> env = {}) {
     std::vector<std::string> argv{kKtune};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -114,7 +152,8 @@ class KubernetesBackendTest : public ::testing::Test {
 
   TempDir dir_;
   std::unique_ptr<ServerProcess> server_;
-  int port_ = 0;
+  std::string pki_;
+  int port_ = 0, control_port_ = 0;
   std::string kubeconfig_;
 };
 
@@ -204,6 +243,14 @@ TEST(Rfc3339, ParsesUtcFractionsAndOffsets) {
   EXPECT_EQ(parse_rfc3339("2026-12-02T13:10:00.5Z"), 1796217000.5);
   EXPECT_EQ(parse_rfc3339("2026-12-02T15:10:00+02:00"), 1796217000.0);
   EXPECT_EQ(parse_rfc3339("yesterday"), 0.0);
+  // To the nanosecond, as log lines carry it (Go's RFC3339Nano drops trailing zeros).
+  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T13:10:00Z"), 1796217000LL * 1000000000);
+  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T13:10:00.5Z"), 1796217000LL * 1000000000 + 500000000);
+  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T13:10:00.000000001Z"), 1796217000LL * 1000000000 + 1);
+  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T14:10:00.25+01:00"), 1796217000LL * 1000000000 + 250000000);
+  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T13:10:00.Z"), -1);
+  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T13:10:00Zjunk"), -1);
+  EXPECT_EQ(format_rfc3339_seconds(1796217000LL * 1000000000 + 999999999), "2026-12-02T13:10:00Z");
 }
 
 // The TrainJob posted is the one `ktune train --dry-run --backend kubernetes` prints, valid for the
@@ -239,7 +286,10 @@ TEST_F(KubernetesBackendTest, SubmitPostsTheDryRunTrainJobAndKeepsTheTokenInASec
   EXPECT_EQ(reqs[1]["headers"]["content-type"], "application/json");
   EXPECT_EQ(reqs[2]["method"], "PATCH");
   EXPECT_EQ(reqs[2]["path"], "/api/v1/namespaces/team-a/secrets/k8s-job-ktune-secrets");
-  for (const Json& r : log["requests"]) EXPECT_EQ(r["headers"]["authorization"], "Bearer " + kToken);
+  for (const Json& r : log["requests"]) {
+    EXPECT_EQ(r["headers"]["authorization"], "Bearer " + kToken);
+    EXPECT_EQ(r["tls"], true);
+  }
 
   // The posted TrainJob is the printed one.
   const std::vector<v1alpha1::Json> docs = v1alpha1::parse_yaml_documents(printed.out, "dry run");
@@ -402,14 +452,19 @@ TEST_F(KubernetesBackendTest, FollowedLogsArriveWhileTheServerIsStillWriting) {
   std::vector<std::string> lines;
   k.get_job_logs("job-l", "node-0", /*follow=*/true, [&](const std::string& l) {
     lines.push_back(l);
-    if (lines.size() == 2) control(port_, "POST", "/_test/release");  // the server holds the rest until now
+    if (lines.size() == 2) control(control_port_, "POST", "/_test/release");  // the server holds the rest until now
     return true;
   });
   EXPECT_EQ(lines, (std::vector<std::string>{"step 1", "step 2", "step 3", "done"}));
   const Json log = requests();
   EXPECT_EQ(log["held_released"], Json::array({true})) << "the first lines did not arrive before the last were sent";
-  const std::string last = log["requests"].back()["path"];
-  EXPECT_EQ(last, "/api/v1/namespaces/team-a/pods/" + pod_name + "/log?container=node&follow=true");
+  std::vector<std::string> log_paths;
+  for (const Json& r : log["requests"])
+    if (r["path"].get<std::string>().find("/log?") != std::string::npos) log_paths.push_back(r["path"]);
+  // One stream, with timestamps (for a reopened stream to resume from); the container then ended.
+  EXPECT_EQ(log_paths, (std::vector<std::string>{"/api/v1/namespaces/team-a/pods/" + pod_name +
+                                                 "/log?container=node&timestamps=true&follow=true"}));
+  EXPECT_EQ(log["requests"].back()["path"], "/api/v1/namespaces/team-a/pods/" + pod_name);
   // Without follow: the whole log; a sink may stop early.
   std::vector<std::string> all;
   k.get_job_logs("job-l", "node-0", false, [&](const std::string& l) {
@@ -427,14 +482,6 @@ TEST_F(KubernetesBackendTest, FollowedLogsArriveWhileTheServerIsStillWriting) {
 }
 
 TEST_F(KubernetesBackendTest, ApiServerErrorsSurfaceWithTheirMessage) {
-  auto error_of = [](const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   KubernetesBackend k = backend();
   // 404
   const std::string missing = error_of([&] { k.get_job("nope"); });
@@ -458,7 +505,7 @@ TEST_F(KubernetesBackendTest, ApiServerErrorsSurfaceWithTheirMessage) {
   EXPECT_FALSE(log["secrets"].contains("denied-ktune-secrets"));
   EXPECT_EQ(log["requests"].back()["method"], "DELETE");
   // 401: a wrong token; the message names no token.
-  KubernetesBackend wrong(parse_kubeconfig(kubeconfig_text(port_, "wrong-token-value-99"), kubeconfig_), "");
+  KubernetesBackend wrong(parse_kubeconfig(kubeconfig_text("wrong-token-value-99"), kubeconfig_), "");
   const std::string unauthorized = error_of([&] { wrong.list_jobs(); });
   EXPECT_NE(unauthorized.find("401 Unauthorized"), std::string::npos) << unauthorized;
   for (const std::string& text : {missing, dup, forbidden, unauthorized}) {
@@ -466,9 +513,10 @@ TEST_F(KubernetesBackendTest, ApiServerErrorsSurfaceWithTheirMessage) {
     EXPECT_EQ(text.find("wrong-token-value-99"), std::string::npos);
   }
   // An unreachable server says which one.
-  KubeConnection gone = parse_kubeconfig(kubeconfig_text(1, kToken), kubeconfig_);
+  KubeConnection gone = parse_kubeconfig(kubeconfig_yaml("https://127.0.0.1:1", "", "    token: " + kToken + "\n"), kubeconfig_);
   const std::string unreachable = error_of([&] { KubernetesBackend(gone, "").list_jobs(); });
-  EXPECT_NE(unreachable.find("cannot reach the API server http://127.0.0.1:1"), std::string::npos) << unreachable;
+  EXPECT_NE(unreachable.find("cannot reach the API server https://127.0.0.1:1 (kubeconfig " + kubeconfig_ + " (context fake))"),
+            std::string::npos) << unreachable;
 }
 
 // `ktune jobs ... --backend kubernetes` (and KTUNE_BACKEND=kubernetes) from the shell.
@@ -497,6 +545,240 @@ TEST_F(KubernetesBackendTest, JobsCommandsWorkOnTheKubernetesBackend) {
     EXPECT_EQ(r->out.find(kToken), std::string::npos);
     EXPECT_EQ(r->err.find(kToken), std::string::npos);
   }
+}
+
+// --- TLS, as the kubeconfig asks for it ------------------------------------------------------
+
+// A bearer token over TLS, the server verified against the cluster CA given inline
+// (certificate-authority-data) or as a file next to the kubeconfig; localhost and 127.0.0.1 are
+// both names in the server's certificate.
+TEST_F(KubernetesBackendTest, TokenOverTlsWithTheCaFromDataOrFile) {
+  EXPECT_TRUE(backend().list_jobs().empty());
+  write_file(dir_ / "certs/cluster-ca.crt", pem("ca.crt"));
+  const std::string from_file = kubeconfig_yaml(server_url("localhost"), "    certificate-authority: certs/cluster-ca.crt\n",
+                                                "    token: " + kToken + "\n");
+  const KubeConnection c = parse_kubeconfig(from_file, dir_ / "kubeconfig-file");
+  EXPECT_EQ(c.tls.ca_file, dir_ / "certs/cluster-ca.crt");
+  EXPECT_TRUE(KubernetesBackend(c, "").list_jobs().empty());
+  const Json log = requests();
+  ASSERT_EQ(log["requests"].size(), 2u) << log.dump(1);
+  for (const Json& r : log["requests"]) {
+    EXPECT_EQ(r["tls"], true);
+    EXPECT_EQ(r["method"], "GET");
+    EXPECT_EQ(r["path"], "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs");
+    EXPECT_EQ(r["headers"]["authorization"], "Bearer " + kToken);
+    EXPECT_EQ(r["headers"]["accept"], "application/json");
+    EXPECT_EQ(r["client_cn"], "");
+  }
+  EXPECT_TRUE(log["tls_failures"].empty()) << log["tls_failures"].dump();
+}
+
+// A server that requires client certificates: the user's certificate and key, inline or as
+// files, authenticate without a token; no certificate, or one another CA signed, is refused at
+// the handshake with an error that says so.
+TEST_F(KubernetesBackendTest, ClientCertificatesAuthenticateAsDataOrFiles) {
+  TempDir dir;
+  auto strict = start_server(dir / "pki", "required");
+  ASSERT_TRUE(strict->ready());
+  const std::string server = "https://127.0.0.1:" + std::to_string(strict->port());
+  const int control_port = strict->info().value("control_port", 0);
+  auto read = [&](const std::string& name) { return hub::testing::read_file(dir / ("pki/" + name)); };
+  const std::string ca = "    certificate-authority-data: " + hub::base64_encode(read("ca.crt")) + "\n";
+  const std::string path = dir / "config";
+
+  const KubeConnection inline_cert = parse_kubeconfig(
+      kubeconfig_yaml(server, ca, "    client-certificate-data: " + hub::base64_encode(read("client.crt")) + "\n" +
+                                      "    client-key-data: " + hub::base64_encode(read("client.key")) + "\n"),
+      path);
+  EXPECT_TRUE(inline_cert.bearer_token.empty());
+  EXPECT_TRUE(KubernetesBackend(inline_cert, "").list_jobs().empty());
+  write_file(dir / "user/tester.crt", read("client.crt"));
+  write_file(dir / "user/tester.key", read("client.key"));
+  const KubeConnection file_cert = parse_kubeconfig(
+      kubeconfig_yaml(server, ca, "    client-certificate: user/tester.crt\n    client-key: user/tester.key\n"), path);
+  EXPECT_TRUE(KubernetesBackend(file_cert, "").list_jobs().empty());
+  Json log = control(control_port, "GET", "/_test/requests");
+  ASSERT_EQ(log["requests"].size(), 2u) << log.dump(1);
+  for (const Json& r : log["requests"]) {
+    EXPECT_EQ(r["client_cn"], "tester");  // the certificate the server verified
+    EXPECT_FALSE(r["headers"].contains("authorization"));
+  }
+
+  // A token alone does not pass a server that requires a certificate.
+  const std::string no_cert = error_of([&] {
+    KubernetesBackend(parse_kubeconfig(kubeconfig_yaml(server, ca, "    token: " + kToken + "\n"), path), "").list_jobs();
+  });
+  EXPECT_NE(no_cert.find("cannot reach the API server " + server + " (kubeconfig " + path + " (context fake))"),
+            std::string::npos) << no_cert;
+  EXPECT_NE(no_cert.find("refused the TLS client certificate"), std::string::npos) << no_cert;
+  EXPECT_EQ(no_cert.find(kToken), std::string::npos);
+  // A certificate from a CA the cluster does not trust.
+  const std::string untrusted = error_of([&] {
+    KubernetesBackend(parse_kubeconfig(kubeconfig_yaml(server, ca,
+                                                       "    client-certificate-data: " + hub::base64_encode(read("other-client.crt")) +
+                                                           "\n    client-key-data: " + hub::base64_encode(read("other-client.key")) + "\n"),
+                                       path),
+                      "")
+        .list_jobs();
+  });
+  EXPECT_NE(untrusted.find("refused the TLS client certificate"), std::string::npos) << untrusted;
+  log = control(control_port, "GET", "/_test/requests");
+  EXPECT_EQ(log["requests"].size(), 2u) << "a refused handshake reached the API";
+  EXPECT_FALSE(log["tls_failures"].empty());
+  // A key file that is not there: named, not a handshake mystery.
+  const std::string missing_key = error_of([&] {
+    KubernetesBackend(parse_kubeconfig(kubeconfig_yaml(server, ca, "    client-certificate: user/tester.crt\n    client-key: user/nope.key\n"), path),
+                      "")
+        .list_jobs();
+  });
+  EXPECT_NE(missing_key.find("cannot reach the API server " + server), std::string::npos) << missing_key;
+  EXPECT_NE(missing_key.find("client certificate or key"), std::string::npos) << missing_key;
+}
+
+// A server whose certificate the kubeconfig's CA did not sign is refused before any request is
+// sent (so the token never leaves), with an error naming the server, the kubeconfig and the fix;
+// without a CA the system's store does not trust it either. insecure-skip-tls-verify is honoured.
+TEST_F(KubernetesBackendTest, AWrongCaIsRefusedUnlessVerificationIsSkipped) {
+  const std::string wrong_ca = "    certificate-authority-data: " + hub::base64_encode(pem("other-ca.crt")) + "\n";
+  const std::string token = "    token: " + kToken + "\n";
+  const std::string wrong = error_of([&] {
+    KubernetesBackend(parse_kubeconfig(kubeconfig_yaml(server_url(), wrong_ca, token), kubeconfig_), "").list_jobs();
+  });
+  EXPECT_NE(wrong.find("cannot reach the API server " + server_url() + " (kubeconfig " + kubeconfig_ + " (context fake))"),
+            std::string::npos) << wrong;
+  EXPECT_NE(wrong.find("does not verify against the CA this kubeconfig gives"), std::string::npos) << wrong;
+  EXPECT_NE(wrong.find("insecure-skip-tls-verify"), std::string::npos) << wrong;
+  EXPECT_EQ(wrong.find(kToken), std::string::npos);
+  const std::string system_cas = error_of([&] {
+    KubernetesBackend(parse_kubeconfig(kubeconfig_yaml(server_url(), "", token), kubeconfig_), "").list_jobs();
+  });
+  EXPECT_NE(system_cas.find("does not verify against the CA"), std::string::npos) << system_cas;
+  EXPECT_TRUE(requests()["requests"].empty()) << "a request went to a server that was not verified";
+
+  // The same from the shell: exit 1, the message, no token.
+  if (fs::exists(kKtune)) {
+    write_file(dir_ / "wrong-kubeconfig", kubeconfig_yaml(server_url(), wrong_ca, token));
+    std::vector<std::string> argv{kKtune, "jobs", "list", "--backend", "kubernetes"};
+    const CommandResult r = run_command(argv, {{"KUBECONFIG", dir_ / "wrong-kubeconfig"}, {"KTUNE_HOME", dir_ / "home"}});
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("does not verify against the CA"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(dir_ / "wrong-kubeconfig"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find(kToken), std::string::npos) << r.err;
+  }
+
+  // insecure-skip-tls-verify: the wrong CA, or none, is not checked.
+  for (const std::string& cluster : {wrong_ca + "    insecure-skip-tls-verify: true\n", std::string("    insecure-skip-tls-verify: true\n")})
+    EXPECT_TRUE(KubernetesBackend(parse_kubeconfig(kubeconfig_yaml(server_url(), cluster, token), kubeconfig_), "")
+                    .list_jobs()
+                    .empty());
+  EXPECT_EQ(requests()["requests"].size(), 2u);
+}
+
+// Inside a pod: the service account's token and ca.crt, over TLS.
+TEST_F(KubernetesBackendTest, TheInClusterServiceAccountSpeaksTls) {
+  write_file(dir_ / "sa/token", kToken + "\n");
+  write_file(dir_ / "sa/ca.crt", pem("ca.crt"));
+  write_file(dir_ / "sa/namespace", "team-a\n");
+  KubernetesBackend k(in_cluster_connection("127.0.0.1", std::to_string(port_), dir_ / "sa"), "");
+  EXPECT_EQ(k.kubernetes_namespace(), "team-a");
+  EXPECT_TRUE(k.list_jobs().empty());
+  const Json log = requests();
+  ASSERT_EQ(log["requests"].size(), 1u);
+  EXPECT_EQ(log["requests"][0]["headers"]["authorization"], "Bearer " + kToken);
+  EXPECT_EQ(log["requests"][0]["tls"], true);
+}
+
+// Plain HTTP still works: what `kubectl proxy` serves on localhost.
+TEST(KubernetesBackendPlainHttp, AKubectlProxyStyleServerIsSpokenToWithoutTls) {
+  TempDir dir;
+  auto plain = start_server("");
+  ASSERT_TRUE(plain->ready());
+  const std::string config = kubeconfig_yaml("http://127.0.0.1:" + std::to_string(plain->port()), "", "    token: " + kToken + "\n");
+  EXPECT_TRUE(KubernetesBackend(parse_kubeconfig(config, dir / "config"), "").list_jobs().empty());
+  const Json log = control(plain->info().value("control_port", 0), "GET", "/_test/requests");
+  ASSERT_EQ(log["requests"].size(), 1u);
+  EXPECT_EQ(log["requests"][0]["tls"], false);
+}
+
+// --- Followed logs that the server cuts or ends early ----------------------------------------
+
+struct FollowedLog {
+  std::vector<std::string> lines, log_paths;
+};
+
+class KubernetesLogStreamTest : public KubernetesBackendTest {
+ protected:
+  // A running node pod of job `job` whose log is `log` (the fake server's LOG spec); follows it.
+  FollowedLog follow(const std::string& job, Json log) {
+    FollowedLog out;
+    if (submit(job) != job) return out;
+    const Json node = pod(job, "node", 0, "Running", "2026-12-02T10:02:00Z");
+    const std::string pod_name = node["metadata"]["name"];
+    set_state({{"pods", {{job, Json::array({node})}}}, {"logs", {{pod_name + "/node", log}}}});
+    KubernetesBackend k = backend();
+    k.set_poll_interval(0.01);
+    k.get_job_logs(job, "node-0", true, [&](const std::string& l) {
+      out.lines.push_back(l);
+      return true;
+    });
+    const Json recorded = requests();
+    for (const Json& r : recorded["requests"]) {
+      const std::string path = r["path"];
+      if (path.find("/log?") != std::string::npos) out.log_paths.push_back(path.substr(path.find("/log?") + 5));
+    }
+    return out;
+  }
+};
+
+std::vector<std::string> numbered_lines(int n) {
+  std::vector<std::string> v;
+  for (int i = 0; i < n; ++i) v.push_back("line " + std::to_string(i) + ": loss " + std::to_string(2.5 - 0.1 * i));
+  return v;
+}
+
+// Cut mid-line after the second of three lines that share one timestamp, then ended early by the
+// server while the container still runs: each time the stream is reopened from the last line's
+// second, and every line arrives exactly once, in order.
+TEST_F(KubernetesLogStreamTest, ACutOrEarlyEndedStreamIsReopenedWithoutRepeatsOrGaps) {
+  const std::vector<std::string> lines = numbered_lines(10);
+  const Json times = Json::array({"2026-12-02T10:02:00.1Z", "2026-12-02T10:02:00.5Z", "2026-12-02T10:02:01Z",
+                                  "2026-12-02T10:02:01.5Z", "2026-12-02T10:02:01.5Z", "2026-12-02T10:02:01.5Z",
+                                  "2026-12-02T10:02:01.9Z", "2026-12-02T10:02:02.3Z", "2026-12-02T10:02:03Z",
+                                  "2026-12-02T10:02:03.000000001Z"});
+  const FollowedLog got = follow("job-cut", {{"lines", lines},
+                                             {"times", times},
+                                             {"drops", Json::array({{{"at", 5}, {"how", "reset"}, {"partial", true}},
+                                                                    {{"at", 8}, {"how", "clean"}}})}});
+  EXPECT_EQ(got.lines, lines);
+  EXPECT_EQ(got.log_paths, (std::vector<std::string>{"container=node&timestamps=true&follow=true",
+                                                     "container=node&timestamps=true&sinceTime=2026-12-02T10%3A02%3A01Z&follow=true",
+                                                     "container=node&timestamps=true&sinceTime=2026-12-02T10%3A02%3A02Z&follow=true"}));
+}
+
+// The stream is cut and the container exits before it could be reopened: the rest is read once,
+// without follow, from where the cut left off.
+TEST_F(KubernetesLogStreamTest, ACutStreamOfAContainerThatEndedMeanwhileIsReadToItsEnd) {
+  const std::vector<std::string> lines = numbered_lines(7);
+  const FollowedLog got =
+      follow("job-end", {{"lines", lines}, {"drops", Json::array({{{"at", 4}, {"partial", true}, {"container_ends", true}}})}});
+  EXPECT_EQ(got.lines, lines);
+  ASSERT_EQ(got.log_paths.size(), 2u);
+  EXPECT_EQ(got.log_paths[1], "container=node&timestamps=true&sinceTime=2026-12-02T10%3A02%3A01Z");  // no follow
+}
+
+// A stream that keeps failing without a new line gives up with the reason instead of looping.
+TEST_F(KubernetesLogStreamTest, AStreamThatKeepsFailingGivesUpWithTheReason) {
+  Json drops = Json::array();
+  for (int i = 0; i < 8; ++i) drops.push_back({{"at", 2}});
+  std::string error;
+  FollowedLog got;
+  try {
+    got = follow("job-flaky", {{"lines", numbered_lines(4)}, {"drops", drops}});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("keeps failing (5 attempts without a new line)"), std::string::npos) << error;
+  EXPECT_EQ(requests()["requests"].back()["method"], "GET");
 }
 
 }  // namespace
