@@ -17,6 +17,7 @@
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rmsnorm.h"
+#include "model/adapters/lora_adapter.h"
 
 namespace ktune::model {
 
@@ -96,6 +97,14 @@ struct Decoder::Take {
 };
 
 namespace {
+
+// The adapter on the untied head, if any: the fused loss knows LoRA/DoRA/QLoRA (model/adapters).
+LoraAdapter* output_adapter(const Linear& output) {
+  if (!output.adapter) return nullptr;
+  auto* lora = dynamic_cast<LoraAdapter*>(output.adapter.get());
+  check(lora != nullptr, "lm_head", "the fused loss supports only LoRA adapters (LoraAdapter) on the output projection");
+  return lora;
+}
 
 float* grad_of(Parameter* p) { return p && p->trainable ? p->grad.f32() : nullptr; }
 
@@ -190,6 +199,12 @@ void Decoder::build_parameters() {
   }
   final_norm_ = add("model.norm.weight", {C});
   if (!c.tie_word_embeddings) lm_head_ = add("lm_head.weight", {c.vocab_size, C});
+  if (lm_head_) {  // the untied head as a projection, for adapters (LoRA on lm_head)
+    output_.name = "lm_head";
+    output_.weight = lm_head_;
+    output_.in = C;
+    output_.out = c.vocab_size;
+  }
 }
 
 void Decoder::init_random(uint64_t seed) {
@@ -290,6 +305,7 @@ std::vector<Linear*> Decoder::linears() {
   std::vector<Linear*> out;
   for (auto& layer : layers_)
     for (int i = 0; i < 7; ++i) out.push_back(layer->linear(i));
+  if (lm_head_) out.push_back(&output_);
   return out;
 }
 
@@ -376,7 +392,9 @@ void Decoder::layout(Take& take, int64_t B, int64_t T, Plan& p) const {
   p.adapter_scratch = adapter_scratch > 0 ? take.f(adapter_scratch) : nullptr;
   // Chunks of the fused loss: about 4 Mi floats (16 MiB) of logits at a time.
   p.ce_chunk = std::clamp<int64_t>((int64_t(1) << 22) / c.vocab_size, 1, std::max<int64_t>(N, 1));
-  p.ce_scratch = take.f(int64_t(cpu::linear_cross_entropy_scratch_floats(p.ce_chunk, c.vocab_size, C)));
+  const LoraAdapter* head_adapter = output_adapter(output_);
+  p.ce_scratch = take.f(int64_t(head_adapter ? head_adapter->fused_output_scratch_floats(p.ce_chunk)
+                                             : cpu::linear_cross_entropy_scratch_floats(p.ce_chunk, c.vocab_size, C)));
   if (storage_ != DType::F32) {
     int64_t widest = c.vocab_size * C;  // the output head (or the tied embedding)
     for (auto& layer : layers_)
@@ -571,16 +589,29 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
   cpu::rmsnorm_forward(p.final_normed, p.final_rstd, p.resid[size_t(L)], as_f32(final_norm_, p.norm_scratch), N, C,
                        c.rms_norm_eps, c.norm_weight_offset);
   Parameter* head = lm_head_ ? lm_head_ : embed_;
-  const float* head_w = as_f32(head, p.weight_scratch);  // (V, C)
+  LoraAdapter* head_adapter = output_adapter(output_);
+  // (V, C); a QLoRA head keeps only its NF4 copy (in the adapter)
+  const float* head_w = head->value.defined() ? as_f32(head, p.weight_scratch) : nullptr;
   if (logits) {  // (N, V)
-    cpu::gemm(false, true, N, V, C, 1.0f, p.final_normed, head_w, 0.0f, logits);
+    if (head_adapter) {
+      std::vector<float> saved(size_t(std::max<int64_t>(1, output_.saved_floats(N))));
+      output_.forward(logits, p.final_normed, N, saved.data(), p.weight_scratch);
+    } else {
+      cpu::gemm(false, true, N, V, C, 1.0f, p.final_normed, head_w, 0.0f, logits);
+    }
     if (c.final_logit_softcap > 0) cpu::softcap_forward(logits, N * V, c.final_logit_softcap);
     return {};
   }
   LossResult r;
-  r.loss_sum = cpu::linear_cross_entropy(backward ? p.dnormed : nullptr, backward ? grad_of(head) : nullptr,
-                                         &r.n_valid, p.final_normed, head_w, batch.labels, N, C, V,
-                                         c.final_logit_softcap, grad_scale, p.ce_chunk, p.ce_scratch);
+  if (head_adapter) {
+    r.loss_sum = head_adapter->fused_output_cross_entropy(backward ? p.dnormed : nullptr, &r.n_valid, p.final_normed,
+                                                          head_w, batch.labels, N, c.final_logit_softcap, grad_scale,
+                                                          backward, p.ce_chunk, p.ce_scratch);
+  } else {
+    r.loss_sum = cpu::linear_cross_entropy(backward ? p.dnormed : nullptr, backward ? grad_of(head) : nullptr,
+                                           &r.n_valid, p.final_normed, head_w, batch.labels, N, C, V,
+                                           c.final_logit_softcap, grad_scale, p.ce_chunk, p.ce_scratch);
+  }
   if (!backward) return r;
 
   const bool any_below = needs_grad_below_[size_t(L)];

@@ -5,7 +5,9 @@
 // recomputes one layer's forward at a time. Gradients flow for any subset of parameters: a frozen
 // projection costs no weight-gradient GEMM, yet activation gradients still reach the trainable ones
 // below it. Tied embeddings get the sum of both uses. The loss uses the output projection fused with
-// cross-entropy in chunks (kernels/cpu/cross_entropy.h): training never materialises the logits.
+// cross-entropy in chunks (kernels/cpu/cross_entropy.h): training never materialises the logits;
+// an untied head is also a Linear ("lm_head", listed last by linears()), so LoRA/DoRA/QLoRA attach
+// to it and run inside that fused loss (LoraAdapter::fused_output_cross_entropy).
 //
 // Layer (pre-norm):  h = x + [post_attn_norm](attn(rope(q), rope(k), v))   with q,k,v = proj(norm1(x))
 //                    y = h + [post_ff_norm](down(act(gate(n)) * up(n)))      with n = norm2(h)
@@ -81,7 +83,8 @@ class Decoder {
   // trainable ones and frees the others'. All parameters start trainable.
   void set_trainable(const std::function<bool(const std::string& name)>& trainable);
   void zero_grad();
-  // The projections, for attaching adapters: names as HF modules ("model.layers.3.self_attn.v_proj").
+  // The projections, for attaching adapters: names as HF modules ("model.layers.3.self_attn.v_proj"),
+  // then the untied output head ("lm_head"; absent when tied).
   std::vector<Linear*> linears();
   Linear& linear(const std::string& module_name);
   // Call after attaching or detaching adapters (re-plans the arena on the next call).
@@ -130,6 +133,7 @@ class Decoder {
   Parameter* embed_ = nullptr;
   Parameter* final_norm_ = nullptr;
   Parameter* lm_head_ = nullptr;  // null when tied
+  Linear output_;                 // lm_head as a projection (weight null when tied): adapters attach here
   std::vector<std::unique_ptr<Layer>> layers_;
   float embed_scale_ = 1.0f;
   bool checkpointing_ = false;

@@ -6,6 +6,9 @@
 //   logits = hidden @ W^T;  [z = cap tanh(logits/cap)];  lse;  loss += lse - z[label]
 //   dlogits = grad_scale (softmax(z) - onehot) [* (1 - (z/cap)^2)]   (in place)
 //   dhidden = dlogits @ W;  dW += dlogits^T @ hidden
+// An adapted head (OutputHead) adds, per chunk:  logits += s · xa Bᵀ  [pre = logits; logits *= c]
+// and in the backward  [dm += Σ dlogits ⊙ pre / ‖·‖; dlogits *= c]  dxa = s · dlogits B,
+// dB += s · dlogitsᵀ xa, with the NF4 base through nf4_linear_forward / _backward_input.
 #include "kernels/cpu/cross_entropy.h"
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/nf4.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace ktune::cpu {
@@ -24,15 +28,39 @@ size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int6
   return size_t(chunk_tokens * V + 2 * chunk_tokens * C);  // logits, gathered hidden, gathered dhidden
 }
 
+size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C, const OutputHead& head) {
+  size_t floats = linear_cross_entropy_scratch_floats(chunk_tokens, V, C);
+  floats += size_t(2 * chunk_tokens * head.rank);      // gathered xa, dxa
+  if (head.dora) floats += size_t(chunk_tokens * V);   // the unscaled projection, for dm
+  if (head.nf4_codes) floats += nf4_linear_scratch_floats(C, V);
+  return floats;
+}
+
 double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, const float* hidden,
                             const float* weight, const int32_t* labels, int64_t N, int64_t C, int64_t V,
                             float softcap, float grad_scale, int64_t chunk_tokens, float* scratch) {
+  OutputHead head;
+  head.weight = weight;
+  return linear_cross_entropy(dhidden, dweight, n_valid, hidden, head, labels, N, C, V, softcap, grad_scale,
+                              chunk_tokens, scratch);
+}
+
+double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, const float* hidden,
+                            const OutputHead& head, const int32_t* labels, int64_t N, int64_t C, int64_t V,
+                            float softcap, float grad_scale, int64_t chunk_tokens, float* scratch) {
   check(chunk_tokens > 0, "cross_entropy", "chunk_tokens must be positive");
+  const bool nf4 = head.weight == nullptr;
+  check(!nf4 || (head.nf4_codes && head.nf4_scales), "cross_entropy", "the head has neither an f32 nor an NF4 weight");
+  check(!(nf4 && dweight), "cross_entropy", "an NF4 head weight is frozen: no weight gradient");
+  check(head.rank == 0 || (head.lora_b && head.xa), "cross_entropy", "a low-rank head needs B and xa");
+  check(!head.dora || (head.rank > 0 && head.dora_scale && head.weight_norm), "cross_entropy",
+        "a DoRA head needs the low-rank term, its scale and its norms");
+  const int64_t R = head.rank;
   for (int64_t r = 0; r < N; ++r)
     if (labels[r] != kIgnoreIndex && (labels[r] < 0 || labels[r] >= V))
       throw Error("cross_entropy: token " + std::to_string(r),
                   "label " + std::to_string(labels[r]) + " outside [0, " + std::to_string(V) + ") and not -100");
-  const bool want_grad = dhidden || dweight;
+  const bool want_grad = dhidden || dweight || head.dxa || head.dlora_b || head.dmagnitude;
   const float inv_cap = softcap > 0 ? 1.0f / softcap : 0.0f;
   double total = 0.0;
   int64_t count = 0;
@@ -41,6 +69,14 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
   float* logits = scratch;                               // (rows, V)
   float* h = scratch + chunk_tokens * V;                 // (rows, C) gathered hidden
   float* dh = h + chunk_tokens * C;                      // (rows, C) gathered dhidden
+  float* xa = dh + chunk_tokens * C;                     // (rows, R) gathered xa
+  float* dxa = xa + chunk_tokens * R;                    // (rows, R)
+  float* pre = dxa + chunk_tokens * R;                   // DoRA: (rows, V) before the scale c
+  float* nf4_scratch = pre + (head.dora ? chunk_tokens * V : 0);
+  const bool dora_grad = head.dora && head.dmagnitude;
+  if (head.dxa)
+    for (int64_t r = 0; r < N; ++r)
+      if (labels[r] == kIgnoreIndex) std::fill(head.dxa + r * R, head.dxa + (r + 1) * R, 0.0f);
   if (dhidden)
     for (int64_t r = 0; r < N; ++r)
       if (labels[r] == kIgnoreIndex) std::fill(dhidden + r * C, dhidden + (r + 1) * C, 0.0f);
@@ -51,7 +87,25 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
       if (labels[r] != kIgnoreIndex) chunk_rows[size_t(rows++)] = r;
     if (rows == 0) break;
     for (int64_t i = 0; i < rows; ++i) std::copy_n(hidden + chunk_rows[size_t(i)] * C, C, h + i * C);
-    gemm(false, true, rows, V, C, 1.0f, h, weight, 0.0f, logits);
+    if (nf4)
+      nf4_linear_forward(logits, h, head.nf4_codes, head.nf4_scales, rows, C, V, nf4_scratch);
+    else
+      gemm(false, true, rows, V, C, 1.0f, h, head.weight, 0.0f, logits);
+    if (R > 0) {
+      for (int64_t i = 0; i < rows; ++i) std::copy_n(head.xa + chunk_rows[size_t(i)] * R, R, xa + i * R);
+      gemm(false, true, rows, V, R, head.lora_scale, xa, head.lora_b, 1.0f, logits);  // += s · xa Bᵀ
+    }
+    if (head.dora) {
+      if (dora_grad) std::copy_n(logits, rows * V, pre);
+      const float* c = head.dora_scale;
+      parallel_for(rows, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          float* z = logits + i * V;
+#pragma omp simd
+          for (int64_t v = 0; v < V; ++v) z[v] *= c[v];
+        }
+      }, std::max<int64_t>(1, 65536 / V));
+    }
     parallel_for(rows, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         float* z = logits + i * V;
@@ -100,11 +154,39 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
     }, std::max<int64_t>(1, 65536 / V));
     for (int64_t i = 0; i < rows; ++i) total += row_loss[size_t(i)];
     count += rows;
+    if (!want_grad) continue;
+    if (head.dora) {
+      // z = c ⊙ pre:  dm += Σ_rows dz ⊙ pre / ‖·‖ (the norm detached), then dpre = dz ⊙ c (in place)
+      const float* c = head.dora_scale;
+      if (dora_grad)
+        parallel_for(V, [&](int64_t v0, int64_t v1) {
+          for (int64_t v = v0; v < v1; ++v) {
+            double sum = 0;
+            for (int64_t i = 0; i < rows; ++i) sum += double(logits[i * V + v]) * pre[i * V + v];
+            head.dmagnitude[v] += float(sum / head.weight_norm[v]);
+          }
+        }, 256);
+      parallel_for(rows, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          float* z = logits + i * V;
+#pragma omp simd
+          for (int64_t v = 0; v < V; ++v) z[v] *= c[v];
+        }
+      }, std::max<int64_t>(1, 65536 / V));
+    }
     if (dhidden) {
-      gemm(false, false, rows, C, V, 1.0f, logits, weight, 0.0f, dh);  // (rows,V)@(V,C)
+      if (nf4)
+        nf4_linear_backward_input(dh, logits, head.nf4_codes, head.nf4_scales, rows, C, V, nf4_scratch, false);
+      else
+        gemm(false, false, rows, C, V, 1.0f, logits, head.weight, 0.0f, dh);  // (rows,V)@(V,C)
       for (int64_t i = 0; i < rows; ++i) std::copy_n(dh + i * C, C, dhidden + chunk_rows[size_t(i)] * C);
     }
     if (dweight) gemm(true, false, V, C, rows, 1.0f, logits, h, 1.0f, dweight);  // (V,rows)@(rows,C)
+    if (R > 0 && head.dxa) {
+      gemm(false, false, rows, R, V, head.lora_scale, logits, head.lora_b, 0.0f, dxa);  // s · dz B   (rows, R)
+      for (int64_t i = 0; i < rows; ++i) std::copy_n(dxa + i * R, R, head.dxa + chunk_rows[size_t(i)] * R);
+    }
+    if (R > 0 && head.dlora_b) gemm(true, false, V, R, rows, head.lora_scale, logits, xa, 1.0f, head.dlora_b);  // (V, R)
   }
   if (n_valid) *n_valid = count;
   return total;

@@ -4,6 +4,10 @@
 // dhidden = dlogits @ W and dW += dlogits^T @ hidden (gemm). A chunk gathers up to chunk_tokens tokens
 // with valid labels from anywhere in the batch, so ignored tokens (label -100) cost no GEMM at all and
 // a prompt-masked batch's short answer runs share tall GEMMs (one read of W per chunk, not per run).
+// The head may carry an adapter (OutputHead, for LoRA/DoRA/QLoRA on lm_head: model/adapters/
+// lora_adapter.h): a low-rank term s · xa Bᵀ added per chunk (xa = dropout(hidden) Aᵀ, computed once
+// by the caller), an NF4 base weight dequantised a block of vocabulary rows at a time (kernels/cpu/
+// nf4.h, never whole), and DoRA's per-vocabulary-row scale c = m / ‖W + sBA‖ (the norm detached).
 // It deliberately does not average: it returns the sum and the count, and the caller divides
 // (through grad_scale) the way its recipe normalises (per batch, per accumulation window, per rank).
 #pragma once
@@ -15,9 +19,32 @@ namespace ktune::cpu {
 
 constexpr int32_t kIgnoreIndex = -100;
 
+// The output projection z (rows, V) of hidden rows h (rows, C):
+//   z = h Wᵀ + s · xa Bᵀ          (LoRA; rank 0: no low-rank term)
+//   z = c ⊙ (h Wᵀ + s · xa Bᵀ)    (DoRA, c per vocabulary row)
+// W f32 (weight), or NF4 (nf4_codes, nf4_scales) when weight is nullptr.
+struct OutputHead {
+  const float* weight = nullptr;        // (V, C)
+  const uint8_t* nf4_codes = nullptr;   // (V*C/2)
+  const float* nf4_scales = nullptr;    // (V*C/64)
+  int64_t rank = 0;
+  const float* lora_b = nullptr;        // (V, rank)
+  float lora_scale = 0.0f;              // s
+  const float* xa = nullptr;            // (N, rank) rows as hidden's
+  float* dxa = nullptr;                 // (N, rank) or nullptr: overwritten, grad_scale · d(sum)/d(xa), 0 on ignored rows
+  float* dlora_b = nullptr;             // (V, rank) or nullptr: += grad_scale · d(sum)/d(B)
+  bool dora = false;
+  const float* dora_scale = nullptr;    // (V) c = m / ‖W + sBA‖
+  const float* weight_norm = nullptr;   // (V) ‖W + sBA‖
+  float* dmagnitude = nullptr;          // (V) or nullptr: += grad_scale · d(sum)/d(m)
+};
+
 // Floats of scratch linear_cross_entropy needs for chunks of chunk_tokens tokens:
 // chunk_tokens * V (logits) + 2 * chunk_tokens * C (the gathered hidden rows and their gradient).
 size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C);
+// With an OutputHead (only its rank, nf4_codes and dora matter here): + 2 * chunk_tokens * rank (xa
+// and dxa rows), + chunk_tokens * V (DoRA: the unscaled z for dm), + an NF4 block of rows.
+size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C, const OutputHead& head);
 
 // hidden (N, C)   weight (V, C)   labels (N), -100 ignored   softcap: 0 = off
 // Returns sum over valid tokens of CE(logits_i, labels_i); *n_valid = their count (n_valid may be nullptr).
@@ -26,6 +53,11 @@ size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int6
 // Throws ktune::Error for a label outside [0, V) other than -100.
 double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, const float* hidden,
                             const float* weight, const int32_t* labels, int64_t N, int64_t C, int64_t V,
+                            float softcap, float grad_scale, int64_t chunk_tokens, float* scratch);
+
+// The same with an adapted head (see OutputHead). dweight must be nullptr for an NF4 head.
+double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, const float* hidden,
+                            const OutputHead& head, const int32_t* labels, int64_t N, int64_t C, int64_t V,
                             float softcap, float grad_scale, int64_t chunk_tokens, float* scratch);
 
 // Materialises all (N, V) logits, in double: what the tests compare against.

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nf4.h"
 #include "model/decoder.h"
@@ -127,7 +128,7 @@ void LoraAdapter::base_backward_input(float* dx, const float* dy, int64_t N, con
     cpu::gemm(false, false, N, in_, out_, 1.0f, dy, base.weight->value.f32(), 1.0f, dx);
 }
 
-void LoraAdapter::compute_dora_scale(const Linear& base) {
+void LoraAdapter::compute_dora_scale(const float* base_weight) {
   // ‖W + s·B·A‖ per row, a block of rows at a time: rows = W[block] + s · B[block] @ A
   const int64_t r = options_.rank;
   std::vector<float>& rows = dropout_rows_;
@@ -137,7 +138,7 @@ void LoraAdapter::compute_dora_scale(const Linear& base) {
     if (options_.quantize_base)
       cpu::nf4_dequantize_range(rows.data(), nf4_codes_.data(), nf4_scales_.data(), o0 * in_, (o0 + m) * in_);
     else
-      std::memcpy(rows.data(), base.weight->value.f32() + o0 * in_, sizeof(float) * size_t(m * in_));
+      std::memcpy(rows.data(), base_weight + o0 * in_, sizeof(float) * size_t(m * in_));
     cpu::gemm(false, false, m, in_, r, scale_, lora_b_.value.f32() + o0 * r, lora_a_.value.f32(), 1.0f, rows.data());
     for (int64_t o = 0; o < m; ++o) {
       double sum = 0;
@@ -170,7 +171,8 @@ void LoraAdapter::forward(float* y, const float* x, int64_t N, const Linear& bas
   float* xa = saved;                                          // (N, r) = x' Aᵀ, x' = dropout(x)
   float* pre = options_.use_dora ? saved + N * r : nullptr;  // DoRA: (N, out) = x' Wᵀ + s · xa Bᵀ
   const bool dropping = options_.dropout > 0.0f && training_;
-  if (options_.use_dora) compute_dora_scale(base);  // before the dropout blocks: it borrows their buffer
+  // before the dropout blocks: it borrows their buffer
+  if (options_.use_dora) compute_dora_scale(options_.quantize_base ? nullptr : base.weight->value.f32());
   if (dropping) {
     dropout_rows_.resize(size_t(std::max<int64_t>(kRowBlock * in_, int64_t(dropout_rows_.size()))));
     for (int64_t n0 = 0; n0 < N; n0 += kRowBlock) {
@@ -267,6 +269,88 @@ void LoraAdapter::backward(float* dx, const float* dy, const float* x, int64_t N
   if (replaces_base()) base_backward_input(dx, options_.use_dora && !dropping ? d : dy, N, base, nullptr);
 }
 
+size_t LoraAdapter::fused_output_scratch_floats(int64_t chunk_tokens) const {
+  cpu::OutputHead head;
+  head.rank = options_.rank;
+  head.nf4_codes = options_.quantize_base ? nf4_codes_.data() : nullptr;
+  head.dora = options_.use_dora;
+  return cpu::linear_cross_entropy_scratch_floats(chunk_tokens, out_, in_, head);
+}
+
+double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid, const float* hidden,
+                                               const float* base_weight, const int32_t* labels, int64_t N,
+                                               float softcap, float grad_scale, bool backward, int64_t chunk_tokens,
+                                               float* scratch) {
+  const int64_t r = options_.rank, C = in_;
+  const bool dropping = options_.dropout > 0.0f && training_;
+  if (options_.use_dora && options_.dropout > 0.0f)
+    throw Error("model.use_dora, model.lora_dropout",
+                "DoRA on the output projection (apply_lora_to_output) with lora_dropout > 0 is not supported; set "
+                "lora_dropout=0.0 or apply_lora_to_output=False");
+  check(options_.quantize_base || base_weight != nullptr, module_, "the fused loss needs the f32 base weight");
+  // xa (N, r) = dropout(hidden) Aᵀ, once for all rows (ignored rows cost N·C·r, small beside the head).
+  head_xa_.resize(size_t(N * r));
+  if (dropping) {
+    dropout_rows_.resize(size_t(std::max<int64_t>(kRowBlock * C, int64_t(dropout_rows_.size()))));
+    for (int64_t n0 = 0; n0 < N; n0 += kRowBlock) {
+      const int64_t m = std::min(kRowBlock, N - n0);
+      apply_dropout(dropout_rows_.data(), hidden + n0 * C, n0, m);
+      cpu::gemm(false, true, m, r, C, 1.0f, dropout_rows_.data(), lora_a_.value.f32(), 0.0f, head_xa_.data() + n0 * r);
+    }
+  } else {
+    cpu::gemm(false, true, N, r, C, 1.0f, hidden, lora_a_.value.f32(), 0.0f, head_xa_.data());
+  }
+  if (options_.use_dora) compute_dora_scale(options_.quantize_base ? nullptr : base_weight);
+
+  cpu::OutputHead head;
+  head.weight = options_.quantize_base ? nullptr : base_weight;
+  head.nf4_codes = options_.quantize_base ? nf4_codes_.data() : nullptr;
+  head.nf4_scales = options_.quantize_base ? nf4_scales_.data() : nullptr;
+  head.rank = r;
+  head.lora_b = lora_b_.value.f32();
+  head.lora_scale = scale_;
+  head.xa = head_xa_.data();
+  if (backward) {
+    head_dxa_.resize(size_t(N * r));
+    head.dxa = head_dxa_.data();
+    head.dlora_b = lora_b_.trainable && lora_b_.grad.defined() ? lora_b_.grad.f32() : nullptr;
+  }
+  if (options_.use_dora) {
+    head.dora = true;
+    head.dora_scale = dora_scale_.data();
+    head.weight_norm = weight_norm_.data();
+    if (backward && magnitude_.trainable && magnitude_.grad.defined()) head.dmagnitude = magnitude_.grad.f32();
+  }
+  const double loss = cpu::linear_cross_entropy(backward ? dhidden : nullptr, nullptr, n_valid, hidden, head, labels, N,
+                                                C, out_, softcap, grad_scale, chunk_tokens, scratch);
+  if (!backward) return loss;
+
+  // Through xa = x' Aᵀ:  dA += dxaᵀ x',  dhidden += mask ⊙ (dxa A) / keep  (x' = x without dropout)
+  const float* dxa = head_dxa_.data();
+  float* dA = lora_a_.trainable && lora_a_.grad.defined() ? lora_a_.grad.f32() : nullptr;
+  if (!dropping) {
+    if (dA) cpu::gemm(true, false, r, C, N, 1.0f, dxa, hidden, 1.0f, dA);
+    if (dhidden) cpu::gemm(false, false, N, C, r, 1.0f, dxa, lora_a_.value.f32(), 1.0f, dhidden);
+    return loss;
+  }
+  const float keep_scale = 1.0f / (1.0f - options_.dropout);
+  const uint64_t seed = dropout_seed();
+  float* rows = dropout_rows_.data();  // (kRowBlock, C)
+  for (int64_t n0 = 0; n0 < N; n0 += kRowBlock) {
+    const int64_t m = std::min(kRowBlock, N - n0);
+    if (dA) {
+      apply_dropout(rows, hidden + n0 * C, n0, m);
+      cpu::gemm(true, false, r, C, m, 1.0f, dxa + n0 * r, rows, 1.0f, dA);
+    }
+    if (dhidden) {
+      cpu::gemm(false, false, m, C, r, 1.0f, dxa + n0 * r, lora_a_.value.f32(), 0.0f, rows);
+      for (int64_t i = 0; i < m * C; ++i)
+        if (!dropped(seed, uint64_t(n0 * C + i))) dhidden[n0 * C + i] += rows[i] * keep_scale;
+    }
+  }
+  return loss;
+}
+
 Tensor LoraAdapter::merged_weight(const Linear& base) const {
   Tensor w = base_weight(base).clone();
   cpu::gemm(false, false, out_, in_, options_.rank, scale_, lora_b_.value.f32(), lora_a_.value.f32(), 1.0f, w.f32());
@@ -291,8 +375,7 @@ std::vector<std::string> lora_target_modules(const LoraTargets& targets) {
   }
   if (targets.apply_to_mlp)
     for (const char* m : {"gate_proj", "up_proj", "down_proj"}) modules.push_back(m);
-  if (targets.apply_to_output)
-    throw Error("model.apply_lora_to_output", "LoRA on the output projection is not supported yet; set it to False");
+  if (targets.apply_to_output) modules.push_back("lm_head");
   return modules;
 }
 
@@ -300,6 +383,15 @@ std::vector<std::shared_ptr<LoraAdapter>> attach_lora(Decoder& decoder, const Lo
                                                       const LoraOptions& options) {
   std::vector<std::string> wanted = lora_target_modules(targets);
   check(!wanted.empty(), "model.lora_attn_modules", "no module selected for LoRA");
+  if (targets.apply_to_output) {
+    // As torchtune: a tied head is the embedding table, with no output projection of its own.
+    check(!decoder.config().tie_word_embeddings, "model.apply_lora_to_output",
+          "this model ties its output layer to the embeddings (tie_word_embeddings in config.json), so there is no "
+          "separate output projection for LoRA; set apply_lora_to_output=False");
+    check(!(options.use_dora && options.dropout > 0.0f), "model.apply_lora_to_output",
+          "DoRA on the output projection with model.lora_dropout > 0 is not supported; set lora_dropout=0.0, or "
+          "apply_lora_to_output=False");
+  }
   std::vector<std::shared_ptr<LoraAdapter>> adapters;
   for (Linear* linear : decoder.linears()) {
     if (std::find(wanted.begin(), wanted.end(), suffix_of(linear->name)) == wanted.end()) continue;

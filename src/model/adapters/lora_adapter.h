@@ -9,7 +9,12 @@
 // Init as PEFT: A kaiming-uniform (bound 1/√in), B zero, m the row norms of W.
 // Dropout masks are a pure function of (seed, key, module name, element index) — splitmix64 and
 // FNV-1a, written out so that a reference can redraw them (tests/train/peft_steps).
-// It deliberately does not support LoRA on the fused output projection (lm_head): refused with an Error.
+// On the output projection (lm_head, untied heads only) the decoder's loss never materialises the
+// logits: fused_output_cross_entropy() runs the chunked fused loss (kernels/cpu/cross_entropy.h)
+// with the low-rank term, the NF4 base (dequantised a block of vocabulary rows at a time) and the
+// DoRA column scale inside it.
+// It deliberately does not support DoRA with lora_dropout > 0 on the output projection (refused
+// with an Error naming both keys): PEFT's dropped base term would need a second (N, C) input there.
 #pragma once
 
 #include <cstdint>
@@ -62,10 +67,23 @@ class LoraAdapter : public LinearAdapter {
   // Bytes the base weight occupies (NF4 codes + scales for QLoRA, f32 otherwise).
   size_t base_weight_bytes(const Linear& base) const;
 
+  // The output projection (this adapter on lm_head) fused with cross-entropy, as
+  // cpu::linear_cross_entropy: returns the sum of CE over valid labels, *n_valid their count.
+  // hidden (N, C) the final normed hidden states; base_weight (V, C) the f32 base weight (ignored
+  // for QLoRA, whose NF4 copy is used); labels (N), -100 ignored. backward: dhidden (N, C) or
+  // nullptr overwritten with grad_scale · d(sum)/d(hidden) (base and adapter paths, 0 on ignored
+  // rows), and the adapter's gradients accumulated. Dropout (training) masks element n·C + i of hidden.
+  double fused_output_cross_entropy(float* dhidden, int64_t* n_valid, const float* hidden, const float* base_weight,
+                                    const int32_t* labels, int64_t N, float softcap, float grad_scale, bool backward,
+                                    int64_t chunk_tokens, float* scratch);
+  // Floats of scratch fused_output_cross_entropy needs for chunks of chunk_tokens tokens.
+  size_t fused_output_scratch_floats(int64_t chunk_tokens) const;
+
  private:
   void base_forward(float* y, const float* x, int64_t N, const Linear& base);  // y = x Wᵀ (no bias)
   void base_backward_input(float* dx, const float* dy, int64_t N, const Linear& base, float* scratch);  // dx += dy W
-  void compute_dora_scale(const Linear& base);  // weight_norm_, dora_scale_
+  // weight_norm_, dora_scale_ from the f32 base weight (out, in), or the NF4 copy when quantised
+  void compute_dora_scale(const float* base_weight);
   void apply_dropout(float* xd, const float* x, int64_t row_begin, int64_t rows) const;
   // The mask's seed for the current key; element `index` of x (N, in) is dropped when
   // dropped(seed, index). One definition, so the backward redraws exactly the forward's mask.
@@ -85,12 +103,14 @@ class LoraAdapter : public LinearAdapter {
   // change between a forward and its backward)
   std::vector<float> weight_norm_, dora_scale_;
   std::vector<float> dropout_rows_;  // forward-only block buffer for dropped inputs
+  std::vector<float> head_xa_, head_dxa_;  // lm_head: (N, r) dropout(hidden) Aᵀ and its gradient
   uint64_t dropout_key_ = 0;
   bool training_ = true;
 };
 
 // torchtune's LoRA targets: lora_attn_modules ⊂ {q_proj, k_proj, v_proj, output_proj},
-// apply_lora_to_mlp (gate/up/down), apply_lora_to_output (refused: see above).
+// apply_lora_to_mlp (gate/up/down), apply_lora_to_output (lm_head; refused for tied embeddings, as
+// torchtune refuses it).
 struct LoraTargets {
   std::vector<std::string> attn_modules = {"q_proj", "v_proj"};
   bool apply_to_mlp = false;

@@ -295,7 +295,119 @@ TEST(LoraAdapter, RefusesWhatItDoesNotSupport) {
   EXPECT_THROW(LoraAdapter(f.linear, {.rank = 0}), Error);
   EXPECT_THROW(LoraAdapter(f.linear, {.rank = 2, .dropout = 1.0f}), Error);
   EXPECT_THROW(lora_target_modules({.attn_modules = {"qkv"}}), Error);
-  EXPECT_THROW(lora_target_modules({.attn_modules = {"q_proj"}, .apply_to_output = true}), Error);
+  EXPECT_EQ(lora_target_modules({.attn_modules = {"q_proj"}, .apply_to_output = true}),
+            (std::vector<std::string>{"q_proj", "lm_head"}));
   EXPECT_EQ(lora_target_modules({.attn_modules = {"q_proj", "output_proj"}, .apply_to_mlp = true}),
             (std::vector<std::string>{"q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+}
+
+// ---- On the output projection (lm_head): the fused loss path ----
+namespace {
+
+struct HeadFixture {
+  int64_t N = 9, C = 16, V = 40;  // V*C divisible by 64 (QLoRA)
+  Parameter weight;
+  Linear linear;
+  std::vector<float> hidden;
+  std::vector<int32_t> labels;
+  explicit HeadFixture(uint32_t seed = 3) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    weight.name = "lm_head.weight";
+    weight.value = Tensor::empty({V, C});
+    for (int64_t i = 0; i < V * C; ++i) weight.value.f32()[i] = 0.3f * normal(rng);
+    weight.trainable = false;
+    linear.name = "lm_head";
+    linear.weight = &weight;
+    linear.in = C;
+    linear.out = V;
+    hidden.resize(size_t(N * C));
+    for (float& v : hidden) v = normal(rng);
+    labels.resize(size_t(N));
+    for (int64_t n = 0; n < N; ++n) labels[size_t(n)] = int32_t((n * 13 + 5) % V);
+    labels[0] = labels[4] = -100;  // ignored rows: no gradient may reach them
+  }
+  std::shared_ptr<LoraAdapter> attach(const LoraOptions& options) {
+    auto adapter = std::make_shared<LoraAdapter>(linear, options);
+    linear.adapter = adapter;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    for (Parameter* p : adapter->parameters()) {
+      if (p->name.find("lora_B") != std::string::npos)
+        for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] = normal(rng);
+      p->grad = Tensor::zeros(p->value.shape());
+      p->trainable = true;
+    }
+    return adapter;
+  }
+  double loss(LoraAdapter& a, float* dhidden = nullptr) {
+    std::vector<float> scratch(a.fused_output_scratch_floats(4));
+    return a.fused_output_cross_entropy(dhidden, nullptr, hidden.data(), weight.value.defined() ? weight.value.f32() : nullptr,
+                                        labels.data(), N, 0.0f, 1.0f, dhidden != nullptr, 4, scratch.data());
+  }
+  // The same loss from the materialised projection (Linear::forward through the adapter), in double.
+  double materialised_loss() {
+    std::vector<float> y(size_t(N * V)), saved(size_t(std::max<int64_t>(1, linear.saved_floats(N))));
+    linear.forward(y.data(), hidden.data(), N, saved.data(), nullptr);
+    double total = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      if (labels[size_t(n)] == -100) continue;
+      double m = -1e300, sum = 0;
+      for (int64_t v = 0; v < V; ++v) m = std::max(m, double(y[size_t(n * V + v)]));
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(y[size_t(n * V + v)]) - m);
+      total += m + std::log(sum) - y[size_t(n * V + labels[size_t(n)])];
+    }
+    return total;
+  }
+};
+
+}  // namespace
+
+TEST(LoraAdapter, OutputHeadFusedLossEqualsTheMaterialisedProjection) {
+  for (int variant = 0; variant < 4; ++variant) {  // LoRA, LoRA + dropout, DoRA, QLoRA + dropout
+    HeadFixture f;
+    LoraOptions o{.rank = 3, .alpha = 6.0f, .dropout = variant % 2 ? 0.3f : 0.0f, .use_dora = variant == 2,
+                  .quantize_base = variant == 3, .seed = 4};
+    auto adapter = f.attach(o);
+    adapter->set_dropout_key(5);
+    const double fused = f.loss(*adapter);
+    EXPECT_NEAR(fused, f.materialised_loss(), 1e-4 * std::fabs(fused)) << "variant " << variant;
+  }
+}
+
+TEST(LoraAdapter, OutputHeadGradientsMatchFiniteDifferences) {
+  // LoRA with dropout (a fixed mask) and QLoRA: every gradient; DoRA: m and the input (A and B move the
+  // detached norm, which the PEFT step parity covers).
+  for (int variant = 0; variant < 3; ++variant) {
+    HeadFixture f;
+    LoraOptions o{.rank = 3, .alpha = 6.0f, .dropout = variant == 0 ? 0.3f : 0.0f, .use_dora = variant == 1,
+                  .quantize_base = variant == 2, .seed = 4};
+    auto adapter = f.attach(o);
+    adapter->set_dropout_key(5);
+    std::vector<float> dhidden(f.hidden.size(), NAN);
+    f.loss(*adapter, dhidden.data());
+    for (int64_t i = 0; i < f.C; ++i) {  // ignored rows get exactly zero
+      EXPECT_EQ(dhidden[size_t(0 * f.C + i)], 0.0f);
+      EXPECT_EQ(dhidden[size_t(4 * f.C + i)], 0.0f);
+    }
+    auto loss = [&] { return f.loss(*adapter); };
+    const std::string tag = " variant " + std::to_string(variant);
+    for (Parameter* p : adapter->parameters()) {
+      if (variant == 1 && p->name.find("magnitude") == std::string::npos) continue;
+      expect_matches_finite_differences(loss, p->value.f32(), p->value.numel(), p->grad.f32(), (p->name + tag).c_str());
+    }
+    expect_matches_finite_differences(loss, f.hidden.data(), int64_t(f.hidden.size()), dhidden.data(),
+                                      ("dhidden" + tag).c_str());
+  }
+}
+
+TEST(LoraAdapter, OutputHeadRefusesDoraWithDropout) {
+  HeadFixture f;
+  auto adapter = f.attach({.rank = 2, .alpha = 4.0f, .dropout = 0.1f, .use_dora = true});
+  try {
+    f.loss(*adapter);
+    FAIL() << "DoRA with dropout on lm_head was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lora_dropout"), std::string::npos) << e.what();
+  }
 }

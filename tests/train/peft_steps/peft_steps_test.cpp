@@ -162,3 +162,11 @@ TEST(PeftSteps, DoraLossesGradientsAndWeightsFollowPytorchAndPeftStepByStep) {
 TEST(PeftSteps, LoraWithDropoutFollowsPeftWithTheSameMask) { check_steps("lora_dropout.safetensors", false); }
 
 TEST(PeftSteps, DoraWithDropoutFollowsPeftWithTheSameMask) { check_steps("dora_dropout.safetensors", true); }
+
+// LoRA on the output projection (PEFT module lm_head) of an untied model, with dropout: the low-rank
+// term runs inside the fused chunked loss, never materialising the logits.
+TEST(PeftSteps, LoraOnTheOutputLayerWithDropoutFollowsPeft) {
+  check_steps("lora_head_dropout.safetensors", false, kUntiedModel);
+}
+
+TEST(PeftSteps, DoraOnTheOutputLayerFollowsPeft) { check_steps("dora_head.safetensors", true, kUntiedModel); }
