@@ -3,10 +3,13 @@
 
 Same model shape (a Llama 3.2-style decoder with the real Llama 3 tokenizer and vocabulary, random
 weights), same data (data/quickstart, alpaca format, unshuffled), same batch, sequence length,
-dtype (fp32), optimizer (AdamW) and thread count. Full fine-tune and LoRA. For each tool it reads
-the per-step times from the tool's own DiskLogger lines (tokens / tokens_per_second_per_gpu), drops
-the first WARMUP steps, and takes the peak RSS of the whole process (wait4's ru_maxrss). Prints both
-figures, their ratios, and ktune's model FLOP rate against the GEMM ceiling measured in the same run.
+dtype (fp32, or bf16 with --dtype), optimizer (AdamW) and thread count. Full fine-tune and LoRA.
+For each tool it reads the per-step times from the tool's own DiskLogger lines (label tokens /
+tokens_per_second_per_gpu), drops the first WARMUP steps, and takes the peak RSS of the whole
+process (wait4's ru_maxrss). Prints both figures and their ratios; then, against the GEMM ceiling
+measured in the same run, each tool's FLOP rate on the arithmetic it does (counted from the batches
+torchtune's own dataset code makes: padded positions and labelled ones) and the largest speed ratio
+any step doing ktune's arithmetic could reach — the bound on what the ratio can show here.
 
     python3 bench/torchtune/compare.py --ktune build/release/bin/ktune --tune /path/venv/bin/tune
 
@@ -50,14 +53,14 @@ def make_model(model_dir, tokenizer_xz):
         shutil.copyfileobj(src, dst)
 
 
-def overrides(kind, model_dir, out_dir, steps, batch, seq_len, tool):
+def overrides(kind, model_dir, out_dir, steps, batch, seq_len, tool, dtype="fp32"):
     common = [
         f"output_dir={out_dir}", f"tokenizer.path={model_dir}/original/tokenizer.model", f"tokenizer.max_seq_len={seq_len}",
         f"checkpointer.checkpoint_dir={model_dir}", "checkpointer.checkpoint_files=[model.safetensors]",
         f"checkpointer.output_dir={out_dir}", "dataset._component_=torchtune.datasets.alpaca_dataset",
         "dataset.source=json", f"dataset.data_files={DATA}", "dataset.split=train", "dataset.packed=False",
         f"batch_size={batch}", "shuffle=False", "seed=0", "epochs=1", f"max_steps_per_epoch={steps}",
-        "device=cpu", "dtype=fp32", "gradient_accumulation_steps=1", "clip_grad_norm=null",
+        "device=cpu", f"dtype={dtype}", "gradient_accumulation_steps=1", "clip_grad_norm=null",
         "optimizer._component_=torch.optim.AdamW", "optimizer.lr=2e-5",
         "enable_activation_checkpointing=False", "log_peak_memory_stats=False", "log_every_n_steps=1",
         f"metric_logger.log_dir={out_dir}/logs", "compile=False",
@@ -74,6 +77,51 @@ def overrides(kind, model_dir, out_dir, steps, batch, seq_len, tool):
     return [f"model._component_={builder}", f"model.vocab_size={SHAPE['vocab']}", f"model.num_layers={SHAPE['layers']}",
             f"model.num_heads={SHAPE['heads']}", f"model.num_kv_heads={SHAPE['kv_heads']}", f"model.embed_dim={SHAPE['dim']}",
             "model.max_seq_len=131072", f"model.intermediate_dim={SHAPE['hidden']}"] + common
+
+
+COUNT_BATCHES = """
+import json, sys
+from torchtune.datasets import alpaca_dataset
+from torchtune.models.llama3 import llama3_tokenizer
+tok_path, data, batch, steps, seq_len = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+ds = alpaca_dataset(llama3_tokenizer(tok_path, max_seq_len=seq_len), source="json", data_files=data, split="train",
+                    packed=False)
+out = []
+for s in range(steps):
+    rows = [ds[i] for i in range(s * batch, (s + 1) * batch)]
+    out.append(dict(positions=batch * max(len(r["tokens"]) for r in rows),
+                    labels=sum(sum(1 for l in r["labels"][1:] if l != -100) for r in rows)))
+print(json.dumps(out))
+"""
+
+
+def batch_shapes(tune, model_dir, batch, steps, seq_len):
+    """Per step: the padded positions (B x longest row) and the positions with a label, as torchtune's
+    own dataset and collation make them (run with torchtune's Python, unshuffled like the runs)."""
+    python = os.path.join(os.path.dirname(tune), "python")
+    res = subprocess.run([python, "-c", COUNT_BATCHES, os.path.join(model_dir, "original", "tokenizer.model"), DATA,
+                          str(batch), str(steps), str(seq_len)], capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def arithmetic(kind, shapes, warmup):
+    """FLOPs of the measured steps: torchtune's (every layer and the output projection at every padded
+    position) and ktune's (the output projection only where there is a label: its fused loss skips the
+    rest). Full: 6 per parameter per position (forward, input and weight gradients); LoRA: 4 (no weight
+    gradient for the frozen base; the adapters' few FLOPs are left out of both)."""
+    per = 6 if kind == "full" else 4
+    head = SHAPE["vocab"] * SHAPE["dim"]
+    layers = n_params() - head
+    steps = shapes[warmup:]
+    torchtune = sum(per * (layers + head) * s["positions"] for s in steps)
+    ktune = sum(per * layers * s["positions"] + per * head * s["labels"] for s in steps)
+    return torchtune, ktune
+
+
+def n_params():
+    return SHAPE["vocab"] * SHAPE["dim"] + SHAPE["layers"] * (
+        2 * SHAPE["dim"] * SHAPE["dim"] + 2 * SHAPE["dim"] * (SHAPE["dim"] // SHAPE["heads"]) * SHAPE["kv_heads"]
+        + 3 * SHAPE["dim"] * SHAPE["hidden"])
 
 
 def run(argv, env, log_path):
@@ -128,6 +176,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--kinds", default="full,lora")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="both tools' dtype")
     ap.add_argument("--keep", help="keep the work directory here")
     args = ap.parse_args()
     if not os.path.exists(TOKENIZER_XZ):
@@ -140,13 +189,14 @@ def main():
         make_model(model_dir, TOKENIZER_XZ)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), KTUNE_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))
-    n_params = SHAPE["vocab"] * SHAPE["dim"] + SHAPE["layers"] * (
-        2 * SHAPE["dim"] * SHAPE["dim"] + 2 * SHAPE["dim"] * (SHAPE["dim"] // SHAPE["heads"]) * SHAPE["kv_heads"]
-        + 3 * SHAPE["dim"] * SHAPE["hidden"])
     print(f"model: Llama 3.2-style, vocab {SHAPE['vocab']}, dim {SHAPE['dim']}, {SHAPE['layers']} layers, "
-          f"{n_params / 1e6:.1f}M parameters (tied); batch {args.batch}, fp32, {args.threads} threads, "
+          f"{n_params() / 1e6:.1f}M parameters (tied); batch {args.batch}, {args.dtype}, {args.threads} threads, "
           f"{args.steps} steps ({args.warmup} warm-up)")
     ceiling = gemm_ceiling(os.path.dirname(os.path.dirname(os.path.abspath(args.ktune))), args.threads)
+    shapes = batch_shapes(args.tune, model_dir, args.batch, args.steps, args.seq_len)
+    positions = sum(s["positions"] for s in shapes[args.warmup:])
+    labels = sum(s["labels"] for s in shapes[args.warmup:])
+    print(f"measured steps: {positions} padded positions, {labels} of them with a label")
 
     results = {}
     for kind in args.kinds.split(","):
@@ -156,27 +206,27 @@ def main():
             out_dir = os.path.join(work, f"{tool}_{kind}")
             shutil.rmtree(out_dir, ignore_errors=True)
             argv = [exe, "run", recipe, "--config", config] + overrides(kind, model_dir, out_dir, args.steps, args.batch,
-                                                                       args.seq_len, tool)
+                                                                       args.seq_len, tool, args.dtype)
             wall, rss = run(argv, env, os.path.join(work, f"{tool}_{kind}.log"))
             rows = step_times(os.path.join(out_dir, "logs"), args.warmup)
-            results[(kind, tool)] = dict(rows=rows, rss=rss, wall=wall)
+            # Each step's seconds: its label tokens (the same data for both) over the logged rate.
+            seconds = sum(shapes[step - 1]["labels"] / tps for step, tps in rows)
+            results[(kind, tool)] = dict(rows=rows, rss=rss, wall=wall, seconds=seconds)
         t, k = results[(kind, "torchtune")], results[(kind, "ktune")]
-        # Same data, same order: each step's tokens are the same for both; tokens/s are averaged
-        # as total tokens over total time, using torchtune's token counts for both.
-        def rate(r):
-            return len(r["rows"]) / sum(1.0 / tps for _, tps in r["rows"])  # steps/s (harmonic)
-        tt_steps, kt_steps = rate(t), rate(k)
-        tt_tps = sum(tps for _, tps in t["rows"]) / len(t["rows"])
-        kt_tps = sum(tps for _, tps in k["rows"]) / len(k["rows"])
-        print(f"{kind:4s} torchtune {tt_tps:8.1f} tokens/s  peak RSS {t['rss'] / 2**20:7.0f} MiB  (wall {t['wall']:.0f} s)")
-        print(f"{kind:4s} ktune     {kt_tps:8.1f} tokens/s  peak RSS {k['rss'] / 2**20:7.0f} MiB  (wall {k['wall']:.0f} s)")
-        flops_per_token = (6 if kind == "full" else 4) * n_params
-        line = (f"{kind:4s} ratio: ktune/torchtune speed {kt_steps / tt_steps:.2f}x (target >= 3x), "
-                f"memory {k['rss'] / t['rss']:.2f}x (target <= 0.6x)")
+        print(f"{kind:4s} torchtune {labels / t['seconds']:8.1f} tokens/s  peak RSS {t['rss'] / 2**20:7.0f} MiB  (wall {t['wall']:.0f} s)")
+        print(f"{kind:4s} ktune     {labels / k['seconds']:8.1f} tokens/s  peak RSS {k['rss'] / 2**20:7.0f} MiB  (wall {k['wall']:.0f} s)")
+        print(f"{kind:4s} ratio: ktune/torchtune speed {t['seconds'] / k['seconds']:.2f}x (target >= 3x), "
+              f"memory {k['rss'] / t['rss']:.2f}x (target <= 0.6x)", flush=True)
         if ceiling:
-            achieved = kt_tps * flops_per_token / 1e9
-            line += f"; ktune {achieved:.0f} GFLOP/s of model math = {100 * achieved / ceiling:.0f}% of the GEMM ceiling {ceiling:.0f} GFLOP/s"
-        print(line, flush=True)
+            # What the speed ratio can be: torchtune's share of the GEMM ceiling, and the time ktune's
+            # arithmetic would take at the ceiling itself.
+            tt_flops, kt_flops = arithmetic(kind, shapes, args.warmup)
+            tt_rate, kt_rate = tt_flops / t["seconds"] / 1e9, kt_flops / k["seconds"] / 1e9
+            best = t["seconds"] / (kt_flops / 1e9 / ceiling)
+            print(f"{kind:4s} GEMM ceiling {ceiling:.0f} GFLOP/s: torchtune {tt_rate:.0f} GFLOP/s ({100 * tt_rate / ceiling:.0f}%), "
+                  f"ktune {kt_rate:.0f} GFLOP/s ({100 * kt_rate / ceiling:.0f}%) on {100 * kt_flops / tt_flops:.0f}% of "
+                  f"torchtune's arithmetic (its loss head skips unlabelled positions); the most any step doing "
+                  f"ktune's arithmetic could reach here is {best:.2f}x", flush=True)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -4,7 +4,8 @@
 # torchtune 0.6.1 needs torchao 0.10, which PEFT (used by the tests) refuses, so both live in a
 # virtual environment of their own: $KTUNE_TORCHTUNE_VENV, default BUILD_DIR/torchtune-venv,
 # created on first use (it sees the system's torch through --system-site-packages).
-# Environment: TORCHTUNE_BENCH_STEPS (default 8), TORCHTUNE_BENCH_KINDS (default full,lora).
+# Environment: TORCHTUNE_BENCH_STEPS (default 8), TORCHTUNE_BENCH_KINDS (default full,lora),
+# TORCHTUNE_BENCH_DTYPE (default fp32; or bf16).
 set -euo pipefail
 BUILD=$(realpath "${1:-build/release}")
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -17,4 +18,4 @@ if [ ! -x "$VENV/bin/tune" ]; then
 fi
 THREADS=${KTUNE_NUM_THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
 python3 "$HERE/compare.py" --ktune "$KTUNE" --tune "$VENV/bin/tune" --threads "$THREADS" \
-  --steps "${TORCHTUNE_BENCH_STEPS:-8}" --kinds "${TORCHTUNE_BENCH_KINDS:-full,lora}"
+  --steps "${TORCHTUNE_BENCH_STEPS:-8}" --kinds "${TORCHTUNE_BENCH_KINDS:-full,lora}" --dtype "${TORCHTUNE_BENCH_DTYPE:-fp32}"
