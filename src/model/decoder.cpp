@@ -77,6 +77,10 @@ struct Decoder::Plan {
   int64_t ce_chunk = 0;
   float* weight_scratch = nullptr;  // bf16 storage: the largest weight (+ bias) widened to f32
   float* norm_scratch = nullptr;    // bf16 storage: one norm weight (C) widened to f32
+  // bf16 gradients: one norm's (C), and the head's / embedding's (V, C) in f32 before rounding
+  // (the head's while the widened head sits in weight_scratch; planned only when one is trainable).
+  float* norm_grad_scratch = nullptr;
+  float* table_grad_scratch = nullptr;
   const int32_t* positions = nullptr;  // of the current batch
 };
 
@@ -106,7 +110,18 @@ LoraAdapter* output_adapter(const Linear& output) {
   return lora;
 }
 
-float* grad_of(Parameter* p) { return p && p->trainable ? p->grad.f32() : nullptr; }
+// Where a kernel writes (+=) a parameter's gradient in f32: the gradient itself, or for a bf16
+// gradient a zeroed scratch that grad_end() then adds into it (one rounding per call).
+float* grad_begin(Parameter* p, float* scratch) {
+  if (!p || !p->trainable) return nullptr;
+  if (p->grad.dtype() == DType::F32) return p->grad.f32();
+  check(scratch != nullptr, "Decoder", "no f32 scratch planned for the bf16 gradient of " + p->name);
+  std::memset(scratch, 0, sizeof(float) * size_t(p->grad.numel()));
+  return scratch;
+}
+void grad_end(Parameter* p, const float* scratch) {
+  if (p && p->trainable && p->grad.dtype() != DType::F32) add_to_gradient(p->grad, 0, scratch, p->grad.numel());
+}
 
 // A parameter's value as f32: its data, or (bf16 storage) widened into scratch.
 const float* as_f32(const Parameter* p, float* scratch) {
@@ -234,7 +249,10 @@ void Decoder::init_random(uint64_t seed) {
 void Decoder::allocate_grads() {
   for (Parameter* p : parameters()) {
     if (p->trainable) {
-      if (!p->grad.defined() || p->grad.shape() != p->value.shape()) p->grad = Tensor::zeros(p->value.shape());
+      // The gradient in the value's dtype: bf16 weights train in pure bf16.
+      const DType dtype = p->value.defined() ? p->value.dtype() : DType::F32;
+      if (!p->grad.defined() || p->grad.shape() != p->value.shape() || p->grad.dtype() != dtype)
+        p->grad = Tensor::zeros(p->value.shape(), dtype);
     } else {
       p->grad = Tensor();
     }
@@ -263,6 +281,8 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
       throw Error(file.path() + ": tensor " + p->name,
                   std::string("dtype ") + info.dtype + " is not a floating-point weight type (F32, BF16, F16)");
     p->value.copy_from(src);
+    src = Tensor();
+    file.release_pages(p->name);  // copied: the mapped pages need not stay resident beside the copy
     used.insert(p->name);
   }
   int64_t ignored = 0;
@@ -294,6 +314,7 @@ Parameter& Decoder::parameter(const std::string& name) {
 void Decoder::set_trainable(const std::function<bool(const std::string&)>& trainable) {
   for (Parameter* p : parameters()) p->trainable = trainable(p->name);
   allocate_grads();
+  plan_.reset();  // bf16: the gradient scratch depends on what is trainable
 }
 
 void Decoder::zero_grad() {
@@ -401,6 +422,9 @@ void Decoder::layout(Take& take, int64_t B, int64_t T, Plan& p) const {
       for (int i = 0; i < 7; ++i) widest = std::max(widest, layer->linear(i)->weight_scratch_floats());
     p.weight_scratch = take.f(widest);
     p.norm_scratch = take.f(C);
+    p.norm_grad_scratch = take.f(C);
+    const bool table_grads = embed_->trainable || (lm_head_ && lm_head_->trainable);
+    p.table_grad_scratch = table_grads ? take.f(c.vocab_size * C) : nullptr;
   }
   p.bytes = take.bytes;
 }
@@ -499,8 +523,9 @@ void Decoder::layer_backward(size_t l, const LayerActs& a, const float* x_in, fl
   // Undo y = h + [post_ff_norm](down(act(gate(n)) * up(n))), n = norm2(h)
   const float* dy_down = dres;
   if (c.sandwich_norms) {
-    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_mlp_out), dres, a.down, as_f32(L.norm_mlp_out, p.norm_scratch), a.rstd_down,
-                          N, C, off);
+    cpu::rmsnorm_backward(p.dtmp, grad_begin(L.norm_mlp_out, p.norm_grad_scratch), dres, a.down,
+                          as_f32(L.norm_mlp_out, p.norm_scratch), a.rstd_down, N, C, off);
+    grad_end(L.norm_mlp_out, p.norm_grad_scratch);
     dy_down = p.dtmp;
   }
   L.down.backward(p.dact, dy_down, a.act, N, a.saved[6], scratch, p.weight_scratch, false);
@@ -508,14 +533,16 @@ void Decoder::layer_backward(size_t l, const LayerActs& a, const float* x_in, fl
   else cpu::geglu_tanh_backward(p.dgate, p.dup, p.dact, a.gate, a.up, N * I);
   L.gate.backward(p.dln, p.dgate, a.ln2, N, a.saved[4], scratch, p.weight_scratch, false);
   L.up.backward(p.dln, p.dup, a.ln2, N, a.saved[5], scratch, p.weight_scratch, true);
-  cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_mlp_in), p.dln, a.x_mid, as_f32(L.norm_mlp_in, p.norm_scratch), a.rstd2, N, C,
-                        off);
+  cpu::rmsnorm_backward(p.dtmp, grad_begin(L.norm_mlp_in, p.norm_grad_scratch), p.dln, a.x_mid,
+                        as_f32(L.norm_mlp_in, p.norm_scratch), a.rstd2, N, C, off);
+  grad_end(L.norm_mlp_in, p.norm_grad_scratch);
   cpu::add_inplace(dres, p.dtmp, N * C);  // dres = d h
   // Undo h = x + [post_attn_norm](o(attention(rope(q(n)), rope(k(n)), v(n)))), n = norm1(x)
   const float* dy_o = dres;
   if (c.sandwich_norms) {
-    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_attn_out), dres, a.o, as_f32(L.norm_attn_out, p.norm_scratch), a.rstd_o, N,
-                          C, off);
+    cpu::rmsnorm_backward(p.dtmp, grad_begin(L.norm_attn_out, p.norm_grad_scratch), dres, a.o,
+                          as_f32(L.norm_attn_out, p.norm_scratch), a.rstd_o, N, C, off);
+    grad_end(L.norm_attn_out, p.norm_grad_scratch);
     dy_o = p.dtmp;
   }
   L.o.backward(p.datt, dy_o, a.att, N, a.saved[3], scratch, p.weight_scratch, false);
@@ -531,8 +558,9 @@ void Decoder::layer_backward(size_t l, const LayerActs& a, const float* x_in, fl
   L.k.backward(dln, p.dk, a.ln1, N, a.saved[1], scratch, p.weight_scratch, true);
   L.v.backward(dln, p.dv, a.ln1, N, a.saved[2], scratch, p.weight_scratch, true);
   if (need_dx) {
-    cpu::rmsnorm_backward(p.dtmp, grad_of(L.norm_attn_in), p.dln, x_in, as_f32(L.norm_attn_in, p.norm_scratch), a.rstd1, N, C,
-                          off);
+    cpu::rmsnorm_backward(p.dtmp, grad_begin(L.norm_attn_in, p.norm_grad_scratch), p.dln, x_in,
+                          as_f32(L.norm_attn_in, p.norm_scratch), a.rstd1, N, C, off);
+    grad_end(L.norm_attn_in, p.norm_grad_scratch);
     cpu::add_inplace(dres, p.dtmp, N * C);  // dres = d x
   }
 }
@@ -608,16 +636,19 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
                                                           head_w, batch.labels, N, c.final_logit_softcap, grad_scale,
                                                           backward, p.ce_chunk, p.ce_scratch);
   } else {
-    r.loss_sum = cpu::linear_cross_entropy(backward ? p.dnormed : nullptr, backward ? grad_of(head) : nullptr,
+    r.loss_sum = cpu::linear_cross_entropy(backward ? p.dnormed : nullptr,
+                                           backward ? grad_begin(head, p.table_grad_scratch) : nullptr,
                                            &r.n_valid, p.final_normed, head_w, batch.labels, N, C, V,
                                            c.final_logit_softcap, grad_scale, p.ce_chunk, p.ce_scratch);
   }
   if (!backward) return r;
+  grad_end(head, p.table_grad_scratch);
 
   const bool any_below = needs_grad_below_[size_t(L)];
   if (!any_below && !final_norm_->trainable) return r;
-  cpu::rmsnorm_backward(p.dres, grad_of(final_norm_), p.dnormed, p.resid[size_t(L)], as_f32(final_norm_, p.norm_scratch),
-                        p.final_rstd, N, C, c.norm_weight_offset);
+  cpu::rmsnorm_backward(p.dres, grad_begin(final_norm_, p.norm_grad_scratch), p.dnormed, p.resid[size_t(L)],
+                        as_f32(final_norm_, p.norm_scratch), p.final_rstd, N, C, c.norm_weight_offset);
+  grad_end(final_norm_, p.norm_grad_scratch);
   for (int64_t l = L - 1; l >= 0; --l) {
     if (!needs_grad_below_[size_t(l) + 1]) break;  // nothing trainable in this layer or below
     const LayerActs& a = p.acts[checkpointing_ ? 0 : size_t(l)];
@@ -626,8 +657,23 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
     layer_backward(size_t(l), a, p.resid[size_t(l)], p.dres, p);
     if (hooks_.after_backward) hooks_.after_backward(l);
   }
-  if (embed_->trainable) cpu::embedding_backward(embed_->grad.f32(), p.dres, batch.tokens, N, C, embed_scale_);
+  if (embed_->trainable && embed_->grad.dtype() == DType::F32)
+    cpu::embedding_backward(embed_->grad.f32(), p.dres, batch.tokens, N, C, embed_scale_);
+  else if (embed_->trainable)
+    embed_backward_bf16(batch, p);
   return r;
+}
+
+// A bf16 embedding gradient: the rows this batch touches summed in f32 (the table scratch), then
+// each added into the gradient with one rounding.
+void Decoder::embed_backward_bf16(const Batch& batch, Plan& p) {
+  const int64_t C = config_.hidden_size;
+  std::vector<int32_t> ids(batch.tokens, batch.tokens + p.N);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (int32_t id : ids) std::memset(p.table_grad_scratch + int64_t(id) * C, 0, sizeof(float) * size_t(C));
+  cpu::embedding_backward(p.table_grad_scratch, p.dres, batch.tokens, p.N, C, embed_scale_);
+  for (int32_t id : ids) add_to_gradient(embed_->grad, int64_t(id) * C, p.table_grad_scratch + int64_t(id) * C, C);
 }
 
 LossResult Decoder::forward_backward(const Batch& batch, float grad_scale) { return run(batch, true, grad_scale, nullptr); }

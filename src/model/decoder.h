@@ -55,7 +55,8 @@ struct LayerHooks {
 
 struct LoadOptions {
   // How the weights are kept: F32, or BF16 (half the memory; widened to f32 one weight at a time for
-  // compute, gradients stay f32; pair with cpu::adamw_step_bf16). Checkpoints of any float dtype load.
+  // compute; their gradients are bf16 too, each weight's micro-batch gradient computed in f32 and
+  // rounded into it once; pair with train::AdamW's bf16 path). Checkpoints of any float dtype load.
   DType storage = DType::F32;
 };
 
@@ -79,8 +80,8 @@ class Decoder {
   // Includes the parameters of attached adapters (after the base ones).
   std::vector<Parameter*> parameters();
   Parameter& parameter(const std::string& name);  // throws when absent
-  // Marks each parameter trainable or frozen by name; allocates gradients (zeroed) for the
-  // trainable ones and frees the others'. All parameters start trainable.
+  // Marks each parameter trainable or frozen by name; allocates gradients (zeroed, in the value's
+  // dtype) for the trainable ones and frees the others'. All parameters start trainable.
   void set_trainable(const std::function<bool(const std::string& name)>& trainable);
   void zero_grad();
   // The projections, for attaching adapters: names as HF modules ("model.layers.3.self_attn.v_proj"),
@@ -122,6 +123,7 @@ class Decoder {
   void layout(Take& take, int64_t B, int64_t T, Plan& plan) const;
   Plan& prepare(const Batch& batch);
   void embed_forward(const Batch& batch, Plan& p, float* x);
+  void embed_backward_bf16(const Batch& batch, Plan& p);
   void layer_forward(size_t l, const LayerActs& a, const float* x_in, float* x_out, const Plan& p);
   void layer_backward(size_t l, const LayerActs& a, const float* x_in, float* dres, const Plan& p);
   LossResult run(const Batch& batch, bool backward, float grad_scale, float* logits);

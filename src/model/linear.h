@@ -18,9 +18,17 @@ namespace ktune::model {
 struct Parameter {
   std::string name;  // the HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
   Tensor value;      // f32, or bf16 when the decoder stores its weights in bf16
-  Tensor grad;       // f32 always, same shape; undefined while frozen
+  // Same shape; undefined while frozen. The value's dtype (bf16 weights have bf16 gradients: pure-bf16
+  // training), except where sharded data parallelism points a bf16 weight's gradient at an f32 flat
+  // for the span of one reduction. Kernels write f32; add_to_gradient() stores it either way.
+  Tensor grad;
   bool trainable = true;
 };
+
+// grad[begin, begin + n) += g (n floats, f32). An f32 gradient adds in place; a bf16 one is widened,
+// summed in f32 and rounded to nearest even once per call, so a caller that sums one micro-batch's
+// contributions in f32 first rounds once per micro-batch.
+void add_to_gradient(const Tensor& grad, int64_t begin, const float* g, int64_t n);
 
 struct Linear;
 
@@ -65,7 +73,9 @@ struct Linear {
   // y (N, out) = x (N, in) @ W^T + b  (+ adapter)
   void forward(float* y, const float* x, int64_t N, float* saved, float* weight_scratch) const;
   // dx (N, in) overwritten (or added when accumulate_dx), nullptr when no input gradient is needed;
-  // dW, db accumulate when the weight/bias are trainable (a frozen weight costs no GEMM).
+  // dW, db accumulate when the weight/bias are trainable (a frozen weight costs no GEMM). bf16
+  // gradients: dW (db) is computed in f32 into weight_scratch first and added (rounded once), then W
+  // is widened into the same scratch for dx, so no second weight-sized buffer is needed.
   void backward(float* dx, const float* dy, const float* x, int64_t N, const float* saved, float* scratch,
                 float* weight_scratch, bool accumulate_dx) const;
 };

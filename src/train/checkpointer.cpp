@@ -52,8 +52,18 @@ std::vector<io::NamedTensor> merged_model_tensors(model::Decoder& decoder,
   std::map<std::string, Tensor> merged;  // weight name -> merged weight
   for (model::Linear* linear : decoder.linears()) {
     if (!linear->adapter) continue;
-    for (const auto& a : adapters)
-      if (a.get() == linear->adapter.get()) merged[linear->weight->name] = a->merged_weight(*linear);
+    for (const auto& a : adapters) {
+      if (a.get() != linear->adapter.get()) continue;
+      if (linear->weight->value.defined() && linear->weight->value.dtype() != DType::F32) {
+        // A bf16-stored base (pure-bf16 LoRA): the adapter merges into an f32 copy of it.
+        model::Parameter widened{linear->weight->name, linear->weight->value.to(DType::F32), Tensor(), false};
+        model::Linear copy = *linear;
+        copy.weight = &widened;
+        merged[linear->weight->name] = a->merged_weight(copy);
+      } else {
+        merged[linear->weight->name] = a->merged_weight(*linear);
+      }
+    }
   }
   std::vector<io::NamedTensor> tensors;
   for (model::Parameter* p : decoder.parameters()) {
@@ -76,10 +86,15 @@ nlohmann::json read_json(const fs::path& path) {
   }
 }
 
-std::map<std::string, Tensor> read_all_f32(const fs::path& path) {
+// Every tensor of a recipe-state file in the dtype it was saved in (f32 or bf16: what training
+// keeps), as an owned copy.
+std::map<std::string, Tensor> read_all(const fs::path& path) {
   std::map<std::string, Tensor> out;
   io::SafetensorsFile file = io::SafetensorsFile::open(path.string());
-  for (const std::string& name : file.names()) out[name] = file.to_f32(name);
+  for (const std::string& name : file.names()) {
+    Tensor t = file.view(name);
+    out[name] = t.dtype() == DType::F32 || t.dtype() == DType::BF16 ? t.clone() : file.to_f32(name);
+  }
   return out;
 }
 
@@ -105,13 +120,15 @@ nlohmann::json peft_adapter_config(const AdapterDescription& adapter, const std:
 HfCheckpointer::HfCheckpointer(std::string checkpoint_dir, std::vector<std::string> checkpoint_files, std::string output_dir)
     : checkpoint_dir_(std::move(checkpoint_dir)), checkpoint_files_(std::move(checkpoint_files)), output_dir_(std::move(output_dir)) {}
 
-std::unique_ptr<model::Decoder> HfCheckpointer::load_model() const {
+std::unique_ptr<model::Decoder> HfCheckpointer::load_model(DType storage) const {
   if (!fs::is_directory(checkpoint_dir_))
     throw Error("checkpointer.checkpoint_dir", "'" + checkpoint_dir_ + "' is not a directory");
   for (const std::string& f : checkpoint_files_)
     if (!fs::exists(fs::path(checkpoint_dir_) / f))
       throw Error("checkpointer.checkpoint_files", "'" + f + "' does not exist in " + checkpoint_dir_);
-  return model::Decoder::from_pretrained(checkpoint_dir_);
+  model::LoadOptions options;
+  options.storage = storage;
+  return model::Decoder::from_pretrained(checkpoint_dir_, options);
 }
 
 std::string HfCheckpointer::save(const SaveRequest& request) const {
@@ -155,7 +172,7 @@ std::string HfCheckpointer::save(const SaveRequest& request) const {
     write_json(tmp / "adapter_config.json", peft_adapter_config(*request.adapter, fs::absolute(checkpoint_dir_).string()));
   }
 
-  // What resume needs, in f32.
+  // What resume needs, in the dtypes training keeps (f32, or bf16 in a pure-bf16 run).
   write_json(tmp / "recipe_state" / "recipe_state.json", request.recipe_state);
   std::vector<io::NamedTensor> optimizer;
   for (const auto& [name, t] : request.optimizer_state) optimizer.push_back({name, t});
@@ -200,8 +217,8 @@ ResumePoint HfCheckpointer::load_resume_point(const std::string& dir) const {
   point.dir = dir;
   fs::path state_dir = fs::path(dir) / "recipe_state";
   point.recipe_state = read_json(state_dir / "recipe_state.json");
-  point.optimizer_state = read_all_f32(state_dir / "optimizer.safetensors");
-  point.trainable = read_all_f32(state_dir / "trainable.safetensors");
+  point.optimizer_state = read_all(state_dir / "optimizer.safetensors");
+  point.trainable = read_all(state_dir / "trainable.safetensors");
   return point;
 }
 

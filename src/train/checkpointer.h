@@ -8,7 +8,8 @@
 //     config.json, tokenizer and other non-weight files copied from the checkpoint directory
 //     adapter_model.safetensors + adapter_config.json                  LoRA: PEFT's format
 //     recipe_state/recipe_state.json, optimizer.safetensors, trainable.safetensors
-//                                          what resume needs, in f32 so that it continues exactly
+//                                          what resume needs, in the dtype training keeps it in
+//                                          (f32, or bf16 for a pure-bf16 run), so that it continues exactly
 // It deliberately knows nothing of the training loop: the recipe hands it what to write.
 #pragma once
 
@@ -40,23 +41,24 @@ struct SaveRequest {
   bool adapter_weights_only = false;             // save_adapter_weights_only: no merged model
   DType weights_dtype = DType::BF16;             // of the merged model files
   nlohmann::json recipe_state;                   // epoch, step, loader position, ...
-  std::map<std::string, Tensor> optimizer_state; // f32
-  std::vector<model::Parameter*> trainable;      // saved f32 for an exact resume
+  std::map<std::string, Tensor> optimizer_state; // as the optimizer keeps them (f32 or bf16)
+  std::vector<model::Parameter*> trainable;      // saved in their own dtype for an exact resume
 };
 
 struct ResumePoint {
   std::string dir;              // the checkpoint directory
   nlohmann::json recipe_state;
-  std::map<std::string, Tensor> optimizer_state;
-  std::map<std::string, Tensor> trainable;  // by parameter name
+  std::map<std::string, Tensor> optimizer_state;  // in the dtype saved
+  std::map<std::string, Tensor> trainable;  // by parameter name, in the dtype saved
 };
 
 class HfCheckpointer {
  public:
   HfCheckpointer(std::string checkpoint_dir, std::vector<std::string> checkpoint_files, std::string output_dir);
 
-  // The base model. Errors name a listed checkpoint file that does not exist.
-  std::unique_ptr<model::Decoder> load_model() const;
+  // The base model, its weights stored in `storage` (f32, or bf16 for pure-bf16 training). Errors
+  // name a listed checkpoint file that does not exist.
+  std::unique_ptr<model::Decoder> load_model(DType storage = DType::F32) const;
   // Writes output_dir/<request.name>/ atomically; returns its path.
   std::string save(const SaveRequest& request) const;
   // The newest checkpoint under output_dir that holds a recipe state (by global step), if any.

@@ -144,9 +144,6 @@ void FinetuneRecipe::setup() {
   seed_ = cfg_.seed ? *cfg_.seed : std::random_device{}();
   if (cfg_.device != "cpu" && rank0_)
     log_info("device=" + cfg_.device + " asked for; this build runs on the CPU (the CUDA backend is separate)");
-  if (cfg_.dtype == TrainDtype::BF16 && rank0_)
-    log_info("dtype=bf16: weights, gradients and optimizer state are kept in f32 on the CPU (exact master "
-             "weights); checkpoints are written in bf16");
   checkpointer_ = std::make_unique<HfCheckpointer>(cfg_.checkpointer.checkpoint_dir, cfg_.checkpointer.checkpoint_files,
                                                    cfg_.output_dir);
   setup_data();
@@ -258,8 +255,19 @@ void FinetuneRecipe::validate(int64_t epoch) {
   metrics_->log(global_step_, {{"val_loss", val_loss}});
 }
 
+// dtype=bf16 is pure bf16, as torchtune trains: weights (trainable and frozen), gradients and AdamW
+// moments stored in bf16, compute in f32 one weight at a time, the update rounded stochastically
+// (optimizer.h). Kept f32: LoRA/DoRA adapter parameters (tiny), and the base of DoRA and QLoRA,
+// whose adapters compute on an f32 base (QLoRA's then becomes NF4).
+DType weight_storage(const RecipeConfig& cfg, const RecipeSpec& recipe) {
+  if (cfg.dtype != TrainDtype::BF16) return DType::F32;
+  if (recipe.lora && (cfg.model.use_dora || cfg.model.quantize_base)) return DType::F32;
+  return DType::BF16;
+}
+
 void FinetuneRecipe::setup_model() {
-  model_ = checkpointer_->load_model();
+  const DType storage = weight_storage(cfg_, recipe_);
+  model_ = checkpointer_->load_model(storage);
   const model::ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.vocab_size)
     throw Error("tokenizer.path", "the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
@@ -283,10 +291,22 @@ void FinetuneRecipe::setup_model() {
   for (model::Parameter* p : model_->parameters())
     if (p->trainable) trainable_.push_back(p);
   // Every rank starts from rank 0's weights (adapters are seeded alike; this makes it a fact).
+  // The groups move f32: a bf16 value travels widened (exactly) and comes back narrowed.
   if (group_.size() > 1)
-    for (model::Parameter* p : trainable_) group_.broadcast(p->value.f32(), p->value.numel(), 0);
-  int64_t n_trainable = 0;
-  for (model::Parameter* p : trainable_) n_trainable += p->value.numel();
+    for (model::Parameter* p : trainable_) {
+      if (p->value.dtype() == DType::F32) {
+        group_.broadcast(p->value.f32(), p->value.numel(), 0);
+      } else {
+        Tensor wide = p->value.to(DType::F32);
+        group_.broadcast(wide.f32(), wide.numel(), 0);
+        p->value.copy_from(wide);
+      }
+    }
+  int64_t n_trainable = 0, trainable_bytes = 0;
+  for (model::Parameter* p : trainable_) {
+    n_trainable += p->value.numel();
+    trainable_bytes += int64_t(p->value.bytes());
+  }
   if (shard_parameters(recipe_)) {
     sharded_ = std::make_unique<ShardedDataParallel>(*model_, trainable_, group_,
                                                      ShardingOptions{cfg_.fsdp_reshard_after_forward});
@@ -295,20 +315,35 @@ void FinetuneRecipe::setup_model() {
       log_info("sharded data parallel (FSDP) over " + std::to_string(group_.size()) + " ranks, reshard_after_forward=" +
                (cfg_.fsdp_reshard_after_forward ? "true" : "false") + ": per rank " + mib(m.sharded_params) +
                " parameters + " + mib(m.gradient_shards) + " gradients + " + mib(2 * m.sharded_params) +
-               " AdamW state (unsharded: " + mib(16 * n_trainable) + ")" +
+               " AdamW state (unsharded: " + mib(4 * trainable_bytes) + ")" +
                (m.sharded_frozen ? "; frozen base sharded: " + mib(m.sharded_frozen) + " per rank" : std::string()) +
-               (m.replicated_frozen ? "; frozen, replicated (not f32): " + mib(m.replicated_frozen) : std::string()) +
+               (m.replicated_frozen ? "; frozen, replicated (not f32 or bf16): " + mib(m.replicated_frozen) : std::string()) +
                "; gathered at once: root " + mib(m.root_unit_full) + " + layer " + mib(m.largest_unit_full));
     }
   } else if (recipe_.distributed && rank0_) {
     log_info("replicated data parallel (DDP) over " + std::to_string(group_.size()) + " ranks: per rank " +
-             mib(4 * n_trainable) + " parameters + " + mib(4 * n_trainable) + " gradients + " + mib(8 * n_trainable) +
+             mib(trainable_bytes) + " parameters + " + mib(trainable_bytes) + " gradients + " + mib(2 * trainable_bytes) +
              " AdamW state (trainable)");
   }
+  // Sharded: each shard element is keyed to its model parameter for the bf16 stochastic rounding.
   optimizer_ = std::make_unique<AdamW>(
-      sharded_ ? sharded_->shard_parameters() : trainable_, AdamWSettings{cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
-                                cfg_.optimizer.weight_decay});
+      sharded_ ? sharded_->shard_parameters() : trainable_,
+      AdamWSettings{cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
+                    cfg_.optimizer.weight_decay},
+      sharded_ ? sharded_->element_origins() : std::vector<std::vector<ElementOrigin>>{});
   if (rank0_) {
+    TrainingStateBytes state = training_state_bytes(sharded_ ? sharded_->shard_parameters() : model_->parameters(),
+                                                    optimizer_->state_bytes());
+    if (sharded_) state.frozen = sharded_->memory().sharded_frozen + sharded_->memory().replicated_frozen;
+    std::string what = cfg_.dtype != TrainDtype::BF16 ? "dtype=fp32: f32 weights, gradients and AdamW state"
+                       : storage == DType::BF16
+                           ? std::string("dtype=bf16: bf16 weights, gradients and AdamW moments (compute in f32, "
+                                         "stochastically rounded updates)") +
+                                 (recipe_.lora ? "; the LoRA adapters stay f32" : "")
+                           : std::string("dtype=bf16: the ") + (cfg_.model.quantize_base ? "QLoRA" : "DoRA") +
+                                 " base is kept f32 (its adapters compute on an f32 base; QLoRA's becomes NF4) and "
+                                 "the adapters are f32; merged checkpoints are written in bf16";
+    log_info(what + "; state " + (sharded_ ? "per rank: " : "") + state.str());
     log_info("model: " + mc.model_type + ", " + std::to_string(mc.num_parameters()) + " parameters, " +
              std::to_string(n_trainable) + " trainable" + (recipe_.lora ? " (adapters on " + std::to_string(adapters_.size()) + " projections)" : ""));
   }
@@ -378,7 +413,15 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
 
 void FinetuneRecipe::all_reduce_gradients() {
   if (group_.size() == 1 || sharded_) return;  // sharded: reduce-scattered inside forward_backward
-  for (model::Parameter* p : trainable_) group_.allreduce_sum(p->grad.f32(), p->grad.numel());
+  for (model::Parameter* p : trainable_) {
+    if (p->grad.dtype() == DType::F32) {
+      group_.allreduce_sum(p->grad.f32(), p->grad.numel());
+    } else {  // bf16: summed in f32 (the groups reduce f32), rounded once
+      Tensor wide = p->grad.to(DType::F32);
+      group_.allreduce_sum(wide.f32(), wide.numel());
+      p->grad.copy_from(wide);
+    }
+  }
 }
 
 void FinetuneRecipe::train() {

@@ -14,7 +14,8 @@ struct FrozenFlat {
   std::vector<model::Parameter*> params;
   std::vector<Shape> shapes;
   FlatShardLayout layout;
-  Tensor shard;                  // (shard_size) f32
+  DType dtype = DType::F32;      // of every value in it
+  Tensor shard;                  // (shard_size) in dtype
   std::shared_ptr<Tensor> full;  // gathered (padded), null while sharded
 };
 
@@ -23,20 +24,49 @@ struct ShardedDataParallel::Unit {
   std::vector<model::Parameter*> params;  // trainable
   std::vector<Shape> shapes;  // of params (their values are undefined while the unit is sharded)
   FlatShardLayout layout;
-  model::Parameter shard;             // value, grad: (shard_size) f32, this rank's part
+  DType dtype = DType::F32;           // of the values, the gradient shard and the moments: f32 or bf16
+  model::Parameter shard;             // value, grad: (shard_size) in dtype, this rank's part
   std::shared_ptr<Tensor> full;       // gathered values (padded), null while sharded
-  std::shared_ptr<Tensor> full_grad;  // full gradients (padded) between a backward and its reduction
+  std::shared_ptr<Tensor> full_grad;  // full gradients (padded, f32 whatever dtype) between a backward and its reduction
   FrozenFlat frozen;
   bool gathered = false;
   bool empty() const { return params.empty(); }  // nothing trainable
 };
 
 namespace {
-// Copies the part of parameter i of `layout` that `rank` owns, between a full tensor and a shard.
-void copy_owned_part(const FlatShardLayout& layout, size_t i, int rank, float* shard, const float* full_param) {
+// Copies the part of parameter i of `layout` that `rank` owns from a full tensor into a shard of
+// the same dtype (the full tensor is converted first when its dtype differs).
+void copy_owned_part(const FlatShardLayout& layout, size_t i, int rank, const Tensor& shard, const Tensor& full_param) {
+  const Tensor src = full_param.dtype() == shard.dtype() ? full_param : full_param.to(shard.dtype());
+  const size_t elem = dtype_bytes(shard.dtype(), 1);
   auto [lo, hi] = layout.param_in_shard(i, rank);
   if (lo < hi)
-    std::memcpy(shard + (lo - layout.shard_begin(rank)), full_param + (lo - layout.offset[i]), size_t(hi - lo) * sizeof(float));
+    std::memcpy(static_cast<char*>(shard.raw()) + size_t(lo - layout.shard_begin(rank)) * elem,
+                static_cast<const char*>(src.raw()) + size_t(lo - layout.offset[i]) * elem, size_t(hi - lo) * elem);
+}
+
+// All-gathers n_per_rank elements of dtype from every rank. The process groups move f32; a bf16
+// shard (an even count: shards are multiples of kAlignFloats) travels as pairs packed in f32 words,
+// bit for bit (a gather is a copy, no arithmetic touches them).
+void all_gather_any(dist::ProcessGroup& group, void* out, const void* in, int64_t n_per_rank, DType dtype) {
+  if (dtype == DType::F32) {
+    group.all_gather(static_cast<float*>(out), static_cast<const float*>(in), n_per_rank);
+    return;
+  }
+  check(dtype == DType::BF16 && n_per_rank % 2 == 0, "sharded data parallel",
+        std::string("cannot gather ") + dtype_name(dtype) + " shards of " + std::to_string(n_per_rank));
+  group.all_gather(static_cast<float*>(out), static_cast<const float*>(in), n_per_rank / 2);
+}
+
+// The one dtype of a flat's parameters (f32 when there are none).
+DType flat_dtype(const std::vector<model::Parameter*>& params, const std::string& what) {
+  if (params.empty()) return DType::F32;
+  const DType d = params.front()->value.dtype();
+  for (model::Parameter* p : params)
+    check(p->value.dtype() == d, "sharded data parallel",
+          what + " " + p->name + " is " + dtype_name(p->value.dtype()) + " but " + params.front()->name + " of the same layer is " +
+              dtype_name(d) + " (a flat holds one dtype)");
+  return d;
 }
 }  // namespace
 
@@ -54,21 +84,23 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
     return *units_[size_t(layer < 0 ? L : layer)];
   };
   for (model::Parameter* p : trainable) {
-    check(p->value.defined() && p->value.dtype() == DType::F32, "sharded data parallel",
-          "parameter " + p->name + " must hold f32 values to be sharded");
+    check(p->value.defined() && (p->value.dtype() == DType::F32 || p->value.dtype() == DType::BF16),
+          "sharded data parallel", "parameter " + p->name + " must hold f32 or bf16 values to be sharded");
     Unit& u = unit_of(p);
     u.params.push_back(p);
     u.shapes.push_back(p->value.shape());
   }
-  // Frozen f32 weights (the LoRA base) are sharded too; others stay as they are (bf16 storage,
-  // and QLoRA's base, which lives in its adapter as NF4 with no f32 value left).
+  // Frozen f32 or bf16 weights (the LoRA base) are sharded too, one dtype per unit (the first
+  // frozen weight's); others stay whole (QLoRA's base lives in its adapter as NF4, no value left).
   for (model::Parameter* p : model.parameters()) {
     if (p->trainable || !p->value.defined()) continue;
-    if (p->value.dtype() != DType::F32) {
+    Unit& u = unit_of(p);
+    const DType d = p->value.dtype();
+    if (u.frozen.params.empty()) u.frozen.dtype = d;
+    if ((d != DType::F32 && d != DType::BF16) || d != u.frozen.dtype) {
       replicated_frozen_bytes_ += int64_t(p->value.bytes());
       continue;
     }
-    Unit& u = unit_of(p);
     u.frozen.params.push_back(p);
     u.frozen.shapes.push_back(p->value.shape());
   }
@@ -85,18 +117,19 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
     numels.clear();
     for (const Shape& sh : u.frozen.shapes) numels.push_back(sh.numel());
     u.frozen.layout = FlatShardLayout::plan(numels, group.size());
-    u.frozen.shard = Tensor::zeros({u.frozen.layout.shard_size()});
+    u.frozen.shard = Tensor::zeros({u.frozen.layout.shard_size()}, u.frozen.dtype);
     for (size_t i = 0; i < u.frozen.params.size(); ++i) {
-      copy_owned_part(u.frozen.layout, i, rank, u.frozen.shard.f32(), u.frozen.params[i]->value.f32());
+      copy_owned_part(u.frozen.layout, i, rank, u.frozen.shard, u.frozen.params[i]->value);
       u.frozen.params[i]->value = Tensor();
     }
     if (u.empty()) continue;
+    u.dtype = flat_dtype(u.params, "trainable parameter");
     u.shard.name = "shard." + std::to_string(u.index);
-    u.shard.value = Tensor::zeros({u.layout.shard_size()});
-    u.shard.grad = Tensor::zeros({u.layout.shard_size()});
+    u.shard.value = Tensor::zeros({u.layout.shard_size()}, u.dtype);
+    u.shard.grad = Tensor::zeros({u.layout.shard_size()}, u.dtype);
     u.shard.trainable = true;
     for (size_t i = 0; i < u.params.size(); ++i) {
-      copy_owned_part(u.layout, i, rank, u.shard.value.f32(), u.params[i]->value.f32());
+      copy_owned_part(u.layout, i, rank, u.shard.value, u.params[i]->value);
       u.params[i]->value = Tensor();
     }
   }
@@ -126,14 +159,33 @@ std::vector<model::Parameter*> ShardedDataParallel::shard_parameters() {
   return out;
 }
 
+std::vector<std::vector<ElementOrigin>> ShardedDataParallel::element_origins() const {
+  std::vector<std::vector<ElementOrigin>> out;
+  const int rank = group_.rank();
+  for (auto& u : units_) {
+    if (u->empty()) continue;
+    std::vector<ElementOrigin> origins;
+    for (size_t i = 0; i < u->params.size(); ++i) {
+      auto [lo, hi] = u->layout.param_in_shard(i, rank);
+      if (lo < hi)
+        origins.push_back({lo - u->layout.shard_begin(rank), hi - u->layout.shard_begin(rank), u->params[i]->name,
+                           lo - u->layout.offset[i]});
+    }
+    out.push_back(std::move(origins));
+  }
+  return out;
+}
+
 namespace {
 // All-gathers a flat of `layout` from this rank's shard and points the parameters' values into it.
 std::shared_ptr<Tensor> gather_flat(dist::ProcessGroup& group, const FlatShardLayout& layout, const Tensor& shard,
                                     const std::vector<model::Parameter*>& params, const std::vector<Shape>& shapes) {
-  auto full = std::make_shared<Tensor>(Tensor::empty({layout.padded}));
-  group.all_gather(full->f32(), shard.f32(), layout.shard_size());
+  const DType dtype = shard.dtype();
+  auto full = std::make_shared<Tensor>(Tensor::empty({layout.padded}, dtype));
+  all_gather_any(group, full->raw(), shard.raw(), layout.shard_size(), dtype);
+  const size_t elem = dtype_bytes(dtype, 1);
   for (size_t i = 0; i < params.size(); ++i)
-    params[i]->value = Tensor::view(full->f32() + layout.offset[i], shapes[i], DType::F32, full);
+    params[i]->value = Tensor::view(static_cast<char*>(full->raw()) + size_t(layout.offset[i]) * elem, shapes[i], dtype, full);
   return full;
 }
 }  // namespace
@@ -166,9 +218,8 @@ void ShardedDataParallel::reduce_gradients(Unit& u) {
   if (!u.full_grad) return;
   const int64_t S = u.layout.shard_size();
   float* flat = u.full_grad->f32();
-  group_.reduce_scatter_sum(flat, flat, S);  // flat[0:S] ← Σ_ranks this rank's part
-  float* g = u.shard.grad.f32();
-  for (int64_t i = 0; i < S; ++i) g[i] += flat[i];
+  group_.reduce_scatter_sum(flat, flat, S);  // flat[0:S] ← Σ_ranks this rank's part, in f32
+  model::add_to_gradient(u.shard.grad, 0, flat, S);  // bf16 shards: rounded once per micro-batch
   for (model::Parameter* p : u.params) p->grad = Tensor();
   u.full_grad.reset();
 }
@@ -204,7 +255,7 @@ void ShardedDataParallel::zero_grad() {
 double ShardedDataParallel::gradient_norm() {
   double sum = 0;
   for (auto& u : units_)
-    if (!u->empty()) sum += cpu::sum_of_squares(u->shard.grad.f32(), u->shard.grad.numel());
+    if (!u->empty()) sum += gradient_sum_of_squares(u->shard.grad);
   group_.allreduce_sum(&sum, 1);
   return std::sqrt(sum);
 }
@@ -236,8 +287,7 @@ void ShardedDataParallel::load_full_parameters(const std::map<std::string, Tenso
       if (it == by_name.end()) throw Error(where, "has no weights for " + u.params[i]->name);
       if (it->second.shape() != u.shapes[i])
         throw Error(where, u.params[i]->name + " has shape " + it->second.shape().str() + ", expected " + u.shapes[i].str());
-      Tensor f32 = it->second.dtype() == DType::F32 ? it->second : it->second.to(DType::F32);
-      copy_owned_part(u.layout, i, rank, u.shard.value.f32(), f32.f32());
+      copy_owned_part(u.layout, i, rank, u.shard.value, it->second);
     }
   }
 }
@@ -250,12 +300,14 @@ std::map<std::string, Tensor> ShardedDataParallel::gather_optimizer_state(const 
     for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
       auto it = state.find(prefix + u.shard.name);
       check(it != state.end(), "sharded data parallel", std::string("the optimizer has no ") + prefix + u.shard.name);
-      Tensor flat = Tensor::empty({u.layout.padded});  // one unit at a time
-      group_.all_gather(flat.f32(), it->second.f32(), u.layout.shard_size());
+      const DType dtype = it->second.dtype();  // the moments are in the shard's dtype
+      const size_t elem = dtype_bytes(dtype, 1);
+      Tensor flat = Tensor::empty({u.layout.padded}, dtype);  // one unit at a time
+      all_gather_any(group_, flat.raw(), it->second.raw(), u.layout.shard_size(), dtype);
       if (!keep) continue;
       for (size_t i = 0; i < u.params.size(); ++i) {
-        Tensor t = Tensor::empty(u.shapes[i]);
-        std::memcpy(t.f32(), flat.f32() + u.layout.offset[i], size_t(t.numel()) * sizeof(float));
+        Tensor t = Tensor::empty(u.shapes[i], dtype);
+        std::memcpy(t.raw(), static_cast<const char*>(flat.raw()) + size_t(u.layout.offset[i]) * elem, t.bytes());
         out[prefix + u.params[i]->name] = t;
       }
     }
@@ -271,14 +323,14 @@ std::map<std::string, Tensor> ShardedDataParallel::shard_optimizer_state(const s
     Unit& u = *up;
     if (u.empty()) continue;
     for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
-      Tensor shard = Tensor::zeros({u.layout.shard_size()});
+      Tensor shard = Tensor::zeros({u.layout.shard_size()}, u.dtype);
       for (size_t i = 0; i < u.params.size(); ++i) {
         auto it = full.find(prefix + u.params[i]->name);
         if (it == full.end()) throw Error(where, std::string("optimizer state has no ") + prefix + u.params[i]->name);
         if (it->second.shape() != u.shapes[i])
           throw Error(where, "optimizer state " + it->first + " has shape " + it->second.shape().str() + ", expected " +
                                  u.shapes[i].str());
-        copy_owned_part(u.layout, i, rank, shard.f32(), it->second.f32());
+        copy_owned_part(u.layout, i, rank, shard, it->second);
       }
       out[prefix + u.shard.name] = shard;
     }
@@ -290,11 +342,12 @@ ShardedMemory ShardedDataParallel::memory() const {
   ShardedMemory m;
   m.replicated_frozen = replicated_frozen_bytes_;
   for (const auto& u : units_) {
-    const int64_t shard_bytes = u->layout.shard_size() * int64_t(sizeof(float));
+    const int64_t elem = int64_t(dtype_bytes(u->dtype, 1)), frozen_elem = int64_t(dtype_bytes(u->frozen.dtype, 1));
+    const int64_t shard_bytes = u->layout.shard_size() * elem;
     m.sharded_params += shard_bytes;
     m.gradient_shards += shard_bytes;
-    m.sharded_frozen += u->frozen.layout.shard_size() * int64_t(sizeof(float));
-    const int64_t full_bytes = (u->layout.padded + u->frozen.layout.padded) * int64_t(sizeof(float));
+    m.sharded_frozen += u->frozen.layout.shard_size() * frozen_elem;
+    const int64_t full_bytes = u->layout.padded * elem + u->frozen.layout.padded * frozen_elem;
     if (u.get() == units_.back().get())
       m.root_unit_full = full_bytes;
     else

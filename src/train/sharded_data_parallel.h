@@ -13,16 +13,20 @@
 //                     into l's gradient shard (+=, so micro-batches accumulate) → free l
 //   root unit: reduce-scatter grads, free
 // then the recipe scales, clips (global norm over the shards) and steps AdamW on the shards.
-// Frozen f32 parameters (the LoRA base) are sharded the same way, without gradients or optimizer
+// Frozen parameters (the LoRA base) are sharded the same way, without gradients or optimizer
 // state: gathered with their unit, never reduced. The adapters are sharded like any trainable
-// parameter. A QLoRA base (NF4 inside its adapter) and bf16-stored weights stay replicated.
+// parameter. A QLoRA base (NF4 inside its adapter) stays replicated.
+// dtype=bf16: a flat holds its parameters' dtype. bf16 flats (values, gradient shards, moments)
+// are bf16 and gather as bf16; a unit's full gradients are f32 for the span of its backward and
+// reduce-scatter in f32 (one unit at a time), then are rounded once into the bf16 gradient shard.
+// element_origins() tells AdamW which model parameter each shard element belongs to, so that the
+// stochastic rounding of the update does not depend on W.
 // Checkpoints: gather_full_parameters() gives every rank the full values (rank 0 writes them with
 // the ordinary checkpointer), and the optimizer state is gathered into the same per-parameter
 // "exp_avg.<name>" tensors an unsharded run saves, so a checkpoint does not depend on W.
 //
 // It deliberately does not overlap communication with compute (Gloo collectives block; the
-// gather of layer l+1 could be prefetched on another thread), offload to the CPU, or shard
-// bf16-stored weights (the recipes keep f32 master weights).
+// gather of layer l+1 could be prefetched on another thread), or offload to the CPU.
 #pragma once
 
 #include <cstdint>
@@ -34,11 +38,10 @@
 #include "core/tensor.h"
 #include "dist/process_group.h"
 #include "model/decoder.h"
+#include "train/optimizer.h"
 #include "train/sharded_layout.h"
 
 namespace ktune::train {
-
-class AdamW;
 
 struct ShardingOptions {
   bool reshard_after_forward = true;  // fsdp_reshard_after_forward
@@ -46,17 +49,17 @@ struct ShardingOptions {
 
 // Bytes one rank holds between steps, and at most on top of that during a step.
 struct ShardedMemory {
-  int64_t sharded_params = 0;     // Σ over units of the trainable shard (f32), incl. padding
-  int64_t sharded_frozen = 0;     // Σ over units of the frozen shard (f32), incl. padding
-  int64_t replicated_frozen = 0;  // frozen parameters left whole on every rank (not f32)
-  int64_t gradient_shards = 0;    // f32
+  int64_t sharded_params = 0;     // Σ over units of the trainable shard (its dtype), incl. padding
+  int64_t sharded_frozen = 0;     // Σ over units of the frozen shard (its dtype), incl. padding
+  int64_t replicated_frozen = 0;  // frozen parameters left whole on every rank (not f32 or bf16)
+  int64_t gradient_shards = 0;    // in the shards' dtype
   int64_t largest_unit_full = 0;  // bytes of one gathered layer (values, trainable + frozen)
   int64_t root_unit_full = 0;     // bytes of the gathered root unit (values, trainable + frozen)
 };
 
 class ShardedDataParallel {
  public:
-  // Takes the trainable parameters (f32 values, identical on every rank) of `model`, keeps this
+  // Takes the trainable parameters (f32 or bf16 values, identical on every rank) of `model`, keeps this
   // rank's shards, frees the full values and gradients, and installs the model's layer hooks.
   ShardedDataParallel(model::Decoder& model, const std::vector<model::Parameter*>& trainable, dist::ProcessGroup& group,
                       ShardingOptions options);
@@ -67,6 +70,8 @@ class ShardedDataParallel {
   // What the optimizer updates: one flat (shard_size) value + gradient per non-empty unit,
   // named "shard.<unit>" (unit L is the root).
   std::vector<model::Parameter*> shard_parameters();
+  // For AdamW (one list per shard parameter, same order): which model parameter each element is.
+  std::vector<std::vector<ElementOrigin>> element_origins() const;
 
   // The model's forward_backward with the gathers and reductions above; gradients accumulate into
   // the shards (grad_scale as model::Decoder::forward_backward). While sharded, call the model only

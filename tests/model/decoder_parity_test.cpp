@@ -228,11 +228,14 @@ TEST_P(DecoderParity, Bf16StorageMatchesF32OfRoundedWeights) {
   LossResult r32 = f.model->forward_backward(f.batch(), 1.0f / float(n));
   LossResult r16 = m->forward_backward(f.batch(), 1.0f / float(n));
   EXPECT_NEAR(r16.loss_sum, r32.loss_sum, 1e-5 * r32.loss_sum);
+  // Pure bf16: the gradients are bf16 too, each computed in f32 and rounded once per use (2^-9
+  // relative; the tied embedding's two uses round twice).
   for (Parameter* p : m->parameters()) {
     ASSERT_EQ(p->value.dtype(), DType::BF16) << p->name;
-    ASSERT_EQ(p->grad.dtype(), DType::F32) << p->name;
+    ASSERT_EQ(p->grad.dtype(), DType::BF16) << p->name;
     Parameter& q = f.model->parameter(p->name);
-    EXPECT_LE(rel_error(p->grad.f32(), q.grad.f32(), q.grad.numel()), 1e-5) << p->name;
+    Tensor g = p->grad.to(DType::F32);
+    EXPECT_LE(rel_error(g.f32(), q.grad.f32(), q.grad.numel()), 8e-3) << p->name;
   }
 }
 
