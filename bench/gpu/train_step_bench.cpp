@@ -144,16 +144,26 @@ int run(int argc, char** argv) {
     if (std::chrono::duration<double>(clock::now() - start).count() > max_seconds) break;
   }
   const double seconds = std::chrono::duration<double>(clock::now() - start).count();
+  // One more step with CUDA events around attention and the loss head: where the time goes.
+  model.set_profiling(true);
+  one_step();
+  cuda::synchronize();
+  const cuda::Decoder::StepProfile prof = model.last_profile();
+  model.set_profiling(false);
   const double step_ms = 1000.0 * seconds / double(timed);
   const double tokens_per_s = double(N) * double(timed) / seconds;
   const double fpt = flops_per_token(config, setup);
   const double tflops = tokens_per_s * fpt / 1e12;
+  std::printf("profile (one step, forward+backward on the device %.1f ms): attention fwd+bwd %.1f ms (%.0f%%), "
+              "output projection + loss %.1f ms (%.0f%%), the rest (projections, norms, rope, MLP) %.1f ms\n",
+              prof.step_ms, prof.attention_ms, 100 * prof.attention_ms / prof.step_ms, prof.loss_ms,
+              100 * prof.loss_ms / prof.step_ms, prof.step_ms - prof.attention_ms - prof.loss_ms);
   std::printf("RESULT side=ktune mode=%s batch=%lld seq=%lld steps=%lld step_ms=%.2f tokens_per_s=%.1f "
               "flops_per_token=%.6e tflops=%.2f mfu=%.4f loss_first=%.4f loss_last=%.4f planned_gib=%.3f "
-              "device_used_gib=%.3f\n",
+              "device_used_gib=%.3f attention_ms=%.1f loss_ms=%.1f fwd_bwd_ms=%.1f\n",
               mode.c_str(), (long long)setup.batch, (long long)setup.seq_len, (long long)timed, step_ms, tokens_per_s,
               fpt, tflops, tflops / kPeakTflops, loss_first, loss_last,
-              double(model.memory_plan().total()) / double(1ull << 30), double(used_after) / double(1ull << 30));
+              double(model.memory_plan().total()) / double(1ull << 30), double(used_after) / double(1ull << 30), prof.attention_ms, prof.loss_ms, prof.step_ms);
   return 0;
 }
 

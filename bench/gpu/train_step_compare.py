@@ -211,6 +211,8 @@ def main():
         if k:
             parts += [f"ktune_tokens_per_s={float(k['tokens_per_s']):.0f}", f"ktune_mfu={100 * float(k['mfu']):.1f}%",
                       f"ktune_planned_gib={k['planned_gib']}", f"ktune_device_used_gib={k['device_used_gib']}"]
+            if "attention_ms" in k and float(k.get("fwd_bwd_ms", 0)) > 0:
+                parts.append(f"ktune_attention_share={100 * float(k['attention_ms']) / float(k['fwd_bwd_ms']):.0f}%")
         else:
             parts.append("ktune=FAILED")
         if t:

@@ -184,6 +184,20 @@ struct Decoder::Impl {
   float* attn_scratch = nullptr;
   void* ce_scratch = nullptr;
   size_t ce_scratch_bytes = 0;
+  // profiling: event pairs (start, stop) per timed region; [0] the step, [1] the loss, then attention
+  bool profiling = false;
+  std::vector<cudaEvent_t> events;
+  void mark(size_t i) {
+    if (profiling) KTUNE_CUDA_CHECK(cudaEventRecord(events[i], nullptr));
+  }
+  float between(size_t a, size_t b) const {
+    float ms = 0;
+    KTUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, events[a], events[b]));
+    return ms;
+  }
+  ~Impl() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
 
   void mm(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, float alpha, const bf16_t* A, const bf16_t* Bm,
           float beta, void* C, DType out) {
@@ -469,6 +483,15 @@ std::string Decoder::memory_report() const {
   return os.str();
 }
 
+void Decoder::set_profiling(bool on) {
+  Impl& s = *impl_;
+  if (on && s.events.empty()) {
+    s.events.resize(4 + 4 * size_t(config_.num_layers));
+    for (auto& e : s.events) KTUNE_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  s.profiling = on;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The step
 
@@ -541,6 +564,9 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   for (int64_t l = 0; l < L; ++l) below[size_t(l) + 1] = below[size_t(l)] || trainable_in_layer[size_t(l)];
 
   // ---- forward ----
+  // event indices: 0/1 the step, 2/3 the loss, 4 + 4l + {0,1} attention forward, + {2,3} backward
+  auto attn_event = [&](int64_t l, int k) { return size_t(4 + 4 * l + k); };
+  s.mark(0);
   const DeviceParameter& embed = P(s.embed);
   embedding_forward(s.resid[0], s.tokens, embed.value, N, C, V, 1.0f, s.flag.data());
   for (int64_t l = 0; l < L; ++l) {
@@ -554,7 +580,9 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
     linear_forward(a.v, a.ln1, lin(layer.proj[kV]), a.xa[kV], 0.0f);
     rope_forward(a.q, s.positions, rope, N, Hq, D, s.flag.data());
     rope_forward(a.k, s.positions, rope, N, Hkv, D, s.flag.data());
+    s.mark(attn_event(l, 0));
     attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, ashape);
+    s.mark(attn_event(l, 1));
     // h = x + o(att): x copied into h, the projection accumulated onto it (beta = 1)
     KTUNE_CUDA_CHECK(cudaMemcpyAsync(a.x_mid, x_in, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
     linear_forward(a.x_mid, a.att, lin(layer.proj[kO]), a.xa[kO], 1.0f);
@@ -569,8 +597,11 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   rmsnorm_forward(s.final_normed, s.final_rstd, s.resid[size_t(L)], fnorm.value, N, C, eps, 0.0f);
   const DeviceParameter& head = P(s.head);
   StepResult result;
+  s.mark(2);
   result.loss_sum = linear_cross_entropy(s.gemm, s.dnormed, head.grad, &result.n_valid, s.final_normed, head.value,
                                          s.labels, N, C, V, 0.0f, grad_scale, s.ce_chunk, s.ce_scratch);
+  s.mark(3);
+  std::vector<bool> attention_backward_ran(size_t(L), false);
 
   // ---- backward ----
   if (below[size_t(L)] || fnorm.grad) {
@@ -590,7 +621,10 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
       add_inplace(s.dres, s.dtmp, N * C);  // dres = d h
       // Undo h = x + o(attention(rope(q(n)), rope(k(n)), v(n))), n = norm1(x)
       linear_backward(s.datt, false, s.dres, a.att, lin(layer.proj[kO]), a.xa[kO]);
+      s.mark(attn_event(l, 2));
       attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, nullptr, ashape, s.attn_scratch);
+      s.mark(attn_event(l, 3));
+      attention_backward_ran[size_t(l)] = true;
       rope_backward(s.dq, s.positions, rope, N, Hq, D, s.flag.data());
       rope_backward(s.dk, s.positions, rope, N, Hkv, D, s.flag.data());
       const bool need_dx = below[size_t(l)] || P(layer.norm_attn).grad;
@@ -605,7 +639,18 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
     }
     if (embed.grad) embedding_backward(embed.grad, s.dres, s.tokens, N, C, V, 1.0f, s.flag.data());
   }
+  s.mark(1);
   s.flag.check("cuda decoder: token id or rotary position");  // synchronises
+  if (s.profiling) {
+    KTUNE_CUDA_CHECK(cudaEventSynchronize(s.events[1]));
+    profile_ = StepProfile{};
+    profile_.step_ms = s.between(0, 1);
+    profile_.loss_ms = s.between(2, 3);
+    for (int64_t l = 0; l < L; ++l) {
+      profile_.attention_ms += s.between(attn_event(l, 0), attn_event(l, 1));
+      if (attention_backward_ran[size_t(l)]) profile_.attention_ms += s.between(attn_event(l, 2), attn_event(l, 3));
+    }
+  }
   return result;
 }
 

@@ -108,6 +108,16 @@ class Decoder {
   // AdamW over every trainable parameter; s.step is 1-based. Asynchronous.
   void adamw_step(const cpu::AdamWStep& s, uint64_t seed);
 
+  // Where a step's time goes, timed with CUDA events when profiling is on (off by default: the
+  // events cost a little). Filled by forward_backward.
+  struct StepProfile {
+    double attention_ms = 0;  // attention forward + backward, all layers
+    double loss_ms = 0;       // output projection + cross-entropy (+ its gradients)
+    double step_ms = 0;       // the whole forward_backward on the device
+  };
+  void set_profiling(bool on);
+  const StepProfile& last_profile() const { return profile_; }
+
   // Bytes planned in each arena, their sum, and what the driver reports in use now.
   struct MemoryPlan {
     size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, loss_scratch = 0;
@@ -125,6 +135,7 @@ class Decoder {
   TrainingSetup setup_;
   std::vector<DeviceParameter> params_;
   MemoryPlan plan_bytes_;
+  StepProfile profile_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -5,9 +5,14 @@
 // cross-entropy) and plain loops for the projections (no oneDNN on the GPU machine). Both sides
 // read the very same bf16-rounded weights (downloaded from the GPU), so the differences are the
 // GPU's bf16 activations only.
-// Tolerances: loss within 1e-2 relative; every gradient tensor within 5% in the 2-norm of its error
-// relative to the 2-norm of the reference (bf16 activations carry ~0.4% per rounding, a dozen
-// roundings deep; a wrong term or transposition is O(100%)). Also: AdamW steps lower the loss.
+// Tolerances: loss within 1e-2 relative. Each gradient tensor's error (2-norm of the difference over
+// the 2-norm of the f32 reference) within 3x that of a bf16 emulation of the same step on the CPU
+// (the reference again, rounding to bf16 wherever the GPU stores a bf16 activation), at least 3%,
+// at most 30%. The emulation's own error was measured at 1.2-4% for full fine-tuning and 2-8% for
+// the LoRA matrices (layer 0's q adapters: attention's backward cancels), so a fixed 5% would fail
+// a correct GPU; a wrong term, scale or transposition is O(100%). The reference itself agreed with
+// the CPU engine's model::Decoder + LoraAdapter to 1e-4 on these cases (checked when it was written).
+// Also: AdamW steps lower the loss.
 // It deliberately does not test speed (bench/gpu does) nor the paths the GPU decoder does not have.
 #include <cmath>
 #include <map>
@@ -82,9 +87,18 @@ struct Reference {
   Params grads;  // every trainable parameter's gradient, by name
   int64_t B, T, N, C, I, QD, KD, r;
   float s;
+  // bf16 = true: every activation and activation gradient is rounded to bf16 where the GPU stores
+  // one (R), the arithmetic staying f32/double: an emulation of the GPU's precision, whose distance
+  // to the f32 step sizes the tolerance of each gradient.
+  bool bf16 = false;
+  void R(float* v, size_t n) const {
+    if (bf16)
+      for (size_t i = 0; i < n; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+  }
+  void R(std::vector<float>& v) const { R(v.data(), v.size()); }
 
-  Reference(const cuda::DecoderConfig& config, const cuda::TrainingSetup& st, const Params& params)
-      : c(config), setup(st), p(params) {
+  Reference(const cuda::DecoderConfig& config, const cuda::TrainingSetup& st, const Params& params, bool round)
+      : c(config), setup(st), p(params), bf16(round) {
     B = st.batch, T = st.seq_len, N = B * T, C = c.hidden_size, I = c.intermediate_size;
     QD = c.num_heads * c.head_dim, KD = c.num_kv_heads * c.head_dim, r = st.lora_rank;
     s = r > 0 ? st.lora_alpha / float(r) : 0.0f;
@@ -114,12 +128,15 @@ struct Reference {
     dims(proj, &in, &out);
     y.assign(static_cast<size_t>(N * out), 0.0f);
     matmul_wt(y.data(), x, w(module(l, proj) + ".weight"), N, in, out, false);
+    R(y);
     if (has_lora(proj)) {
       xa.assign(static_cast<size_t>(N * r), 0.0f);
       matmul_wt(xa.data(), x, w(lora(l, proj, "A")), N, in, r, false);
+      R(xa);
       std::vector<float> t(static_cast<size_t>(N * out), 0.0f);
       matmul_wt(t.data(), xa.data(), w(lora(l, proj, "B")), N, r, out, false);
       for (size_t i = 0; i < y.size(); ++i) y[i] += s * t[i];
+      R(y);
     }
   }
   // dx (N, in) (+)= dy W + g A with g = s dy B; the weight gradients.
@@ -129,13 +146,16 @@ struct Reference {
     dims(proj, &in, &out);
     if (trainable_base()) matmul_grad(g(module(l, proj) + ".weight"), dy, x, N, in, out, 1.0f);
     if (dx) matmul_w(dx, dy, w(module(l, proj) + ".weight"), N, in, out, accumulate);
+    if (dx) R(dx, size_t(N * in));
     if (has_lora(proj)) {
       matmul_grad(g(lora(l, proj, "B")), dy, xa.data(), N, r, out, s);  // dB += s dy^T xa
       std::vector<float> gg(static_cast<size_t>(N * r), 0.0f);
       matmul_w(gg.data(), dy, w(lora(l, proj, "B")), N, r, out, false);  // g = dy B (N, r)
       for (auto& v : gg) v *= s;
+      R(gg);
       matmul_grad(g(lora(l, proj, "A")), gg.data(), x, N, in, r, 1.0f);  // dA += g^T x
       if (dx) matmul_w(dx, gg.data(), w(lora(l, proj, "A")), N, in, r, true);
+      if (dx) R(dx, size_t(N * in));
     }
   }
 
@@ -160,62 +180,78 @@ struct Reference {
       a.rstd1.resize(static_cast<size_t>(N));
       cpu::rmsnorm_forward_reference(a.ln1.data(), a.rstd1.data(), x.data(), w(pre + "input_layernorm.weight"), N, C,
                                      c.rms_norm_eps, 0.0f);
+      R(a.ln1);
       linear_forward(a.q, a.ln1.data(), l, cuda::kQ, a.xa[cuda::kQ]);
       linear_forward(a.k, a.ln1.data(), l, cuda::kK, a.xa[cuda::kK]);
       linear_forward(a.v, a.ln1.data(), l, cuda::kV, a.xa[cuda::kV]);
       cpu::rope_forward_reference(a.q.data(), positions.data(), rope, N, Hq, D);
       cpu::rope_forward_reference(a.k.data(), positions.data(), rope, N, Hkv, D);
+      R(a.q); R(a.k);
       a.att.resize(static_cast<size_t>(N * QD));
       a.lse.resize(static_cast<size_t>(N * Hq));
       cpu::attention_forward_reference(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), nullptr, as);
+      R(a.att);
       linear_forward(a.x_mid, a.att.data(), l, cuda::kO, a.xa[cuda::kO]);
       for (int64_t i = 0; i < N * C; ++i) a.x_mid[size_t(i)] += x[size_t(i)];
+      R(a.x_mid);
       a.ln2.resize(static_cast<size_t>(N * C));
       a.rstd2.resize(static_cast<size_t>(N));
       cpu::rmsnorm_forward_reference(a.ln2.data(), a.rstd2.data(), a.x_mid.data(),
                                      w(pre + "post_attention_layernorm.weight"), N, C, c.rms_norm_eps, 0.0f);
+      R(a.ln2);
       linear_forward(a.gate, a.ln2.data(), l, cuda::kGate, a.xa[cuda::kGate]);
       linear_forward(a.up, a.ln2.data(), l, cuda::kUp, a.xa[cuda::kUp]);
       a.act.resize(static_cast<size_t>(N * I));
       cpu::swiglu_forward_reference(a.act.data(), a.gate.data(), a.up.data(), N * I);
+      R(a.act);
       linear_forward(x, a.act.data(), l, cuda::kDown, a.xa[cuda::kDown]);
       for (int64_t i = 0; i < N * C; ++i) x[size_t(i)] += a.x_mid[size_t(i)];
+      R(x);
     }
     std::vector<float> normed(static_cast<size_t>(N * C)), rstd(static_cast<size_t>(N)), dnormed(static_cast<size_t>(N * C));
     cpu::rmsnorm_forward_reference(normed.data(), rstd.data(), x.data(), w("model.norm.weight"), N, C,
                                    c.rms_norm_eps, 0.0f);
+    R(normed);
     const std::string head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     const double loss = cpu::linear_cross_entropy_reference(dnormed.data(), trainable_base() ? g(head) : nullptr,
                                                             nullptr, normed.data(), w(head), labels.data(), N, C, V,
                                                             0.0f, grad_scale);
+    R(dnormed);
     std::vector<float> dres(static_cast<size_t>(N * C)), dtmp(static_cast<size_t>(N * C)), dln(static_cast<size_t>(N * C));
     cpu::rmsnorm_backward_reference(dres.data(), trainable_base() ? g("model.norm.weight") : nullptr, dnormed.data(),
                                     x.data(), w("model.norm.weight"), rstd.data(), N, C, 0.0f);
+    R(dres);
     for (int64_t l = L - 1; l >= 0; --l) {
       Acts& a = acts[size_t(l)];
       const std::string pre = "model.layers." + std::to_string(l) + ".";
       std::vector<float> dact(static_cast<size_t>(N * I)), dgate(static_cast<size_t>(N * I)), dup(static_cast<size_t>(N * I));
       linear_backward(dact.data(), false, dres.data(), a.act.data(), l, cuda::kDown, a.xa[cuda::kDown]);
       cpu::swiglu_backward_reference(dgate.data(), dup.data(), dact.data(), a.gate.data(), a.up.data(), N * I);
+      R(dgate); R(dup);
       linear_backward(dln.data(), false, dgate.data(), a.ln2.data(), l, cuda::kGate, a.xa[cuda::kGate]);
       linear_backward(dln.data(), true, dup.data(), a.ln2.data(), l, cuda::kUp, a.xa[cuda::kUp]);
       cpu::rmsnorm_backward_reference(dtmp.data(), trainable_base() ? g(pre + "post_attention_layernorm.weight") : nullptr,
                                       dln.data(), a.x_mid.data(), w(pre + "post_attention_layernorm.weight"),
                                       a.rstd2.data(), N, C, 0.0f);
+      R(dtmp);
       for (size_t i = 0; i < dres.size(); ++i) dres[i] += dtmp[i];
+      R(dres);
       std::vector<float> datt(static_cast<size_t>(N * QD)), dq(static_cast<size_t>(N * QD)), dk(static_cast<size_t>(N * KD)), dv(static_cast<size_t>(N * KD));
       linear_backward(datt.data(), false, dres.data(), a.att.data(), l, cuda::kO, a.xa[cuda::kO]);
       cpu::attention_backward_reference(dq.data(), dk.data(), dv.data(), datt.data(), a.q.data(), a.k.data(),
                                         a.v.data(), a.att.data(), a.lse.data(), nullptr, as);
       cpu::rope_backward_reference(dq.data(), positions.data(), rope, N, Hq, D);
       cpu::rope_backward_reference(dk.data(), positions.data(), rope, N, Hkv, D);
+      R(dq); R(dk); R(dv);
       linear_backward(dln.data(), false, dq.data(), a.ln1.data(), l, cuda::kQ, a.xa[cuda::kQ]);
       linear_backward(dln.data(), true, dk.data(), a.ln1.data(), l, cuda::kK, a.xa[cuda::kK]);
       linear_backward(dln.data(), true, dv.data(), a.ln1.data(), l, cuda::kV, a.xa[cuda::kV]);
       cpu::rmsnorm_backward_reference(dtmp.data(), trainable_base() ? g(pre + "input_layernorm.weight") : nullptr,
                                       dln.data(), a.x_in.data(), w(pre + "input_layernorm.weight"), a.rstd1.data(),
                                       N, C, 0.0f);
+      R(dtmp);
       for (size_t i = 0; i < dres.size(); ++i) dres[i] += dtmp[i];
+      R(dres);
     }
     if (trainable_base())
       cpu::embedding_backward_reference(g("model.embed_tokens.weight"), dres.data(), tokens.data(), N, C, 1.0f);
@@ -247,8 +283,6 @@ Params randomise(cuda::Decoder& model, uint32_t seed) {
     } else {
       const float bound = std::sqrt(3.0f / float(p.shape[1]));
       v = cuda_test::random_floats(static_cast<size_t>(p.numel), k++, -bound, bound);
-      if (p.name.find("embed_tokens") != std::string::npos || p.name.find("lm_head") != std::string::npos)
-        for (auto& x : v) x *= 4.0f;  // embedding rows of norm ~ sqrt(C)/2; logits of a few units
     }
     model.upload(p.name, v);
     params[p.name] = model.download_value(p.name);
@@ -276,22 +310,32 @@ void check_step(const char* what, const cuda::DecoderConfig& config, const cuda:
   const float grad_scale = 1.0f / float(valid);
 
   const cuda::StepResult got = model.forward_backward(tokens.data(), labels.data(), grad_scale);
-  Reference ref(config, setup, params);
+  Reference ref(config, setup, params, false);
   const double want = ref.step(tokens, labels, grad_scale);
+  Reference emulated(config, setup, params, true);
+  emulated.step(tokens, labels, grad_scale);
   CHECK(got.n_valid == valid) << what << ": n_valid " << got.n_valid << " vs " << valid;
   const double loss_err = std::fabs(got.loss_sum - want) / std::fabs(want);
   CHECK(loss_err <= 1e-2) << what << ": loss sum " << got.loss_sum << " vs CPU " << want;
 
   int64_t compared = 0;
+  double worst = 0;
+  std::string worst_name;
   for (auto& p : model.parameters()) {
     const bool trainable = p.grad != nullptr;
     const bool ref_has = ref.grads.count(p.name) > 0;
     CHECK(trainable == ref_has) << what << ": " << p.name << (trainable ? " trainable on the GPU only" : " trainable on the CPU only");
     if (!trainable || !ref_has) continue;
     const double err = relative_error(model.download_grad(p.name), ref.grads.at(p.name));
-    CHECK(err <= 5e-2) << what << ": gradient of " << p.name << " off by " << err << " (relative 2-norm)";
+    const double emulated_err = relative_error(emulated.grads.at(p.name), ref.grads.at(p.name));
+    const double tolerance = std::max(0.03, 3.0 * emulated_err);
+    CHECK(err <= tolerance && err <= 0.3) << what << ": gradient of " << p.name << " off by " << err
+                                          << " (relative 2-norm; bf16 emulation " << emulated_err << ", tolerance "
+                                          << std::min(tolerance, 0.3) << ")";
+    if (err > worst) worst = err, worst_name = p.name;
     ++compared;
   }
+  std::printf("     %s: worst gradient error %.3g (%s)\n", what, worst, worst_name.c_str());
   CHECK(compared > 0) << what << ": no gradient compared";
   std::printf("     %s: loss %.6f (CPU %.6f), %lld gradient tensors compared\n", what, got.loss_sum / double(valid),
               want / double(valid), (long long)compared);
@@ -347,6 +391,7 @@ KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
     batch(config, setup.batch * setup.seq_len, &tokens, &labels);
     double first = 0, last = 0;
     for (int step = 1; step <= 8; ++step) {
+      model.set_profiling(step == 2);
       model.zero_grad();
       const cuda::StepResult r = model.forward_backward(tokens.data(), labels.data(), 1.0f);
       const double loss = r.loss_sum / double(r.n_valid);
@@ -358,6 +403,9 @@ KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
     }
     CHECK(std::isfinite(last) && last < first - 0.1) << (full ? "full" : "lora") << ": loss " << first << " -> " << last;
     CHECK(model.memory_plan().total() > 0);
+    const auto& prof = model.last_profile();  // of step 2
+    CHECK(prof.attention_ms > 0 && prof.loss_ms > 0 && prof.attention_ms + prof.loss_ms < prof.step_ms)
+        << "profile: attention " << prof.attention_ms << " ms, loss " << prof.loss_ms << " ms, step " << prof.step_ms;
     std::printf("     %s: loss %.4f -> %.4f over 8 AdamW steps; %s\n", full ? "full" : "lora", first, last,
                 model.memory_report().c_str());
   }
