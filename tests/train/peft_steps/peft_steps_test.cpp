@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "io/safetensors.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
@@ -170,3 +172,79 @@ TEST(PeftSteps, LoraOnTheOutputLayerWithDropoutFollowsPeft) {
 }
 
 TEST(PeftSteps, DoraOnTheOutputLayerFollowsPeft) { check_steps("dora_head.safetensors", true, kUntiedModel); }
+
+namespace {
+
+double max_relative_difference(const Tensor& a, const Tensor& b) {
+  double diff = 0, scale = 1e-12;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    diff = std::max(diff, double(std::fabs(a.f32()[i] - b.f32()[i])));
+    scale = std::max(scale, double(std::fabs(b.f32()[i])));
+  }
+  return diff / scale;
+}
+
+}  // namespace
+
+TEST(PeftSteps, QloraOnTheOutputLayerEqualsLoraOnItsDequantisedHead) {
+  // QLoRA keeps lm_head only in NF4, dequantised a block of rows at a time inside the fused loss; the
+  // same steps with LoRA over a model whose head is that dequantised weight must agree.
+  model::LoraOptions options{.rank = 4, .alpha = 8.0f, .dropout = 0.2f, .seed = 5};
+  std::vector<std::shared_ptr<model::LoraAdapter>> lora_adapters, qlora_adapters;
+  options.quantize_base = true;
+  auto qlora = model::Decoder::from_pretrained(kUntiedModel);
+  qlora_adapters = model::attach_lora(*qlora, {{}, false, true}, options);  // lm_head only
+  ASSERT_EQ(qlora_adapters.size(), 1u);
+  // The LoRA model: the same adapter on a head replaced by the NF4 round trip, nothing else adapted.
+  auto lora = model::Decoder::from_pretrained(kUntiedModel);
+  options.quantize_base = false;
+  lora_adapters = model::attach_lora(*lora, {{}, false, true}, options);
+  Tensor dequantised = qlora_adapters[0]->base_weight(qlora->linear("lm_head"));
+  lora->parameter("lm_head.weight").value.copy_from(dequantised);
+  EXPECT_FALSE(qlora->parameter("lm_head.weight").value.defined());
+  EXPECT_LT(qlora_adapters[0]->base_weight_bytes(qlora->linear("lm_head")),
+            lora_adapters[0]->base_weight_bytes(lora->linear("lm_head")) / 6);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.1f);
+  Tensor& b_init = qlora_adapters[0]->parameters()[1]->value;  // B non-zero, the same on both
+  for (int64_t j = 0; j < b_init.numel(); ++j) b_init.f32()[j] = normal(rng);
+  lora_adapters[0]->parameters()[1]->value.copy_from(b_init);
+  lora_adapters[0]->parameters()[0]->value.copy_from(qlora_adapters[0]->parameters()[0]->value);
+
+  io::SafetensorsFile fixture = io::SafetensorsFile::open(kDir + "lora_head_dropout.safetensors");
+  std::vector<int32_t> tokens = as_i32(fixture.view("tokens")), labels = as_i32(fixture.view("labels"));
+  model::Batch batch{tokens.data(), labels.data(), nullptr, nullptr, 2, 16};
+  double worst = 0;
+  for (int step = 0; step < 2; ++step) {
+    model::LossResult a{}, b{};
+    for (auto* pair : {&lora_adapters, &qlora_adapters}) (*pair)[0]->set_dropout_key(uint64_t(step));
+    lora->zero_grad();
+    qlora->zero_grad();
+    a = lora->forward_backward(batch, 0.1f);
+    b = qlora->forward_backward(batch, 0.1f);
+    EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-5 * std::fabs(a.loss_sum)) << "step " << step;
+    for (size_t i = 0; i < 2; ++i) {
+      const Tensor& ga = lora_adapters[0]->parameters()[i]->grad;
+      const Tensor& gb = qlora_adapters[0]->parameters()[i]->grad;
+      const double error = relative_max_error(gb.f32(), ga.f32(), ga.numel());
+      EXPECT_LT(error, 1e-5) << lora_adapters[0]->parameters()[i]->name << " step " << step;
+      worst = std::max(worst, error);
+    }
+    // logits (generation) from the NF4 head
+    Tensor la = lora->forward_logits(batch), lb = qlora->forward_logits(batch);
+    EXPECT_LT(max_relative_difference(lb, la), 1e-5) << "step " << step;
+  }
+  std::printf("QLoRA on lm_head vs LoRA on its dequantised head: max relative gradient error %.3g\n", worst);
+}
+
+TEST(PeftSteps, LoraOnATiedOutputLayerIsRefusedAsTorchtuneDoes) {
+  auto decoder = model::Decoder::from_pretrained(kModel);  // tie_word_embeddings: true
+  try {
+    model::attach_lora(*decoder, {{"q_proj"}, false, true}, {});
+    FAIL() << "LoRA on a tied output layer was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("apply_lora_to_output"), std::string::npos) << e.what();
+  }
+  auto untied = model::Decoder::from_pretrained(kUntiedModel);
+  EXPECT_THROW(model::attach_lora(*untied, {{"q_proj"}, false, true}, {.dropout = 0.1f, .use_dora = true}), Error);
+}
