@@ -336,10 +336,12 @@ void FinetuneRecipe::setup_model() {
                                                     optimizer_->state_bytes());
     if (sharded_) state.frozen = sharded_->memory().sharded_frozen + sharded_->memory().replicated_frozen;
     std::string what = cfg_.dtype != TrainDtype::BF16 ? "dtype=fp32: f32 weights, gradients and AdamW state"
+                       : storage == DType::BF16 && !recipe_.lora
+                           ? "dtype=bf16: bf16 weights, gradients and AdamW moments (compute in f32, stochastically "
+                             "rounded updates)"
                        : storage == DType::BF16
-                           ? std::string("dtype=bf16: bf16 weights, gradients and AdamW moments (compute in f32, "
-                                         "stochastically rounded updates)") +
-                                 (recipe_.lora ? "; the LoRA adapters stay f32" : "")
+                           ? "dtype=bf16: the frozen base is stored bf16; the LoRA adapters, their gradients and "
+                             "AdamW state stay f32 (they are tiny)"
                            : std::string("dtype=bf16: the ") + (cfg_.model.quantize_base ? "QLoRA" : "DoRA") +
                                  " base is kept f32 (its adapters compute on an f32 base; QLoRA's becomes NF4) and "
                                  "the adapters are f32; merged checkpoints are written in bf16";

@@ -1,0 +1,167 @@
+// dtype=bf16 end to end through `ktune run` on the quickstart's tiny model: the startup log line
+// states 8 bytes of state per trainable parameter (16 for fp32), the recipe state and the merged
+// model are written in bf16, resuming from a mid-epoch checkpoint continues bit for bit (single
+// process and sharded over 2 processes), and 2 sharded processes equal 1 with the doubled batch
+// within bf16 rounding. Slow (several runs of the binary).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace ktune;
+
+namespace {
+
+struct Outcome {
+  int exit_code;
+  std::string output;
+};
+
+Outcome sh(const std::string& command) {
+  Outcome r{-1, ""};
+  std::FILE* p = popen((command + " 2>&1").c_str(), "r");
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, p)) > 0) r.output.append(buffer, n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+const std::string kSource = KTUNE_SOURCE_DIR;
+const std::string kKtune = std::string(KTUNE_BINARY_DIR) + "/bin/ktune";
+
+class Bf16RecipeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ktune_bf16_recipe_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    Outcome r = sh(kKtune + " init-model --config " + kSource + "/examples/quickstart/config.json --output-dir " + model() +
+                   " --seed 3 --copy " + kSource + "/examples/quickstart/tokenizer.json --copy " + kSource +
+                   "/examples/quickstart/tokenizer_config.json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string model() const { return (dir_ / "model").string(); }
+  std::string out(const std::string& name) const { return (dir_ / name).string(); }
+
+  Outcome run(const std::string& launcher, const std::string& recipe, const std::string& extra, const std::string& output) {
+    return sh(kKtune + " run " + launcher + " " + recipe + " --config tiny/full_single_device output_dir=" + output +
+              " checkpointer.checkpoint_dir=" + model() + " tokenizer.path=" + model() + "/tokenizer.json" +
+              " dataset=torchtune.datasets.alpaca_dataset dataset.source=json dataset.data_files=" + kSource +
+              "/data/quickstart/jsonl/train.jsonl seed=7 " + extra);
+  }
+
+  fs::path dir_;
+};
+
+// Step → loss text as logged (compared as strings: bit-exact runs log identical digits).
+std::map<int, std::string> losses(const std::string& output_dir) {
+  std::map<int, std::string> result;
+  for (const auto& e : fs::directory_iterator(fs::path(output_dir) / "logs")) {
+    if (e.path().filename().string().rfind("log_", 0) != 0) continue;
+    std::ifstream in(e.path());
+    std::string line;
+    const std::regex pattern("Step (\\d+) \\| loss:([0-9.eE+-]+)");
+    std::smatch m;
+    while (std::getline(in, line))
+      if (std::regex_search(line, m, pattern)) result[std::stoi(m[1])] = m[2];
+  }
+  return result;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_F(Bf16RecipeTest, StartupLineStatesEightBytesPerParameterAndStateIsWrittenInBf16) {
+  Outcome bf = run("", "full_finetune_single_device", "dtype=bf16 epochs=1 max_steps_per_epoch=2 batch_size=4", out("bf"));
+  ASSERT_EQ(bf.exit_code, 0) << bf.output;
+  Outcome fp = run("", "full_finetune_single_device", "dtype=fp32 epochs=1 max_steps_per_epoch=2 batch_size=4", out("fp"));
+  ASSERT_EQ(fp.exit_code, 0) << fp.output;
+  EXPECT_NE(bf.output.find("dtype=bf16: bf16 weights, gradients and AdamW moments"), std::string::npos) << bf.output;
+  EXPECT_NE(bf.output.find("(8.0 bytes per trainable parameter)"), std::string::npos) << bf.output;
+  EXPECT_NE(fp.output.find("(16.0 bytes per trainable parameter)"), std::string::npos) << fp.output;
+  for (const char* f : {"recipe_state/optimizer.safetensors", "recipe_state/trainable.safetensors", "model-00001-of-00001.safetensors"}) {
+    io::SafetensorsFile file = io::SafetensorsFile::open(out("bf") + "/epoch_0/" + f);
+    for (const std::string& name : file.names()) EXPECT_EQ(file.info(name).dtype, "BF16") << f << ": " << name;
+    // The f32 run keeps f32 resume state (its merged model is written f32 too).
+    io::SafetensorsFile f32 = io::SafetensorsFile::open(out("fp") + "/epoch_0/" + f);
+    for (const std::string& name : f32.names()) EXPECT_EQ(f32.info(name).dtype, "F32") << f << ": " << name;
+  }
+}
+
+TEST_F(Bf16RecipeTest, ResumeFromAMidEpochBf16CheckpointContinuesBitForBit) {
+  const std::string args = "dtype=bf16 epochs=2 max_steps_per_epoch=4 batch_size=4 save_every_n_steps=2";
+  Outcome full = run("", "full_finetune_single_device", args, out("a"));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  fs::create_directories(out("b"));
+  fs::copy(out("a") + "/step_2", out("b") + "/step_2", fs::copy_options::recursive);
+  Outcome resumed = run("", "full_finetune_single_device", args + " resume_from_checkpoint=True", out("b"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  auto a = losses(out("a")), b = losses(out("b"));
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 6u);  // steps 3..8
+  for (const auto& [step, loss] : b) EXPECT_EQ(loss, a.at(step)) << "step " << step;
+  // Weights and bf16 moments were restored exactly: the final models are the same bytes.
+  EXPECT_EQ(file_bytes(out("a") + "/epoch_1/model-00001-of-00001.safetensors"),
+            file_bytes(out("b") + "/epoch_1/model-00001-of-00001.safetensors"));
+}
+
+TEST_F(Bf16RecipeTest, ShardedBf16ResumeIsExactAndTwoProcessesEqualOneWithTheDoubledBatch) {
+  const std::string launcher = "--nproc_per_node 2 --standalone";
+  const std::string args = "dtype=bf16 epochs=2 max_steps_per_epoch=3 batch_size=2 save_every_n_steps=2";
+  Outcome two = run(launcher, "full_finetune_distributed", args, out("a"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("state per rank: weights"), std::string::npos) << two.output;
+  fs::create_directories(out("b"));
+  fs::copy(out("a") + "/step_2", out("b") + "/step_2", fs::copy_options::recursive);
+  Outcome resumed = run(launcher, "full_finetune_distributed", args + " resume_from_checkpoint=True", out("b"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  auto a = losses(out("a")), b = losses(out("b"));
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 4u);
+  for (const auto& [step, loss] : b) EXPECT_EQ(loss, a.at(step)) << "step " << step;
+  EXPECT_EQ(file_bytes(out("a") + "/epoch_1/model-00001-of-00001.safetensors"),
+            file_bytes(out("b") + "/epoch_1/model-00001-of-00001.safetensors"));
+
+  // One process with the doubled batch: the same losses to the logged digits (or within bf16
+  // rounding), and nearly every bf16 weight identical.
+  Outcome one = run("", "full_finetune_distributed", "dtype=bf16 epochs=1 max_steps_per_epoch=3 batch_size=4", out("one"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto l1 = losses(out("one"));
+  ASSERT_EQ(l1.size(), 3u);
+  for (const auto& [step, loss] : l1) EXPECT_NEAR(std::stod(loss), std::stod(a.at(step)), 1e-3) << "step " << step;
+  io::SafetensorsFile w1 = io::SafetensorsFile::open(out("one") + "/epoch_0/model-00001-of-00001.safetensors");
+  io::SafetensorsFile w2 = io::SafetensorsFile::open(out("a") + "/epoch_0/model-00001-of-00001.safetensors");
+  int64_t total = 0, differing = 0;
+  double worst = 0;
+  for (const std::string& name : w1.names()) {
+    Tensor x = w1.to_f32(name), y = w2.to_f32(name);
+    ASSERT_EQ(x.numel(), y.numel()) << name;
+    for (int64_t i = 0; i < x.numel(); ++i, ++total) {
+      const double d = std::fabs(double(x.f32()[i]) - y.f32()[i]);
+      differing += d != 0;
+      worst = std::max(worst, d / std::max(std::fabs(double(y.f32()[i])), 1e-30));
+    }
+  }
+  std::printf("W=2 vs W=1 (bf16): %lld of %lld weights differ, largest relative difference %.3g\n", (long long)differing,
+              (long long)total, worst);
+  EXPECT_LT(double(differing), 1e-3 * double(total));
+  EXPECT_LE(worst, 1.6e-2);  // two bf16 ulps (2^-7 relative each at worst)
+}
