@@ -96,8 +96,9 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
     if (p->trainable || !p->value.defined()) continue;
     Unit& u = unit_of(p);
     const DType d = p->value.dtype();
-    if (u.frozen.params.empty()) u.frozen.dtype = d;
-    if ((d != DType::F32 && d != DType::BF16) || d != u.frozen.dtype) {
+    const bool shardable = d == DType::F32 || d == DType::BF16;
+    if (shardable && u.frozen.params.empty()) u.frozen.dtype = d;
+    if (!shardable || d != u.frozen.dtype) {
       replicated_frozen_bytes_ += int64_t(p->value.bytes());
       continue;
     }

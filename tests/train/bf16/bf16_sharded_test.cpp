@@ -14,6 +14,7 @@
 #include "core/parallel.h"
 #include "dist/process_group.h"
 #include "dist/tcp_store.h"
+#include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
 #include "train/optimizer.h"
 #include "train/sharded_data_parallel.h"
@@ -45,11 +46,31 @@ void make_rows(std::vector<int32_t>& tokens, std::vector<int32_t>& labels, int64
     }
 }
 
-std::unique_ptr<model::Decoder> make_model(bool checkpointing) {
+// Full fine-tune (every weight bf16 and trainable), or LoRA on a frozen bf16 base (adapters f32;
+// the decoder's Linears hold them).
+std::unique_ptr<model::Decoder> make_model(bool checkpointing, bool lora = false) {
   auto m = std::make_unique<model::Decoder>(small_config(), /*seed*/ 5, DType::BF16);
-  m->set_trainable([](const std::string&) { return true; });
+  if (lora) {
+    model::LoraOptions o;
+    o.rank = 4;
+    o.alpha = 8;
+    o.seed = 9;
+    model::attach_lora(*m, model::LoraTargets{{"q_proj", "v_proj", "output_proj"}, true, false}, o);
+    for (model::Parameter* p : m->parameters())
+      if (p->name.find("lora_B") != std::string::npos)
+        for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] = 0.01f * float((i * 7) % 13 - 6);
+  } else {
+    m->set_trainable([](const std::string&) { return true; });
+  }
   m->set_activation_checkpointing(checkpointing);
   return m;
+}
+
+std::vector<model::Parameter*> trainable_of(model::Decoder& m) {
+  std::vector<model::Parameter*> out;
+  for (model::Parameter* p : m.parameters())
+    if (p->trainable) out.push_back(p);
+  return out;
 }
 
 struct Outcome {
@@ -61,9 +82,9 @@ struct Outcome {
 constexpr int kSteps = 3, kMicro = 2;
 constexpr double kClip = 1e9;  // measure only (a clip's scale factor depends on the norm's last bits)
 
-Outcome reference(int world, bool checkpointing) {
-  auto m = make_model(checkpointing);
-  auto params = m->parameters();
+Outcome reference(int world, bool checkpointing, bool lora = false) {
+  auto m = make_model(checkpointing, lora);
+  auto params = trainable_of(*m);
   AdamW opt(params, kAdam);
   Outcome out;
   std::vector<int32_t> tokens, labels;
@@ -86,7 +107,7 @@ Outcome reference(int world, bool checkpointing) {
   return out;
 }
 
-Outcome sharded(int world, bool checkpointing, int64_t rows_per_rank = kRowsPerRank) {
+Outcome sharded(int world, bool checkpointing, int64_t rows_per_rank = kRowsPerRank, bool lora = false) {
   dist::TcpStoreServer server(0);
   std::vector<Outcome> outcomes(static_cast<size_t>(world));
   std::vector<std::string> failures(static_cast<size_t>(world));
@@ -96,12 +117,15 @@ Outcome sharded(int world, bool checkpointing, int64_t rows_per_rank = kRowsPerR
       try {
         dist::TcpStore store("127.0.0.1", server.port(), 60s);
         auto group = dist::make_gloo_process_group(store, "bf16sdp", rank, world, "127.0.0.1", 60s);
-        auto m = make_model(checkpointing);
-        auto trainable = m->parameters();
+        auto m = make_model(checkpointing, lora);
+        auto trainable = trainable_of(*m);
         ShardedDataParallel sdp(*m, trainable, *group, ShardingOptions{true});
+        for (model::Parameter* p : m->parameters()) EXPECT_FALSE(p->value.defined()) << p->name << " kept whole";
+        EXPECT_EQ(sdp.memory().replicated_frozen, 0);
+        if (lora) EXPECT_GT(sdp.memory().sharded_frozen, 0);  // the bf16 base, sharded as bf16
         for (model::Parameter* p : sdp.shard_parameters()) {
-          EXPECT_EQ(p->value.dtype(), DType::BF16) << p->name;
-          EXPECT_EQ(p->grad.dtype(), DType::BF16) << p->name;
+          EXPECT_EQ(p->value.dtype(), lora ? DType::F32 : DType::BF16) << p->name;
+          EXPECT_EQ(p->grad.dtype(), lora ? DType::F32 : DType::BF16) << p->name;
         }
         AdamW opt(sdp.shard_parameters(), kAdam, sdp.element_origins());
         Outcome& out = outcomes[size_t(rank)];
@@ -122,13 +146,13 @@ Outcome sharded(int world, bool checkpointing, int64_t rows_per_rank = kRowsPerR
           opt.step(kAdam.lr);
         }
         out.moments = sdp.gather_optimizer_state(opt);
-        for (const auto& [name, t] : out.moments) EXPECT_EQ(t.dtype(), DType::BF16) << name;
+        for (const auto& [name, t] : out.moments) EXPECT_EQ(t.dtype(), lora ? DType::F32 : DType::BF16) << name;
         std::map<std::string, Tensor> back = sdp.shard_optimizer_state(out.moments, "test");
         for (const auto& [name, t] : opt.state())
           ASSERT_EQ(std::memcmp(back.at(name).raw(), t.raw(), t.bytes()), 0) << name;
         sdp.gather_full_parameters();
         for (model::Parameter* p : trainable) {
-          EXPECT_EQ(p->value.dtype(), DType::BF16) << p->name;
+          EXPECT_EQ(p->value.dtype(), lora ? DType::F32 : DType::BF16) << p->name;
           out.weights[p->name] = p->value.clone();
         }
         sdp.release_full_parameters();
@@ -210,4 +234,26 @@ TEST_F(Bf16ShardedTest, TwoRanksEqualOneRankWithTheDoubledBatchWithinBf16Roundin
       for (int64_t i = 0; i < p->value.numel(); ++i, ++n) moved += p->value.bf16()[i] != ref.weights.at(p->name).bf16()[i];
     EXPECT_GT(moved / double(n), 0.5);
   }
+}
+
+TEST_F(Bf16ShardedTest, LoraOnAFrozenBf16BaseShardsTheBaseAsBf16AndMatchesTheUnshardedRun) {
+  // The base is frozen bf16 (sharded as bf16 flats, gathered per layer); the adapters are f32, so
+  // W = 1 is bit-exact and W = 2 agrees to f32 reduction order, as in the f32 tests.
+  Outcome ref1 = reference(1, false, true), one = sharded(1, false, kRowsPerRank, true);
+  for (const auto& [name, t] : ref1.weights)
+    EXPECT_EQ(std::memcmp(one.weights.at(name).raw(), t.raw(), t.bytes()), 0) << name;
+  Outcome ref2 = reference(2, false, true), two = sharded(2, false, kRowsPerRank, true);
+  double worst = 0, moved = 0;
+  auto start = make_model(false, true);
+  std::map<std::string, Tensor> initial;
+  for (model::Parameter* p : trainable_of(*start)) initial[p->name] = p->value.clone();
+  for (const auto& [name, t] : ref2.weights)
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      worst = std::max(worst, double(std::fabs(two.weights.at(name).f32()[i] - t.f32()[i])));
+      moved = std::max(moved, double(std::fabs(initial.at(name).f32()[i] - t.f32()[i])));
+    }
+  for (int i = 0; i < kSteps; ++i)
+    EXPECT_NEAR(two.losses[size_t(i)], ref2.losses[size_t(i)], 1e-5 * ref2.losses[size_t(i)]) << "step " << i;
+  EXPECT_LT(worst, 2e-5);
+  EXPECT_GT(moved, 1e-3);
 }
