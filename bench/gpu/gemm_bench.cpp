@@ -5,6 +5,8 @@
 // Llama-3.2-1B step at 8 x 2048 tokens), then one line for causal attention forward+backward
 // (bf16, kernels/cuda/attention.h) at Llama-3.2-1B's heads (32 query, 8 kv, head_dim 64):
 //   ktune_attention B T Hq Hkv D FWD_MS BWD_MS TFLOPS
+// and the same for the tensor-core GEMM path (kernels/cuda/attention_gemm.h):
+//   ktune_attention_gemm B T Hq Hkv D FWD_MS BWD_MS TFLOPS
 // bench/gpu/gemm_compare.py puts torch.matmul and torch's scaled_dot_product_attention beside them.
 // Exit 77 without a GPU. It deliberately measures kernels only (no step, no model).
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_gemm.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/gemm.h"
 
@@ -63,6 +66,24 @@ void bench_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
   const double tflops = fwd_flops * 3.5 / ((fwd_ms + bwd_ms) * 1e-3) / 1e12;
   std::printf("ktune_attention %lld %lld %lld %lld %lld %.3f %.3f %.2f\n", (long long)B, (long long)T, (long long)Hq,
               (long long)Hkv, (long long)D, fwd_ms, bwd_ms, tflops);
+  std::fflush(stdout);
+  // The tensor-core path (attention_gemm.h) on the same buffers; FLOPs counted as above (causal).
+  ktune::cuda::GemmContext ctx;
+  ktune::cuda::DeviceBuffer gemm_scratch(ktune::cuda::attention_gemm_scratch_bytes(s));
+  auto gfwd = [&] {
+    ktune::cuda::attention_gemm_forward(ctx, out.as<bf16_t>(), lse.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(),
+                                        v.as<bf16_t>(), s, gemm_scratch.data());
+  };
+  auto gbwd = [&] {
+    ktune::cuda::attention_gemm_backward(ctx, dq.as<bf16_t>(), dk.as<bf16_t>(), dv.as<bf16_t>(), dout.as<bf16_t>(),
+                                         q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(), out.as<bf16_t>(),
+                                         lse.as<float>(), s, gemm_scratch.data());
+  };
+  const double gfwd_ms = time_ms(gfwd, 3), gbwd_ms = time_ms(gbwd, 3);
+  ktune::cuda::synchronize();
+  const double gtflops = fwd_flops * 3.5 / ((gfwd_ms + gbwd_ms) * 1e-3) / 1e12;
+  std::printf("ktune_attention_gemm %lld %lld %lld %lld %lld %.3f %.3f %.2f\n", (long long)B, (long long)T,
+              (long long)Hq, (long long)Hkv, (long long)D, gfwd_ms, gbwd_ms, gtflops);
   std::fflush(stdout);
 }
 

@@ -51,7 +51,7 @@ def ktune_rates(binary, seconds):
     if proc.returncode != 0:
         sys.stdout.write(proc.stderr)
         raise SystemExit(f"ktune_gpu_gemm_bench failed with exit code {proc.returncode}")
-    rates, attention = {}, None
+    rates, attention, attention_gemm = {}, None, None
     for line in proc.stdout.splitlines():
         if line.startswith("device:"):
             print(line)
@@ -60,7 +60,9 @@ def ktune_rates(binary, seconds):
             rates[tuple(int(p) for p in parts[1:4])] = float(parts[4])
         if len(parts) == 9 and parts[0] == "ktune_attention":
             attention = (tuple(int(p) for p in parts[1:6]), float(parts[6]), float(parts[7]), float(parts[8]))
-    return rates, attention
+        if len(parts) == 9 and parts[0] == "ktune_attention_gemm":
+            attention_gemm = (float(parts[6]), float(parts[7]), float(parts[8]))
+    return rates, attention, attention_gemm
 
 
 def torch_rate(torch, M, N, K, seconds):
@@ -96,7 +98,7 @@ def main():
     if result is None:
         print("SKIP gpu gemm benchmark: no CUDA device")
         return 0
-    rates, attention = result
+    rates, attention, attention_gemm = result
     try:
         import torch
         have_torch = torch.cuda.is_available()
@@ -116,12 +118,17 @@ def main():
     print(f"(peak: {PEAK_TFLOPS:.0f} TFLOP/s dense bf16, H200)")
     if attention:
         (B, T, Hq, Hkv, D), fwd, bwd, tflops = attention
-        line = (f"attention B={B} T={T} Hq={Hq} Hkv={Hkv} D={D} causal bf16: ktune fwd {fwd:.2f} ms bwd {bwd:.2f} ms "
+        line = (f"attention B={B} T={T} Hq={Hq} Hkv={Hkv} D={D} causal bf16: ktune tiled fwd {fwd:.2f} ms bwd {bwd:.2f} ms "
                 f"({tflops:.1f} TFLOP/s, {100 * tflops / PEAK_TFLOPS:.1f}% peak)")
+        if attention_gemm:
+            gf, gb, gt = attention_gemm
+            line += f"; ktune gemm-path fwd {gf:.2f} ms bwd {gb:.2f} ms ({gt:.1f} TFLOP/s)"
         if have_torch:
             try:
                 tf, tb = torch_attention_ms(torch, B, T, Hq, Hkv, D)
-                line += f"; torch sdpa fwd {tf:.2f} ms bwd {tb:.2f} ms; ktune/torch time {(fwd + bwd) / (tf + tb):.1f}x"
+                line += f"; torch sdpa fwd {tf:.2f} ms bwd {tb:.2f} ms; ktune/torch time tiled {(fwd + bwd) / (tf + tb):.1f}x"
+                if attention_gemm:
+                    line += f", gemm-path {(attention_gemm[0] + attention_gemm[1]) / (tf + tb):.1f}x"
             except Exception as e:  # an older torch without enable_gqa, say
                 line += f"; torch sdpa failed: {e}"
         print(line)

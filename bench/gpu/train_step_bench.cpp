@@ -9,7 +9,8 @@
 //          tflops=Z mfu=U loss_first=A loss_last=L planned_gib=P device_used_gib=D
 // MFU is against 990 TFLOP/s (H200 dense bf16) with the FLOPs counted by flops_per_token (below;
 // bench/gpu/train_step_compare.py uses the same count for PyTorch). Exit 77 without a GPU.
-// Options: --batch=4 --seq=2048 --layers=16 --steps=6 --warmup=2 --max-seconds=20.
+// Options: --batch=4 --seq=2048 --layers=16 --steps=6 --warmup=2 --max-seconds=20
+//          --attention=gemm (tensor-core GEMMs, the default) | flash (the tiled CUDA-core kernel).
 // It deliberately has no data loading, no checkpointing, no gradient accumulation: the step only.
 #include <chrono>
 #include <cstdio>
@@ -85,15 +86,22 @@ int run(int argc, char** argv) {
     setup.lora_alpha = 128;
     for (int p : {cuda::kQ, cuda::kV, cuda::kO, cuda::kGate, cuda::kUp, cuda::kDown}) setup.lora_on[p] = true;
   }
+  const std::string attention = arg_s(argc, argv, "attention", "gemm");
+  if (attention != "gemm" && attention != "flash") {
+    std::fprintf(stderr, "--attention must be gemm or flash, not %s\n", attention.c_str());
+    return 2;
+  }
+  setup.attention = attention == "gemm" ? cuda::TrainingSetup::Attention::kGemm : cuda::TrainingSetup::Attention::kFlash;
   const int64_t steps = arg(argc, argv, "steps", 6), warmup = arg(argc, argv, "warmup", 2);
   const double max_seconds = double(arg(argc, argv, "max-seconds", 20));
   std::printf("device: %s\n", cuda::device_description().c_str());
   std::printf("config: Llama-3.2-1B shape (vocab %lld, dim %lld, %lld layers, %lld/%lld heads, hidden %lld, tied), "
-              "batch %lld x seq %lld, mode %s%s\n",
+              "batch %lld x seq %lld, mode %s%s, attention %s\n",
               (long long)config.vocab_size, (long long)config.hidden_size, (long long)config.num_layers,
               (long long)config.num_heads, (long long)config.num_kv_heads, (long long)config.intermediate_size,
               (long long)setup.batch, (long long)setup.seq_len, mode.c_str(),
-              mode == "lora" ? " (rank 64, alpha 128 on q,v,o,gate,up,down)" : "");
+              mode == "lora" ? " (rank 64, alpha 128 on q,v,o,gate,up,down)" : "",
+              attention == "gemm" ? "tensor-core GEMMs (attention_gemm.h)" : "tiled CUDA-core kernel (attention.h)");
 
   cuda::Decoder model(config, setup, 1234);
   std::printf("parameters: %lld, trainable %lld\n", (long long)model.parameter_count(false),
@@ -158,10 +166,11 @@ int run(int argc, char** argv) {
               "output projection + loss %.1f ms (%.0f%%), the rest (projections, norms, rope, MLP) %.1f ms\n",
               prof.step_ms, prof.attention_ms, 100 * prof.attention_ms / prof.step_ms, prof.loss_ms,
               100 * prof.loss_ms / prof.step_ms, prof.step_ms - prof.attention_ms - prof.loss_ms);
-  std::printf("RESULT side=ktune mode=%s batch=%lld seq=%lld steps=%lld step_ms=%.2f tokens_per_s=%.1f "
+  std::printf("RESULT side=ktune mode=%s attention=%s batch=%lld seq=%lld steps=%lld step_ms=%.2f tokens_per_s=%.1f "
               "flops_per_token=%.6e tflops=%.2f mfu=%.4f loss_first=%.4f loss_last=%.4f planned_gib=%.3f "
               "device_used_gib=%.3f attention_ms=%.1f loss_ms=%.1f fwd_bwd_ms=%.1f\n",
-              mode.c_str(), (long long)setup.batch, (long long)setup.seq_len, (long long)timed, step_ms, tokens_per_s,
+              mode.c_str(), attention.c_str(), (long long)setup.batch, (long long)setup.seq_len, (long long)timed, step_ms,
+              tokens_per_s,
               fpt, tflops, tflops / kPeakTflops, loss_first, loss_last,
               double(model.memory_plan().total()) / double(1ull << 30), double(used_after) / double(1ull << 30), prof.attention_ms, prof.loss_ms, prof.step_ms);
   return 0;

@@ -46,7 +46,7 @@ uint32_t alignment_of(const void* p) {
 }
 
 using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, uint32_t,
-                           uint32_t, uint32_t, uint32_t>;
+                           uint32_t, uint32_t, uint32_t, int64_t, int64_t, int64_t, int64_t>;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -97,8 +97,11 @@ void GemmContext::run(const GemmCall& g, Stream stream) {
   const int64_t ldc = g.ldc ? g.ldc : g.N;
   check(lda >= (g.trans_a ? g.M : g.K) && ldb >= (g.trans_b ? g.K : g.N) && ldc >= g.N, "cuda gemm",
         "a leading dimension is smaller than the row it strides over");
+  check(g.batch >= 1, "cuda gemm", "batch must be at least 1");
+  check(g.batch == 1 || g.bias == nullptr, "cuda gemm", "no bias with a batched product");
   if (g.K == 0) {
     check(g.bias == nullptr, "cuda gemm", "bias with K == 0 is not supported");
+    check(g.batch == 1, "cuda gemm", "batched product with K == 0 is not supported");
     int64_t n = g.M * g.N;
     unsigned blocks = unsigned((n + 255) / 256);
     if (g.out == DType::F32)
@@ -108,10 +111,21 @@ void GemmContext::run(const GemmCall& g, Stream stream) {
     KTUNE_CUDA_CHECK_LAUNCH();
     return;
   }
-  const uint32_t align_a = alignment_of(g.A), align_b = alignment_of(g.B), align_c = alignment_of(g.C),
-                 align_bias = g.bias ? alignment_of(g.bias) : 256;
+  uint32_t align_a = alignment_of(g.A), align_b = alignment_of(g.B), align_c = alignment_of(g.C);
+  const uint32_t align_bias = g.bias ? alignment_of(g.bias) : 256;
+  const int64_t batch = g.batch, stride_a = batch > 1 ? g.stride_a : 0, stride_b = batch > 1 ? g.stride_b : 0,
+                stride_c = batch > 1 ? g.stride_c : 0;
+  if (batch > 1) {  // every product of the batch must be as aligned as the heuristic is told
+    const size_t in_bytes = g.in == DType::F32 ? 4 : 2, out_bytes = g.out == DType::F32 ? 4 : 2;
+    auto aligned_to = [](int64_t stride, size_t bytes) {
+      return alignment_of(reinterpret_cast<const void*>(uintptr_t(stride) * bytes));
+    };
+    align_a = std::min(align_a, aligned_to(stride_a, in_bytes));
+    align_b = std::min(align_b, aligned_to(stride_b, in_bytes));
+    align_c = std::min(align_c, aligned_to(stride_c, out_bytes));
+  }
   PlanKey key{g.trans_a, g.trans_b, g.M, g.N, g.K, lda, ldb, ldc, int(g.in), int(g.out), g.bias != nullptr,
-              align_a, align_b, align_c, align_bias};
+              align_a, align_b, align_c, align_bias, batch, stride_a, stride_b, stride_c};
   auto it = state_->plans.find(key);
   if (it == state_->plans.end()) {
     Plan p;
@@ -134,6 +148,17 @@ void GemmContext::run(const GemmCall& g, Stream stream) {
     KTUNE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, ldb));
     KTUNE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in, g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, lda));
     KTUNE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out, g.N, g.M, ldc));
+    if (batch > 1) {  // cuBLASLt's A is our B: its strides swap likewise
+      const int32_t count = int32_t(batch);
+      const int64_t strides[3] = {stride_b, stride_a, stride_c};
+      cublasLtMatrixLayout_t layouts[3] = {p.a, p.b, p.c};
+      for (int i = 0; i < 3; ++i) {
+        KTUNE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                            sizeof count));
+        KTUNE_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof strides[i]));
+      }
+    }
 
     cublasLtMatmulPreference_t pref = nullptr;
     KTUNE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));

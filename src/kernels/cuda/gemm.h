@@ -5,7 +5,7 @@
 // accumulation is always f32. An optional bias (N) is fused as cuBLASLt's epilogue (linear's b).
 // A GemmContext owns the cuBLASLt handle, a 32 MiB workspace and the plans (descriptors plus the
 // heuristic's algorithm) cached per shape, so a training step runs no heuristic after the first.
-// It deliberately does not do batched/strided-batched products (callers loop), FP8, or any
+// Strided-batched products (GemmCall::batch) share one plan. It deliberately does not do FP8, or any
 // epilogue beyond the bias; a context is not thread-safe (one per thread or stream).
 #pragma once
 
@@ -33,6 +33,10 @@ struct GemmCall {
   DType in = DType::BF16;   // A and B: BF16 or F32
   DType out = DType::F32;   // C: F32 or BF16 (F32 inputs need an F32 C)
   const void* bias = nullptr;  // (N) in the dtype of C, added to every row; nullptr: none
+  // Strided batch: `batch` products, the i-th on A + i*stride_a, B + i*stride_b, C + i*stride_c
+  // (strides in elements; batch 1 ignores them). No bias with batch > 1.
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
 class GemmContext {

@@ -17,6 +17,7 @@
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_gemm.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
@@ -181,7 +182,8 @@ struct Decoder::Impl {
   bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   bf16_t *dact = nullptr, *dgate = nullptr, *dup = nullptr;      // (N, I)
   bf16_t* lora_g = nullptr;                                      // (N, r)
-  float* attn_scratch = nullptr;
+  float* attn_scratch = nullptr;     // kFlash: the backward's rowsums
+  void* attn_gemm_scratch = nullptr;  // kGemm: one head's scores, both directions
   void* ce_scratch = nullptr;
   size_t ce_scratch_bytes = 0;
   // profiling: event pairs (start, stop) per timed region; [0] the step, [1] the loss, then attention
@@ -354,7 +356,9 @@ void Decoder::allocate() {
     s.dgate = k.take<bf16_t>(N * I);
     s.dup = k.take<bf16_t>(N * I);
     s.lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
-    s.attn_scratch = k.take<float>(attention_backward_scratch_floats(ashape));
+    const bool gemm_attention = setup_.attention == TrainingSetup::Attention::kGemm;
+    s.attn_scratch = gemm_attention ? nullptr : k.take<float>(attention_backward_scratch_floats(ashape));
+    s.attn_gemm_scratch = gemm_attention ? k.take<char>(int64_t(attention_gemm_scratch_bytes(ashape))) : nullptr;
     s.ce_scratch = k.take<char>(int64_t(s.ce_scratch_bytes));
   };
   Carver count;
@@ -581,7 +585,8 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
     rope_forward(a.q, s.positions, rope, N, Hq, D, s.flag.data());
     rope_forward(a.k, s.positions, rope, N, Hkv, D, s.flag.data());
     s.mark(attn_event(l, 0));
-    attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, ashape);
+    if (s.attn_gemm_scratch) attention_gemm_forward(s.gemm, a.att, a.lse, a.q, a.k, a.v, ashape, s.attn_gemm_scratch);
+    else attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, ashape);
     s.mark(attn_event(l, 1));
     // h = x + o(att): x copied into h, the projection accumulated onto it (beta = 1)
     KTUNE_CUDA_CHECK(cudaMemcpyAsync(a.x_mid, x_in, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
@@ -622,7 +627,11 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
       // Undo h = x + o(attention(rope(q(n)), rope(k(n)), v(n))), n = norm1(x)
       linear_backward(s.datt, false, s.dres, a.att, lin(layer.proj[kO]), a.xa[kO]);
       s.mark(attn_event(l, 2));
-      attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, nullptr, ashape, s.attn_scratch);
+      if (s.attn_gemm_scratch)
+        attention_gemm_backward(s.gemm, s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, ashape,
+                                s.attn_gemm_scratch);
+      else
+        attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, nullptr, ashape, s.attn_scratch);
       s.mark(attn_event(l, 3));
       attention_backward_ran[size_t(l)] = true;
       rope_backward(s.dq, s.positions, rope, N, Hq, D, s.flag.data());

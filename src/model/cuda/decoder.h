@@ -62,6 +62,9 @@ struct TrainingSetup {
   float lora_alpha = 0;
   bool lora_on[kNumProjections] = {};
   int64_t ce_chunk_tokens = 0;  // 0: about 1 GiB of logits scratch
+  // Attention kernels: kGemm (kernels/cuda/attention_gemm.h: cuBLASLt tensor-core GEMMs over one
+  // head's (B, T, T) scores at a time) or kFlash (kernels/cuda/attention.h: tiled, on the CUDA cores).
+  enum class Attention { kGemm, kFlash } attention = Attention::kGemm;
 };
 
 // One named parameter on the device. grad, m, v are nullptr when frozen.

@@ -299,7 +299,7 @@ void batch(const cuda::DecoderConfig& c, int64_t N, std::vector<int32_t>* tokens
   }
 }
 
-void check_step(const char* what, const cuda::DecoderConfig& config, const cuda::TrainingSetup& setup) {
+void check_step_with(const std::string& what, const cuda::DecoderConfig& config, const cuda::TrainingSetup& setup) {
   cuda::Decoder model(config, setup, 7);
   const Params params = randomise(model, 1000);
   std::vector<int32_t> tokens, labels;
@@ -335,10 +335,18 @@ void check_step(const char* what, const cuda::DecoderConfig& config, const cuda:
     if (err > worst) worst = err, worst_name = p.name;
     ++compared;
   }
-  std::printf("     %s: worst gradient error %.3g (%s)\n", what, worst, worst_name.c_str());
+  std::printf("     %s: worst gradient error %.3g (%s)\n", what.c_str(), worst, worst_name.c_str());
   CHECK(compared > 0) << what << ": no gradient compared";
-  std::printf("     %s: loss %.6f (CPU %.6f), %lld gradient tensors compared\n", what, got.loss_sum / double(valid),
+  std::printf("     %s: loss %.6f (CPU %.6f), %lld gradient tensors compared\n", what.c_str(), got.loss_sum / double(valid),
               want / double(valid), (long long)compared);
+}
+
+// Both attention paths: the tensor-core GEMMs (the default) and the tiled CUDA-core kernel.
+void check_step(const char* what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup) {
+  setup.attention = cuda::TrainingSetup::Attention::kGemm;
+  check_step_with(std::string(what) + " [gemm attention]", config, setup);
+  setup.attention = cuda::TrainingSetup::Attention::kFlash;
+  check_step_with(std::string(what) + " [flash attention]", config, setup);
 }
 
 KTUNE_CUDA_TEST(DecoderLoraStepMatchesCpuReference) {

@@ -110,6 +110,46 @@ KTUNE_CUDA_TEST(GemmFusedBiasIsAddedToEveryRow) {
   CHECK_CLOSE(got.data(), want.data(), int64_t(got.size()), 1e-4, 1e-4);
 }
 
+// Strided batches (GemmCall::batch), as the tensor-core attention uses them: sub-matrices with row
+// strides wider than their rows, batch strides with gaps, f32 and bf16 results, beta = 1.
+void check_batched_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float beta, DType out) {
+  const int64_t batch = 3, pad = 8;
+  const int64_t a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+  const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = N + pad;
+  const int64_t sa = a_rows * lda + 16, sb = b_rows * ldb + 24, sc = M * ldc + 32;  // gaps between products
+  auto a = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(batch * sa), 21));
+  auto b = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(batch * sb), 22));
+  auto c0 = random_floats(static_cast<size_t>(batch * sc), 23);
+  if (out == DType::BF16) c0 = cuda_test::rounded_to_bf16(c0);
+  auto want = c0;
+  for (int64_t i = 0; i < batch; ++i)
+    gemm_loops(ta, tb, M, N, K, 0.75f, a.data() + i * sa, lda, b.data() + i * sb, ldb, beta, want.data() + i * sc, ldc);
+  auto da = to_device(cuda_test::to_bf16(a)), db = to_device(cuda_test::to_bf16(b));
+  cuda::DeviceBuffer dc = out == DType::F32 ? to_device(c0) : to_device(cuda_test::to_bf16(c0));
+  cuda::GemmCall g;
+  g.trans_a = ta, g.trans_b = tb, g.M = M, g.N = N, g.K = K, g.alpha = 0.75f, g.beta = beta;
+  g.A = da.data(), g.lda = lda, g.B = db.data(), g.ldb = ldb, g.C = dc.data(), g.ldc = ldc;
+  g.in = DType::BF16, g.out = out, g.batch = batch, g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
+  cuda::GemmContext ctx;
+  ctx.run(g);
+  std::vector<float> got = out == DType::F32 ? from_device<float>(dc, c0.size())
+                                             : cuda_test::from_bf16(from_device<bf16_t>(dc, c0.size()));
+  // Only the products' rows are compared; the gaps and pads must be left as they were.
+  const double rtol = out == DType::F32 ? 1e-4 : 8e-3;
+  CHECK_CLOSE(got.data(), want.data(), int64_t(got.size()), 1e-4, rtol)
+      << "batched trans_a=" << ta << " trans_b=" << tb << " M=" << M << " N=" << N << " K=" << K << " beta=" << beta
+      << (out == DType::F32 ? " f32" : " bf16");
+}
+
+KTUNE_CUDA_TEST(GemmStridedBatchesMatchOneProductEach) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_batched_gemm(ta, tb, 40, 24, 64, 0.0f, DType::F32);
+      check_batched_gemm(ta, tb, 40, 24, 64, 1.0f, DType::F32);
+      check_batched_gemm(ta, tb, 32, 48, 40, 0.0f, DType::BF16);
+    }
+}
+
 KTUNE_CUDA_TEST(GemmCachesOnePlanPerShape) {
   const int64_t M = 32, N = 32, K = 32;
   cuda::DeviceBuffer a(static_cast<size_t>(M * K) * 2), b(static_cast<size_t>(K * N) * 2), c(static_cast<size_t>(M * N) * 4);

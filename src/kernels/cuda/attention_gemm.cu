@@ -1,0 +1,191 @@
+// Causal attention through cuBLASLt GEMMs and row kernels (see attention_gemm.h).
+// Scratch layout (each slice 256-byte aligned): S (B,T,T) f32 | dP (B,T,T) f32 | P (B,T,T) bf16 |
+// delta (B,Hq,T) f32 | dK (B,T,Hkv,D) f32 | dV (B,T,Hkv,D) f32.
+// The row kernels take one block per (b, i) row of the head at hand; masked entries (j > i) of P
+// and dS are written as 0, so the GEMMs over the full (T, T) square add nothing for them.
+#include "kernels/cuda/attention_gemm.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_math.cuh"
+
+namespace ktune::cuda {
+namespace {
+
+constexpr int kRowThreads = 256;
+
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+struct Scratch {
+  float *S, *dP, *delta, *dk, *dv;
+  bf16_t* P;
+};
+
+Scratch carve(const AttentionShape& s, void* scratch) {
+  const size_t tt = size_t(s.B) * size_t(s.T) * size_t(s.T), kv = size_t(s.B * s.T * s.Hkv * s.D);
+  char* p = static_cast<char*>(scratch);
+  Scratch r{};
+  r.S = reinterpret_cast<float*>(p), p += align256(tt * 4);
+  r.dP = reinterpret_cast<float*>(p), p += align256(tt * 4);
+  r.P = reinterpret_cast<bf16_t*>(p), p += align256(tt * 2);
+  r.delta = reinterpret_cast<float*>(p), p += align256(size_t(s.B * s.Hq * s.T) * 4);
+  r.dk = reinterpret_cast<float*>(p), p += align256(kv * 4);
+  r.dv = reinterpret_cast<float*>(p);
+  return r;
+}
+
+void check_shape(const AttentionShape& s) {
+  check(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0, "cuda attention_gemm", "sizes must be positive");
+  check(s.Hq % s.Hkv == 0, "cuda attention_gemm",
+        "Hq=" + std::to_string(s.Hq) + " is not a multiple of Hkv=" + std::to_string(s.Hkv));
+  check(s.sliding_window == 0 && s.softcap == 0.0f, "cuda attention_gemm",
+        "no sliding window or soft-cap on this path (kernels/cuda/attention.h has them)");
+}
+
+// P[r, j] = exp(S[r, j] - lse) for j <= i, 0 beyond; lse[(b*Hq + h)*T + i] = log sum exp S[r, 0..i].
+// One block per row r = b*T + i.
+__global__ void softmax_rows_kernel(__nv_bfloat16* P, float* lse, const float* S, int64_t T, int64_t Hq, int64_t h) {
+  __shared__ float shared[32];
+  const int64_t r = blockIdx.x, b = r / T, i = r % T;
+  const float* srow = S + r * T;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, srow[j]);
+  m = block_max(m, shared);
+  __syncthreads();
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) sum += __expf(srow[j] - m);
+  sum = block_sum(sum, shared);
+  const float l = m + __logf(sum);
+  __nv_bfloat16* prow = P + r * T;
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
+    prow[j] = __float2bfloat16_rn(j <= i ? __expf(srow[j] - l) : 0.0f);
+  if (threadIdx.x == 0) lse[(b * Hq + h) * T + i] = l;
+}
+
+// Backward: P = exp(S - lse) (bf16, for dV), and dS = P (dP - delta) scale written over dP's row
+// as bf16 into dS (the P buffer is consumed by the dV GEMM first: two passes, see below).
+__global__ void probabilities_kernel(__nv_bfloat16* P, const float* S, const float* lse, int64_t T, int64_t Hq,
+                                     int64_t h) {
+  const int64_t r = blockIdx.x, b = r / T, i = r % T;
+  const float l = lse[(b * Hq + h) * T + i];
+  const float* srow = S + r * T;
+  __nv_bfloat16* prow = P + r * T;
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
+    prow[j] = __float2bfloat16_rn(j <= i ? __expf(srow[j] - l) : 0.0f);
+}
+
+__global__ void score_gradient_kernel(__nv_bfloat16* dS, const float* S, const float* dP, const float* lse,
+                                      const float* delta, int64_t T, int64_t Hq, int64_t h, float scale) {
+  const int64_t r = blockIdx.x, b = r / T, i = r % T;
+  const float l = lse[(b * Hq + h) * T + i], d = delta[(b * Hq + h) * T + i];
+  const float* srow = S + r * T;
+  const float* dprow = dP + r * T;
+  __nv_bfloat16* row = dS + r * T;
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
+    row[j] = __float2bfloat16_rn(j <= i ? __expf(srow[j] - l) * (dprow[j] - d) * scale : 0.0f);
+}
+
+// delta[(b*Hq + h)*T + i] = sum_d dout[b,i,h,d] * out[b,i,h,d]: a warp per (b, i, h).
+__global__ void rowsum_kernel(float* delta, const __nv_bfloat16* dout, const __nv_bfloat16* out, int64_t B, int64_t T,
+                              int64_t Hq, int64_t D) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (w >= B * T * Hq) return;
+  const int64_t h = w % Hq, bi = w / Hq, b = bi / T, i = bi % T;
+  const int64_t base = w * D;  // (b, i, h) row of (B, T, Hq, D)
+  float acc = 0.0f;
+  for (int64_t d = lane; d < D; d += 32) acc += __bfloat162float(dout[base + d]) * __bfloat162float(out[base + d]);
+  acc = warp_sum(acc);
+  if (lane == 0) delta[(b * Hq + h) * T + i] = acc;
+}
+
+__global__ void to_bf16_kernel(__nv_bfloat16* y, const float* x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+// One strided-batched product over the B rows of the batch.
+void batched(GemmContext& ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+             int64_t lda, int64_t sa, const void* Bm, int64_t ldb, int64_t sb, float beta, void* C, int64_t ldc,
+             int64_t sc, DType out, int64_t batch, Stream stream) {
+  GemmCall g;
+  g.trans_a = ta, g.trans_b = tb, g.M = M, g.N = N, g.K = K, g.alpha = alpha, g.beta = beta;
+  g.A = A, g.lda = lda, g.B = Bm, g.ldb = ldb, g.C = C, g.ldc = ldc;
+  g.in = DType::BF16, g.out = out;
+  g.batch = batch, g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
+  ctx.run(g, stream);
+}
+
+}  // namespace
+
+size_t attention_gemm_scratch_bytes(const AttentionShape& s) {
+  const size_t tt = size_t(s.B) * size_t(s.T) * size_t(s.T), kv = size_t(s.B * s.T * s.Hkv * s.D);
+  return align256(tt * 4) * 2 + align256(tt * 2) + align256(size_t(s.B * s.Hq * s.T) * 4) + align256(kv * 4) * 2;
+}
+
+void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k,
+                            const bf16_t* v, const AttentionShape& s, void* scratch, Stream stream) {
+  check_shape(s);
+  const Scratch w = carve(s, scratch);
+  const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
+  for (int64_t h = 0; h < s.Hq; ++h) {
+    const int64_t g = h / group;
+    // S (b) = scale Q_h(b) K_g(b)^T   (T, T) f32
+    batched(ctx, false, true, T, T, D, s.scale, q + h * D, QD, T * QD, k + g * D, KD, T * KD, 0.0f, w.S, T, T * T,
+            DType::F32, s.B, stream);
+    softmax_rows_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), lse, w.S, T, s.Hq, h);
+    KTUNE_CUDA_CHECK_LAUNCH();
+    // O_h(b) = P(b) V_g(b)   (T, D) bf16 into the strided head columns
+    batched(ctx, false, false, T, D, T, 1.0f, w.P, T, T * T, v + g * D, KD, T * KD, 0.0f, out + h * D, QD, T * QD,
+            DType::BF16, s.B, stream);
+  }
+}
+
+void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout,
+                             const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
+                             const AttentionShape& s, void* scratch, Stream stream) {
+  check_shape(s);
+  const Scratch w = carve(s, scratch);
+  const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
+  const int64_t kv = s.B * T * KD;
+  KTUNE_CUDA_CHECK(cudaMemsetAsync(w.dk, 0, size_t(kv) * 4, stream));
+  KTUNE_CUDA_CHECK(cudaMemsetAsync(w.dv, 0, size_t(kv) * 4, stream));
+  const int64_t rows = s.B * T * s.Hq;
+  rowsum_kernel<<<blocks_for(rows * 32, 256), 256, 0, stream>>>(w.delta, dev(dout), dev(out), s.B, T, s.Hq, D);
+  KTUNE_CUDA_CHECK_LAUNCH();
+  for (int64_t h = 0; h < s.Hq; ++h) {
+    const int64_t g = h / group;
+    // S = scale Q K^T again, P = exp(S - lse)
+    batched(ctx, false, true, T, T, D, s.scale, q + h * D, QD, T * QD, k + g * D, KD, T * KD, 0.0f, w.S, T, T * T,
+            DType::F32, s.B, stream);
+    probabilities_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, lse, T, s.Hq, h);
+    KTUNE_CUDA_CHECK_LAUNCH();
+    // dV_g += P^T dO_h   (T, D) f32
+    batched(ctx, true, false, T, D, T, 1.0f, w.P, T, T * T, dout + h * D, QD, T * QD, 1.0f, w.dv + g * D, KD, T * KD,
+            DType::F32, s.B, stream);
+    // dP = dO_h V_g^T   (T, T) f32
+    batched(ctx, false, true, T, T, D, 1.0f, dout + h * D, QD, T * QD, v + g * D, KD, T * KD, 0.0f, w.dP, T, T * T,
+            DType::F32, s.B, stream);
+    // dS = P (dP - delta) scale   (T, T) bf16, over P (its dV use is queued before this)
+    score_gradient_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, w.dP, lse, w.delta, T, s.Hq,
+                                                                         h, s.scale);
+    KTUNE_CUDA_CHECK_LAUNCH();
+    // dQ_h = dS K_g   (T, D) bf16
+    batched(ctx, false, false, T, D, T, 1.0f, w.P, T, T * T, k + g * D, KD, T * KD, 0.0f, dq + h * D, QD, T * QD,
+            DType::BF16, s.B, stream);
+    // dK_g += dS^T Q_h   (T, D) f32
+    batched(ctx, true, false, T, D, T, 1.0f, w.P, T, T * T, q + h * D, QD, T * QD, 1.0f, w.dk + g * D, KD, T * KD,
+            DType::F32, s.B, stream);
+  }
+  to_bf16_kernel<<<blocks_for(kv, 256), 256, 0, stream>>>(dev(dk), w.dk, kv);
+  KTUNE_CUDA_CHECK_LAUNCH();
+  to_bf16_kernel<<<blocks_for(kv, 256), 256, 0, stream>>>(dev(dv), w.dv, kv);
+  KTUNE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ktune::cuda

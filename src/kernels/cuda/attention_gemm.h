@@ -1,0 +1,35 @@
+// Causal self-attention for training on the tensor cores, through cuBLASLt: per query head, the
+// (T, T) scores of every batch row are one strided-batched GEMM (S = scale Q Kᵀ, f32), a row kernel
+// turns them into P = softmax(causal(S)) (bf16) and lse, and O = P V is a second GEMM; the backward
+// recomputes S, and runs dV += Pᵀ dO, dP = dO Vᵀ, dS = P (dP - rowsum(dO O)) scale, dQ = dS K,
+// dK += dSᵀ Q (dK, dV accumulated in f32 over the heads of a group, then rounded to bf16).
+// Same semantics, layouts and lse as kernels/cuda/attention.h (which stays the reference); bf16 only.
+// Unlike flash attention it materialises one head's (B, T, T) scores at a time in scratch (f32 S and
+// dP, bf16 P: 10 B T^2 bytes, 160 MiB at B=4, T=2048) and computes the masked upper triangle too
+// (2x the causal FLOPs) — the price of running on cuBLASLt's tensor-core GEMMs today.
+// It deliberately does not do sliding windows, soft-capping or document ids (refused: use
+// attention.h), nor f32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/cuda/attention.h"  // AttentionShape
+#include "kernels/cuda/gemm.h"
+
+namespace ktune::cuda {
+
+// Bytes of device scratch both directions need (S, dP f32; P bf16; rowsums; f32 dK, dV).
+size_t attention_gemm_scratch_bytes(const AttentionShape& s);
+
+// q (B,T,Hq,D)   k, v (B,T,Hkv,D)   out (B,T,Hq,D)   lse (B,Hq,T) saved.  Throws ktune::Error for a
+// window, a soft-cap or heads that do not group.
+void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k,
+                            const bf16_t* v, const AttentionShape& s, void* scratch, Stream stream = nullptr);
+// Undoes out = softmax(causal(scale q kᵀ)) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten.
+void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout,
+                             const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
+                             const AttentionShape& s, void* scratch, Stream stream = nullptr);
+
+}  // namespace ktune::cuda

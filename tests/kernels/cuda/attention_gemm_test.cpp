@@ -1,0 +1,82 @@
+// The tensor-core attention path (kernels/cuda/attention_gemm.h: cuBLASLt GEMMs over one head's
+// scores at a time) against the CPU reference (full (T, T) scores in double) on the same bf16
+// inputs: causal, GQA and MQA groups, head dims 48/64/128, rows that are not tile multiples.
+// Tolerances: as the tiled kernel's bf16 test (attention_test.cpp), plus P rounded to bf16 before
+// the P V and P^T dO products (relative 2^-9 per probability, random signs over up to T keys:
+// ~1e-4 absolute on outputs of magnitude ~0.1), so out gets atol 1e-3 instead of 1e-5; dq, dk, dv
+// also see dS rounded to bf16 (relative 2^-9): atol 6e-3. A wrong mask or softmax is off by 0.1+.
+#include <cmath>
+
+#include "core/error.h"
+#include "cuda_test_harness.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cuda/attention_gemm.h"
+
+namespace ktune {
+namespace {
+
+using cuda_test::from_bf16;
+using cuda_test::from_device;
+using cuda_test::random_floats;
+using cuda_test::rounded_to_bf16;
+using cuda_test::to_bf16;
+using cuda_test::to_device;
+
+void check_gemm_attention(const char* name, cpu::AttentionShape s) {
+  const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
+  auto q = rounded_to_bf16(random_floats(nq, 11)), k = rounded_to_bf16(random_floats(nkv, 12));
+  auto v = rounded_to_bf16(random_floats(nkv, 13)), dout = rounded_to_bf16(random_floats(nq, 14));
+  std::vector<float> out(nq), lse(size_t(s.B * s.Hq * s.T)), dq(nq), dk(nkv), dv(nkv);
+  cpu::attention_forward_reference(out.data(), lse.data(), q.data(), k.data(), v.data(), nullptr, s);
+  // The backward's rowsum uses the bf16-rounded forward output, as the GPU's does.
+  const auto out_rounded = rounded_to_bf16(out);
+  cpu::attention_backward_reference(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                    out_rounded.data(), lse.data(), nullptr, s);
+
+  cuda::GemmContext ctx;
+  auto d_q = to_device(to_bf16(q)), d_k = to_device(to_bf16(k)), d_v = to_device(to_bf16(v));
+  auto d_dout = to_device(to_bf16(dout));
+  cuda::DeviceBuffer d_out(nq * 2), d_dq(nq * 2), d_dk(nkv * 2), d_dv(nkv * 2), d_lse(lse.size() * 4);
+  cuda::DeviceBuffer scratch(cuda::attention_gemm_scratch_bytes(s));
+  cuda::attention_gemm_forward(ctx, d_out.as<bf16_t>(), d_lse.as<float>(), d_q.as<bf16_t>(), d_k.as<bf16_t>(),
+                               d_v.as<bf16_t>(), s, scratch.data());
+  cuda::attention_gemm_backward(ctx, d_dq.as<bf16_t>(), d_dk.as<bf16_t>(), d_dv.as<bf16_t>(), d_dout.as<bf16_t>(),
+                                d_q.as<bf16_t>(), d_k.as<bf16_t>(), d_v.as<bf16_t>(), d_out.as<bf16_t>(),
+                                d_lse.as<float>(), s, scratch.data());
+  auto got_out = from_bf16(from_device<bf16_t>(d_out, nq)), got_dq = from_bf16(from_device<bf16_t>(d_dq, nq));
+  auto got_dk = from_bf16(from_device<bf16_t>(d_dk, nkv)), got_dv = from_bf16(from_device<bf16_t>(d_dv, nkv));
+  auto got_lse = from_device<float>(d_lse, lse.size());
+  CHECK_CLOSE(got_out.data(), out.data(), int64_t(nq), 1e-3, 1e-2) << name;
+  CHECK_CLOSE(got_lse.data(), lse.data(), int64_t(lse.size()), 2e-5, 1e-5) << name;
+  CHECK_CLOSE(got_dq.data(), dq.data(), int64_t(nq), 6e-3, 1e-2) << name;
+  CHECK_CLOSE(got_dk.data(), dk.data(), int64_t(nkv), 6e-3, 1e-2) << name;
+  CHECK_CLOSE(got_dv.data(), dv.data(), int64_t(nkv), 6e-3, 1e-2) << name;
+}
+
+cpu::AttentionShape shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+  return cpu::AttentionShape{B, T, Hq, Hkv, D, float(1.0 / std::sqrt(double(D)))};
+}
+
+KTUNE_CUDA_TEST(AttentionGemmCausalGqaMatchesCpuReference) {
+  check_gemm_attention("gemm causal gqa 4:2 D64", shape(2, 77, 4, 2, 64));
+  check_gemm_attention("gemm causal mqa 4:1 D48", shape(1, 100, 4, 1, 48));
+  check_gemm_attention("gemm causal mha D128", shape(3, 64, 2, 2, 128));
+}
+
+KTUNE_CUDA_TEST(AttentionGemmRefusesWindowAndSoftcap) {
+  auto s = shape(1, 8, 2, 1, 32);
+  s.sliding_window = 4;
+  cuda::GemmContext ctx;
+  cuda::DeviceBuffer buf(cuda::attention_gemm_scratch_bytes(s) + 4096);
+  bool threw = false;
+  try {
+    cuda::attention_gemm_forward(ctx, buf.as<bf16_t>(), buf.as<float>(), buf.as<bf16_t>(), buf.as<bf16_t>(),
+                                 buf.as<bf16_t>(), s, buf.data());
+  } catch (const Error&) {
+    threw = true;
+  }
+  CHECK(threw) << "a sliding window must be refused on the GEMM path";
+}
+
+}  // namespace
+}  // namespace ktune
