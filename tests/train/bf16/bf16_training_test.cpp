@@ -327,3 +327,26 @@ TEST_F(Bf16Test, ResumingFromSavedBf16StateContinuesBitForBit) {
   for (size_t k = 0; k < pa.size(); ++k)
     ASSERT_EQ(std::memcmp(pa[k]->value.raw(), pc[k]->value.raw(), pa[k]->value.bytes()), 0) << pa[k]->name;
 }
+
+TEST(Bf16GradientHelpers, NormScalingAndClippingOfBf16GradientsMatchAReferenceInDouble) {
+  const int64_t n = 100003;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  model::Parameter a{"a", Tensor::zeros({n}, DType::BF16), Tensor::zeros({n}, DType::BF16), true};
+  model::Parameter b{"b", Tensor::zeros({7}), Tensor::zeros({7}), true};  // an f32 one beside it (LoRA)
+  for (int64_t i = 0; i < n; ++i) a.grad.bf16()[i] = f32_to_bf16(0.01f * normal(rng));
+  for (int64_t i = 0; i < 7; ++i) b.grad.f32()[i] = 0.5f * float(i);
+  double ref = 0;
+  for (int64_t i = 0; i < n; ++i) ref += double(bf16_to_f32(a.grad.bf16()[i])) * bf16_to_f32(a.grad.bf16()[i]);
+  for (int64_t i = 0; i < 7; ++i) ref += double(b.grad.f32()[i]) * b.grad.f32()[i];
+  EXPECT_NEAR(gradient_norm({&a, &b}), std::sqrt(ref), 1e-6 * std::sqrt(ref));
+
+  const Tensor before = a.grad.clone();
+  scale_gradients({&a}, 0.37f);  // each element rounded to nearest once
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(a.grad.bf16()[i], f32_to_bf16(bf16_to_f32(before.bf16()[i]) * 0.37f)) << i;
+
+  const double norm = gradient_norm({&a, &b});
+  EXPECT_DOUBLE_EQ(clip_gradient_norm({&a, &b}, 0.5 * norm), norm);  // returns the norm before clipping
+  EXPECT_NEAR(gradient_norm({&a, &b}), 0.5 * norm, 4e-3 * norm);     // bf16 rounding of the scaled values
+}
