@@ -210,6 +210,14 @@ Tensor SafetensorsFile::view(const std::string& name) const {
   return Tensor::view(const_cast<uint8_t*>(p), i.shape, dtype, mapping_);
 }
 
+void SafetensorsFile::release_pages(const std::string& name) const {
+  const SafetensorsInfo& i = info(name);
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data_ + i.begin) + page - 1) / page * page;  // whole pages only:
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data_ + i.end) / page * page;                    // neighbours keep theirs
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // advice: failure is harmless
+}
+
 Tensor SafetensorsFile::to_f32(const std::string& name) const {
   const SafetensorsInfo& i = info(name);
   if (i.dtype != "F32" && i.dtype != "BF16" && i.dtype != "F16")

@@ -48,6 +48,11 @@ class SafetensorsFile {
   Tensor view(const std::string& name) const;
   // A new f32 tensor converted from F32, BF16 or F16.
   Tensor to_f32(const std::string& name) const;
+  // Drops the tensor's whole pages from this process's resident memory (madvise DONTNEED on the
+  // read-only mapping: they stay in the page cache, and a later read faults them in again from the
+  // file, unchanged). A loader that has copied a tensor out calls it, so that a model being loaded
+  // is not resident twice, once mapped and once copied.
+  void release_pages(const std::string& name) const;
 
  private:
   std::string path_;
