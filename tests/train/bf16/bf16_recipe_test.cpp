@@ -14,6 +14,9 @@
 #include <map>
 #include <regex>
 
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
 #include "io/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -57,8 +60,9 @@ class Bf16RecipeTest : public ::testing::Test {
   std::string model() const { return (dir_ / "model").string(); }
   std::string out(const std::string& name) const { return (dir_ / name).string(); }
 
-  Outcome run(const std::string& launcher, const std::string& recipe, const std::string& extra, const std::string& output) {
-    return sh(kKtune + " run " + launcher + " " + recipe + " --config tiny/full_single_device output_dir=" + output +
+  Outcome run(const std::string& launcher, const std::string& recipe, const std::string& extra, const std::string& output,
+              const std::string& config = "full_single_device") {
+    return sh(kKtune + " run " + launcher + " " + recipe + " --config tiny/" + config + " output_dir=" + output +
               " checkpointer.checkpoint_dir=" + model() + " tokenizer.path=" + model() + "/tokenizer.json" +
               " dataset=torchtune.datasets.alpaca_dataset dataset.source=json dataset.data_files=" + kSource +
               "/data/quickstart/jsonl/train.jsonl seed=7 " + extra);
@@ -164,4 +168,47 @@ TEST_F(Bf16RecipeTest, ShardedBf16ResumeIsExactAndTwoProcessesEqualOneWithTheDou
               (long long)total, worst);
   EXPECT_LT(double(differing), 1e-3 * double(total));
   EXPECT_LE(worst, 1.6e-2);  // two bf16 ulps (2^-7 relative each at worst)
+}
+
+TEST_F(Bf16RecipeTest, LoraOnABf16BaseKeepsAdaptersF32AndMergesIntoTheBf16Base) {
+  Outcome r = run("", "lora_finetune_single_device", "dtype=bf16 epochs=1 max_steps_per_epoch=3 batch_size=4", out("lora"),
+                  "lora_single_device");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the frozen base is stored bf16; the LoRA adapters, their gradients and AdamW state stay f32"),
+            std::string::npos) << r.output;
+  const std::string dir = out("lora") + "/epoch_0";
+  io::SafetensorsFile adapter = io::SafetensorsFile::open(dir + "/adapter_model.safetensors");
+  io::SafetensorsFile merged = io::SafetensorsFile::open(dir + "/model-00001-of-00001.safetensors");
+  io::SafetensorsFile base = io::SafetensorsFile::open(model() + "/model.safetensors");
+  std::ifstream config_in(dir + "/adapter_config.json");
+  const nlohmann::json config = nlohmann::json::parse(config_in);
+  const double scale = config.at("lora_alpha").get<double>() / config.at("r").get<double>();
+  int checked = 0;
+  for (const char* module : {"model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"}) {
+    const std::string prefix = std::string("base_model.model.") + module;
+    ASSERT_EQ(adapter.info(prefix + ".lora_A.weight").dtype, "F32");
+    ASSERT_EQ(merged.info(std::string(module) + ".weight").dtype, "BF16");
+    Tensor a = adapter.to_f32(prefix + ".lora_A.weight"), b = adapter.to_f32(prefix + ".lora_B.weight");
+    Tensor w0 = base.to_f32(std::string(module) + ".weight"), w = merged.view(std::string(module) + ".weight");
+    const int64_t out_dim = b.dim(0), rank = b.dim(1), in_dim = a.dim(1);
+    int64_t exact = 0, changed = 0;
+    for (int64_t o = 0; o < out_dim; ++o)
+      for (int64_t i = 0; i < in_dim; ++i) {
+        double ba = 0;
+        for (int64_t k = 0; k < rank; ++k) ba += double(b.f32()[o * rank + k]) * a.f32()[k * in_dim + i];
+        // The base as trained (bf16), plus s·BA, rounded once to bf16 (within one ulp: the merge's
+        // f32 GEMM may land on the other side of a rounding boundary than this double sum).
+        const float base_bf16 = bf16_to_f32(f32_to_bf16(w0.f32()[o * in_dim + i]));
+        const float expect = bf16_to_f32(f32_to_bf16(float(double(base_bf16) + scale * ba)));
+        const float got = bf16_to_f32(w.bf16()[o * in_dim + i]);
+        ASSERT_LE(std::fabs(got - expect), std::ldexp(std::fabs(expect), -7)) << module << " (" << o << ", " << i << ")";
+        exact += got == expect;
+        changed += got != base_bf16;
+      }
+    const int64_t n = out_dim * in_dim;
+    EXPECT_GT(exact, n - n / 200) << module << ": at most 0.5% one ulp away";
+    EXPECT_GT(changed, n / 10) << module << ": the trained adapter moved the merged weights";
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
 }
