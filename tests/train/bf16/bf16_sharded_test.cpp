@@ -18,6 +18,7 @@
 #include "model/decoder.h"
 #include "train/optimizer.h"
 #include "train/sharded_data_parallel.h"
+#include "train/sharding_plan.h"
 
 using namespace ktune;
 using namespace ktune::train;
@@ -256,4 +257,28 @@ TEST_F(Bf16ShardedTest, LoraOnAFrozenBf16BaseShardsTheBaseAsBf16AndMatchesTheUns
     EXPECT_NEAR(two.losses[size_t(i)], ref2.losses[size_t(i)], 1e-5 * ref2.losses[size_t(i)]) << "step " << i;
   EXPECT_LT(worst, 2e-5);
   EXPECT_GT(moved, 1e-3);
+}
+
+TEST(Bf16ShardingPlan, TheBf16PlanOfKtunePlanIsWhatAShardedBf16RunHolds) {
+  // `ktune plan --dtype bf16` (2 bytes per value) against the runtime's bf16 flats and moments.
+  for (bool lora : {false, true}) {
+    auto m = make_model(false, lora);
+    auto trainable = trainable_of(*m);
+    dist::SingleProcessGroup single;
+    ShardedDataParallel sdp(*m, trainable, single, {});
+    AdamW opt(sdp.shard_parameters(), kAdam, sdp.element_origins());
+    ShardingPlanRequest r;
+    r.model = small_config();
+    r.bytes_per_value = 2;
+    r.lora = lora;
+    r.lora_rank = 4;
+    r.lora_attn_modules = {"q_proj", "v_proj", "output_proj"};
+    r.apply_lora_to_mlp = true;
+    ShardingPlan p = plan_sharding(r);
+    EXPECT_EQ(p.frozen, sdp.memory().sharded_frozen) << "lora " << lora;
+    if (lora) continue;  // the plan counts adapters at 2 bytes; the runtime keeps them f32 (tiny)
+    EXPECT_EQ(p.params, sdp.memory().sharded_params);
+    EXPECT_EQ(p.gradients, sdp.memory().gradient_shards);
+    EXPECT_EQ(p.optimizer, opt.state_bytes());
+  }
 }
