@@ -3,7 +3,8 @@
 # Python (+torch, transformers, peft), and nothing else of ktune's dependencies, build the CUDA
 # backend from this source tree alone (-DKTUNE_CPU_ENGINE=OFF: core, src/kernels/cuda, src/model/cuda,
 # their tests, bench/gpu), then run, each part on its own so that one failing leaves the others running:
-#   1. the CUDA tests: every kernel and the GPU decoder step against the CPU references
+#   1. the CUDA tests: every kernel and the GPU decoder step against the CPU references (three
+#      processes: the kernels, the GEMM attention path, the decoder step)
 #   2. the GEMM benchmark beside torch.matmul (and attention fwd+bwd beside torch sdpa)
 #   3. the training-step benchmark: Llama-3.2-1B shape, seq 2048, LoRA and full fine-tune, beside
 #      PyTorch (+PEFT) on the same GPU: tokens/s, MFU (990 TFLOP/s bf16 peak), peak memory, ratios
@@ -105,19 +106,37 @@ else
 fi
 say "build: $BUILD_STATUS"
 
-# ---- 1. tests ----
+# ---- 1. tests: three processes, so that a CUDA fault (which poisons its context) in the newest
+# code cannot hide the results of the rest: the kernels, then the GEMM attention path and batched
+# GEMMs, then the decoder step ----
+TEST_GROUPS=("-Decoder,-AttentionGemm,-GemmStrided" "AttentionGemm,GemmStrided" "Decoder")
+TEST_GROUP_CAPS=(100 40 60)
 if [ -x "$TESTS_BIN" ]; then
-  say "CUDA tests (kernels and the decoder step against the CPU references)"
-  timeout "$(part_timeout 180)" "$TESTS_BIN" 2>&1 | tee "$LOG_DIR/tests.log"
-  TEST_RC=${PIPESTATUS[0]}
-  TEST_SUMMARY=$(grep "^ktune CUDA tests:" "$LOG_DIR/tests.log" | tail -1)
-  case "$TEST_RC" in
-    0) TEST_STATUS="PASS" ;;
-    77) TEST_STATUS="SKIPPED (no GPU)" ;;
-    124) TEST_STATUS="FAILED: timed out" ;;
-    *) TEST_STATUS="FAILED (exit $TEST_RC)" ;;
-  esac
-  [ -n "$TEST_SUMMARY" ] || TEST_SUMMARY="no summary line (crashed or timed out?)"
+  : >"$LOG_DIR/tests.log"
+  TEST_RC=0; FAILED_GROUPS=(); SUMMARIES=()
+  for i in 0 1 2; do
+    say "CUDA tests, group '${TEST_GROUPS[$i]}'"
+    timeout "$(part_timeout "${TEST_GROUP_CAPS[$i]}")" "$TESTS_BIN" "${TEST_GROUPS[$i]}" >"$LOG_DIR/tests-$i.log" 2>&1
+    rc=$?
+    cat "$LOG_DIR/tests-$i.log" | tee -a "$LOG_DIR/tests.log"
+    line=$(grep "^ktune CUDA tests:" "$LOG_DIR/tests-$i.log" | tail -1)
+    SUMMARIES+=("${line#ktune CUDA tests: } [${TEST_GROUPS[$i]}]")
+    if [ "$rc" -eq 77 ]; then TEST_RC=77; continue; fi
+    if [ "$rc" -ne 0 ]; then
+      FAILED_GROUPS+=("'${TEST_GROUPS[$i]}' (exit $rc$([ "$rc" -eq 124 ] && echo ', timed out'))")
+      [ -n "$line" ] || SUMMARIES[$i]="no summary line: crashed or timed out (exit $rc) [${TEST_GROUPS[$i]}]"
+    fi
+  done
+  TEST_SUMMARY=$(IFS=';'; echo "${SUMMARIES[*]}")
+  TEST_SUMMARY=${TEST_SUMMARY//;/; }
+  if [ "$TEST_RC" -eq 77 ] && [ ${#FAILED_GROUPS[@]} -eq 0 ]; then
+    TEST_STATUS="SKIPPED (no GPU)"
+  elif [ ${#FAILED_GROUPS[@]} -eq 0 ]; then
+    TEST_STATUS="PASS"
+  else
+    TEST_RC=1
+    TEST_STATUS="FAILED in $(IFS=','; echo "${FAILED_GROUPS[*]}")"
+  fi
 else
   TEST_STATUS="FAILED: not built"
 fi

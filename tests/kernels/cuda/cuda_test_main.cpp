@@ -1,6 +1,7 @@
 // The CUDA tests' main: runs the registered cases (cuda_test_harness.h) and prints PASS/FAIL/SKIP
 // per case and a summary. Exit 0: all passed; 1: a case failed; 77: no CUDA device (all skipped).
-// `--self-test` checks the harness's own comparisons on the CPU; any other argument filters cases.
+// `--self-test` checks the harness's own comparisons on the CPU; any other argument filters cases:
+// comma-separated name substrings, '-' in front excluding (see selected()).
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -77,13 +78,43 @@ int self_test() {
   return wrong;
 }
 
+// The case filter: comma-separated substrings of case names; a case runs when it contains one of
+// the plain ones (or there are none) and none of those written with a leading '-'.
+//   "Gemm"   "AttentionGemm,GemmStrided"   "-Decoder,-AttentionGemm"
+bool selected(const std::string& name, const std::string& filter) {
+  bool any_include = false, included = false;
+  size_t begin = 0;
+  while (begin <= filter.size()) {
+    size_t end = filter.find(',', begin);
+    if (end == std::string::npos) end = filter.size();
+    std::string item = filter.substr(begin, end - begin);
+    begin = end + 1;
+    if (item.empty()) continue;
+    if (item[0] == '-') {
+      if (name.find(item.substr(1)) != std::string::npos) return false;
+    } else {
+      any_include = true;
+      if (name.find(item) != std::string::npos) included = true;
+    }
+  }
+  return !any_include || included;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace ktune::cuda_test;
   const std::string filter = argc > 1 ? argv[1] : "";
   if (filter == "--self-test") {
-    const int wrong = self_test();
+    int wrong = self_test();
+    const bool filters_ok = selected("DecoderLora", "") && selected("DecoderLora", "Decoder") &&
+                            !selected("DecoderLora", "Gemm") && selected("AttentionGemmX", "Decoder,AttentionGemm") &&
+                            !selected("DecoderLora", "-Decoder") && selected("GemmCaches", "-Decoder,-AttentionGemm") &&
+                            !selected("AttentionGemmX", "-Decoder,-AttentionGemm");
+    if (!filters_ok) {
+      std::printf("self-test: the case filter selects the wrong cases\n");
+      ++wrong;
+    }
     std::printf("%s harness self-test (%d wrong)\n", wrong == 0 ? "PASS" : "FAIL", wrong);
     return wrong == 0 ? 0 : 1;
   }
@@ -92,7 +123,7 @@ int main(int argc, char** argv) {
   if (devices == 0) {
     const std::string why = ktune::cuda::device_description();
     for (const Case& c : registry()) {
-      if (!filter.empty() && std::string(c.name).find(filter) == std::string::npos) continue;
+      if (!selected(c.name, filter)) continue;
       std::printf("SKIP %s: %s\n", c.name, why.c_str());
       ++skipped;
     }
@@ -101,7 +132,7 @@ int main(int argc, char** argv) {
   }
   std::printf("device: %s\n", ktune::cuda::device_description().c_str());
   for (const Case& c : registry()) {
-    if (!filter.empty() && std::string(c.name).find(filter) == std::string::npos) continue;
+    if (!selected(c.name, filter)) continue;
     const int before = failures_in_current_case();
     auto start = std::chrono::steady_clock::now();
     std::string thrown;
