@@ -168,8 +168,8 @@ def gemm_ceiling(ktune_build, threads):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ktune", required=True, help="the ktune binary")
-    ap.add_argument("--tune", required=True, help="torchtune 0.6.1's `tune` (in its own venv)")
+    ap.add_argument("--ktune", help="the ktune binary (required)")
+    ap.add_argument("--tune", help="torchtune 0.6.1's `tune` in its own venv (required)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
@@ -178,7 +178,13 @@ def main():
     ap.add_argument("--kinds", default="full,lora")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="both tools' dtype")
     ap.add_argument("--keep", help="keep the work directory here")
+    ap.add_argument("--make-model", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.make_model:
+        make_model(args.make_model, TOKENIZER_XZ)
+        return
+    if not args.ktune or not args.tune:
+        ap.error("--ktune and --tune are required")
     if not os.path.exists(TOKENIZER_XZ):
         sys.exit(f"missing the Llama 3 tokenizer: {TOKENIZER_XZ}")
 
@@ -186,7 +192,9 @@ def main():
     os.makedirs(work, exist_ok=True)
     model_dir = os.path.join(work, "model")
     if not os.path.exists(os.path.join(model_dir, "model.safetensors")):
-        make_model(model_dir, TOKENIZER_XZ)
+        # In a process of its own: a child's peak RSS (wait4) counts what it inherited at fork, and
+        # this process would otherwise hold torch and the model when it starts the tools.
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--make-model", model_dir], check=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), KTUNE_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))
     print(f"model: Llama 3.2-style, vocab {SHAPE['vocab']}, dim {SHAPE['dim']}, {SHAPE['layers']} layers, "
