@@ -48,9 +48,9 @@ summary() {
   [ -f "$LOG_DIR/tests.log" ] && grep -E "^FAIL " "$LOG_DIR/tests.log" | sed 's/^/         /'
   [ -f "$LOG_DIR/tests.log" ] && grep -m1 -E "^SKIP " "$LOG_DIR/tests.log" | sed 's/^SKIP [^:]*: /         skipped because: /'
   echo "gemm:    $GEMM_STATUS"
-  [ -f "$LOG_DIR/gemm.log" ] && grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ \||^attention " "$LOG_DIR/gemm.log" | sed 's/^/         /'
+  [ -f "$LOG_DIR/gemm.log" ] && grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ \||^attention |^ERROR" "$LOG_DIR/gemm.log" | sed 's/^/         /'
   echo "step:    $STEP_STATUS"
-  [ -f "$LOG_DIR/step.log" ] && grep -E "^SUMMARY |^FAILED parts|^(lora|full) +(ktune|torch)" "$LOG_DIR/step.log" | sed 's/^/         /'
+  [ -f "$LOG_DIR/step.log" ] && grep -E "^SUMMARY |^FAILED parts|^(lora|full) +(ktune|torch)|^ +ERROR |^ +profile " "$LOG_DIR/step.log" | sed 's/^/         /'
   echo "logs:    $LOG_DIR"
 }
 finish() {  # $1: exit code

@@ -68,6 +68,8 @@ void bench_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
               (long long)Hkv, (long long)D, fwd_ms, bwd_ms, tflops);
   std::fflush(stdout);
   // The tensor-core path (attention_gemm.h) on the same buffers; FLOPs counted as above (causal).
+  // Its failure is printed and does not take the lines above with it.
+  try {
   ktune::cuda::GemmContext ctx;
   ktune::cuda::DeviceBuffer gemm_scratch(ktune::cuda::attention_gemm_scratch_bytes(s));
   auto gfwd = [&] {
@@ -85,6 +87,10 @@ void bench_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
   std::printf("ktune_attention_gemm %lld %lld %lld %lld %lld %.3f %.3f %.2f\n", (long long)B, (long long)T,
               (long long)Hq, (long long)Hkv, (long long)D, gfwd_ms, gbwd_ms, gtflops);
   std::fflush(stdout);
+  } catch (const std::exception& e) {
+    std::printf("ERROR attention_gemm: %s\n", e.what());
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace

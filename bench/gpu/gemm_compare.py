@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 PEAK_TFLOPS = 990.0  # H200 SXM, dense bf16
+FAILED = False  # set when the ktune binary failed or printed an ERROR line: exit 1 after the table
 
 
 def torch_attention_ms(torch, B, T, Hq, Hkv, D):
@@ -44,13 +45,19 @@ def torch_attention_ms(torch, B, T, Hq, Hkv, D):
 
 
 def ktune_rates(binary, seconds):
+    global FAILED
     proc = subprocess.run([binary, f"--seconds={seconds}"], capture_output=True, text=True, timeout=300)
     sys.stdout.write(proc.stdout if proc.returncode != 0 else "")
     if proc.returncode == 77:
         return None
-    if proc.returncode != 0:
+    if proc.returncode != 0:  # keep what it measured before it failed
         sys.stdout.write(proc.stderr)
-        raise SystemExit(f"ktune_gpu_gemm_bench failed with exit code {proc.returncode}")
+        print(f"ktune_gpu_gemm_bench failed with exit code {proc.returncode}")
+        FAILED = True
+    for line in proc.stdout.splitlines():
+        if line.startswith("ERROR"):
+            print(line)
+            FAILED = True
     rates, attention, attention_gemm = {}, None, None
     for line in proc.stdout.splitlines():
         if line.startswith("device:"):
@@ -132,7 +139,7 @@ def main():
             except Exception as e:  # an older torch without enable_gqa, say
                 line += f"; torch sdpa failed: {e}"
         print(line)
-    return 0
+    return 1 if FAILED else 0
 
 
 if __name__ == "__main__":
