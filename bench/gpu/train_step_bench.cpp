@@ -162,6 +162,7 @@ int run(int argc, char** argv) {
   const double tokens_per_s = double(N) * double(timed) / seconds;
   const double fpt = flops_per_token(config, setup);
   const double tflops = tokens_per_s * fpt / 1e12;
+  std::printf("after the steps: %s\n", model.memory_report().c_str());
   std::printf("profile (one step, forward+backward on the device %.1f ms): attention fwd+bwd %.1f ms (%.0f%%), "
               "output projection + loss %.1f ms (%.0f%%), the rest (projections, norms, rope, MLP) %.1f ms\n",
               prof.step_ms, prof.attention_ms, 100 * prof.attention_ms / prof.step_ms, prof.loss_ms,
