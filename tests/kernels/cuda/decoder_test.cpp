@@ -397,6 +397,8 @@ KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
     if (full) randomise(model, 77);  // (LoRA keeps PEFT's B = 0 start: its first step must move B)
     std::vector<int32_t> tokens, labels;
     batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+    const std::string base_name = "model.layers.1.self_attn.q_proj.weight";
+    const std::vector<float> base_before = model.download_value(base_name);
     double first = 0, last = 0;
     for (int step = 1; step <= 8; ++step) {
       model.set_profiling(step == 2);
@@ -411,6 +413,9 @@ KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
     }
     CHECK(std::isfinite(last) && last < first - 0.1) << (full ? "full" : "lora") << ": loss " << first << " -> " << last;
     CHECK(model.memory_plan().total() > 0);
+    const bool base_moved = model.download_value(base_name) != base_before;
+    CHECK(base_moved == full) << (full ? "full fine-tuning must update " : "LoRA must leave the frozen base alone: ")
+                              << base_name;
     const auto& prof = model.last_profile();  // of step 2
     CHECK(prof.attention_ms > 0 && prof.loss_ms > 0 && prof.attention_ms + prof.loss_ms < prof.step_ms)
         << "profile: attention " << prof.attention_ms << " ms, loss " << prof.loss_ms << " ms, step " << prof.step_ms;
