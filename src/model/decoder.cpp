@@ -162,7 +162,9 @@ Decoder::Decoder(ModelConfig config, DType storage, WeightsToLoad) : config_(std
   build_parameters();
   if (storage_ != DType::F32)
     for (auto& p : params_) p->value = Tensor::empty(p->value.shape(), storage_);
-  allocate_grads();
+  // No gradients yet: the trainer says what trains (a LoRA base never needs them, and allocating a
+  // gradient for every weight here would double a loading model's memory for nothing); a backward
+  // allocates those still missing.
 }
 
 Decoder::~Decoder() = default;
@@ -590,6 +592,9 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
   const ModelConfig& c = config_;
   Plan& p = prepare(batch);
   if (!logits) check(batch.labels != nullptr, "Decoder", "a loss needs labels");
+  // Gradients of trainable parameters that have none yet (a no-op once they exist); sharded data
+  // parallelism hands each layer's gradients in just in time through its hooks instead.
+  if (backward && !hooks_.before_backward) allocate_grads();
   const int64_t N = p.N, C = c.hidden_size, V = c.vocab_size, L = c.num_layers;
   doc_ids_ = batch.doc_ids;
 
