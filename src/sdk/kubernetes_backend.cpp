@@ -591,8 +591,10 @@ void KubernetesBackend::get_job_logs(const std::string& name, const std::string&
       const std::string state = container_state(pod, container);
       if (state == "gone") return;
       if (state == "terminated") {
-        // It ended while the stream was down (or the stream's end was its end): the rest, once.
-        if (!clean) read(false, &cut);
+        // Its log is complete now. A stream cut (or ended early by the server) just before the
+        // container's last lines would miss them: read the rest once, without follow (the lines
+        // already delivered are skipped).
+        read(false, &cut);
         return;
       }
       if (fruitless >= kMaxFruitlessReopens) {

@@ -18,7 +18,7 @@
 //               follow=true&timestamps=true; when the stream ends or is cut while the container
 //               still runs (the pod's containerStatuses), it is reopened with sinceTime (the last
 //               line's second) and the lines already delivered are skipped by their timestamps, so
-//               no line is repeated or lost; once the container has ended, a cut stream's rest is
+//               no line is repeated or lost; once the container has ended, the rest (if any) is
 //               read once without follow.
 //   delete      DELETE the TrainJob (and the Secret, in case the owner reference was not set).
 // Errors from the API server surface with their status and the Status object's message. The
