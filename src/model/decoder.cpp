@@ -413,8 +413,10 @@ void Decoder::layout(Take& take, int64_t B, int64_t T, Plan& p) const {
   for (auto& layer : layers_)
     for (int i = 0; i < 7; ++i) adapter_scratch = std::max(adapter_scratch, layer->linear(i)->scratch_floats(N));
   p.adapter_scratch = adapter_scratch > 0 ? take.f(adapter_scratch) : nullptr;
-  // Chunks of the fused loss: about 4 Mi floats (16 MiB) of logits at a time.
-  p.ce_chunk = std::clamp<int64_t>((int64_t(1) << 22) / c.vocab_size, 1, std::max<int64_t>(N, 1));
+  // Chunks of the fused loss: about 16 Mi floats (64 MiB) of logits at a time — 130 tokens at a
+  // 128k vocabulary, where the head's GEMMs run ~15% faster than at 32 rows (and read W a quarter
+  // as often), for a fixed 48 MiB more.
+  p.ce_chunk = std::clamp<int64_t>((int64_t(1) << 24) / c.vocab_size, 1, std::max<int64_t>(N, 1));
   const LoraAdapter* head_adapter = output_adapter(output_);
   p.ce_scratch = take.f(int64_t(head_adapter ? head_adapter->fused_output_scratch_floats(p.ce_chunk)
                                              : cpu::linear_cross_entropy_scratch_floats(p.ce_chunk, c.vocab_size, C)));
