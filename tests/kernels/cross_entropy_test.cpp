@@ -302,3 +302,96 @@ TEST(CrossEntropy, Nf4HeadEqualsTheF32HeadOnItsDequantisedWeight) {
                                     0.0f, 1.0f, 8, scratch_b.data()),
                ktune::Error);
 }
+
+TEST(CrossEntropy, DoraHeadWithDroppedRowsMatchesTheAugmentedReference) {
+  // PEFT's DoRA with dropout: z = h Wᵀ + (c − 1) ⊙ h' Wᵀ + c ⊙ s · xa Bᵀ, the plain fused loss over
+  // [h, h', xa] (N, 2C+R) and [W, (c − 1) ⊙ W, c ⊙ s·B] (V, 2C+R).
+  for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(1000)}) {
+    HeadCase k(true);
+    const int64_t N = k.N, C = k.C, V = k.V, R = k.R, CA = 2 * C + R;
+    std::vector<float> dropped = random_vector(size_t(N * C), 17, -1, 1);
+    std::vector<float> h_aug(size_t(N * CA)), w_aug(size_t(V * CA)), w_unscaled(size_t(V * CA));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < CA; ++j)
+        h_aug[size_t(n * CA + j)] = j < C ? k.hidden[size_t(n * C + j)]
+                                   : j < 2 * C ? dropped[size_t(n * C + j - C)] : k.xa[size_t(n * R + j - 2 * C)];
+    for (int64_t v = 0; v < V; ++v) {
+      const float c = k.c[size_t(v)];
+      for (int64_t j = 0; j < CA; ++j) {
+        const float u = j < 2 * C ? k.weight[size_t(v * C + j % C)] : k.s * k.b[size_t(v * R + j - 2 * C)];
+        w_unscaled[size_t(v * CA + j)] = u;
+        w_aug[size_t(v * CA + j)] = j < C ? u : j < 2 * C ? (c - 1.0f) * u : c * u;
+      }
+    }
+    std::vector<float> dh_aug(size_t(N * CA)), dw_aug(size_t(V * CA), 0.0f);
+    const double loss_ref = linear_cross_entropy_reference(dh_aug.data(), dw_aug.data(), nullptr, h_aug.data(),
+                                                           w_aug.data(), k.labels.data(), N, CA, V, 0.0f, 1.0f);
+    OutputHead head = k.head();
+    std::vector<float> dh(size_t(N * C), NAN), ddropped(size_t(N * C), NAN), dxa(size_t(N * R), NAN),
+        db(size_t(V * R), 0.0f), dm(static_cast<size_t>(V), 0.0f);
+    head.dropped_hidden = dropped.data();
+    head.ddropped_hidden = ddropped.data();
+    head.dxa = dxa.data();
+    head.dlora_b = db.data();
+    head.dmagnitude = dm.data();
+    std::vector<float> scratch(linear_cross_entropy_scratch_floats(chunk, V, C, head));
+    const double loss = linear_cross_entropy(dh.data(), nullptr, nullptr, k.hidden.data(), head, k.labels.data(), N, C, V,
+                                             0.0f, 1.0f, chunk, scratch.data());
+    const std::string tag = " chunk=" + std::to_string(chunk);
+    EXPECT_NEAR(loss, loss_ref, 1e-4 * std::fabs(loss_ref)) << tag;
+    std::vector<float> dh_want(size_t(N * C)), dd_want(size_t(N * C)), dxa_want(size_t(N * R));
+    std::vector<float> db_want(size_t(V * R)), dm_want(static_cast<size_t>(V));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < CA; ++j) {
+        const float g = dh_aug[size_t(n * CA + j)];
+        if (j < C) dh_want[size_t(n * C + j)] = g;
+        else if (j < 2 * C) dd_want[size_t(n * C + j - C)] = g;
+        else dxa_want[size_t(n * R + j - 2 * C)] = g;
+      }
+    for (int64_t v = 0; v < V; ++v) {
+      for (int64_t q = 0; q < R; ++q)
+        db_want[size_t(v * R + q)] = k.s * k.c[size_t(v)] * dw_aug[size_t(v * CA + 2 * C + q)];
+      double sum = 0;  // ∂z/∂c = h' W + s xa B: the h' and xa blocks
+      for (int64_t j = C; j < CA; ++j) sum += double(dw_aug[size_t(v * CA + j)]) * w_unscaled[size_t(v * CA + j)];
+      dm_want[size_t(v)] = float(sum / k.norm[size_t(v)]);
+    }
+    expect_close(dh, dh_want, 1e-4, "dhidden" + tag);
+    expect_close(ddropped, dd_want, 1e-4, "ddropped_hidden" + tag);
+    expect_close(dxa, dxa_want, 1e-4, "dxa" + tag);
+    expect_close(db, db_want, 1e-4, "dB" + tag);
+    expect_close(dm, dm_want, 1e-4, "dm" + tag);
+  }
+}
+
+TEST(CrossEntropy, DoraHeadWithDroppedRowsGradientsMatchFiniteDifferences) {
+  HeadCase k(true);
+  const int64_t N = k.N, C = k.C, V = k.V, R = k.R;
+  std::vector<float> dropped = random_vector(size_t(N * C), 18, -1, 1);
+  std::vector<float> scratch;
+  auto loss = [&] {
+    std::vector<float> c(k.c);
+    for (size_t v = 0; v < c.size(); ++v) c[v] = k.m[v] / k.norm[v];
+    OutputHead head = k.head();
+    head.dora_scale = c.data();
+    head.dropped_hidden = dropped.data();
+    scratch.resize(linear_cross_entropy_scratch_floats(5, V, C, head));
+    return linear_cross_entropy(nullptr, nullptr, nullptr, k.hidden.data(), head, k.labels.data(), N, C, V, 0.0f, 1.0f,
+                                5, scratch.data());
+  };
+  OutputHead head = k.head();
+  std::vector<float> dh(size_t(N * C)), ddropped(size_t(N * C)), dxa(size_t(N * R)), db(size_t(V * R), 0.0f),
+      dm(static_cast<size_t>(V), 0.0f);
+  head.dropped_hidden = dropped.data();
+  head.ddropped_hidden = ddropped.data();
+  head.dxa = dxa.data();
+  head.dlora_b = db.data();
+  head.dmagnitude = dm.data();
+  scratch.resize(linear_cross_entropy_scratch_floats(5, V, C, head));
+  linear_cross_entropy(dh.data(), nullptr, nullptr, k.hidden.data(), head, k.labels.data(), N, C, V, 0.0f, 1.0f, 5,
+                       scratch.data());
+  expect_gradient_matches_finite_differences(loss, k.hidden, dh, "dhidden");
+  expect_gradient_matches_finite_differences(loss, dropped, ddropped, "ddropped_hidden");
+  expect_gradient_matches_finite_differences(loss, k.xa, dxa, "dxa");
+  expect_gradient_matches_finite_differences(loss, k.b, db, "dB");
+  expect_gradient_matches_finite_differences(loss, k.m, dm, "dm");
+}

@@ -6,7 +6,8 @@
 //   logits = hidden @ W^T;  [z = cap tanh(logits/cap)];  lse;  loss += lse - z[label]
 //   dlogits = grad_scale (softmax(z) - onehot) [* (1 - (z/cap)^2)]   (in place)
 //   dhidden = dlogits @ W;  dW += dlogits^T @ hidden
-// An adapted head (OutputHead) adds, per chunk:  logits += s · xa Bᵀ  [pre = logits; logits *= c]
+// An adapted head (OutputHead) adds, per chunk:  logits += s · xa Bᵀ, or for DoRA
+//   pre = h' Wᵀ + s · xa Bᵀ;  logits = h Wᵀ − h' Wᵀ + c ⊙ pre   (h' = h without dropout: logits = c ⊙ pre)
 // and in the backward  [dm += Σ dlogits ⊙ pre / ‖·‖; dlogits *= c]  dxa = s · dlogits B,
 // dB += s · dlogitsᵀ xa, with the NF4 base through nf4_linear_forward / _backward_input.
 #include "kernels/cpu/cross_entropy.h"
@@ -31,7 +32,7 @@ size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int6
 size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C, const OutputHead& head) {
   size_t floats = linear_cross_entropy_scratch_floats(chunk_tokens, V, C);
   floats += size_t(2 * chunk_tokens * head.rank);      // gathered xa, dxa
-  if (head.dora) floats += size_t(chunk_tokens * V);   // the unscaled projection, for dm
+  if (head.dora) floats += size_t(chunk_tokens * (V + C));  // the unscaled projection; the dropped rows
   if (head.nf4_codes) floats += nf4_linear_scratch_floats(C, V);
   return floats;
 }
@@ -55,12 +56,14 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
   check(head.rank == 0 || (head.lora_b && head.xa), "cross_entropy", "a low-rank head needs B and xa");
   check(!head.dora || (head.rank > 0 && head.dora_scale && head.weight_norm), "cross_entropy",
         "a DoRA head needs the low-rank term, its scale and its norms");
+  check(!head.dropped_hidden || head.dora, "cross_entropy", "dropped hidden rows are DoRA's (dropout) only");
   const int64_t R = head.rank;
+  const bool dropped_base = head.dropped_hidden != nullptr;
   for (int64_t r = 0; r < N; ++r)
     if (labels[r] != kIgnoreIndex && (labels[r] < 0 || labels[r] >= V))
       throw Error("cross_entropy: token " + std::to_string(r),
                   "label " + std::to_string(labels[r]) + " outside [0, " + std::to_string(V) + ") and not -100");
-  const bool want_grad = dhidden || dweight || head.dxa || head.dlora_b || head.dmagnitude;
+  const bool want_grad = dhidden || dweight || head.dxa || head.dlora_b || head.dmagnitude || head.ddropped_hidden;
   const float inv_cap = softcap > 0 ? 1.0f / softcap : 0.0f;
   double total = 0.0;
   int64_t count = 0;
@@ -72,7 +75,20 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
   float* xa = dh + chunk_tokens * C;                     // (rows, R) gathered xa
   float* dxa = xa + chunk_tokens * R;                    // (rows, R)
   float* pre = dxa + chunk_tokens * R;                   // DoRA: (rows, V) before the scale c
-  float* nf4_scratch = pre + (head.dora ? chunk_tokens * V : 0);
+  float* hd = pre + (head.dora ? chunk_tokens * V : 0);  // DoRA: (rows, C) gathered h', then its gradient
+  float* nf4_scratch = hd + (head.dora ? chunk_tokens * C : 0);
+  // base(out, rows of in) = in Wᵀ, and its input gradient out = g W (overwritten)
+  auto base_forward = [&](float* out, const float* in, int64_t rows) {
+    if (nf4) nf4_linear_forward(out, in, head.nf4_codes, head.nf4_scales, rows, C, V, nf4_scratch);
+    else gemm(false, true, rows, V, C, 1.0f, in, head.weight, 0.0f, out);
+  };
+  auto base_backward = [&](float* out, const float* g, int64_t rows) {
+    if (nf4) nf4_linear_backward_input(out, g, head.nf4_codes, head.nf4_scales, rows, C, V, nf4_scratch, false);
+    else gemm(false, false, rows, C, V, 1.0f, g, head.weight, 0.0f, out);  // (rows,V)@(V,C)
+  };
+  if (head.ddropped_hidden)
+    for (int64_t r = 0; r < N; ++r)
+      if (labels[r] == kIgnoreIndex) std::fill(head.ddropped_hidden + r * C, head.ddropped_hidden + (r + 1) * C, 0.0f);
   const bool dora_grad = head.dora && head.dmagnitude;
   if (head.dxa)
     for (int64_t r = 0; r < N; ++r)
@@ -87,24 +103,31 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
       if (labels[r] != kIgnoreIndex) chunk_rows[size_t(rows++)] = r;
     if (rows == 0) break;
     for (int64_t i = 0; i < rows; ++i) std::copy_n(hidden + chunk_rows[size_t(i)] * C, C, h + i * C);
-    if (nf4)
-      nf4_linear_forward(logits, h, head.nf4_codes, head.nf4_scales, rows, C, V, nf4_scratch);
-    else
-      gemm(false, true, rows, V, C, 1.0f, h, head.weight, 0.0f, logits);
-    if (R > 0) {
+    base_forward(logits, h, rows);
+    if (R > 0)
       for (int64_t i = 0; i < rows; ++i) std::copy_n(head.xa + chunk_rows[size_t(i)] * R, R, xa + i * R);
-      gemm(false, true, rows, V, R, head.lora_scale, xa, head.lora_b, 1.0f, logits);  // += s · xa Bᵀ
-    }
     if (head.dora) {
-      if (dora_grad) std::copy_n(logits, rows * V, pre);
+      // pre = h' Wᵀ + s · xa Bᵀ;  logits = h Wᵀ − h' Wᵀ + c ⊙ pre   (h' = h: logits = c ⊙ pre)
+      if (dropped_base) {
+        for (int64_t i = 0; i < rows; ++i) std::copy_n(head.dropped_hidden + chunk_rows[size_t(i)] * C, C, hd + i * C);
+        base_forward(pre, hd, rows);
+        for (int64_t i = 0; i < rows * V; ++i) logits[i] -= pre[i];  // h Wᵀ − h' Wᵀ
+      } else {
+        std::copy_n(logits, rows * V, pre);
+        std::fill(logits, logits + rows * V, 0.0f);
+      }
+      gemm(false, true, rows, V, R, head.lora_scale, xa, head.lora_b, 1.0f, pre);  // += s · xa Bᵀ
       const float* c = head.dora_scale;
       parallel_for(rows, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
           float* z = logits + i * V;
+          const float* q = pre + i * V;
 #pragma omp simd
-          for (int64_t v = 0; v < V; ++v) z[v] *= c[v];
+          for (int64_t v = 0; v < V; ++v) z[v] += c[v] * q[v];
         }
       }, std::max<int64_t>(1, 65536 / V));
+    } else if (R > 0) {
+      gemm(false, true, rows, V, R, head.lora_scale, xa, head.lora_b, 1.0f, logits);  // += s · xa Bᵀ
     }
     parallel_for(rows, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
@@ -156,7 +179,7 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
     count += rows;
     if (!want_grad) continue;
     if (head.dora) {
-      // z = c ⊙ pre:  dm += Σ_rows dz ⊙ pre / ‖·‖ (the norm detached), then dpre = dz ⊙ c (in place)
+      // z = [h Wᵀ − h' Wᵀ +] c ⊙ pre:  dm += Σ_rows dz ⊙ pre / ‖·‖ (the norm detached); dpre = dz ⊙ c (in place)
       const float* c = head.dora_scale;
       if (dora_grad)
         parallel_for(V, [&](int64_t v0, int64_t v1) {
@@ -166,6 +189,7 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
             head.dmagnitude[v] += float(sum / head.weight_norm[v]);
           }
         }, 256);
+      if (dropped_base && (dhidden || head.ddropped_hidden)) base_backward(dh, logits, rows);  // dz W: through h
       parallel_for(rows, [&](int64_t i0, int64_t i1) {
         for (int64_t i = i0; i < i1; ++i) {
           float* z = logits + i * V;
@@ -173,12 +197,14 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
           for (int64_t v = 0; v < V; ++v) z[v] *= c[v];
         }
       }, std::max<int64_t>(1, 65536 / V));
+      if (dropped_base && head.ddropped_hidden) {
+        base_backward(hd, logits, rows);  // (c ⊙ dz) W, then − dz W: ((c − 1) ⊙ dz) W through h'
+        for (int64_t i = 0; i < rows * C; ++i) hd[i] -= dh[i];
+        for (int64_t i = 0; i < rows; ++i) std::copy_n(hd + i * C, C, head.ddropped_hidden + chunk_rows[size_t(i)] * C);
+      }
     }
     if (dhidden) {
-      if (nf4)
-        nf4_linear_backward_input(dh, logits, head.nf4_codes, head.nf4_scales, rows, C, V, nf4_scratch, false);
-      else
-        gemm(false, false, rows, C, V, 1.0f, logits, head.weight, 0.0f, dh);  // (rows,V)@(V,C)
+      if (!dropped_base) base_backward(dh, logits, rows);
       for (int64_t i = 0; i < rows; ++i) std::copy_n(dh + i * C, C, dhidden + chunk_rows[size_t(i)] * C);
     }
     if (dweight) gemm(true, false, V, C, rows, 1.0f, logits, h, 1.0f, dweight);  // (V,rows)@(rows,C)

@@ -22,6 +22,7 @@ constexpr int32_t kIgnoreIndex = -100;
 // The output projection z (rows, V) of hidden rows h (rows, C):
 //   z = h Wᵀ + s · xa Bᵀ          (LoRA; rank 0: no low-rank term)
 //   z = c ⊙ (h Wᵀ + s · xa Bᵀ)    (DoRA, c per vocabulary row)
+//   z = h Wᵀ + c ⊙ (h' Wᵀ + s · xa Bᵀ) − h' Wᵀ   (DoRA with dropout, as PEFT: h' the dropped rows)
 // W f32 (weight), or NF4 (nf4_codes, nf4_scales) when weight is nullptr.
 struct OutputHead {
   const float* weight = nullptr;        // (V, C)
@@ -37,13 +38,16 @@ struct OutputHead {
   const float* dora_scale = nullptr;    // (V) c = m / ‖W + sBA‖
   const float* weight_norm = nullptr;   // (V) ‖W + sBA‖
   float* dmagnitude = nullptr;          // (V) or nullptr: += grad_scale · d(sum)/d(m)
+  const float* dropped_hidden = nullptr;  // (N, C) h' (DoRA with dropout), or nullptr: h' = h
+  float* ddropped_hidden = nullptr;       // (N, C) or nullptr: overwritten, d(sum)/d(h') through the base
+                                          // terms, ((c − 1) ⊙ dz) W (the low-rank path is dxa's); 0 on ignored rows
 };
 
 // Floats of scratch linear_cross_entropy needs for chunks of chunk_tokens tokens:
 // chunk_tokens * V (logits) + 2 * chunk_tokens * C (the gathered hidden rows and their gradient).
 size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C);
 // With an OutputHead (only its rank, nf4_codes and dora matter here): + 2 * chunk_tokens * rank (xa
-// and dxa rows), + chunk_tokens * V (DoRA: the unscaled z for dm), + an NF4 block of rows.
+// and dxa rows), + chunk_tokens * (V + C) (DoRA: the unscaled z, the dropped rows), + an NF4 block of rows.
 size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C, const OutputHead& head);
 
 // hidden (N, C)   weight (V, C)   labels (N), -100 ignored   softcap: 0 = off

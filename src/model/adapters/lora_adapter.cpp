@@ -283,14 +283,16 @@ double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid,
                                                float* scratch) {
   const int64_t r = options_.rank, C = in_;
   const bool dropping = options_.dropout > 0.0f && training_;
-  if (options_.use_dora && options_.dropout > 0.0f)
-    throw Error("model.use_dora, model.lora_dropout",
-                "DoRA on the output projection (apply_lora_to_output) with lora_dropout > 0 is not supported; set "
-                "lora_dropout=0.0 or apply_lora_to_output=False");
   check(options_.quantize_base || base_weight != nullptr, module_, "the fused loss needs the f32 base weight");
   // xa (N, r) = dropout(hidden) Aᵀ, once for all rows (ignored rows cost N·C·r, small beside the head).
   head_xa_.resize(size_t(N * r));
-  if (dropping) {
+  // DoRA with dropout: PEFT's base term (c − 1) ⊙ x' Wᵀ needs the dropped rows x' (N, C) themselves.
+  const bool dropped_base = options_.use_dora && dropping;
+  if (dropped_base) {
+    head_dropped_.resize(size_t(N * C));
+    apply_dropout(head_dropped_.data(), hidden, 0, N);
+    cpu::gemm(false, true, N, r, C, 1.0f, head_dropped_.data(), lora_a_.value.f32(), 0.0f, head_xa_.data());
+  } else if (dropping) {
     dropout_rows_.resize(size_t(std::max<int64_t>(kRowBlock * C, int64_t(dropout_rows_.size()))));
     for (int64_t n0 = 0; n0 < N; n0 += kRowBlock) {
       const int64_t m = std::min(kRowBlock, N - n0);
@@ -321,6 +323,13 @@ double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid,
     head.weight_norm = weight_norm_.data();
     if (backward && magnitude_.trainable && magnitude_.grad.defined()) head.dmagnitude = magnitude_.grad.f32();
   }
+  if (dropped_base) {
+    head.dropped_hidden = head_dropped_.data();
+    if (backward && dhidden) {
+      head_ddropped_.resize(size_t(N * C));
+      head.ddropped_hidden = head_ddropped_.data();
+    }
+  }
   const double loss = cpu::linear_cross_entropy(backward ? dhidden : nullptr, nullptr, n_valid, hidden, head, labels, N,
                                                 C, out_, softcap, grad_scale, chunk_tokens, scratch);
   if (!backward) return loss;
@@ -335,6 +344,17 @@ double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid,
   }
   const float keep_scale = 1.0f / (1.0f - options_.dropout);
   const uint64_t seed = dropout_seed();
+  if (dropped_base) {
+    // dx' = ((c − 1) ⊙ dz) W (from the kernel) + dxa A;  dhidden += mask ⊙ dx' / keep
+    if (dA) cpu::gemm(true, false, r, C, N, 1.0f, dxa, head_dropped_.data(), 1.0f, dA);
+    if (dhidden) {
+      float* dxd = head_ddropped_.data();
+      cpu::gemm(false, false, N, C, r, 1.0f, dxa, lora_a_.value.f32(), 1.0f, dxd);
+      for (int64_t i = 0; i < N * C; ++i)
+        if (!dropped(seed, uint64_t(i))) dhidden[i] += dxd[i] * keep_scale;
+    }
+    return loss;
+  }
   float* rows = dropout_rows_.data();  // (kRowBlock, C)
   for (int64_t n0 = 0; n0 < N; n0 += kRowBlock) {
     const int64_t m = std::min(kRowBlock, N - n0);
@@ -383,15 +403,11 @@ std::vector<std::shared_ptr<LoraAdapter>> attach_lora(Decoder& decoder, const Lo
                                                       const LoraOptions& options) {
   std::vector<std::string> wanted = lora_target_modules(targets);
   check(!wanted.empty(), "model.lora_attn_modules", "no module selected for LoRA");
-  if (targets.apply_to_output) {
-    // As torchtune: a tied head is the embedding table, with no output projection of its own.
+  // As torchtune: a tied head is the embedding table, with no output projection of its own.
+  if (targets.apply_to_output)
     check(!decoder.config().tie_word_embeddings, "model.apply_lora_to_output",
           "this model ties its output layer to the embeddings (tie_word_embeddings in config.json), so there is no "
           "separate output projection for LoRA; set apply_lora_to_output=False");
-    check(!(options.use_dora && options.dropout > 0.0f), "model.apply_lora_to_output",
-          "DoRA on the output projection with model.lora_dropout > 0 is not supported; set lora_dropout=0.0, or "
-          "apply_lora_to_output=False");
-  }
   std::vector<std::shared_ptr<LoraAdapter>> adapters;
   for (Linear* linear : decoder.linears()) {
     if (std::find(wanted.begin(), wanted.end(), suffix_of(linear->name)) == wanted.end()) continue;

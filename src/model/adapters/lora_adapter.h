@@ -12,9 +12,10 @@
 // On the output projection (lm_head, untied heads only) the decoder's loss never materialises the
 // logits: fused_output_cross_entropy() runs the chunked fused loss (kernels/cpu/cross_entropy.h)
 // with the low-rank term, the NF4 base (dequantised a block of vocabulary rows at a time) and the
-// DoRA column scale inside it.
-// It deliberately does not support DoRA with lora_dropout > 0 on the output projection (refused
-// with an Error naming both keys): PEFT's dropped base term would need a second (N, C) input there.
+// DoRA column scale inside it (DoRA with dropout there keeps the dropped rows and their gradient,
+// 2 · N · C floats, for PEFT's (c − 1) ⊙ x' Wᵀ term).
+// It deliberately does not implement adapters other than LoRA/DoRA/QLoRA (no bias training, no
+// rank patterns per module).
 #pragma once
 
 #include <cstdint>
@@ -104,6 +105,7 @@ class LoraAdapter : public LinearAdapter {
   std::vector<float> weight_norm_, dora_scale_;
   std::vector<float> dropout_rows_;  // forward-only block buffer for dropped inputs
   std::vector<float> head_xa_, head_dxa_;  // lm_head: (N, r) dropout(hidden) Aᵀ and its gradient
+  std::vector<float> head_dropped_, head_ddropped_;  // lm_head, DoRA with dropout: (N, C) x' and its gradient
   uint64_t dropout_key_ = 0;
   bool training_ = true;
 };

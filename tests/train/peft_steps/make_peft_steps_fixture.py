@@ -11,6 +11,7 @@ embeddings) and writes, beside this script:
   lora_dropout.safetensors, dora_dropout.safetensors    dropout 0.25, same targets
   lora_head_dropout.safetensors                         untied model, + lm_head, dropout 0.25
   dora_head.safetensors                                 untied model, + lm_head, DoRA, dropout 0
+  dora_head_dropout.safetensors                         untied model, + lm_head, DoRA, dropout 0.25
 CPU, float32, eager attention.
 
 Dropout: PEFT's lora_dropout modules are replaced by one that applies ktune's mask
@@ -184,7 +185,8 @@ if __name__ == "__main__":
             ("lora_dropout", MODEL_DIR, TARGETS, False, 0.25),
             ("dora_dropout", MODEL_DIR, TARGETS, True, 0.25),
             ("lora_head_dropout", UNTIED_DIR, head, False, 0.25),
-            ("dora_head", UNTIED_DIR, head, True, 0.0)):
+            ("dora_head", UNTIED_DIR, head, True, 0.0),
+            ("dora_head_dropout", UNTIED_DIR, head, True, 0.25)):
         path = os.path.join(HERE, name + ".safetensors")
         save_file(run(model_dir, targets, dora, dropout), path)
         print("wrote", path, os.path.getsize(path), "bytes")
