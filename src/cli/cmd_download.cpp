@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "hub/storage.h"
@@ -33,24 +34,17 @@ int cmd_download(const Args& args) {
   else if (const char* a = std::getenv("ACCESS_TOKEN"); a != nullptr && *a) options.hf_token = a;
   register_secret(options.hf_token);
   std::string source, output_dir;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (flag == "-h" || flag == "--help") return download_usage();
-    if (flag.rfind("--", 0) != 0) {
-      if (!source.empty()) throw Error("ktune download", "more than one source: '" + source + "' and '" + flag + "'");
-      source = flag;
+  FlagArgs a("ktune download", args);
+  while (a.next()) {
+    if (a.is("-h") || a.is("--help")) return download_usage();
+    if (a.positional()) {
+      if (!source.empty()) throw Error("ktune download", "more than one source: '" + source + "' and '" + a.arg() + "'");
+      source = a.arg();
       continue;
     }
-    size_t eq = flag.find('=');
-    if (eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else {
-      if (i + 1 >= args.size()) throw Error("ktune download " + flag, "needs a value");
-      value = args[++i];
-    }
+    const std::string flag = a.arg(), value = a.value();
     if (flag == "--output-dir") output_dir = value;
-    else if (!hub::apply_storage_flag(options, flag, value)) throw Error("ktune download", "unknown flag " + flag);
+    else if (!hub::apply_storage_flag(options, flag, value)) a.unknown("");
   }
   if (source.empty()) return download_usage();
   hub::StorageUri uri = hub::parse_storage_uri(source);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "hub/exporter.h"
@@ -62,23 +63,19 @@ int cmd_export(const Args& args) {
   std::string from, to, job;
   hub::ExportParts parts = hub::ExportParts::Available;
   int epoch = -1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (flag == "-h" || flag == "--help") return export_usage();
-    size_t eq = flag.find('=');
-    if (eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else {
-      if (i + 1 >= args.size()) throw Error("ktune export " + flag, "needs a value");
-      value = args[++i];
+  FlagArgs a("ktune export", args);
+  while (a.next()) {
+    if (a.is("-h") || a.is("--help")) return export_usage();
+    if (a.is("--epoch")) {
+      epoch = int(a.int_value(0, 1 << 20));
+      continue;
     }
+    const std::string flag = a.arg(), value = a.value();
     if (flag == "--from") from = value;
     else if (flag == "--job") job = value;
     else if (flag == "--to") to = value;
     else if (flag == "--parts") parts = hub::parse_export_parts(value);
-    else if (flag == "--epoch") epoch = std::atoi(value.c_str());
-    else if (!hub::apply_storage_flag(options, flag, value)) throw Error("ktune export", "unknown flag " + flag);
+    else if (!hub::apply_storage_flag(options, flag, value)) a.unknown("");
   }
   if (!job.empty() && !from.empty()) throw Error("ktune export", "give --from or --job, not both");
   if (!job.empty() && !to.empty()) return export_job(job, to, parts, epoch, options);

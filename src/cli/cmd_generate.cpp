@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "model/decoder.h"
 #include "text/chat_format.h"
@@ -29,17 +30,14 @@ int cmd_generate(const Args& args) {
   std::string model_dir, prompt, tokenizer_path;
   int max_new_tokens = 32;
   bool chat = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&](const char* flag) {
-      if (i + 1 >= args.size()) throw Error(flag, "needs a value");
-      return args[++i];
-    };
-    if (args[i] == "--model") model_dir = value("--model");
-    else if (args[i] == "--prompt") prompt = value("--prompt");
-    else if (args[i] == "--tokenizer") tokenizer_path = value("--tokenizer");
-    else if (args[i] == "--max-new-tokens") max_new_tokens = std::stoi(value("--max-new-tokens"));
-    else if (args[i] == "--chat") chat = true;
-    else throw Error("generate", "unknown argument '" + args[i] + "' (--model DIR --prompt TEXT [--max-new-tokens N] [--chat] [--tokenizer FILE])");
+  FlagArgs a("ktune generate", args);
+  while (a.next()) {
+    if (a.is("--model")) model_dir = a.value();
+    else if (a.is("--prompt")) prompt = a.value();
+    else if (a.is("--tokenizer")) tokenizer_path = a.value();
+    else if (a.is("--max-new-tokens")) max_new_tokens = int(a.int_value(0, 1 << 20));
+    else if (a.is("--chat")) a.expect_no_value(), chat = true;
+    else a.unknown("usage: ktune generate --model DIR --prompt TEXT [--max-new-tokens N] [--chat] [--tokenizer FILE]");
   }
   if (model_dir.empty()) throw Error("generate", "--model DIR is required");
   auto decoder = model::Decoder::from_pretrained(model_dir);

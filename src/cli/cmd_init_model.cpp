@@ -3,8 +3,10 @@
 // config.json — for the quickstart and for benchmarks, where no pretrained checkpoint is at hand.
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
@@ -17,16 +19,13 @@ int cmd_init_model(const Args& args) {
   std::string config_path, output_dir;
   uint64_t seed = 0;
   std::vector<std::string> copies;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&](const char* flag) {
-      if (i + 1 >= args.size()) throw Error(flag, "needs a value");
-      return args[++i];
-    };
-    if (args[i] == "--config") config_path = value("--config");
-    else if (args[i] == "--output-dir") output_dir = value("--output-dir");
-    else if (args[i] == "--seed") seed = std::stoull(value("--seed"));
-    else if (args[i] == "--copy") copies.push_back(value("--copy"));
-    else throw Error("init-model", "unknown argument '" + args[i] + "' (--config FILE --output-dir DIR [--seed N] [--copy FILE])");
+  FlagArgs a("ktune init-model", args);
+  while (a.next()) {
+    if (a.is("--config")) config_path = a.value();
+    else if (a.is("--output-dir")) output_dir = a.value();
+    else if (a.is("--seed")) seed = uint64_t(a.int_value(0, std::numeric_limits<long long>::max()));
+    else if (a.is("--copy")) copies.push_back(a.value());
+    else a.unknown("usage: ktune init-model --config FILE --output-dir DIR [--seed N] [--copy FILE]");
   }
   if (config_path.empty() || output_dir.empty()) throw Error("init-model", "--config and --output-dir are required");
   model::ModelConfig config = model::ModelConfig::from_file(config_path);

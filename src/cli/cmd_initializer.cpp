@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "hub/initializer.h"
@@ -30,22 +31,15 @@ int cmd_initializer(const Args& args) {
   if (args.empty() || args[0] == "-h" || args[0] == "--help") return initializer_usage();
   hub::InitializerKind kind = hub::parse_initializer_kind(args[0]);
   hub::InitializerConfig config = hub::initializer_config_from_env(kind);
-  for (size_t i = 1; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    size_t eq = flag.find('=');
-    if (eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else {
-      if (i + 1 >= args.size()) throw Error("ktune initializer " + flag, "needs a value");
-      value = args[++i];
-    }
+  FlagArgs a("ktune initializer", args, 1);
+  while (a.next()) {
+    const std::string flag = a.arg(), value = a.value();
     if (flag == "--storage-uri") config.storage_uri = value;
     else if (flag == "--output-dir") config.output_dir = value;
     else if (flag == "--ignore-patterns") config.ignore_patterns = hub::split_pattern_list(value);
     else if (flag == "--allow-patterns") config.allow_patterns = hub::split_pattern_list(value);
     else if (!hub::apply_storage_flag(config.storage, flag, value))
-      throw Error("ktune initializer", "unknown flag " + flag);
+      a.unknown("");
   }
   const std::string step = std::string(hub::initializer_kind_name(kind)) + "-initializer";
   hub::TransferReport report =

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "text/tokenize_lines.h"
 #include "text/tokenizer.h"
@@ -29,24 +30,20 @@ int cmd_tokenize(const Args& args) {
   TokenizerOptions options;
   TokenizeLinesOptions lines;
   std::vector<std::string> inputs;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* name) -> std::string {
-      if (i + 1 >= args.size()) throw Error("ktune tokenize", std::string(name) + " needs a value\n" + kUsage);
-      return args[++i];
-    };
-    if (a == "--tokenizer") options.path = value("--tokenizer");
-    else if (a == "--merges") options.merges_file = value("--merges");
-    else if (a == "--config") options.config_path = value("--config");
-    else if (a == "--add-bos") lines.add_bos = true;
-    else if (a == "--add-eos") lines.add_eos = true;
-    else if (a == "--decode") lines.decode = true;
-    else if (a == "--skip-special") lines.skip_special = true;
-    else if (a == "-h" || a == "--help") {
+  FlagArgs a("ktune tokenize", args);
+  while (a.next()) {
+    if (a.is("--tokenizer")) options.path = a.value();
+    else if (a.is("--merges")) options.merges_file = a.value();
+    else if (a.is("--config")) options.config_path = a.value();
+    else if (a.is("--add-bos")) a.expect_no_value(), lines.add_bos = true;
+    else if (a.is("--add-eos")) a.expect_no_value(), lines.add_eos = true;
+    else if (a.is("--decode")) a.expect_no_value(), lines.decode = true;
+    else if (a.is("--skip-special")) a.expect_no_value(), lines.skip_special = true;
+    else if (a.is("-h") || a.is("--help")) {
       std::fputs(kUsage, stdout);
       return 0;
-    } else if (!a.empty() && a[0] == '-' && a != "-") throw Error("ktune tokenize", "unknown option " + a + "\n" + kUsage);
-    else inputs.push_back(a);
+    } else if (a.positional()) inputs.push_back(a.arg());
+    else a.unknown(kUsage);
   }
   if (options.path.empty()) throw Error("ktune tokenize", std::string("--tokenizer is required\n") + kUsage);
   std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(options);

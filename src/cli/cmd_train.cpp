@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "sdk/kubernetes_backend.h"
 #include "sdk/trainer_client.h"
@@ -37,14 +38,6 @@ std::optional<std::string> env(const char* name) {
   return std::nullopt;
 }
 
-int parse_int(const std::string& flag, const std::string& value) {
-  char* end = nullptr;
-  long v = std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || v <= 0 || v > 1000000)
-    throw Error("ktune train " + flag, "expects a positive integer, got '" + value + "'");
-  return int(v);
-}
-
 bool is_s3(const std::string& uri) { return uri.rfind("s3://", 0) == 0; }
 
 }  // namespace
@@ -56,40 +49,41 @@ int cmd_train(const Args& args) {
   types::TorchTuneConfig config;
   std::optional<types::LoraConfig> lora;
   sdk::BackendConfig backend = sdk::BackendConfig::from_env();
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    if (flag == "-h" || flag == "--help") return train_usage(stdout);
-    if (flag == "--dry-run") { dry_run = true; continue; }
-    if (flag == "--wait") { wait = true; continue; }
-    if (flag == "--follow" || flag == "-f") { follow = true; continue; }
-    size_t eq = flag.find('=');
-    if (eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    } else {
-      if (i + 1 >= args.size()) throw Error("ktune train " + flag, "needs a value");
-      value = args[++i];
+  FlagArgs a("ktune train", args);
+  constexpr long long kMany = 1000000;
+  while (a.next()) {
+    if (a.is("-h") || a.is("--help")) return train_usage(stdout);
+    if (a.is("--dry-run")) { a.expect_no_value(); dry_run = true; continue; }
+    if (a.is("--wait")) { a.expect_no_value(); wait = true; continue; }
+    if (a.is("--follow") || a.is("-f")) { a.expect_no_value(); follow = true; continue; }
+    const std::string flag = a.arg();
+    if (flag == "--epochs" || flag == "--batch-size" || flag == "--num-nodes" || flag == "--lora-rank" ||
+        flag == "--lora-alpha") {
+      const int n = int(a.int_value(1, kMany));
+      if (flag == "--epochs") config.epochs = n;
+      else if (flag == "--batch-size") config.batch_size = n;
+      else if (flag == "--num-nodes") config.num_nodes = n;
+      else if (flag == "--lora-rank") {
+        if (!lora) lora.emplace();
+        lora->lora_rank = n;
+      } else {
+        if (!lora) lora.emplace();
+        lora->lora_alpha = n;
+      }
+      continue;
     }
+    const std::string value = a.value();
     if (backend.apply_flag(flag, value)) continue;
     if (flag == "--runtime") runtime_name = value;
     else if (flag == "--model") model_uri = value;
     else if (flag == "--dataset") dataset_uri = value;
     else if (flag == "--name") name = value;
-    else if (flag == "--epochs") config.epochs = parse_int(flag, value);
-    else if (flag == "--batch-size") config.batch_size = parse_int(flag, value);
-    else if (flag == "--num-nodes") config.num_nodes = parse_int(flag, value);
-    else if (flag == "--lora-rank") {
-      if (!lora) lora.emplace();
-      lora->lora_rank = parse_int(flag, value);
-    } else if (flag == "--lora-alpha") {
-      if (!lora) lora.emplace();
-      lora->lora_alpha = parse_int(flag, value);
-    } else if (flag == "--dtype") {
+    else if (flag == "--dtype") {
       config.dtype = types::data_type_from_string(value);
       if (!config.dtype) throw Error("ktune train --dtype", "expects bf16 or fp32, got '" + value + "'");
     } else if (flag == "--timeout") {
       timeout = std::atof(value.c_str());
-      if (!(timeout > 0)) throw Error("ktune train --timeout", "expects a positive number of seconds");
+      if (!(timeout > 0)) throw Error("ktune train --timeout", "expects a positive number of seconds, got '" + value + "'");
     } else {
       std::fprintf(stderr, "ktune train: unknown flag %s\n", flag.c_str());
       return train_usage(stderr);
