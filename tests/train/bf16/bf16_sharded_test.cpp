@@ -255,7 +255,11 @@ TEST_F(Bf16ShardedTest, LoraOnAFrozenBf16BaseShardsTheBaseAsBf16AndMatchesTheUns
     }
   for (int i = 0; i < kSteps; ++i)
     EXPECT_NEAR(two.losses[size_t(i)], ref2.losses[size_t(i)], 1e-5 * ref2.losses[size_t(i)]) << "step " << i;
-  EXPECT_LT(worst, 2e-5);
+  // Adam turns f32 reduction-order differences of near-zero gradients into parts of an lr step:
+  // allowed 1% of one step (lr = 1e-2; measured 2.9e-6 in Release, 2.6e-5 under ASan).
+  std::printf("LoRA on a bf16 base, W=2 vs one decoder: largest adapter difference %.3g, largest movement %.3g\n", worst,
+              moved);
+  EXPECT_LT(worst, 1e-2 * kAdam.lr);
   EXPECT_GT(moved, 1e-3);
 }
 
