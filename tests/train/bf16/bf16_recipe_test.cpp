@@ -18,73 +18,24 @@
 
 #include "core/dtype.h"
 #include "io/safetensors.h"
+#include "../recipes/tiny_recipe_run.h"
 
 namespace fs = std::filesystem;
 using namespace ktune;
+using recipe_testing::Outcome;
 
 namespace {
 
-struct Outcome {
-  int exit_code;
-  std::string output;
-};
-
-Outcome sh(const std::string& command) {
-  Outcome r{-1, ""};
-  std::FILE* p = popen((command + " 2>&1").c_str(), "r");
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, p)) > 0) r.output.append(buffer, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-const std::string kSource = KTUNE_SOURCE_DIR;
-const std::string kKtune = std::string(KTUNE_BINARY_DIR) + "/bin/ktune";
-
-class Bf16RecipeTest : public ::testing::Test {
+class Bf16RecipeTest : public recipe_testing::TinyModelRecipeTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ktune_bf16_recipe_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    Outcome r = sh(kKtune + " init-model --config " + kSource + "/examples/quickstart/config.json --output-dir " + model() +
-                   " --seed 3 --copy " + kSource + "/examples/quickstart/tokenizer.json --copy " + kSource +
-                   "/examples/quickstart/tokenizer_config.json");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string model() const { return (dir_ / "model").string(); }
-  std::string out(const std::string& name) const { return (dir_ / name).string(); }
-
   Outcome run(const std::string& launcher, const std::string& recipe, const std::string& extra, const std::string& output,
               const std::string& config = "full_single_device") {
-    return sh(kKtune + " run " + launcher + " " + recipe + " --config tiny/" + config + " output_dir=" + output +
-              " checkpointer.checkpoint_dir=" + model() + " tokenizer.path=" + model() + "/tokenizer.json" +
-              " dataset=torchtune.datasets.alpaca_dataset dataset.source=json dataset.data_files=" + kSource +
-              "/data/quickstart/jsonl/train.jsonl seed=7 " + extra);
+    return run_tiny(launcher, recipe, config, extra, output);
   }
-
-  fs::path dir_;
 };
 
 // Step → loss text as logged (compared as strings: bit-exact runs log identical digits).
-std::map<int, std::string> losses(const std::string& output_dir) {
-  std::map<int, std::string> result;
-  for (const auto& e : fs::directory_iterator(fs::path(output_dir) / "logs")) {
-    if (e.path().filename().string().rfind("log_", 0) != 0) continue;
-    std::ifstream in(e.path());
-    std::string line;
-    const std::regex pattern("Step (\\d+) \\| loss:([0-9.eE+-]+)");
-    std::smatch m;
-    while (std::getline(in, line))
-      if (std::regex_search(line, m, pattern)) result[std::stoi(m[1])] = m[2];
-  }
-  return result;
-}
+std::map<int, std::string> losses(const std::string& output_dir) { return recipe_testing::logged(output_dir); }
 
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

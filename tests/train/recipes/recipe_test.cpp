@@ -16,76 +16,26 @@
 
 #include "io/safetensors.h"
 #include "model/decoder.h"
+#include "tiny_recipe_run.h"
 
 namespace fs = std::filesystem;
 using namespace ktune;
+using recipe_testing::kKtune;
+using recipe_testing::kSource;
+using recipe_testing::losses;
+using recipe_testing::Outcome;
+using recipe_testing::sh;
 
 namespace {
 
-struct Outcome {
-  int exit_code;
-  std::string output;
-};
-
-Outcome sh(const std::string& command) {
-  Outcome r{-1, ""};
-  std::FILE* p = popen((command + " 2>&1").c_str(), "r");
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, p)) > 0) r.output.append(buffer, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-const std::string kSource = KTUNE_SOURCE_DIR;
-const std::string kKtune = std::string(KTUNE_BINARY_DIR) + "/bin/ktune";
-
-// A fresh tiny model (the quickstart's) in a temporary directory per test.
-class RecipeTest : public ::testing::Test {
+// The quickstart's tiny model per test, runs in fp32 unless a test says otherwise.
+class RecipeTest : public recipe_testing::TinyModelRecipeTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("ktune_recipe_" + std::to_string(getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    Outcome r = sh(kKtune + " init-model --config " + kSource + "/examples/quickstart/config.json --output-dir " + model() +
-               " --seed 3 --copy " + kSource + "/examples/quickstart/tokenizer.json --copy " + kSource +
-               "/examples/quickstart/tokenizer_config.json");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string model() const { return (dir_ / "model").string(); }
-  std::string out(const std::string& name = "out") const { return (dir_ / name).string(); }
-
-  // `ktune run RECIPE --config tiny/CONFIG` pointed at this test's model, data and output.
   Outcome run(const std::string& launcher, const std::string& recipe, const std::string& config, const std::string& extra,
-          const std::string& output) {
-    std::string cmd = kKtune + " run " + launcher + " " + recipe + " --config tiny/" + config + " output_dir=" + output +
-                      " checkpointer.checkpoint_dir=" + model() + " tokenizer.path=" + model() + "/tokenizer.json" +
-                      " dataset=torchtune.datasets.alpaca_dataset dataset.source=json dataset.data_files=" + kSource +
-                      "/data/quickstart/jsonl/train.jsonl dtype=fp32 seed=7 " + extra;
-    return sh(cmd);
+              const std::string& output) {
+    return run_tiny(launcher, recipe, config, "dtype=fp32 " + extra, output);
   }
-
-  fs::path dir_;
 };
-
-// Step → `metric` ("loss", "val_loss") from a run's log_<unix>.txt.
-std::map<int, double> losses(const std::string& output_dir, const std::string& metric = "loss") {
-  std::map<int, double> result;
-  for (const auto& e : fs::directory_iterator(fs::path(output_dir) / "logs")) {
-    if (e.path().filename().string().rfind("log_", 0) != 0) continue;
-    std::ifstream in(e.path());
-    std::string line;
-    const std::regex pattern("Step (\\d+) \\| " + metric + ":([0-9.eE+-]+)");
-    std::smatch m;
-    while (std::getline(in, line))
-      if (std::regex_search(line, m, pattern)) result[std::stoi(m[1])] = std::stod(m[2]);
-  }
-  return result;
-}
 
 }  // namespace
 
