@@ -13,13 +13,7 @@
 namespace ktune::sdk {
 namespace {
 
-using namespace kube_testing;  // NOLINT: the shared fixture and helpers
-namespace fs = std::filesystem;
-using hub::testing::CommandResult;
-using hub::testing::run_command;
-using hub::testing::TempDir;
-using hub::testing::write_file;
-using Json = nlohmann::json;
+using namespace kube_testing;  // NOLINT: the shared fixture and helpers (fs, Json, TempDir, write_file, run_command)
 
 // A bearer token over TLS, the server verified against the cluster CA given inline
 // (certificate-authority-data) or as a file next to the kubeconfig; localhost and 127.0.0.1 are

@@ -19,13 +19,7 @@
 namespace ktune::sdk {
 namespace {
 
-using namespace kube_testing;  // NOLINT: the shared fixture and helpers
-namespace fs = std::filesystem;
-using hub::testing::CommandResult;
-using hub::testing::run_command;
-using hub::testing::TempDir;
-using hub::testing::write_file;
-using Json = nlohmann::json;
+using namespace kube_testing;  // NOLINT: the shared fixture and helpers (fs, Json, TempDir, write_file, run_command)
 
 TEST(KubeConfig, ReadsTheCurrentContextWithItsClusterUserAndNamespace) {
   TempDir dir;
