@@ -21,21 +21,10 @@ namespace ktune::cli {
 
 namespace {
 
-dist::LaunchPlan launch_plan(const train::LauncherArgs& a) {
-  dist::LauncherArgs args;
-  args.nnodes = std::to_string(a.nnodes_min);
-  args.nproc_per_node = a.nproc_per_node;
-  args.node_rank = std::to_string(a.node_rank);
-  if (!a.rdzv_endpoint.empty()) args.rdzv_endpoint = a.rdzv_endpoint;
-  args.master_addr = a.master_addr;
-  args.master_port = std::to_string(a.master_port);
-  args.standalone = a.standalone;
-  return dist::resolve_launch_plan(args);
-}
-
-std::vector<std::string> worker_argv(const train::RunCommandLine& run) {
-  std::vector<std::string> argv = {"/proc/self/exe", "run", run.recipe, "--config", run.config};
-  argv.insert(argv.end(), run.overrides.begin(), run.overrides.end());
+// Each worker runs the same command line; RANK in its env makes it a worker.
+std::vector<std::string> worker_argv(const Args& args) {
+  std::vector<std::string> argv = {"/proc/self/exe", "run"};
+  argv.insert(argv.end(), args.begin(), args.end());
   return argv;
 }
 
@@ -50,12 +39,12 @@ int cmd_run(const Args& args) {
   // Check the config before starting any process, so that every error comes out once.
   train::RecipeConfig config = train::prepare_recipe_config(run.recipe, run.config, run.overrides);
 
-  if (run.distributed_launch() && !worker) {
-    dist::LaunchPlan plan = launch_plan(run.launcher);
+  if (run.launch.launches_workers() && !worker) {
+    const dist::LaunchPlan& plan = run.launch;
     if (!recipe->distributed && plan.world_size() > 1)
       throw Error("recipe " + recipe->name, "is single-device; it cannot run on " + std::to_string(plan.world_size()) +
                                                 " processes (use the _distributed recipe)");
-    return dist::run_launcher(plan, worker_argv(run));
+    return dist::run_launcher(plan, worker_argv(args));
   }
 
   if (!worker || worker->world_size == 1) {

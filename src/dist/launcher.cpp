@@ -1,7 +1,6 @@
 #include "dist/launcher.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
@@ -26,22 +25,12 @@
 
 namespace ktune::dist {
 
-// ---- resolving the plan ---------------------------------------------------------------------
+// ---- the worker's place ----------------------------------------------------------------------
 
 static std::optional<std::string> env(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == 0) return std::nullopt;
   return std::string(v);
-}
-
-// The first of: the argument, then each env variable; with the name of where it came from.
-static std::optional<std::pair<std::string, std::string>> pick(const std::optional<std::string>& arg,
-                                                               const char* arg_name,
-                                                               std::initializer_list<const char*> env_names) {
-  if (arg) return std::make_pair(*arg, std::string(arg_name));
-  for (const char* name : env_names)
-    if (auto v = env(name)) return std::make_pair(*v, std::string("env ") + name);
-  return std::nullopt;
 }
 
 static int parse_count(const std::pair<std::string, std::string>& value, int minimum) {
@@ -50,66 +39,6 @@ static int parse_count(const std::pair<std::string, std::string>& value, int min
   if (value.first.empty() || *end != 0 || n < minimum || n > 1000000)
     throw Error(value.second, "expected an integer ≥ " + std::to_string(minimum) + ", got '" + value.first + "'");
   return int(n);
-}
-
-static int count_gpus() {
-  int count = 0;
-  if (DIR* dir = opendir("/proc/driver/nvidia/gpus")) {
-    while (dirent* e = readdir(dir))
-      if (e->d_name[0] != '.') ++count;
-    closedir(dir);
-  }
-  return count;
-}
-
-int auto_nproc_per_node() {
-  int gpus = count_gpus();
-  if (gpus > 0) return gpus;
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  return cpus > 0 ? int(cpus) : 1;
-}
-
-static int free_port() {
-  TcpStoreServer probe(0);
-  return probe.port();
-}
-
-LaunchPlan resolve_launch_plan(const LauncherArgs& args) {
-  LaunchPlan plan;
-  if (auto v = pick(args.nnodes, "--nnodes", {"PET_NNODES", "NNODES"})) {
-    if (v->first.find(':') != std::string::npos)
-      throw Error(v->second, "elastic node ranges ('" + v->first + "') are not supported; give a fixed count");
-    plan.nnodes = parse_count(*v, 1);
-  }
-  if (auto v = pick(args.nproc_per_node, "--nproc_per_node", {"PET_NPROC_PER_NODE", "NPROC_PER_NODE"})) {
-    if (v->first == "auto" || v->first == "cpu") {
-      plan.nproc_per_node = v->first == "cpu" ? int(sysconf(_SC_NPROCESSORS_ONLN)) : auto_nproc_per_node();
-    } else if (v->first == "gpu") {
-      plan.nproc_per_node = count_gpus();
-      if (plan.nproc_per_node == 0) throw Error(v->second, "'gpu' asked for, but this node has no GPU");
-    } else {
-      plan.nproc_per_node = parse_count(*v, 1);
-    }
-  }
-  if (auto v = pick(args.node_rank, "--node_rank", {"PET_NODE_RANK", "NODE_RANK", "GROUP_RANK"}))
-    plan.node_rank = parse_count(*v, 0);
-  if (plan.node_rank >= plan.nnodes)
-    throw Error("--node_rank", std::to_string(plan.node_rank) + " is not below --nnodes " + std::to_string(plan.nnodes));
-  if (auto v = pick(args.master_addr, "--master_addr", {"PET_MASTER_ADDR", "MASTER_ADDR"})) plan.master_addr = v->first;
-  if (auto v = pick(args.master_port, "--master_port", {"PET_MASTER_PORT", "MASTER_PORT"}))
-    plan.master_port = parse_count(*v, 1);
-  if (auto v = pick(args.rdzv_endpoint, "--rdzv_endpoint", {"PET_RDZV_ENDPOINT"})) {
-    auto [host, port] = parse_endpoint(v->first, 29500);
-    plan.master_addr = host;
-    plan.master_port = port;
-  }
-  if (args.standalone) {
-    if (plan.nnodes != 1) throw Error("--standalone", "means one node, but --nnodes is " + std::to_string(plan.nnodes));
-    plan.master_addr = "127.0.0.1";
-    plan.master_port = free_port();
-  }
-  if (auto v = env("KTUNE_RDZV_TIMEOUT")) plan.rdzv_timeout = std::chrono::seconds(parse_count({*v, "env KTUNE_RDZV_TIMEOUT"}, 1));
-  return plan;
 }
 
 std::optional<WorkerEnv> read_worker_env() {
@@ -215,7 +144,7 @@ static pid_t spawn_worker(const LaunchPlan& plan, int local_rank, const std::vec
     setenv("GROUP_RANK", std::to_string(plan.node_rank).c_str(), 1);
     setenv("MASTER_ADDR", plan.master_addr.c_str(), 1);
     setenv("MASTER_PORT", std::to_string(plan.master_port).c_str(), 1);
-    setenv("TORCHELASTIC_RUN_ID", "ktune", 0);
+    setenv("TORCHELASTIC_RUN_ID", plan.rdzv_id.c_str(), 1);
     setenv("TORCHELASTIC_ERROR_FILE", w.error_file.c_str(), 1);
     // Share this node's cores among its workers, unless the user chose.
     if (std::getenv("KTUNE_NUM_THREADS") == nullptr) {
@@ -258,11 +187,16 @@ static void signal_all(std::vector<Worker>& workers, int sig) {
     if (!w.exited) kill(w.pid, sig);
 }
 
-int run_launcher(const LaunchPlan& plan, const std::vector<std::string>& worker_argv) {
+int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& worker_argv) {
   check(!worker_argv.empty(), "launcher", "no worker command");
-  // Node 0 serves the store; every node's launcher is a client of it.
+  check(requested.node_rank == 0 || requested.master_port != 0, "launcher", "only node 0 can take a free port");
+  // Node 0 serves the store; every node's launcher is a client of it. Port 0: the one it got.
+  LaunchPlan plan = requested;
   std::unique_ptr<TcpStoreServer> server;
-  if (plan.node_rank == 0) server = std::make_unique<TcpStoreServer>(plan.master_port);
+  if (plan.node_rank == 0) {
+    server = std::make_unique<TcpStoreServer>(plan.master_port);
+    plan.master_port = server->port();
+  }
   std::string store_host = plan.node_rank == 0 ? "127.0.0.1" : plan.master_addr;
   TcpStore store(store_host, plan.master_port, plan.rdzv_timeout);
 

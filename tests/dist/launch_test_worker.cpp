@@ -1,5 +1,5 @@
 // A stand-in for `ktune run` in the launcher tests: as a launcher, it takes
-//   launch_test_worker NNODES NPROC NODE_RANK ENDPOINT MODE
+//   launch_test_worker NNODES NPROC NODE_RANK ENDPOINT|standalone MODE
 // and launches itself as the workers; as a worker (RANK set), it joins a Gloo group, allreduces
 // rank+1 and prints the sum. MODE "ok" succeeds; "fail1" makes rank 1 exit 3 after joining, so the
 // others are blocked in a collective that can never finish — the launcher must stop them.
@@ -43,14 +43,16 @@ int main(int argc, char** argv) {
   try {
     if (auto env = read_worker_env()) return worker(*env, argc > 1 ? argv[1] : "ok");
     if (argc != 6) {
-      std::fprintf(stderr, "usage: %s NNODES NPROC NODE_RANK ENDPOINT MODE\n", argv[0]);
+      std::fprintf(stderr, "usage: %s NNODES NPROC NODE_RANK ENDPOINT|standalone MODE\n", argv[0]);
       return 2;
     }
-    LauncherArgs args;
-    args.nnodes = argv[1];
-    args.nproc_per_node = argv[2];
-    args.node_rank = argv[3];
-    args.rdzv_endpoint = argv[4];
+    LauncherArgs args = {{"nnodes", {argv[1], "--nnodes"}},
+                         {"nproc_per_node", {argv[2], "--nproc_per_node"}},
+                         {"node_rank", {argv[3], "--node_rank"}}};
+    if (std::string(argv[4]) == "standalone")
+      args["standalone"] = {"1", "--standalone"};
+    else
+      args["rdzv_endpoint"] = {argv[4], "--rdzv_endpoint"};
     LaunchPlan plan = resolve_launch_plan(args);
     return run_launcher(plan, {"/proc/self/exe", argv[5]});
   } catch (const std::exception& e) {

@@ -44,6 +44,14 @@ TEST(Launcher, RunsTheNodesWorkersWithTorchrunEnvAndRankPrefixes) {
   EXPECT_NE(r.output.find("[rank1]: rank 1 of 2 sum 3"), std::string::npos) << r.output;
 }
 
+TEST(Launcher, StandaloneTakesAFreePortAndTellsTheWorkers) {
+  // The plan says port 0; node 0's store binds a free one and the workers must meet there.
+  Result r = run("1 2 0 standalone ok");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank0]: rank 0 of 2 sum 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank1]: rank 1 of 2 sum 3"), std::string::npos) << r.output;
+}
+
 TEST(Launcher, AFailingWorkerStopsTheOthersAndNamesTheRank) {
   std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   Result r = run("1 3 0 " + endpoint + " fail1");
@@ -86,47 +94,4 @@ TEST(Launcher, AFailureOnOneNodeEndsTheJobOnEveryNode) {
   EXPECT_NE(r1.exit_code, 0) << r1.output;
   EXPECT_NE(node0.output.find("job failed: rank 1 (node1"), std::string::npos) << node0.output;
   EXPECT_NE(r1.output.find("exited with code 3"), std::string::npos) << r1.output;
-}
-
-TEST(LaunchPlan, ReadsKubeflowsPetEnvAndTheRdzvEndpoint) {
-  setenv("PET_NNODES", "2", 1);
-  setenv("PET_NPROC_PER_NODE", "3", 1);
-  setenv("PET_NODE_RANK", "1", 1);
-  LauncherArgs args;
-  args.rdzv_endpoint = "job-node-0-0.job:29500";
-  LaunchPlan plan = resolve_launch_plan(args);
-  unsetenv("PET_NNODES");
-  unsetenv("PET_NPROC_PER_NODE");
-  unsetenv("PET_NODE_RANK");
-  EXPECT_EQ(plan.nnodes, 2);
-  EXPECT_EQ(plan.nproc_per_node, 3);
-  EXPECT_EQ(plan.node_rank, 1);
-  EXPECT_EQ(plan.world_size(), 6);
-  EXPECT_EQ(plan.master_addr, "job-node-0-0.job");
-  EXPECT_EQ(plan.master_port, 29500);
-}
-
-TEST(LaunchPlan, ArgumentsWinOverEnvAndBadValuesNameTheirSource) {
-  setenv("PET_NNODES", "4", 1);
-  LauncherArgs args;
-  args.nnodes = "1";
-  EXPECT_EQ(resolve_launch_plan(args).nnodes, 1);
-  unsetenv("PET_NNODES");
-  args.nproc_per_node = "two";
-  try {
-    resolve_launch_plan(args);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--nproc_per_node"), std::string::npos);
-  }
-  LauncherArgs ranked;
-  ranked.node_rank = "1";
-  EXPECT_THROW(resolve_launch_plan(ranked), Error);  // node rank 1 of 1 node
-}
-
-TEST(LaunchPlan, AutoMeansGpusElseCpus) {
-  LauncherArgs args;
-  args.nproc_per_node = "auto";
-  EXPECT_EQ(resolve_launch_plan(args).nproc_per_node, auto_nproc_per_node());
-  EXPECT_GE(auto_nproc_per_node(), 1);
 }
