@@ -192,6 +192,14 @@ EnvLookup process_environment() {
   };
 }
 
+EnvLookup environment_of(std::map<std::string, std::string> variables) {
+  return [variables = std::move(variables)](const std::string& name) -> std::optional<std::string> {
+    auto it = variables.find(name);
+    if (it == variables.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
 const std::vector<LauncherOption>& launcher_options() {
   static const std::vector<LauncherOption> options = {
       {"nnodes", "PET_NNODES", false},

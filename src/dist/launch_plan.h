@@ -34,9 +34,10 @@
 
 namespace ktune::dist {
 
-// A lookup of environment variables (tests pass a map; the CLI passes getenv).
+// A lookup of environment variables: this process's (getenv), or a fixed set (tests).
 using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
 EnvLookup process_environment();
+EnvLookup environment_of(std::map<std::string, std::string> variables);
 
 // One of torchrun's launcher options.
 struct LauncherOption {

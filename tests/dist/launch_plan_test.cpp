@@ -14,14 +14,6 @@ using namespace ktune::dist;
 
 namespace {
 
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
 // Flags as `ktune run` gives them: canonical name → value, the argument text "--name=value".
 LauncherArgs flags(std::map<std::string, std::string> values) {
   LauncherArgs args;
@@ -30,7 +22,7 @@ LauncherArgs flags(std::map<std::string, std::string> values) {
 }
 
 LaunchPlan plan_of(std::map<std::string, std::string> flag_values, std::map<std::string, std::string> env = {}) {
-  return resolve_launch_plan(flags(std::move(flag_values)), env_of(std::move(env)));
+  return resolve_launch_plan(flags(std::move(flag_values)), environment_of(std::move(env)));
 }
 
 std::string errors_of(std::map<std::string, std::string> flag_values, std::map<std::string, std::string> env = {}) {

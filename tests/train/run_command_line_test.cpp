@@ -7,20 +7,12 @@
 #include "core/error.h"
 #include "train/run_command_line.h"
 
-using ktune::train::EnvLookup;
 using ktune::train::parse_run_command_line;
 using ktune::train::RunCommandLine;
 
 namespace {
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
 RunCommandLine parse(const std::vector<std::string>& args, std::map<std::string, std::string> env = {}) {
-  return parse_run_command_line(args, env_of(std::move(env)));
+  return parse_run_command_line(args, ktune::dist::environment_of(std::move(env)));
 }
 std::string errors_of(const std::vector<std::string>& args, std::map<std::string, std::string> env = {}) {
   try {
@@ -139,7 +131,7 @@ TEST(RunCommandLine, ThePlanIsTheLaunchersForEveryFlagAndEnvCombination) {
     std::vector<std::string> argv = c.flags;
     argv.insert(argv.end(), {"full_finetune_distributed", "--config", "c.yaml"});
     LaunchPlan from_run = parse(argv, c.env).launch;
-    LaunchPlan direct = ktune::dist::resolve_launch_plan(c.args, env_of(c.env));
+    LaunchPlan direct = ktune::dist::resolve_launch_plan(c.args, ktune::dist::environment_of(c.env));
     std::string label = ::testing::PrintToString(c.flags) + " " + ::testing::PrintToString(c.env);
     EXPECT_EQ(from_run.nnodes, direct.nnodes) << label;
     EXPECT_EQ(from_run.nproc_per_node, direct.nproc_per_node) << label;
