@@ -233,6 +233,15 @@ bool DataLoader::next(Batch* batch) {
   return true;
 }
 
+void shift_labels(Batch& batch) {
+  if (batch.seq_len == 0) return;
+  for (int64_t b = 0; b < batch.batch_size; ++b) {
+    int32_t* row = batch.labels.data() + b * batch.seq_len;
+    for (int64_t t = 0; t + 1 < batch.seq_len; ++t) row[t] = row[t + 1];
+    row[batch.seq_len - 1] = kIgnoreIndex;
+  }
+}
+
 LoaderState DataLoader::state() const {
   LoaderState s;
   s.epoch = epoch_;

@@ -13,7 +13,7 @@
 // A Batch holds (B, T) int32 arrays, row-major:
 //   tokens     ids; padding = pad_id
 //   labels     the token where trained, -100 elsewhere and on padding. Unshifted, as torchtune's
-//              datasets give them: the recipe shifts by one (label[t] ← label[t+1], last -100).
+//              datasets give them: the recipe shifts them by one with shift_labels() below.
 //   positions  packed: restart at 0 for each sample (a sample split across packs continues its
 //              count), padding continues from the last position, capped at T-1 (torchtune);
 //              unpacked: 0..T-1
@@ -109,6 +109,10 @@ class DataLoader {
   std::vector<int64_t> order_;     // sample order of the epoch
   std::vector<Cursor> items_;      // packed: pack k starts at items_[k], ends where k+1 starts
 };
+
+// The shift torchtune's recipes make before the loss, row by row: label[t] <- label[t+1], each
+// row's last -100, so that position t is trained to predict token t+1 of its own row.
+void shift_labels(Batch& batch);
 
 // The epoch's sample order: a permutation of [0, n) from (seed, epoch), identical on every
 // platform (splitmix64 + Fisher-Yates with unbiased bounded draws).

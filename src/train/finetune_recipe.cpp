@@ -1,6 +1,7 @@
 // One fine-tuning loop for the four recipes (see finetune_recipe.h). Read setup() then train().
 #include "train/finetune_recipe.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "core/parallel.h"
 #include "data/data_loader.h"
 #include "data/dataset_builders.h"
+#include "data/padding_free.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
 #include "text/chat_format.h"
@@ -59,13 +61,31 @@ DatasetOptions dataset_options(const DatasetConfig& d) {
   return o;
 }
 
-// torchtune's recipes shift labels left by one: position t predicts token t+1.
-void shift_labels(Batch& batch) {
-  for (int64_t b = 0; b < batch.batch_size; ++b) {
-    int32_t* row = batch.labels.data() + b * batch.seq_len;
-    for (int64_t t = 0; t + 1 < batch.seq_len; ++t) row[t] = row[t + 1];
-    row[batch.seq_len - 1] = kIgnoreIndex;
-  }
+// How unpacked batches reach the model (data/padding_free.h; the loss and gradients are the same):
+// re-laid as rows of at most their T real tokens (the default: never more work than padded), as
+// one row of all their tokens (no padding at all, but today's CPU attention backward costs (ΣL)²
+// on it; padding_free.h), or padded as collated. env KTUNE_PADDING_FREE = 1 (default), one_row, 0.
+enum class PaddingFree { kRowsOfT, kOneRow, kOff };
+
+PaddingFree padding_free_mode() {
+  const char* v = std::getenv("KTUNE_PADDING_FREE");
+  const std::string mode = v ? v : "";
+  if (mode.empty() || mode == "1") return PaddingFree::kRowsOfT;
+  if (mode == "one_row") return PaddingFree::kOneRow;
+  if (mode == "0") return PaddingFree::kOff;
+  throw Error("env KTUNE_PADDING_FREE", "is '" + mode + "'; expected 1 (the default: rows of at most the padded "
+                                        "length), one_row or 0 (keep the padding)");
+}
+
+// Readies a loader batch for the model, in place: labels shifted per row (torchtune's shift,
+// before anything joins rows), then an unpacked batch re-laid without its padding as `mode` says.
+// Packed and re-laid batches keep their samples apart by doc ids.
+model::Batch model_batch(Batch& batch, bool packed, PaddingFree mode) {
+  shift_labels(batch);
+  const bool relay = !packed && mode != PaddingFree::kOff;
+  if (relay) batch = remove_padding(batch, mode == PaddingFree::kOneRow ? batch.batch_size * batch.seq_len : batch.seq_len);
+  return {batch.tokens.data(), batch.labels.data(), batch.positions.data(),
+          packed || relay ? batch.doc_ids.data() : nullptr, batch.batch_size, batch.seq_len};
 }
 
 // The distributed recipes shard (FSDP) unless KTUNE_DATA_PARALLEL=replicate asks for the DDP
@@ -108,6 +128,8 @@ class FinetuneRecipe {
   void resume();
   void save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch);
   void all_reduce_gradients();
+  // The positions the training steps computed against those of the padded batches, all ranks.
+  void log_padding_skipped();
 
   const RecipeConfig& cfg_;
   const RecipeSpec& recipe_;
@@ -121,6 +143,10 @@ class FinetuneRecipe {
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<DataLoader> val_loader_;  // dataset_val, when given
   bool val_packed_ = false;
+  PaddingFree padding_free_ = PaddingFree::kRowsOfT;
+  // Unpacked: the positions of this run's training batches as padded, their samples' tokens, and the
+  // positions the model computed (this rank).
+  int64_t positions_padded_ = 0, positions_real_ = 0, positions_computed_ = 0;
   std::unique_ptr<HfCheckpointer> checkpointer_;
   std::unique_ptr<model::Decoder> model_;
   std::vector<std::shared_ptr<model::LoraAdapter>> adapters_;
@@ -142,6 +168,7 @@ class FinetuneRecipe {
 
 void FinetuneRecipe::setup() {
   seed_ = cfg_.seed ? *cfg_.seed : std::random_device{}();
+  padding_free_ = padding_free_mode();
   if (cfg_.device != "cpu" && rank0_)
     log_info("device=" + cfg_.device + " asked for; this build runs on the CPU (the CUDA backend is separate)");
   checkpointer_ = std::make_unique<HfCheckpointer>(cfg_.checkpointer.checkpoint_dir, cfg_.checkpointer.checkpoint_files,
@@ -237,9 +264,7 @@ void FinetuneRecipe::validate(int64_t epoch) {
   double sums[2] = {0.0, 0.0};  // loss sum, label tokens (this rank, then the world)
   Batch batch;
   while (val_loader_->next(&batch)) {
-    shift_labels(batch);
-    model::Batch mb{batch.tokens.data(), batch.labels.data(), batch.positions.data(),
-                    val_packed_ ? batch.doc_ids.data() : nullptr, batch.batch_size, batch.seq_len};
+    const model::Batch mb = model_batch(batch, val_packed_, padding_free_);
     model::LossResult r = sharded_ ? sharded_->forward_loss(mb) : model_->forward_loss(mb);
     sums[0] += r.loss_sum;
     sums[1] += double(r.n_valid);
@@ -426,6 +451,25 @@ void FinetuneRecipe::all_reduce_gradients() {
   }
 }
 
+void FinetuneRecipe::log_padding_skipped() {
+  if (loader_->options().packed) return;  // a pack's padding tail is kept (T = max_seq_len)
+  double counts[3] = {double(positions_padded_), double(positions_real_), double(positions_computed_)};
+  group_.allreduce_sum(counts, 3);
+  if (!rank0_) return;
+  const double padded = counts[0], real = counts[1], computed = counts[2];
+  auto percent = [&](double n) { return padded > 0 ? 100.0 * n / padded : 0.0; };
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "%s: the training steps computed %.0f positions for %.0f sample tokens; padded, the batches "
+                "hold %.0f (%.1f%% padding): %.0f positions (%.1f%%) skipped",
+                padding_free_ == PaddingFree::kRowsOfT  ? "padding-free (rows of at most T)"
+                : padding_free_ == PaddingFree::kOneRow ? "padding-free (one row)"
+                                                        : "KTUNE_PADDING_FREE=0",
+                computed, real, padded,
+                percent(padded - real), padded - computed, percent(padded - computed));
+  log_info(line);
+}
+
 void FinetuneRecipe::train() {
   const bool terminal = rank0_ && ProgressBar::is_terminal(stdout);
   ProgressBar bar(stdout, terminal, steps_per_epoch_);
@@ -450,10 +494,11 @@ void FinetuneRecipe::train() {
       for (int micro = 0; micro < cfg_.gradient_accumulation_steps; ++micro) {
         Batch batch;
         if (!loader_->next(&batch)) throw Error("data loader", "ran out of batches inside an epoch");
-        shift_labels(batch);
         for (auto& a : adapters_) a->set_dropout_key(uint64_t(global_step_) * 1000003u + uint64_t(micro));
-        model::Batch mb{batch.tokens.data(), batch.labels.data(), batch.positions.data(),
-                        cfg_.datasets.front().packed ? batch.doc_ids.data() : nullptr, batch.batch_size, batch.seq_len};
+        positions_padded_ += batch.batch_size * batch.seq_len;
+        positions_real_ += std::count(batch.doc_ids.begin(), batch.doc_ids.end(), 0);  // unpacked: doc id 0 = sample
+        const model::Batch mb = model_batch(batch, loader_->options().packed, padding_free_);
+        positions_computed_ += mb.B * mb.T;
         model::LossResult r = sharded_ ? sharded_->forward_backward(mb, 1.0f) : model_->forward_backward(mb, 1.0f);
         sums[0] += r.loss_sum;
         sums[1] += double(r.n_valid);
@@ -500,6 +545,7 @@ void FinetuneRecipe::train() {
     if (val_loader_ && !cfg_.run_val_every_n_steps) validate(epoch);
     save("epoch_" + std::to_string(epoch), epoch + 1, 0);
   }
+  log_padding_skipped();
   // Every rank reports its own peak (ranks differ: rank 0 also gathers checkpoints).
   if (rank0_ || group_.size() > 1) {
     char timing[160];
