@@ -3,6 +3,7 @@
 // Tiny products (below kTinyFlops) skip oneDNN: its per-call overhead would dominate them.
 #include "kernels/cpu/gemm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -45,10 +46,21 @@ struct GemmKeyHash {
   }
 };
 
+// A cached product: the primitive (shared by every thread that multiplies this shape) and the size
+// of the scratchpad it needs. Primitives are created with a user-managed scratchpad, which the
+// calling thread supplies: with the library's (the default), every primitive of a oneDNN built
+// without DNNL_ENABLE_CONCURRENT_EXEC shares one scratchpad and may only run on the thread that
+// created it, and two threads running cached products at once (in-process ranks, callers inside a
+// parallel region) corrupted each other's results on AVX-512 machines.
+struct CachedMatmul {
+  std::shared_ptr<dnnl::matmul> primitive;  // null for a bf16 shape oneDNN cannot do here
+  memory::desc scratchpad;
+};
+
 struct Cache {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex mutex;
-  std::unordered_map<GemmKey, std::shared_ptr<dnnl::matmul>, GemmKeyHash> primitives;
+  std::unordered_map<GemmKey, CachedMatmul, GemmKeyHash> primitives;
 };
 
 Cache& cache() {
@@ -58,7 +70,7 @@ Cache& cache() {
 
 // The product's primitive, created on first use. A cache that grows past kMaxPrimitives (callers
 // with ever-changing alphas) is cleared rather than left to grow.
-std::shared_ptr<dnnl::matmul> primitive_for(const GemmKey& key) {
+CachedMatmul primitive_for(const GemmKey& key) {
   constexpr size_t kMaxPrimitives = 4096;
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
@@ -71,6 +83,7 @@ std::shared_ptr<dnnl::matmul> primitive_for(const GemmKey& key) {
   memory::desc b_md({key.K, key.N}, in_type, key.trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
   memory::desc c_md({key.M, key.N}, memory::data_type::f32, memory::dims{key.ldc, 1});
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
   if (key.beta != 0.0f) {
     dnnl::post_ops ops;
@@ -83,14 +96,14 @@ std::shared_ptr<dnnl::matmul> primitive_for(const GemmKey& key) {
     pd = dnnl::matmul::primitive_desc(desc, attr, c.engine);
   } catch (const dnnl::error& e) {
     if (key.bf16) {  // no bf16 kernels on this CPU (AVX2-only): the caller widens to f32
-      c.primitives.emplace(key, nullptr);
-      return nullptr;
+      c.primitives.emplace(key, CachedMatmul{});
+      return CachedMatmul{};
     }
     throw Error("gemm", std::string("oneDNN has no matmul for this shape/type: ") + e.what());
   }
-  auto prim = std::make_shared<dnnl::matmul>(pd);
-  c.primitives.emplace(key, prim);
-  return prim;
+  CachedMatmul made{std::make_shared<dnnl::matmul>(pd), pd.scratchpad_desc()};
+  c.primitives.emplace(key, made);
+  return made;
 }
 
 // Without bf16 kernels in oneDNN (CPUs without AVX-512), bf16 operands are widened to f32 in
@@ -157,8 +170,8 @@ void gemm_dispatch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
     return;
   }
   GemmKey key{trans_a, trans_b, std::is_same_v<In, bf16_t>, M, N, K, lda, ldb, ldc, alpha, beta};
-  auto prim = primitive_for(key);
-  if (!prim) {
+  const CachedMatmul cached = primitive_for(key);
+  if (!cached.primitive) {
     if constexpr (std::is_same_v<In, bf16_t>) {
       thread_local std::vector<float> a32, b32;
       widen(a32, A, trans_a ? K : M, trans_a ? M : K, lda);
@@ -188,7 +201,11 @@ void gemm_dispatch(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, 
       if (saved > 1) omp_set_num_threads(saved);
     }
   } scope(2.0 * double(M) * double(N) * double(K) < kSingleThreadFlops);
-  prim->execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  thread_local std::vector<uint8_t> scratch;  // this thread's scratchpad, grown to the largest asked for
+  scratch.resize(std::max(scratch.size(), cached.scratchpad.get_size()));
+  memory scratch_mem(cached.scratchpad, c.engine, scratch.data());
+  cached.primitive->execute(
+      stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}, {DNNL_ARG_SCRATCHPAD, scratch_mem}});
   stream.wait();
 }
 
@@ -228,7 +245,7 @@ void gemm_bf16_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64
 bool gemm_bf16_native() {
   static const bool native = [] {
     GemmKey key{false, false, true, 32, 32, 32, 32, 32, 32, 1.0f, 0.0f};
-    return primitive_for(key) != nullptr;
+    return primitive_for(key).primitive != nullptr;
   }();
   return native;
 }
