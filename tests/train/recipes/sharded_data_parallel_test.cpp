@@ -6,24 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <functional>
 #include <map>
 #include <random>
-#include <thread>
 
+#include "../sharded_test_fixture.h"
 #include "core/parallel.h"
-#include "dist/process_group.h"
-#include "dist/tcp_store.h"
-#include "model/adapters/lora_adapter.h"
-#include "model/decoder.h"
-#include "train/optimizer.h"
-#include "train/sharded_data_parallel.h"
 #include "train/sharded_layout.h"
 
 using namespace ktune;
 using namespace ktune::train;
-using namespace std::chrono_literals;
 
 TEST(FlatShardLayout, OffsetsPaddingAndShardRangesMatchAHandComputedCase) {
   // Sizes 5, 20, 3: offsets 0, 16, 48 (each start aligned to 16 floats); payload ends at 51.
@@ -97,159 +88,43 @@ TEST(ShardedLayerOfParameter, NamesTheDecoderLayerOrTheRoot) {
 
 namespace {
 
-model::ModelConfig small_config() {
-  model::ModelConfig c = model::ModelConfig::llama_like(/*vocab*/ 97, /*hidden*/ 48, /*layers*/ 3, /*heads*/ 4,
-                                                        /*kv_heads*/ 2, /*intermediate*/ 72);
-  c.tie_word_embeddings = false;
-  return c;
-}
+using namespace sharded_testing;  // NOLINT: the shared model, rows, reference run and rank threads
 
-constexpr int64_t kRowsPerRank = 2, kT = 11;
-
-// Deterministic tokens and labels for `rows` rows starting at global row `first`.
-void make_rows(std::vector<int32_t>& tokens, std::vector<int32_t>& labels, int64_t first, int64_t rows, int step) {
-  tokens.resize(size_t(rows * kT));
-  labels.resize(size_t(rows * kT));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t t = 0; t < kT; ++t) {
-      const int64_t g = (first + r) * kT + t;
-      tokens[size_t(r * kT + t)] = int32_t((g * 31 + step * 7 + 3) % 97);
-      labels[size_t(r * kT + t)] = (g + step) % 5 == 0 ? -100 : int32_t((g * 17 + step) % 97);
-    }
-}
-
-struct Scenario {
-  bool lora = false;
-  bool reshard_after_forward = true;
-  bool checkpointing = false;
-  int steps = 2;
-  int micro_batches = 1;  // gradient accumulation: sharded runs reduce-scatter every micro-batch
-  bool dora = false, qlora = false;
-};
-
-std::unique_ptr<model::Decoder> make_model(const Scenario& s, std::vector<std::shared_ptr<model::LoraAdapter>>* adapters) {
-  auto m = std::make_unique<model::Decoder>(small_config(), /*seed*/ 5);
-  if (s.lora) {
-    model::LoraOptions o;
-    o.rank = 4;
-    o.alpha = 8;
-    o.seed = 9;
-    o.use_dora = s.dora;
-    o.quantize_base = s.qlora;
-    *adapters = model::attach_lora(*m, model::LoraTargets{{"q_proj", "v_proj", "output_proj"}, true, false}, o);
-    // B starts at zero; move it so that A's gradient is not zero either.
-    for (model::Parameter* p : m->parameters())
-      if (p->name.find("lora_B") != std::string::npos)
-        for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] = 0.01f * float((i * 7) % 13 - 6);
-  } else {
-    m->set_trainable([](const std::string&) { return true; });
-  }
-  m->set_activation_checkpointing(s.checkpointing);
-  return m;
-}
-
-std::vector<model::Parameter*> trainable_of(model::Decoder& m) {
-  std::vector<model::Parameter*> out;
-  for (model::Parameter* p : m.parameters())
-    if (p->trainable) out.push_back(p);
-  return out;
-}
-
-struct Outcome {
-  std::vector<double> losses, norms;
-  std::map<std::string, Tensor> weights;  // trainable, after the last step
-};
-
-const AdamWSettings kAdam{1e-2, 0.9, 0.999, 1e-8, 0.01};
-
-// One decoder, every rank's rows in one batch, plain AdamW.
-Outcome reference(const Scenario& s, int world) {
-  std::vector<std::shared_ptr<model::LoraAdapter>> adapters;
-  auto m = make_model(s, &adapters);
-  auto trainable = trainable_of(*m);
-  AdamW opt(trainable, kAdam);
-  Outcome out;
-  std::vector<int32_t> tokens, labels;
-  for (int step = 0; step < s.steps; ++step) {
-    m->zero_grad();
-    double loss = 0, n = 0;
-    for (int micro = 0; micro < s.micro_batches; ++micro) {
-      make_rows(tokens, labels, 0, kRowsPerRank * world, step * s.micro_batches + micro);
-      model::LossResult r = m->forward_backward({tokens.data(), labels.data(), nullptr, nullptr, kRowsPerRank * world, kT}, 1.0f);
-      loss += r.loss_sum;
-      n += double(r.n_valid);
-    }
-    scale_gradients(trainable, float(1.0 / n));
-    out.norms.push_back(clip_gradient_norm(trainable, 0.5));
-    out.losses.push_back(loss / n);
-    opt.step(kAdam.lr);
-  }
-  for (model::Parameter* p : trainable) out.weights[p->name] = p->value.to(DType::F32);
-  return out;
-}
-
-// The same on `world` ranks (threads over Gloo), each with its rows, sharded; the result of rank 0.
+// The same as reference() on `world` ranks (threads over Gloo), each with its rows, sharded; the
+// result of rank 0, after checking what every rank holds.
 Outcome sharded(const Scenario& s, int world) {
-  dist::TcpStoreServer server(0);
   std::vector<Outcome> outcomes(static_cast<size_t>(world));
-  std::vector<std::string> failures(static_cast<size_t>(world));
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < world; ++rank)
-    ranks.emplace_back([&, rank] {
-      try {
-        dist::TcpStore store("127.0.0.1", server.port(), 60s);
-        auto group = dist::make_gloo_process_group(store, "sdp", rank, world, "127.0.0.1", 60s);
-        std::vector<std::shared_ptr<model::LoraAdapter>> adapters;
-        auto m = make_model(s, &adapters);
-        auto trainable = trainable_of(*m);
-        ShardedDataParallel sdp(*m, trainable, *group, ShardingOptions{s.reshard_after_forward});
-        for (model::Parameter* p : m->parameters()) EXPECT_FALSE(p->value.defined()) << p->name << " kept whole";
-        EXPECT_EQ(sdp.memory().replicated_frozen, 0);  // f32 frozen weights are all sharded (QLoRA: NF4 lives in the adapters)
-        AdamW opt(sdp.shard_parameters(), kAdam);
-        Outcome& out = outcomes[size_t(rank)];
-        std::vector<int32_t> tokens, labels;
-        for (int step = 0; step < s.steps; ++step) {
-          sdp.zero_grad();
-          double sums[2] = {0, 0};
-          for (int micro = 0; micro < s.micro_batches; ++micro) {
-            make_rows(tokens, labels, kRowsPerRank * rank, kRowsPerRank, step * s.micro_batches + micro);
-            model::LossResult r = sdp.forward_backward({tokens.data(), labels.data(), nullptr, nullptr, kRowsPerRank, kT}, 1.0f);
-            sums[0] += r.loss_sum;
-            sums[1] += double(r.n_valid);
-          }
-          group->allreduce_sum(sums, 2);
-          scale_gradients(opt.params(), float(1.0 / sums[1]));
-          out.norms.push_back(sdp.clip_gradient_norm(0.5));
-          out.losses.push_back(sums[0] / sums[1]);
-          opt.step(kAdam.lr);
-        }
-        // The moments survive a round trip through the unsharded naming (checkpoints).
-        std::map<std::string, Tensor> full = sdp.gather_optimizer_state(opt);
-        EXPECT_EQ(full.size(), 2 * trainable.size());
-        std::map<std::string, Tensor> back = sdp.shard_optimizer_state(full, "test");
-        for (const auto& [name, t] : opt.state())
-          for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(back.at(name).f32()[i], t.f32()[i]) << name;
-        sdp.gather_full_parameters();
-        for (model::Parameter* p : trainable) out.weights[p->name] = p->value.to(DType::F32);
-        sdp.release_full_parameters();
-        // As a checkpoint gathers: only rank 0 keeps what it gathers (the others took part).
-        EXPECT_EQ(sdp.gather_optimizer_state(opt, rank == 0).size(), rank == 0 ? 2 * trainable.size() : 0u);
-        sdp.gather_full_parameters(rank == 0);
-        for (model::Parameter* p : trainable) EXPECT_EQ(p->value.defined(), rank == 0) << p->name;
-        sdp.release_full_parameters();
-        // Loading the gathered weights back gives the same shards.
-        std::vector<Tensor> before;
-        for (model::Parameter* p : sdp.shard_parameters()) before.push_back(p->value.to(DType::F32));
-        sdp.load_full_parameters(out.weights, "test");
-        auto shards = sdp.shard_parameters();
-        for (size_t k = 0; k < shards.size(); ++k)
-          for (int64_t i = 0; i < before[k].numel(); ++i) ASSERT_EQ(shards[k]->value.f32()[i], before[k].f32()[i]);
-      } catch (const std::exception& e) {
-        failures[size_t(rank)] = e.what();
-      }
-    });
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < world; ++r) EXPECT_EQ(failures[size_t(r)], "") << "rank " << r;
+  run_ranks(world, "sdp", [&](int rank, dist::ProcessGroup& group) {
+    auto m = make_model(s);
+    auto trainable = trainable_of(*m);
+    ShardedDataParallel sdp(*m, trainable, group, ShardingOptions{s.reshard_after_forward});
+    for (model::Parameter* p : m->parameters()) EXPECT_FALSE(p->value.defined()) << p->name << " kept whole";
+    EXPECT_EQ(sdp.memory().replicated_frozen, 0);  // f32 frozen weights are all sharded (QLoRA: NF4 lives in the adapters)
+    AdamW opt(sdp.shard_parameters(), kAdam);
+    Outcome& out = outcomes[size_t(rank)];
+    train_sharded(sdp, opt, group, s, rank, &out);
+    // The moments survive a round trip through the unsharded naming (checkpoints).
+    std::map<std::string, Tensor> full = sdp.gather_optimizer_state(opt);
+    EXPECT_EQ(full.size(), 2 * trainable.size());
+    std::map<std::string, Tensor> back = sdp.shard_optimizer_state(full, "test");
+    for (const auto& [name, t] : opt.state())
+      for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(back.at(name).f32()[i], t.f32()[i]) << name;
+    sdp.gather_full_parameters();
+    for (model::Parameter* p : trainable) out.weights[p->name] = p->value.to(DType::F32);
+    sdp.release_full_parameters();
+    // As a checkpoint gathers: only rank 0 keeps what it gathers (the others took part).
+    EXPECT_EQ(sdp.gather_optimizer_state(opt, rank == 0).size(), rank == 0 ? 2 * trainable.size() : 0u);
+    sdp.gather_full_parameters(rank == 0);
+    for (model::Parameter* p : trainable) EXPECT_EQ(p->value.defined(), rank == 0) << p->name;
+    sdp.release_full_parameters();
+    // Loading the gathered weights back gives the same shards.
+    std::vector<Tensor> before;
+    for (model::Parameter* p : sdp.shard_parameters()) before.push_back(p->value.to(DType::F32));
+    sdp.load_full_parameters(out.weights, "test");
+    auto shards = sdp.shard_parameters();
+    for (size_t k = 0; k < shards.size(); ++k)
+      for (int64_t i = 0; i < before[k].numel(); ++i) ASSERT_EQ(shards[k]->value.f32()[i], before[k].f32()[i]);
+  });
   // Every rank ends with the same weights.
   for (int r = 1; r < world; ++r)
     for (const auto& [name, t] : outcomes[0].weights)
@@ -328,7 +203,7 @@ TEST_F(ShardedDataParallelTest, DoraAndQloraShardedMatchOneUnshardedDecoder) {
 
 TEST_F(ShardedDataParallelTest, PerRankParameterGradientAndOptimizerBytesFallAsOneOverW) {
   Scenario s;
-  auto m = make_model(s, nullptr);
+  auto m = make_model(s);
   int64_t total = 0;
   for (model::Parameter* p : trainable_of(*m)) total += p->value.numel();
   dist::SingleProcessGroup single;
