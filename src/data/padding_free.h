@@ -7,7 +7,9 @@
 // batch means: each sample keeps its tokens, labels and positions (0..L-1), and its row index in
 // the padded batch becomes its document id, so attention stays inside the sample exactly as with
 // packed batches. The loss and every gradient are the same up to float rounding
-// (tests/model/padding_free_parity_test.cpp).
+// (tests/model/padding_free_parity_test.cpp). One thing does move: LoRA dropout masks are drawn per
+// element of the laid-out input, so a re-laid batch draws other masks than its padded form (another
+// draw of the same distribution).
 //
 // Why rows of at most max_row_len rather than always one row: the CPU attention narrows the keys a
 // query sees by document in the forward, but its backward walks every query from a key tile to the
