@@ -10,6 +10,8 @@
 //   pre = h' Wᵀ + s · xa Bᵀ;  logits = h Wᵀ − h' Wᵀ + c ⊙ pre   (h' = h without dropout: logits = c ⊙ pre)
 // and in the backward  [dm += Σ dlogits ⊙ pre / ‖·‖; dlogits *= c]  dxa = s · dlogits B,
 // dB += s · dlogitsᵀ xa, with the NF4 base through nf4_linear_forward / _backward_input.
+// The bf16 head (linear_cross_entropy_bf16) runs the same chunks on bf16 operands: hidden rows and
+// dlogits rounded to bf16 (round to nearest even), W read as stored; dW in blocks of vocabulary rows.
 #include "kernels/cpu/cross_entropy.h"
 
 #include <algorithm>
@@ -19,11 +21,77 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/bf16_rounding.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nf4.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace ktune::cpu {
+
+namespace {
+
+// A chunk's logits z (rows, V) in place: [z = cap tanh(z/cap)]; row_loss[i] = lse(z_i) - z_i[label];
+// with want_grad, z becomes grad_scale (softmax(z) - onehot) [* (1 - (z/cap)^2)]. Row i's label is
+// labels[chunk_rows[i]].
+void softmax_cross_entropy_rows(float* logits, double* row_loss, const int32_t* labels, const int64_t* chunk_rows,
+                                int64_t rows, int64_t V, float softcap, float grad_scale, bool want_grad) {
+  const float inv_cap = softcap > 0 ? 1.0f / softcap : 0.0f;
+  parallel_for(rows, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float* z = logits + i * V;
+      const int32_t label = labels[chunk_rows[size_t(i)]];
+      if (softcap > 0) {
+#pragma omp simd
+        for (int64_t c = 0; c < V; ++c) z[c] = softcap * vtanh(z[c] * inv_cap);
+      }
+      float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+      for (int64_t c = 0; c < V; ++c) m = std::max(m, z[c]);
+      float sum = 0.0f;
+      if (want_grad) {
+        const float z_label = z[label];
+        if (softcap > 0) {
+          // z holds the capped logits; cap'(.) = 1 - (z/cap)^2 is read before z is overwritten.
+#pragma omp simd reduction(+ : sum)
+          for (int64_t c = 0; c < V; ++c) sum += vexp(z[c] - m);
+          const float inv_sum = grad_scale / sum;
+#pragma omp simd
+          for (int64_t c = 0; c < V; ++c) {
+            float t = z[c] * inv_cap;
+            z[c] = vexp(z[c] - m) * inv_sum * (1.0f - t * t);
+          }
+          const float t = z_label * inv_cap;
+          z[label] -= grad_scale * (1.0f - t * t);
+        } else {
+#pragma omp simd reduction(+ : sum)
+          for (int64_t c = 0; c < V; ++c) {
+            float e = vexp(z[c] - m);
+            z[c] = e;
+            sum += e;
+          }
+          const float inv_sum = grad_scale / sum;
+#pragma omp simd
+          for (int64_t c = 0; c < V; ++c) z[c] *= inv_sum;
+          z[label] -= grad_scale;
+        }
+        row_loss[i] = double(m + std::log(sum)) - double(z_label);
+      } else {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t c = 0; c < V; ++c) sum += vexp(z[c] - m);
+        row_loss[i] = double(m + std::log(sum)) - double(z[label]);
+      }
+    }
+  }, std::max<int64_t>(1, 65536 / V));
+}
+
+void check_labels(const int32_t* labels, int64_t N, int64_t V) {
+  for (int64_t r = 0; r < N; ++r)
+    if (labels[r] != kIgnoreIndex && (labels[r] < 0 || labels[r] >= V))
+      throw Error("cross_entropy: token " + std::to_string(r),
+                  "label " + std::to_string(labels[r]) + " outside [0, " + std::to_string(V) + ") and not -100");
+}
+
+}  // namespace
 
 size_t linear_cross_entropy_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C) {
   return size_t(chunk_tokens * V + 2 * chunk_tokens * C);  // logits, gathered hidden, gathered dhidden
@@ -59,12 +127,8 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
   check(!head.dropped_hidden || head.dora, "cross_entropy", "dropped hidden rows are DoRA's (dropout) only");
   const int64_t R = head.rank;
   const bool dropped_base = head.dropped_hidden != nullptr;
-  for (int64_t r = 0; r < N; ++r)
-    if (labels[r] != kIgnoreIndex && (labels[r] < 0 || labels[r] >= V))
-      throw Error("cross_entropy: token " + std::to_string(r),
-                  "label " + std::to_string(labels[r]) + " outside [0, " + std::to_string(V) + ") and not -100");
+  check_labels(labels, N, V);
   const bool want_grad = dhidden || dweight || head.dxa || head.dlora_b || head.dmagnitude || head.ddropped_hidden;
-  const float inv_cap = softcap > 0 ? 1.0f / softcap : 0.0f;
   double total = 0.0;
   int64_t count = 0;
   std::vector<double> row_loss(static_cast<size_t>(chunk_tokens));
@@ -129,52 +193,7 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
     } else if (R > 0) {
       gemm(false, true, rows, V, R, head.lora_scale, xa, head.lora_b, 1.0f, logits);  // += s · xa Bᵀ
     }
-    parallel_for(rows, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        float* z = logits + i * V;
-        const int32_t label = labels[chunk_rows[size_t(i)]];
-        if (softcap > 0) {
-#pragma omp simd
-          for (int64_t c = 0; c < V; ++c) z[c] = softcap * vtanh(z[c] * inv_cap);
-        }
-        float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-        for (int64_t c = 0; c < V; ++c) m = std::max(m, z[c]);
-        float sum = 0.0f;
-        if (want_grad) {
-          const float z_label = z[label];
-          if (softcap > 0) {
-            // z holds the capped logits; cap'(.) = 1 - (z/cap)^2 is read before z is overwritten.
-#pragma omp simd reduction(+ : sum)
-            for (int64_t c = 0; c < V; ++c) sum += vexp(z[c] - m);
-            const float inv_sum = grad_scale / sum;
-#pragma omp simd
-            for (int64_t c = 0; c < V; ++c) {
-              float t = z[c] * inv_cap;
-              z[c] = vexp(z[c] - m) * inv_sum * (1.0f - t * t);
-            }
-            const float t = z_label * inv_cap;
-            z[label] -= grad_scale * (1.0f - t * t);
-          } else {
-#pragma omp simd reduction(+ : sum)
-            for (int64_t c = 0; c < V; ++c) {
-              float e = vexp(z[c] - m);
-              z[c] = e;
-              sum += e;
-            }
-            const float inv_sum = grad_scale / sum;
-#pragma omp simd
-            for (int64_t c = 0; c < V; ++c) z[c] *= inv_sum;
-            z[label] -= grad_scale;
-          }
-          row_loss[size_t(i)] = double(m + std::log(sum)) - double(z_label);
-        } else {
-#pragma omp simd reduction(+ : sum)
-          for (int64_t c = 0; c < V; ++c) sum += vexp(z[c] - m);
-          row_loss[size_t(i)] = double(m + std::log(sum)) - double(z[label]);
-        }
-      }
-    }, std::max<int64_t>(1, 65536 / V));
+    softmax_cross_entropy_rows(logits, row_loss.data(), labels, chunk_rows.data(), rows, V, softcap, grad_scale, want_grad);
     for (int64_t i = 0; i < rows; ++i) total += row_loss[size_t(i)];
     count += rows;
     if (!want_grad) continue;
@@ -213,6 +232,74 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
       for (int64_t i = 0; i < rows; ++i) std::copy_n(dxa + i * R, R, head.dxa + chunk_rows[size_t(i)] * R);
     }
     if (R > 0 && head.dlora_b) gemm(true, false, V, R, rows, head.lora_scale, logits, xa, 1.0f, head.dlora_b);  // (V, R)
+  }
+  if (n_valid) *n_valid = count;
+  return total;
+}
+
+namespace {
+int64_t head_grad_block_rows(int64_t V, int64_t C) {
+  return std::clamp<int64_t>(kHeadGradBlockFloats / std::max<int64_t>(C, 1), 1, V);
+}
+}  // namespace
+
+size_t linear_cross_entropy_bf16_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C) {
+  return size_t(chunk_tokens * V + bf16_floats(chunk_tokens * V) + bf16_floats(chunk_tokens * C) +
+                chunk_tokens * C + head_grad_block_rows(V, C) * C);
+}
+
+double linear_cross_entropy_bf16(float* dhidden, float* dweight, bf16_t* dweight_bf16, int64_t* n_valid,
+                                 const float* hidden, const bf16_t* weight, const int32_t* labels, int64_t N,
+                                 int64_t C, int64_t V, float softcap, float grad_scale, int64_t chunk_tokens,
+                                 float* scratch) {
+  check(chunk_tokens > 0, "cross_entropy", "chunk_tokens must be positive");
+  check(!(dweight && dweight_bf16), "cross_entropy", "one weight gradient, f32 or bf16, not both");
+  check_labels(labels, N, V);
+  const bool want_grad = dhidden || dweight || dweight_bf16;
+  std::vector<double> row_loss(static_cast<size_t>(chunk_tokens));
+  std::vector<int64_t> chunk_rows(static_cast<size_t>(chunk_tokens));  // the chunk's token indices
+  float* logits = scratch;                                                   // (rows, V)
+  bf16_t* dz16 = as_bf16(logits + chunk_tokens * V);                         // (rows, V) bf16(dlogits)
+  bf16_t* h16 = as_bf16(logits + chunk_tokens * V + bf16_floats(chunk_tokens * V));  // (rows, C) bf16(hidden)
+  float* dh = logits + chunk_tokens * V + bf16_floats(chunk_tokens * V) + bf16_floats(chunk_tokens * C);  // (rows, C)
+  float* block = dh + chunk_tokens * C;                                      // (block_rows, C) f32 dW rows
+  const int64_t block_rows = head_grad_block_rows(V, C);
+  if (dhidden)
+    for (int64_t r = 0; r < N; ++r)
+      if (labels[r] == kIgnoreIndex) std::fill(dhidden + r * C, dhidden + (r + 1) * C, 0.0f);
+  double total = 0.0;
+  int64_t count = 0;
+  int64_t r = 0;
+  while (r < N) {
+    int64_t rows = 0;
+    for (; r < N && rows < chunk_tokens; ++r)
+      if (labels[r] != kIgnoreIndex) chunk_rows[size_t(rows++)] = r;
+    if (rows == 0) break;
+    parallel_for(rows, [&](int64_t i0, int64_t i1) {  // gather and round: h16 = bf16(hidden[chunk_rows])
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* src = hidden + chunk_rows[size_t(i)] * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) h16[i * C + c] = f32_to_bf16(src[c]);
+      }
+    }, std::max<int64_t>(1, 16384 / C));
+    gemm_bf16(false, true, rows, V, C, 1.0f, h16, weight, 0.0f, logits);  // (rows,C)@(C,V)
+    softmax_cross_entropy_rows(logits, row_loss.data(), labels, chunk_rows.data(), rows, V, softcap, grad_scale,
+                               want_grad);
+    for (int64_t i = 0; i < rows; ++i) total += row_loss[size_t(i)];
+    count += rows;
+    if (!want_grad) continue;
+    round_to_bf16(dz16, logits, rows * V);
+    if (dhidden) {
+      gemm_bf16(false, false, rows, C, V, 1.0f, dz16, weight, 0.0f, dh);  // (rows,V)@(V,C)
+      for (int64_t i = 0; i < rows; ++i) std::copy_n(dh + i * C, C, dhidden + chunk_rows[size_t(i)] * C);
+    }
+    if (dweight) gemm_bf16(true, false, V, C, rows, 1.0f, dz16, h16, 1.0f, dweight);  // (V,rows)@(rows,C)
+    if (dweight_bf16)
+      for (int64_t v0 = 0; v0 < V; v0 += block_rows) {  // dW rows [v0, v0 + vb) = dz16[:, v0:v0+vb]^T @ h16
+        const int64_t vb = std::min(block_rows, V - v0);
+        gemm_bf16_strided(true, false, vb, C, rows, 1.0f, dz16 + v0, V, h16, C, 0.0f, block, C);
+        add_rounded_to_bf16(dweight_bf16 + v0 * C, block, vb * C);
+      }
   }
   if (n_valid) *n_valid = count;
   return total;

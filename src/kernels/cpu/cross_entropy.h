@@ -8,12 +8,16 @@
 // lora_adapter.h): a low-rank term s · xa Bᵀ added per chunk (xa = dropout(hidden) Aᵀ, computed once
 // by the caller), an NF4 base weight dequantised a block of vocabulary rows at a time (kernels/cpu/
 // nf4.h, never whole), and DoRA's per-vocabulary-row scale c = m / ‖W + sBA‖ (the norm detached).
+// A bf16 head (dtype=bf16 storage, no adapter) has its own entry, linear_cross_entropy_bf16, whose
+// GEMMs take the bf16 weight itself.
 // It deliberately does not average: it returns the sum and the count, and the caller divides
 // (through grad_scale) the way its recipe normalises (per batch, per accumulation window, per rank).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "core/dtype.h"
 
 namespace ktune::cpu {
 
@@ -63,6 +67,20 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
 double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, const float* hidden,
                             const OutputHead& head, const int32_t* labels, int64_t N, int64_t C, int64_t V,
                             float softcap, float grad_scale, int64_t chunk_tokens, float* scratch);
+
+// A bf16 head multiplied as bf16 (gemm_bf16): weight (V, C) bf16. Per chunk the gathered hidden
+// rows and the logits' gradient are rounded to bf16 for the GEMMs (f32 accumulation; logits, loss and
+// dhidden f32), so no f32 copy of W exists. The weight gradient (at most one of the two, or neither):
+// dweight (V, C) f32 +=; or dweight_bf16 (V, C) bf16 +=, summed in f32 a block of kHeadGradBlockFloats / C
+// vocabulary rows at a time and rounded once per block and chunk (no (V, C) f32 buffer either).
+constexpr int64_t kHeadGradBlockFloats = int64_t(1) << 20;  // 4 MiB
+// chunk_tokens * V (logits) + the same in bf16 (dlogits) + chunk_tokens * C in bf16 (hidden rows)
+// + chunk_tokens * C (dhidden rows) + one dW block.
+size_t linear_cross_entropy_bf16_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C);
+double linear_cross_entropy_bf16(float* dhidden, float* dweight, bf16_t* dweight_bf16, int64_t* n_valid,
+                                 const float* hidden, const bf16_t* weight, const int32_t* labels, int64_t N,
+                                 int64_t C, int64_t V, float softcap, float grad_scale, int64_t chunk_tokens,
+                                 float* scratch);
 
 // Materialises all (N, V) logits, in double: what the tests compare against.
 double linear_cross_entropy_reference(float* dhidden, float* dweight, int64_t* n_valid, const float* hidden,

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -248,6 +250,15 @@ bool gemm_bf16_native() {
     return primitive_for(key).primitive != nullptr;
   }();
   return native;
+}
+
+bool bf16_weights_use_bf16_gemm() {
+  const char* env = std::getenv("KTUNE_BF16_GEMM");
+  const std::string mode = env ? env : "";
+  if (mode == "widen") return false;
+  if (mode == "bf16") return true;
+  if (!mode.empty()) throw Error("KTUNE_BF16_GEMM", "expected widen or bf16, got '" + mode + "'");
+  return gemm_bf16_native();
 }
 
 int64_t gemm_cached_primitives() {

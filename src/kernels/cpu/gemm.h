@@ -43,6 +43,14 @@ double measure_gemm_bf16_gflops(int64_t M, int64_t N, int64_t K, double seconds)
 // its operands to f32 first and runs the f32 kernel (correct, at f32 speed plus the conversion).
 bool gemm_bf16_native();
 
+// Whether bf16-stored weights are multiplied as bf16 (gemm_bf16 on the weight itself, the f32
+// activations rounded to bf16 per call, as PyTorch's bf16 does; f32 accumulation and results) rather
+// than widened to an f32 copy first. gemm_bf16_native() decides, unless KTUNE_BF16_GEMM says
+// `widen` (force the f32 path, for comparison) or `bf16` (force bf16 operands even where gemm_bf16
+// widens internally: tests on CPUs without bf16 units). Read on every call, so a test may switch it;
+// the decoder plans its scratch for the answer and plans again when it changes.
+bool bf16_weights_use_bf16_gemm();
+
 // Number of oneDNN primitives cached so far (tests check that repeated shapes reuse them).
 int64_t gemm_cached_primitives();
 

@@ -1,5 +1,5 @@
 // Linear layers over gemm(): the forward is one GEMM plus a bias broadcast, the backward up to
-// two GEMMs (dx, dW) plus a column sum (db).
+// two GEMMs (dx, dW) plus a column sum (db); the bf16 variants the same on bf16 operands.
 #include "kernels/cpu/linear.h"
 
 #include <vector>
@@ -39,6 +39,31 @@ void linear_backward(float* dx, float* dw, float* db, const float* dy, const flo
       }
     }, 256);
   }
+}
+
+void linear_forward_bf16(float* y, const bf16_t* x16, const bf16_t* w, const bf16_t* b, int64_t N, int64_t in,
+                         int64_t out) {
+  if (b) {
+    parallel_for(N, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* yr = y + r * out;
+#pragma omp simd
+        for (int64_t j = 0; j < out; ++j) yr[j] = bf16_to_f32(b[j]);
+      }
+    }, 64);
+  }
+  gemm_bf16(false, true, N, out, in, 1.0f, x16, w, b ? 1.0f : 0.0f, y);  // (N,in)@(in,out)
+}
+
+void linear_backward_input_bf16(float* dx, const bf16_t* dy16, const bf16_t* w, int64_t N, int64_t in, int64_t out,
+                                bool accumulate_dx) {
+  gemm_bf16(false, false, N, in, out, 1.0f, dy16, w, accumulate_dx ? 1.0f : 0.0f, dx);  // (N,out)@(out,in)
+}
+
+void linear_backward_weight_bf16(float* dw, const bf16_t* dy16, const bf16_t* x16, int64_t N, int64_t in,
+                                 int64_t out, int64_t o0, int64_t rows, float beta) {
+  // (rows,N)@(N,in): dy16's columns o0.. read as a transposed, strided A.
+  gemm_bf16_strided(true, false, rows, in, N, 1.0f, dy16 + o0, out, x16, in, beta, dw, in);
 }
 
 void linear_forward_reference(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t in,

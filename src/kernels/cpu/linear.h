@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace ktune::cpu {
 
 // y = x @ W^T + b.   x (N, in)   W (out, in)   b (out) or nullptr   y (N, out)
@@ -15,6 +17,20 @@ void linear_forward(float* y, const float* x, const float* w, const float* b, in
 // dy (N, out)   x (N, in)   w (out, in)   dx (N, in)   dw (out, in)   db (out)
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                      int64_t N, int64_t in, int64_t out, bool accumulate_dx);
+
+// A bf16-stored weight multiplied as bf16 (gemm_bf16: bf16 operands, f32 accumulation and result).
+// The activation operand arrives already rounded to bf16 (round_to_bf16, kernels/cpu/bf16_rounding.h):
+// x16 = bf16(x) (N, in), dy16 = bf16(dy) (N, out). W (out, in) bf16, b (out) bf16 or nullptr.
+// y (N, out) = x16 @ W^T + b
+void linear_forward_bf16(float* y, const bf16_t* x16, const bf16_t* w, const bf16_t* b, int64_t N, int64_t in,
+                         int64_t out);
+// Undoes y = x @ W^T for x:  dx (N, in) = dy16 @ W, overwritten (or added when accumulate_dx).
+void linear_backward_input_bf16(float* dx, const bf16_t* dy16, const bf16_t* w, int64_t N, int64_t in, int64_t out,
+                                bool accumulate_dx);
+// Undoes y = x @ W^T for W, rows [o0, o0 + rows) of it:  dw (rows, in) = dy16[:, o0:o0+rows]^T @ x16 + beta * dw.
+// A caller with a bf16 gradient takes dW a bounded block of rows at a time (no (out, in) f32 buffer).
+void linear_backward_weight_bf16(float* dw, const bf16_t* dy16, const bf16_t* x16, int64_t N, int64_t in,
+                                 int64_t out, int64_t o0, int64_t rows, float beta);
 
 void linear_forward_reference(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t in,
                               int64_t out);
