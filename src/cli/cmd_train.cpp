@@ -40,6 +40,25 @@ std::optional<std::string> env(const char* name) {
 
 bool is_s3(const std::string& uri) { return uri.rfind("s3://", 0) == 0; }
 
+// The initializer for a --dataset/--model URI (dataset or model: the same fields): S3 with the AWS_*
+// credentials of this environment, else the Hugging Face Hub with HF_TOKEN.
+template <typename S3, typename HuggingFace, typename Variant>
+Variant initializer_for(const std::string& uri) {
+  if (is_s3(uri)) {
+    S3 s3;
+    s3.storage_uri = uri;
+    s3.endpoint = env("AWS_ENDPOINT_URL");
+    s3.access_key_id = env("AWS_ACCESS_KEY_ID");
+    s3.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
+    s3.region = env("AWS_REGION");
+    return s3;
+  }
+  HuggingFace hf;
+  hf.storage_uri = uri;
+  hf.access_token = env("HF_TOKEN");
+  return hf;
+}
+
 }  // namespace
 
 int cmd_train(const Args& args) {
@@ -96,38 +115,12 @@ int cmd_train(const Args& args) {
   if (lora) config.peft_config = lora;
 
   types::Initializer initializer;
-  if (!dataset_uri.empty()) {
-    if (is_s3(dataset_uri)) {
-      types::S3DatasetInitializer s3;
-      s3.storage_uri = dataset_uri;
-      s3.endpoint = env("AWS_ENDPOINT_URL");
-      s3.access_key_id = env("AWS_ACCESS_KEY_ID");
-      s3.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
-      s3.region = env("AWS_REGION");
-      initializer.dataset = s3;
-    } else {
-      types::HuggingFaceDatasetInitializer hf;
-      hf.storage_uri = dataset_uri;
-      hf.access_token = env("HF_TOKEN");
-      initializer.dataset = hf;
-    }
-  }
-  if (!model_uri.empty()) {
-    if (is_s3(model_uri)) {
-      types::S3ModelInitializer s3;
-      s3.storage_uri = model_uri;
-      s3.endpoint = env("AWS_ENDPOINT_URL");
-      s3.access_key_id = env("AWS_ACCESS_KEY_ID");
-      s3.secret_access_key = env("AWS_SECRET_ACCESS_KEY");
-      s3.region = env("AWS_REGION");
-      initializer.model = s3;
-    } else {
-      types::HuggingFaceModelInitializer hf;
-      hf.storage_uri = model_uri;
-      hf.access_token = env("HF_TOKEN");
-      initializer.model = hf;
-    }
-  }
+  if (!dataset_uri.empty())
+    initializer.dataset = initializer_for<types::S3DatasetInitializer, types::HuggingFaceDatasetInitializer,
+                                          types::DatasetInitializer>(dataset_uri);
+  if (!model_uri.empty())
+    initializer.model = initializer_for<types::S3ModelInitializer, types::HuggingFaceModelInitializer,
+                                        types::ModelInitializer>(model_uri);
 
   sdk::TrainerClient client(backend);
   const types::Runtime runtime = client.get_runtime(runtime_name);

@@ -258,44 +258,46 @@ v1alpha1::ResourceRequirements resources_per_node(const types::StringDict& resou
   return r;
 }
 
+namespace {
+
+// A Hugging Face initializer (dataset or model: the same fields) as the step's storage URI and env.
+template <typename HuggingFace>
+v1alpha1::InitializerSpec hugging_face_spec(const HuggingFace& hf) {
+  v1alpha1::InitializerSpec s;
+  // ktune: a bare "org/repo" (as the design's example writes it) becomes hf://org/repo, so the
+  // initializer never has to guess the provider.
+  s.storage_uri = has_scheme(hf.storage_uri) ? hf.storage_uri : "hf://" + hf.storage_uri;
+  add_env(s.env, "IGNORE_PATTERNS", hf.ignore_patterns);
+  add_env(s.env, "ACCESS_TOKEN", hf.access_token);
+  return s;
+}
+
+// An S3 initializer (dataset or model: the same fields) as the step's storage URI and env.
+template <typename S3>
+v1alpha1::InitializerSpec s3_spec(const S3& s3) {
+  v1alpha1::InitializerSpec s;
+  s.storage_uri = s3.storage_uri;
+  add_env(s.env, "IGNORE_PATTERNS", s3.ignore_patterns);
+  add_env(s.env, "ENDPOINT", s3.endpoint);
+  add_env(s.env, "ACCESS_KEY_ID", s3.access_key_id);
+  add_env(s.env, "SECRET_ACCESS_KEY", s3.secret_access_key);
+  add_env(s.env, "REGION", s3.region);
+  add_env(s.env, "ROLE_ARN", s3.role_arn);
+  return s;
+}
+
+}  // namespace
+
 v1alpha1::Initializer trainjob_initializer(const types::Initializer& initializer) {
   v1alpha1::Initializer out;
-  if (const auto* hf = std::get_if<types::HuggingFaceDatasetInitializer>(&initializer.dataset)) {
-    v1alpha1::InitializerSpec s;
-    // ktune: a bare "org/repo" (as the design's example writes it) becomes hf://org/repo, so the
-    // initializer never has to guess the provider.
-    s.storage_uri = has_scheme(hf->storage_uri) ? hf->storage_uri : "hf://" + hf->storage_uri;
-    add_env(s.env, "IGNORE_PATTERNS", hf->ignore_patterns);
-    add_env(s.env, "ACCESS_TOKEN", hf->access_token);
-    out.dataset = s;
-  } else if (const auto* s3 = std::get_if<types::S3DatasetInitializer>(&initializer.dataset)) {
-    v1alpha1::InitializerSpec s;
-    s.storage_uri = s3->storage_uri;
-    add_env(s.env, "IGNORE_PATTERNS", s3->ignore_patterns);
-    add_env(s.env, "ENDPOINT", s3->endpoint);
-    add_env(s.env, "ACCESS_KEY_ID", s3->access_key_id);
-    add_env(s.env, "SECRET_ACCESS_KEY", s3->secret_access_key);
-    add_env(s.env, "REGION", s3->region);
-    add_env(s.env, "ROLE_ARN", s3->role_arn);
-    out.dataset = s;
-  }
-  if (const auto* hf = std::get_if<types::HuggingFaceModelInitializer>(&initializer.model)) {
-    v1alpha1::InitializerSpec s;
-    s.storage_uri = has_scheme(hf->storage_uri) ? hf->storage_uri : "hf://" + hf->storage_uri;
-    add_env(s.env, "IGNORE_PATTERNS", hf->ignore_patterns);
-    add_env(s.env, "ACCESS_TOKEN", hf->access_token);
-    out.model = s;
-  } else if (const auto* s3 = std::get_if<types::S3ModelInitializer>(&initializer.model)) {
-    v1alpha1::InitializerSpec s;
-    s.storage_uri = s3->storage_uri;
-    add_env(s.env, "IGNORE_PATTERNS", s3->ignore_patterns);
-    add_env(s.env, "ENDPOINT", s3->endpoint);
-    add_env(s.env, "ACCESS_KEY_ID", s3->access_key_id);
-    add_env(s.env, "SECRET_ACCESS_KEY", s3->secret_access_key);
-    add_env(s.env, "REGION", s3->region);
-    add_env(s.env, "ROLE_ARN", s3->role_arn);
-    out.model = s;
-  }
+  if (const auto* hf = std::get_if<types::HuggingFaceDatasetInitializer>(&initializer.dataset))
+    out.dataset = hugging_face_spec(*hf);
+  else if (const auto* s3 = std::get_if<types::S3DatasetInitializer>(&initializer.dataset))
+    out.dataset = s3_spec(*s3);
+  if (const auto* hf = std::get_if<types::HuggingFaceModelInitializer>(&initializer.model))
+    out.model = hugging_face_spec(*hf);
+  else if (const auto* s3 = std::get_if<types::S3ModelInitializer>(&initializer.model))
+    out.model = s3_spec(*s3);
   return out;
 }
 
