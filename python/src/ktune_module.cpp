@@ -279,6 +279,30 @@ class Reader {
     s.role_arn = opt_str(attr(o, "role_arn"), w + ".role_arn");
   }
 
+  // Initializer.dataset or .model (`part`): a HuggingFace<Kind>Initializer or S3<Kind>Initializer,
+  // whose fields are the same for both kinds; None stays unset.
+  template <typename HuggingFace, typename S3, typename Variant>
+  Variant initializer_part(nb::handle o, const std::string& part, const std::string& kind) {
+    if (o.is_none()) return std::monostate{};
+    const std::string w = "initializer." + part, t = type_name(o);
+    if (t == "HuggingFace" + kind + "Initializer") {
+      HuggingFace h;
+      h.storage_uri = str(attr(o, "storage_uri"), w + ".storage_uri");
+      h.ignore_patterns = opt_str_list(attr(o, "ignore_patterns"), w + ".ignore_patterns");
+      h.access_token = opt_str(attr(o, "access_token"), w + ".access_token");
+      return h;
+    }
+    if (t == "S3" + kind + "Initializer") {
+      S3 s;
+      s.storage_uri = str(attr(o, "storage_uri"), w + ".storage_uri");
+      s.ignore_patterns = opt_str_list(attr(o, "ignore_patterns"), w + ".ignore_patterns");
+      s3_fields(s, o, w);
+      return s;
+    }
+    fail(w, "expected a HuggingFace" + kind + "Initializer or S3" + kind + "Initializer, got " + describe(o));
+    return std::monostate{};
+  }
+
   std::optional<types::Initializer> initializer(nb::handle o) {
     if (o.is_none()) return std::nullopt;
     if (type_name(o) != "Initializer") {
@@ -286,44 +310,10 @@ class Reader {
       return std::nullopt;
     }
     types::Initializer init;
-    nb::object d = attr(o, "dataset");
-    if (!d.is_none()) {
-      const std::string t = type_name(d);
-      if (t == "HuggingFaceDatasetInitializer") {
-        types::HuggingFaceDatasetInitializer h;
-        h.storage_uri = str(attr(d, "storage_uri"), "initializer.dataset.storage_uri");
-        h.ignore_patterns = opt_str_list(attr(d, "ignore_patterns"), "initializer.dataset.ignore_patterns");
-        h.access_token = opt_str(attr(d, "access_token"), "initializer.dataset.access_token");
-        init.dataset = h;
-      } else if (t == "S3DatasetInitializer") {
-        types::S3DatasetInitializer s;
-        s.storage_uri = str(attr(d, "storage_uri"), "initializer.dataset.storage_uri");
-        s.ignore_patterns = opt_str_list(attr(d, "ignore_patterns"), "initializer.dataset.ignore_patterns");
-        s3_fields(s, d, "initializer.dataset");
-        init.dataset = s;
-      } else {
-        fail("initializer.dataset", "expected a HuggingFaceDatasetInitializer or S3DatasetInitializer, got " + describe(d));
-      }
-    }
-    nb::object m = attr(o, "model");
-    if (!m.is_none()) {
-      const std::string t = type_name(m);
-      if (t == "HuggingFaceModelInitializer") {
-        types::HuggingFaceModelInitializer h;
-        h.storage_uri = str(attr(m, "storage_uri"), "initializer.model.storage_uri");
-        h.ignore_patterns = opt_str_list(attr(m, "ignore_patterns"), "initializer.model.ignore_patterns");
-        h.access_token = opt_str(attr(m, "access_token"), "initializer.model.access_token");
-        init.model = h;
-      } else if (t == "S3ModelInitializer") {
-        types::S3ModelInitializer s;
-        s.storage_uri = str(attr(m, "storage_uri"), "initializer.model.storage_uri");
-        s.ignore_patterns = opt_str_list(attr(m, "ignore_patterns"), "initializer.model.ignore_patterns");
-        s3_fields(s, m, "initializer.model");
-        init.model = s;
-      } else {
-        fail("initializer.model", "expected a HuggingFaceModelInitializer or S3ModelInitializer, got " + describe(m));
-      }
-    }
+    init.dataset = initializer_part<types::HuggingFaceDatasetInitializer, types::S3DatasetInitializer,
+                                    types::DatasetInitializer>(attr(o, "dataset"), "dataset", "Dataset");
+    init.model = initializer_part<types::HuggingFaceModelInitializer, types::S3ModelInitializer,
+                                  types::ModelInitializer>(attr(o, "model"), "model", "Model");
     return init;
   }
 
