@@ -83,7 +83,10 @@ PaddingFree padding_free_mode() {
 model::Batch model_batch(Batch& batch, bool packed, PaddingFree mode) {
   shift_labels(batch);
   const bool relay = !packed && mode != PaddingFree::kOff;
-  if (relay) batch = remove_padding(batch, mode == PaddingFree::kOneRow ? batch.batch_size * batch.seq_len : batch.seq_len);
+  if (relay) {
+    const int64_t max_row_len = mode == PaddingFree::kOneRow ? batch.batch_size * batch.seq_len : batch.seq_len;
+    batch = remove_padding(batch, max_row_len);
+  }
   return {batch.tokens.data(), batch.labels.data(), batch.positions.data(),
           packed || relay ? batch.doc_ids.data() : nullptr, batch.batch_size, batch.seq_len};
 }
