@@ -19,8 +19,10 @@
 #include "data/padding_free.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
+#include "relative_error.h"
 
 using namespace ktune;
+using ktune::testing::rel_error;
 
 namespace {
 
@@ -35,15 +37,6 @@ const auto* const kOneThread = ::testing::AddGlobalTestEnvironment(new OneThread
 
 constexpr int64_t kOneRow = 1 << 30;
 constexpr double kTolerance = 2e-5;
-
-double rel_error(const float* a, const float* b, int64_t n) {
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, double(std::fabs(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
 
 // A right-padded batch of samples of the given lengths, random tokens (ids 1..V-1, pad 0), every
 // third label -100, collated and shifted as the loader and the recipe do.
