@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/bf16_rounding.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gemm.h"
@@ -75,10 +76,15 @@ struct Decoder::Plan {
   float* adapter_scratch = nullptr;
   float* ce_scratch = nullptr;
   int64_t ce_chunk = 0;
-  float* weight_scratch = nullptr;  // bf16 storage: the largest weight (+ bias) widened to f32
+  // bf16 storage. bf16_gemm (cpu::bf16_weights_use_bf16_gemm() when planned): the projections'
+  // GEMMs take the bf16 weights themselves and weight_scratch holds the widest projection's bf16
+  // operands (x, dy) and a block of dW rows; the head's GEMMs run in the fused loss's own scratch.
+  // Otherwise weight_scratch holds the largest weight (+ bias) widened to f32, the (V, C) head included.
+  bool bf16_gemm = false;
+  float* weight_scratch = nullptr;
   float* norm_scratch = nullptr;    // bf16 storage: one norm weight (C) widened to f32
-  // bf16 gradients: one norm's (C), and the head's / embedding's (V, C) in f32 before rounding
-  // (the head's while the widened head sits in weight_scratch; planned only when one is trainable).
+  // bf16 gradients: one norm's (C); and the widened head's (V, C) in f32 before rounding (planned only
+  // when the head trains and is widened: bf16 GEMMs add its gradient a block of rows at a time).
   float* norm_grad_scratch = nullptr;
   float* table_grad_scratch = nullptr;
   const int32_t* positions = nullptr;  // of the current batch
@@ -418,17 +424,24 @@ void Decoder::layout(Take& take, int64_t B, int64_t T, Plan& p) const {
   // as often), for a fixed 48 MiB more.
   p.ce_chunk = std::clamp<int64_t>((int64_t(1) << 24) / c.vocab_size, 1, std::max<int64_t>(N, 1));
   const LoraAdapter* head_adapter = output_adapter(output_);
-  p.ce_scratch = take.f(int64_t(head_adapter ? head_adapter->fused_output_scratch_floats(p.ce_chunk)
-                                             : cpu::linear_cross_entropy_scratch_floats(p.ce_chunk, c.vocab_size, C)));
+  p.bf16_gemm = storage_ == DType::BF16 && cpu::bf16_weights_use_bf16_gemm();
+  const bool head_bf16_gemm = p.bf16_gemm && !head_adapter;
+  p.ce_scratch = take.f(int64_t(
+      head_adapter     ? head_adapter->fused_output_scratch_floats(p.ce_chunk)
+      : head_bf16_gemm ? cpu::linear_cross_entropy_bf16_scratch_floats(p.ce_chunk, c.vocab_size, C)
+                       : cpu::linear_cross_entropy_scratch_floats(p.ce_chunk, c.vocab_size, C)));
   if (storage_ != DType::F32) {
-    int64_t widest = c.vocab_size * C;  // the output head (or the tied embedding)
+    // The head (or the tied embedding) widened, unless its GEMMs take it as bf16: an adapted head
+    // (LoRA on lm_head) is widened either way, its fused loss computing on an f32 base.
+    int64_t widest = head_bf16_gemm ? 0 : c.vocab_size * C;
+    if (head_adapter) widest = std::max(widest, output_.weight_scratch_floats(N, storage_));
     for (auto& layer : layers_)
-      for (int i = 0; i < 7; ++i) widest = std::max(widest, layer->linear(i)->weight_scratch_floats());
+      for (int i = 0; i < 7; ++i) widest = std::max(widest, layer->linear(i)->weight_scratch_floats(N, storage_));
     p.weight_scratch = take.f(widest);
     p.norm_scratch = take.f(C);
     p.norm_grad_scratch = take.f(C);
-    const bool table_grads = embed_->trainable || (lm_head_ && lm_head_->trainable);
-    p.table_grad_scratch = table_grads ? take.f(c.vocab_size * C) : nullptr;
+    const Parameter* head = lm_head_ ? lm_head_ : embed_;
+    p.table_grad_scratch = head->trainable && !head_bf16_gemm ? take.f(c.vocab_size * C) : nullptr;
   }
   p.bytes = take.bytes;
 }
@@ -444,7 +457,9 @@ Decoder::Plan& Decoder::prepare(const Batch& batch) {
   check(batch.B > 0 && batch.T > 0, "Decoder", "empty batch (B=" + std::to_string(batch.B) + ", T=" +
                                                    std::to_string(batch.T) + ")");
   check(batch.tokens != nullptr, "Decoder", "batch without tokens");
-  if (!plan_ || plan_->B != batch.B || plan_->T != batch.T || plan_->checkpointing != checkpointing_) {
+  const bool bf16_gemm = storage_ == DType::BF16 && cpu::bf16_weights_use_bf16_gemm();
+  if (!plan_ || plan_->B != batch.B || plan_->T != batch.T || plan_->checkpointing != checkpointing_ ||
+      plan_->bf16_gemm != bf16_gemm) {
     const size_t need = planned_activation_bytes(batch.B, batch.T);
     if (!arena_ || arena_->capacity() < need) {
       // Growing (e.g. generation adding a token a call): leave a quarter of headroom so that a
@@ -625,12 +640,21 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
                        c.rms_norm_eps, c.norm_weight_offset);
   Parameter* head = lm_head_ ? lm_head_ : embed_;
   LoraAdapter* head_adapter = output_adapter(output_);
-  // (V, C); a QLoRA head keeps only its NF4 copy (in the adapter)
-  const float* head_w = head->value.defined() ? as_f32(head, p.weight_scratch) : nullptr;
+  const bool head_bf16_gemm = p.bf16_gemm && !head_adapter;  // as planned (layout)
+  // (V, C) f32, unless multiplied as bf16; a QLoRA head keeps only its NF4 copy (in the adapter)
+  const float* head_w = head->value.defined() && !head_bf16_gemm ? as_f32(head, p.weight_scratch) : nullptr;
   if (logits) {  // (N, V)
     if (head_adapter) {
       std::vector<float> saved(size_t(std::max<int64_t>(1, output_.saved_floats(N))));
       output_.forward(logits, p.final_normed, N, saved.data(), p.weight_scratch);
+    } else if (head_bf16_gemm) {
+      // ce_chunk rows at a time, rounded to bf16 in the fused loss's scratch (it holds ce_chunk * V floats).
+      bf16_t* rows16 = cpu::as_bf16(p.ce_scratch);
+      for (int64_t n0 = 0; n0 < N; n0 += p.ce_chunk) {
+        const int64_t rows = std::min(p.ce_chunk, N - n0);
+        cpu::round_to_bf16(rows16, p.final_normed + n0 * C, rows * C);
+        cpu::gemm_bf16(false, true, rows, V, C, 1.0f, rows16, head->value.bf16(), 0.0f, logits + n0 * V);
+      }
     } else {
       cpu::gemm(false, true, N, V, C, 1.0f, p.final_normed, head_w, 0.0f, logits);
     }
@@ -642,6 +666,15 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
     r.loss_sum = head_adapter->fused_output_cross_entropy(backward ? p.dnormed : nullptr, &r.n_valid, p.final_normed,
                                                           head_w, batch.labels, N, c.final_logit_softcap, grad_scale,
                                                           backward, p.ce_chunk, p.ce_scratch);
+  } else if (head_bf16_gemm) {
+    // The gradient added by the kernel: in place when f32 (a sharded reduction's flat), else a block
+    // of vocabulary rows at a time, rounded once per block and chunk.
+    const bool head_grad = backward && head->trainable;
+    float* dw = head_grad && head->grad.dtype() == DType::F32 ? head->grad.f32() : nullptr;
+    bf16_t* dw16 = head_grad && head->grad.dtype() == DType::BF16 ? head->grad.bf16() : nullptr;
+    r.loss_sum = cpu::linear_cross_entropy_bf16(backward ? p.dnormed : nullptr, dw, dw16, &r.n_valid, p.final_normed,
+                                                head->value.bf16(), batch.labels, N, C, V, c.final_logit_softcap,
+                                                grad_scale, p.ce_chunk, p.ce_scratch);
   } else {
     r.loss_sum = cpu::linear_cross_entropy(backward ? p.dnormed : nullptr,
                                            backward ? grad_begin(head, p.table_grad_scratch) : nullptr,
@@ -649,7 +682,7 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
                                            c.final_logit_softcap, grad_scale, p.ce_chunk, p.ce_scratch);
   }
   if (!backward) return r;
-  grad_end(head, p.table_grad_scratch);
+  if (!head_bf16_gemm) grad_end(head, p.table_grad_scratch);
 
   const bool any_below = needs_grad_below_[size_t(L)];
   if (!any_below && !final_norm_->trainable) return r;
@@ -671,16 +704,33 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
   return r;
 }
 
-// A bf16 embedding gradient: the rows this batch touches summed in f32 (the table scratch), then
-// each added into the gradient with one rounding.
+// A bf16 embedding gradient: each row this batch touches summed in f32 over its tokens, in token
+// order as cpu::embedding_backward adds them (into dtmp, (rows touched, C), free by now), then added
+// into the gradient with one rounding. No (V, C) buffer.
 void Decoder::embed_backward_bf16(const Batch& batch, Plan& p) {
-  const int64_t C = config_.hidden_size;
-  std::vector<int32_t> ids(batch.tokens, batch.tokens + p.N);
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  for (int32_t id : ids) std::memset(p.table_grad_scratch + int64_t(id) * C, 0, sizeof(float) * size_t(C));
-  cpu::embedding_backward(p.table_grad_scratch, p.dres, batch.tokens, p.N, C, embed_scale_);
-  for (int32_t id : ids) add_to_gradient(embed_->grad, int64_t(id) * C, p.table_grad_scratch + int64_t(id) * C, C);
+  const int64_t N = p.N, C = config_.hidden_size;
+  std::vector<int64_t> order(static_cast<size_t>(N));  // token indices grouped by id, each in token order
+  for (int64_t n = 0; n < N; ++n) order[size_t(n)] = n;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return batch.tokens[a] < batch.tokens[b]; });
+  std::vector<int64_t> starts;  // where each id's group begins in order, then N
+  for (int64_t k = 0; k < N; ++k)
+    if (k == 0 || batch.tokens[order[size_t(k)]] != batch.tokens[order[size_t(k) - 1]]) starts.push_back(k);
+  starts.push_back(N);
+  const float scale = embed_scale_;
+  parallel_for(int64_t(starts.size()) - 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      float* sum = p.dtmp + g * C;  // (C)
+      std::fill(sum, sum + C, 0.0f);
+      for (int64_t k = starts[size_t(g)]; k < starts[size_t(g) + 1]; ++k) {
+        const float* src = p.dres + order[size_t(k)] * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) sum[c] += src[c] * scale;
+      }
+      const int64_t id = batch.tokens[order[size_t(starts[size_t(g)])]];
+      cpu::add_rounded_to_bf16(embed_->grad.bf16() + id * C, sum, C);
+    }
+  }, 4);
 }
 
 LossResult Decoder::forward_backward(const Batch& batch, float grad_scale) { return run(batch, true, grad_scale, nullptr); }

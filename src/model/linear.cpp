@@ -1,10 +1,13 @@
 // Linear: the base projection through kernels/cpu/linear plus the adapter hook. See linear.h.
 #include "model/linear.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/bf16_rounding.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/linear.h"
 
 namespace ktune::model {
@@ -31,14 +34,19 @@ void add_to_gradient(const Tensor& grad, int64_t begin, const float* g, int64_t 
     }, 1 << 15);
     return;
   }
-  bf16_t* dst = grad.bf16() + begin;
-  parallel_for(n, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dst[i] = f32_to_bf16(bf16_to_f32(dst[i]) + g[i]);
-  }, 1 << 15);
+  cpu::add_rounded_to_bf16(grad.bf16() + begin, g, n);
 }
 
-int64_t Linear::weight_scratch_floats() const {
-  return weight->value.dtype() == DType::F32 ? 0 : out * in + out;
+bool Linear::multiplies_bf16() const {
+  return weight->value.defined() && weight->value.dtype() == DType::BF16 && cpu::bf16_weights_use_bf16_gemm();
+}
+
+int64_t Linear::dw_block_rows() const { return std::clamp<int64_t>(kDwBlockFloats / std::max<int64_t>(in, 1), 1, out); }
+
+int64_t Linear::weight_scratch_floats(int64_t N, DType storage) const {
+  if (storage == DType::F32) return 0;
+  if (!cpu::bf16_weights_use_bf16_gemm()) return out * in + out;
+  return cpu::bf16_floats(N * in) + cpu::bf16_floats(N * out) + dw_block_rows() * in + out;
 }
 
 const float* Linear::weight_f32(float* weight_scratch) const { return widen(weight->value, weight_scratch); }
@@ -48,8 +56,12 @@ const float* Linear::bias_f32(float* weight_scratch) const {
 }
 
 void Linear::forward(float* y, const float* x, int64_t N, float* saved, float* weight_scratch) const {
-  if (!(adapter && adapter->replaces_base()))
-    cpu::linear_forward(y, x, weight_f32(weight_scratch), bias_f32(weight_scratch), N, in, out);
+  if (!(adapter && adapter->replaces_base())) {
+    if (multiplies_bf16())
+      forward_bf16(y, x, N, weight_scratch);
+    else
+      cpu::linear_forward(y, x, weight_f32(weight_scratch), bias_f32(weight_scratch), N, in, out);
+  }
   if (adapter) adapter->forward(y, x, N, *this, saved);
 }
 
@@ -57,6 +69,8 @@ void Linear::backward(float* dx, const float* dy, const float* x, int64_t N, con
                       float* weight_scratch, bool accumulate_dx) const {
   if (adapter && adapter->replaces_base()) {
     if (dx && !accumulate_dx) std::memset(dx, 0, sizeof(float) * size_t(N * in));
+  } else if (multiplies_bf16()) {
+    backward_bf16(dx, dy, x, N, weight_scratch, accumulate_dx);
   } else {
     const bool w_grad = weight->trainable, b_grad = bias && bias->trainable;
     const bool narrow = (w_grad && weight->grad.dtype() != DType::F32) || (b_grad && bias->grad.dtype() != DType::F32);
@@ -80,6 +94,48 @@ void Linear::backward(float* dx, const float* dy, const float* x, int64_t N, con
     }
   }
   if (adapter) adapter->backward(dx, dy, x, N, *this, saved, scratch);
+}
+
+// weight_scratch as bf16 GEMMs use it:  x16 (N, in) bf16 | dy16 (N, out) bf16 | dW rows (block, in) | db (out)
+
+void Linear::forward_bf16(float* y, const float* x, int64_t N, float* weight_scratch) const {
+  check(weight_scratch != nullptr, name, "bf16 GEMMs need the weight scratch (x rounded to bf16)");
+  check(!bias || bias->value.dtype() == DType::BF16, name, "a bf16 weight with a bias that is not bf16");
+  bf16_t* x16 = cpu::as_bf16(weight_scratch);
+  cpu::round_to_bf16(x16, x, N * in);
+  cpu::linear_forward_bf16(y, x16, weight->value.bf16(), bias ? bias->value.bf16() : nullptr, N, in, out);
+}
+
+void Linear::backward_bf16(float* dx, const float* dy, const float* x, int64_t N, float* weight_scratch,
+                           bool accumulate_dx) const {
+  const bool w_grad = weight->trainable, b_grad = bias && bias->trainable;
+  if (!dx && !w_grad && !b_grad) return;
+  check(weight_scratch != nullptr, name, "bf16 GEMMs need the weight scratch (x, dy rounded to bf16)");
+  bf16_t* x16 = cpu::as_bf16(weight_scratch);
+  bf16_t* dy16 = cpu::as_bf16(weight_scratch + cpu::bf16_floats(N * in));
+  float* block = weight_scratch + cpu::bf16_floats(N * in) + cpu::bf16_floats(N * out);  // (rows, in)
+  float* db = block + dw_block_rows() * in;                                                // (out)
+  if (dx || w_grad) cpu::round_to_bf16(dy16, dy, N * out);
+  if (dx) cpu::linear_backward_input_bf16(dx, dy16, weight->value.bf16(), N, in, out, accumulate_dx);
+  if (w_grad) {
+    cpu::round_to_bf16(x16, x, N * in);
+    if (weight->grad.dtype() == DType::F32) {  // (sharded data parallelism's f32 flat) accumulate in place
+      cpu::linear_backward_weight_bf16(weight->grad.f32(), dy16, x16, N, in, out, 0, out, 1.0f);
+    } else {
+      for (int64_t o0 = 0; o0 < out; o0 += dw_block_rows()) {
+        const int64_t rows = std::min(dw_block_rows(), out - o0);
+        cpu::linear_backward_weight_bf16(block, dy16, x16, N, in, out, o0, rows, 0.0f);
+        add_to_gradient(weight->grad, o0 * in, block, rows * in);
+      }
+    }
+  }
+  if (b_grad) {  // from the f32 dy: a column sum needs no GEMM operands
+    const bool narrow = bias->grad.dtype() != DType::F32;
+    float* dst = narrow ? db : bias->grad.f32();
+    if (narrow) std::memset(db, 0, sizeof(float) * size_t(out));
+    cpu::linear_backward(nullptr, nullptr, dst, dy, nullptr, nullptr, N, in, out, false);
+    if (narrow) add_to_gradient(bias->grad, 0, db, out);
+  }
 }
 
 }  // namespace ktune::model

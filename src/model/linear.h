@@ -64,20 +64,36 @@ struct Linear {
 
   int64_t saved_floats(int64_t N) const { return adapter ? adapter->saved_floats(N) : 0; }
   int64_t scratch_floats(int64_t N) const { return adapter ? adapter->scratch_floats(N) : 0; }
-  // Floats of weight_scratch a bf16-stored weight needs (out*in + out; 0 when stored in f32).
-  int64_t weight_scratch_floats() const;
+  // A bf16-stored weight is multiplied in one of two ways (cpu::bf16_weights_use_bf16_gemm()):
+  // as bf16 (multiplies_bf16(): the GEMMs take W itself and x or dy rounded to bf16 in weight_scratch,
+  // accumulating in f32), or widened to an f32 copy in weight_scratch (CPUs without bf16 units).
+  bool multiplies_bf16() const;
+  // Floats of weight_scratch the projection needs for N rows with its weight stored in `storage` (the
+  // decoder's: a sharded weight's value may be released while the decoder plans): 0 for f32; widened,
+  // the weight and bias, out*in + out; as bf16, x and dy in bf16 (N*in + N*out halves) + a block of dW
+  // rows + db.
+  int64_t weight_scratch_floats(int64_t N, DType storage) const;
   // The weight (out, in) and bias (out, or nullptr) as f32: the stored data, or (bf16 storage) widened
-  // into weight_scratch. Compute is f32 either way; bf16 storage halves the weights' memory.
+  // into weight_scratch.
   const float* weight_f32(float* weight_scratch) const;
   const float* bias_f32(float* weight_scratch) const;
   // y (N, out) = x (N, in) @ W^T + b  (+ adapter)
   void forward(float* y, const float* x, int64_t N, float* saved, float* weight_scratch) const;
   // dx (N, in) overwritten (or added when accumulate_dx), nullptr when no input gradient is needed;
   // dW, db accumulate when the weight/bias are trainable (a frozen weight costs no GEMM). bf16
-  // gradients: dW (db) is computed in f32 into weight_scratch first and added (rounded once), then W
-  // is widened into the same scratch for dx, so no second weight-sized buffer is needed.
+  // gradients are summed in f32 and added with one rounding per call: widened, dW (db) whole in
+  // weight_scratch, then W widened into the same scratch for dx; as bf16, dW a block of
+  // kDwBlockFloats / in rows at a time (one rounding per block and call), so no (out, in) f32 buffer.
   void backward(float* dx, const float* dy, const float* x, int64_t N, const float* saved, float* scratch,
                 float* weight_scratch, bool accumulate_dx) const;
+
+  static constexpr int64_t kDwBlockFloats = int64_t(1) << 20;  // 4 MiB of f32 dW rows
+
+ private:
+  int64_t dw_block_rows() const;
+  void forward_bf16(float* y, const float* x, int64_t N, float* weight_scratch) const;
+  void backward_bf16(float* dx, const float* dy, const float* x, int64_t N, float* weight_scratch,
+                     bool accumulate_dx) const;
 };
 
 }  // namespace ktune::model

@@ -9,15 +9,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "core/parallel.h"
 #include "kernels/cpu/adamw.h"
 #include "model/decoder.h"
 #include "train/memory_stats.h"
 #include "train/optimizer.h"
+#include "../../model/scoped_bf16_gemm.h"
 
 using namespace ktune;
 using namespace ktune::train;
+using ktune::testing::ScopedBf16Gemm;
 
 namespace {
 
@@ -112,8 +115,15 @@ TEST(Bf16RoundingKeys, SlicedUpdateDrawsTheBitsOfAWholeTensorKernelCall) {
   }
 }
 
+// Both ways a bf16 weight is multiplied (cpu::bf16_weights_use_bf16_gemm): widened to f32, the
+// compute is the f32 model's and only the gradients' rounding differs; as bf16, each GEMM also rounds
+// its activation operand (x or dy) to bf16, which the gradients' RMS error shows: measured 4.7e-3
+// (widened: under 4e-3), hence 8e-3 there. The worst element and the loss keep their bounds.
 TEST_F(Bf16Test, GradientsAreBf16AndMatchTheF32ModelsWithinBf16RoundingIncludingAccumulationAndTiedEmbeddings) {
+  for (const char* mode : {"widen", "bf16"})
   for (bool tied : {false, true}) {
+    ScopedBf16Gemm gemm_mode(mode);
+    const double rms_tolerance = std::string(mode) == "widen" ? 4e-3 : 8e-3;
     auto f32 = make_model(tied, DType::F32);
     auto bf = make_model(tied, DType::BF16);
     std::vector<int32_t> tokens, labels;
@@ -141,8 +151,8 @@ TEST_F(Bf16Test, GradientsAreBf16AndMatchTheF32ModelsWithinBf16RoundingIncluding
       ASSERT_GT(max_ref, 0.0) << pb[k]->name << " got no gradient";
       // Two micro-batches (and for the tied table two uses each): at most a few roundings of 2^-9
       // relative on the way; compared with the parameter's largest element.
-      EXPECT_LE(worst, std::ldexp(1.0, -6) * max_ref) << pb[k]->name << (tied ? " (tied)" : "");
-      EXPECT_LE(std::sqrt(diff2 / ref2), 4e-3) << pb[k]->name << (tied ? " (tied)" : "");
+      EXPECT_LE(worst, std::ldexp(1.0, -6) * max_ref) << pb[k]->name << (tied ? " (tied)" : "") << " " << mode;
+      EXPECT_LE(std::sqrt(diff2 / ref2), rms_tolerance) << pb[k]->name << (tied ? " (tied)" : "") << " " << mode;
     }
   }
 }
