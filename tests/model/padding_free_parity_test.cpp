@@ -4,17 +4,16 @@
 // (doc_ids absent, as the recipe ran unpacked batches) equal those of the same batch laid as one row
 // and as rows of at most T, with activation checkpointing too, and with LoRA adapters (their B made
 // non-zero so that every adapter gradient is). Tolerance: relative error (max|a - b| / max|b|)
-// <= 2e-5 on the loss and on each gradient: only f32 summation order differs.
+// <= 2e-5 on the loss and on each gradient: only f32 summation order differs. Part of
+// ktune_model_tests: one thread unless KTUNE_NUM_THREADS asks (decoder_parity_test.cpp's environment).
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "core/parallel.h"
 #include "data/data_loader.h"
 #include "data/padding_free.h"
 #include "model/adapters/lora_adapter.h"
@@ -25,15 +24,6 @@ using namespace ktune;
 using ktune::testing::rel_error;
 
 namespace {
-
-// The fixture models are tiny: one thread unless KTUNE_NUM_THREADS asks (as decoder_parity_test).
-class OneThreadUnlessAsked : public ::testing::Environment {
- public:
-  void SetUp() override {
-    if (!std::getenv("KTUNE_NUM_THREADS")) set_num_threads(1);
-  }
-};
-const auto* const kOneThread = ::testing::AddGlobalTestEnvironment(new OneThreadUnlessAsked);
 
 constexpr int64_t kOneRow = 1 << 30;
 constexpr double kTolerance = 2e-5;
