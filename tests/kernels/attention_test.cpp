@@ -22,7 +22,15 @@ struct Case {
   std::string name;
   AttentionShape shape;
   bool docs;
+  bool short_docs = false;  // documents of 23 tokens: most key tiles' queries end long before the row
 };
+
+std::vector<int32_t> make_short_docs(int64_t B, int64_t T) {
+  std::vector<int32_t> ids(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) ids[size_t(b * T + i)] = int32_t(i / 23);
+  return ids;
+}
 
 std::vector<int32_t> make_docs(int64_t B, int64_t T) {
   // Row 0: documents of lengths 5, 17, then the rest; row 1: one id repeating after a gap (0..0 1..1 0..0).
@@ -38,7 +46,7 @@ void compare_with_reference(const Case& c) {
   const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
   auto q = random_vector(nq, 1, -2, 2), k = random_vector(nkv, 2, -2, 2), v = random_vector(nkv, 3);
   auto dout = random_vector(nq, 4);
-  auto docs = make_docs(s.B, s.T);
+  auto docs = c.short_docs ? make_short_docs(s.B, s.T) : make_docs(s.B, s.T);
   const int32_t* doc_ids = c.docs ? docs.data() : nullptr;
   std::vector<float> out(nq), out_ref(nq), lse(size_t(s.B * s.Hq * s.T)), lse_ref(lse.size());
   attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), doc_ids, s);
@@ -68,6 +76,8 @@ TEST(Attention, TiledMatchesReferenceAcrossFeatures) {
       {"softcap 5", {1, T, 2, 2, 16, 0.7f, 0, 5.0f}, false},
       {"documents", {2, T, 4, 2, 16, 0.25f}, true},
       {"everything", {2, T, 6, 3, 24, 0.3f, 64, 8.0f}, true},
+      {"short documents", {2, T, 4, 2, 16, 0.25f}, true, true},
+      {"short documents, window and cap", {1, T, 4, 1, 16, 0.25f, 10, 5.0f}, true, true},
       {"T=1", {3, 1, 2, 1, 8, 0.3f}, false},
       {"T=300 tile multiple", {1, 256, 2, 2, 64, 0.125f}, false},
   };

@@ -62,6 +62,19 @@ std::vector<int64_t> first_occurrences(const int32_t* doc_ids, const AttentionSh
   return first;
 }
 
+// last[b*T + j]: the last position of row b holding doc_ids[b, j] (queries after it cannot see key j).
+std::vector<int64_t> last_occurrences(const int32_t* doc_ids, const AttentionShape& s) {
+  std::vector<int64_t> last(static_cast<size_t>(s.B * s.T));
+  for (int64_t b = 0; b < s.B; ++b) {
+    std::unordered_map<int32_t, int64_t> seen;
+    for (int64_t j = s.T - 1; j >= 0; --j) {
+      auto [it, inserted] = seen.emplace(doc_ids[b * s.T + j], j);
+      last[size_t(b * s.T + j)] = it->second;
+    }
+  }
+  return last;
+}
+
 // Lowest key query i can see.
 inline int64_t key_lo(const AttentionShape& s, const std::vector<int64_t>& first, int64_t b, int64_t i) {
   int64_t lo = s.sliding_window > 0 ? std::max<int64_t>(0, i - s.sliding_window + 1) : 0;
@@ -176,6 +189,7 @@ struct BackwardContext {
   const float *dout, *q, *k, *v, *lse, *delta;
   const int32_t* doc_ids;
   const std::vector<int64_t>& first;
+  const std::vector<int64_t>& last;  // doc_ids: the queries that see a key tile end at its documents' last position
   float *dk, *dv;
 };
 
@@ -205,6 +219,11 @@ void backward_key_tile(const BackwardContext& c, BackwardScratch& w, int64_t b, 
   // queries that can see some key of the tile: [k0, q_end)
   int64_t q_end = T;
   if (s.sliding_window > 0) q_end = std::min(T, k0 + cols - 1 + s.sliding_window);
+  if (!c.last.empty()) {  // packed or padding-free rows: no query past the tile's documents sees it
+    int64_t doc_end = 0;
+    for (int64_t j = k0; j < k0 + cols; ++j) doc_end = std::max(doc_end, c.last[size_t(b * T + j)] + 1);
+    q_end = std::min(q_end, doc_end);
+  }
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kvh * group + g;
     for (int64_t q0 = k0; q0 < q_end; q0 += kBwdQueryTile) {
@@ -271,6 +290,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   check_shape(s);
   const int64_t T = s.T, D = s.D;
   const std::vector<int64_t> first = doc_ids ? first_occurrences(doc_ids, s) : std::vector<int64_t>{};
+  const std::vector<int64_t> last = doc_ids ? last_occurrences(doc_ids, s) : std::vector<int64_t>{};
   // delta (B, Hq, T) = rowsum(dO o O)
   std::vector<float> delta(static_cast<size_t>(s.B * s.Hq * T));
   const int64_t nq = s.B * T * s.Hq * D;
@@ -288,7 +308,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
       std::fill(dq + n * s.Hq * D, dq + (n + 1) * s.Hq * D, 0.0f);
     }
   }, 16);
-  const BackwardContext ctx{s, dout, q, k, v, lse, delta.data(), doc_ids, first, dk, dv};
+  const BackwardContext ctx{s, dout, q, k, v, lse, delta.data(), doc_ids, first, last, dk, dv};
   const int threads = threads_for(s);
   const int64_t k_tiles = (T + kBwdKeyTile - 1) / kBwdKeyTile;
   const int64_t pairs = s.B * s.Hkv;
