@@ -13,8 +13,9 @@
 //                    y = h + [post_ff_norm](down(act(gate(n)) * up(n)))      with n = norm2(h)
 // (bracketed norms: Gemma2 only).
 //
-// It deliberately does not do generation caches, dropout, bf16 compute (bf16 storage is widened), or the optimizer (the
-// trainer runs AdamW over parameters()); adapters attach to Linear (model/linear.h).
+// It deliberately does not do generation caches, dropout, bf16 activations (bf16 GEMMs round theirs
+// per call), or the optimizer (the trainer runs AdamW over parameters()); adapters attach to Linear
+// (model/linear.h).
 #pragma once
 
 #include <cstdint>
@@ -54,9 +55,11 @@ struct LayerHooks {
 };
 
 struct LoadOptions {
-  // How the weights are kept: F32, or BF16 (half the memory; widened to f32 one weight at a time for
-  // compute; their gradients are bf16 too, each weight's micro-batch gradient computed in f32 and
-  // rounded into it once; pair with train::AdamW's bf16 path). Checkpoints of any float dtype load.
+  // How the weights are kept: F32, or BF16 (half the memory; multiplied as bf16 with the activations
+  // rounded to bf16 per GEMM where cpu::bf16_weights_use_bf16_gemm(), else widened to f32 one weight at
+  // a time; f32 accumulation either way. Their gradients are bf16 too, summed in f32 and rounded into
+  // them once per micro-batch, or per block of rows (the head's: per chunk); pair with train::AdamW's
+  // bf16 path). Checkpoints of any float dtype load.
   DType storage = DType::F32;
 };
 
