@@ -1,17 +1,21 @@
 // The bf16 operands of a bf16-weight projection: rounding f32 into bf16 (and into a bf16 sum) as the
 // scalar f32_to_bf16 does, and the three bf16 linear GEMMs (forward, input gradient, weight gradient
 // rows) against the f32 references run on the same bf16 values widened: the operands are equal, so
-// only the order of the f32 accumulation differs.
+// only the order of the f32 accumulation differs. And the KTUNE_BF16_GEMM switch.
 #include "kernels/cpu/linear.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "gradient_check.h"
 #include "kernels/cpu/bf16_rounding.h"
+#include "kernels/cpu/gemm.h"
 
 using namespace ktune;
 using namespace ktune::cpu;
@@ -80,4 +84,19 @@ TEST(LinearBf16, ForwardAndBothGradientsMatchTheF32ReferenceOnTheSameBf16Values)
     }
     expect_close(dw, dw_ref, 1e-5, beta == 0.0f ? "dW blocks" : "dW blocks accumulated");
   }
+}
+
+TEST(Bf16GemmChoice, KtuneBf16GemmForcesWidenOrBf16ElseTheCpuDecidesAndRefusesOtherValues) {
+  const char* before = std::getenv("KTUNE_BF16_GEMM");
+  const std::string saved = before ? before : "";
+  unsetenv("KTUNE_BF16_GEMM");
+  EXPECT_EQ(bf16_weights_use_bf16_gemm(), gemm_bf16_native());
+  setenv("KTUNE_BF16_GEMM", "widen", 1);
+  EXPECT_FALSE(bf16_weights_use_bf16_gemm());
+  setenv("KTUNE_BF16_GEMM", "bf16", 1);
+  EXPECT_TRUE(bf16_weights_use_bf16_gemm());
+  setenv("KTUNE_BF16_GEMM", "f32", 1);
+  EXPECT_THROW(bf16_weights_use_bf16_gemm(), Error);
+  if (saved.empty()) unsetenv("KTUNE_BF16_GEMM");
+  else setenv("KTUNE_BF16_GEMM", saved.c_str(), 1);
 }
