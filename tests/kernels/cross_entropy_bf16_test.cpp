@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "bf16_values.h"
 #include "gradient_check.h"
 #include "kernels/cpu/cross_entropy.h"
 
@@ -20,17 +21,6 @@ using namespace ktune::cpu::testing;
 
 namespace {
 
-std::vector<bf16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<bf16_t> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = f32_to_bf16(x[i]);
-  return out;
-}
-
-std::vector<float> widened(const std::vector<bf16_t>& x) {
-  std::vector<float> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = bf16_to_f32(x[i]);
-  return out;
-}
 
 std::vector<int32_t> some_ignored_labels(int64_t N, int64_t V) {
   std::vector<int32_t> labels(static_cast<size_t>(N));

@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "bf16_values.h"
 #include "gradient_check.h"
 #include "kernels/cpu/bf16_rounding.h"
 #include "kernels/cpu/gemm.h"
@@ -20,22 +21,6 @@
 using namespace ktune;
 using namespace ktune::cpu;
 using namespace ktune::cpu::testing;
-
-namespace {
-
-std::vector<bf16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<bf16_t> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = f32_to_bf16(x[i]);
-  return out;
-}
-
-std::vector<float> widened(const std::vector<bf16_t>& x) {
-  std::vector<float> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = bf16_to_f32(x[i]);
-  return out;
-}
-
-}  // namespace
 
 TEST(Bf16Rounding, RoundAndAddedSumMatchTheScalarRoundingIncludingTiesAndSpecials) {
   std::vector<float> x = random_vector(100003, 1, -3, 3);

@@ -214,17 +214,30 @@ TEST_P(DecoderParity, ShiftedPositionsBeyondTheInitialTableGiveTheSameLogits) {
   EXPECT_THROW(f.model->forward_logits(bad), Error);
 }
 
-// bf16 storage: the same results as f32 storage of the bf16-rounded weights (compute is f32 both
-// ways), gradients in f32, half the bytes per weight; and still close to HF's f32 model.
-// bf16 weights widened to f32 for every GEMM (CPUs without bf16 units): exactly the f32 model of the
-// rounded weights, bar the gradients' rounding.
-TEST_P(DecoderParity, Bf16StorageMatchesF32OfRoundedWeights) {
-  ScopedBf16Gemm widen("widen");
-  Fixture f = load(GetParam());
-  for (Parameter* p : f.model->parameters()) p->value.copy_from(p->value.to(DType::BF16));
+namespace {
+
+// The fixture's f32 model with its weights rounded to bf16, and the same checkpoint stored in bf16.
+struct Bf16Pair {
+  Fixture f;
+  std::unique_ptr<Decoder> m;
+};
+Bf16Pair load_bf16_pair(const std::string& family) {
+  Bf16Pair pair{load(family), nullptr};
+  for (Parameter* p : pair.f.model->parameters()) p->value.copy_from(p->value.to(DType::BF16));
   LoadOptions bf16;
   bf16.storage = DType::BF16;
-  std::unique_ptr<Decoder> m = Decoder::from_pretrained(fixture_dir(GetParam()), bf16);
+  pair.m = Decoder::from_pretrained(fixture_dir(family), bf16);
+  return pair;
+}
+
+}  // namespace
+
+// bf16 storage with its weights widened to f32 for every GEMM (CPUs without bf16 units): the same
+// results as f32 storage of the bf16-rounded weights, bar the gradients' rounding; half the bytes
+// per weight; and still close to HF's f32 model.
+TEST_P(DecoderParity, Bf16StorageMatchesF32OfRoundedWeights) {
+  ScopedBf16Gemm widen("widen");
+  auto [f, m] = load_bf16_pair(GetParam());
   EXPECT_EQ(m->storage(), DType::BF16);
   Tensor l32 = f.model->forward_logits(f.batch());
   Tensor l16 = m->forward_logits(f.batch());
@@ -252,11 +265,7 @@ TEST_P(DecoderParity, Bf16StorageMatchesF32OfRoundedWeights) {
 // gradient that went through bf16 GEMMs twice); the tolerances allow about twice that.
 TEST_P(DecoderParity, Bf16GemmsTrackF32OfRoundedWeightsWithinBf16Rounding) {
   ScopedBf16Gemm native("bf16");
-  Fixture f = load(GetParam());
-  for (Parameter* p : f.model->parameters()) p->value.copy_from(p->value.to(DType::BF16));
-  LoadOptions bf16;
-  bf16.storage = DType::BF16;
-  std::unique_ptr<Decoder> m = Decoder::from_pretrained(fixture_dir(GetParam()), bf16);
+  auto [f, m] = load_bf16_pair(GetParam());
   Tensor l32 = f.model->forward_logits(f.batch());
   Tensor l16 = m->forward_logits(f.batch());
   const double logits_error = rel_error(l16.f32(), l32.f32(), l32.numel());

@@ -84,6 +84,21 @@ void softmax_cross_entropy_rows(float* logits, double* row_loss, const int32_t* 
   }, std::max<int64_t>(1, 65536 / V));
 }
 
+// x (N, width): the rows of ignored tokens zeroed (their gradient is zero).
+void zero_ignored_rows(float* x, const int32_t* labels, int64_t N, int64_t width) {
+  for (int64_t r = 0; r < N; ++r)
+    if (labels[r] == kIgnoreIndex) std::fill(x + r * width, x + (r + 1) * width, 0.0f);
+}
+
+// The next chunk: the indices of up to chunk_tokens labelled tokens from *r on into chunk_rows, *r
+// moved past them. Returns how many (0: none left).
+int64_t next_chunk(int64_t* chunk_rows, int64_t* r, const int32_t* labels, int64_t N, int64_t chunk_tokens) {
+  int64_t rows = 0;
+  for (; *r < N && rows < chunk_tokens; ++*r)
+    if (labels[*r] != kIgnoreIndex) chunk_rows[rows++] = *r;
+  return rows;
+}
+
 void check_labels(const int32_t* labels, int64_t N, int64_t V) {
   for (int64_t r = 0; r < N; ++r)
     if (labels[r] != kIgnoreIndex && (labels[r] < 0 || labels[r] >= V))
@@ -150,22 +165,12 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
     if (nf4) nf4_linear_backward_input(out, g, head.nf4_codes, head.nf4_scales, rows, C, V, nf4_scratch, false);
     else gemm(false, false, rows, C, V, 1.0f, g, head.weight, 0.0f, out);  // (rows,V)@(V,C)
   };
-  if (head.ddropped_hidden)
-    for (int64_t r = 0; r < N; ++r)
-      if (labels[r] == kIgnoreIndex) std::fill(head.ddropped_hidden + r * C, head.ddropped_hidden + (r + 1) * C, 0.0f);
+  if (head.ddropped_hidden) zero_ignored_rows(head.ddropped_hidden, labels, N, C);
   const bool dora_grad = head.dora && head.dmagnitude;
-  if (head.dxa)
-    for (int64_t r = 0; r < N; ++r)
-      if (labels[r] == kIgnoreIndex) std::fill(head.dxa + r * R, head.dxa + (r + 1) * R, 0.0f);
-  if (dhidden)
-    for (int64_t r = 0; r < N; ++r)
-      if (labels[r] == kIgnoreIndex) std::fill(dhidden + r * C, dhidden + (r + 1) * C, 0.0f);
+  if (head.dxa) zero_ignored_rows(head.dxa, labels, N, R);
+  if (dhidden) zero_ignored_rows(dhidden, labels, N, C);
   int64_t r = 0;
-  while (r < N) {
-    int64_t rows = 0;
-    for (; r < N && rows < chunk_tokens; ++r)
-      if (labels[r] != kIgnoreIndex) chunk_rows[size_t(rows++)] = r;
-    if (rows == 0) break;
+  while (const int64_t rows = next_chunk(chunk_rows.data(), &r, labels, N, chunk_tokens)) {
     for (int64_t i = 0; i < rows; ++i) std::copy_n(hidden + chunk_rows[size_t(i)] * C, C, h + i * C);
     base_forward(logits, h, rows);
     if (R > 0)
@@ -264,17 +269,11 @@ double linear_cross_entropy_bf16(float* dhidden, float* dweight, bf16_t* dweight
   float* dh = logits + chunk_tokens * V + bf16_floats(chunk_tokens * V) + bf16_floats(chunk_tokens * C);  // (rows, C)
   float* block = dh + chunk_tokens * C;                                      // (block_rows, C) f32 dW rows
   const int64_t block_rows = head_grad_block_rows(V, C);
-  if (dhidden)
-    for (int64_t r = 0; r < N; ++r)
-      if (labels[r] == kIgnoreIndex) std::fill(dhidden + r * C, dhidden + (r + 1) * C, 0.0f);
+  if (dhidden) zero_ignored_rows(dhidden, labels, N, C);
   double total = 0.0;
   int64_t count = 0;
   int64_t r = 0;
-  while (r < N) {
-    int64_t rows = 0;
-    for (; r < N && rows < chunk_tokens; ++r)
-      if (labels[r] != kIgnoreIndex) chunk_rows[size_t(rows++)] = r;
-    if (rows == 0) break;
+  while (const int64_t rows = next_chunk(chunk_rows.data(), &r, labels, N, chunk_tokens)) {
     parallel_for(rows, [&](int64_t i0, int64_t i1) {  // gather and round: h16 = bf16(hidden[chunk_rows])
       for (int64_t i = i0; i < i1; ++i) {
         const float* src = hidden + chunk_rows[size_t(i)] * C;
