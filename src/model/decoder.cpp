@@ -434,7 +434,10 @@ void Decoder::layout(Take& take, int64_t B, int64_t T, Plan& p) const {
     // The head (or the tied embedding) widened, unless its GEMMs take it as bf16: an adapted head
     // (LoRA on lm_head) is widened either way, its fused loss computing on an f32 base.
     int64_t widest = head_bf16_gemm ? 0 : c.vocab_size * C;
-    if (head_adapter) widest = std::max(widest, output_.weight_scratch_floats(N, storage_));
+    // forward_logits runs an adapted head through output_.forward: as bf16, x (N, C) rounded (its
+    // backward is the fused loss's, never Linear::backward).
+    if (head_adapter)
+      widest = std::max(widest, p.bf16_gemm ? cpu::bf16_floats(N * C) : output_.weight_scratch_floats(N, storage_));
     for (auto& layer : layers_)
       for (int i = 0; i < 7; ++i) widest = std::max(widest, layer->linear(i)->weight_scratch_floats(N, storage_));
     p.weight_scratch = take.f(widest);
