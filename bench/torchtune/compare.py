@@ -172,15 +172,19 @@ def step_times(log_dir, warmup):
     return rows[warmup:]
 
 
-def gemm_ceiling(ktune_build, threads):
-    """The best f32 GEMM rate (GFLOP/s) bench/gemm measures now, at the same thread count."""
+def gemm_ceiling(ktune_build, threads, dtype):
+    """The best GEMM rate (GFLOP/s) bench/gemm measures now, at the same thread count, for the run's
+    dtype: f32 GEMMs for fp32, bf16-operand GEMMs (f32 accumulation) for bf16."""
     exe = os.path.join(ktune_build, "bench", "gemm", "ktune_bench_gemm")
     if not os.path.exists(exe):
         return None
     with tempfile.NamedTemporaryFile(suffix=".json") as report:
         subprocess.run([exe, "--quick", "--json", report.name], capture_output=True, check=True,
                        env=dict(os.environ, KTUNE_NUM_THREADS=str(threads)))
-        return json.load(open(report.name)).get("gemm_ceiling_gflops")
+        measured = json.load(open(report.name))
+    if dtype == "bf16":
+        return max((g["bf16_gflops"] for g in measured.get("gemm", [])), default=None)
+    return measured.get("gemm_ceiling_gflops")
 
 
 def main():
@@ -217,7 +221,7 @@ def main():
     print(f"model: Llama 3.2-style, vocab {SHAPE['vocab']}, dim {SHAPE['dim']}, {SHAPE['layers']} layers, "
           f"{n_params() / 1e6:.1f}M parameters (tied); batch {args.batch}, {args.dtype}, {args.threads} threads, "
           f"{args.steps} steps ({args.warmup} warm-up)")
-    ceiling = gemm_ceiling(os.path.dirname(os.path.dirname(os.path.abspath(args.ktune))), args.threads)
+    ceiling = gemm_ceiling(os.path.dirname(os.path.dirname(os.path.abspath(args.ktune))), args.threads, args.dtype)
     shapes = batch_shapes(args.tune, model_dir, args.batch, args.steps, args.seq_len)
     positions = sum(s["positions"] for s in shapes[args.warmup:])
     labels = sum(s["labels"] for s in shapes[args.warmup:])
@@ -251,7 +255,7 @@ def main():
             tt_flops, kt_flops = arithmetic(kind, shapes, args.warmup)
             tt_rate, kt_rate = tt_flops / t["seconds"] / 1e9, kt_flops / k["seconds"] / 1e9
             best = t["seconds"] / (kt_flops / 1e9 / ceiling)
-            print(f"{kind:4s} GEMM ceiling {ceiling:.0f} GFLOP/s: torchtune {tt_rate:.0f} GFLOP/s ({100 * tt_rate / ceiling:.0f}%), "
+            print(f"{kind:4s} {args.dtype} GEMM ceiling {ceiling:.0f} GFLOP/s: torchtune {tt_rate:.0f} GFLOP/s ({100 * tt_rate / ceiling:.0f}%), "
                   f"ktune {kt_rate:.0f} GFLOP/s ({100 * kt_rate / ceiling:.0f}%) on {100 * kt_flops / tt_flops:.0f}% of "
                   f"torchtune's arithmetic (its loss head skips unlabelled positions); the most any step doing "
                   f"ktune's arithmetic could reach here is {best:.2f}x", flush=True)

@@ -16,6 +16,7 @@
 #include "data/data_loader.h"
 #include "data/dataset_builders.h"
 #include "data/padding_free.h"
+#include "kernels/cpu/gemm.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
 #include "text/chat_format.h"
@@ -365,8 +366,10 @@ void FinetuneRecipe::setup_model() {
     if (sharded_) state.frozen = sharded_->memory().sharded_frozen + sharded_->memory().replicated_frozen;
     std::string what = cfg_.dtype != TrainDtype::BF16 ? "dtype=fp32: f32 weights, gradients and AdamW state"
                        : storage == DType::BF16 && !recipe_.lora
-                           ? "dtype=bf16: bf16 weights, gradients and AdamW moments (compute in f32, stochastically "
-                             "rounded updates)"
+                           ? std::string("dtype=bf16: bf16 weights, gradients and AdamW moments (") +
+                                 (cpu::bf16_weights_use_bf16_gemm() ? "GEMMs on bf16 operands with f32 accumulation"
+                                                                    : "weights widened to f32 for the GEMMs") +
+                                 ", optimizer math in f32, stochastically rounded updates)"
                        : storage == DType::BF16
                            ? "dtype=bf16: the frozen base is stored bf16; the LoRA adapters, their gradients and "
                              "AdamW state stay f32 (they are tiny)"
