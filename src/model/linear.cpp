@@ -41,12 +41,10 @@ bool Linear::multiplies_bf16() const {
   return weight->value.defined() && weight->value.dtype() == DType::BF16 && cpu::bf16_weights_use_bf16_gemm();
 }
 
-int64_t Linear::dw_block_rows() const { return std::clamp<int64_t>(kDwBlockFloats / std::max<int64_t>(in, 1), 1, out); }
-
 int64_t Linear::weight_scratch_floats(int64_t N, DType storage) const {
   if (storage == DType::F32) return 0;
   if (!cpu::bf16_weights_use_bf16_gemm()) return out * in + out;
-  return cpu::bf16_floats(N * in) + cpu::bf16_floats(N * out) + dw_block_rows() * in + out;
+  return cpu::bf16_floats(N * in) + cpu::bf16_floats(N * out) + cpu::weight_gradient_block_rows(out, in) * in + out;
 }
 
 const float* Linear::weight_f32(float* weight_scratch) const { return widen(weight->value, weight_scratch); }
@@ -114,7 +112,7 @@ void Linear::backward_bf16(float* dx, const float* dy, const float* x, int64_t N
   bf16_t* x16 = cpu::as_bf16(weight_scratch);
   bf16_t* dy16 = cpu::as_bf16(weight_scratch + cpu::bf16_floats(N * in));
   float* block = weight_scratch + cpu::bf16_floats(N * in) + cpu::bf16_floats(N * out);  // (rows, in)
-  float* db = block + dw_block_rows() * in;                                                // (out)
+  float* db = block + cpu::weight_gradient_block_rows(out, in) * in;  // (out)
   if (dx || w_grad) cpu::round_to_bf16(dy16, dy, N * out);
   if (dx) cpu::linear_backward_input_bf16(dx, dy16, weight->value.bf16(), N, in, out, accumulate_dx);
   if (w_grad) {
@@ -122,11 +120,7 @@ void Linear::backward_bf16(float* dx, const float* dy, const float* x, int64_t N
     if (weight->grad.dtype() == DType::F32) {  // (sharded data parallelism's f32 flat) accumulate in place
       cpu::linear_backward_weight_bf16(weight->grad.f32(), dy16, x16, N, in, out, 0, out, 1.0f);
     } else {
-      for (int64_t o0 = 0; o0 < out; o0 += dw_block_rows()) {
-        const int64_t rows = std::min(dw_block_rows(), out - o0);
-        cpu::linear_backward_weight_bf16(block, dy16, x16, N, in, out, o0, rows, 0.0f);
-        add_to_gradient(weight->grad, o0 * in, block, rows * in);
-      }
+      cpu::linear_backward_weight_bf16_blocks(weight->grad.bf16(), dy16, x16, N, in, out, block);
     }
   }
   if (b_grad) {  // from the f32 dy: a column sum needs no GEMM operands

@@ -82,15 +82,12 @@ struct Linear {
   // dx (N, in) overwritten (or added when accumulate_dx), nullptr when no input gradient is needed;
   // dW, db accumulate when the weight/bias are trainable (a frozen weight costs no GEMM). bf16
   // gradients are summed in f32 and added with one rounding per call: widened, dW (db) whole in
-  // weight_scratch, then W widened into the same scratch for dx; as bf16, dW a block of
-  // kDwBlockFloats / in rows at a time (one rounding per block and call), so no (out, in) f32 buffer.
+  // weight_scratch, then W widened into the same scratch for dx; as bf16, dW a block of rows at a time
+  // (cpu::linear_backward_weight_bf16_blocks: one rounding per block and call), so no (out, in) f32 buffer.
   void backward(float* dx, const float* dy, const float* x, int64_t N, const float* saved, float* scratch,
                 float* weight_scratch, bool accumulate_dx) const;
 
-  static constexpr int64_t kDwBlockFloats = int64_t(1) << 20;  // 4 MiB of f32 dW rows
-
  private:
-  int64_t dw_block_rows() const;
   void forward_bf16(float* y, const float* x, int64_t N, float* weight_scratch) const;
   void backward_bf16(float* dx, const float* dy, const float* x, int64_t N, float* weight_scratch,
                      bool accumulate_dx) const;

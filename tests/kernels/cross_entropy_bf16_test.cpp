@@ -2,7 +2,7 @@
 // materialised f32 reference: with bf16-valued hidden rows the logits' operands are exact, so the loss
 // matches to f32 accumulation; the gradients go through bf16(dlogits) (2^-9 relative), and a bf16
 // weight gradient adds a rounding per chunk and block of vocabulary rows. Also several dW blocks
-// (V*C above kHeadGradBlockFloats), soft-capping, ignored labels, and the loss alone.
+// (V*C above kWeightGradientBlockFloats), soft-capping, ignored labels, and the loss alone.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +14,7 @@
 #include "bf16_values.h"
 #include "gradient_check.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/linear.h"
 
 using namespace ktune;
 using namespace ktune::cpu;
@@ -91,9 +92,9 @@ TEST(CrossEntropyBf16, MatchesTheF32ReferenceWithinBf16RoundingOfTheGemmOperands
 }
 
 TEST(CrossEntropyBf16, AWeightGradientOfSeveralBlocksOfVocabularyRows) {
-  // V * C = 1.5 Mi floats: dW in two blocks of kHeadGradBlockFloats / C rows (the second partial).
-  const int64_t C = 512, V = 3 * (kHeadGradBlockFloats / C) / 2 + 5;
-  ASSERT_GT(V * C, kHeadGradBlockFloats);
+  // V * C = 1.5 Mi floats: dW in two blocks of kWeightGradientBlockFloats / C rows (the second partial).
+  const int64_t C = 512, V = 3 * (kWeightGradientBlockFloats / C) / 2 + 5;
+  ASSERT_GT(V * C, kWeightGradientBlockFloats);
   expect_matches_reference({11, C, V, 4, 0.0f}, true);
 }
 

@@ -87,13 +87,13 @@ struct Bf16Projection {
 
 TEST(LinearBf16Gemm, ForwardAndBackwardMatchTheF32ReferenceOnBf16RoundedOperands) {
   ScopedBf16Gemm native("bf16");
-  // out * in above Linear::kDwBlockFloats: dW in three blocks of rows (the last partial).
+  // out * in above cpu::kWeightGradientBlockFloats: dW in three blocks of rows (the last partial).
   const int64_t N = 6, in = 2048, out = 1100;
   for (DType grad_dtype : {DType::BF16, DType::F32}) {
     const std::string tag = grad_dtype == DType::BF16 ? " (bf16 gradients)" : " (f32 gradients)";
     Bf16Projection p(in, out, grad_dtype);
     ASSERT_TRUE(p.linear.multiplies_bf16());
-    ASSERT_GT(out * in, 2 * Linear::kDwBlockFloats);
+    ASSERT_GT(out * in, 2 * cpu::kWeightGradientBlockFloats);
     std::vector<float> scratch(size_t(p.linear.weight_scratch_floats(N, DType::BF16)));
     const auto x = random_floats(size_t(N * in), 5, 1.0f), dy = random_floats(size_t(N * out), 6, 1.0f);
     std::vector<float> y(size_t(N * out)), y_ref(y.size());

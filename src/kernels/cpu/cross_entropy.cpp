@@ -23,6 +23,7 @@
 #include "core/parallel.h"
 #include "kernels/cpu/bf16_rounding.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/nf4.h"
 #include "kernels/cpu/vector_math.h"
 
@@ -242,15 +243,9 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
   return total;
 }
 
-namespace {
-int64_t head_grad_block_rows(int64_t V, int64_t C) {
-  return std::clamp<int64_t>(kHeadGradBlockFloats / std::max<int64_t>(C, 1), 1, V);
-}
-}  // namespace
-
 size_t linear_cross_entropy_bf16_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C) {
   return size_t(chunk_tokens * V + bf16_floats(chunk_tokens * V) + bf16_floats(chunk_tokens * C) +
-                chunk_tokens * C + head_grad_block_rows(V, C) * C);
+                chunk_tokens * C + weight_gradient_block_rows(V, C) * C);
 }
 
 double linear_cross_entropy_bf16(float* dhidden, float* dweight, bf16_t* dweight_bf16, int64_t* n_valid,
@@ -268,7 +263,6 @@ double linear_cross_entropy_bf16(float* dhidden, float* dweight, bf16_t* dweight
   bf16_t* h16 = as_bf16(logits + chunk_tokens * V + bf16_floats(chunk_tokens * V));  // (rows, C) bf16(hidden)
   float* dh = logits + chunk_tokens * V + bf16_floats(chunk_tokens * V) + bf16_floats(chunk_tokens * C);  // (rows, C)
   float* block = dh + chunk_tokens * C;                                      // (block_rows, C) f32 dW rows
-  const int64_t block_rows = head_grad_block_rows(V, C);
   if (dhidden) zero_ignored_rows(dhidden, labels, N, C);
   double total = 0.0;
   int64_t count = 0;
@@ -293,12 +287,7 @@ double linear_cross_entropy_bf16(float* dhidden, float* dweight, bf16_t* dweight
       for (int64_t i = 0; i < rows; ++i) std::copy_n(dh + i * C, C, dhidden + chunk_rows[size_t(i)] * C);
     }
     if (dweight) gemm_bf16(true, false, V, C, rows, 1.0f, dz16, h16, 1.0f, dweight);  // (V,rows)@(rows,C)
-    if (dweight_bf16)
-      for (int64_t v0 = 0; v0 < V; v0 += block_rows) {  // dW rows [v0, v0 + vb) = dz16[:, v0:v0+vb]^T @ h16
-        const int64_t vb = std::min(block_rows, V - v0);
-        gemm_bf16_strided(true, false, vb, C, rows, 1.0f, dz16 + v0, V, h16, C, 0.0f, block, C);
-        add_rounded_to_bf16(dweight_bf16 + v0 * C, block, vb * C);
-      }
+    if (dweight_bf16) linear_backward_weight_bf16_blocks(dweight_bf16, dz16, h16, rows, C, V, block);  // += dz16ᵀ h16
   }
   if (n_valid) *n_valid = count;
   return total;

@@ -71,9 +71,8 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
 // A bf16 head multiplied as bf16 (gemm_bf16): weight (V, C) bf16. Per chunk the gathered hidden
 // rows and the logits' gradient are rounded to bf16 for the GEMMs (f32 accumulation; logits, loss and
 // dhidden f32), so no f32 copy of W exists. The weight gradient (at most one of the two, or neither):
-// dweight (V, C) f32 +=; or dweight_bf16 (V, C) bf16 +=, summed in f32 a block of kHeadGradBlockFloats / C
-// vocabulary rows at a time and rounded once per block and chunk (no (V, C) f32 buffer either).
-constexpr int64_t kHeadGradBlockFloats = int64_t(1) << 20;  // 4 MiB
+// dweight (V, C) f32 +=; or dweight_bf16 (V, C) bf16 +=, summed in f32 a block of vocabulary rows at a
+// time and rounded once per block and chunk (linear_backward_weight_bf16_blocks: no (V, C) f32 buffer either).
 // chunk_tokens * V (logits) + the same in bf16 (dlogits) + chunk_tokens * C in bf16 (hidden rows)
 // + chunk_tokens * C (dhidden rows) + one dW block.
 size_t linear_cross_entropy_bf16_scratch_floats(int64_t chunk_tokens, int64_t V, int64_t C);

@@ -2,9 +2,11 @@
 // two GEMMs (dx, dW) plus a column sum (db); the bf16 variants the same on bf16 operands.
 #include "kernels/cpu/linear.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/bf16_rounding.h"
 #include "kernels/cpu/gemm.h"
 
 namespace ktune::cpu {
@@ -64,6 +66,20 @@ void linear_backward_weight_bf16(float* dw, const bf16_t* dy16, const bf16_t* x1
                                  int64_t out, int64_t o0, int64_t rows, float beta) {
   // (rows,N)@(N,in): dy16's columns o0.. read as a transposed, strided A.
   gemm_bf16_strided(true, false, rows, in, N, 1.0f, dy16 + o0, out, x16, in, beta, dw, in);
+}
+
+int64_t weight_gradient_block_rows(int64_t out, int64_t in) {
+  return std::clamp<int64_t>(kWeightGradientBlockFloats / std::max<int64_t>(in, 1), 1, out);
+}
+
+void linear_backward_weight_bf16_blocks(bf16_t* dw16, const bf16_t* dy16, const bf16_t* x16, int64_t N, int64_t in,
+                                        int64_t out, float* block) {
+  const int64_t block_rows = weight_gradient_block_rows(out, in);
+  for (int64_t o0 = 0; o0 < out; o0 += block_rows) {
+    const int64_t rows = std::min(block_rows, out - o0);
+    linear_backward_weight_bf16(block, dy16, x16, N, in, out, o0, rows, 0.0f);  // (rows, in)
+    add_rounded_to_bf16(dw16 + o0 * in, block, rows * in);
+  }
 }
 
 void linear_forward_reference(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t in,

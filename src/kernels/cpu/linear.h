@@ -28,9 +28,16 @@ void linear_forward_bf16(float* y, const bf16_t* x16, const bf16_t* w, const bf1
 void linear_backward_input_bf16(float* dx, const bf16_t* dy16, const bf16_t* w, int64_t N, int64_t in, int64_t out,
                                 bool accumulate_dx);
 // Undoes y = x @ W^T for W, rows [o0, o0 + rows) of it:  dw (rows, in) = dy16[:, o0:o0+rows]^T @ x16 + beta * dw.
-// A caller with a bf16 gradient takes dW a bounded block of rows at a time (no (out, in) f32 buffer).
 void linear_backward_weight_bf16(float* dw, const bf16_t* dy16, const bf16_t* x16, int64_t N, int64_t in,
                                  int64_t out, int64_t o0, int64_t rows, float beta);
+// The same into a bf16 gradient, dw16 (out, in) += dy16^T @ x16, without an (out, in) f32 buffer: a
+// block of weight_gradient_block_rows(out, in) rows at a time is summed in f32 in `block` and added
+// with one rounding. Projections and the output head (W = (V, C)) take their bf16 dW this way.
+constexpr int64_t kWeightGradientBlockFloats = int64_t(1) << 20;  // 4 MiB of f32 dW rows
+int64_t weight_gradient_block_rows(int64_t out, int64_t in);
+// block: weight_gradient_block_rows(out, in) * in floats.
+void linear_backward_weight_bf16_blocks(bf16_t* dw16, const bf16_t* dy16, const bf16_t* x16, int64_t N, int64_t in,
+                                        int64_t out, float* block);
 
 void linear_forward_reference(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t in,
                               int64_t out);
