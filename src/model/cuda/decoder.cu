@@ -1,6 +1,6 @@
 // cuda::Decoder: parameters, the memory plan, and the forward, backward and AdamW step on the GPU.
 // See decoder.h. The layer code follows src/model/decoder.cpp's layer_forward/layer_backward line
-// by line (without the Gemma-only branches); the LoRA projection follows LoraAdapter::forward and
+// by line (Gemma2's sandwich norms included); the LoRA projection follows LoraAdapter::forward and
 // ::backward without dropout. Everything runs on the default stream; the only synchronisation in a
 // step is the loss's (linear_cross_entropy returns it) and the index-flag check after it.
 #include "model/cuda/decoder.h"
@@ -134,14 +134,20 @@ DecoderConfig DecoderConfig::llama3_2_1b() {
 // Implementation state
 
 struct Decoder::Impl {
-  // A projection: its base weight (out, in) and, with LoRA, A (r, in) and B (out, r). Indices into params_.
+  // A projection: its base weight (out, in), bias (out) if any and, with LoRA, A (r, in) and B (out, r).
+  // Indices into params_.
   struct Linear {
     int64_t in = 0, out = 0;
-    int weight = -1, lora_a = -1, lora_b = -1;
+    int weight = -1, bias = -1, lora_a = -1, lora_b = -1;
   };
+  // The norms as the CPU Decoder::Layer names them: norm_attn = input_layernorm; norm_mlp =
+  // post_attention_layernorm (gemma2: pre_feedforward_layernorm); gemma2 only: norm_attn_out =
+  // post_attention_layernorm (on the attention output), norm_mlp_out = post_feedforward_layernorm.
   struct Layer {
     Linear proj[kNumProjections];
-    int norm_attn = -1, norm_mlp = -1;
+    int norm_attn = -1, norm_mlp = -1, norm_attn_out = -1, norm_mlp_out = -1;
+    bool gemm_attention = false;  // TrainingSetup::kGemm and neither a window shorter than T nor a soft-cap
+    AttentionShape attention{};   // this layer's window, soft-cap and scale
   };
   // What one layer's forward saves for its backward (bf16 unless noted). N = B*T.
   struct Acts {
@@ -159,6 +165,11 @@ struct Decoder::Impl {
     bf16_t* up = nullptr;     // (N, I)
     bf16_t* act = nullptr;    // (N, I) silu(gate) * up
     bf16_t* xa[kNumProjections] = {};  // (N, r) LoRA x A^T per adapted projection
+    // sandwich norms only (gemma2)
+    bf16_t* o = nullptr;          // (N, C) o_proj output, input of the post-attention norm
+    float* rstd_o = nullptr;      // (N) f32
+    bf16_t* down = nullptr;       // (N, C) down_proj output, input of the post-feed-forward norm
+    float* rstd_down = nullptr;   // (N) f32
   };
 
   GemmContext gemm;
@@ -168,6 +179,7 @@ struct Decoder::Impl {
   std::vector<Layer> layers;
   int embed = -1, final_norm = -1, head = -1;  // head == embed when tied
   float lora_scale = 0;
+  float embed_scale = 1;  // gemma: sqrt(hidden_size) rounded to bf16 (the weights' dtype), as the CPU Decoder
   int64_t ce_chunk = 0;
   // activations
   int64_t B = 0, T = 0, N = 0;
@@ -182,6 +194,7 @@ struct Decoder::Impl {
   bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   bf16_t *dact = nullptr, *dgate = nullptr, *dup = nullptr;      // (N, I)
   bf16_t* lora_g = nullptr;                                      // (N, r)
+  bf16_t* ones = nullptr;  // (N) 1s when a bias trains: db (1, out) += ones (1, N) @ dy (N, out)
   float* attn_scratch = nullptr;     // kFlash: the backward's rowsums
   void* attn_gemm_scratch = nullptr;  // kGemm: one head's scores, both directions
   void* ce_scratch = nullptr;
@@ -201,11 +214,13 @@ struct Decoder::Impl {
     for (cudaEvent_t e : events) cudaEventDestroy(e);
   }
 
+  // bias (Nn) in C's dtype, added to every row by cuBLASLt's epilogue; nullptr: none
   void mm(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, float alpha, const bf16_t* A, const bf16_t* Bm,
-          float beta, void* C, DType out) {
+          float beta, void* C, DType out, const bf16_t* bias = nullptr) {
     GemmCall g;
     g.trans_a = ta, g.trans_b = tb, g.M = M, g.N = Nn, g.K = K, g.alpha = alpha, g.beta = beta;
     g.A = A, g.B = Bm, g.C = C, g.in = DType::BF16, g.out = out;
+    g.bias = bias;
     gemm.run(g);
   }
 };
@@ -222,6 +237,11 @@ Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64
   check(c.num_heads % c.num_kv_heads == 0, "cuda decoder", "num_heads must be a multiple of num_kv_heads");
   check(c.head_dim % 2 == 0 && c.head_dim <= 256, "cuda decoder", "head_dim must be even and at most 256");
   check(setup.batch > 0 && setup.seq_len > 0, "cuda decoder", "batch and seq_len must be positive");
+  check(c.sliding_window.empty() || int64_t(c.sliding_window.size()) == c.num_layers, "cuda decoder",
+        "sliding_window must be empty or hold one window per layer");
+  for (int64_t w : c.sliding_window) check(w >= 0, "cuda decoder", "a sliding window must be >= 0 (0: none)");
+  check(c.attention_scale >= 0 && c.attn_logit_softcap >= 0 && c.final_logit_softcap >= 0, "cuda decoder",
+        "attention_scale and the soft-caps must be >= 0 (0: the default / off)");
   bool any_lora = false;
   for (bool on : setup.lora_on) any_lora |= on;
   check(!any_lora || (setup.lora_rank > 0 && setup.lora_alpha > 0), "cuda decoder",
@@ -265,9 +285,16 @@ void Decoder::allocate() {
       layer.proj[p].in = dims[p][0];
       layer.proj[p].out = dims[p][1];
       layer.proj[p].weight = add(module + ".weight", {dims[p][1], dims[p][0]}, full);
+      if (c.qkv_bias && p <= kV) layer.proj[p].bias = add(module + ".bias", {dims[p][1]}, full);
     }
     layer.norm_attn = add(pre + "input_layernorm.weight", {C}, full);
-    layer.norm_mlp = add(pre + "post_attention_layernorm.weight", {C}, full);
+    if (c.sandwich_norms) {
+      layer.norm_attn_out = add(pre + "post_attention_layernorm.weight", {C}, full);
+      layer.norm_mlp = add(pre + "pre_feedforward_layernorm.weight", {C}, full);
+      layer.norm_mlp_out = add(pre + "post_feedforward_layernorm.weight", {C}, full);
+    } else {
+      layer.norm_mlp = add(pre + "post_attention_layernorm.weight", {C}, full);
+    }
   }
   s.final_norm = add("model.norm.weight", {C}, full);
   s.head = c.tie_word_embeddings ? s.embed : add("lm_head.weight", {V, C}, full);
@@ -317,6 +344,23 @@ void Decoder::allocate() {
   s.ce_chunk = std::min(s.ce_chunk, N);
   s.ce_scratch_bytes = linear_cross_entropy_scratch_bytes(s.ce_chunk, V);
   AttentionShape ashape{s.B, s.T, c.num_heads, c.num_kv_heads, c.head_dim, 1.0f, 0, 0.0f};
+  // Each layer's attention: a window reaching back over the whole row (>= T) masks nothing and is
+  // dropped; what remains of a window, or a soft-cap, needs the tiled kernels (attention_gemm has neither).
+  const float attention_scale = c.attention_scale > 0 ? c.attention_scale : 1.0f / std::sqrt(float(c.head_dim));
+  bool any_gemm_attention = false, any_flash_attention = false;
+  for (int64_t l = 0; l < L; ++l) {
+    Impl::Layer& layer = s.layers[size_t(l)];
+    const int64_t window = c.window(l) >= s.T ? 0 : c.window(l);
+    layer.attention = AttentionShape{s.B, s.T, c.num_heads, c.num_kv_heads, c.head_dim, attention_scale, window,
+                                     c.attn_logit_softcap};
+    layer.gemm_attention =
+        setup_.attention == TrainingSetup::Attention::kGemm && window == 0 && c.attn_logit_softcap == 0.0f;
+    any_gemm_attention |= layer.gemm_attention;
+    any_flash_attention |= !layer.gemm_attention;
+  }
+  bool any_bias_grad = false;
+  for (const Impl::Layer& layer : s.layers)
+    for (const Impl::Linear& lin : layer.proj) any_bias_grad |= lin.bias >= 0 && trainable[size_t(lin.bias)];
   auto layout = [&](Carver& k) {
     s.resid.assign(size_t(L + 1), nullptr);
     for (auto& x : s.resid) x = k.take<bf16_t>(N * C);
@@ -338,6 +382,12 @@ void Decoder::allocate() {
       a.act = k.take<bf16_t>(N * I);
       for (int p = 0; p < kNumProjections; ++p)
         a.xa[p] = s.layers[size_t(l)].proj[p].lora_a >= 0 ? k.take<bf16_t>(N * r) : nullptr;
+      if (c.sandwich_norms) {
+        a.o = k.take<bf16_t>(N * C);
+        a.rstd_o = k.take<float>(N);
+        a.down = k.take<bf16_t>(N * C);
+        a.rstd_down = k.take<float>(N);
+      }
     }
     s.final_normed = k.take<bf16_t>(N * C);
     s.final_rstd = k.take<float>(N);
@@ -356,10 +406,11 @@ void Decoder::allocate() {
     s.dgate = k.take<bf16_t>(N * I);
     s.dup = k.take<bf16_t>(N * I);
     s.lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
-    const bool gemm_attention = setup_.attention == TrainingSetup::Attention::kGemm;
-    s.attn_scratch = gemm_attention ? nullptr : k.take<float>(attention_backward_scratch_floats(ashape));
-    s.attn_gemm_scratch = gemm_attention ? k.take<char>(int64_t(attention_gemm_scratch_bytes(ashape))) : nullptr;
+    s.attn_scratch = any_flash_attention ? k.take<float>(attention_backward_scratch_floats(ashape)) : nullptr;
+    s.attn_gemm_scratch =
+        any_gemm_attention ? k.take<char>(int64_t(attention_gemm_scratch_bytes(ashape))) : nullptr;
     s.ce_scratch = k.take<char>(int64_t(s.ce_scratch_bytes));
+    s.ones = any_bias_grad ? k.take<bf16_t>(N) : nullptr;
   };
   Carver count;
   layout(count);
@@ -372,6 +423,12 @@ void Decoder::allocate() {
   plan_bytes_.optimizer = obytes;
   plan_bytes_.activations = count.bytes;
   plan_bytes_.loss_scratch = aligned(s.ce_scratch_bytes);
+  if (s.ones) {
+    init_kernel<<<blocks_for(N, 256), 256>>>(dev(s.ones), N, 0, 0.0f, 1.0f);
+    KTUNE_CUDA_CHECK_LAUNCH();
+  }
+  // Gemma: sqrt(hidden) in the weights' dtype (bf16), as HF's embed_scale.to(weight.dtype).
+  s.embed_scale = c.scale_embeddings ? bf16_to_f32(f32_to_bf16(float(std::sqrt(double(C))))) : 1.0f;
 
   // Positions 0..T-1 in every row; the rotary table for T positions (the CPU RopeTable's angles).
   std::vector<int32_t> pos(static_cast<size_t>(N));
@@ -390,9 +447,12 @@ void Decoder::init_parameters(uint64_t seed) {
   Impl& s = *impl_;
   const float normal_bound = 0.02f * std::sqrt(3.0f);  // uniform with std 0.02
   std::vector<bool> is_norm(params_.size(), false), is_a(params_.size(), false), is_b(params_.size(), false);
+  std::vector<bool> is_bias(params_.size(), false);
   for (auto& layer : s.layers) {
-    is_norm[size_t(layer.norm_attn)] = is_norm[size_t(layer.norm_mlp)] = true;
+    for (int norm : {layer.norm_attn, layer.norm_mlp, layer.norm_attn_out, layer.norm_mlp_out})
+      if (norm >= 0) is_norm[size_t(norm)] = true;
     for (auto& lin : layer.proj) {
+      if (lin.bias >= 0) is_bias[size_t(lin.bias)] = true;
       if (lin.lora_a >= 0) is_a[size_t(lin.lora_a)] = true;
       if (lin.lora_b >= 0) is_b[size_t(lin.lora_b)] = true;
     }
@@ -401,7 +461,8 @@ void Decoder::init_parameters(uint64_t seed) {
   for (size_t i = 0; i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
     float bound = normal_bound, fill = 0.0f;
-    if (is_norm[i]) bound = 0.0f, fill = 1.0f;
+    if (is_norm[i]) bound = 0.0f, fill = 1.0f - config_.norm_weight_offset;  // the identity: (offset + w) = 1
+    if (is_bias[i]) bound = 0.0f, fill = 0.0f;
     if (is_a[i]) bound = 1.0f / std::sqrt(float(p.shape[1]));
     if (is_b[i]) bound = 0.0f, fill = 0.0f;
     init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(p.value), p.numel, mix64_host(seed ^ mix64_host(i)), bound,
@@ -508,6 +569,8 @@ struct LinearRef {
   float *da = nullptr, *db = nullptr;
   int64_t in, out, r;
   float scale;
+  const bf16_t* bias = nullptr;  // (out) or nullptr
+  float* dbias = nullptr;        // (out) f32, nullptr: no bias or frozen
 };
 
 }  // namespace
@@ -520,31 +583,34 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   copy_to_device(s.tokens, tokens_host, size_t(N) * sizeof(int32_t));
   copy_to_device(s.labels, labels_host, size_t(N) * sizeof(int32_t));
   const RopeTableView rope{s.rope_cos.as<float>(), s.rope_sin.as<float>(), s.T, D};
-  const AttentionShape ashape{s.B, s.T, Hq, Hkv, D, 1.0f / std::sqrt(float(D)), 0, 0.0f};
-  const float eps = c.rms_norm_eps;
+  const float eps = c.rms_norm_eps, off = c.norm_weight_offset;
+  const bool sandwich = c.sandwich_norms;
   auto P = [&](int i) -> DeviceParameter& { return params_[size_t(i)]; };
   auto lin = [&](const Impl::Linear& l) {
     LinearRef ref{P(l.weight).value, P(l.weight).grad};
     ref.in = l.in, ref.out = l.out, ref.r = setup_.lora_rank, ref.scale = s.lora_scale;
+    if (l.bias >= 0) ref.bias = P(l.bias).value, ref.dbias = P(l.bias).grad;
     if (l.lora_a >= 0) {
       ref.a = P(l.lora_a).value, ref.da = P(l.lora_a).grad;
       ref.b = P(l.lora_b).value, ref.db = P(l.lora_b).grad;
     }
     return ref;
   };
-  // y (N, out) = beta * y + x W^T [+ s (x A^T) B^T];  xa (N, r) saved
+  // y (N, out) = beta * y + x W^T [+ b] [+ s (x A^T) B^T];  xa (N, r) saved
   auto linear_forward = [&](bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta) {
-    s.mm(false, true, N, w.out, w.in, 1.0f, x, w.w, beta, y, DType::BF16);
+    s.mm(false, true, N, w.out, w.in, 1.0f, x, w.w, beta, y, DType::BF16, w.bias);
     if (w.a) {
       s.mm(false, true, N, w.r, w.in, 1.0f, x, w.a, 0.0f, xa, DType::BF16);
       s.mm(false, true, N, w.out, w.r, w.scale, xa, w.b, 1.0f, y, DType::BF16);
     }
   };
-  // Undoes y = x W^T + s (x A^T) B^T: dx (N, in) overwritten (or += when accumulate; nullptr: not
-  // wanted), dW += dy^T x (trainable base only), dB += s dy^T xa, dA += g^T x with g = s dy B.
+  // Undoes y = x W^T + b + s (x A^T) B^T: dx (N, in) overwritten (or += when accumulate; nullptr: not
+  // wanted), dW += dy^T x (trainable base only), db += column sums of dy (as ones (1, N) @ dy),
+  // dB += s dy^T xa, dA += g^T x with g = s dy B.
   auto linear_backward = [&](bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
                              const bf16_t* xa) {
     if (w.dw) s.mm(true, false, w.out, w.in, N, 1.0f, dy, x, 1.0f, w.dw, DType::F32);
+    if (w.dbias) s.mm(false, false, 1, w.out, N, 1.0f, s.ones, dy, 1.0f, w.dbias, DType::F32);
     if (dx) s.mm(false, false, N, w.in, w.out, 1.0f, dy, w.w, accumulate ? 1.0f : 0.0f, dx, DType::BF16);
     if (w.a) {
       s.mm(true, false, w.out, w.r, N, w.scale, dy, xa, 1.0f, w.db, DType::F32);
@@ -558,8 +624,11 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   std::vector<bool> trainable_in_layer(size_t(L), false);
   for (int64_t l = 0; l < L; ++l) {
     const Impl::Layer& layer = s.layers[size_t(l)];
-    bool any = P(layer.norm_attn).grad || P(layer.norm_mlp).grad;
-    for (const auto& pr : layer.proj) any = any || P(pr.weight).grad || pr.lora_a >= 0;
+    bool any = false;
+    for (int norm : {layer.norm_attn, layer.norm_mlp, layer.norm_attn_out, layer.norm_mlp_out})
+      any = any || (norm >= 0 && P(norm).grad);
+    for (const auto& pr : layer.proj)
+      any = any || P(pr.weight).grad || (pr.bias >= 0 && P(pr.bias).grad) || pr.lora_a >= 0;
     trainable_in_layer[size_t(l)] = any;
   }
   // below[l]: the embedding or a layer < l is trainable.
@@ -572,66 +641,97 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   auto attn_event = [&](int64_t l, int k) { return size_t(4 + 4 * l + k); };
   s.mark(0);
   const DeviceParameter& embed = P(s.embed);
-  embedding_forward(s.resid[0], s.tokens, embed.value, N, C, V, 1.0f, s.flag.data());
+  embedding_forward(s.resid[0], s.tokens, embed.value, N, C, V, s.embed_scale, s.flag.data());
   for (int64_t l = 0; l < L; ++l) {
     const Impl::Layer& layer = s.layers[size_t(l)];
     const Impl::Acts& a = s.acts[size_t(l)];
     const bf16_t* x_in = s.resid[size_t(l)];
     bf16_t* x_out = s.resid[size_t(l) + 1];
-    rmsnorm_forward(a.ln1, a.rstd1, x_in, P(layer.norm_attn).value, N, C, eps, 0.0f);
+    rmsnorm_forward(a.ln1, a.rstd1, x_in, P(layer.norm_attn).value, N, C, eps, off);
     linear_forward(a.q, a.ln1, lin(layer.proj[kQ]), a.xa[kQ], 0.0f);
     linear_forward(a.k, a.ln1, lin(layer.proj[kK]), a.xa[kK], 0.0f);
     linear_forward(a.v, a.ln1, lin(layer.proj[kV]), a.xa[kV], 0.0f);
     rope_forward(a.q, s.positions, rope, N, Hq, D, s.flag.data());
     rope_forward(a.k, s.positions, rope, N, Hkv, D, s.flag.data());
     s.mark(attn_event(l, 0));
-    if (s.attn_gemm_scratch) attention_gemm_forward(s.gemm, a.att, a.lse, a.q, a.k, a.v, ashape, s.attn_gemm_scratch);
-    else attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, ashape);
+    if (layer.gemm_attention)
+      attention_gemm_forward(s.gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, s.attn_gemm_scratch);
+    else
+      attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, layer.attention);
     s.mark(attn_event(l, 1));
-    // h = x + o(att): x copied into h, the projection accumulated onto it (beta = 1)
-    KTUNE_CUDA_CHECK(cudaMemcpyAsync(a.x_mid, x_in, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
-    linear_forward(a.x_mid, a.att, lin(layer.proj[kO]), a.xa[kO], 1.0f);
-    rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, P(layer.norm_mlp).value, N, C, eps, 0.0f);
+    if (sandwich) {  // h = x + post_attn_norm(o(att))
+      linear_forward(a.o, a.att, lin(layer.proj[kO]), a.xa[kO], 0.0f);
+      rmsnorm_forward(a.x_mid, a.rstd_o, a.o, P(layer.norm_attn_out).value, N, C, eps, off);
+      add_inplace(a.x_mid, x_in, N * C);
+    } else {  // h = x + o(att): x copied into h, the projection accumulated onto it (beta = 1)
+      KTUNE_CUDA_CHECK(cudaMemcpyAsync(a.x_mid, x_in, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
+      linear_forward(a.x_mid, a.att, lin(layer.proj[kO]), a.xa[kO], 1.0f);
+    }
+    rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, P(layer.norm_mlp).value, N, C, eps, off);
     linear_forward(a.gate, a.ln2, lin(layer.proj[kGate]), a.xa[kGate], 0.0f);
     linear_forward(a.up, a.ln2, lin(layer.proj[kUp]), a.xa[kUp], 0.0f);
-    swiglu_forward(a.act, a.gate, a.up, N * I);
-    KTUNE_CUDA_CHECK(cudaMemcpyAsync(x_out, a.x_mid, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
-    linear_forward(x_out, a.act, lin(layer.proj[kDown]), a.xa[kDown], 1.0f);  // y = h + mlp
+    if (c.activation == DecoderConfig::Activation::kSiLU) swiglu_forward(a.act, a.gate, a.up, N * I);
+    else geglu_tanh_forward(a.act, a.gate, a.up, N * I);
+    if (sandwich) {  // y = h + post_ff_norm(mlp)
+      linear_forward(a.down, a.act, lin(layer.proj[kDown]), a.xa[kDown], 0.0f);
+      rmsnorm_forward(x_out, a.rstd_down, a.down, P(layer.norm_mlp_out).value, N, C, eps, off);
+      add_inplace(x_out, a.x_mid, N * C);
+    } else {
+      KTUNE_CUDA_CHECK(cudaMemcpyAsync(x_out, a.x_mid, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
+      linear_forward(x_out, a.act, lin(layer.proj[kDown]), a.xa[kDown], 1.0f);  // y = h + mlp
+    }
   }
   const DeviceParameter& fnorm = P(s.final_norm);
-  rmsnorm_forward(s.final_normed, s.final_rstd, s.resid[size_t(L)], fnorm.value, N, C, eps, 0.0f);
+  rmsnorm_forward(s.final_normed, s.final_rstd, s.resid[size_t(L)], fnorm.value, N, C, eps, off);
   const DeviceParameter& head = P(s.head);
   StepResult result;
   s.mark(2);
   result.loss_sum = linear_cross_entropy(s.gemm, s.dnormed, head.grad, &result.n_valid, s.final_normed, head.value,
-                                         s.labels, N, C, V, 0.0f, grad_scale, s.ce_chunk, s.ce_scratch);
+                                         s.labels, N, C, V, c.final_logit_softcap, grad_scale, s.ce_chunk,
+                                         s.ce_scratch);
   s.mark(3);
   std::vector<bool> attention_backward_ran(size_t(L), false);
 
   // ---- backward ----
   if (below[size_t(L)] || fnorm.grad) {
     convert_to_bf16(s.dtmp, s.dnormed, N * C);
-    rmsnorm_backward(s.dres, fnorm.grad, s.dtmp, s.resid[size_t(L)], fnorm.value, s.final_rstd, N, C, 0.0f);
+    rmsnorm_backward(s.dres, fnorm.grad, s.dtmp, s.resid[size_t(L)], fnorm.value, s.final_rstd, N, C, off);
     for (int64_t l = L - 1; l >= 0; --l) {
       if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
       const Impl::Layer& layer = s.layers[size_t(l)];
       const Impl::Acts& a = s.acts[size_t(l)];
       const bf16_t* x_in = s.resid[size_t(l)];
-      // Undo y = h + down(silu(gate(n)) * up(n)), n = norm2(h)
-      linear_backward(s.dact, false, s.dres, a.act, lin(layer.proj[kDown]), a.xa[kDown]);
-      swiglu_backward(s.dgate, s.dup, s.dact, a.gate, a.up, N * I);
+      // Undo y = h + [post_ff_norm](down(act(gate(n)) * up(n))), n = norm2(h)
+      const bf16_t* dy_down = s.dres;
+      if (sandwich) {  // dtmp = d down, read by down's backward before anything rewrites dtmp
+        rmsnorm_backward(s.dtmp, P(layer.norm_mlp_out).grad, s.dres, a.down, P(layer.norm_mlp_out).value,
+                         a.rstd_down, N, C, off);
+        dy_down = s.dtmp;
+      }
+      linear_backward(s.dact, false, dy_down, a.act, lin(layer.proj[kDown]), a.xa[kDown]);
+      if (c.activation == DecoderConfig::Activation::kSiLU)
+        swiglu_backward(s.dgate, s.dup, s.dact, a.gate, a.up, N * I);
+      else
+        geglu_tanh_backward(s.dgate, s.dup, s.dact, a.gate, a.up, N * I);
       linear_backward(s.dln, false, s.dgate, a.ln2, lin(layer.proj[kGate]), a.xa[kGate]);
       linear_backward(s.dln, true, s.dup, a.ln2, lin(layer.proj[kUp]), a.xa[kUp]);
-      rmsnorm_backward(s.dtmp, P(layer.norm_mlp).grad, s.dln, a.x_mid, P(layer.norm_mlp).value, a.rstd2, N, C, 0.0f);
+      rmsnorm_backward(s.dtmp, P(layer.norm_mlp).grad, s.dln, a.x_mid, P(layer.norm_mlp).value, a.rstd2, N, C, off);
       add_inplace(s.dres, s.dtmp, N * C);  // dres = d h
-      // Undo h = x + o(attention(rope(q(n)), rope(k(n)), v(n))), n = norm1(x)
-      linear_backward(s.datt, false, s.dres, a.att, lin(layer.proj[kO]), a.xa[kO]);
+      // Undo h = x + [post_attn_norm](o(attention(rope(q(n)), rope(k(n)), v(n)))), n = norm1(x)
+      const bf16_t* dy_o = s.dres;
+      if (sandwich) {  // dtmp = d o, read by o's backward before norm1's backward rewrites dtmp
+        rmsnorm_backward(s.dtmp, P(layer.norm_attn_out).grad, s.dres, a.o, P(layer.norm_attn_out).value, a.rstd_o,
+                         N, C, off);
+        dy_o = s.dtmp;
+      }
+      linear_backward(s.datt, false, dy_o, a.att, lin(layer.proj[kO]), a.xa[kO]);
       s.mark(attn_event(l, 2));
-      if (s.attn_gemm_scratch)
-        attention_gemm_backward(s.gemm, s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, ashape,
+      if (layer.gemm_attention)
+        attention_gemm_backward(s.gemm, s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, layer.attention,
                                 s.attn_gemm_scratch);
       else
-        attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, nullptr, ashape, s.attn_scratch);
+        attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, nullptr, layer.attention,
+                           s.attn_scratch);
       s.mark(attn_event(l, 3));
       attention_backward_ran[size_t(l)] = true;
       rope_backward(s.dq, s.positions, rope, N, Hq, D, s.flag.data());
@@ -642,11 +742,11 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
       linear_backward(dln, true, s.dk, a.ln1, lin(layer.proj[kK]), a.xa[kK]);
       linear_backward(dln, true, s.dv, a.ln1, lin(layer.proj[kV]), a.xa[kV]);
       if (need_dx) {
-        rmsnorm_backward(s.dtmp, P(layer.norm_attn).grad, s.dln, x_in, P(layer.norm_attn).value, a.rstd1, N, C, 0.0f);
+        rmsnorm_backward(s.dtmp, P(layer.norm_attn).grad, s.dln, x_in, P(layer.norm_attn).value, a.rstd1, N, C, off);
         add_inplace(s.dres, s.dtmp, N * C);  // dres = d x
       }
     }
-    if (embed.grad) embedding_backward(embed.grad, s.dres, s.tokens, N, C, V, 1.0f, s.flag.data());
+    if (embed.grad) embedding_backward(embed.grad, s.dres, s.tokens, N, C, V, s.embed_scale, s.flag.data());
   }
   s.mark(1);
   s.flag.check("cuda decoder: token id or rotary position");  // synchronises

@@ -1,13 +1,19 @@
-// cuda::Decoder: one training step of the Llama-family decoder on an NVIDIA GPU, everything
-// device-resident: embedding, per layer RMSNorm, q/k/v/o with grouped-query heads, RoPE (HF
-// half-split, the CPU RopeTable's angles), causal flash attention, the SwiGLU MLP, the final norm,
-// the output projection fused with cross-entropy in chunks (tied or untied head), LoRA on any of the
-// seven projections (A, B trainable, the base frozen: no weight-gradient GEMM for it) or full
+// cuda::Decoder: one training step of the Llama-family decoder (llama, qwen2, mistral, gemma2) on an
+// NVIDIA GPU, everything device-resident: embedding, per layer RMSNorm, q/k/v/o with grouped-query
+// heads, RoPE (HF half-split, the CPU RopeTable's angles), causal attention, the gated MLP, the final
+// norm, the output projection fused with cross-entropy in chunks (tied or untied head), LoRA on any
+// of the seven projections (A, B trainable, the base frozen: no weight-gradient GEMM for it) or full
 // fine-tuning, and the AdamW step. The math mirrors the CPU model::Decoder (src/model/decoder.cpp)
 // and model::LoraAdapter (src/model/adapters/lora_adapter.cpp):
-//   layer: h = x + o(attn(rope(q(n1)), rope(k(n1)), v(n1))),  n1 = norm1(x)
-//          y = h + down(silu(gate(n2)) * up(n2)),             n2 = norm2(h)
-//   LoRA:  proj(x) = x W^T + (alpha / r) (x A^T) B^T
+//   layer: h = x + [post_attn_norm](o(attn(rope(q(n1)), rope(k(n1)), v(n1)))),  n1 = norm1(x)
+//          y = h + [post_ff_norm](down(act(gate(n2)) * up(n2))),               n2 = norm2(h)
+//   LoRA:  proj(x) = x W^T + b + (alpha / r) (x A^T) B^T
+// The families differ only through DecoderConfig's fields (the CPU ModelConfig's): q/k/v biases
+// (qwen2), sliding windows per layer (mistral: every layer; gemma2: alternate layers), and gemma2's
+// sandwich norms (bracketed above), (1 + w) norm weights, sqrt(hidden)-scaled embeddings, GELU-tanh
+// gating, attention and final-logit soft-caps and query_pre_attn_scalar. A layer with a window
+// (shorter than seq_len) or a soft-cap runs the tiled attention kernels (attention.h) whatever
+// TrainingSetup::attention says: the tensor-core GEMM path has neither.
 //
 // Precision (the torchtune `dtype: bf16` setting): weights, LoRA A/B, activations and activation
 // gradients are bf16; every GEMM accumulates in f32 (cuBLASLt); norms, softmax, loss and rotary
@@ -20,7 +26,7 @@
 // activations (everything a step's forward saves for its backward, the backward's scratch and the
 // loss's chunk scratch). memory_report() prints the plan and what the driver reports in use.
 //
-// It deliberately does not do: Gemma's sandwich norms, soft-capping, sliding windows, biases,
+// It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
 // LoRA dropout, DoRA, QLoRA, packed documents (doc_ids), custom positions (always 0..T-1 per row),
 // activation checkpointing, gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). Those live in the CPU Decoder; the recipes do not run on it yet.
@@ -44,6 +50,26 @@ struct DecoderConfig {
   float rope_theta = 500000.0f;
   cpu::RopeScaling rope_scaling;
   bool tie_word_embeddings = true;
+  // The other families, as the CPU model::ModelConfig reads them from config.json (the defaults are
+  // Llama's: none of it). Names and meanings are ModelConfig's.
+  bool qkv_bias = false;  // qwen2: biases on q_proj, k_proj, v_proj (trainable when the base is)
+  // Per layer, 0 = full causal attention; empty = none anywhere. Token i sees key j iff
+  // i - window < j <= i. mistral: config sliding_window on every layer (null: none); gemma2: the
+  // layers HF marks "sliding_attention" (by default the even ones, 0, 2, ...).
+  std::vector<int64_t> sliding_window;
+  float attention_scale = 0;       // q.k multiplier; 0 = 1/sqrt(head_dim). gemma2: query_pre_attn_scalar^-0.5
+  float attn_logit_softcap = 0;    // 0 = off (gemma2: attn_logit_softcapping)
+  float final_logit_softcap = 0;   // 0 = off (gemma2: final_logit_softcapping)
+  float norm_weight_offset = 0;    // 1 for gemma's x * (1 + w) (norm weights then start at 0)
+  bool sandwich_norms = false;     // gemma2: post_attention_layernorm on the attention output,
+                                   // pre_feedforward_layernorm / post_feedforward_layernorm around the MLP
+  bool scale_embeddings = false;   // gemma: embeddings times sqrt(hidden_size), rounded to bf16 as HF does
+  enum class Activation { kSiLU, kGeluTanh } activation = Activation::kSiLU;  // of act(gate) * up
+
+  // The window of a layer (0: none).
+  int64_t window(int64_t layer) const {
+    return sliding_window.empty() ? 0 : sliding_window[static_cast<size_t>(layer)];
+  }
 
   // meta-llama/Llama-3.2-1B's config.json.
   static DecoderConfig llama3_2_1b();
@@ -64,6 +90,7 @@ struct TrainingSetup {
   int64_t ce_chunk_tokens = 0;  // 0: about 1 GiB of logits scratch
   // Attention kernels: kGemm (kernels/cuda/attention_gemm.h: cuBLASLt tensor-core GEMMs over one
   // head's (B, T, T) scores at a time) or kFlash (kernels/cuda/attention.h: tiled, on the CUDA cores).
+  // Layers with a sliding window shorter than seq_len or an attention soft-cap run kFlash either way.
   enum class Attention { kGemm, kFlash } attention = Attention::kGemm;
 };
 
@@ -86,7 +113,8 @@ struct StepResult {
 class Decoder {
  public:
   // Allocates every arena and initialises the parameters: base weights uniform with std 0.02
-  // (seeded), norms 1, LoRA A kaiming-uniform (bound 1/sqrt(in)) and B zero, as PEFT.
+  // (seeded), norms at their identity (1, or 0 with gemma's offset), biases 0, LoRA A
+  // kaiming-uniform (bound 1/sqrt(in)) and B zero, as PEFT.
   Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64_t seed = 0);
   ~Decoder();
   Decoder(const Decoder&) = delete;
