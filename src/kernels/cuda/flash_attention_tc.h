@@ -1,0 +1,43 @@
+// Causal self-attention for training on the tensor cores, fused (FlashAttention-2's scheme): the
+// (T, T) scores never leave the chip. bf16 q, k, v, out and gradients; f32 accumulation, softmax
+// and lse. Grouped-query heads; head_dim 64 or 128 only (other sizes are refused: use attention.h).
+// Same semantics, layouts, lse (B, Hq, T) = log sum_j exp(scale q_i . k_j) and backward scratch
+// convention as kernels/cuda/attention.h, whose tiled CUDA-core kernel stays the reference: either
+// forward's (out, lse) feeds either backward.
+// Forward: a block of 4 warps per (b, query head, 64 queries), each warp 16 query rows; key tiles of
+// 64 up to the diagonal only; S = Q Kᵀ and O += P V with wmma bf16 16x16x16 fragments (P rounded to
+// bf16, as flash-attention does); online softmax in f32.
+// Backward: delta = rowsum(dout * out); a block per (b, kv head, 64 or 128 keys) walks the query
+// tiles at or below its keys, for every query head of the group: dV += Pᵀ dO, dK += dSᵀ Q held in
+// f32 fragments (summed over the group's heads, written once as bf16), dQ += dS K added with f32
+// atomics into scratch and rounded to bf16 by a last pass (the summation order of dq is therefore
+// not deterministic; dk, dv are).
+// It deliberately has no sliding window, soft-cap, document ids, dropout or f32 path (refused:
+// attention.h has the masks), and uses no Hopper-only instruction (wgmma, TMA): sm_80+ wmma.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/cuda/attention.h"  // AttentionShape
+#include "kernels/cuda/gemm.h"       // Stream
+
+namespace ktune::cuda {
+
+// True when this kernel takes the shape: D in {64, 128}, Hq % Hkv == 0, no window, no soft-cap.
+bool flash_attention_tc_supports(const AttentionShape& s);
+
+// Floats of scratch the backward needs: B * Hq * T (delta) + B * T * Hq * D (dq in f32).
+int64_t flash_attention_tc_backward_scratch_floats(const AttentionShape& s);
+
+// q (B,T,Hq,D)   k, v (B,T,Hkv,D)   out (B,T,Hq,D)   lse (B,Hq,T) saved.
+// q, k, v 16-byte aligned. Throws ktune::Error naming the op for a shape it does not take.
+void flash_attention_tc_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                                const AttentionShape& s, Stream stream = nullptr);
+// Undoes out = softmax(causal(scale q kᵀ)) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten.
+// dout, q, k, v 16-byte aligned; scratch: flash_attention_tc_backward_scratch_floats(s) floats.
+void flash_attention_tc_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
+                                 const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
+                                 const AttentionShape& s, float* scratch, Stream stream = nullptr);
+
+}  // namespace ktune::cuda
