@@ -1,10 +1,11 @@
-// cuda::Decoder (src/model/cuda) against a CPU reference of the same step: a tiny Llama-shaped model
-// with random weights, one forward + backward on the GPU (bf16 weights and activations, f32 GEMM
-// accumulation, f32 gradients) and the same step in f32 on the CPU, built here from the CPU
-// reference kernels the harness compiles in (rmsnorm, rope, attention, swiglu, embedding, fused
-// cross-entropy) and plain loops for the projections (no oneDNN on the GPU machine). Both sides
-// read the very same bf16-rounded weights (downloaded from the GPU), so the differences are the
-// GPU's bf16 activations only.
+// cuda::Decoder (src/model/cuda) against a CPU reference of the same step: tiny Llama-, Qwen2-,
+// Mistral- and Gemma2-shaped models with random weights, one forward + backward on the GPU (bf16
+// weights and activations, f32 GEMM accumulation, f32 gradients) and the same step in f32 on the
+// CPU, built here from the CPU reference kernels the harness compiles in (rmsnorm with its offset,
+// rope, attention with window and soft-cap, swiglu / gelu-tanh, embedding, fused cross-entropy with
+// its soft-cap) and plain loops for the projections and their biases (no oneDNN on the GPU machine),
+// following src/model/decoder.cpp's layer (sandwich norms included). Both sides read the very same
+// bf16-rounded weights (downloaded from the GPU), so the differences are the GPU's bf16 activations only.
 // Tolerances: loss within 1e-2 relative. Each gradient tensor's error (2-norm of the difference over
 // the 2-norm of the f32 reference) within 3x that of a bf16 emulation of the same step on the CPU
 // (the reference again, rounding to bf16 wherever the GPU stores a bf16 activation), at least 3%,
@@ -47,6 +48,50 @@ cuda::DecoderConfig tiny_config(bool tied) {
   c.rms_norm_eps = 1e-5f;
   c.rope_theta = 10000.0f;
   c.tie_word_embeddings = tied;
+  return c;
+}
+
+// Qwen2: biases on q, k, v (Qwen2.5's eps and rope theta).
+cuda::DecoderConfig tiny_qwen2_config(bool tied) {
+  cuda::DecoderConfig c = tiny_config(tied);
+  c.qkv_bias = true;
+  c.rms_norm_eps = 1e-6f;
+  c.rope_theta = 1000000.0f;
+  return c;
+}
+
+// Mistral: the same window on every layer.
+cuda::DecoderConfig tiny_mistral_config(int64_t window) {
+  cuda::DecoderConfig c = tiny_config(false);
+  c.rope_theta = 1000000.0f;
+  c.sliding_window.assign(static_cast<size_t>(c.num_layers), window);
+  return c;
+}
+
+// Gemma2, as model::ModelConfig reads a gemma2 config.json: sandwich norms, (1 + w), embeddings times
+// sqrt(48) (6.93, 6.94 in bf16), GELU-tanh, a window on the even layers (HF's default), attention and
+// final soft-caps small enough to bend O(1) scores, query_pre_attn_scalar 24 (not head_dim 16), tied
+// head, q_dim 64 != hidden 48.
+cuda::DecoderConfig tiny_gemma2_config() {
+  cuda::DecoderConfig c;
+  c.vocab_size = 96;
+  c.hidden_size = 48;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.intermediate_size = 96;
+  c.rms_norm_eps = 1e-6f;
+  c.rope_theta = 10000.0f;
+  c.tie_word_embeddings = true;
+  c.sandwich_norms = true;
+  c.norm_weight_offset = 1.0f;
+  c.scale_embeddings = true;
+  c.activation = cuda::DecoderConfig::Activation::kGeluTanh;
+  c.sliding_window = {12, 0};
+  c.attn_logit_softcap = 2.0f;
+  c.final_logit_softcap = 3.0f;
+  c.attention_scale = float(std::pow(24.0, -0.5));
   return c;
 }
 
@@ -118,16 +163,44 @@ struct Reference {
   std::string lora(int64_t l, int proj, const char* which) const {
     return "base_model.model." + module(l, proj) + ".lora_" + which + ".weight";
   }
+  bool has_bias(int proj) const { return c.qkv_bias && proj <= cuda::kV; }
+  // The CPU Decoder::Layer's norms by HF name (gemma2's sandwich: four per layer).
+  std::string norm_attn_in(int64_t l) const { return layer(l) + "input_layernorm.weight"; }
+  std::string norm_attn_out(int64_t l) const { return layer(l) + "post_attention_layernorm.weight"; }
+  std::string norm_mlp_in(int64_t l) const {
+    return layer(l) + (c.sandwich_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight");
+  }
+  std::string norm_mlp_out(int64_t l) const { return layer(l) + "post_feedforward_layernorm.weight"; }
+  std::string layer(int64_t l) const { return "model.layers." + std::to_string(l) + "."; }
+  // y (N, C) = rmsnorm(x) with the config's eps and offset; rstd (N) saved. Rounded as the GPU stores y.
+  void norm_forward(std::vector<float>& y, std::vector<float>& rstd, const float* x, const std::string& weight) {
+    y.assign(static_cast<size_t>(N * C), 0.0f);
+    rstd.assign(static_cast<size_t>(N), 0.0f);
+    cpu::rmsnorm_forward_reference(y.data(), rstd.data(), x, w(weight), N, C, c.rms_norm_eps, c.norm_weight_offset);
+    R(y);
+  }
+  // dx (N, C) overwritten from dy; the weight's gradient when the base trains.
+  void norm_backward(float* dx, const float* dy, const float* x, const std::vector<float>& rstd,
+                     const std::string& weight) {
+    cpu::rmsnorm_backward_reference(dx, trainable_base() ? g(weight) : nullptr, dy, x, w(weight), rstd.data(), N, C,
+                                    c.norm_weight_offset);
+    R(dx, size_t(N * C));
+  }
   void dims(int proj, int64_t* in, int64_t* out) const {
     const int64_t d[7][2] = {{C, QD}, {C, KD}, {C, KD}, {QD, C}, {C, I}, {C, I}, {I, C}};
     *in = d[proj][0], *out = d[proj][1];
   }
-  // y (N, out) = x W^T + s (x A^T) B^T; xa saved
+  // y (N, out) = x W^T + b + s (x A^T) B^T; xa saved
   void linear_forward(std::vector<float>& y, const float* x, int64_t l, int proj, std::vector<float>& xa) {
     int64_t in, out;
     dims(proj, &in, &out);
     y.assign(static_cast<size_t>(N * out), 0.0f);
     matmul_wt(y.data(), x, w(module(l, proj) + ".weight"), N, in, out, false);
+    if (has_bias(proj)) {
+      const float* b = w(module(l, proj) + ".bias");
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t o = 0; o < out; ++o) y[size_t(n * out + o)] += b[o];
+    }
     R(y);
     if (has_lora(proj)) {
       xa.assign(static_cast<size_t>(N * r), 0.0f);
@@ -139,12 +212,20 @@ struct Reference {
       R(y);
     }
   }
-  // dx (N, in) (+)= dy W + g A with g = s dy B; the weight gradients.
+  // dx (N, in) (+)= dy W + g A with g = s dy B; the weight gradients, db = column sums of dy.
   void linear_backward(float* dx, bool accumulate, const float* dy, const float* x, int64_t l, int proj,
                        const std::vector<float>& xa) {
     int64_t in, out;
     dims(proj, &in, &out);
     if (trainable_base()) matmul_grad(g(module(l, proj) + ".weight"), dy, x, N, in, out, 1.0f);
+    if (trainable_base() && has_bias(proj)) {
+      float* db = g(module(l, proj) + ".bias");
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = 0;
+        for (int64_t n = 0; n < N; ++n) acc += dy[n * out + o];
+        db[o] += float(acc);
+      }
+    }
     if (dx) matmul_w(dx, dy, w(module(l, proj) + ".weight"), N, in, out, accumulate);
     if (dx) R(dx, size_t(N * in));
     if (has_lora(proj)) {
@@ -159,28 +240,45 @@ struct Reference {
     }
   }
 
+  // act(gate) * up and its backward, as the config's activation.
+  void act_forward(float* out, const float* gate, const float* up, int64_t n) const {
+    if (c.activation == cuda::DecoderConfig::Activation::kSiLU) cpu::swiglu_forward_reference(out, gate, up, n);
+    else cpu::geglu_tanh_forward_reference(out, gate, up, n);
+  }
+  void act_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) const {
+    if (c.activation == cuda::DecoderConfig::Activation::kSiLU)
+      cpu::swiglu_backward_reference(dgate, dup, dout, gate, up, n);
+    else
+      cpu::geglu_tanh_backward_reference(dgate, dup, dout, gate, up, n);
+  }
+
   double step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& labels, float grad_scale) {
     const int64_t L = c.num_layers, V = c.vocab_size, Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
     cpu::RopeTable rope(D, c.rope_theta, c.rope_scaling, T);
     std::vector<int32_t> positions(static_cast<size_t>(N));
     for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = int32_t(n % T);
-    cpu::AttentionShape as{B, T, Hq, Hkv, D, 1.0f / std::sqrt(float(D))};
+    // Each layer's mask and scale as the CPU Decoder: the config's window as given (the GPU drops one
+    // >= T, which masks nothing), the attention soft-cap, head_dim^-0.5 unless attention_scale is set.
+    const float scale = c.attention_scale > 0 ? c.attention_scale : 1.0f / std::sqrt(float(D));
+    auto shape = [&](int64_t l) {
+      return cpu::AttentionShape{B, T, Hq, Hkv, D, scale, c.window(l), c.attn_logit_softcap};
+    };
+    // gemma: sqrt(hidden) rounded to bf16, the weights' dtype (the CPU Decoder's embed_scale_ with bf16 storage)
+    const float embed_scale = c.scale_embeddings ? bf16_to_f32(f32_to_bf16(float(std::sqrt(double(C))))) : 1.0f;
+    const bool sandwich = c.sandwich_norms;
     struct Acts {
-      std::vector<float> x_in, ln1, rstd1, q, k, v, att, lse, x_mid, ln2, rstd2, gate, up, act;
+      std::vector<float> x_in, ln1, rstd1, q, k, v, att, lse, o, rstd_o, x_mid, ln2, rstd2, gate, up, act, down,
+          rstd_down;
       std::vector<float> xa[7];
     };
     std::vector<Acts> acts(static_cast<size_t>(L));
     std::vector<float> x(static_cast<size_t>(N * C));
-    cpu::embedding_forward_reference(x.data(), tokens.data(), w("model.embed_tokens.weight"), N, C, 1.0f);
+    cpu::embedding_forward_reference(x.data(), tokens.data(), w("model.embed_tokens.weight"), N, C, embed_scale);
+    R(x);
     for (int64_t l = 0; l < L; ++l) {
       Acts& a = acts[size_t(l)];
-      const std::string pre = "model.layers." + std::to_string(l) + ".";
       a.x_in = x;
-      a.ln1.resize(static_cast<size_t>(N * C));
-      a.rstd1.resize(static_cast<size_t>(N));
-      cpu::rmsnorm_forward_reference(a.ln1.data(), a.rstd1.data(), x.data(), w(pre + "input_layernorm.weight"), N, C,
-                                     c.rms_norm_eps, 0.0f);
-      R(a.ln1);
+      norm_forward(a.ln1, a.rstd1, x.data(), norm_attn_in(l));
       linear_forward(a.q, a.ln1.data(), l, cuda::kQ, a.xa[cuda::kQ]);
       linear_forward(a.k, a.ln1.data(), l, cuda::kK, a.xa[cuda::kK]);
       linear_forward(a.v, a.ln1.data(), l, cuda::kV, a.xa[cuda::kV]);
@@ -189,72 +287,78 @@ struct Reference {
       R(a.q); R(a.k);
       a.att.resize(static_cast<size_t>(N * QD));
       a.lse.resize(static_cast<size_t>(N * Hq));
-      cpu::attention_forward_reference(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), nullptr, as);
+      cpu::attention_forward_reference(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), nullptr,
+                                       shape(l));
       R(a.att);
-      linear_forward(a.x_mid, a.att.data(), l, cuda::kO, a.xa[cuda::kO]);
+      if (sandwich) {  // h = x + post_attention_layernorm(o(att))
+        linear_forward(a.o, a.att.data(), l, cuda::kO, a.xa[cuda::kO]);
+        norm_forward(a.x_mid, a.rstd_o, a.o.data(), norm_attn_out(l));
+      } else {
+        linear_forward(a.x_mid, a.att.data(), l, cuda::kO, a.xa[cuda::kO]);
+      }
       for (int64_t i = 0; i < N * C; ++i) a.x_mid[size_t(i)] += x[size_t(i)];
       R(a.x_mid);
-      a.ln2.resize(static_cast<size_t>(N * C));
-      a.rstd2.resize(static_cast<size_t>(N));
-      cpu::rmsnorm_forward_reference(a.ln2.data(), a.rstd2.data(), a.x_mid.data(),
-                                     w(pre + "post_attention_layernorm.weight"), N, C, c.rms_norm_eps, 0.0f);
-      R(a.ln2);
+      norm_forward(a.ln2, a.rstd2, a.x_mid.data(), norm_mlp_in(l));
       linear_forward(a.gate, a.ln2.data(), l, cuda::kGate, a.xa[cuda::kGate]);
       linear_forward(a.up, a.ln2.data(), l, cuda::kUp, a.xa[cuda::kUp]);
       a.act.resize(static_cast<size_t>(N * I));
-      cpu::swiglu_forward_reference(a.act.data(), a.gate.data(), a.up.data(), N * I);
+      act_forward(a.act.data(), a.gate.data(), a.up.data(), N * I);
       R(a.act);
-      linear_forward(x, a.act.data(), l, cuda::kDown, a.xa[cuda::kDown]);
+      if (sandwich) {  // y = h + post_feedforward_layernorm(down(act))
+        linear_forward(a.down, a.act.data(), l, cuda::kDown, a.xa[cuda::kDown]);
+        norm_forward(x, a.rstd_down, a.down.data(), norm_mlp_out(l));
+      } else {
+        linear_forward(x, a.act.data(), l, cuda::kDown, a.xa[cuda::kDown]);
+      }
       for (int64_t i = 0; i < N * C; ++i) x[size_t(i)] += a.x_mid[size_t(i)];
       R(x);
     }
-    std::vector<float> normed(static_cast<size_t>(N * C)), rstd(static_cast<size_t>(N)), dnormed(static_cast<size_t>(N * C));
-    cpu::rmsnorm_forward_reference(normed.data(), rstd.data(), x.data(), w("model.norm.weight"), N, C,
-                                   c.rms_norm_eps, 0.0f);
-    R(normed);
+    std::vector<float> normed, rstd, dnormed(static_cast<size_t>(N * C));
+    norm_forward(normed, rstd, x.data(), "model.norm.weight");
     const std::string head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     const double loss = cpu::linear_cross_entropy_reference(dnormed.data(), trainable_base() ? g(head) : nullptr,
                                                             nullptr, normed.data(), w(head), labels.data(), N, C, V,
-                                                            0.0f, grad_scale);
+                                                            c.final_logit_softcap, grad_scale);
     R(dnormed);
     std::vector<float> dres(static_cast<size_t>(N * C)), dtmp(static_cast<size_t>(N * C)), dln(static_cast<size_t>(N * C));
-    cpu::rmsnorm_backward_reference(dres.data(), trainable_base() ? g("model.norm.weight") : nullptr, dnormed.data(),
-                                    x.data(), w("model.norm.weight"), rstd.data(), N, C, 0.0f);
-    R(dres);
+    norm_backward(dres.data(), dnormed.data(), x.data(), rstd, "model.norm.weight");
     for (int64_t l = L - 1; l >= 0; --l) {
       Acts& a = acts[size_t(l)];
-      const std::string pre = "model.layers." + std::to_string(l) + ".";
       std::vector<float> dact(static_cast<size_t>(N * I)), dgate(static_cast<size_t>(N * I)), dup(static_cast<size_t>(N * I));
-      linear_backward(dact.data(), false, dres.data(), a.act.data(), l, cuda::kDown, a.xa[cuda::kDown]);
-      cpu::swiglu_backward_reference(dgate.data(), dup.data(), dact.data(), a.gate.data(), a.up.data(), N * I);
+      const float* dy_down = dres.data();
+      if (sandwich) {
+        norm_backward(dtmp.data(), dres.data(), a.down.data(), a.rstd_down, norm_mlp_out(l));
+        dy_down = dtmp.data();
+      }
+      linear_backward(dact.data(), false, dy_down, a.act.data(), l, cuda::kDown, a.xa[cuda::kDown]);
+      act_backward(dgate.data(), dup.data(), dact.data(), a.gate.data(), a.up.data(), N * I);
       R(dgate); R(dup);
       linear_backward(dln.data(), false, dgate.data(), a.ln2.data(), l, cuda::kGate, a.xa[cuda::kGate]);
       linear_backward(dln.data(), true, dup.data(), a.ln2.data(), l, cuda::kUp, a.xa[cuda::kUp]);
-      cpu::rmsnorm_backward_reference(dtmp.data(), trainable_base() ? g(pre + "post_attention_layernorm.weight") : nullptr,
-                                      dln.data(), a.x_mid.data(), w(pre + "post_attention_layernorm.weight"),
-                                      a.rstd2.data(), N, C, 0.0f);
-      R(dtmp);
+      norm_backward(dtmp.data(), dln.data(), a.x_mid.data(), a.rstd2, norm_mlp_in(l));
       for (size_t i = 0; i < dres.size(); ++i) dres[i] += dtmp[i];
       R(dres);
       std::vector<float> datt(static_cast<size_t>(N * QD)), dq(static_cast<size_t>(N * QD)), dk(static_cast<size_t>(N * KD)), dv(static_cast<size_t>(N * KD));
-      linear_backward(datt.data(), false, dres.data(), a.att.data(), l, cuda::kO, a.xa[cuda::kO]);
+      const float* dy_o = dres.data();
+      if (sandwich) {
+        norm_backward(dtmp.data(), dres.data(), a.o.data(), a.rstd_o, norm_attn_out(l));
+        dy_o = dtmp.data();
+      }
+      linear_backward(datt.data(), false, dy_o, a.att.data(), l, cuda::kO, a.xa[cuda::kO]);
       cpu::attention_backward_reference(dq.data(), dk.data(), dv.data(), datt.data(), a.q.data(), a.k.data(),
-                                        a.v.data(), a.att.data(), a.lse.data(), nullptr, as);
+                                        a.v.data(), a.att.data(), a.lse.data(), nullptr, shape(l));
       cpu::rope_backward_reference(dq.data(), positions.data(), rope, N, Hq, D);
       cpu::rope_backward_reference(dk.data(), positions.data(), rope, N, Hkv, D);
       R(dq); R(dk); R(dv);
       linear_backward(dln.data(), false, dq.data(), a.ln1.data(), l, cuda::kQ, a.xa[cuda::kQ]);
       linear_backward(dln.data(), true, dk.data(), a.ln1.data(), l, cuda::kK, a.xa[cuda::kK]);
       linear_backward(dln.data(), true, dv.data(), a.ln1.data(), l, cuda::kV, a.xa[cuda::kV]);
-      cpu::rmsnorm_backward_reference(dtmp.data(), trainable_base() ? g(pre + "input_layernorm.weight") : nullptr,
-                                      dln.data(), a.x_in.data(), w(pre + "input_layernorm.weight"), a.rstd1.data(),
-                                      N, C, 0.0f);
-      R(dtmp);
+      norm_backward(dtmp.data(), dln.data(), a.x_in.data(), a.rstd1, norm_attn_in(l));
       for (size_t i = 0; i < dres.size(); ++i) dres[i] += dtmp[i];
       R(dres);
     }
     if (trainable_base())
-      cpu::embedding_backward_reference(g("model.embed_tokens.weight"), dres.data(), tokens.data(), N, C, 1.0f);
+      cpu::embedding_backward_reference(g("model.embed_tokens.weight"), dres.data(), tokens.data(), N, C, embed_scale);
     return loss;
   }
 };
@@ -271,15 +375,21 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
-// Random weights with O(1) activations (std ~ 1/sqrt(in)), norms around 1, LoRA B non-zero (PEFT's
-// zero B would make every dA zero and the test blind to it); uploaded, then read back as bf16.
+// Random weights with O(1) activations (std ~ 1/sqrt(in)), norms scaling by 0.8..1.2 (offset + w),
+// biases in +-0.5 (the GPU starts them at 0, which would hide a bias that is never added), LoRA B
+// non-zero (PEFT's zero B would make every dA zero and the test blind to it); uploaded, then read
+// back as bf16.
 Params randomise(cuda::Decoder& model, uint32_t seed) {
   Params params;
   uint32_t k = seed;
+  const float off = model.config().norm_weight_offset;
   for (auto& p : model.parameters()) {
     std::vector<float> v;
-    if (p.shape.size() == 1) {
-      v = cuda_test::random_floats(static_cast<size_t>(p.numel), k++, 0.8f, 1.2f);
+    const bool bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+    if (bias) {
+      v = cuda_test::random_floats(static_cast<size_t>(p.numel), k++, -0.5f, 0.5f);
+    } else if (p.shape.size() == 1) {
+      v = cuda_test::random_floats(static_cast<size_t>(p.numel), k++, 0.8f - off, 1.2f - off);
     } else {
       const float bound = std::sqrt(3.0f / float(p.shape[1]));
       v = cuda_test::random_floats(static_cast<size_t>(p.numel), k++, -bound, bound);
@@ -379,6 +489,49 @@ KTUNE_CUDA_TEST(DecoderFullFinetuneWithLoraOnKeyProjection) {
   setup.lora_alpha = 4;
   setup.lora_on[cuda::kK] = true;
   check_step("full + lora k", tiny_config(true), setup);
+}
+
+KTUNE_CUDA_TEST(DecoderQwen2BiasesMatchCpuReference) {
+  cuda::TrainingSetup setup;
+  setup.batch = 2;
+  setup.seq_len = 40;
+  setup.ce_chunk_tokens = 32;
+  setup.full_finetune = true;  // the biases train with the base: db = column sums of dy
+  check_step("qwen2 full untied", tiny_qwen2_config(false), setup);
+  setup.full_finetune = false;  // LoRA: the biases stay frozen (PEFT's bias="none") but are added
+  setup.lora_rank = 8;
+  setup.lora_alpha = 16;
+  for (int p = 0; p < cuda::kNumProjections; ++p) setup.lora_on[p] = true;
+  check_step("qwen2 lora all tied", tiny_qwen2_config(true), setup);
+}
+
+KTUNE_CUDA_TEST(DecoderMistralSlidingWindowMatchesCpuReference) {
+  cuda::TrainingSetup setup;
+  setup.batch = 2;
+  setup.seq_len = 40;
+  setup.ce_chunk_tokens = 32;
+  setup.full_finetune = true;
+  check_step("mistral window 12 < T full", tiny_mistral_config(12), setup);  // the tiled kernels on both paths
+  setup.full_finetune = false;
+  setup.lora_rank = 8;
+  setup.lora_alpha = 16;
+  for (int p : {cuda::kQ, cuda::kK, cuda::kV, cuda::kO}) setup.lora_on[p] = true;
+  // A window of exactly T masks nothing: the GPU drops it (tensor-core path), the reference applies it.
+  check_step("mistral window == T lora", tiny_mistral_config(setup.seq_len), setup);
+}
+
+KTUNE_CUDA_TEST(DecoderGemma2MatchesCpuReference) {
+  cuda::TrainingSetup setup;
+  setup.batch = 2;
+  setup.seq_len = 40;
+  setup.ce_chunk_tokens = 24;
+  setup.full_finetune = true;  // every norm of the sandwich, the tied head and the scaled embedding
+  check_step("gemma2 full tied", tiny_gemma2_config(), setup);
+  setup.full_finetune = false;  // gradients through frozen sandwich norms and soft-caps to the adapters
+  setup.lora_rank = 8;
+  setup.lora_alpha = 16;
+  for (int p = 0; p < cuda::kNumProjections; ++p) setup.lora_on[p] = true;
+  check_step("gemma2 lora all", tiny_gemma2_config(), setup);
 }
 
 KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
