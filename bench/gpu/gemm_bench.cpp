@@ -7,6 +7,8 @@
 //   ktune_attention B T Hq Hkv D FWD_MS BWD_MS TFLOPS
 // and the same for the tensor-core GEMM path (kernels/cuda/attention_gemm.h):
 //   ktune_attention_gemm B T Hq Hkv D FWD_MS BWD_MS TFLOPS
+// and for the fused tensor-core flash attention (kernels/cuda/flash_attention_tc.h):
+//   ktune_attention_tc B T Hq Hkv D FWD_MS BWD_MS TFLOPS
 // bench/gpu/gemm_compare.py puts torch.matmul and torch's scaled_dot_product_attention beside them.
 // Exit 77 without a GPU. It deliberately measures kernels only (no step, no model).
 #include <cstdio>
@@ -20,6 +22,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_gemm.h"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/flash_attention_tc.h"
 #include "kernels/cuda/gemm.h"
 
 namespace {
@@ -89,6 +92,28 @@ void bench_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
   std::fflush(stdout);
   } catch (const std::exception& e) {
     std::printf("ERROR attention_gemm: %s\n", e.what());
+    std::fflush(stdout);
+  }
+  // The fused tensor-core kernel (flash_attention_tc.h) on the same buffers; FLOPs counted as above.
+  try {
+    ktune::cuda::DeviceBuffer tc_scratch(size_t(ktune::cuda::flash_attention_tc_backward_scratch_floats(s)) * 4);
+    auto tfwd = [&] {
+      ktune::cuda::flash_attention_tc_forward(out.as<bf16_t>(), lse.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(),
+                                              v.as<bf16_t>(), s);
+    };
+    auto tbwd = [&] {
+      ktune::cuda::flash_attention_tc_backward(dq.as<bf16_t>(), dk.as<bf16_t>(), dv.as<bf16_t>(), dout.as<bf16_t>(),
+                                               q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(), out.as<bf16_t>(),
+                                               lse.as<float>(), s, tc_scratch.as<float>());
+    };
+    const double tfwd_ms = time_ms(tfwd, 5), tbwd_ms = time_ms(tbwd, 5);
+    ktune::cuda::synchronize();
+    const double ttflops = fwd_flops * 3.5 / ((tfwd_ms + tbwd_ms) * 1e-3) / 1e12;
+    std::printf("ktune_attention_tc %lld %lld %lld %lld %lld %.3f %.3f %.2f\n", (long long)B, (long long)T,
+                (long long)Hq, (long long)Hkv, (long long)D, tfwd_ms, tbwd_ms, ttflops);
+    std::fflush(stdout);
+  } catch (const std::exception& e) {
+    std::printf("ERROR attention_tc: %s\n", e.what());
     std::fflush(stdout);
   }
 }

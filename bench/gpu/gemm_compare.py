@@ -58,7 +58,7 @@ def ktune_rates(binary, seconds):
         if line.startswith("ERROR"):
             print(line)
             FAILED = True
-    rates, attention, attention_gemm = {}, None, None
+    rates, attention, attention_gemm, attention_tc = {}, None, None, None
     for line in proc.stdout.splitlines():
         if line.startswith("device:"):
             print(line)
@@ -69,7 +69,9 @@ def ktune_rates(binary, seconds):
             attention = (tuple(int(p) for p in parts[1:6]), float(parts[6]), float(parts[7]), float(parts[8]))
         if len(parts) == 9 and parts[0] == "ktune_attention_gemm":
             attention_gemm = (float(parts[6]), float(parts[7]), float(parts[8]))
-    return rates, attention, attention_gemm
+        if len(parts) == 9 and parts[0] == "ktune_attention_tc":
+            attention_tc = (float(parts[6]), float(parts[7]), float(parts[8]))
+    return rates, attention, attention_gemm, attention_tc
 
 
 def torch_rate(torch, M, N, K, seconds):
@@ -105,7 +107,7 @@ def main():
     if result is None:
         print("SKIP gpu gemm benchmark: no CUDA device")
         return 0
-    rates, attention, attention_gemm = result
+    rates, attention, attention_gemm, attention_tc = result
     try:
         import torch
         have_torch = torch.cuda.is_available()
@@ -130,12 +132,17 @@ def main():
         if attention_gemm:
             gf, gb, gt = attention_gemm
             line += f"; ktune gemm-path fwd {gf:.2f} ms bwd {gb:.2f} ms ({gt:.1f} TFLOP/s)"
+        if attention_tc:
+            cf, cb, ct = attention_tc
+            line += f"; ktune fused tc fwd {cf:.2f} ms bwd {cb:.2f} ms ({ct:.1f} TFLOP/s)"
         if have_torch:
             try:
                 tf, tb = torch_attention_ms(torch, B, T, Hq, Hkv, D)
                 line += f"; torch sdpa fwd {tf:.2f} ms bwd {tb:.2f} ms; ktune/torch time tiled {(fwd + bwd) / (tf + tb):.1f}x"
                 if attention_gemm:
                     line += f", gemm-path {(attention_gemm[0] + attention_gemm[1]) / (tf + tb):.1f}x"
+                if attention_tc:
+                    line += f", fused tc {(attention_tc[0] + attention_tc[1]) / (tf + tb):.1f}x"
             except Exception as e:  # an older torch without enable_gqa, say
                 line += f"; torch sdpa failed: {e}"
         print(line)
