@@ -16,6 +16,7 @@
 // Also: AdamW steps lower the loss.
 // It deliberately does not test speed (bench/gpu does) nor the paths the GPU decoder does not have.
 #include <cmath>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -73,17 +74,10 @@ cuda::DecoderConfig tiny_mistral_config(int64_t window) {
 // final soft-caps small enough to bend O(1) scores, query_pre_attn_scalar 24 (not head_dim 16), tied
 // head, q_dim 64 != hidden 48.
 cuda::DecoderConfig tiny_gemma2_config() {
-  cuda::DecoderConfig c;
-  c.vocab_size = 96;
+  cuda::DecoderConfig c = tiny_config(true);
   c.hidden_size = 48;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
   c.intermediate_size = 96;
   c.rms_norm_eps = 1e-6f;
-  c.rope_theta = 10000.0f;
-  c.tie_word_embeddings = true;
   c.sandwich_norms = true;
   c.norm_weight_offset = 1.0f;
   c.scale_embeddings = true;
@@ -491,47 +485,40 @@ KTUNE_CUDA_TEST(DecoderFullFinetuneWithLoraOnKeyProjection) {
   check_step("full + lora k", tiny_config(true), setup);
 }
 
-KTUNE_CUDA_TEST(DecoderQwen2BiasesMatchCpuReference) {
+// The families' cases: two rows of 40 tokens, full fine-tuning, or LoRA (rank 8, alpha 16) on `lora`.
+cuda::TrainingSetup family_setup(bool full, std::initializer_list<int> lora = {}) {
   cuda::TrainingSetup setup;
   setup.batch = 2;
   setup.seq_len = 40;
-  setup.ce_chunk_tokens = 32;
-  setup.full_finetune = true;  // the biases train with the base: db = column sums of dy
-  check_step("qwen2 full untied", tiny_qwen2_config(false), setup);
-  setup.full_finetune = false;  // LoRA: the biases stay frozen (PEFT's bias="none") but are added
-  setup.lora_rank = 8;
-  setup.lora_alpha = 16;
-  for (int p = 0; p < cuda::kNumProjections; ++p) setup.lora_on[p] = true;
-  check_step("qwen2 lora all tied", tiny_qwen2_config(true), setup);
+  setup.ce_chunk_tokens = 24;  // several chunks, the last one partial
+  setup.full_finetune = full;
+  if (lora.size() > 0) setup.lora_rank = 8, setup.lora_alpha = 16;
+  for (int p : lora) setup.lora_on[p] = true;
+  return setup;
+}
+constexpr std::initializer_list<int> kAllProjections = {cuda::kQ,    cuda::kK,  cuda::kV,   cuda::kO,
+                                                        cuda::kGate, cuda::kUp, cuda::kDown};
+
+KTUNE_CUDA_TEST(DecoderQwen2BiasesMatchCpuReference) {
+  // Full: the biases train with the base (db = column sums of dy). LoRA: they stay frozen (PEFT's
+  // bias="none") but are still added.
+  check_step("qwen2 full untied", tiny_qwen2_config(false), family_setup(true));
+  check_step("qwen2 lora all tied", tiny_qwen2_config(true), family_setup(false, kAllProjections));
 }
 
 KTUNE_CUDA_TEST(DecoderMistralSlidingWindowMatchesCpuReference) {
-  cuda::TrainingSetup setup;
-  setup.batch = 2;
-  setup.seq_len = 40;
-  setup.ce_chunk_tokens = 32;
-  setup.full_finetune = true;
-  check_step("mistral window 12 < T full", tiny_mistral_config(12), setup);  // the tiled kernels on both paths
-  setup.full_finetune = false;
-  setup.lora_rank = 8;
-  setup.lora_alpha = 16;
-  for (int p : {cuda::kQ, cuda::kK, cuda::kV, cuda::kO}) setup.lora_on[p] = true;
+  // A window shorter than T: the tiled kernels on both paths.
+  check_step("mistral window 12 < T full", tiny_mistral_config(12), family_setup(true));
   // A window of exactly T masks nothing: the GPU drops it (tensor-core path), the reference applies it.
-  check_step("mistral window == T lora", tiny_mistral_config(setup.seq_len), setup);
+  const cuda::TrainingSetup lora = family_setup(false, {cuda::kQ, cuda::kK, cuda::kV, cuda::kO});
+  check_step("mistral window == T lora", tiny_mistral_config(lora.seq_len), lora);
 }
 
 KTUNE_CUDA_TEST(DecoderGemma2MatchesCpuReference) {
-  cuda::TrainingSetup setup;
-  setup.batch = 2;
-  setup.seq_len = 40;
-  setup.ce_chunk_tokens = 24;
-  setup.full_finetune = true;  // every norm of the sandwich, the tied head and the scaled embedding
-  check_step("gemma2 full tied", tiny_gemma2_config(), setup);
-  setup.full_finetune = false;  // gradients through frozen sandwich norms and soft-caps to the adapters
-  setup.lora_rank = 8;
-  setup.lora_alpha = 16;
-  for (int p = 0; p < cuda::kNumProjections; ++p) setup.lora_on[p] = true;
-  check_step("gemma2 lora all", tiny_gemma2_config(), setup);
+  // Full: every norm of the sandwich, the tied head and the scaled embedding train. LoRA: the
+  // gradients reach the adapters through frozen sandwich norms and both soft-caps.
+  check_step("gemma2 full tied", tiny_gemma2_config(), family_setup(true));
+  check_step("gemma2 lora all", tiny_gemma2_config(), family_setup(false, kAllProjections));
 }
 
 KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
