@@ -1,0 +1,107 @@
+// Device choice and the GPU step's plan (see device_selection.h).
+#include "train/device_selection.h"
+
+#include <cmath>
+
+#include "model/adapters/lora_adapter.h"
+
+namespace ktune::train {
+
+DeviceChoice choose_step_device(const std::string& device, bool cuda_built, int gpu_count) {
+  if (device == "cpu") return {StepDevice::kCpu, "device=cpu: training on the CPU"};
+  if (!cuda_built)
+    return {StepDevice::kCpu, "device=" + device + " asked for, but this build has no CUDA backend (KTUNE_CUDA=OFF): "
+                                                   "training on the CPU"};
+  if (gpu_count < 1)
+    return {StepDevice::kCpu, "device=" + device + " asked for, but no GPU is visible (no driver, or "
+                                                   "CUDA_VISIBLE_DEVICES hides them): training on the CPU"};
+  return {StepDevice::kCuda, "device=" + device + ": training on the GPU (" + std::to_string(gpu_count) +
+                                 " visible)"};
+}
+
+namespace {
+
+// The HF module of each cuda::Projection, in its order (the same table as cuda::projection_name,
+// which lives in the CUDA library that this layer does not link).
+constexpr const char* kProjectionModules[cuda::kNumProjections] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                                   "gate_proj", "up_proj", "down_proj"};
+
+// The architecture: cuda::DecoderConfig holds the CPU ModelConfig's fields one for one (llama,
+// qwen2, mistral, gemma2); the biases it lacks are gaps.
+cuda::DecoderConfig map_model(const model::ModelConfig& mc, std::vector<std::string>& gaps) {
+  cuda::DecoderConfig c;
+  c.vocab_size = mc.vocab_size;
+  c.hidden_size = mc.hidden_size;
+  c.num_layers = mc.num_layers;
+  c.num_heads = mc.num_heads;
+  c.num_kv_heads = mc.num_kv_heads;
+  c.head_dim = mc.head_dim;
+  c.intermediate_size = mc.intermediate_size;
+  c.rms_norm_eps = mc.rms_norm_eps;
+  c.rope_theta = mc.rope_theta;
+  c.rope_scaling = mc.rope_scaling;
+  c.tie_word_embeddings = mc.tie_word_embeddings;
+  c.qkv_bias = mc.qkv_bias;
+  c.sliding_window = mc.sliding_window;
+  // 0 keeps the GPU's own 1/sqrt(head_dim) where the config's is that (ModelConfig computes it in
+  // double, which may differ in the last bit); gemma2's query_pre_attn_scalar^-0.5 is copied.
+  const float default_scale = 1.0f / std::sqrt(float(mc.head_dim));
+  const bool default_attention_scale =
+      mc.attention_scale <= 0 || std::fabs(mc.attention_scale - default_scale) <= 1e-6f * default_scale;
+  c.attention_scale = default_attention_scale ? 0.0f : mc.attention_scale;
+  c.attn_logit_softcap = mc.attn_logit_softcap;
+  c.final_logit_softcap = mc.final_logit_softcap;
+  c.norm_weight_offset = mc.norm_weight_offset;
+  c.sandwich_norms = mc.sandwich_norms;
+  c.scale_embeddings = mc.scale_embeddings;
+  c.activation = mc.activation == model::Activation::GeluTanh ? cuda::DecoderConfig::Activation::kGeluTanh
+                                                               : cuda::DecoderConfig::Activation::kSiLU;
+  if (mc.o_bias) gaps.push_back("model " + mc.model_type + ": a bias on o_proj (attention_bias)");
+  if (mc.mlp_bias) gaps.push_back("model " + mc.model_type + ": biases on the MLP projections (mlp_bias)");
+  return c;
+}
+
+// The training: LoRA placement and everything the recipe config asks of the step.
+cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe, int64_t batch, int64_t seq_len,
+                              bool packed, std::vector<std::string>& gaps) {
+  cuda::TrainingSetup s;
+  s.batch = batch;
+  s.seq_len = seq_len;
+  s.full_finetune = !recipe.lora;
+  if (cfg.dtype != TrainDtype::BF16) gaps.push_back("dtype=fp32: the GPU step trains in bf16 only (dtype=bf16)");
+  if (packed) gaps.push_back("dataset.packed: packed documents (the GPU step has no document masking yet)");
+  if (cfg.optimizer.amsgrad) gaps.push_back("optimizer.amsgrad");
+  if (!recipe.lora) return s;
+  s.lora_rank = cfg.model.lora_rank;
+  s.lora_alpha = float(cfg.model.lora_alpha);
+  const model::LoraTargets targets{cfg.model.lora_attn_modules, cfg.model.apply_lora_to_mlp,
+                                   cfg.model.apply_lora_to_output};
+  for (const std::string& module : model::lora_target_modules(targets)) {
+    bool known = false;
+    for (int p = 0; p < cuda::kNumProjections; ++p)
+      if (module == kProjectionModules[p]) s.lora_on[p] = known = true;
+    if (!known) gaps.push_back("model.apply_lora_to_output: LoRA on " + module);
+  }
+  if (cfg.model.use_dora) gaps.push_back("model.use_dora: DoRA");
+  if (cfg.model.quantize_base) gaps.push_back("model.quantize_base: QLoRA (an NF4 base)");
+  if (cfg.model.lora_dropout > 0) gaps.push_back("model.lora_dropout: LoRA dropout");
+  return s;
+}
+
+}  // namespace
+
+CudaStepPlan plan_cuda_step(const RecipeConfig& cfg, const RecipeSpec& recipe, const model::ModelConfig& mc,
+                            int64_t batch, int64_t seq_len, bool packed) {
+  CudaStepPlan plan;
+  plan.model = map_model(mc, plan.gaps);
+  plan.setup = map_setup(cfg, recipe, batch, seq_len, packed, plan.gaps);
+  return plan;
+}
+
+std::string describe_gaps(const std::vector<std::string>& gaps) {
+  std::string text = "the GPU step does not do";
+  for (size_t i = 0; i < gaps.size(); ++i) text += (i ? "; " : " ") + gaps[i];
+  return text + ". Set device=cpu to train this config on the CPU engine, which does all of it";
+}
+
+}  // namespace ktune::train
