@@ -1,8 +1,11 @@
 # Helpers that every layer's CMakeLists uses, so that each reads in a few lines.
 
-# ktune_layer(NAME DEPS...) : a static library ktune_<NAME> from src/<NAME>/*.cpp.
+# ktune_layer(NAME DEPS...) : a static library ktune_<NAME> from src/<NAME>/*.cpp and its subfolders'
+# *.cpp, except a cuda/ subfolder: that is the layer's part of the CUDA backend, built by its own
+# CMakeLists where the backend is (src/kernels/cuda, src/model/cuda, src/train/cuda).
 function(ktune_layer name)
   file(GLOB _sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cpp ${CMAKE_CURRENT_SOURCE_DIR}/*/*.cpp)
+  list(FILTER _sources EXCLUDE REGEX "/cuda/[^/]*$")
   add_library(ktune_${name} STATIC ${_sources})
   target_include_directories(ktune_${name} PUBLIC ${CMAKE_SOURCE_DIR}/src)
   target_link_libraries(ktune_${name} PUBLIC ${ARGN})

@@ -15,12 +15,15 @@
 #include "core/parallel.h"
 #include "data/data_loader.h"
 #include "data/dataset_builders.h"
+#include "data/fixed_shape_batch.h"
 #include "data/padding_free.h"
 #include "kernels/cpu/gemm.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
 #include "text/chat_format.h"
 #include "train/checkpointer.h"
+#include "train/cuda_trainer.h"
+#include "train/device_selection.h"
 #include "train/lr_scheduler.h"
 #include "train/memory_stats.h"
 #include "train/metric_logger.h"
@@ -103,6 +106,12 @@ bool shard_parameters(const RecipeSpec& recipe) {
   throw Error("env KTUNE_DATA_PARALLEL", "is '" + mode + "'; expected shard (the default) or replicate");
 }
 
+int64_t longest_sample(const TokenizedDataset& dataset) {
+  int64_t longest = 1;
+  for (int64_t i = 0; i < dataset.size(); ++i) longest = std::max(longest, dataset.length(i));
+  return longest;
+}
+
 std::string mib(int64_t bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2f MiB", double(bytes) / (1 << 20));
@@ -115,8 +124,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 class FinetuneRecipe {
  public:
-  FinetuneRecipe(const RecipeConfig& config, const RecipeSpec& recipe, dist::ProcessGroup& group)
-      : cfg_(config), recipe_(recipe), group_(group), rank0_(group.rank() == 0) {}
+  FinetuneRecipe(const RecipeConfig& config, const RecipeSpec& recipe, dist::ProcessGroup& group,
+                 const WorkerDevices& devices)
+      : cfg_(config), recipe_(recipe), group_(group), devices_(devices), rank0_(group.rank() == 0) {}
 
   void setup();
   void train();
@@ -126,6 +136,21 @@ class FinetuneRecipe {
   // Tokenizes every dataset of `configs` into one; says whether any is packed / splits across packs.
   std::shared_ptr<TokenizedDataset> build_datasets(const std::vector<DatasetConfig>& configs, bool* packed, bool* split);
   void setup_model();
+  // The CPU engine's training state: sharded (FSDP) or replicated parameters and the AdamW optimizer.
+  void setup_cpu_training(DType storage, int64_t trainable_bytes);
+  // device=cuda on a GPU: the GPU step (cuda_trainer.h), planned for (batch_size, gpu_seq_len_), and
+  // an NCCL group over the workers' GPUs for the gradients.
+  void setup_gpu_training();
+  // One optimizer step (gradient_accumulation_steps micro-batches), on either engine.
+  struct StepOutcome {
+    double loss = 0, tokens = 0, lr = 0;
+    std::optional<double> grad_norm;
+  };
+  StepOutcome cpu_step();
+  StepOutcome gpu_step();
+  // The learning rate of the next step; throws when the loss is not finite (before any update).
+  double next_lr(double loss) const;
+  int64_t optimizer_steps() const { return gpu_ ? gpu_->optimizer_steps() : optimizer_->steps(); }
   // dataset_val: the token-mean loss over the whole validation set, every rank its share, no
   // gradients; logged as val_loss.
   void validate(int64_t epoch);
@@ -138,7 +163,9 @@ class FinetuneRecipe {
   const RecipeConfig& cfg_;
   const RecipeSpec& recipe_;
   dist::ProcessGroup& group_;
+  WorkerDevices devices_;
   bool rank0_;
+  bool on_gpu_ = false;  // device=cuda with a GPU: gpu_ runs the steps; optimizer_ and sharded_ stay empty
 
   uint64_t seed_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -158,6 +185,9 @@ class FinetuneRecipe {
   std::vector<model::Parameter*> trainable_;
   std::unique_ptr<ShardedDataParallel> sharded_;  // distributed recipes: FSDP over group_
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<CudaTrainer> gpu_;
+  std::unique_ptr<dist::ProcessGroup> nccl_;  // distributed GPU runs: the gradients' group
+  int64_t gpu_seq_len_ = 0;                   // T of the GPU step: max_seq_len, or the longest sample
   std::optional<CosineWithWarmup> schedule_;
   std::unique_ptr<MetricLogger> metrics_;
 
@@ -173,8 +203,10 @@ class FinetuneRecipe {
 void FinetuneRecipe::setup() {
   seed_ = cfg_.seed ? *cfg_.seed : std::random_device{}();
   padding_free_ = padding_free_mode();
-  if (cfg_.device != "cpu" && rank0_)
-    log_info("device=" + cfg_.device + " asked for; this build runs on the CPU (the CUDA backend is separate)");
+  const DeviceChoice device = choose_step_device(cfg_.device, cuda_backend_built(), cuda_devices_visible());
+  on_gpu_ = device.device == StepDevice::kCuda;
+  if (on_gpu_) padding_free_ = PaddingFree::kOff;  // the GPU step takes every batch in one (B, T)
+  if (rank0_) log_info(device.reason);
   checkpointer_ = std::make_unique<HfCheckpointer>(cfg_.checkpointer.checkpoint_dir, cfg_.checkpointer.checkpoint_files,
                                                    cfg_.output_dir);
   setup_data();
@@ -228,6 +260,7 @@ void FinetuneRecipe::setup_data() {
   o.pad_id = tokenizer_->pad_id().value_or(0);
   loader_ = std::make_unique<DataLoader>(dataset_, o);
   loader_->set_epoch(0);
+  gpu_seq_len_ = std::max(gpu_seq_len_, max_seq_len > 0 ? max_seq_len : longest_sample(*dataset_));
 
   if (cfg_.datasets_val.empty()) return;
   bool val_split = false;
@@ -238,6 +271,7 @@ void FinetuneRecipe::setup_data() {
   v.packed = val_packed_;
   v.split_across_pack = val_split;
   val_loader_ = std::make_unique<DataLoader>(val, v);
+  gpu_seq_len_ = std::max(gpu_seq_len_, max_seq_len > 0 ? max_seq_len : longest_sample(*val));
   val_loader_->set_epoch(0);
   if (val_loader_->batches_per_epoch() < 1)
     throw Error("dataset_val", std::to_string(val->size()) + " samples make no batch of " + std::to_string(cfg_.batch_size) +
@@ -268,8 +302,14 @@ void FinetuneRecipe::validate(int64_t epoch) {
   double sums[2] = {0.0, 0.0};  // loss sum, label tokens (this rank, then the world)
   Batch batch;
   while (val_loader_->next(&batch)) {
-    const model::Batch mb = model_batch(batch, val_packed_, padding_free_);
-    model::LossResult r = sharded_ ? sharded_->forward_loss(mb) : model_->forward_loss(mb);
+    model::LossResult r;
+    if (gpu_) {
+      shift_labels(batch);
+      r = gpu_->forward_loss(to_fixed_shape(batch, cfg_.batch_size, gpu_seq_len_, tokenizer_->pad_id().value_or(0)));
+    } else {
+      const model::Batch mb = model_batch(batch, val_packed_, padding_free_);
+      r = sharded_ ? sharded_->forward_loss(mb) : model_->forward_loss(mb);
+    }
     sums[0] += r.loss_sum;
     sums[1] += double(r.n_valid);
   }
@@ -336,6 +376,16 @@ void FinetuneRecipe::setup_model() {
     n_trainable += p->value.numel();
     trainable_bytes += int64_t(p->value.bytes());
   }
+  if (on_gpu_)
+    setup_gpu_training();
+  else
+    setup_cpu_training(storage, trainable_bytes);
+  if (rank0_)
+    log_info("model: " + mc.model_type + ", " + std::to_string(mc.num_parameters()) + " parameters, " +
+             std::to_string(n_trainable) + " trainable" + (recipe_.lora ? " (adapters on " + std::to_string(adapters_.size()) + " projections)" : ""));
+}
+
+void FinetuneRecipe::setup_cpu_training(DType storage, int64_t trainable_bytes) {
   if (shard_parameters(recipe_)) {
     sharded_ = std::make_unique<ShardedDataParallel>(*model_, trainable_, group_,
                                                      ShardingOptions{cfg_.fsdp_reshard_after_forward});
@@ -377,9 +427,28 @@ void FinetuneRecipe::setup_model() {
                                  " base is kept f32 (its adapters compute on an f32 base; QLoRA's becomes NF4) and "
                                  "the adapters are f32; merged checkpoints are written in bf16";
     log_info(what + "; state " + (sharded_ ? "per rank: " : "") + state.str());
-    log_info("model: " + mc.model_type + ", " + std::to_string(mc.num_parameters()) + " parameters, " +
-             std::to_string(n_trainable) + " trainable" + (recipe_.lora ? " (adapters on " + std::to_string(adapters_.size()) + " projections)" : ""));
   }
+}
+
+void FinetuneRecipe::setup_gpu_training() {
+  const bool packed = loader_->options().packed || val_packed_;
+  const CudaStepPlan plan = plan_cuda_step(cfg_, recipe_, model_->config(), cfg_.batch_size, gpu_seq_len_, packed);
+  if (!plan.gaps.empty()) throw Error("device=" + cfg_.device, describe_gaps(plan.gaps));
+  select_cuda_device(devices_.local_rank);
+  if (group_.size() > 1) {
+    check(devices_.store != nullptr, "device=cuda", "a distributed run needs its rendezvous store to join NCCL");
+    nccl_ = dist::make_nccl_process_group(*devices_.store, "ktune/nccl", group_.rank(), group_.size());
+  }
+  gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_);
+  if (!rank0_) return;
+  log_info("GPU step: bf16 weights, activations and AdamW moments, f32 gradients and accumulation, stochastically "
+           "rounded updates; every batch laid into (" + std::to_string(cfg_.batch_size) + ", " +
+           std::to_string(gpu_seq_len_) + ")" +
+           (group_.size() > 1 ? "; replicated over " + std::to_string(group_.size()) + " GPUs, gradients summed over NCCL"
+                              : std::string()));
+  if (cfg_.enable_activation_checkpointing)
+    log_info("enable_activation_checkpointing: the GPU step keeps every activation for the backward (planned below)");
+  log_info(gpu_->memory_report());
 }
 
 void FinetuneRecipe::resume() {
@@ -393,7 +462,15 @@ void FinetuneRecipe::resume() {
                              std::to_string(group_.size()) + " (resume with the same world size)");
   if (s.value("recipe", std::string()) != recipe_.name)
     throw Error(*latest, "was written by recipe " + s.value("recipe", std::string("?")) + ", not " + recipe_.name);
-  if (sharded_) {
+  if (gpu_) {
+    for (model::Parameter* p : trainable_) {
+      auto it = point.trainable.find(p->name);
+      if (it == point.trainable.end()) throw Error(*latest, "recipe state has no weights for " + p->name);
+      p->value.copy_from(it->second);
+    }
+    gpu_->upload_parameters();
+    gpu_->load_optimizer_state(point.optimizer_state, s.at("optimizer_steps").get<int64_t>(), *latest);
+  } else if (sharded_) {
     sharded_->load_full_parameters(point.trainable, *latest + " recipe state");
     optimizer_->load_state(sharded_->shard_optimizer_state(point.optimizer_state, *latest),
                            s.at("optimizer_steps").get<int64_t>(), *latest);
@@ -423,6 +500,10 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
     sharded_->gather_full_parameters(/*keep=*/rank0_);
     optimizer_state = sharded_->gather_optimizer_state(*optimizer_, /*keep=*/rank0_);
   }
+  if (gpu_ && rank0_) {  // every rank holds the same weights: rank 0 brings them back to write them
+    gpu_->download_trainable();
+    optimizer_state = gpu_->optimizer_state();
+  }
   if (rank0_) {
     SaveRequest r;
     r.name = name;
@@ -432,10 +513,10 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
     r.adapter_weights_only = cfg_.save_adapter_weights_only;
     r.weights_dtype = cfg_.dtype == TrainDtype::BF16 ? DType::BF16 : DType::F32;
     r.recipe_state = {{"recipe", recipe_.name}, {"epoch", next_epoch}, {"step_in_epoch", step_in_epoch},
-                      {"global_step", global_step_}, {"optimizer_steps", optimizer_->steps()},
+                      {"global_step", global_step_}, {"optimizer_steps", optimizer_steps()},
                       {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},
                       {"loader", step_in_epoch > 0 ? loader_->state().to_json() : nlohmann::json(nullptr)}};
-    r.optimizer_state = sharded_ ? std::move(optimizer_state) : optimizer_->state();
+    r.optimizer_state = sharded_ || gpu_ ? std::move(optimizer_state) : optimizer_->state();
     r.trainable = trainable_;
     last_checkpoint_ = checkpointer_->save(r);
     log_info("saved checkpoint " + last_checkpoint_);
@@ -468,12 +549,85 @@ void FinetuneRecipe::log_padding_skipped() {
   std::snprintf(line, sizeof line,
                 "%s: the training steps computed %.0f positions for %.0f sample tokens; padded, the batches "
                 "hold %.0f (%.1f%% padding): %.0f positions (%.1f%%) skipped",
-                padding_free_ == PaddingFree::kRowsOfT  ? "padding-free (rows of at most T)"
+                gpu_                                    ? "GPU step (every batch laid into one (B, T))"
+                : padding_free_ == PaddingFree::kRowsOfT  ? "padding-free (rows of at most T)"
                 : padding_free_ == PaddingFree::kOneRow ? "padding-free (one row)"
                                                         : "KTUNE_PADDING_FREE=0",
                 computed, real, padded,
                 percent(padded - real), padded - computed, percent(padded - computed));
   log_info(line);
+}
+
+FinetuneRecipe::StepOutcome FinetuneRecipe::cpu_step() {
+  model_->zero_grad();
+  if (sharded_) sharded_->zero_grad();
+  double sums[2] = {0.0, 0.0};  // loss sum, label tokens (this rank, then the world)
+  for (int micro = 0; micro < cfg_.gradient_accumulation_steps; ++micro) {
+    Batch batch;
+    if (!loader_->next(&batch)) throw Error("data loader", "ran out of batches inside an epoch");
+    for (auto& a : adapters_) a->set_dropout_key(uint64_t(global_step_) * 1000003u + uint64_t(micro));
+    positions_padded_ += batch.batch_size * batch.seq_len;
+    positions_real_ += std::count(batch.doc_ids.begin(), batch.doc_ids.end(), 0);  // unpacked: doc id 0 = sample
+    const model::Batch mb = model_batch(batch, loader_->options().packed, padding_free_);
+    positions_computed_ += mb.B * mb.T;
+    model::LossResult r = sharded_ ? sharded_->forward_backward(mb, 1.0f) : model_->forward_backward(mb, 1.0f);
+    sums[0] += r.loss_sum;
+    sums[1] += double(r.n_valid);
+  }
+  // Token-weighted loss over the global batch: Σ CE / Σ label tokens, across steps and ranks.
+  group_.allreduce_sum(sums, 2);
+  all_reduce_gradients();
+  StepOutcome out;
+  out.tokens = sums[1];
+  out.loss = sums[0] / std::max(1.0, sums[1]);
+  out.lr = next_lr(out.loss);
+  scale_gradients(optimizer_->params(), float(1.0 / std::max(1.0, sums[1])));
+  if (cfg_.clip_grad_norm)
+    out.grad_norm = sharded_ ? sharded_->clip_gradient_norm(*cfg_.clip_grad_norm)
+                             : clip_gradient_norm(trainable_, *cfg_.clip_grad_norm);
+  optimizer_->step(out.lr);
+  return out;
+}
+
+// The micro-batches come first: their label tokens, summed over the ranks, are the 1 / N that
+// scales each gradient as it accumulates on the GPU (the CPU step scales once at the end instead).
+FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
+  const int32_t pad_id = tokenizer_->pad_id().value_or(0);
+  std::vector<FixedShapeBatch> micro_batches;
+  double sums[2] = {0.0, 0.0};  // label tokens, then loss sum (this rank, then the world)
+  for (int micro = 0; micro < cfg_.gradient_accumulation_steps; ++micro) {
+    Batch batch;
+    if (!loader_->next(&batch)) throw Error("data loader", "ran out of batches inside an epoch");
+    shift_labels(batch);
+    positions_padded_ += batch.batch_size * batch.seq_len;
+    positions_real_ += std::count(batch.doc_ids.begin(), batch.doc_ids.end(), 0);
+    sums[0] += double(batch.num_label_tokens());
+    micro_batches.push_back(to_fixed_shape(batch, cfg_.batch_size, gpu_seq_len_, pad_id));
+    positions_computed_ += cfg_.batch_size * gpu_seq_len_;
+  }
+  group_.allreduce_sum(sums, 1);
+  const double tokens = std::max(1.0, sums[0]);
+  gpu_->zero_grad();
+  double loss_sum = 0;
+  for (const FixedShapeBatch& mb : micro_batches) loss_sum += gpu_->forward_backward(mb, float(1.0 / tokens)).loss_sum;
+  group_.allreduce_sum(&loss_sum, 1);
+  if (nccl_) gpu_->all_reduce_gradients(*nccl_);
+  StepOutcome out;
+  out.tokens = sums[0];
+  out.loss = loss_sum / tokens;
+  out.lr = next_lr(out.loss);
+  if (cfg_.clip_grad_norm) out.grad_norm = gpu_->clip_gradient_norm(*cfg_.clip_grad_norm);
+  gpu_->optimizer_step(out.lr, AdamWSettings{cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2,
+                                             cfg_.optimizer.eps, cfg_.optimizer.weight_decay});
+  return out;
+}
+
+double FinetuneRecipe::next_lr(double loss) const {
+  if (!std::isfinite(loss))
+    throw Error("training at step " + std::to_string(global_step_ + 1),
+                "the loss is " + std::to_string(loss) + "; stopped before updating the weights" +
+                    (last_checkpoint_.empty() ? std::string() : "; the last good checkpoint is " + last_checkpoint_));
+  return cfg_.optimizer.lr * (schedule_ ? schedule_->multiplier(global_step_) : 1.0);
 }
 
 void FinetuneRecipe::train() {
@@ -494,37 +648,9 @@ void FinetuneRecipe::train() {
     const auto epoch_start = std::chrono::steady_clock::now();
     while (step_in_epoch < steps_per_epoch_) {
       const auto step_start = std::chrono::steady_clock::now();
-      model_->zero_grad();
-      if (sharded_) sharded_->zero_grad();
-      double sums[2] = {0.0, 0.0};  // loss sum, label tokens (this rank, then the world)
-      for (int micro = 0; micro < cfg_.gradient_accumulation_steps; ++micro) {
-        Batch batch;
-        if (!loader_->next(&batch)) throw Error("data loader", "ran out of batches inside an epoch");
-        for (auto& a : adapters_) a->set_dropout_key(uint64_t(global_step_) * 1000003u + uint64_t(micro));
-        positions_padded_ += batch.batch_size * batch.seq_len;
-        positions_real_ += std::count(batch.doc_ids.begin(), batch.doc_ids.end(), 0);  // unpacked: doc id 0 = sample
-        const model::Batch mb = model_batch(batch, loader_->options().packed, padding_free_);
-        positions_computed_ += mb.B * mb.T;
-        model::LossResult r = sharded_ ? sharded_->forward_backward(mb, 1.0f) : model_->forward_backward(mb, 1.0f);
-        sums[0] += r.loss_sum;
-        sums[1] += double(r.n_valid);
-      }
-      // Token-weighted loss over the global batch: Σ CE / Σ label tokens, across steps and ranks.
-      group_.allreduce_sum(sums, 2);
-      all_reduce_gradients();
-      const double tokens = std::max(1.0, sums[1]);
-      const double loss = sums[0] / tokens;
-      if (!std::isfinite(loss))
-        throw Error("training at step " + std::to_string(global_step_ + 1),
-                    "the loss is " + std::to_string(loss) + "; stopped before updating the weights" +
-                        (last_checkpoint_.empty() ? std::string() : "; the last good checkpoint is " + last_checkpoint_));
-      scale_gradients(optimizer_->params(), float(1.0 / tokens));
-      std::optional<double> grad_norm;
-      if (cfg_.clip_grad_norm)
-        grad_norm = sharded_ ? sharded_->clip_gradient_norm(*cfg_.clip_grad_norm)
-                             : clip_gradient_norm(trainable_, *cfg_.clip_grad_norm);
-      const double lr = cfg_.optimizer.lr * (schedule_ ? schedule_->multiplier(global_step_) : 1.0);
-      optimizer_->step(lr);
+      const StepOutcome step = gpu_ ? gpu_step() : cpu_step();
+      const double loss = step.loss, lr = step.lr;
+      const std::optional<double>& grad_norm = step.grad_norm;
       ++global_step_;
       ++step_in_epoch;
 
@@ -533,7 +659,7 @@ void FinetuneRecipe::train() {
         later_steps_seconds += step_seconds;
         ++later_steps;
       }
-      const double tokens_per_second = sums[1] > 0 ? double(tokens) / group_.size() / step_seconds : 0.0;
+      const double tokens_per_second = step.tokens > 0 ? step.tokens / group_.size() / step_seconds : 0.0;
       if (rank0_ && global_step_ % cfg_.log_every_n_steps == 0) {
         Metrics m = {{"loss", loss}, {"lr", lr}, {"tokens_per_second_per_gpu", tokens_per_second}};
         if (grad_norm) m.push_back({"grad_norm", *grad_norm});
@@ -560,13 +686,15 @@ void FinetuneRecipe::train() {
     log_info("training done: " + std::to_string(global_step_) + " steps in " + timing + "; peak RSS " +
              std::to_string(read_memory_stats().peak_rss_bytes >> 20) + " MiB (" +
              std::to_string(peak_rss_before_save_ >> 20) + " MiB before the first checkpoint)");
+    if (gpu_) log_info("GPU memory: " + gpu_->memory_report());
   }
 }
 
 }  // namespace
 
-int run_finetune(const RecipeConfig& config, const RecipeSpec& recipe, dist::ProcessGroup& group) {
-  FinetuneRecipe r(config, recipe, group);
+int run_finetune(const RecipeConfig& config, const RecipeSpec& recipe, dist::ProcessGroup& group,
+                 const WorkerDevices& devices) {
+  FinetuneRecipe r(config, recipe, group, devices);
   r.setup();
   r.train();
   return 0;

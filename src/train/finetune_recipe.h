@@ -6,6 +6,8 @@
 // ranks (FSDP / ZeRO-3, train/sharded_data_parallel.h; fsdp_reshard_after_forward honoured; the
 // frozen LoRA base is sharded too). env KTUNE_DATA_PARALLEL=replicate runs them with replicated
 // weights and all-reduced gradients instead (DDP: the benchmark's baseline).
+// device=cuda runs the steps on a GPU where this build has the CUDA backend and a GPU is visible
+// (train/cuda_trainer.h; replicated over NCCL when distributed), and on the CPU otherwise, saying so.
 #pragma once
 
 #include "dist/process_group.h"
@@ -13,8 +15,16 @@
 
 namespace ktune::train {
 
+// What a worker's GPU work needs beyond the group: its rendezvous store (to join an NCCL group over
+// the GPUs) and LOCAL_RANK (which GPU is its own). The defaults suit a single process.
+struct WorkerDevices {
+  dist::TcpStore* store = nullptr;
+  int local_rank = 0;
+};
+
 // Runs the recipe to the end (or throws ktune::Error naming what is wrong). group: the world
 // (a SingleProcessGroup for single-device recipes). Returns the process exit code.
-int run_finetune(const RecipeConfig& config, const RecipeSpec& recipe, dist::ProcessGroup& group);
+int run_finetune(const RecipeConfig& config, const RecipeSpec& recipe, dist::ProcessGroup& group,
+                 const WorkerDevices& devices = {});
 
 }  // namespace ktune::train

@@ -1,0 +1,171 @@
+// The GPU step behind the recipes (cuda_trainer.h): CudaTrainer over a cuda::Decoder, built as the
+// plugin libktune_cuda_step.so (src/train/cuda/CMakeLists.txt) that make_cuda_trainer() loads. It
+// uses only plain structs of the host side (model::Parameter, Tensor, the plan) and its own copy
+// of src/core, so that the plugin needs nothing else of the binary.
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/adamw.h"
+#include "kernels/cuda/device_memory.h"
+#include "model/cuda/decoder.h"
+#include "train/cuda_trainer.h"
+
+namespace ktune::train {
+
+namespace {
+
+// splitmix64's finaliser: the per-step seed of the stochastic rounding from the run's seed.
+uint64_t mix_seed(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::vector<float> to_f32_vector(const Tensor& t) {
+  const Tensor wide = t.dtype() == DType::F32 ? t : t.to(DType::F32);
+  return std::vector<float>(wide.f32(), wide.f32() + wide.numel());
+}
+
+class CudaDecoderTrainer final : public CudaTrainer {
+ public:
+  CudaDecoderTrainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan, uint64_t seed)
+      : device_(plan.model, plan.setup, seed), seed_(seed) {
+    for (model::Parameter* p : host) host_[p->name] = p;
+    // The two models must hold the same parameters: a name on one side only is a feature the plan
+    // let through by mistake, and training would silently differ.
+    for (const cuda::DeviceParameter& d : device_.parameters()) {
+      auto it = host_.find(d.name);
+      if (it == host_.end()) throw Error("device=cuda: parameter " + d.name, "the GPU step has it; the host model does not");
+      check(it->second->value.numel() == d.numel, "device=cuda: parameter " + d.name,
+            "has " + std::to_string(it->second->value.numel()) + " values on the host and " + std::to_string(d.numel) +
+                " on the GPU");
+      if (it->second->trainable != (d.grad != nullptr))
+        throw Error("device=cuda: parameter " + d.name, "is trainable on one side only");
+    }
+    for (const auto& [name, p] : host_) {
+      bool on_device = false;
+      for (const cuda::DeviceParameter& d : device_.parameters()) on_device = on_device || d.name == name;
+      if (!on_device) throw Error("device=cuda: parameter " + name, "the host model has it; the GPU step does not");
+    }
+    scratch_doubles_ = cuda::sum_of_squares_scratch_doubles();
+    norm_scratch_ = cuda::DeviceBuffer(size_t(scratch_doubles_) * device_.parameters().size() * sizeof(double));
+    upload_parameters();
+  }
+
+  void upload_parameters() override {
+    for (const cuda::DeviceParameter& d : device_.parameters()) device_.upload(d.name, to_f32_vector(host_.at(d.name)->value));
+  }
+
+  void download_trainable() override {
+    for (const cuda::DeviceParameter& d : device_.parameters()) {
+      if (!d.grad) continue;
+      std::vector<float> values = device_.download_value(d.name);
+      model::Parameter& p = *host_.at(d.name);
+      p.value.copy_from(Tensor::view(values.data(), p.value.shape(), DType::F32));
+    }
+  }
+
+  void zero_grad() override { device_.zero_grad(); }
+
+  model::LossResult forward_backward(const FixedShapeBatch& batch, float grad_scale) override {
+    check(batch.batch_size == device_.setup().batch && batch.seq_len == device_.setup().seq_len, "device=cuda",
+          "a batch of (" + std::to_string(batch.batch_size) + ", " + std::to_string(batch.seq_len) +
+              ") for a step planned for (" + std::to_string(device_.setup().batch) + ", " +
+              std::to_string(device_.setup().seq_len) + ")");
+    const cuda::StepResult r = device_.forward_backward(batch.tokens.data(), batch.labels.data(), grad_scale);
+    return {r.loss_sum, r.n_valid};
+  }
+
+  // The GPU step has no forward-only pass: this runs the whole step with the gradient scaled by 0,
+  // so every gradient gains exactly +0 (validation costs a backward; see docs/cuda.md).
+  model::LossResult forward_loss(const FixedShapeBatch& batch) override { return forward_backward(batch, 0.0f); }
+
+  void all_reduce_gradients(dist::ProcessGroup& nccl) override {
+    if (nccl.size() == 1) return;
+    for (cuda::DeviceParameter& d : device_.parameters())
+      if (d.grad) nccl.allreduce_sum(d.grad, d.numel);
+  }
+
+  double clip_gradient_norm(double max_norm) override {
+    // Σ g² of each gradient into its own scratch slot, one copy back, the sum in a fixed order.
+    std::vector<cuda::DeviceParameter*> trainable;
+    for (cuda::DeviceParameter& d : device_.parameters())
+      if (d.grad) trainable.push_back(&d);
+    double* scratch = norm_scratch_.as<double>();
+    for (size_t i = 0; i < trainable.size(); ++i)
+      cuda::sum_of_squares(scratch + i * size_t(scratch_doubles_), trainable[i]->grad, trainable[i]->numel);
+    std::vector<double> sums(trainable.size() * size_t(scratch_doubles_));
+    norm_scratch_.download(sums.data(), sums.size() * sizeof(double));
+    double total = 0;
+    for (size_t i = 0; i < trainable.size(); ++i) total += sums[i * size_t(scratch_doubles_)];
+    const double norm = std::sqrt(total);
+    if (std::isfinite(max_norm) && norm > max_norm) {
+      const float factor = float(max_norm / (norm + 1e-6));
+      for (cuda::DeviceParameter* d : trainable) cuda::scale_inplace(d->grad, d->numel, factor);
+    }
+    return norm;
+  }
+
+  void optimizer_step(double lr, const AdamWSettings& settings) override {
+    ++steps_;
+    cpu::AdamWStep s{float(lr), float(settings.beta1), float(settings.beta2), float(settings.eps),
+                     float(settings.weight_decay), steps_};
+    device_.adamw_step(s, mix_seed(seed_ ^ mix_seed(uint64_t(steps_))));
+  }
+
+  int64_t optimizer_steps() const override { return steps_; }
+
+  std::map<std::string, Tensor> optimizer_state() override {
+    std::map<std::string, Tensor> state;
+    cuda::synchronize();
+    for (const cuda::DeviceParameter& d : device_.parameters()) {
+      if (!d.grad) continue;
+      for (const auto& [prefix, moment] : {std::pair{std::string("exp_avg."), d.m}, std::pair{std::string("exp_avg_sq."), d.v}}) {
+        Tensor t = Tensor::empty(Shape(d.shape), DType::BF16);
+        cuda::copy_to_host(t.bf16(), moment, size_t(d.numel) * sizeof(bf16_t));
+        state[prefix + d.name] = std::move(t);
+      }
+    }
+    return state;
+  }
+
+  void load_optimizer_state(const std::map<std::string, Tensor>& state, int64_t steps,
+                            const std::string& where) override {
+    for (cuda::DeviceParameter& d : device_.parameters()) {
+      if (!d.grad) continue;
+      for (const auto& [prefix, moment] : {std::pair{std::string("exp_avg."), d.m}, std::pair{std::string("exp_avg_sq."), d.v}}) {
+        auto it = state.find(prefix + d.name);
+        if (it == state.end()) throw Error(where, "optimizer state has no " + prefix + d.name);
+        check(it->second.numel() == d.numel, where, "optimizer state " + prefix + d.name + " has " +
+                                                        std::to_string(it->second.numel()) + " values, the GPU parameter " +
+                                                        std::to_string(d.numel));
+        const Tensor narrow = it->second.dtype() == DType::BF16 ? it->second : it->second.to(DType::BF16);
+        cuda::copy_to_device(moment, narrow.bf16(), size_t(d.numel) * sizeof(bf16_t));
+      }
+    }
+    steps_ = steps;
+  }
+
+  std::string memory_report() const override { return device_.memory_report(); }
+
+ private:
+  cuda::Decoder device_;
+  uint64_t seed_;
+  std::map<std::string, model::Parameter*> host_;
+  int64_t scratch_doubles_ = 0;
+  cuda::DeviceBuffer norm_scratch_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
+}  // namespace ktune::train
+
+// The plugin's entry point (cuda_trainer.h: CreateCudaTrainerFn). Errors propagate as ktune::Error.
+extern "C" __attribute__((visibility("default"))) ktune::train::CudaTrainer* ktune_create_cuda_trainer(
+    const std::vector<ktune::model::Parameter*>* host, const ktune::train::CudaStepPlan* plan, uint64_t seed) {
+  return new ktune::train::CudaDecoderTrainer(*host, *plan, seed);
+}

@@ -1,0 +1,82 @@
+// Loading the GPU step (the plugin beside the binary, see cuda_trainer.h) and the GPU questions the
+// recipe asks before it: is there a backend, how many GPUs, which one is this worker's.
+#include "train/cuda_trainer.h"
+
+#include <string>
+
+#include "core/error.h"
+
+#if KTUNE_HAS_CUDA
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+#endif
+
+namespace ktune::train {
+
+#if KTUNE_HAS_CUDA
+
+namespace {
+
+// The plugin sits beside the running binary (bin/ktune and bin/libktune_cuda_step.so); env
+// KTUNE_CUDA_STEP_PLUGIN names it for a process that is not ktune (a test, an embedding program).
+std::string plugin_path() {
+  if (const char* path = std::getenv("KTUNE_CUDA_STEP_PLUGIN"); path && *path) return path;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ((ec ? std::filesystem::path(".") : exe.parent_path()) / kCudaStepPlugin).string();
+}
+
+CreateCudaTrainerFn load_plugin() {
+  static CreateCudaTrainerFn create = nullptr;
+  if (create) return create;
+  const std::string path = plugin_path();
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);  // never closed: trainers live until exit
+  if (!handle) throw Error(path, std::string("cannot load the GPU step: ") + dlerror());
+  create = reinterpret_cast<CreateCudaTrainerFn>(dlsym(handle, kCreateCudaTrainerSymbol));
+  if (!create) throw Error(path, std::string("has no ") + kCreateCudaTrainerSymbol + ": " + dlerror());
+  return create;
+}
+
+}  // namespace
+
+std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan,
+                                               uint64_t seed) {
+  return std::unique_ptr<CudaTrainer>(load_plugin()(&host, &plan, seed));
+}
+
+bool cuda_backend_built() { return true; }
+
+int cuda_devices_visible() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {  // no driver, no device: not an error here
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void select_cuda_device(int index) {
+  const int n = cuda_devices_visible();
+  if (index < 0 || index >= n)
+    throw Error("GPU " + std::to_string(index), "no such device: " + std::to_string(n) + " visible (LOCAL_RANK and "
+                                                "CUDA_VISIBLE_DEVICES choose among them)");
+  const cudaError_t rc = cudaSetDevice(index);
+  if (rc != cudaSuccess) throw Error("GPU " + std::to_string(index), std::string("cudaSetDevice: ") + cudaGetErrorString(rc));
+}
+
+#else  // no CUDA backend in this build
+
+std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>&, const CudaStepPlan&, uint64_t) {
+  throw Error("device=cuda", "this build has no CUDA backend (configured with KTUNE_CUDA=OFF or without nvcc)");
+}
+
+bool cuda_backend_built() { return false; }
+int cuda_devices_visible() { return 0; }
+void select_cuda_device(int index) { throw Error("GPU " + std::to_string(index), "this build has no CUDA backend"); }
+
+#endif
+
+}  // namespace ktune::train

@@ -1,0 +1,91 @@
+// The recipes' steps on a GPU (device=cuda). A cuda::Decoder (model/cuda/decoder.h) holds the model,
+// its gradients and its AdamW state on the device, planned once for one (B, T); the host model that
+// the checkpointer loaded stays the source and the destination of the weights:
+//   setup       every host parameter uploaded by name (HF names for the base, PEFT's for LoRA A/B as
+//               attach_lora initialised them: the same start as a CPU run with the same seed)
+//   each step   micro-batches laid into (B, T) (data/fixed_shape_batch.h), their gradients scaled by
+//               1 / the global batch's label tokens as they accumulate (the count is known on the
+//               host before the forward), summed across GPUs over NCCL, clipped, and one AdamW step
+//               on the device (bf16 weights and moments, stochastically rounded updates)
+//   checkpoint  the trainable parameters downloaded into the host model, whose save writes the
+//               merged model, the PEFT adapter and the recipe state as a CPU run does; the AdamW
+//               moments come back as "exp_avg.<name>" / "exp_avg_sq.<name>" (bf16), the names the
+//               CPU optimizer uses, so a checkpoint resumes on either engine
+// The implementation (train/cuda/cuda_decoder_trainer.cpp) is a plugin, libktune_cuda_step.so beside
+// the ktune binary (or where env KTUNE_CUDA_STEP_PLUGIN says), loaded by make_cuda_trainer() the
+// first time a run trains on a GPU: cuBLASLt
+// alone costs ~210 MiB of resident memory the moment it is loaded (its kernels register at load),
+// which every CPU run would otherwise carry. Hence an interface, and a recipe that never sees a
+// CUDA type. The binary itself links only the CUDA runtime (to count and select GPUs).
+// It deliberately does not shard: distributed GPU runs replicate the model (DDP over NCCL).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "data/fixed_shape_batch.h"
+#include "dist/process_group.h"
+#include "model/decoder.h"  // LossResult (a plain struct)
+#include "model/linear.h"   // Parameter (a plain struct)
+#include "train/device_selection.h"
+#include "train/optimizer.h"
+
+namespace ktune::train {
+
+class CudaTrainer {
+ public:
+  virtual ~CudaTrainer() = default;
+
+  // host → device: every parameter (after a resume has loaded the host's trainable values).
+  virtual void upload_parameters() = 0;
+  // device → host: the trainable parameters, into the host model's tensors (their dtype kept).
+  virtual void download_trainable() = 0;
+
+  virtual void zero_grad() = 0;
+  // One micro-batch; gradients accumulate scaled by grad_scale. The loss sum is unscaled.
+  virtual model::LossResult forward_backward(const FixedShapeBatch& batch, float grad_scale) = 0;
+  // The loss only, for validation. The gradients are left as they were.
+  virtual model::LossResult forward_loss(const FixedShapeBatch& batch) = 0;
+  // Σ over the GPUs of every gradient (nccl: an NCCL process group over the workers).
+  virtual void all_reduce_gradients(dist::ProcessGroup& nccl) = 0;
+  // torch.nn.utils.clip_grad_norm_ over every gradient; returns the norm before clipping (+inf
+  // max_norm only measures).
+  virtual double clip_gradient_norm(double max_norm) = 0;
+  // One AdamW step at lr; steps are counted from 1 (and continue after load_optimizer_state).
+  virtual void optimizer_step(double lr, const AdamWSettings& settings) = 0;
+  virtual int64_t optimizer_steps() const = 0;
+  virtual std::map<std::string, Tensor> optimizer_state() = 0;  // downloads the moments
+  // A state as optimizer_state() (or the CPU AdamW::state()) wrote it; errors name `where` and the entry.
+  virtual void load_optimizer_state(const std::map<std::string, Tensor>& state, int64_t steps,
+                                    const std::string& where) = 0;
+
+  // The planned device memory and what the driver reports in use.
+  virtual std::string memory_report() const = 0;
+};
+
+// Plans the device memory and uploads the host model: `host` is its parameters() (with its LoRA
+// adapters attached, if any). seed: of the stochastic rounding. Throws ktune::Error in a build
+// without the CUDA backend, when the plugin cannot be loaded (naming its path), or naming a
+// parameter the two models do not share.
+std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan,
+                                               uint64_t seed);
+
+// The plugin's one exported function (C linkage, so that dlsym finds it by this name).
+extern "C" {
+using CreateCudaTrainerFn = CudaTrainer* (*)(const std::vector<model::Parameter*>* host, const CudaStepPlan* plan,
+                                             uint64_t seed);
+}
+inline constexpr const char* kCudaStepPlugin = "libktune_cuda_step.so";
+inline constexpr const char* kCreateCudaTrainerSymbol = "ktune_create_cuda_trainer";
+
+// This build has the CUDA backend; the GPUs it can see (0 without a driver or without the backend).
+bool cuda_backend_built();
+int cuda_devices_visible();
+// A worker's GPU (its LOCAL_RANK), before anything is allocated or an NCCL group is joined.
+void select_cuda_device(int index);
+
+}  // namespace ktune::train

@@ -1,0 +1,154 @@
+// device=cuda through `ktune run`, on the quickstart's tiny Llama model in bf16.
+// With a GPU visible (and the CUDA backend built): the LoRA and full recipes on the GPU track the
+// same runs on the CPU engine step by step, write the same checkpoint layout (the PEFT adapter with
+// the CPU run's tensor names and shapes, the merged model), resume mid-epoch, and two GPUs over NCCL
+// equal one with the doubled batch. The two engines round differently (the GPU keeps activations
+// and LoRA matrices in bf16, the CPU adapters in f32), so losses are compared within a few percent,
+// not bit for bit.
+// Without a GPU those are skipped, saying so, and the one that runs instead is the fallback:
+// device=cuda trains on the CPU and says why.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "io/safetensors.h"
+#include "model/decoder.h"
+#include "train/cuda_trainer.h"
+#include "../recipes/tiny_recipe_run.h"
+
+namespace fs = std::filesystem;
+using namespace ktune;
+using recipe_testing::losses;
+using recipe_testing::Outcome;
+
+namespace {
+
+class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
+ protected:
+  Outcome run(const std::string& launcher, const std::string& recipe, const std::string& config,
+              const std::string& device, const std::string& extra, const std::string& output) {
+    return run_tiny(launcher, recipe, config, "dtype=bf16 device=" + device + " " + extra, output);
+  }
+  static bool gpu() { return train::cuda_devices_visible() > 0; }
+};
+
+#define SKIP_WITHOUT_GPUS(n)                                                                              \
+  if (train::cuda_devices_visible() < (n))                                                                \
+  GTEST_SKIP() << "needs " << (n) << " GPU(s) and the CUDA backend: " << train::cuda_devices_visible()    \
+               << " visible (build with CUDA: " << (train::cuda_backend_built() ? "yes" : "no") << ")"
+
+// Every step's loss of `b` within `relative` of `a`'s, the same steps, and the loss fell on both.
+void expect_tracks(const std::map<int, double>& a, const std::map<int, double>& b, double relative) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [step, loss] : a) {
+    ASSERT_TRUE(b.count(step)) << "step " << step;
+    EXPECT_NEAR(b.at(step), loss, relative * loss) << "step " << step;
+  }
+  EXPECT_LT(b.rbegin()->second, b.begin()->second);
+  EXPECT_LT(a.rbegin()->second, a.begin()->second);
+}
+
+// Step → the value of `metric` anywhere on the step's line of the run's log (grad_norm follows loss and lr).
+std::map<int, double> metric(const std::string& output_dir, const std::string& name) {
+  std::map<int, double> result;
+  const std::regex pattern("Step (\\d+) \\|.* " + name + ":([0-9.eE+-]+)");
+  for (const auto& e : fs::directory_iterator(fs::path(output_dir) / "logs")) {
+    std::ifstream in(e.path());
+    std::string line;
+    std::smatch m;
+    while (std::getline(in, line))
+      if (std::regex_search(line, m, pattern)) result[std::stoi(m[1])] = std::stod(m[2]);
+  }
+  return result;
+}
+
+// Tensor names and shapes of a safetensors file.
+std::map<std::string, std::vector<int64_t>> layout(const std::string& path) {
+  io::SafetensorsFile f = io::SafetensorsFile::open(path);
+  std::map<std::string, std::vector<int64_t>> result;
+  for (const std::string& name : f.names()) result[name] = f.to_f32(name).shape().dims;
+  return result;
+}
+
+}  // namespace
+
+TEST_F(CudaRecipeTest, WithoutAGpuDeviceCudaTrainsOnTheCpuSayingWhy) {
+  if (gpu()) GTEST_SKIP() << "a GPU is visible: device=cuda runs on it (the other tests here)";
+  Outcome r = run("", "lora_finetune_single_device", "lora_single_device", "cuda", "epochs=1 max_steps_per_epoch=2", out());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(train::cuda_backend_built() ? "no GPU is visible" : "no CUDA backend"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("training on the CPU"), std::string::npos) << r.output;
+  EXPECT_EQ(losses(out()).size(), 2u);
+}
+
+TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
+  SKIP_WITHOUT_GPUS(1);
+  const std::string args = "epochs=1 max_steps_per_epoch=8 batch_size=8";
+  Outcome cpu = run("", "lora_finetune_single_device", "lora_single_device", "cpu", args, out("cpu"));
+  Outcome gpu = run("", "lora_finetune_single_device", "lora_single_device", "cuda", args, out("gpu"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  EXPECT_NE(gpu.output.find("training on the GPU"), std::string::npos) << gpu.output;
+  EXPECT_NE(gpu.output.find("planned device memory"), std::string::npos) << gpu.output;
+  expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
+  EXPECT_EQ(layout(out("gpu") + "/epoch_0/adapter_model.safetensors"),
+            layout(out("cpu") + "/epoch_0/adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(out("gpu") + "/epoch_0/adapter_config.json"));
+  EXPECT_NO_THROW(model::Decoder::from_pretrained(out("gpu") + "/epoch_0"));  // the merged model
+}
+
+TEST_F(CudaRecipeTest, FullFinetuneOnTheGpuTracksTheCpuRun) {
+  SKIP_WITHOUT_GPUS(1);
+  const std::string args = "epochs=1 max_steps_per_epoch=8 batch_size=8 clip_grad_norm=1.0";
+  Outcome cpu = run("", "full_finetune_single_device", "full_single_device", "cpu", args, out("cpu"));
+  Outcome gpu = run("", "full_finetune_single_device", "full_single_device", "cuda", args, out("gpu"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
+    const std::map<int, double> cpu_norms = metric(out("cpu"), "grad_norm"), gpu_norms = metric(out("gpu"), "grad_norm");
+  ASSERT_EQ(cpu_norms.size(), 8u);
+  ASSERT_EQ(gpu_norms.size(), 8u);
+  for (const auto& [step, norm] : cpu_norms) EXPECT_NEAR(gpu_norms.at(step), norm, 0.10 * norm) << "grad_norm, step " << step;
+  EXPECT_EQ(layout(out("gpu") + "/epoch_0/model-00001-of-00001.safetensors"),
+            layout(out("cpu") + "/epoch_0/model-00001-of-00001.safetensors"));
+}
+
+TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {
+  SKIP_WITHOUT_GPUS(1);
+  const std::string args = "epochs=2 max_steps_per_epoch=4 batch_size=4 save_every_n_steps=2";
+  Outcome whole = run("", "lora_finetune_single_device", "lora_single_device", "cuda", args, out("a"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  fs::create_directories(out("b"));
+  fs::copy(out("a") + "/step_2", out("b") + "/step_2", fs::copy_options::recursive);
+  Outcome resumed = run("", "lora_finetune_single_device", "lora_single_device", "cuda",
+                        args + " resume_from_checkpoint=True", out("b"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  auto a = losses(out("a"));
+  auto b = losses(out("b"));
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 6u);  // steps 3..8
+  // The state round-trips exactly (bf16 weights and moments, the step count, the rounding seeds);
+  // what may differ is the order of the GPU's atomic additions.
+  for (const auto& [step, loss] : b) EXPECT_NEAR(loss, a.at(step), 1e-2 * a.at(step)) << "step " << step;
+}
+
+TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatch) {
+  SKIP_WITHOUT_GPUS(2);
+  Outcome one = run("", "full_finetune_distributed", "full_single_device", "cuda",
+                    "epochs=1 max_steps_per_epoch=4 batch_size=4", out("one"));
+  Outcome two = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
+                    "epochs=1 max_steps_per_epoch=4 batch_size=2", out("two"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("replicated over 2 GPUs"), std::string::npos) << two.output;
+  auto l1 = losses(out("one"));
+  auto l2 = losses(out("two"));
+  ASSERT_EQ(l1.size(), 4u);
+  ASSERT_EQ(l2.size(), 4u);
+  for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 2e-2 * loss) << "step " << step;
+}
