@@ -292,6 +292,10 @@ TEST_F(Images, TheFinalImagesHaveNoPythonAndRunTuneOrKtuneAsTheRuntimesCallThem)
   const std::string runs = all_runs(*docker_.stage("build"));
   EXPECT_NE(runs.find("install -D -m 0755 $tree/bin/ktune $out/usr/local/bin/ktune && ln -s ktune $out/usr/local/bin/tune"),
             std::string::npos) << runs;
+  // device=cuda loads the GPU step from beside the binary: the trainer's tree carries it, and its libraries.
+  EXPECT_NE(runs.find("install -m 0644 $tree/bin/libktune_cuda_step.so $out/usr/local/bin/"), std::string::npos) << runs;
+  EXPECT_NE(runs.find("ldd $binaries"), std::string::npos) << runs;
+  EXPECT_NE(all_runs(*docker_.stage("trainer")).find("ldd /usr/local/bin/libktune_cuda_step.so"), std::string::npos);
 
   // The tags built are the images the runtimes reference, with the commands these images offer.
   const std::string dockerfile = read_file(kSource + "/docker/Dockerfile");
