@@ -187,7 +187,7 @@ class FinetuneRecipe {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<CudaTrainer> gpu_;
   std::unique_ptr<dist::ProcessGroup> nccl_;  // distributed GPU runs: the gradients' group
-  int64_t gpu_seq_len_ = 0;                   // T of the GPU step: max_seq_len, or the longest sample
+  int64_t gpu_seq_len_ = 0;                   // T of the GPU step: the longest sample (train or val)
   std::optional<CosineWithWarmup> schedule_;
   std::unique_ptr<MetricLogger> metrics_;
 
@@ -260,7 +260,7 @@ void FinetuneRecipe::setup_data() {
   o.pad_id = tokenizer_->pad_id().value_or(0);
   loader_ = std::make_unique<DataLoader>(dataset_, o);
   loader_->set_epoch(0);
-  gpu_seq_len_ = std::max(gpu_seq_len_, max_seq_len > 0 ? max_seq_len : longest_sample(*dataset_));
+  gpu_seq_len_ = std::max(gpu_seq_len_, longest_sample(*dataset_));
 
   if (cfg_.datasets_val.empty()) return;
   bool val_split = false;
@@ -271,7 +271,7 @@ void FinetuneRecipe::setup_data() {
   v.packed = val_packed_;
   v.split_across_pack = val_split;
   val_loader_ = std::make_unique<DataLoader>(val, v);
-  gpu_seq_len_ = std::max(gpu_seq_len_, max_seq_len > 0 ? max_seq_len : longest_sample(*val));
+  gpu_seq_len_ = std::max(gpu_seq_len_, longest_sample(*val));
   val_loader_->set_epoch(0);
   if (val_loader_->batches_per_epoch() < 1)
     throw Error("dataset_val", std::to_string(val->size()) + " samples make no batch of " + std::to_string(cfg_.batch_size) +
