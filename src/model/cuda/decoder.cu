@@ -102,6 +102,18 @@ std::string gib(size_t bytes) {
   return buf;
 }
 
+// A projection's operands for one step (built by Impl::lin from the parameters).
+struct LinearRef {
+  const bf16_t* w;
+  float* dw;  // nullptr: frozen base
+  const bf16_t *a = nullptr, *b = nullptr;
+  float *da = nullptr, *db = nullptr;
+  int64_t in, out, r;
+  float scale;
+  const bf16_t* bias = nullptr;  // (out) or nullptr
+  float* dbias = nullptr;        // (out) f32, nullptr: no bias or frozen
+};
+
 }  // namespace
 
 const char* projection_name(int p) {
@@ -214,6 +226,21 @@ struct Decoder::Impl {
     for (cudaEvent_t e : events) cudaEventDestroy(e);
   }
 
+  // The step's pieces (decoder.cu, "The step"): params points at Decoder::params_.
+  std::vector<DeviceParameter>* params = nullptr;
+  int64_t lora_rank = 0;
+  DeviceParameter& P(int i) { return (*params)[size_t(i)]; }
+  LinearRef lin(const Linear& l);
+  void linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta);
+  void linear_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
+                       const bf16_t* xa);
+  void upload_batch(const int32_t* tokens_host, const int32_t* labels_host);
+  void forward(const DecoderConfig& c);  // embedding .. final norm, saving what the backward reads
+  StepResult loss(const DecoderConfig& c, float grad_scale, bool backward);
+  void backward(const DecoderConfig& c);  // from dnormed (the loss's gradient) down to the embedding
+  std::vector<bool> attention_backward_ran;  // per layer, for the profile
+  void finish_step(const DecoderConfig& c, bool with_backward, Decoder::StepProfile* profile);
+
   // bias (Nn) in C's dtype, added to every row by cuBLASLt's epilogue; nullptr: none
   void mm(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, float alpha, const bf16_t* A, const bf16_t* Bm,
           float beta, void* C, DType out, const bf16_t* bias = nullptr) {
@@ -260,6 +287,8 @@ void Decoder::allocate() {
                 KD = c.num_kv_heads * c.head_dim, L = c.num_layers, V = c.vocab_size;
   const int64_t r = setup_.lora_rank;
   s.lora_scale = r > 0 ? setup_.lora_alpha / float(r) : 0.0f;
+  s.lora_rank = r;
+  s.params = &params_;
 
   // Parameter metadata in HF order, then the LoRA matrices in PEFT's names.
   std::vector<bool> trainable;
@@ -562,103 +591,76 @@ void Decoder::set_profiling(bool on) {
 
 namespace {
 
-struct LinearRef {
-  const bf16_t* w;
-  float* dw;  // nullptr: frozen base
-  const bf16_t *a = nullptr, *b = nullptr;
-  float *da = nullptr, *db = nullptr;
-  int64_t in, out, r;
-  float scale;
-  const bf16_t* bias = nullptr;  // (out) or nullptr
-  float* dbias = nullptr;        // (out) f32, nullptr: no bias or frozen
-};
+// Profiling events: 0/1 the step, 2/3 the loss, 4 + 4l + {0,1} layer l's attention forward, + {2,3} its backward.
+size_t attn_event(int64_t l, int k) { return size_t(4 + 4 * l + k); }
 
 }  // namespace
 
-StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* labels_host, float grad_scale) {
-  Impl& s = *impl_;
-  const DecoderConfig& c = config_;
-  const int64_t N = s.N, C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
+LinearRef Decoder::Impl::lin(const Linear& l) {
+  LinearRef ref{P(l.weight).value, P(l.weight).grad};
+  ref.in = l.in, ref.out = l.out, ref.r = lora_rank, ref.scale = lora_scale;
+  if (l.bias >= 0) ref.bias = P(l.bias).value, ref.dbias = P(l.bias).grad;
+  if (l.lora_a >= 0) {
+    ref.a = P(l.lora_a).value, ref.da = P(l.lora_a).grad;
+    ref.b = P(l.lora_b).value, ref.db = P(l.lora_b).grad;
+  }
+  return ref;
+}
+
+// y (N, out) = beta * y + x W^T [+ b] [+ s (x A^T) B^T];  xa (N, r) saved
+void Decoder::Impl::linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta) {
+  mm(false, true, N, w.out, w.in, 1.0f, x, w.w, beta, y, DType::BF16, w.bias);
+  if (w.a) {
+    mm(false, true, N, w.r, w.in, 1.0f, x, w.a, 0.0f, xa, DType::BF16);
+    mm(false, true, N, w.out, w.r, w.scale, xa, w.b, 1.0f, y, DType::BF16);
+  }
+}
+
+// Undoes y = x W^T + b + s (x A^T) B^T: dx (N, in) overwritten (or += when accumulate; nullptr: not
+// wanted), dW += dy^T x (trainable base only), db += column sums of dy (as ones (1, N) @ dy),
+// dB += s dy^T xa, dA += g^T x with g = s dy B.
+void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x,
+                                    const LinearRef& w, const bf16_t* xa) {
+  if (w.dw) mm(true, false, w.out, w.in, N, 1.0f, dy, x, 1.0f, w.dw, DType::F32);
+  if (w.dbias) mm(false, false, 1, w.out, N, 1.0f, ones, dy, 1.0f, w.dbias, DType::F32);
+  if (dx) mm(false, false, N, w.in, w.out, 1.0f, dy, w.w, accumulate ? 1.0f : 0.0f, dx, DType::BF16);
+  if (w.a) {
+    mm(true, false, w.out, w.r, N, w.scale, dy, xa, 1.0f, w.db, DType::F32);
+    mm(false, false, N, w.r, w.out, w.scale, dy, w.b, 0.0f, lora_g, DType::BF16);
+    mm(true, false, w.r, w.in, N, 1.0f, lora_g, x, 1.0f, w.da, DType::F32);
+    if (dx) mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, dx, DType::BF16);
+  }
+}
+
+void Decoder::Impl::upload_batch(const int32_t* tokens_host, const int32_t* labels_host) {
+  copy_to_device(tokens, tokens_host, size_t(N) * sizeof(int32_t));
+  copy_to_device(labels, labels_host, size_t(N) * sizeof(int32_t));
+}
+
+void Decoder::Impl::forward(const DecoderConfig& c) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
-  copy_to_device(s.tokens, tokens_host, size_t(N) * sizeof(int32_t));
-  copy_to_device(s.labels, labels_host, size_t(N) * sizeof(int32_t));
-  const RopeTableView rope{s.rope_cos.as<float>(), s.rope_sin.as<float>(), s.T, D};
+  const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), T, D};
   const float eps = c.rms_norm_eps, off = c.norm_weight_offset;
   const bool sandwich = c.sandwich_norms;
-  auto P = [&](int i) -> DeviceParameter& { return params_[size_t(i)]; };
-  auto lin = [&](const Impl::Linear& l) {
-    LinearRef ref{P(l.weight).value, P(l.weight).grad};
-    ref.in = l.in, ref.out = l.out, ref.r = setup_.lora_rank, ref.scale = s.lora_scale;
-    if (l.bias >= 0) ref.bias = P(l.bias).value, ref.dbias = P(l.bias).grad;
-    if (l.lora_a >= 0) {
-      ref.a = P(l.lora_a).value, ref.da = P(l.lora_a).grad;
-      ref.b = P(l.lora_b).value, ref.db = P(l.lora_b).grad;
-    }
-    return ref;
-  };
-  // y (N, out) = beta * y + x W^T [+ b] [+ s (x A^T) B^T];  xa (N, r) saved
-  auto linear_forward = [&](bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta) {
-    s.mm(false, true, N, w.out, w.in, 1.0f, x, w.w, beta, y, DType::BF16, w.bias);
-    if (w.a) {
-      s.mm(false, true, N, w.r, w.in, 1.0f, x, w.a, 0.0f, xa, DType::BF16);
-      s.mm(false, true, N, w.out, w.r, w.scale, xa, w.b, 1.0f, y, DType::BF16);
-    }
-  };
-  // Undoes y = x W^T + b + s (x A^T) B^T: dx (N, in) overwritten (or += when accumulate; nullptr: not
-  // wanted), dW += dy^T x (trainable base only), db += column sums of dy (as ones (1, N) @ dy),
-  // dB += s dy^T xa, dA += g^T x with g = s dy B.
-  auto linear_backward = [&](bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
-                             const bf16_t* xa) {
-    if (w.dw) s.mm(true, false, w.out, w.in, N, 1.0f, dy, x, 1.0f, w.dw, DType::F32);
-    if (w.dbias) s.mm(false, false, 1, w.out, N, 1.0f, s.ones, dy, 1.0f, w.dbias, DType::F32);
-    if (dx) s.mm(false, false, N, w.in, w.out, 1.0f, dy, w.w, accumulate ? 1.0f : 0.0f, dx, DType::BF16);
-    if (w.a) {
-      s.mm(true, false, w.out, w.r, N, w.scale, dy, xa, 1.0f, w.db, DType::F32);
-      s.mm(false, false, N, w.r, w.out, w.scale, dy, w.b, 0.0f, s.lora_g, DType::BF16);
-      s.mm(true, false, w.r, w.in, N, 1.0f, s.lora_g, x, 1.0f, w.da, DType::F32);
-      if (dx) s.mm(false, false, N, w.in, w.r, 1.0f, s.lora_g, w.a, 1.0f, dx, DType::BF16);
-    }
-  };
-
-  // Which layers need their input gradient: anything trainable below them (or the embedding).
-  std::vector<bool> trainable_in_layer(size_t(L), false);
+  embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, flag.data());
   for (int64_t l = 0; l < L; ++l) {
-    const Impl::Layer& layer = s.layers[size_t(l)];
-    bool any = false;
-    for (int norm : {layer.norm_attn, layer.norm_mlp, layer.norm_attn_out, layer.norm_mlp_out})
-      any = any || (norm >= 0 && P(norm).grad);
-    for (const auto& pr : layer.proj)
-      any = any || P(pr.weight).grad || (pr.bias >= 0 && P(pr.bias).grad) || pr.lora_a >= 0;
-    trainable_in_layer[size_t(l)] = any;
-  }
-  // below[l]: the embedding or a layer < l is trainable.
-  std::vector<bool> below(size_t(L) + 1, false);
-  below[0] = P(s.embed).grad != nullptr;
-  for (int64_t l = 0; l < L; ++l) below[size_t(l) + 1] = below[size_t(l)] || trainable_in_layer[size_t(l)];
-
-  // ---- forward ----
-  // event indices: 0/1 the step, 2/3 the loss, 4 + 4l + {0,1} attention forward, + {2,3} backward
-  auto attn_event = [&](int64_t l, int k) { return size_t(4 + 4 * l + k); };
-  s.mark(0);
-  const DeviceParameter& embed = P(s.embed);
-  embedding_forward(s.resid[0], s.tokens, embed.value, N, C, V, s.embed_scale, s.flag.data());
-  for (int64_t l = 0; l < L; ++l) {
-    const Impl::Layer& layer = s.layers[size_t(l)];
-    const Impl::Acts& a = s.acts[size_t(l)];
-    const bf16_t* x_in = s.resid[size_t(l)];
-    bf16_t* x_out = s.resid[size_t(l) + 1];
+    const Layer& layer = layers[size_t(l)];
+    const Acts& a = acts[size_t(l)];
+    const bf16_t* x_in = resid[size_t(l)];
+    bf16_t* x_out = resid[size_t(l) + 1];
     rmsnorm_forward(a.ln1, a.rstd1, x_in, P(layer.norm_attn).value, N, C, eps, off);
     linear_forward(a.q, a.ln1, lin(layer.proj[kQ]), a.xa[kQ], 0.0f);
     linear_forward(a.k, a.ln1, lin(layer.proj[kK]), a.xa[kK], 0.0f);
     linear_forward(a.v, a.ln1, lin(layer.proj[kV]), a.xa[kV], 0.0f);
-    rope_forward(a.q, s.positions, rope, N, Hq, D, s.flag.data());
-    rope_forward(a.k, s.positions, rope, N, Hkv, D, s.flag.data());
-    s.mark(attn_event(l, 0));
+    rope_forward(a.q, positions, rope, N, Hq, D, flag.data());
+    rope_forward(a.k, positions, rope, N, Hkv, D, flag.data());
+    mark(attn_event(l, 0));
     if (layer.gemm_attention)
-      attention_gemm_forward(s.gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, s.attn_gemm_scratch);
+      attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch);
     else
       attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, layer.attention);
-    s.mark(attn_event(l, 1));
+    mark(attn_event(l, 1));
     if (sandwich) {  // h = x + post_attn_norm(o(att))
       linear_forward(a.o, a.att, lin(layer.proj[kO]), a.xa[kO], 0.0f);
       rmsnorm_forward(a.x_mid, a.rstd_o, a.o, P(layer.norm_attn_out).value, N, C, eps, off);
@@ -681,85 +683,138 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
       linear_forward(x_out, a.act, lin(layer.proj[kDown]), a.xa[kDown], 1.0f);  // y = h + mlp
     }
   }
-  const DeviceParameter& fnorm = P(s.final_norm);
-  rmsnorm_forward(s.final_normed, s.final_rstd, s.resid[size_t(L)], fnorm.value, N, C, eps, off);
-  const DeviceParameter& head = P(s.head);
-  StepResult result;
-  s.mark(2);
-  result.loss_sum = linear_cross_entropy(s.gemm, s.dnormed, head.grad, &result.n_valid, s.final_normed, head.value,
-                                         s.labels, N, C, V, c.final_logit_softcap, grad_scale, s.ce_chunk,
-                                         s.ce_scratch);
-  s.mark(3);
-  std::vector<bool> attention_backward_ran(size_t(L), false);
+  rmsnorm_forward(final_normed, final_rstd, resid[size_t(L)], P(final_norm).value, N, C, eps, off);
+}
 
-  // ---- backward ----
-  if (below[size_t(L)] || fnorm.grad) {
-    convert_to_bf16(s.dtmp, s.dnormed, N * C);
-    rmsnorm_backward(s.dres, fnorm.grad, s.dtmp, s.resid[size_t(L)], fnorm.value, s.final_rstd, N, C, off);
-    for (int64_t l = L - 1; l >= 0; --l) {
-      if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
-      const Impl::Layer& layer = s.layers[size_t(l)];
-      const Impl::Acts& a = s.acts[size_t(l)];
-      const bf16_t* x_in = s.resid[size_t(l)];
-      // Undo y = h + [post_ff_norm](down(act(gate(n)) * up(n))), n = norm2(h)
-      const bf16_t* dy_down = s.dres;
-      if (sandwich) {  // dtmp = d down, read by down's backward before anything rewrites dtmp
-        rmsnorm_backward(s.dtmp, P(layer.norm_mlp_out).grad, s.dres, a.down, P(layer.norm_mlp_out).value,
-                         a.rstd_down, N, C, off);
-        dy_down = s.dtmp;
-      }
-      linear_backward(s.dact, false, dy_down, a.act, lin(layer.proj[kDown]), a.xa[kDown]);
-      if (c.activation == DecoderConfig::Activation::kSiLU)
-        swiglu_backward(s.dgate, s.dup, s.dact, a.gate, a.up, N * I);
-      else
-        geglu_tanh_backward(s.dgate, s.dup, s.dact, a.gate, a.up, N * I);
-      linear_backward(s.dln, false, s.dgate, a.ln2, lin(layer.proj[kGate]), a.xa[kGate]);
-      linear_backward(s.dln, true, s.dup, a.ln2, lin(layer.proj[kUp]), a.xa[kUp]);
-      rmsnorm_backward(s.dtmp, P(layer.norm_mlp).grad, s.dln, a.x_mid, P(layer.norm_mlp).value, a.rstd2, N, C, off);
-      add_inplace(s.dres, s.dtmp, N * C);  // dres = d h
-      // Undo h = x + [post_attn_norm](o(attention(rope(q(n)), rope(k(n)), v(n)))), n = norm1(x)
-      const bf16_t* dy_o = s.dres;
-      if (sandwich) {  // dtmp = d o, read by o's backward before norm1's backward rewrites dtmp
-        rmsnorm_backward(s.dtmp, P(layer.norm_attn_out).grad, s.dres, a.o, P(layer.norm_attn_out).value, a.rstd_o,
-                         N, C, off);
-        dy_o = s.dtmp;
-      }
-      linear_backward(s.datt, false, dy_o, a.att, lin(layer.proj[kO]), a.xa[kO]);
-      s.mark(attn_event(l, 2));
-      if (layer.gemm_attention)
-        attention_gemm_backward(s.gemm, s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, layer.attention,
-                                s.attn_gemm_scratch);
-      else
-        attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.k, a.v, a.att, a.lse, nullptr, layer.attention,
-                           s.attn_scratch);
-      s.mark(attn_event(l, 3));
-      attention_backward_ran[size_t(l)] = true;
-      rope_backward(s.dq, s.positions, rope, N, Hq, D, s.flag.data());
-      rope_backward(s.dk, s.positions, rope, N, Hkv, D, s.flag.data());
-      const bool need_dx = below[size_t(l)] || P(layer.norm_attn).grad;
-      bf16_t* dln = need_dx ? s.dln : nullptr;
-      linear_backward(dln, false, s.dq, a.ln1, lin(layer.proj[kQ]), a.xa[kQ]);
-      linear_backward(dln, true, s.dk, a.ln1, lin(layer.proj[kK]), a.xa[kK]);
-      linear_backward(dln, true, s.dv, a.ln1, lin(layer.proj[kV]), a.xa[kV]);
-      if (need_dx) {
-        rmsnorm_backward(s.dtmp, P(layer.norm_attn).grad, s.dln, x_in, P(layer.norm_attn).value, a.rstd1, N, C, off);
-        add_inplace(s.dres, s.dtmp, N * C);  // dres = d x
-      }
-    }
-    if (embed.grad) embedding_backward(embed.grad, s.dres, s.tokens, N, C, V, s.embed_scale, s.flag.data());
+// The output projection fused with cross-entropy over final_normed. backward: dnormed (N, C) f32
+// overwritten with grad_scale * d(sum)/d(final_normed) and the head's gradient accumulated (when it
+// trains); otherwise neither is touched.
+StepResult Decoder::Impl::loss(const DecoderConfig& c, float grad_scale, bool backward) {
+  const DeviceParameter& h = P(head);
+  StepResult result;
+  mark(2);
+  result.loss_sum = linear_cross_entropy(gemm, backward ? dnormed : nullptr, backward ? h.grad : nullptr,
+                                         &result.n_valid, final_normed, h.value, labels, N, c.hidden_size,
+                                         c.vocab_size, c.final_logit_softcap, grad_scale, ce_chunk, ce_scratch);
+  mark(3);
+  return result;
+}
+
+void Decoder::Impl::backward(const DecoderConfig& c) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
+  const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+  const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), T, D};
+  const float off = c.norm_weight_offset;
+  const bool sandwich = c.sandwich_norms;
+  attention_backward_ran.assign(size_t(L), false);
+
+  // Which layers need their input gradient: anything trainable below them (or the embedding).
+  std::vector<bool> trainable_in_layer(size_t(L), false);
+  for (int64_t l = 0; l < L; ++l) {
+    const Layer& layer = layers[size_t(l)];
+    bool any = false;
+    for (int norm : {layer.norm_attn, layer.norm_mlp, layer.norm_attn_out, layer.norm_mlp_out})
+      any = any || (norm >= 0 && P(norm).grad);
+    for (const auto& pr : layer.proj)
+      any = any || P(pr.weight).grad || (pr.bias >= 0 && P(pr.bias).grad) || pr.lora_a >= 0;
+    trainable_in_layer[size_t(l)] = any;
   }
-  s.mark(1);
-  s.flag.check("cuda decoder: token id or rotary position");  // synchronises
-  if (s.profiling) {
-    KTUNE_CUDA_CHECK(cudaEventSynchronize(s.events[1]));
-    profile_ = StepProfile{};
-    profile_.step_ms = s.between(0, 1);
-    profile_.loss_ms = s.between(2, 3);
-    for (int64_t l = 0; l < L; ++l) {
-      profile_.attention_ms += s.between(attn_event(l, 0), attn_event(l, 1));
-      if (attention_backward_ran[size_t(l)]) profile_.attention_ms += s.between(attn_event(l, 2), attn_event(l, 3));
+  // below[l]: the embedding or a layer < l is trainable.
+  std::vector<bool> below(size_t(L) + 1, false);
+  below[0] = P(embed).grad != nullptr;
+  for (int64_t l = 0; l < L; ++l) below[size_t(l) + 1] = below[size_t(l)] || trainable_in_layer[size_t(l)];
+
+  const DeviceParameter& fnorm = P(final_norm);
+  if (!below[size_t(L)] && !fnorm.grad) return;
+  convert_to_bf16(dtmp, dnormed, N * C);
+  rmsnorm_backward(dres, fnorm.grad, dtmp, resid[size_t(L)], fnorm.value, final_rstd, N, C, off);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
+    const Layer& layer = layers[size_t(l)];
+    const Acts& a = acts[size_t(l)];
+    const bf16_t* x_in = resid[size_t(l)];
+    // Undo y = h + [post_ff_norm](down(act(gate(n)) * up(n))), n = norm2(h)
+    const bf16_t* dy_down = dres;
+    if (sandwich) {  // dtmp = d down, read by down's backward before anything rewrites dtmp
+      rmsnorm_backward(dtmp, P(layer.norm_mlp_out).grad, dres, a.down, P(layer.norm_mlp_out).value, a.rstd_down, N,
+                       C, off);
+      dy_down = dtmp;
+    }
+    linear_backward(dact, false, dy_down, a.act, lin(layer.proj[kDown]), a.xa[kDown]);
+    if (c.activation == DecoderConfig::Activation::kSiLU)
+      swiglu_backward(dgate, dup, dact, a.gate, a.up, N * I);
+    else
+      geglu_tanh_backward(dgate, dup, dact, a.gate, a.up, N * I);
+    linear_backward(dln, false, dgate, a.ln2, lin(layer.proj[kGate]), a.xa[kGate]);
+    linear_backward(dln, true, dup, a.ln2, lin(layer.proj[kUp]), a.xa[kUp]);
+    rmsnorm_backward(dtmp, P(layer.norm_mlp).grad, dln, a.x_mid, P(layer.norm_mlp).value, a.rstd2, N, C, off);
+    add_inplace(dres, dtmp, N * C);  // dres = d h
+    // Undo h = x + [post_attn_norm](o(attention(rope(q(n)), rope(k(n)), v(n)))), n = norm1(x)
+    const bf16_t* dy_o = dres;
+    if (sandwich) {  // dtmp = d o, read by o's backward before norm1's backward rewrites dtmp
+      rmsnorm_backward(dtmp, P(layer.norm_attn_out).grad, dres, a.o, P(layer.norm_attn_out).value, a.rstd_o, N, C,
+                       off);
+      dy_o = dtmp;
+    }
+    linear_backward(datt, false, dy_o, a.att, lin(layer.proj[kO]), a.xa[kO]);
+    mark(attn_event(l, 2));
+    if (layer.gemm_attention)
+      attention_gemm_backward(gemm, dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention,
+                              attn_gemm_scratch);
+    else
+      attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, nullptr, layer.attention, attn_scratch);
+    mark(attn_event(l, 3));
+    attention_backward_ran[size_t(l)] = true;
+    rope_backward(dq, positions, rope, N, Hq, D, flag.data());
+    rope_backward(dk, positions, rope, N, Hkv, D, flag.data());
+    const bool need_dx = below[size_t(l)] || P(layer.norm_attn).grad;
+    bf16_t* dx = need_dx ? dln : nullptr;
+    linear_backward(dx, false, dq, a.ln1, lin(layer.proj[kQ]), a.xa[kQ]);
+    linear_backward(dx, true, dk, a.ln1, lin(layer.proj[kK]), a.xa[kK]);
+    linear_backward(dx, true, dv, a.ln1, lin(layer.proj[kV]), a.xa[kV]);
+    if (need_dx) {
+      rmsnorm_backward(dtmp, P(layer.norm_attn).grad, dln, x_in, P(layer.norm_attn).value, a.rstd1, N, C, off);
+      add_inplace(dres, dtmp, N * C);  // dres = d x
     }
   }
+  const DeviceParameter& e = P(embed);
+  if (e.grad) embedding_backward(e.grad, dres, tokens, N, C, V, embed_scale, flag.data());
+}
+
+// The end of a pass: the index flag's check (synchronises) and, when profiling, the times.
+void Decoder::Impl::finish_step(const DecoderConfig& c, bool with_backward, Decoder::StepProfile* profile) {
+  mark(1);
+  flag.check("cuda decoder: token id or rotary position");  // synchronises
+  if (!profiling) return;
+  KTUNE_CUDA_CHECK(cudaEventSynchronize(events[1]));
+  *profile = StepProfile{};
+  profile->step_ms = between(0, 1);
+  profile->loss_ms = between(2, 3);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    profile->attention_ms += between(attn_event(l, 0), attn_event(l, 1));
+    if (with_backward && attention_backward_ran[size_t(l)])
+      profile->attention_ms += between(attn_event(l, 2), attn_event(l, 3));
+  }
+}
+
+StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* labels_host, float grad_scale) {
+  Impl& s = *impl_;
+  s.upload_batch(tokens_host, labels_host);
+  s.mark(0);
+  s.forward(config_);
+  const StepResult result = s.loss(config_, grad_scale, true);
+  s.backward(config_);
+  s.finish_step(config_, true, &profile_);
+  return result;
+}
+
+StepResult Decoder::forward_loss(const int32_t* tokens_host, const int32_t* labels_host) {
+  Impl& s = *impl_;
+  s.upload_batch(tokens_host, labels_host);
+  s.mark(0);
+  s.forward(config_);
+  const StepResult result = s.loss(config_, 0.0f, false);
+  s.finish_step(config_, false, &profile_);
   return result;
 }
 

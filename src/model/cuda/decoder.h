@@ -135,6 +135,11 @@ class Decoder {
   // labels are the target of each position, -100 ignored). Gradients ACCUMULATE scaled by
   // grad_scale (1/n_valid for a token mean). Synchronises once (the loss comes back).
   StepResult forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale);
+  // The forward and the fused loss only (validation): no backward, gradients untouched, the same
+  // loss as forward_backward's on the same batch. It overwrites the saved activations, so it runs
+  // between steps, never between a forward_backward and what reads its gradients (nothing does).
+  // Synchronises once.
+  StepResult forward_loss(const int32_t* tokens, const int32_t* labels);
   void zero_grad();
   // AdamW over every trainable parameter; s.step is 1-based. Asynchronous.
   void adamw_step(const cpu::AdamWStep& s, uint64_t seed);

@@ -564,6 +564,46 @@ KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
   }
 }
 
+// forward_loss: the step's forward and loss without the backward (validation). Its loss is the CPU
+// reference's and forward_backward's on the same batch (the same kernels: equal to rounding), and it
+// leaves every gradient exactly as it was; for LoRA and full fine-tuning, untied.
+KTUNE_CUDA_TEST(DecoderForwardLossMatchesTheStepAndLeavesGradients) {
+  const cuda::DecoderConfig config = tiny_config(false);
+  for (bool full : {false, true}) {
+    const cuda::TrainingSetup setup =
+        family_setup(full, full ? std::initializer_list<int>{} : std::initializer_list<int>{cuda::kQ, cuda::kV, cuda::kDown});
+    const char* what = full ? "full" : "lora";
+    cuda::Decoder model(config, setup, 5);
+    const Params params = randomise(model, 300);
+    std::vector<int32_t> tokens, labels;
+    batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+    const cuda::StepResult before = model.forward_loss(tokens.data(), labels.data());
+    Reference ref(config, setup, params, false);
+    const double want = ref.step(tokens, labels, 1.0f);
+    CHECK(std::fabs(before.loss_sum - want) <= 1e-2 * std::fabs(want))
+        << what << ": forward_loss " << before.loss_sum << " vs CPU " << want;
+    for (auto& p : model.parameters()) {
+      if (!p.grad) continue;
+      CHECK(model.download_grad(p.name) == std::vector<float>(size_t(p.numel), 0.0f))
+          << what << ": forward_loss wrote the gradient of " << p.name;
+    }
+
+    const cuda::StepResult step = model.forward_backward(tokens.data(), labels.data(), 0.01f);
+    Params grads;
+    for (auto& p : model.parameters())
+      if (p.grad) grads[p.name] = model.download_grad(p.name);
+    const cuda::StepResult after = model.forward_loss(tokens.data(), labels.data());
+    CHECK(after.n_valid == step.n_valid && before.n_valid == step.n_valid) << what << ": n_valid";
+    CHECK(std::fabs(after.loss_sum - step.loss_sum) <= 1e-6 * std::fabs(step.loss_sum))
+        << what << ": forward_loss " << after.loss_sum << " vs forward_backward " << step.loss_sum;
+    CHECK(std::fabs(before.loss_sum - step.loss_sum) <= 1e-6 * std::fabs(step.loss_sum))
+        << what << ": forward_loss before the step " << before.loss_sum << " vs forward_backward " << step.loss_sum;
+    for (auto& [name, g] : grads) CHECK(model.download_grad(name) == g) << what << ": forward_loss changed the gradient of " << name;
+    std::printf("     %s: forward_loss %.6f, forward_backward %.6f, CPU %.6f (sums)\n", what, after.loss_sum, step.loss_sum,
+                want);
+  }
+}
+
 KTUNE_CUDA_TEST(DecoderRejectsTokenOutsideVocabulary) {
   cuda::TrainingSetup setup;
   setup.batch = 1;
