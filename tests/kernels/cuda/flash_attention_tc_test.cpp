@@ -4,13 +4,20 @@
 // 64 and 128, B > 1, rows that are and are not multiples of the 64-query / 64- or 128-key tiles, one
 // row, and peaked softmaxes (large scores: the online rescaling matters). Each forward's (out, lse)
 // also goes through the other kernel's backward (the lse convention is shared).
-// Tolerances: as the GEMM path's test (attention_gemm_test.cpp), whose arithmetic this kernel shares:
-// P is rounded to bf16 before P V and Pᵀ dO (relative 2^-9 per probability over up to T keys), so out
-// gets atol 1e-3, rtol 1e-2; dS is rounded to bf16 before dS K and dSᵀ Q and delta uses the bf16 out,
-// so dq, dk, dv get atol 6e-3, rtol 1e-2; lse is f32 throughout: 2e-5, 1e-5 (a wrong mask, a missed
-// tile or a wrong softmax is off by 0.1 or more). Against the tiled kernel, whose bf16 results are
+// Tolerances. out: P is rounded to bf16 before P V (relative 2^-9 a probability), so
+// |out - ref| <= 2^-9 max|v| (= 1.95e-3 here, v in [-1, 1]) plus the output's own rounding: atol 2e-3,
+// rtol 1e-2 (the first rows, with one or two keys, come close to that bound: 1e-3 was too tight).
+// lse is f32 throughout: 2e-5, 1e-5. Gradients: dS is rounded to bf16 before dS K and dSᵀ Q, and
+// delta = rowsum(dout * out) uses the bf16 out (as the tiled kernel does, which is off by as much),
+// summed over up to T queries: atol 6e-3, rtol 1e-2 as the GEMM path's test (attention_gemm_test.cpp),
+// times q_scale for the peaked cases (dk = sum_i dS_ij q_i grows with |q|). A wrong mask, a missed
+// tile or a wrong softmax is off by 0.1 or more. Against the tiled kernel, whose bf16 results are
 // within attention_test.cpp's bounds of the reference (out 1e-5 + 1e-2, gradients 4e-3 + 1e-2): the
 // sum of both kernels' bounds. A backward fed the other kernel's forward is held to the fused bound.
+// These margins were checked by running this file's shapes through a host emulation of the kernels
+// (fibers for threads, wmma with scrambled fragment layouts); the worst ratios are in the report of
+// the change that added them.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -33,8 +40,14 @@ using cuda_test::to_device;
 struct Tolerance {
   double out_atol, out_rtol, lse_atol, lse_rtol, grad_atol, grad_rtol;
 };
-constexpr Tolerance kAgainstCpu{1e-3, 1e-2, 2e-5, 1e-5, 6e-3, 1e-2};
-constexpr Tolerance kAgainstTiled{1e-3 + 1e-5, 2e-2, 4e-5, 2e-5, 6e-3 + 4e-3, 2e-2};
+constexpr Tolerance kAgainstCpu{2e-3, 1e-2, 2e-5, 1e-5, 6e-3, 1e-2};
+constexpr Tolerance kAgainstTiled{2e-3 + 1e-5, 2e-2, 4e-5, 2e-5, 6e-3 + 4e-3, 2e-2};
+
+// The gradient bounds of t widened for q in [-q_scale, q_scale).
+Tolerance for_q_scale(Tolerance t, float q_scale) {
+  t.grad_atol *= std::max(1.0, double(q_scale));
+  return t;
+}
 
 // One attention's results, downloaded as floats.
 struct Results {
@@ -101,29 +114,30 @@ void check_flash_attention_tc(const char* name, cpu::AttentionShape s, float q_s
                              d.lse.as<float>(), nullptr, s, tiled_scratch.as<float>());
   };
   const std::string what = name;
+  const Tolerance against_cpu = for_q_scale(kAgainstCpu, q_scale), against_tiled = for_q_scale(kAgainstTiled, q_scale);
 
   // 1. The fused kernel alone, forward then backward, against the CPU reference.
   tc_forward();
   tc_backward();
   const Results tc = download();
-  check_forward(tc, ref, kAgainstCpu, what + " tc vs cpu");
-  check_backward(tc, ref, kAgainstCpu, what + " tc vs cpu");
+  check_forward(tc, ref, against_cpu, what + " tc vs cpu");
+  check_backward(tc, ref, against_cpu, what + " tc vs cpu");
 
   // 2. The tiled kernel, forward then backward, against the fused one.
   tiled_forward();
   tiled_backward();
   const Results tiled = download();
-  check_forward(tc, tiled, kAgainstTiled, what + " tc vs tiled");
-  check_backward(tc, tiled, kAgainstTiled, what + " tc vs tiled");
+  check_forward(tc, tiled, against_tiled, what + " tc vs tiled");
+  check_backward(tc, tiled, against_tiled, what + " tc vs tiled");
 
   // 3. The fused backward from the tiled forward's (out, lse) still in place.
   tc_backward();
-  check_backward(download(), ref, kAgainstCpu, what + " tc backward after tiled forward vs cpu");
+  check_backward(download(), ref, against_cpu, what + " tc backward after tiled forward vs cpu");
 
   // 4. The tiled backward from the fused forward's (out, lse).
   tc_forward();
   tiled_backward();
-  check_backward(download(), ref, kAgainstCpu, what + " tiled backward after tc forward vs cpu");
+  check_backward(download(), ref, against_cpu, what + " tiled backward after tc forward vs cpu");
 }
 
 cpu::AttentionShape shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
