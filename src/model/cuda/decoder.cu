@@ -18,6 +18,7 @@
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_gemm.h"
+#include "kernels/cuda/flash_attention_tc.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
@@ -158,7 +159,10 @@ struct Decoder::Impl {
   struct Layer {
     Linear proj[kNumProjections];
     int norm_attn = -1, norm_mlp = -1, norm_attn_out = -1, norm_mlp_out = -1;
-    bool gemm_attention = false;  // TrainingSetup::kGemm and neither a window shorter than T nor a soft-cap
+    // The kernels of this layer's attention: TrainingSetup::attention where it takes the layer, else
+    // (window shorter than T or soft-cap) the tiled ones; kTensorCore on a head_dim other than 64/128
+    // runs the GEMM path.
+    TrainingSetup::Attention kernel = TrainingSetup::Attention::kFlash;
     AttentionShape attention{};   // this layer's window, soft-cap and scale
   };
   // What one layer's forward saves for its backward (bf16 unless noted). N = B*T.
@@ -208,6 +212,7 @@ struct Decoder::Impl {
   bf16_t* lora_g = nullptr;                                      // (N, r)
   bf16_t* ones = nullptr;  // (N) 1s when a bias trains: db (1, out) += ones (1, N) @ dy (N, out)
   float* attn_scratch = nullptr;     // kFlash: the backward's rowsums
+  float* attn_tc_scratch = nullptr;  // kTensorCore: the backward's delta and f32 dq
   void* attn_gemm_scratch = nullptr;  // kGemm: one head's scores, both directions
   void* ce_scratch = nullptr;
   size_t ce_scratch_bytes = 0;
@@ -376,16 +381,20 @@ void Decoder::allocate() {
   // Each layer's attention: a window reaching back over the whole row (>= T) masks nothing and is
   // dropped; what remains of a window, or a soft-cap, needs the tiled kernels (attention_gemm has neither).
   const float attention_scale = c.attention_scale > 0 ? c.attention_scale : 1.0f / std::sqrt(float(c.head_dim));
-  bool any_gemm_attention = false, any_flash_attention = false;
+  bool any_gemm_attention = false, any_flash_attention = false, any_tc_attention = false;
   for (int64_t l = 0; l < L; ++l) {
     Impl::Layer& layer = s.layers[size_t(l)];
     const int64_t window = c.window(l) >= s.T ? 0 : c.window(l);
     layer.attention = AttentionShape{s.B, s.T, c.num_heads, c.num_kv_heads, c.head_dim, attention_scale, window,
                                      c.attn_logit_softcap};
-    layer.gemm_attention =
-        setup_.attention == TrainingSetup::Attention::kGemm && window == 0 && c.attn_logit_softcap == 0.0f;
-    any_gemm_attention |= layer.gemm_attention;
-    any_flash_attention |= !layer.gemm_attention;
+    const bool masks_only_causal = window == 0 && c.attn_logit_softcap == 0.0f;
+    using A = TrainingSetup::Attention;
+    layer.kernel = A::kFlash;
+    if (setup_.attention == A::kTensorCore && flash_attention_tc_supports(layer.attention)) layer.kernel = A::kTensorCore;
+    else if (setup_.attention != A::kFlash && masks_only_causal) layer.kernel = A::kGemm;
+    any_gemm_attention |= layer.kernel == A::kGemm;
+    any_flash_attention |= layer.kernel == A::kFlash;
+    any_tc_attention |= layer.kernel == A::kTensorCore;
   }
   bool any_bias_grad = false;
   for (const Impl::Layer& layer : s.layers)
@@ -436,6 +445,7 @@ void Decoder::allocate() {
     s.dup = k.take<bf16_t>(N * I);
     s.lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
     s.attn_scratch = any_flash_attention ? k.take<float>(attention_backward_scratch_floats(ashape)) : nullptr;
+    s.attn_tc_scratch = any_tc_attention ? k.take<float>(flash_attention_tc_backward_scratch_floats(ashape)) : nullptr;
     s.attn_gemm_scratch =
         any_gemm_attention ? k.take<char>(int64_t(attention_gemm_scratch_bytes(ashape))) : nullptr;
     s.ce_scratch = k.take<char>(int64_t(s.ce_scratch_bytes));
@@ -656,7 +666,9 @@ void Decoder::Impl::forward(const DecoderConfig& c) {
     rope_forward(a.q, positions, rope, N, Hq, D, flag.data());
     rope_forward(a.k, positions, rope, N, Hkv, D, flag.data());
     mark(attn_event(l, 0));
-    if (layer.gemm_attention)
+    if (layer.kernel == TrainingSetup::Attention::kTensorCore)
+      flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention);
+    else if (layer.kernel == TrainingSetup::Attention::kGemm)
       attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch);
     else
       attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, layer.attention);
@@ -758,7 +770,9 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
     }
     linear_backward(datt, false, dy_o, a.att, lin(layer.proj[kO]), a.xa[kO]);
     mark(attn_event(l, 2));
-    if (layer.gemm_attention)
+    if (layer.kernel == TrainingSetup::Attention::kTensorCore)
+      flash_attention_tc_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention, attn_tc_scratch);
+    else if (layer.kernel == TrainingSetup::Attention::kGemm)
       attention_gemm_backward(gemm, dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention,
                               attn_gemm_scratch);
     else

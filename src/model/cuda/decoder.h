@@ -13,7 +13,7 @@
 // sandwich norms (bracketed above), (1 + w) norm weights, sqrt(hidden)-scaled embeddings, GELU-tanh
 // gating, attention and final-logit soft-caps and query_pre_attn_scalar. A layer with a window
 // (shorter than seq_len) or a soft-cap runs the tiled attention kernels (attention.h) whatever
-// TrainingSetup::attention says: the tensor-core GEMM path has neither.
+// TrainingSetup::attention says: neither tensor-core path (GEMM, fused) has them.
 //
 // Precision (the torchtune `dtype: bf16` setting): weights, LoRA A/B, activations and activation
 // gradients are bf16; every GEMM accumulates in f32 (cuBLASLt); norms, softmax, loss and rotary
@@ -89,9 +89,11 @@ struct TrainingSetup {
   bool lora_on[kNumProjections] = {};
   int64_t ce_chunk_tokens = 0;  // 0: about 1 GiB of logits scratch
   // Attention kernels: kGemm (kernels/cuda/attention_gemm.h: cuBLASLt tensor-core GEMMs over one
-  // head's (B, T, T) scores at a time) or kFlash (kernels/cuda/attention.h: tiled, on the CUDA cores).
-  // Layers with a sliding window shorter than seq_len or an attention soft-cap run kFlash either way.
-  enum class Attention { kGemm, kFlash } attention = Attention::kGemm;
+  // head's (B, T, T) scores at a time), kFlash (kernels/cuda/attention.h: tiled, on the CUDA cores)
+  // or kTensorCore (kernels/cuda/flash_attention_tc.h: fused FlashAttention-2 on the tensor cores,
+  // head_dim 64 or 128 only; other head sizes run kGemm). Layers with a sliding window shorter than
+  // seq_len or an attention soft-cap run kFlash whatever is chosen.
+  enum class Attention { kGemm, kFlash, kTensorCore } attention = Attention::kGemm;
 };
 
 // One named parameter on the device. grad, m, v are nullptr when frozen.

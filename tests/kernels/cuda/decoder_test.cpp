@@ -521,6 +521,38 @@ KTUNE_CUDA_TEST(DecoderGemma2MatchesCpuReference) {
   check_step("gemma2 lora all", tiny_gemma2_config(), family_setup(false, kAllProjections));
 }
 
+// head_dim 64, the smallest the fused tensor-core attention (kTensorCore) takes: 4/2 heads over hidden 64.
+cuda::DecoderConfig tiny_head_dim64_config(bool tied) {
+  cuda::DecoderConfig c = tiny_config(tied);
+  c.head_dim = 64;
+  return c;
+}
+
+// kTensorCore against the same reference as the other attention paths (and those beside it on this
+// shape): rows of 72 tokens (a whole 64-query tile and a partial one), LoRA on every projection and
+// full fine-tuning; then Gemma2 with head_dim 64, whose windowed, soft-capped layers fall back to the
+// tiled kernels under kTensorCore.
+KTUNE_CUDA_TEST(DecoderTensorCoreAttentionMatchesCpuReference) {
+  using A = cuda::TrainingSetup::Attention;
+  for (bool full : {false, true}) {
+    cuda::TrainingSetup setup = family_setup(full, full ? std::initializer_list<int>{} : kAllProjections);
+    setup.seq_len = 72;
+    const std::string what = full ? "head_dim 64 full untied" : "head_dim 64 lora all tied";
+    for (A mode : {A::kTensorCore, A::kGemm, A::kFlash}) {
+      setup.attention = mode;
+      const char* name = mode == A::kTensorCore ? " [tensor-core attention]"
+                         : mode == A::kGemm     ? " [gemm attention]"
+                                                : " [flash attention]";
+      check_step_with(what + name, tiny_head_dim64_config(!full), setup);
+    }
+  }
+  cuda::DecoderConfig gemma = tiny_gemma2_config();
+  gemma.head_dim = 64;
+  cuda::TrainingSetup setup = family_setup(false, kAllProjections);
+  setup.attention = A::kTensorCore;
+  check_step_with("gemma2 head_dim 64 lora all [tensor-core attention, tiled fallback]", gemma, setup);
+}
+
 KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
   const cuda::DecoderConfig config = tiny_config(true);
   for (bool full : {false, true}) {
