@@ -129,8 +129,10 @@ __device__ void store_rows_bf16(bf16* dst, Acc (&frags)[D / 16], float* staging,
   __syncwarp();
 }
 
+// Blocks an SM holds by shared memory (ForwardLayout: 54 KiB at D = 64, 78 KiB at D = 128); the
+// register budget follows (at D = 64, four blocks leave 128 registers a thread).
 template <int D>
-__global__ void __launch_bounds__(kForwardWarps * 32)
+__global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 4 : 2)
     forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, Params p) {
   using L = ForwardLayout<D>;
   constexpr int kLd = L::kLd;
@@ -183,16 +185,16 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
       wmma::store_matrix_sync(s_w + n * 16, acc, kLdScore, wmma::mem_row_major);
     }
     __syncwarp();
-    // Online softmax of row r over this lane's 32 columns and its partner's.
-    float* srow = s_w + r * kLdScore;
-    float tile_max = -INFINITY;
-    for (int t = 0; t < kTile / 2; ++t) {
-      const int c = 2 * t + half;
+    // Online softmax of row r over this lane's 32 columns and its partner's. Only the diagonal
+    // tile and the last one hold keys this row must not see: the others skip the mask.
+    const float* srow = s_w + r * kLdScore;
+    const bool masked = k0 + kTile - 1 > q0 + warp * 16 || k0 + kTile > p.T;  // uniform over the warp
+    auto score = [&](int c) {  // scale * S[r, c], or -inf where key k0 + c is not visible to row i
       const int64_t j = k0 + c;
-      const float x = (j <= i && j < p.T) ? srow[c] * p.scale : -INFINITY;
-      srow[c] = x;
-      tile_max = fmaxf(tile_max, x);
-    }
+      return (!masked || (j <= i && j < p.T)) ? srow[c] * p.scale : -INFINITY;
+    };
+    float tile_max = -INFINITY;
+    for (int t = 0; t < kTile / 2; ++t) tile_max = fmaxf(tile_max, score(2 * t + half));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     const float m_new = fmaxf(m, tile_max);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet keeps P = 0
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32)
     bf16* prow = p_w + r * kLdProb;
     for (int t = 0; t < kTile / 2; ++t) {
       const int c = 2 * t + half;
-      const float pv = __expf(srow[c] - m_use);
+      const float pv = __expf(score(c) - m_use);
       sum += pv;
       prow[c] = __float2bfloat16_rn(pv);
     }
@@ -281,6 +283,18 @@ __global__ void __launch_bounds__(W * 32)
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dk_acc[n], 0.0f), wmma::fill_fragment(dv_acc[n], 0.0f);
   const int r = lane >> 1, half = lane & 1;  // this lane's key row of the warp, and its columns 2t + half
   const int64_t j = k0 + warp * 16 + r;
+  // The warp's K and V rows as A fragments, loaded once where registers allow (D = 64; at D = 128
+  // they would spill, and are reloaded from shared memory for every tile instead).
+  constexpr bool kHoistKv = D <= 64;
+  FragA kw[kHoistKv ? D / 16 : 1], vw[kHoistKv ? D / 16 : 1];
+  if constexpr (kHoistKv) {
+    __syncthreads();  // K, V tiles in place
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      wmma::load_matrix_sync(kw[kk], k_s + warp * 16 * kLd + kk * 16, kLd);
+      wmma::load_matrix_sync(vw[kk], v_s + warp * 16 * kLd + kk * 16, kLd);
+    }
+  }
 
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     // k0 is a multiple of 64: query tiles below it see none of these keys.
@@ -302,14 +316,19 @@ __global__ void __launch_bounds__(W * 32)
         wmma::fill_fragment(dp_acc, 0.0f);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          FragA kf, vf;
           FragBColumns qf, dof;
-          wmma::load_matrix_sync(kf, k_s + warp * 16 * kLd + kk * 16, kLd);
           wmma::load_matrix_sync(qf, q_s + n * 16 * kLd + kk * 16, kLd);
-          wmma::mma_sync(s_acc, kf, qf, s_acc);
-          wmma::load_matrix_sync(vf, v_s + warp * 16 * kLd + kk * 16, kLd);
           wmma::load_matrix_sync(dof, do_s + n * 16 * kLd + kk * 16, kLd);
-          wmma::mma_sync(dp_acc, vf, dof, dp_acc);
+          if constexpr (kHoistKv) {
+            wmma::mma_sync(s_acc, kw[kk], qf, s_acc);
+            wmma::mma_sync(dp_acc, vw[kk], dof, dp_acc);
+          } else {
+            FragA kf, vf;
+            wmma::load_matrix_sync(kf, k_s + warp * 16 * kLd + kk * 16, kLd);
+            wmma::mma_sync(s_acc, kf, qf, s_acc);
+            wmma::load_matrix_sync(vf, v_s + warp * 16 * kLd + kk * 16, kLd);
+            wmma::mma_sync(dp_acc, vf, dof, dp_acc);
+          }
         }
         wmma::store_matrix_sync(st_w + n * 16, s_acc, kLdScore, wmma::mem_row_major);
         wmma::store_matrix_sync(dpt_w + n * 16, dp_acc, kLdScore, wmma::mem_row_major);
