@@ -25,8 +25,10 @@
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/nf4.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
+#include "model/cuda/nf4_host.h"
 
 namespace ktune::cuda {
 
@@ -113,7 +115,18 @@ struct LinearRef {
   float scale;
   const bf16_t* bias = nullptr;  // (out) or nullptr
   float* dbias = nullptr;        // (out) f32, nullptr: no bias or frozen
+  const uint8_t* nf4_codes = nullptr;  // QLoRA: W in NF4 (w is nullptr), dequantised before each use
+  const float* nf4_scales = nullptr;
 };
+
+// Quantises x (p.numel) on the host into p's NF4 codes and scales on the device.
+void upload_nf4(const DeviceParameter& p, const float* x) {
+  std::vector<uint8_t> codes(size_t(p.numel / 2));
+  std::vector<float> scales(size_t(p.numel / kNf4BlockSize));
+  nf4_quantize_on_host(codes.data(), scales.data(), x, p.numel);
+  copy_to_device(p.nf4_codes, codes.data(), codes.size());
+  copy_to_device(p.nf4_scales, scales.data(), scales.size() * sizeof(float));
+}
 
 }  // namespace
 
@@ -211,6 +224,7 @@ struct Decoder::Impl {
   bf16_t *dact = nullptr, *dgate = nullptr, *dup = nullptr;      // (N, I)
   bf16_t* lora_g = nullptr;                                      // (N, r)
   bf16_t* ones = nullptr;  // (N) 1s when a bias trains: db (1, out) += ones (1, N) @ dy (N, out)
+  bf16_t* nf4_weight = nullptr;  // QLoRA: the largest NF4 weight (out * in) dequantised to bf16
   float* attn_scratch = nullptr;     // kFlash: the backward's rowsums
   float* attn_tc_scratch = nullptr;  // kTensorCore: the backward's delta and f32 dq
   void* attn_gemm_scratch = nullptr;  // kGemm: one head's scores, both directions
@@ -236,6 +250,7 @@ struct Decoder::Impl {
   int64_t lora_rank = 0;
   DeviceParameter& P(int i) { return (*params)[size_t(i)]; }
   LinearRef lin(const Linear& l);
+  const bf16_t* base_weight(const LinearRef& w);  // w.w, or the NF4 weight dequantised into nf4_weight
   void linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta);
   void linear_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
                        const bf16_t* xa);
@@ -279,6 +294,8 @@ Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64
   check(!any_lora || (setup.lora_rank > 0 && setup.lora_alpha > 0), "cuda decoder",
         "LoRA needs lora_rank > 0 and lora_alpha > 0");
   check(setup.full_finetune || any_lora, "cuda decoder", "nothing to train: neither full_finetune nor LoRA");
+  check(!setup.quantize_base || (any_lora && !setup.full_finetune), "cuda decoder",
+        "quantize_base (QLoRA) needs LoRA and a frozen base (no full_finetune)");
   allocate();
   init_parameters(seed);
 }
@@ -345,21 +362,44 @@ void Decoder::allocate() {
     }
   }
 
+  // QLoRA: the base weights of the adapted projections in NF4 (codes + scales instead of bf16 values).
+  std::vector<bool> nf4(params_.size(), false);
+  int64_t nf4_largest = 0;
+  if (setup_.quantize_base) {
+    for (const Impl::Layer& layer : s.layers)
+      for (const Impl::Linear& lin : layer.proj) {
+        if (lin.lora_a < 0) continue;
+        const DeviceParameter& w = params_[size_t(lin.weight)];
+        check(w.numel % kNf4BlockSize == 0, "cuda decoder: parameter " + w.name,
+              "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(w.numel));
+        nf4[size_t(lin.weight)] = true;
+        nf4_largest = std::max(nf4_largest, w.numel);
+      }
+  }
+
   // Parameters, gradients, optimizer state: sized, then carved.
-  size_t pbytes = 0, gbytes = 0, obytes = 0;
+  size_t pbytes = 0, gbytes = 0, obytes = 0, nf4_bytes = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
-    pbytes += aligned(size_t(params_[i].numel) * 2);
+    const size_t n = size_t(params_[i].numel);
+    if (nf4[i]) nf4_bytes += aligned(n / 2) + aligned(n / size_t(kNf4BlockSize) * sizeof(float));
+    else pbytes += aligned(n * 2);
     if (trainable[i]) {
       gbytes += aligned(size_t(params_[i].numel) * 4);
       obytes += 2 * aligned(size_t(params_[i].numel) * 2);
     }
   }
+  pbytes += nf4_bytes;
   s.param_arena = std::make_unique<DeviceArena>("cuda decoder parameters", pbytes);
   s.grad_arena = std::make_unique<DeviceArena>("cuda decoder gradients", gbytes);
   s.optim_arena = std::make_unique<DeviceArena>("cuda decoder AdamW state", obytes);
   for (size_t i = 0; i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
-    p.value = s.param_arena->allocate_n<bf16_t>(size_t(p.numel));
+    if (nf4[i]) {
+      p.nf4_codes = s.param_arena->allocate_n<uint8_t>(size_t(p.numel / 2));
+      p.nf4_scales = s.param_arena->allocate_n<float>(size_t(p.numel / kNf4BlockSize));
+    } else {
+      p.value = s.param_arena->allocate_n<bf16_t>(size_t(p.numel));
+    }
     if (trainable[i]) {
       p.grad = s.grad_arena->allocate_n<float>(size_t(p.numel));
       p.m = s.optim_arena->allocate_n<bf16_t>(size_t(p.numel));
@@ -450,6 +490,7 @@ void Decoder::allocate() {
         any_gemm_attention ? k.take<char>(int64_t(attention_gemm_scratch_bytes(ashape))) : nullptr;
     s.ce_scratch = k.take<char>(int64_t(s.ce_scratch_bytes));
     s.ones = any_bias_grad ? k.take<bf16_t>(N) : nullptr;
+    s.nf4_weight = nf4_largest > 0 ? k.take<bf16_t>(nf4_largest) : nullptr;
   };
   Carver count;
   layout(count);
@@ -458,6 +499,8 @@ void Decoder::allocate() {
   layout(carve);
 
   plan_bytes_.parameters = pbytes;
+  plan_bytes_.nf4_base = nf4_bytes;
+  plan_bytes_.nf4_scratch = nf4_largest > 0 ? aligned(size_t(nf4_largest) * 2) : 0;
   plan_bytes_.gradients = gbytes;
   plan_bytes_.optimizer = obytes;
   plan_bytes_.activations = count.bytes;
@@ -504,9 +547,18 @@ void Decoder::init_parameters(uint64_t seed) {
     if (is_bias[i]) bound = 0.0f, fill = 0.0f;
     if (is_a[i]) bound = 1.0f / std::sqrt(float(p.shape[1]));
     if (is_b[i]) bound = 0.0f, fill = 0.0f;
-    init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(p.value), p.numel, mix64_host(seed ^ mix64_host(i)), bound,
+    // An NF4 base: drawn into the dequantisation scratch, then quantised on the host as an upload.
+    bf16_t* target = p.nf4_codes ? s.nf4_weight : p.value;
+    init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(target), p.numel, mix64_host(seed ^ mix64_host(i)), bound,
                                                    fill);
     KTUNE_CUDA_CHECK_LAUNCH();
+    if (p.nf4_codes) {
+      std::vector<bf16_t> drawn(size_t(p.numel));
+      copy_to_host(drawn.data(), target, drawn.size() * sizeof(bf16_t));  // synchronous
+      std::vector<float> x(drawn.size());
+      for (size_t j = 0; j < x.size(); ++j) x[j] = bf16_to_f32(drawn[j]);
+      upload_nf4(p, x.data());
+    }
   }
   zero_grad();
   for (auto& p : params_) {
@@ -537,6 +589,10 @@ void Decoder::upload(const std::string& name, const std::vector<float>& values) 
   DeviceParameter& p = parameter(name);
   check(int64_t(values.size()) == p.numel, "cuda decoder: parameter " + name,
         "upload of " + std::to_string(values.size()) + " values, the parameter has " + std::to_string(p.numel));
+  if (p.nf4_codes) {
+    upload_nf4(p, values.data());
+    return;
+  }
   std::vector<bf16_t> host(values.size());
   for (size_t i = 0; i < values.size(); ++i) host[i] = ktune::f32_to_bf16(values[i]);
   copy_to_device(p.value, host.data(), host.size() * sizeof(bf16_t));
@@ -544,8 +600,16 @@ void Decoder::upload(const std::string& name, const std::vector<float>& values) 
 
 std::vector<float> Decoder::download_value(const std::string& name) {
   DeviceParameter& p = parameter(name);
-  std::vector<bf16_t> host(size_t(p.numel));
   synchronize();
+  if (p.nf4_codes) {
+    std::vector<uint8_t> codes(size_t(p.numel / 2));
+    std::vector<float> scales(size_t(p.numel / kNf4BlockSize)), out(size_t(p.numel));
+    copy_to_host(codes.data(), p.nf4_codes, codes.size());
+    copy_to_host(scales.data(), p.nf4_scales, scales.size() * sizeof(float));
+    nf4_dequantize_on_host(out.data(), codes.data(), scales.data(), p.numel);
+    return out;
+  }
+  std::vector<bf16_t> host(size_t(p.numel));
   copy_to_host(host.data(), p.value, host.size() * sizeof(bf16_t));
   std::vector<float> out(host.size());
   for (size_t i = 0; i < host.size(); ++i) out[i] = ktune::bf16_to_f32(host[i]);
@@ -580,6 +644,9 @@ std::string Decoder::memory_report() const {
   os << "planned device memory: parameters " << gib(m.parameters) << ", gradients " << gib(m.gradients)
      << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations) << " (of which loss chunk "
      << gib(m.loss_scratch) << ", " << impl_->ce_chunk << " tokens), total " << gib(m.total());
+  if (m.nf4_base > 0)
+    os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)
+       << " (in activations)";
   size_t used = 0, total = 0;
   device_memory_info(&used, &total);
   os << "; device in use (driver, incl. context and cuBLASLt workspace) " << gib(used) << " of " << gib(total)
@@ -609,6 +676,7 @@ size_t attn_event(int64_t l, int k) { return size_t(4 + 4 * l + k); }
 LinearRef Decoder::Impl::lin(const Linear& l) {
   LinearRef ref{P(l.weight).value, P(l.weight).grad};
   ref.in = l.in, ref.out = l.out, ref.r = lora_rank, ref.scale = lora_scale;
+  ref.nf4_codes = P(l.weight).nf4_codes, ref.nf4_scales = P(l.weight).nf4_scales;
   if (l.bias >= 0) ref.bias = P(l.bias).value, ref.dbias = P(l.bias).grad;
   if (l.lora_a >= 0) {
     ref.a = P(l.lora_a).value, ref.da = P(l.lora_a).grad;
@@ -617,9 +685,17 @@ LinearRef Decoder::Impl::lin(const Linear& l) {
   return ref;
 }
 
+// W (out, in) bf16 for a GEMM: the weight itself, or (QLoRA) its NF4 codes dequantised into the
+// scratch, which holds it until the next NF4 projection's call.
+const bf16_t* Decoder::Impl::base_weight(const LinearRef& w) {
+  if (!w.nf4_codes) return w.w;
+  nf4_dequantize(nf4_weight, w.nf4_codes, w.nf4_scales, w.out * w.in);
+  return nf4_weight;
+}
+
 // y (N, out) = beta * y + x W^T [+ b] [+ s (x A^T) B^T];  xa (N, r) saved
 void Decoder::Impl::linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta) {
-  mm(false, true, N, w.out, w.in, 1.0f, x, w.w, beta, y, DType::BF16, w.bias);
+  mm(false, true, N, w.out, w.in, 1.0f, x, base_weight(w), beta, y, DType::BF16, w.bias);
   if (w.a) {
     mm(false, true, N, w.r, w.in, 1.0f, x, w.a, 0.0f, xa, DType::BF16);
     mm(false, true, N, w.out, w.r, w.scale, xa, w.b, 1.0f, y, DType::BF16);
@@ -633,7 +709,7 @@ void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* d
                                     const LinearRef& w, const bf16_t* xa) {
   if (w.dw) mm(true, false, w.out, w.in, N, 1.0f, dy, x, 1.0f, w.dw, DType::F32);
   if (w.dbias) mm(false, false, 1, w.out, N, 1.0f, ones, dy, 1.0f, w.dbias, DType::F32);
-  if (dx) mm(false, false, N, w.in, w.out, 1.0f, dy, w.w, accumulate ? 1.0f : 0.0f, dx, DType::BF16);
+  if (dx) mm(false, false, N, w.in, w.out, 1.0f, dy, base_weight(w), accumulate ? 1.0f : 0.0f, dx, DType::BF16);
   if (w.a) {
     mm(true, false, w.out, w.r, N, w.scale, dy, xa, 1.0f, w.db, DType::F32);
     mm(false, false, N, w.r, w.out, w.scale, dy, w.b, 0.0f, lora_g, DType::BF16);

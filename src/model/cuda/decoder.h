@@ -26,8 +26,10 @@
 // activations (everything a step's forward saves for its backward, the backward's scratch and the
 // loss's chunk scratch). memory_report() prints the plan and what the driver reports in use.
 //
+// QLoRA (TrainingSetup::quantize_base): the adapted projections' frozen base weights as NF4.
+//
 // It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
-// LoRA dropout, DoRA, QLoRA, packed documents (doc_ids), custom positions (always 0..T-1 per row),
+// LoRA dropout, DoRA, packed documents (doc_ids), custom positions (always 0..T-1 per row),
 // activation checkpointing, gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). Those live in the CPU Decoder; the recipes do not run on it yet.
 #pragma once
@@ -94,6 +96,13 @@ struct TrainingSetup {
   // head_dim 64 or 128 only; other head sizes run kGemm). Layers with a sliding window shorter than
   // seq_len or an attention soft-cap run kFlash whatever is chosen.
   enum class Attention { kGemm, kFlash, kTensorCore } attention = Attention::kGemm;
+  // QLoRA (the CPU LoraOptions::quantize_base): the frozen base weight of every projection that
+  // carries LoRA (lora_on; all seven in torchtune's QLoRA recipes) held on the device only as NF4
+  // (DeviceParameter::nf4_codes / nf4_scales, kernels/cpu/nf4.h's layout: blocks of 64, an f32
+  // absmax scale each), quantised on the host when uploaded, with the CPU quantiser's arithmetic
+  // (nf4_host.h), so the codes are the CPU engine's bit for bit. Each GEMM that reads such a weight
+  // dequantises it to bf16 scratch first (one projection at a time). Needs LoRA and no full_finetune.
+  bool quantize_base = false;
 };
 
 // One named parameter on the device. grad, m, v are nullptr when frozen.
@@ -101,10 +110,12 @@ struct DeviceParameter {
   std::string name;   // HF (base) or PEFT (LoRA) name
   std::vector<int64_t> shape;
   int64_t numel = 0;
-  bf16_t* value = nullptr;  // bf16
+  bf16_t* value = nullptr;  // bf16; nullptr for an NF4 (QLoRA) base weight, held in nf4_codes / nf4_scales
   float* grad = nullptr;    // f32, accumulates
   bf16_t* m = nullptr;      // bf16 AdamW state
   bf16_t* v = nullptr;
+  uint8_t* nf4_codes = nullptr;  // TrainingSetup::quantize_base: (numel / 2) bytes, two codes a byte
+  float* nf4_scales = nullptr;   // (numel / 64) f32 absmax scales
 };
 
 struct StepResult {
@@ -128,7 +139,9 @@ class Decoder {
   DeviceParameter& parameter(const std::string& name);  // throws ktune::Error naming it when absent
   int64_t parameter_count(bool trainable_only) const;
 
-  // Host f32 values, rounded to bf16 (nearest even) on the way in; widened on the way out.
+  // Host f32 values, rounded to bf16 (nearest even) on the way in; widened on the way out. An NF4
+  // base weight (quantize_base) is quantised on the way in (nf4_host.h) and dequantised on the way
+  // out (code value * block scale, f32): uploading what download_value returned gives the same codes.
   void upload(const std::string& name, const std::vector<float>& values);
   std::vector<float> download_value(const std::string& name);
   std::vector<float> download_grad(const std::string& name);  // throws when frozen
@@ -159,6 +172,8 @@ class Decoder {
   // Bytes planned in each arena, their sum, and what the driver reports in use now.
   struct MemoryPlan {
     size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, loss_scratch = 0;
+    size_t nf4_base = 0;     // of parameters: the NF4 codes and scales (quantize_base)
+    size_t nf4_scratch = 0;  // of activations: one projection's weight dequantised to bf16 (quantize_base)
     size_t total() const { return parameters + gradients + optimizer + activations; }
   };
   MemoryPlan memory_plan() const { return plan_bytes_; }

@@ -31,6 +31,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "model/cuda/decoder.h"
+#include "model/cuda/nf4_host.h"
 
 namespace ktune {
 namespace {
@@ -372,7 +373,7 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
 // Random weights with O(1) activations (std ~ 1/sqrt(in)), norms scaling by 0.8..1.2 (offset + w),
 // biases in +-0.5 (the GPU starts them at 0, which would hide a bias that is never added), LoRA B
 // non-zero (PEFT's zero B would make every dA zero and the test blind to it); uploaded, then read
-// back as bf16.
+// back as bf16 (an NF4 base weight: dequantised, then rounded to bf16 as its GEMMs read it).
 Params randomise(cuda::Decoder& model, uint32_t seed) {
   Params params;
   uint32_t k = seed;
@@ -389,7 +390,7 @@ Params randomise(cuda::Decoder& model, uint32_t seed) {
       v = cuda_test::random_floats(static_cast<size_t>(p.numel), k++, -bound, bound);
     }
     model.upload(p.name, v);
-    params[p.name] = model.download_value(p.name);
+    params[p.name] = cuda_test::rounded_to_bf16(model.download_value(p.name));
   }
   return params;
 }
@@ -551,6 +552,104 @@ KTUNE_CUDA_TEST(DecoderTensorCoreAttentionMatchesCpuReference) {
   cuda::TrainingSetup setup = family_setup(false, kAllProjections);
   setup.attention = A::kTensorCore;
   check_step_with("gemma2 head_dim 64 lora all [tensor-core attention, tiled fallback]", gemma, setup);
+}
+
+// QLoRA's NF4 as bitsandbytes defines it, written independently of the quantiser under test (the
+// CPU engine's nf4_quantize_reference's formulation): per block of 64 the absmax, each value the code
+// nearest (in double) to x / absmax. (nf4_host's quantiser and code table were checked bit for bit
+// against the CPU engine's nf4.cpp on 52M values, exact midpoints included, when written.) The two
+// formulations part only for a value within an ulp of a code midpoint (f32 midpoints against double
+// distances: 4 of 2000 random 8192-value tensors); the uploads below have none (checked on the CPU).
+void nf4_reference(const std::vector<float>& x, std::vector<uint8_t>* codes, std::vector<float>* scales) {
+  codes->assign(x.size() / 2, 0);
+  scales->assign(x.size() / 64, 0.0f);
+  for (size_t b = 0; b < scales->size(); ++b) {
+    double absmax = 0;
+    for (size_t i = 0; i < 64; ++i) absmax = std::max(absmax, std::fabs(double(x[b * 64 + i])));
+    (*scales)[b] = float(absmax);
+    for (size_t i = 0; i < 64; ++i) {
+      const double v = absmax > 0 ? double(x[b * 64 + i]) / absmax : 0.0;
+      int best = 0;
+      for (int c = 1; c < 16; ++c)
+        if (std::fabs(v - cuda::kNf4CodeValues[c]) < std::fabs(v - cuda::kNf4CodeValues[best])) best = c;
+      const size_t e = b * 64 + i;
+      (*codes)[e / 2] |= uint8_t(e % 2 == 0 ? best << 4 : best);
+    }
+  }
+}
+
+cuda::TrainingSetup qlora_setup(std::initializer_list<int> lora) {
+  cuda::TrainingSetup setup = family_setup(false, lora);
+  setup.quantize_base = true;
+  return setup;
+}
+
+// quantize_base: exactly the adapted projections' base weights live as NF4 (no bf16 copy), their
+// codes and scales are the reference quantisation of what was uploaded, download_value returns code *
+// scale, uploading that again gives the same codes (the CPU adapter's dequantised base re-uploads
+// exactly), and the memory plan holds the NF4 bytes instead of bf16.
+KTUNE_CUDA_TEST(DecoderQloraBaseIsNf4OfTheUploadedWeights) {
+  const cuda::DecoderConfig config = tiny_qwen2_config(true);
+  const cuda::TrainingSetup setup = qlora_setup({cuda::kQ, cuda::kV, cuda::kDown});
+  cuda::Decoder model(config, setup, 9);
+  randomise(model, 500);
+  int64_t nf4_params = 0, nf4_values = 0;
+  for (auto& p : model.parameters()) {
+    const bool adapted_base = p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0 &&
+                              p.name.rfind("model.layers.", 0) == 0 &&
+                              (p.name.find("q_proj") != std::string::npos || p.name.find("v_proj") != std::string::npos ||
+                               p.name.find("down_proj") != std::string::npos);
+    CHECK((p.nf4_codes != nullptr) == adapted_base) << p.name << (adapted_base ? " must" : " must not") << " be NF4";
+    if (!p.nf4_codes) {
+      CHECK(p.value != nullptr) << p.name;
+      continue;
+    }
+    CHECK(p.value == nullptr && p.grad == nullptr && p.nf4_scales != nullptr) << p.name << ": NF4 only, frozen";
+    ++nf4_params, nf4_values += p.numel;
+    const std::vector<float> x = cuda_test::random_floats(size_t(p.numel), 900 + uint32_t(nf4_params), -0.3f, 0.3f);
+    model.upload(p.name, x);
+    std::vector<uint8_t> want_codes, codes(size_t(p.numel / 2));
+    std::vector<float> want_scales, scales(size_t(p.numel / 64));
+    nf4_reference(x, &want_codes, &want_scales);
+    cuda::synchronize();
+    cuda::copy_to_host(codes.data(), p.nf4_codes, codes.size());
+    cuda::copy_to_host(scales.data(), p.nf4_scales, scales.size() * sizeof(float));
+    CHECK(codes == want_codes) << p.name << ": NF4 codes differ from the reference quantisation";
+    CHECK(scales == want_scales) << p.name << ": NF4 block scales differ from the absmax";
+    const std::vector<float> values = model.download_value(p.name);
+    bool dequantised = values.size() == x.size();
+    for (size_t i = 0; dequantised && i < values.size(); ++i) {
+      const uint8_t code = (i % 2 == 0) ? want_codes[i / 2] >> 4 : want_codes[i / 2] & 0x0f;
+      dequantised = values[i] == cuda::kNf4CodeValues[code] * want_scales[i / 64];
+    }
+    CHECK(dequantised) << p.name << ": download_value must return code value * block scale";
+    model.upload(p.name, values);
+    cuda::synchronize();
+    cuda::copy_to_host(codes.data(), p.nf4_codes, codes.size());
+    CHECK(codes == want_codes) << p.name << ": re-uploading the dequantised weight changed its codes";
+  }
+  CHECK(nf4_params == 2 * 3) << "NF4 weights: " << nf4_params;
+  const cuda::Decoder::MemoryPlan plan = model.memory_plan();
+  const size_t nf4_min = size_t(nf4_values / 2 + nf4_values / 16);
+  CHECK(plan.nf4_base >= nf4_min && plan.nf4_base <= nf4_min + size_t(2 * 256 * nf4_params) &&
+        plan.parameters > plan.nf4_base && plan.nf4_scratch >= size_t(config.intermediate_size * config.hidden_size * 2))
+      << "memory plan: nf4_base " << plan.nf4_base << " (codes + scales " << nf4_min << "), parameters " << plan.parameters
+      << ", scratch " << plan.nf4_scratch;
+  cuda::TrainingSetup plain = setup;
+  plain.quantize_base = false;
+  cuda::Decoder bf16_model(config, plain, 9);
+  CHECK(bf16_model.memory_plan().parameters >= model.memory_plan().parameters + size_t(nf4_values) * 2 - plan.nf4_base)
+      << "the NF4 plan must drop the bf16 copies: " << bf16_model.memory_plan().parameters << " vs "
+      << model.memory_plan().parameters;
+}
+
+// A QLoRA step against the CPU reference on the dequantised NF4 weights (as the GPU's GEMMs read
+// them): LoRA on all seven (both quantised and frozen), and Qwen2 with LoRA on q, v, down only (those
+// NF4, the others bf16, the q/k/v biases added on top of the NF4 base).
+KTUNE_CUDA_TEST(DecoderQloraStepMatchesCpuReference) {
+  check_step("qlora all tied", tiny_config(true), qlora_setup(kAllProjections));
+  check_step_with("qwen2 qlora q,v,down untied [gemm attention]", tiny_qwen2_config(false),
+                  qlora_setup({cuda::kQ, cuda::kV, cuda::kDown}));
 }
 
 KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
