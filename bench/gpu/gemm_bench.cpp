@@ -46,6 +46,19 @@ double time_ms(Fn fn, int reps) {
   return double(ms) / reps;
 }
 
+// Times fwd and bwd (3 calls each after a warm-up) and prints "TAG B T Hq Hkv D FWD_MS BWD_MS TFLOPS".
+// Causal: half of the T x T scores. Forward 2 GEMMs (QK^T, PV), backward 5 (as FlashAttention counts).
+template <typename Fwd, typename Bwd>
+void report_attention(const char* tag, const ktune::cuda::AttentionShape& s, Fwd fwd, Bwd bwd) {
+  const double fwd_ms = time_ms(fwd, 3), bwd_ms = time_ms(bwd, 3);
+  ktune::cuda::synchronize();  // surfaces a kernel fault as ktune::Error
+  const double fwd_flops = 4.0 * double(s.B) * double(s.Hq) * double(s.T) * double(s.T) * double(s.D) / 2.0;
+  const double tflops = fwd_flops * 3.5 / ((fwd_ms + bwd_ms) * 1e-3) / 1e12;
+  std::printf("%s %lld %lld %lld %lld %lld %.3f %.3f %.2f\n", tag, (long long)s.B, (long long)s.T, (long long)s.Hq,
+              (long long)s.Hkv, (long long)s.D, fwd_ms, bwd_ms, tflops);
+  std::fflush(stdout);
+}
+
 void bench_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
   using ktune::bf16_t;
   ktune::cuda::AttentionShape s{B, T, Hq, Hkv, D, 1.0f / 8.0f};
@@ -62,15 +75,8 @@ void bench_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
                                     q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(), out.as<bf16_t>(), lse.as<float>(),
                                     nullptr, s, scratch.as<float>());
   };
-  const double fwd_ms = time_ms(fwd, 3), bwd_ms = time_ms(bwd, 3);
-  ktune::cuda::synchronize();  // surfaces a kernel fault as ktune::Error
-  // Causal: half of the T x T scores. Forward 2 GEMMs (QK^T, PV), backward 5 (as FlashAttention counts).
-  const double fwd_flops = 4.0 * double(B) * double(Hq) * double(T) * double(T) * double(D) / 2.0;
-  const double tflops = fwd_flops * 3.5 / ((fwd_ms + bwd_ms) * 1e-3) / 1e12;
-  std::printf("ktune_attention %lld %lld %lld %lld %lld %.3f %.3f %.2f\n", (long long)B, (long long)T, (long long)Hq,
-              (long long)Hkv, (long long)D, fwd_ms, bwd_ms, tflops);
-  std::fflush(stdout);
-  // The tensor-core path (attention_gemm.h) on the same buffers; FLOPs counted as above (causal).
+  report_attention("ktune_attention", s, fwd, bwd);
+  // The tensor-core path (attention_gemm.h) on the same buffers.
   // Its failure is printed and does not take the lines above with it.
   try {
   ktune::cuda::GemmContext ctx;
@@ -84,17 +90,12 @@ void bench_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
                                          q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(), out.as<bf16_t>(),
                                          lse.as<float>(), s, gemm_scratch.data());
   };
-  const double gfwd_ms = time_ms(gfwd, 3), gbwd_ms = time_ms(gbwd, 3);
-  ktune::cuda::synchronize();
-  const double gtflops = fwd_flops * 3.5 / ((gfwd_ms + gbwd_ms) * 1e-3) / 1e12;
-  std::printf("ktune_attention_gemm %lld %lld %lld %lld %lld %.3f %.3f %.2f\n", (long long)B, (long long)T,
-              (long long)Hq, (long long)Hkv, (long long)D, gfwd_ms, gbwd_ms, gtflops);
-  std::fflush(stdout);
+  report_attention("ktune_attention_gemm", s, gfwd, gbwd);
   } catch (const std::exception& e) {
     std::printf("ERROR attention_gemm: %s\n", e.what());
     std::fflush(stdout);
   }
-  // The fused tensor-core kernel (flash_attention_tc.h) on the same buffers; FLOPs counted as above.
+  // The fused tensor-core kernel (flash_attention_tc.h) on the same buffers; its failure likewise.
   try {
     ktune::cuda::DeviceBuffer tc_scratch(size_t(ktune::cuda::flash_attention_tc_backward_scratch_floats(s)) * 4);
     auto tfwd = [&] {
@@ -106,12 +107,7 @@ void bench_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
                                                q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(), out.as<bf16_t>(),
                                                lse.as<float>(), s, tc_scratch.as<float>());
     };
-    const double tfwd_ms = time_ms(tfwd, 5), tbwd_ms = time_ms(tbwd, 5);
-    ktune::cuda::synchronize();
-    const double ttflops = fwd_flops * 3.5 / ((tfwd_ms + tbwd_ms) * 1e-3) / 1e12;
-    std::printf("ktune_attention_tc %lld %lld %lld %lld %lld %.3f %.3f %.2f\n", (long long)B, (long long)T,
-                (long long)Hq, (long long)Hkv, (long long)D, tfwd_ms, tbwd_ms, ttflops);
-    std::fflush(stdout);
+    report_attention("ktune_attention_tc", s, tfwd, tbwd);
   } catch (const std::exception& e) {
     std::printf("ERROR attention_tc: %s\n", e.what());
     std::fflush(stdout);

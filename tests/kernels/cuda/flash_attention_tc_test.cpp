@@ -30,12 +30,7 @@
 namespace ktune {
 namespace {
 
-using cuda_test::from_bf16;
-using cuda_test::from_device;
-using cuda_test::random_floats;
-using cuda_test::rounded_to_bf16;
-using cuda_test::to_bf16;
-using cuda_test::to_device;
+using namespace cuda_test;  // random_floats, rounded_to_bf16, to_bf16, from_bf16, to_device, from_device
 
 struct Tolerance {
   double out_atol, out_rtol, lse_atol, lse_rtol, grad_atol, grad_rtol;
