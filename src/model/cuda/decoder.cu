@@ -28,6 +28,7 @@
 #include "kernels/cuda/nf4.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
+#include "model/cuda/lora_dropout.h"
 #include "model/cuda/nf4_host.h"
 
 namespace ktune::cuda {
@@ -117,6 +118,8 @@ struct LinearRef {
   float* dbias = nullptr;        // (out) f32, nullptr: no bias or frozen
   const uint8_t* nf4_codes = nullptr;  // QLoRA: W in NF4 (w is nullptr), dequantised before each use
   const float* nf4_scales = nullptr;
+  float dropout = 0;          // > 0: the adapter reads dropout(x) (this pass trains and LoRA dropout is on)
+  uint64_t dropout_seed = 0;  // lora_dropout_seed(lora_seed, key, module) for this pass
 };
 
 // Quantises x (p.numel) on the host into p's NF4 codes and scales on the device.
@@ -165,6 +168,7 @@ struct Decoder::Impl {
   struct Linear {
     int64_t in = 0, out = 0;
     int weight = -1, bias = -1, lora_a = -1, lora_b = -1;
+    std::string module;  // HF module name ("model.layers.0.self_attn.q_proj"): the dropout masks' key
   };
   // The norms as the CPU Decoder::Layer names them: norm_attn = input_layernorm; norm_mlp =
   // post_attention_layernorm (gemma2: pre_feedforward_layernorm); gemma2 only: norm_attn_out =
@@ -225,6 +229,10 @@ struct Decoder::Impl {
   bf16_t* lora_g = nullptr;                                      // (N, r)
   bf16_t* ones = nullptr;  // (N) 1s when a bias trains: db (1, out) += ones (1, N) @ dy (N, out)
   bf16_t* nf4_weight = nullptr;  // QLoRA: the largest NF4 weight (out * in) dequantised to bf16
+  bf16_t* dropped_x = nullptr;   // LoRA dropout: (N, largest adapted in) dropout(x), then its gradient
+  uint64_t dropout_key = 0, lora_seed = 0;
+  float dropout_p = 0;
+  bool dropping = false;  // this pass applies LoRA dropout (forward_backward with lora_dropout > 0)
   float* attn_scratch = nullptr;     // kFlash: the backward's rowsums
   float* attn_tc_scratch = nullptr;  // kTensorCore: the backward's delta and f32 dq
   void* attn_gemm_scratch = nullptr;  // kGemm: one head's scores, both directions
@@ -296,6 +304,7 @@ Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64
   check(setup.full_finetune || any_lora, "cuda decoder", "nothing to train: neither full_finetune nor LoRA");
   check(!setup.quantize_base || (any_lora && !setup.full_finetune), "cuda decoder",
         "quantize_base (QLoRA) needs LoRA and a frozen base (no full_finetune)");
+  check(setup.lora_dropout >= 0.0f && setup.lora_dropout < 1.0f, "cuda decoder", "lora_dropout must be in [0, 1)");
   allocate();
   init_parameters(seed);
 }
@@ -311,6 +320,8 @@ void Decoder::allocate() {
   s.lora_scale = r > 0 ? setup_.lora_alpha / float(r) : 0.0f;
   s.lora_rank = r;
   s.params = &params_;
+  s.dropout_p = setup_.lora_dropout;
+  s.lora_seed = setup_.lora_seed;
 
   // Parameter metadata in HF order, then the LoRA matrices in PEFT's names.
   std::vector<bool> trainable;
@@ -333,6 +344,7 @@ void Decoder::allocate() {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
     for (int p = 0; p < kNumProjections; ++p) {
       const std::string module = pre + (p <= kO ? "self_attn." : "mlp.") + projection_name(p);
+      layer.proj[p].module = module;
       layer.proj[p].in = dims[p][0];
       layer.proj[p].out = dims[p][1];
       layer.proj[p].weight = add(module + ".weight", {dims[p][1], dims[p][0]}, full);
@@ -436,6 +448,10 @@ void Decoder::allocate() {
     any_flash_attention |= layer.kernel == A::kFlash;
     any_tc_attention |= layer.kernel == A::kTensorCore;
   }
+  int64_t lora_in_largest = 0;  // the widest input an adapter reads (LoRA dropout's scratch rows)
+  for (const Impl::Layer& layer : s.layers)
+    for (const Impl::Linear& lin : layer.proj)
+      if (lin.lora_a >= 0) lora_in_largest = std::max(lora_in_largest, lin.in);
   bool any_bias_grad = false;
   for (const Impl::Layer& layer : s.layers)
     for (const Impl::Linear& lin : layer.proj) any_bias_grad |= lin.bias >= 0 && trainable[size_t(lin.bias)];
@@ -491,6 +507,7 @@ void Decoder::allocate() {
     s.ce_scratch = k.take<char>(int64_t(s.ce_scratch_bytes));
     s.ones = any_bias_grad ? k.take<bf16_t>(N) : nullptr;
     s.nf4_weight = nf4_largest > 0 ? k.take<bf16_t>(nf4_largest) : nullptr;
+    s.dropped_x = setup_.lora_dropout > 0 && lora_in_largest > 0 ? k.take<bf16_t>(N * lora_in_largest) : nullptr;
   };
   Carver count;
   layout(count);
@@ -677,6 +694,10 @@ LinearRef Decoder::Impl::lin(const Linear& l) {
   LinearRef ref{P(l.weight).value, P(l.weight).grad};
   ref.in = l.in, ref.out = l.out, ref.r = lora_rank, ref.scale = lora_scale;
   ref.nf4_codes = P(l.weight).nf4_codes, ref.nf4_scales = P(l.weight).nf4_scales;
+  if (dropping && l.lora_a >= 0) {
+    ref.dropout = dropout_p;
+    ref.dropout_seed = lora_dropout_seed(lora_seed, dropout_key, l.module);
+  }
   if (l.bias >= 0) ref.bias = P(l.bias).value, ref.dbias = P(l.bias).grad;
   if (l.lora_a >= 0) {
     ref.a = P(l.lora_a).value, ref.da = P(l.lora_a).grad;
@@ -693,18 +714,25 @@ const bf16_t* Decoder::Impl::base_weight(const LinearRef& w) {
   return nf4_weight;
 }
 
-// y (N, out) = beta * y + x W^T [+ b] [+ s (x A^T) B^T];  xa (N, r) saved
+// y (N, out) = beta * y + x W^T [+ b] [+ s (x' A^T) B^T];  xa = x' A^T (N, r) saved; x' = dropout(x)
+// with LoRA dropout, else x
 void Decoder::Impl::linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta) {
   mm(false, true, N, w.out, w.in, 1.0f, x, base_weight(w), beta, y, DType::BF16, w.bias);
   if (w.a) {
-    mm(false, true, N, w.r, w.in, 1.0f, x, w.a, 0.0f, xa, DType::BF16);
+    const bf16_t* xd = x;
+    if (w.dropout > 0) {
+      lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);
+      xd = dropped_x;
+    }
+    mm(false, true, N, w.r, w.in, 1.0f, xd, w.a, 0.0f, xa, DType::BF16);
     mm(false, true, N, w.out, w.r, w.scale, xa, w.b, 1.0f, y, DType::BF16);
   }
 }
 
-// Undoes y = x W^T + b + s (x A^T) B^T: dx (N, in) overwritten (or += when accumulate; nullptr: not
+// Undoes y = x W^T + b + s (x' A^T) B^T: dx (N, in) overwritten (or += when accumulate; nullptr: not
 // wanted), dW += dy^T x (trainable base only), db += column sums of dy (as ones (1, N) @ dy),
-// dB += s dy^T xa, dA += g^T x with g = s dy B.
+// dB += s dy^T xa, dA += g^T x' with g = s dy B, dx += mask (g A) / (1 - p) (x' = x without dropout:
+// dx += g A). The dropout mask is redrawn from the same seed as the forward's.
 void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x,
                                     const LinearRef& w, const bf16_t* xa) {
   if (w.dw) mm(true, false, w.out, w.in, N, 1.0f, dy, x, 1.0f, w.dw, DType::F32);
@@ -713,6 +741,15 @@ void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* d
   if (w.a) {
     mm(true, false, w.out, w.r, N, w.scale, dy, xa, 1.0f, w.db, DType::F32);
     mm(false, false, N, w.r, w.out, w.scale, dy, w.b, 0.0f, lora_g, DType::BF16);
+    if (w.dropout > 0) {
+      lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);  // x' again
+      mm(true, false, w.r, w.in, N, 1.0f, lora_g, dropped_x, 1.0f, w.da, DType::F32);
+      if (dx) {
+        mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 0.0f, dropped_x, DType::BF16);  // d x' = g A
+        lora_dropout_backward_add(dx, dropped_x, N * w.in, w.dropout_seed, w.dropout);
+      }
+      return;
+    }
     mm(true, false, w.r, w.in, N, 1.0f, lora_g, x, 1.0f, w.da, DType::F32);
     if (dx) mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, dx, DType::BF16);
   }
@@ -890,6 +927,7 @@ void Decoder::Impl::finish_step(const DecoderConfig& c, bool with_backward, Deco
 StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* labels_host, float grad_scale) {
   Impl& s = *impl_;
   s.upload_batch(tokens_host, labels_host);
+  s.dropping = setup_.lora_dropout > 0;
   s.mark(0);
   s.forward(config_);
   const StepResult result = s.loss(config_, grad_scale, true);
@@ -901,11 +939,14 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
 StepResult Decoder::forward_loss(const int32_t* tokens_host, const int32_t* labels_host) {
   Impl& s = *impl_;
   s.upload_batch(tokens_host, labels_host);
+  s.dropping = false;  // evaluation: no dropout
   s.mark(0);
   s.forward(config_);
   const StepResult result = s.loss(config_, 0.0f, false);
   s.finish_step(config_, false, &profile_);
   return result;
 }
+
+void Decoder::set_dropout_key(uint64_t key) { impl_->dropout_key = key; }
 
 }  // namespace ktune::cuda

@@ -26,10 +26,11 @@
 // activations (everything a step's forward saves for its backward, the backward's scratch and the
 // loss's chunk scratch). memory_report() prints the plan and what the driver reports in use.
 //
-// QLoRA (TrainingSetup::quantize_base): the adapted projections' frozen base weights as NF4.
+// QLoRA (TrainingSetup::quantize_base): the adapted projections' frozen base weights as NF4. LoRA
+// dropout (TrainingSetup::lora_dropout): the CPU adapter's masks, redrawn on the device.
 //
 // It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
-// LoRA dropout, DoRA, packed documents (doc_ids), custom positions (always 0..T-1 per row),
+// DoRA, packed documents (doc_ids), custom positions (always 0..T-1 per row),
 // activation checkpointing, gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). Those live in the CPU Decoder; the recipes do not run on it yet.
 #pragma once
@@ -103,6 +104,12 @@ struct TrainingSetup {
   // (nf4_host.h), so the codes are the CPU engine's bit for bit. Each GEMM that reads such a weight
   // dequantises it to bf16 scratch first (one projection at a time). Needs LoRA and no full_finetune.
   bool quantize_base = false;
+  // LoRA dropout (the CPU LoraOptions::dropout, in [0, 1)): PEFT's, on each adapter's input only,
+  // kept elements scaled by 1/(1 - p), in forward_backward (not forward_loss). The masks are the CPU
+  // LoraAdapter's for the same (lora_seed, key, module name, element index) (lora_dropout.h), the key
+  // set per micro-batch by set_dropout_key; lora_seed is the CPU LoraOptions::seed.
+  float lora_dropout = 0;
+  uint64_t lora_seed = 0;
 };
 
 // One named parameter on the device. grad, m, v are nullptr when frozen.
@@ -153,8 +160,11 @@ class Decoder {
   // The forward and the fused loss only (validation): no backward, gradients untouched, the same
   // loss as forward_backward's on the same batch. It overwrites the saved activations, so it runs
   // between steps, never between a forward_backward and what reads its gradients (nothing does).
-  // Synchronises once.
+  // No LoRA dropout (evaluation, as PEFT's eval mode). Synchronises once.
   StepResult forward_loss(const int32_t* tokens, const int32_t* labels);
+  // The LoRA dropout masks' key for the following steps (the CPU LoraAdapter::set_dropout_key; the
+  // trainer sets a new one per micro-batch). 0 until set.
+  void set_dropout_key(uint64_t key);
   void zero_grad();
   // AdamW over every trainable parameter; s.step is 1-based. Asynchronous.
   void adamw_step(const cpu::AdamWStep& s, uint64_t seed);

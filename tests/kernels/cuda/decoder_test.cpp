@@ -31,6 +31,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "model/cuda/decoder.h"
+#include "model/cuda/lora_dropout.h"
 #include "model/cuda/nf4_host.h"
 
 namespace ktune {
@@ -118,8 +119,32 @@ void matmul_grad(float* dw, const float* dy, const float* x, int64_t N, int64_t 
     }
 }
 
+// The CPU LoraAdapter's dropout masks (src/model/adapters/lora_adapter.cpp: splitmix64, uniform01,
+// fnv1a64, dropout_seed, dropped), copied here as they are written there.
+uint64_t cpu_splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+float cpu_uniform01(uint64_t seed, uint64_t i) {
+  return float(cpu_splitmix64(seed ^ cpu_splitmix64(i)) >> 40) * (1.0f / 16777216.0f);
+}
+uint64_t cpu_fnv1a64(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+uint64_t cpu_dropout_seed(uint64_t options_seed, uint64_t key, const std::string& module) {
+  return cpu_splitmix64(options_seed ^ cpu_splitmix64(key) ^ cpu_fnv1a64(module));
+}
+bool cpu_dropped(uint64_t seed, uint64_t index, float p) { return cpu_uniform01(seed, index) < p; }
+
 // The reference step: the CPU Decoder's layer math (src/model/decoder.cpp) and LoraAdapter's
-// (src/model/adapters/lora_adapter.cpp, no dropout), all in f32.
+// (src/model/adapters/lora_adapter.cpp, with its dropout masks), all in f32.
 struct Reference {
   cuda::DecoderConfig c;
   cuda::TrainingSetup setup;
@@ -131,6 +156,7 @@ struct Reference {
   // one (R), the arithmetic staying f32/double: an emulation of the GPU's precision, whose distance
   // to the f32 step sizes the tolerance of each gradient.
   bool bf16 = false;
+  uint64_t dropout_key = 0;  // LoRA dropout (setup.lora_dropout > 0): the masks' key
   void R(float* v, size_t n) const {
     if (bf16)
       for (size_t i = 0; i < n; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
@@ -185,7 +211,22 @@ struct Reference {
     const int64_t d[7][2] = {{C, QD}, {C, KD}, {C, KD}, {QD, C}, {C, I}, {C, I}, {I, C}};
     *in = d[proj][0], *out = d[proj][1];
   }
-  // y (N, out) = x W^T + b + s (x A^T) B^T; xa saved
+  // LoRA dropout as LoraAdapter::apply_dropout: xd (N, in) = dropped ? 0 : x / (1 - p) (rounded
+  // where the GPU stores it). Returns x itself without dropout.
+  uint64_t mask_seed(int64_t l, int proj) const { return cpu_dropout_seed(setup.lora_seed, dropout_key, module(l, proj)); }
+  const float* dropout(std::vector<float>& xd, const float* x, int64_t l, int proj) const {
+    if (setup.lora_dropout <= 0) return x;
+    int64_t in, out;
+    dims(proj, &in, &out);
+    const float keep_scale = 1.0f / (1.0f - setup.lora_dropout);
+    const uint64_t seed = mask_seed(l, proj);
+    xd.assign(static_cast<size_t>(N * in), 0.0f);
+    for (int64_t i = 0; i < N * in; ++i)
+      xd[size_t(i)] = cpu_dropped(seed, uint64_t(i), setup.lora_dropout) ? 0.0f : x[i] * keep_scale;
+    R(xd);
+    return xd.data();
+  }
+  // y (N, out) = x W^T + b + s (x' A^T) B^T, x' = dropout(x); xa saved
   void linear_forward(std::vector<float>& y, const float* x, int64_t l, int proj, std::vector<float>& xa) {
     int64_t in, out;
     dims(proj, &in, &out);
@@ -199,7 +240,8 @@ struct Reference {
     R(y);
     if (has_lora(proj)) {
       xa.assign(static_cast<size_t>(N * r), 0.0f);
-      matmul_wt(xa.data(), x, w(lora(l, proj, "A")), N, in, r, false);
+      std::vector<float> xd;
+      matmul_wt(xa.data(), dropout(xd, x, l, proj), w(lora(l, proj, "A")), N, in, r, false);
       R(xa);
       std::vector<float> t(static_cast<size_t>(N * out), 0.0f);
       matmul_wt(t.data(), xa.data(), w(lora(l, proj, "B")), N, r, out, false);
@@ -207,7 +249,8 @@ struct Reference {
       R(y);
     }
   }
-  // dx (N, in) (+)= dy W + g A with g = s dy B; the weight gradients, db = column sums of dy.
+  // dx (N, in) (+)= dy W + mask (g A) / (1 - p) with g = s dy B (no dropout: + g A); the weight
+  // gradients, db = column sums of dy, dA += g^T x'.
   void linear_backward(float* dx, bool accumulate, const float* dy, const float* x, int64_t l, int proj,
                        const std::vector<float>& xa) {
     int64_t in, out;
@@ -229,8 +272,19 @@ struct Reference {
       matmul_w(gg.data(), dy, w(lora(l, proj, "B")), N, r, out, false);  // g = dy B (N, r)
       for (auto& v : gg) v *= s;
       R(gg);
-      matmul_grad(g(lora(l, proj, "A")), gg.data(), x, N, in, r, 1.0f);  // dA += g^T x
-      if (dx) matmul_w(dx, gg.data(), w(lora(l, proj, "A")), N, in, r, true);
+      std::vector<float> xd;
+      matmul_grad(g(lora(l, proj, "A")), gg.data(), dropout(xd, x, l, proj), N, in, r, 1.0f);  // dA += g^T x'
+      if (dx && setup.lora_dropout > 0) {
+        std::vector<float> t(static_cast<size_t>(N * in), 0.0f);
+        matmul_w(t.data(), gg.data(), w(lora(l, proj, "A")), N, in, r, false);  // d x' = g A
+        R(t);
+        const float keep_scale = 1.0f / (1.0f - setup.lora_dropout);
+        const uint64_t seed = mask_seed(l, proj);
+        for (int64_t i = 0; i < N * in; ++i)
+          if (!cpu_dropped(seed, uint64_t(i), setup.lora_dropout)) dx[i] += t[size_t(i)] * keep_scale;
+      } else if (dx) {
+        matmul_w(dx, gg.data(), w(lora(l, proj, "A")), N, in, r, true);
+      }
       if (dx) R(dx, size_t(N * in));
     }
   }
@@ -404,8 +458,10 @@ void batch(const cuda::DecoderConfig& c, int64_t N, std::vector<int32_t>* tokens
   }
 }
 
-void check_step_with(const std::string& what, const cuda::DecoderConfig& config, const cuda::TrainingSetup& setup) {
+void check_step_with(const std::string& what, const cuda::DecoderConfig& config, const cuda::TrainingSetup& setup,
+                     uint64_t dropout_key = 0) {
   cuda::Decoder model(config, setup, 7);
+  model.set_dropout_key(dropout_key);
   const Params params = randomise(model, 1000);
   std::vector<int32_t> tokens, labels;
   const int64_t N = setup.batch * setup.seq_len;
@@ -416,8 +472,10 @@ void check_step_with(const std::string& what, const cuda::DecoderConfig& config,
 
   const cuda::StepResult got = model.forward_backward(tokens.data(), labels.data(), grad_scale);
   Reference ref(config, setup, params, false);
+  ref.dropout_key = dropout_key;
   const double want = ref.step(tokens, labels, grad_scale);
   Reference emulated(config, setup, params, true);
+  emulated.dropout_key = dropout_key;
   emulated.step(tokens, labels, grad_scale);
   CHECK(got.n_valid == valid) << what << ": n_valid " << got.n_valid << " vs " << valid;
   const double loss_err = std::fabs(got.loss_sum - want) / std::fabs(want);
@@ -650,6 +708,88 @@ KTUNE_CUDA_TEST(DecoderQloraStepMatchesCpuReference) {
   check_step("qlora all tied", tiny_config(true), qlora_setup(kAllProjections));
   check_step_with("qwen2 qlora q,v,down untied [gemm attention]", tiny_qwen2_config(false),
                   qlora_setup({cuda::kQ, cuda::kV, cuda::kDown}));
+}
+
+// The device's LoRA dropout masks are the CPU LoraAdapter's, element for element: the per-module
+// seed on the host, the mask, the forward's scaled copy and the backward's masked add, over a few
+// (seed, key, module, p), on a length that is no multiple of the block.
+KTUNE_CUDA_TEST(LoraDropoutMasksMatchTheCpuAdapter) {
+  const int64_t n = 64 * 129 * 3 + 7;
+  int cases = 0;
+  for (const std::string module : {"model.layers.0.self_attn.q_proj", "model.layers.11.mlp.down_proj"})
+    for (uint64_t lora_seed : {uint64_t(0), uint64_t(42)})
+      for (uint64_t key : {uint64_t(0), uint64_t(1), uint64_t(0x123456789abcdefull)})
+        for (float p : {0.05f, 0.1f, 0.5f}) {
+          const std::string what = module + " seed " + std::to_string(lora_seed) + " key " + std::to_string(key) +
+                                   " p " + std::to_string(p);
+          const uint64_t seed = cuda::lora_dropout_seed(lora_seed, key, module);
+          CHECK(seed == cpu_dropout_seed(lora_seed, key, module)) << what << ": mask seed";
+          cuda::DeviceBuffer keep{size_t(n)};
+          cuda::lora_dropout_mask(keep.as<uint8_t>(), n, seed, p);
+          const std::vector<uint8_t> got = cuda_test::from_device<uint8_t>(keep, size_t(n));
+          int64_t mismatches = 0, dropped = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const bool cpu = cpu_dropped(seed, uint64_t(i), p);
+            mismatches += (got[size_t(i)] == 0) != cpu;
+            dropped += cpu;
+          }
+          CHECK(mismatches == 0) << what << ": " << mismatches << " of " << n << " mask elements differ";
+          CHECK(std::fabs(double(dropped) / double(n) - p) < 0.02) << what << ": dropped " << dropped << " of " << n;
+
+          const std::vector<float> x = cuda_test::rounded_to_bf16(cuda_test::random_floats(size_t(n), 40 + uint32_t(cases)));
+          const std::vector<float> d = cuda_test::rounded_to_bf16(cuda_test::random_floats(size_t(n), 80 + uint32_t(cases)));
+          cuda::DeviceBuffer d_x = cuda_test::to_device(cuda_test::to_bf16(x)), d_d = cuda_test::to_device(cuda_test::to_bf16(d));
+          cuda::DeviceBuffer d_xd{size_t(n) * 2}, d_dx = cuda_test::to_device(cuda_test::to_bf16(x));
+          cuda::lora_dropout_forward(d_xd.as<bf16_t>(), d_x.as<bf16_t>(), n, seed, p);
+          cuda::lora_dropout_backward_add(d_dx.as<bf16_t>(), d_d.as<bf16_t>(), n, seed, p);
+          const std::vector<float> xd = cuda_test::from_bf16(cuda_test::from_device<bf16_t>(d_xd, size_t(n)));
+          const std::vector<float> dx = cuda_test::from_bf16(cuda_test::from_device<bf16_t>(d_dx, size_t(n)));
+          const float keep_scale = 1.0f / (1.0f - p);
+          int64_t bad_forward = 0, bad_backward = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const bool drop = cpu_dropped(seed, uint64_t(i), p);
+            const size_t k = size_t(i);
+            bad_forward += xd[k] != (drop ? 0.0f : bf16_to_f32(f32_to_bf16(x[k] * keep_scale)));
+            // the device may fuse the multiply-add: one bf16 rounding step apart at most
+            const float want = drop ? x[k] : bf16_to_f32(f32_to_bf16(x[k] + d[k] * keep_scale));
+            bad_backward += std::fabs(dx[k] - want) > std::fabs(want) * (1.0f / 128.0f) + 1e-30f;
+          }
+          CHECK(bad_forward == 0) << what << ": " << bad_forward << " elements of dropout(x) differ";
+          CHECK(bad_backward == 0) << what << ": " << bad_backward << " elements of the masked gradient add differ";
+          ++cases;
+        }
+}
+
+// A LoRA step with dropout against the reference drawing the CPU adapter's masks (p = 0.1 as asked of
+// the recipes, and p = 0.5 where a wrong mask moves every adapter gradient far past the tolerance),
+// with its key and seed; forward_loss draws none (the reference without dropout).
+KTUNE_CUDA_TEST(DecoderLoraDropoutStepMatchesCpuReference) {
+  cuda::TrainingSetup setup = family_setup(false, kAllProjections);
+  setup.lora_seed = 42;
+  setup.lora_dropout = 0.1f;
+  check_step_with("lora all dropout 0.1 [gemm attention]", tiny_config(true), setup, 12345);
+  setup.lora_dropout = 0.5f;
+  check_step_with("lora all dropout 0.5 [gemm attention]", tiny_config(true), setup, 7);
+  check_step_with("qwen2 qlora all dropout 0.1 [gemm attention]", tiny_qwen2_config(false),
+                  [] {
+                    cuda::TrainingSetup s = qlora_setup(kAllProjections);
+                    s.lora_dropout = 0.1f, s.lora_seed = 3;
+                    return s;
+                  }(),
+                  99);
+
+  cuda::Decoder model(tiny_config(true), setup, 7);
+  model.set_dropout_key(7);
+  const Params params = randomise(model, 600);
+  std::vector<int32_t> tokens, labels;
+  batch(model.config(), setup.batch * setup.seq_len, &tokens, &labels);
+  cuda::TrainingSetup no_dropout = setup;
+  no_dropout.lora_dropout = 0;
+  Reference ref(model.config(), no_dropout, params, false);
+  const double want = ref.step(tokens, labels, 1.0f);
+  const cuda::StepResult got = model.forward_loss(tokens.data(), labels.data());
+  CHECK(std::fabs(got.loss_sum - want) <= 1e-2 * std::fabs(want))
+      << "forward_loss with lora_dropout 0.5: " << got.loss_sum << " vs the CPU reference without dropout " << want;
 }
 
 KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
