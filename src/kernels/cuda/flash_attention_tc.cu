@@ -18,7 +18,7 @@
 //     S^T = K_w Q^T, dP^T = V_w dO^T   (16 x 64 each, f32 to shared)
 //     P^T = exp(scale S^T - lse_i), dS^T = P^T (dP^T - delta_i) scale   (masked: 0; bf16 to shared)
 //     dV_w += P^T dO, dK_w += dS^T Q   (accumulator fragments in registers, over all heads and tiles)
-//     dQ (64 x D) += dS K              (block-wide, fragments split over the warps, f32 atomicAdd)
+//     dQ (64 x D) += dS K              (block-wide, fragments split over the warps, float4 atomicAdd)
 // delta = rowsum(dout * out) comes first (its own kernel), dq is rounded to bf16 last.
 #include "kernels/cuda/flash_attention_tc.h"
 
@@ -384,10 +384,14 @@ __global__ void __launch_bounds__(W * 32)
         __syncwarp();  // the staging tile's previous contents are read
         wmma::store_matrix_sync(st_w, acc, kLdScore, wmma::mem_row_major);
         __syncwarp();
-        for (int e = lane; e < 16 * 16; e += 32) {
-          const int rr = e / 16, cc = e % 16;
+        // Four floats an atomic (sm_90's vector atomicAdd; dq_acc is 16-byte aligned, D a multiple of 4).
+        for (int e = lane; e < 16 * 4; e += 32) {
+          const int rr = e / 4, cc = 4 * (e % 4);
           const int64_t i = i0 + mb * 16 + rr;
-          if (i < p.T) atomicAdd(dq_acc + ((b * p.T + i) * p.Hq + h) * D + nb * 16 + cc, st_w[rr * kLdScore + cc]);
+          const float* x = st_w + rr * kLdScore + cc;
+          if (i < p.T)
+            atomicAdd(reinterpret_cast<float4*>(dq_acc + ((b * p.T + i) * p.Hq + h) * D + nb * 16 + cc),
+                      make_float4(x[0], x[1], x[2], x[3]));
         }
       }
     }
@@ -450,7 +454,7 @@ bool flash_attention_tc_supports(const AttentionShape& s) {
 }
 
 int64_t flash_attention_tc_backward_scratch_floats(const AttentionShape& s) {
-  return s.B * s.Hq * s.T + s.B * s.T * s.Hq * s.D;
+  return s.B * s.T * s.Hq * s.D + s.B * s.Hq * s.T;
 }
 
 void flash_attention_tc_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
@@ -466,9 +470,10 @@ void flash_attention_tc_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_
                                  const AttentionShape& s, float* scratch, Stream stream) {
   const Params p = params(s);
   check_aligned(dout, "dout"), check_aligned(q, "q"), check_aligned(k, "k"), check_aligned(v, "v");
+  check_aligned(scratch, "scratch");
   const int64_t rows = s.B * s.T * s.Hq, nq = rows * s.D;
-  float* delta = scratch;        // (B, Hq, T)
-  float* dq_acc = scratch + rows;  // (B, T, Hq, D) f32
+  float* dq_acc = scratch;       // (B, T, Hq, D) f32, first: its float4 atomics need 16-byte alignment
+  float* delta = scratch + nq;   // (B, Hq, T)
   KTUNE_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), stream));
   delta_kernel<<<blocks_for(rows * 32, 256), 256, 0, stream>>>(delta, dev(dout), dev(out), rows, s.T, s.Hq, s.D);
   KTUNE_CUDA_CHECK_LAUNCH();

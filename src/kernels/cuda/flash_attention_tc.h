@@ -10,10 +10,10 @@
 // Backward: delta = rowsum(dout * out); a block per (b, kv head, 64 or 128 keys) walks the query
 // tiles at or below its keys, for every query head of the group: dV += Pᵀ dO, dK += dSᵀ Q held in
 // f32 fragments (summed over the group's heads, written once as bf16), dQ += dS K added with f32
-// atomics into scratch and rounded to bf16 by a last pass (the summation order of dq is therefore
-// not deterministic; dk, dv are).
+// (float4) atomics into scratch and rounded to bf16 by a last pass (so dq's summation order is not
+// deterministic; dk's and dv's are).
 // It deliberately has no sliding window, soft-cap, document ids, dropout or f32 path (refused:
-// attention.h has the masks), and uses no Hopper-only instruction (wgmma, TMA): sm_80+ wmma.
+// attention.h has the masks), and none of Hopper's wgmma / TMA: wmma, plus sm_90's float4 atomicAdd.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ namespace ktune::cuda {
 // True when this kernel takes the shape: D in {64, 128}, Hq % Hkv == 0, no window, no soft-cap.
 bool flash_attention_tc_supports(const AttentionShape& s);
 
-// Floats of scratch the backward needs: B * Hq * T (delta) + B * T * Hq * D (dq in f32).
+// Floats of scratch the backward needs: B * T * Hq * D (dq in f32) + B * Hq * T (delta).
 int64_t flash_attention_tc_backward_scratch_floats(const AttentionShape& s);
 
 // q (B,T,Hq,D)   k, v (B,T,Hkv,D)   out (B,T,Hq,D)   lse (B,Hq,T) saved.
@@ -35,7 +35,7 @@ int64_t flash_attention_tc_backward_scratch_floats(const AttentionShape& s);
 void flash_attention_tc_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                                 const AttentionShape& s, Stream stream = nullptr);
 // Undoes out = softmax(causal(scale q kᵀ)) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten.
-// dout, q, k, v 16-byte aligned; scratch: flash_attention_tc_backward_scratch_floats(s) floats.
+// dout, q, k, v and scratch 16-byte aligned; scratch: flash_attention_tc_backward_scratch_floats(s) floats.
 void flash_attention_tc_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
                                  const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
                                  const AttentionShape& s, float* scratch, Stream stream = nullptr);
