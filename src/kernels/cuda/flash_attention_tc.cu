@@ -193,18 +193,23 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 4 : 2)
       const int64_t j = k0 + c;
       return (!masked || (j <= i && j < p.T)) ? srow[c] * p.scale : -INFINITY;
     };
+    float x[kTile / 2];  // this lane's scores, read from shared memory once
     float tile_max = -INFINITY;
-    for (int t = 0; t < kTile / 2; ++t) tile_max = fmaxf(tile_max, score(2 * t + half));
+#pragma unroll
+    for (int t = 0; t < kTile / 2; ++t) {
+      x[t] = score(2 * t + half);
+      tile_max = fmaxf(tile_max, x[t]);
+    }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
     const float m_new = fmaxf(m, tile_max);
     const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet keeps P = 0
     float sum = 0.0f;
     bf16* prow = p_w + r * kLdProb;
+#pragma unroll
     for (int t = 0; t < kTile / 2; ++t) {
-      const int c = 2 * t + half;
-      const float pv = __expf(score(c) - m_use);
+      const float pv = __expf(x[t] - m_use);
       sum += pv;
-      prow[c] = __float2bfloat16_rn(pv);
+      prow[2 * t + half] = __float2bfloat16_rn(pv);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     const float alpha = __expf(m - m_use);  // 0 while m = -inf
