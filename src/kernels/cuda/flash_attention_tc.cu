@@ -8,7 +8,8 @@
 //
 // Forward, block (query tile qt, b * Hq + h), 4 warps; warp w owns query rows q0 + 16w .. + 15:
 //   for each key tile k0 = 0, 64, .. <= q0 (the diagonal tile last; the ones above it are skipped):
-//     S (16 x 64) = Q_w K^T            -> shared (f32), masked (j > i or j >= T: -inf) and scaled
+//     S (16 x 64) = Q_w K^T            -> shared (f32), read back scaled; masked (j > i or j >= T: -inf)
+//                                         on the diagonal and last tiles only
 //     m' = max(m, rowmax S); P = exp(S - m') (bf16 to shared); l = l e^(m - m') + rowsum P
 //     O = O e^(m - m') + P V           (O: D/16 accumulator fragments in registers)
 //   out = O / l, lse = m + log l.  Lane 2r + half holds row r's m and l (both lanes of the pair).
