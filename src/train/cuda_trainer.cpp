@@ -43,8 +43,9 @@ CreateCudaTrainerFn load_plugin() {
 }  // namespace
 
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan,
-                                               uint64_t seed) {
-  return std::unique_ptr<CudaTrainer>(load_plugin()(&host, &plan, seed));
+                                               uint64_t seed, const HostValue& value_of) {
+  const HostValue own_value = [](const model::Parameter& p) { return p.value; };
+  return std::unique_ptr<CudaTrainer>(load_plugin()(&host, &plan, seed, value_of ? &value_of : &own_value));
 }
 
 bool cuda_backend_built() { return true; }
@@ -69,7 +70,8 @@ void select_cuda_device(int index) {
 
 #else  // no CUDA backend in this build
 
-std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>&, const CudaStepPlan&, uint64_t) {
+std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>&, const CudaStepPlan&, uint64_t,
+                                               const HostValue&) {
   throw Error("device=cuda", "this build has no CUDA backend (configured with KTUNE_CUDA=OFF or without nvcc)");
 }
 

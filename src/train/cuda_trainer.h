@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,16 +41,18 @@ class CudaTrainer {
  public:
   virtual ~CudaTrainer() = default;
 
-  // host → device: every parameter (after a resume has loaded the host's trainable values).
-  virtual void upload_parameters() = 0;
+  // host → device: the trainable parameters (after a resume has loaded the host's values).
+  virtual void upload_trainable() = 0;
   // device → host: the trainable parameters, into the host model's tensors (their dtype kept).
   virtual void download_trainable() = 0;
 
   virtual void zero_grad() = 0;
   // One micro-batch; gradients accumulate scaled by grad_scale. The loss sum is unscaled.
   virtual model::LossResult forward_backward(const FixedShapeBatch& batch, float grad_scale) = 0;
-  // The loss only, for validation. The gradients are left as they were.
+  // The loss only, for validation (no backward, no LoRA dropout). The gradients are left as they were.
   virtual model::LossResult forward_loss(const FixedShapeBatch& batch) = 0;
+  // The LoRA dropout masks' key for the following micro-batch (as LoraAdapter::set_dropout_key).
+  virtual void set_dropout_key(uint64_t key) = 0;
   // Σ over the GPUs of every gradient (nccl: an NCCL process group over the workers).
   virtual void all_reduce_gradients(dist::ProcessGroup& nccl) = 0;
   // torch.nn.utils.clip_grad_norm_ over every gradient; returns the norm before clipping (+inf
@@ -67,17 +70,23 @@ class CudaTrainer {
   virtual std::string memory_report() const = 0;
 };
 
+// What is uploaded for a host parameter: its value, or, where the host holds it in another form,
+// that as f32 — QLoRA's base weights, which the adapter keeps as NF4 (the parameter's value is
+// empty): LoraAdapter::base_weight() dequantises one, and the GPU step quantises it again into the
+// very same codes. Called once per parameter, one at a time.
+using HostValue = std::function<Tensor(const model::Parameter&)>;
+
 // Plans the device memory and uploads the host model: `host` is its parameters() (with its LoRA
-// adapters attached, if any). seed: of the stochastic rounding. Throws ktune::Error in a build
-// without the CUDA backend, when the plugin cannot be loaded (naming its path), or naming a
-// parameter the two models do not share.
+// adapters attached, if any), each sent as value_of gives it (nullptr: its value). seed: of the
+// stochastic rounding. Throws ktune::Error in a build without the CUDA backend, when the plugin
+// cannot be loaded (naming its path), or naming a parameter the two models do not share.
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan,
-                                               uint64_t seed);
+                                               uint64_t seed, const HostValue& value_of = nullptr);
 
 // The plugin's one exported function (C linkage, so that dlsym finds it by this name).
 extern "C" {
 using CreateCudaTrainerFn = CudaTrainer* (*)(const std::vector<model::Parameter*>* host, const CudaStepPlan* plan,
-                                             uint64_t seed);
+                                             uint64_t seed, const HostValue* value_of);
 }
 inline constexpr const char* kCudaStepPlugin = "libktune_cuda_step.so";
 inline constexpr const char* kCreateCudaTrainerSymbol = "ktune_create_cuda_trainer";

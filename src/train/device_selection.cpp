@@ -82,9 +82,9 @@ cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe,
       if (module == kProjectionModules[p]) s.lora_on[p] = known = true;
     if (!known) gaps.push_back("model.apply_lora_to_output: LoRA on " + module);
   }
+  s.quantize_base = cfg.model.quantize_base;  // QLoRA: NF4 bases, the CPU quantiser's codes
+  s.lora_dropout = float(cfg.model.lora_dropout);  // the CPU adapters' masks (lora_seed: the recipe's seed)
   if (cfg.model.use_dora) gaps.push_back("model.use_dora: DoRA");
-  if (cfg.model.quantize_base) gaps.push_back("model.quantize_base: QLoRA (an NF4 base)");
-  if (cfg.model.lora_dropout > 0) gaps.push_back("model.lora_dropout: LoRA dropout");
   return s;
 }
 

@@ -106,6 +106,19 @@ bool shard_parameters(const RecipeSpec& recipe) {
   throw Error("env KTUNE_DATA_PARALLEL", "is '" + mode + "'; expected shard (the default) or replicate");
 }
 
+// The GPU step's attention kernels (cuda::TrainingSetup::Attention): env KTUNE_CUDA_ATTENTION = gemm
+// (the default: cuBLASLt GEMMs over one head's scores), tensor_core (the fused FlashAttention-2 on the
+// tensor cores, head_dim 64/128) or flash (tiled, on the CUDA cores). Until they are measured on a
+// GPU, the choice stays with the user.
+cuda::TrainingSetup::Attention cuda_attention_mode() {
+  const char* v = std::getenv("KTUNE_CUDA_ATTENTION");
+  const std::string mode = v ? v : "";
+  if (mode.empty() || mode == "gemm") return cuda::TrainingSetup::Attention::kGemm;
+  if (mode == "tensor_core") return cuda::TrainingSetup::Attention::kTensorCore;
+  if (mode == "flash") return cuda::TrainingSetup::Attention::kFlash;
+  throw Error("env KTUNE_CUDA_ATTENTION", "is '" + mode + "'; expected gemm (the default), tensor_core or flash");
+}
+
 int64_t longest_sample(const TokenizedDataset& dataset) {
   int64_t longest = 1;
   for (int64_t i = 0; i < dataset.size(); ++i) longest = std::max(longest, dataset.length(i));
@@ -432,14 +445,28 @@ void FinetuneRecipe::setup_cpu_training(DType storage, int64_t trainable_bytes) 
 
 void FinetuneRecipe::setup_gpu_training() {
   const bool packed = loader_->options().packed || val_packed_;
-  const CudaStepPlan plan = plan_cuda_step(cfg_, recipe_, model_->config(), cfg_.batch_size, gpu_seq_len_, packed);
+  CudaStepPlan plan = plan_cuda_step(cfg_, recipe_, model_->config(), cfg_.batch_size, gpu_seq_len_, packed);
   if (!plan.gaps.empty()) throw Error("device=" + cfg_.device, describe_gaps(plan.gaps));
+  plan.setup.lora_seed = seed_;  // the adapters' LoraOptions::seed: the same dropout masks as a CPU run
+  plan.setup.attention = cuda_attention_mode();
   select_cuda_device(devices_.local_rank);
   if (group_.size() > 1) {
     check(devices_.store != nullptr, "device=cuda", "a distributed run needs its rendezvous store to join NCCL");
     nccl_ = dist::make_nccl_process_group(*devices_.store, "ktune/nccl", group_.rank(), group_.size());
   }
-  gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_);
+  // QLoRA: the adapters hold their bases as NF4 (the parameters' values are empty); each goes up
+  // dequantised, one at a time, and the GPU step quantises it again into the same codes.
+  std::map<std::string, std::pair<const model::LoraAdapter*, const model::Linear*>> nf4_bases;
+  if (cfg_.model.quantize_base)
+    for (const auto& a : adapters_) {
+      const model::Linear& base = model_->linear(a->module_name());
+      nf4_bases[base.weight->name] = {a.get(), &base};
+    }
+  const HostValue value_of = [&](const model::Parameter& p) {
+    auto it = nf4_bases.find(p.name);
+    return it == nf4_bases.end() ? p.value : it->second.first->base_weight(*it->second.second);
+  };
+  gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, value_of);
   if (!rank0_) return;
   log_info("GPU step: bf16 weights, activations and AdamW moments, f32 gradients and accumulation, stochastically "
            "rounded updates; every batch laid into (" + std::to_string(cfg_.batch_size) + ", " +
@@ -468,7 +495,7 @@ void FinetuneRecipe::resume() {
       if (it == point.trainable.end()) throw Error(*latest, "recipe state has no weights for " + p->name);
       p->value.copy_from(it->second);
     }
-    gpu_->upload_parameters();
+    gpu_->upload_trainable();
     gpu_->load_optimizer_state(point.optimizer_state, s.at("optimizer_steps").get<int64_t>(), *latest);
   } else if (sharded_) {
     sharded_->load_full_parameters(point.trainable, *latest + " recipe state");
@@ -609,7 +636,10 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
   const double tokens = std::max(1.0, sums[0]);
   gpu_->zero_grad();
   double loss_sum = 0;
-  for (const FixedShapeBatch& mb : micro_batches) loss_sum += gpu_->forward_backward(mb, float(1.0 / tokens)).loss_sum;
+  for (size_t micro = 0; micro < micro_batches.size(); ++micro) {
+    gpu_->set_dropout_key(uint64_t(global_step_) * 1000003u + uint64_t(micro));  // the CPU step's keys
+    loss_sum += gpu_->forward_backward(micro_batches[micro], float(1.0 / tokens)).loss_sum;
+  }
   group_.allreduce_sum(&loss_sum, 1);
   if (nccl_) gpu_->all_reduce_gradients(*nccl_);
   StepOutcome out;

@@ -31,7 +31,8 @@ std::vector<float> to_f32_vector(const Tensor& t) {
 
 class CudaDecoderTrainer final : public CudaTrainer {
  public:
-  CudaDecoderTrainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan, uint64_t seed)
+  CudaDecoderTrainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan, uint64_t seed,
+                     const HostValue& value_of)
       : device_(plan.model, plan.setup, seed), seed_(seed) {
     for (model::Parameter* p : host) host_[p->name] = p;
     // The two models must hold the same parameters: a name on one side only is a feature the plan
@@ -39,11 +40,12 @@ class CudaDecoderTrainer final : public CudaTrainer {
     for (const cuda::DeviceParameter& d : device_.parameters()) {
       auto it = host_.find(d.name);
       if (it == host_.end()) throw Error("device=cuda: parameter " + d.name, "the GPU step has it; the host model does not");
-      check(it->second->value.numel() == d.numel, "device=cuda: parameter " + d.name,
-            "has " + std::to_string(it->second->value.numel()) + " values on the host and " + std::to_string(d.numel) +
-                " on the GPU");
       if (it->second->trainable != (d.grad != nullptr))
         throw Error("device=cuda: parameter " + d.name, "is trainable on one side only");
+      const Tensor value = value_of(*it->second);
+      check(value.numel() == d.numel, "device=cuda: parameter " + d.name,
+            "has " + std::to_string(value.numel()) + " values on the host and " + std::to_string(d.numel) + " on the GPU");
+      device_.upload(d.name, to_f32_vector(value));
     }
     for (const auto& [name, p] : host_) {
       bool on_device = false;
@@ -52,11 +54,11 @@ class CudaDecoderTrainer final : public CudaTrainer {
     }
     scratch_doubles_ = cuda::sum_of_squares_scratch_doubles();
     norm_scratch_ = cuda::DeviceBuffer(size_t(scratch_doubles_) * device_.parameters().size() * sizeof(double));
-    upload_parameters();
   }
 
-  void upload_parameters() override {
-    for (const cuda::DeviceParameter& d : device_.parameters()) device_.upload(d.name, to_f32_vector(host_.at(d.name)->value));
+  void upload_trainable() override {
+    for (const cuda::DeviceParameter& d : device_.parameters())
+      if (d.grad) device_.upload(d.name, to_f32_vector(host_.at(d.name)->value));
   }
 
   void download_trainable() override {
@@ -71,17 +73,18 @@ class CudaDecoderTrainer final : public CudaTrainer {
   void zero_grad() override { device_.zero_grad(); }
 
   model::LossResult forward_backward(const FixedShapeBatch& batch, float grad_scale) override {
-    check(batch.batch_size == device_.setup().batch && batch.seq_len == device_.setup().seq_len, "device=cuda",
-          "a batch of (" + std::to_string(batch.batch_size) + ", " + std::to_string(batch.seq_len) +
-              ") for a step planned for (" + std::to_string(device_.setup().batch) + ", " +
-              std::to_string(device_.setup().seq_len) + ")");
+    check_shape(batch);
     const cuda::StepResult r = device_.forward_backward(batch.tokens.data(), batch.labels.data(), grad_scale);
     return {r.loss_sum, r.n_valid};
   }
 
-  // The GPU step has no forward-only pass: this runs the whole step with the gradient scaled by 0,
-  // so every gradient gains exactly +0 (validation costs a backward; see docs/cuda.md).
-  model::LossResult forward_loss(const FixedShapeBatch& batch) override { return forward_backward(batch, 0.0f); }
+  model::LossResult forward_loss(const FixedShapeBatch& batch) override {
+    check_shape(batch);
+    const cuda::StepResult r = device_.forward_loss(batch.tokens.data(), batch.labels.data());
+    return {r.loss_sum, r.n_valid};
+  }
+
+  void set_dropout_key(uint64_t key) override { device_.set_dropout_key(key); }
 
   void all_reduce_gradients(dist::ProcessGroup& nccl) override {
     if (nccl.size() == 1) return;
@@ -152,6 +155,13 @@ class CudaDecoderTrainer final : public CudaTrainer {
   std::string memory_report() const override { return device_.memory_report(); }
 
  private:
+  void check_shape(const FixedShapeBatch& batch) const {
+    check(batch.batch_size == device_.setup().batch && batch.seq_len == device_.setup().seq_len, "device=cuda",
+          "a batch of (" + std::to_string(batch.batch_size) + ", " + std::to_string(batch.seq_len) +
+              ") for a step planned for (" + std::to_string(device_.setup().batch) + ", " +
+              std::to_string(device_.setup().seq_len) + ")");
+  }
+
   cuda::Decoder device_;
   uint64_t seed_;
   std::map<std::string, model::Parameter*> host_;
@@ -166,6 +176,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
 
 // The plugin's entry point (cuda_trainer.h: CreateCudaTrainerFn). Errors propagate as ktune::Error.
 extern "C" __attribute__((visibility("default"))) ktune::train::CudaTrainer* ktune_create_cuda_trainer(
-    const std::vector<ktune::model::Parameter*>* host, const ktune::train::CudaStepPlan* plan, uint64_t seed) {
-  return new ktune::train::CudaDecoderTrainer(*host, *plan, seed);
+    const std::vector<ktune::model::Parameter*>* host, const ktune::train::CudaStepPlan* plan, uint64_t seed,
+    const ktune::train::HostValue* value_of) {
+  return new ktune::train::CudaDecoderTrainer(*host, *plan, seed, *value_of);
 }

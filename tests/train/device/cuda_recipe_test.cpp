@@ -102,6 +102,34 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
   EXPECT_NO_THROW(model::Decoder::from_pretrained(out("gpu") + "/epoch_0"));  // the merged model
 }
 
+TEST_F(CudaRecipeTest, QloraWithDropoutOnTheGpuTracksTheCpuRun) {
+  SKIP_WITHOUT_GPUS(1);
+  // The same NF4 codes (the CPU quantiser's) and the same dropout masks on both engines.
+  const std::string args = "epochs=1 max_steps_per_epoch=8 batch_size=8 model.quantize_base=True model.lora_dropout=0.1";
+  Outcome cpu = run("", "lora_finetune_single_device", "lora_single_device", "cpu", args, out("cpu"));
+  Outcome gpu = run("", "lora_finetune_single_device", "lora_single_device", "cuda", args, out("gpu"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
+  EXPECT_EQ(layout(out("gpu") + "/epoch_0/adapter_model.safetensors"),
+            layout(out("cpu") + "/epoch_0/adapter_model.safetensors"));
+}
+
+TEST_F(CudaRecipeTest, ValidationOnTheGpuMatchesTheCpuRunsValidation) {
+  SKIP_WITHOUT_GPUS(1);
+  const std::string val = " dataset_val._component_=torchtune.datasets.alpaca_dataset dataset_val.source=json "
+                          "dataset_val.data_files=" + recipe_testing::kSource + "/data/quickstart/jsonl/validation.jsonl";
+  const std::string args = "epochs=1 max_steps_per_epoch=4 batch_size=8 run_val_every_n_steps=2" + val;
+  Outcome cpu = run("", "lora_finetune_single_device", "lora_single_device", "cpu", args, out("cpu"));
+  Outcome gpu = run("", "lora_finetune_single_device", "lora_single_device", "cuda", args, out("gpu"));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  const std::map<int, double> c = metric(out("cpu"), "val_loss"), g = metric(out("gpu"), "val_loss");
+  ASSERT_EQ(c.size(), 2u);
+  ASSERT_EQ(g.size(), 2u);
+  for (const auto& [step, loss] : c) EXPECT_NEAR(g.at(step), loss, 0.05 * loss) << "val_loss, step " << step;
+}
+
 TEST_F(CudaRecipeTest, FullFinetuneOnTheGpuTracksTheCpuRun) {
   SKIP_WITHOUT_GPUS(1);
   const std::string args = "epochs=1 max_steps_per_epoch=8 batch_size=8 clip_grad_norm=1.0";

@@ -90,6 +90,18 @@ TEST(PlanCudaStep, LoraGoesOnTheProjectionsTorchtuneNamesOnly) {
   EXPECT_FLOAT_EQ(plan.setup.lora_alpha, 8.0f);
 }
 
+TEST(PlanCudaStep, QloraAndLoraDropoutGoToTheGpuStepAsConfigured) {
+  const RecipeConfig cfg = tiny("lora_finetune_single_device", {"model.quantize_base=True", "model.lora_dropout=0.25"});
+  const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64, false);
+  EXPECT_TRUE(plan.gaps.empty()) << describe_gaps(plan.gaps);
+  EXPECT_TRUE(plan.setup.quantize_base);
+  EXPECT_FLOAT_EQ(plan.setup.lora_dropout, 0.25f);
+  const CudaStepPlan plain =
+      plan_cuda_step(tiny("lora_finetune_single_device"), *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64, false);
+  EXPECT_FALSE(plain.setup.quantize_base);
+  EXPECT_EQ(plain.setup.lora_dropout, 0.0f);
+}
+
 TEST(PlanCudaStep, AFullFinetuneTrainsEveryBaseWeightAndAttachesNoAdapter) {
   const RecipeConfig cfg = tiny("full_finetune_single_device");
   const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("full_finetune_single_device"), family("llama"), 4, 128, false);
@@ -106,8 +118,8 @@ TEST(PlanCudaStep, RecipeSettingsTheGpuStepLacksAreEachAGap) {
   };
   EXPECT_TRUE(mentions(gaps({"dtype=fp32"}), "dtype=fp32"));
   EXPECT_TRUE(mentions(gaps({"model.use_dora=True"}), "DoRA"));
-  EXPECT_TRUE(mentions(gaps({"model.quantize_base=True"}), "QLoRA"));
-  EXPECT_TRUE(mentions(gaps({"model.lora_dropout=0.1"}), "dropout"));
+  EXPECT_TRUE(gaps({"model.quantize_base=True"}).empty());  // QLoRA and LoRA dropout: the GPU step has them
+  EXPECT_TRUE(gaps({"model.lora_dropout=0.1"}).empty());
   EXPECT_TRUE(mentions(gaps({"model.apply_lora_to_output=True"}), "lm_head"));
   EXPECT_TRUE(mentions(gaps({}, /*packed=*/true), "packed"));
   EXPECT_TRUE(gaps({}).empty());
