@@ -27,15 +27,6 @@ using recipe_testing::Outcome;
 
 namespace {
 
-class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
- protected:
-  Outcome run(const std::string& launcher, const std::string& recipe, const std::string& config,
-              const std::string& device, const std::string& extra, const std::string& output) {
-    return run_tiny(launcher, recipe, config, "dtype=bf16 device=" + device + " " + extra, output);
-  }
-  static bool gpu() { return train::cuda_devices_visible() > 0; }
-};
-
 #define SKIP_WITHOUT_GPUS(n)                                                                              \
   if (train::cuda_devices_visible() < (n))                                                                \
   GTEST_SKIP() << "needs " << (n) << " GPU(s) and the CUDA backend: " << train::cuda_devices_visible()    \
@@ -74,6 +65,37 @@ std::map<std::string, std::vector<int64_t>> layout(const std::string& path) {
   return result;
 }
 
+class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
+ protected:
+  Outcome run(const std::string& launcher, const std::string& recipe, const std::string& config,
+              const std::string& device, const std::string& extra, const std::string& output) {
+    return run_tiny(launcher, recipe, config, "dtype=bf16 device=" + device + " " + extra, output);
+  }
+  static bool gpu() { return train::cuda_devices_visible() > 0; }
+
+  // The single-device `kind` ("lora" or "full") recipe with ARGS on the CPU into out("cpu"), then on
+  // the GPU into out("gpu"); both must succeed (a fatal failure otherwise). gpu: that run's outcome.
+  void run_on_both(const std::string& kind, const std::string& args, Outcome* gpu_run = nullptr) {
+    const std::string recipe = kind + "_finetune_single_device", config = kind + "_single_device";
+    Outcome cpu = run("", recipe, config, "cpu", args, out("cpu"));
+    Outcome gpu = run("", recipe, config, "cuda", args, out("gpu"));
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+    ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+    if (gpu_run) *gpu_run = gpu;
+  }
+  // `metric` logged `steps` times by both runs, the GPU's within `relative` of the CPU's each time.
+  void expect_metric_tracks(const std::string& name, size_t steps, double relative) {
+    const std::map<int, double> cpu = metric(out("cpu"), name), gpu = metric(out("gpu"), name);
+    ASSERT_EQ(cpu.size(), steps) << name;
+    ASSERT_EQ(gpu.size(), steps) << name;
+    for (const auto& [step, value] : cpu) EXPECT_NEAR(gpu.at(step), value, relative * value) << name << ", step " << step;
+  }
+  // The tensors (names, shapes) of FILE in both runs' epoch_0.
+  void expect_same_layout(const std::string& file) {
+    EXPECT_EQ(layout(out("gpu") + "/epoch_0/" + file), layout(out("cpu") + "/epoch_0/" + file)) << file;
+  }
+};
+
 }  // namespace
 
 TEST_F(CudaRecipeTest, WithoutAGpuDeviceCudaTrainsOnTheCpuSayingWhy) {
@@ -88,16 +110,12 @@ TEST_F(CudaRecipeTest, WithoutAGpuDeviceCudaTrainsOnTheCpuSayingWhy) {
 
 TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
   SKIP_WITHOUT_GPUS(1);
-  const std::string args = "epochs=1 max_steps_per_epoch=8 batch_size=8";
-  Outcome cpu = run("", "lora_finetune_single_device", "lora_single_device", "cpu", args, out("cpu"));
-  Outcome gpu = run("", "lora_finetune_single_device", "lora_single_device", "cuda", args, out("gpu"));
-  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
-  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  Outcome gpu;
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 max_steps_per_epoch=8 batch_size=8", &gpu));
   EXPECT_NE(gpu.output.find("training on the GPU"), std::string::npos) << gpu.output;
   EXPECT_NE(gpu.output.find("planned device memory"), std::string::npos) << gpu.output;
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
-  EXPECT_EQ(layout(out("gpu") + "/epoch_0/adapter_model.safetensors"),
-            layout(out("cpu") + "/epoch_0/adapter_model.safetensors"));
+  expect_same_layout("adapter_model.safetensors");
   EXPECT_TRUE(fs::exists(out("gpu") + "/epoch_0/adapter_config.json"));
   EXPECT_NO_THROW(model::Decoder::from_pretrained(out("gpu") + "/epoch_0"));  // the merged model
 }
@@ -105,45 +123,27 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
 TEST_F(CudaRecipeTest, QloraWithDropoutOnTheGpuTracksTheCpuRun) {
   SKIP_WITHOUT_GPUS(1);
   // The same NF4 codes (the CPU quantiser's) and the same dropout masks on both engines.
-  const std::string args = "epochs=1 max_steps_per_epoch=8 batch_size=8 model.quantize_base=True model.lora_dropout=0.1";
-  Outcome cpu = run("", "lora_finetune_single_device", "lora_single_device", "cpu", args, out("cpu"));
-  Outcome gpu = run("", "lora_finetune_single_device", "lora_single_device", "cuda", args, out("gpu"));
-  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
-  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  ASSERT_NO_FATAL_FAILURE(run_on_both(
+      "lora", "epochs=1 max_steps_per_epoch=8 batch_size=8 model.quantize_base=True model.lora_dropout=0.1"));
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
-  EXPECT_EQ(layout(out("gpu") + "/epoch_0/adapter_model.safetensors"),
-            layout(out("cpu") + "/epoch_0/adapter_model.safetensors"));
+  expect_same_layout("adapter_model.safetensors");
 }
 
 TEST_F(CudaRecipeTest, ValidationOnTheGpuMatchesTheCpuRunsValidation) {
   SKIP_WITHOUT_GPUS(1);
-  const std::string val = " dataset_val._component_=torchtune.datasets.alpaca_dataset dataset_val.source=json "
-                          "dataset_val.data_files=" + recipe_testing::kSource + "/data/quickstart/jsonl/validation.jsonl";
-  const std::string args = "epochs=1 max_steps_per_epoch=4 batch_size=8 run_val_every_n_steps=2" + val;
-  Outcome cpu = run("", "lora_finetune_single_device", "lora_single_device", "cpu", args, out("cpu"));
-  Outcome gpu = run("", "lora_finetune_single_device", "lora_single_device", "cuda", args, out("gpu"));
-  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
-  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
-  const std::map<int, double> c = metric(out("cpu"), "val_loss"), g = metric(out("gpu"), "val_loss");
-  ASSERT_EQ(c.size(), 2u);
-  ASSERT_EQ(g.size(), 2u);
-  for (const auto& [step, loss] : c) EXPECT_NEAR(g.at(step), loss, 0.05 * loss) << "val_loss, step " << step;
+  ASSERT_NO_FATAL_FAILURE(run_on_both(
+      "lora", "epochs=1 max_steps_per_epoch=4 batch_size=8 run_val_every_n_steps=2 "
+              "dataset_val._component_=torchtune.datasets.alpaca_dataset dataset_val.source=json "
+              "dataset_val.data_files=" + recipe_testing::kSource + "/data/quickstart/jsonl/validation.jsonl"));
+  expect_metric_tracks("val_loss", 2, 0.05);
 }
 
 TEST_F(CudaRecipeTest, FullFinetuneOnTheGpuTracksTheCpuRun) {
   SKIP_WITHOUT_GPUS(1);
-  const std::string args = "epochs=1 max_steps_per_epoch=8 batch_size=8 clip_grad_norm=1.0";
-  Outcome cpu = run("", "full_finetune_single_device", "full_single_device", "cpu", args, out("cpu"));
-  Outcome gpu = run("", "full_finetune_single_device", "full_single_device", "cuda", args, out("gpu"));
-  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
-  ASSERT_EQ(gpu.exit_code, 0) << gpu.output;
+  ASSERT_NO_FATAL_FAILURE(run_on_both("full", "epochs=1 max_steps_per_epoch=8 batch_size=8 clip_grad_norm=1.0"));
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
-    const std::map<int, double> cpu_norms = metric(out("cpu"), "grad_norm"), gpu_norms = metric(out("gpu"), "grad_norm");
-  ASSERT_EQ(cpu_norms.size(), 8u);
-  ASSERT_EQ(gpu_norms.size(), 8u);
-  for (const auto& [step, norm] : cpu_norms) EXPECT_NEAR(gpu_norms.at(step), norm, 0.10 * norm) << "grad_norm, step " << step;
-  EXPECT_EQ(layout(out("gpu") + "/epoch_0/model-00001-of-00001.safetensors"),
-            layout(out("cpu") + "/epoch_0/model-00001-of-00001.safetensors"));
+  expect_metric_tracks("grad_norm", 8, 0.10);
+  expect_same_layout("model-00001-of-00001.safetensors");
 }
 
 TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {
