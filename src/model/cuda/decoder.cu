@@ -28,6 +28,7 @@
 #include "kernels/cuda/nf4.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
+#include "model/cuda/dora.h"
 #include "model/cuda/lora_dropout.h"
 #include "model/cuda/nf4_host.h"
 
@@ -120,6 +121,12 @@ struct LinearRef {
   const float* nf4_scales = nullptr;
   float dropout = 0;          // > 0: the adapter reads dropout(x) (this pass trains and LoRA dropout is on)
   uint64_t dropout_seed = 0;  // lora_dropout_seed(lora_seed, key, module) for this pass
+  // DoRA (use_dora): the magnitude m (out) and its gradient; what the forward saves for the backward:
+  // pre (N, out), the row norms of W + s B A and c = m / norm (out, f32).
+  const bf16_t* m = nullptr;
+  float* dm = nullptr;
+  bf16_t* pre = nullptr;
+  float *norm = nullptr, *c = nullptr;
 };
 
 // Quantises x (p.numel) on the host into p's NF4 codes and scales on the device.
@@ -169,6 +176,9 @@ struct Decoder::Impl {
     int64_t in = 0, out = 0;
     int weight = -1, bias = -1, lora_a = -1, lora_b = -1;
     std::string module;  // HF module name ("model.layers.0.self_attn.q_proj"): the dropout masks' key
+    int magnitude = -1;  // DoRA: lora_magnitude_vector (out)
+    bf16_t* dora_pre = nullptr;  // DoRA, saved by the forward: (N, out) pre-scale output
+    float *dora_norm = nullptr, *dora_scale = nullptr;  // (out) ‖W + s B A‖ per row, m / that
   };
   // The norms as the CPU Decoder::Layer names them: norm_attn = input_layernorm; norm_mlp =
   // post_attention_layernorm (gemma2: pre_feedforward_layernorm); gemma2 only: norm_attn_out =
@@ -230,6 +240,9 @@ struct Decoder::Impl {
   bf16_t* ones = nullptr;  // (N) 1s when a bias trains: db (1, out) += ones (1, N) @ dy (N, out)
   bf16_t* nf4_weight = nullptr;  // QLoRA: the largest NF4 weight (out * in) dequantised to bf16
   bf16_t* dropped_x = nullptr;   // LoRA dropout: (N, largest adapted in) dropout(x), then its gradient
+  float* dora_w = nullptr;       // DoRA: the largest adapted W + s B A (out * in) in f32
+  bf16_t* dora_d = nullptr;      // DoRA: (N, largest adapted out) dy ⊙ c, then dy ⊙ (c - 1)
+  bf16_t* dora_p1 = nullptr;     // DoRA with dropout: (N, largest adapted out) x' W^T
   uint64_t dropout_key = 0, lora_seed = 0;
   float dropout_p = 0;
   bool dropping = false;  // this pass applies LoRA dropout (forward_backward with lora_dropout > 0)
@@ -260,6 +273,10 @@ struct Decoder::Impl {
   LinearRef lin(const Linear& l);
   const bf16_t* base_weight(const LinearRef& w);  // w.w, or the NF4 weight dequantised into nf4_weight
   void linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta);
+  void dora_norms(const LinearRef& w, const bf16_t* weight);  // w.norm, w.c from W + s B A
+  void dora_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta);
+  void dora_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
+                     const bf16_t* xa);
   void linear_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
                        const bf16_t* xa);
   void upload_batch(const int32_t* tokens_host, const int32_t* labels_host);
@@ -305,6 +322,8 @@ Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64
   check(!setup.quantize_base || (any_lora && !setup.full_finetune), "cuda decoder",
         "quantize_base (QLoRA) needs LoRA and a frozen base (no full_finetune)");
   check(setup.lora_dropout >= 0.0f && setup.lora_dropout < 1.0f, "cuda decoder", "lora_dropout must be in [0, 1)");
+  check(!setup.use_dora || (any_lora && !setup.full_finetune), "cuda decoder",
+        "use_dora (DoRA) needs LoRA and a frozen base (no full_finetune)");
   allocate();
   init_parameters(seed);
 }
@@ -370,6 +389,7 @@ void Decoder::allocate() {
         const std::string module = pre + (p <= kO ? "self_attn." : "mlp.") + projection_name(p);
         lin.lora_a = add(module + ".lora_A.weight", {r, lin.in}, true);
         lin.lora_b = add(module + ".lora_B.weight", {lin.out, r}, true);
+        if (setup_.use_dora) lin.magnitude = add(module + ".lora_magnitude_vector", {lin.out}, true);
       }
     }
   }
@@ -449,9 +469,15 @@ void Decoder::allocate() {
     any_tc_attention |= layer.kernel == A::kTensorCore;
   }
   int64_t lora_in_largest = 0;  // the widest input an adapter reads (LoRA dropout's scratch rows)
+  int64_t dora_weight_largest = 0, dora_out_largest = 0;  // DoRA's scratch
   for (const Impl::Layer& layer : s.layers)
-    for (const Impl::Linear& lin : layer.proj)
+    for (const Impl::Linear& lin : layer.proj) {
       if (lin.lora_a >= 0) lora_in_largest = std::max(lora_in_largest, lin.in);
+      if (lin.magnitude >= 0) {
+        dora_weight_largest = std::max(dora_weight_largest, lin.in * lin.out);
+        dora_out_largest = std::max(dora_out_largest, lin.out);
+      }
+    }
   bool any_bias_grad = false;
   for (const Impl::Layer& layer : s.layers)
     for (const Impl::Linear& lin : layer.proj) any_bias_grad |= lin.bias >= 0 && trainable[size_t(lin.bias)];
@@ -476,6 +502,12 @@ void Decoder::allocate() {
       a.act = k.take<bf16_t>(N * I);
       for (int p = 0; p < kNumProjections; ++p)
         a.xa[p] = s.layers[size_t(l)].proj[p].lora_a >= 0 ? k.take<bf16_t>(N * r) : nullptr;
+      for (Impl::Linear& lin : s.layers[size_t(l)].proj) {
+        if (lin.magnitude < 0) continue;
+        lin.dora_pre = k.take<bf16_t>(N * lin.out);
+        lin.dora_norm = k.take<float>(lin.out);
+        lin.dora_scale = k.take<float>(lin.out);
+      }
       if (c.sandwich_norms) {
         a.o = k.take<bf16_t>(N * C);
         a.rstd_o = k.take<float>(N);
@@ -508,6 +540,9 @@ void Decoder::allocate() {
     s.ones = any_bias_grad ? k.take<bf16_t>(N) : nullptr;
     s.nf4_weight = nf4_largest > 0 ? k.take<bf16_t>(nf4_largest) : nullptr;
     s.dropped_x = setup_.lora_dropout > 0 && lora_in_largest > 0 ? k.take<bf16_t>(N * lora_in_largest) : nullptr;
+    s.dora_w = dora_weight_largest > 0 ? k.take<float>(dora_weight_largest) : nullptr;
+    s.dora_d = dora_weight_largest > 0 ? k.take<bf16_t>(N * dora_out_largest) : nullptr;
+    s.dora_p1 = dora_weight_largest > 0 && setup_.lora_dropout > 0 ? k.take<bf16_t>(N * dora_out_largest) : nullptr;
   };
   Carver count;
   layout(count);
@@ -577,6 +612,14 @@ void Decoder::init_parameters(uint64_t seed) {
       upload_nf4(p, x.data());
     }
   }
+  // DoRA: m starts at the row norms of W (B = 0, so ‖W + s B A‖ = ‖W‖), as PEFT.
+  for (const Impl::Layer& layer : s.layers)
+    for (const Impl::Linear& lin : layer.proj) {
+      if (lin.magnitude < 0) continue;
+      const LinearRef w = s.lin(lin);
+      s.dora_norms(w, s.base_weight(w));
+      convert_to_bf16(params_[size_t(lin.magnitude)].value, w.norm, lin.out);
+    }
   zero_grad();
   for (auto& p : params_) {
     if (!p.m) continue;
@@ -703,6 +746,10 @@ LinearRef Decoder::Impl::lin(const Linear& l) {
     ref.a = P(l.lora_a).value, ref.da = P(l.lora_a).grad;
     ref.b = P(l.lora_b).value, ref.db = P(l.lora_b).grad;
   }
+  if (l.magnitude >= 0) {
+    ref.m = P(l.magnitude).value, ref.dm = P(l.magnitude).grad;
+    ref.pre = l.dora_pre, ref.norm = l.dora_norm, ref.c = l.dora_scale;
+  }
   return ref;
 }
 
@@ -717,6 +764,7 @@ const bf16_t* Decoder::Impl::base_weight(const LinearRef& w) {
 // y (N, out) = beta * y + x W^T [+ b] [+ s (x' A^T) B^T];  xa = x' A^T (N, r) saved; x' = dropout(x)
 // with LoRA dropout, else x
 void Decoder::Impl::linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta) {
+  if (w.m) return dora_forward(y, x, w, xa, beta);
   mm(false, true, N, w.out, w.in, 1.0f, x, base_weight(w), beta, y, DType::BF16, w.bias);
   if (w.a) {
     const bf16_t* xd = x;
@@ -735,6 +783,7 @@ void Decoder::Impl::linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& 
 // dx += g A). The dropout mask is redrawn from the same seed as the forward's.
 void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x,
                                     const LinearRef& w, const bf16_t* xa) {
+  if (w.m) return dora_backward(dx, accumulate, dy, x, w, xa);
   if (w.dw) mm(true, false, w.out, w.in, N, 1.0f, dy, x, 1.0f, w.dw, DType::F32);
   if (w.dbias) mm(false, false, 1, w.out, N, 1.0f, ones, dy, 1.0f, w.dbias, DType::F32);
   if (dx) mm(false, false, N, w.in, w.out, 1.0f, dy, base_weight(w), accumulate ? 1.0f : 0.0f, dx, DType::BF16);
@@ -753,6 +802,66 @@ void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* d
     mm(true, false, w.r, w.in, N, 1.0f, lora_g, x, 1.0f, w.da, DType::F32);
     if (dx) mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, dx, DType::BF16);
   }
+}
+
+// DoRA (LoraAdapter's, PEFT's): norm (out) = ‖W + s B A‖ per row, c = m / norm. weight: W (out, in)
+// bf16 (base_weight's).
+void Decoder::Impl::dora_norms(const LinearRef& w, const bf16_t* weight) {
+  dora_widen(dora_w, weight, w.out * w.in);
+  mm(false, false, w.out, w.in, w.r, w.scale, w.b, w.a, 1.0f, dora_w, DType::F32);  // += s B (out, r) @ A (r, in)
+  dora_weight_norm(w.norm, w.c, dora_w, w.m, w.out, w.in);
+}
+
+// y (N, out) = beta * y + c ⊙ pre + b, pre = x W^T + s xa B^T, xa = x A^T (no dropout);
+// y = beta * y + x W^T + b + c ⊙ pre − x' W^T, pre = x' W^T + s xa B^T, xa = x' A^T (dropout).
+// pre, norm, c saved for the backward.
+void Decoder::Impl::dora_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta) {
+  const bf16_t* weight = base_weight(w);  // stays valid through this call (no other NF4 dequantisation)
+  dora_norms(w, weight);
+  const bf16_t* xd = x;
+  if (w.dropout > 0) {
+    lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);
+    xd = dropped_x;
+  }
+  mm(false, true, N, w.r, w.in, 1.0f, xd, w.a, 0.0f, xa, DType::BF16);
+  if (w.dropout > 0) {
+    mm(false, true, N, w.out, w.in, 1.0f, x, weight, beta, y, DType::BF16, w.bias);  // y = beta y + x W^T + b
+    mm(false, true, N, w.out, w.in, 1.0f, xd, weight, 0.0f, dora_p1, DType::BF16);   // p1 = x' W^T
+    KTUNE_CUDA_CHECK(
+        cudaMemcpyAsync(w.pre, dora_p1, size_t(N * w.out) * 2, cudaMemcpyDeviceToDevice, nullptr));
+    mm(false, true, N, w.out, w.r, w.scale, xa, w.b, 1.0f, w.pre, DType::BF16);  // pre = p1 + s xa B^T
+    dora_combine(y, w.pre, dora_p1, w.c, nullptr, 1.0f, N, w.out);
+  } else {
+    mm(false, true, N, w.out, w.in, 1.0f, x, weight, 0.0f, w.pre, DType::BF16);  // pre = x W^T
+    mm(false, true, N, w.out, w.r, w.scale, xa, w.b, 1.0f, w.pre, DType::BF16);  //     + s xa B^T
+    dora_combine(y, w.pre, nullptr, w.c, w.bias, beta, N, w.out);
+  }
+}
+
+// Undoes dora_forward (the norm detached, the base frozen): d = dy ⊙ c; dm += Σ_n dy ⊙ pre / norm;
+// dB += s d^T xa; g = s d B; dA += g^T x'; dx (overwritten, or += when accumulate; nullptr: not
+// wanted) = d W + g A (no dropout), or dy W + mask ⊙ (g A + ((c − 1) ⊙ dy) W) / (1 − p) (dropout).
+void Decoder::Impl::dora_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x,
+                                  const LinearRef& w, const bf16_t* xa) {
+  const bf16_t* weight = dx ? base_weight(w) : nullptr;  // valid through this call
+  dora_scale_columns(dora_d, dy, w.c, 0.0f, N, w.out);  // d = dy ⊙ c
+  dora_magnitude_grad(w.dm, dy, w.pre, w.norm, N, w.out);
+  if (dx) mm(false, false, N, w.in, w.out, 1.0f, w.dropout > 0 ? dy : dora_d, weight, accumulate ? 1.0f : 0.0f, dx,
+             DType::BF16);
+  mm(true, false, w.out, w.r, N, w.scale, dora_d, xa, 1.0f, w.db, DType::F32);      // dB += s d^T xa
+  mm(false, false, N, w.r, w.out, w.scale, dora_d, w.b, 0.0f, lora_g, DType::BF16);  // g = s d B
+  if (w.dropout <= 0) {
+    mm(true, false, w.r, w.in, N, 1.0f, lora_g, x, 1.0f, w.da, DType::F32);
+    if (dx) mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, dx, DType::BF16);
+    return;
+  }
+  lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);  // x' again
+  mm(true, false, w.r, w.in, N, 1.0f, lora_g, dropped_x, 1.0f, w.da, DType::F32);
+  if (!dx) return;
+  mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 0.0f, dropped_x, DType::BF16);  // d x' = g A
+  dora_scale_columns(dora_d, dy, w.c, -1.0f, N, w.out);                             //   + ((c − 1) ⊙ dy) W
+  mm(false, false, N, w.in, w.out, 1.0f, dora_d, weight, 1.0f, dropped_x, DType::BF16);
+  lora_dropout_backward_add(dx, dropped_x, N * w.in, w.dropout_seed, w.dropout);
 }
 
 void Decoder::Impl::upload_batch(const int32_t* tokens_host, const int32_t* labels_host) {

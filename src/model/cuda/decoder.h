@@ -27,10 +27,11 @@
 // loss's chunk scratch). memory_report() prints the plan and what the driver reports in use.
 //
 // QLoRA (TrainingSetup::quantize_base): the adapted projections' frozen base weights as NF4. LoRA
-// dropout (TrainingSetup::lora_dropout): the CPU adapter's masks, redrawn on the device.
+// dropout (TrainingSetup::lora_dropout): the CPU adapter's masks, redrawn on the device. DoRA
+// (TrainingSetup::use_dora): the CPU adapter's math (dora.h).
 //
 // It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
-// DoRA, packed documents (doc_ids), custom positions (always 0..T-1 per row),
+// packed documents (doc_ids), custom positions (always 0..T-1 per row),
 // activation checkpointing, gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). Those live in the CPU Decoder; the recipes do not run on it yet.
 #pragma once
@@ -110,6 +111,12 @@ struct TrainingSetup {
   // set per micro-batch by set_dropout_key; lora_seed is the CPU LoraOptions::seed.
   float lora_dropout = 0;
   uint64_t lora_seed = 0;
+  // DoRA (the CPU LoraOptions::use_dora; PEFT's): y = c ⊙ (x Wᵀ + s (x Aᵀ) Bᵀ) + b with c = m / ‖W + s B A‖
+  // per output row (the norm detached), m a trainable magnitude per adapted projection
+  // (`base_model.model.<module>.lora_magnitude_vector`, (out), starting at the row norms of W); with
+  // dropout PEFT's y = x Wᵀ + b + (c − 1) ⊙ x' Wᵀ + c ⊙ s (x' Aᵀ) Bᵀ. Needs LoRA and no full_finetune;
+  // combines with quantize_base (the norms of the dequantised NF4 W).
+  bool use_dora = false;
 };
 
 // One named parameter on the device. grad, m, v are nullptr when frozen.

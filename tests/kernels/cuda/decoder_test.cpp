@@ -228,6 +228,7 @@ struct Reference {
   }
   // y (N, out) = x W^T + b + s (x' A^T) B^T, x' = dropout(x); xa saved
   void linear_forward(std::vector<float>& y, const float* x, int64_t l, int proj, std::vector<float>& xa) {
+    if (setup.use_dora && has_lora(proj)) return dora_forward(y, x, l, proj, xa);
     int64_t in, out;
     dims(proj, &in, &out);
     y.assign(static_cast<size_t>(N * out), 0.0f);
@@ -253,6 +254,7 @@ struct Reference {
   // gradients, db = column sums of dy, dA += g^T x'.
   void linear_backward(float* dx, bool accumulate, const float* dy, const float* x, int64_t l, int proj,
                        const std::vector<float>& xa) {
+    if (setup.use_dora && has_lora(proj)) return dora_backward(dx, accumulate, dy, x, l, proj, xa);
     int64_t in, out;
     dims(proj, &in, &out);
     if (trainable_base()) matmul_grad(g(module(l, proj) + ".weight"), dy, x, N, in, out, 1.0f);
@@ -287,6 +289,108 @@ struct Reference {
       }
       if (dx) R(dx, size_t(N * in));
     }
+  }
+
+  // DoRA as LoraAdapter (forward, backward; the base frozen): c = m / ‖W + s B A‖_row (detached);
+  // no dropout: y = c ⊙ pre + b, pre = x W^T + s xa B^T; dropout: y = x W^T + b + c ⊙ pre − x' W^T,
+  // pre = x' W^T + s xa B^T (xa = x' A^T). Saved per projection: pre, the norms and c.
+  struct DoraSaved {
+    std::vector<float> pre, norm, c;
+  };
+  std::map<std::pair<int64_t, int>, DoraSaved> dora;
+  std::string magnitude(int64_t l, int proj) const { return "base_model.model." + module(l, proj) + ".lora_magnitude_vector"; }
+  void dora_forward(std::vector<float>& y, const float* x, int64_t l, int proj, std::vector<float>& xa) {
+    int64_t in, out;
+    dims(proj, &in, &out);
+    DoraSaved& d = dora[{l, proj}];
+    const float* W = w(module(l, proj) + ".weight");
+    const float* A = w(lora(l, proj, "A"));
+    const float* Bm = w(lora(l, proj, "B"));
+    const float* m = w(magnitude(l, proj));
+    d.norm.assign(size_t(out), 0.0f);
+    d.c.assign(size_t(out), 0.0f);
+    for (int64_t o = 0; o < out; ++o) {
+      double sum = 0;
+      for (int64_t i = 0; i < in; ++i) {
+        double ba = 0;
+        for (int64_t k = 0; k < r; ++k) ba += double(Bm[o * r + k]) * A[k * in + i];
+        const double v = double(W[o * in + i]) + s * ba;
+        sum += v * v;
+      }
+      d.norm[size_t(o)] = float(std::sqrt(sum));
+      d.c[size_t(o)] = m[o] / d.norm[size_t(o)];
+    }
+    std::vector<float> xd;
+    const float* x_in = dropout(xd, x, l, proj);
+    xa.assign(static_cast<size_t>(N * r), 0.0f);
+    matmul_wt(xa.data(), x_in, A, N, in, r, false);
+    R(xa);
+    d.pre.assign(static_cast<size_t>(N * out), 0.0f);
+    matmul_wt(d.pre.data(), x_in, W, N, in, out, false);  // x' W^T (x W^T without dropout)
+    R(d.pre);
+    const std::vector<float> p1 = d.pre;
+    std::vector<float> t(static_cast<size_t>(N * out), 0.0f);
+    matmul_wt(t.data(), xa.data(), Bm, N, r, out, false);
+    for (size_t i = 0; i < t.size(); ++i) d.pre[i] += s * t[i];
+    R(d.pre);
+    const float* b = has_bias(proj) ? w(module(l, proj) + ".bias") : nullptr;
+    const bool dropping = setup.lora_dropout > 0;
+    y.assign(static_cast<size_t>(N * out), 0.0f);
+    if (dropping) matmul_wt(y.data(), x, W, N, in, out, false);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < out; ++o) {
+        const size_t i = size_t(n * out + o);
+        y[i] += d.c[size_t(o)] * d.pre[i] + (b ? b[o] : 0.0f) - (dropping ? p1[i] : 0.0f);
+      }
+    R(y);
+  }
+  void dora_backward(float* dx, bool accumulate, const float* dy, const float* x, int64_t l, int proj,
+                     const std::vector<float>& xa) {
+    int64_t in, out;
+    dims(proj, &in, &out);
+    const DoraSaved& d = dora.at({l, proj});
+    const float* W = w(module(l, proj) + ".weight");
+    const float* A = w(lora(l, proj, "A"));
+    const float* Bm = w(lora(l, proj, "B"));
+    const bool dropping = setup.lora_dropout > 0;
+    std::vector<float> dyc(static_cast<size_t>(N * out));  // dy ⊙ c
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < out; ++o) dyc[size_t(n * out + o)] = dy[n * out + o] * d.c[size_t(o)];
+    R(dyc);
+    float* dm = g(magnitude(l, proj));  // dm += Σ_n dy ⊙ pre / ‖·‖
+    for (int64_t o = 0; o < out; ++o) {
+      double sum = 0;
+      for (int64_t n = 0; n < N; ++n) sum += double(dy[n * out + o]) * d.pre[size_t(n * out + o)];
+      dm[o] += float(sum / d.norm[size_t(o)]);
+    }
+    if (dx) matmul_w(dx, dropping ? dy : dyc.data(), W, N, in, out, accumulate);
+    if (dx) R(dx, size_t(N * in));
+    matmul_grad(g(lora(l, proj, "B")), dyc.data(), xa.data(), N, r, out, s);  // dB += s d^T xa
+    std::vector<float> gg(static_cast<size_t>(N * r), 0.0f);
+    matmul_w(gg.data(), dyc.data(), Bm, N, r, out, false);  // g = s d B
+    for (auto& v : gg) v *= s;
+    R(gg);
+    std::vector<float> xd;
+    matmul_grad(g(lora(l, proj, "A")), gg.data(), dropout(xd, x, l, proj), N, in, r, 1.0f);  // dA += g^T x'
+    if (!dx) return;
+    if (!dropping) {
+      matmul_w(dx, gg.data(), A, N, in, r, true);
+      R(dx, size_t(N * in));
+      return;
+    }
+    std::vector<float> t(static_cast<size_t>(N * in), 0.0f), dyc1(static_cast<size_t>(N * out));
+    matmul_w(t.data(), gg.data(), A, N, in, r, false);  // d x' = g A + ((c − 1) ⊙ dy) W
+    R(t);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < out; ++o) dyc1[size_t(n * out + o)] = dy[n * out + o] * (d.c[size_t(o)] - 1.0f);
+    R(dyc1);
+    matmul_w(t.data(), dyc1.data(), W, N, in, out, true);
+    R(t);
+    const float keep_scale = 1.0f / (1.0f - setup.lora_dropout);
+    const uint64_t seed = mask_seed(l, proj);
+    for (int64_t i = 0; i < N * in; ++i)
+      if (!cpu_dropped(seed, uint64_t(i), setup.lora_dropout)) dx[i] += t[size_t(i)] * keep_scale;
+    R(dx, size_t(N * in));
   }
 
   // act(gate) * up and its backward, as the config's activation.
@@ -435,8 +539,11 @@ Params randomise(cuda::Decoder& model, uint32_t seed) {
   for (auto& p : model.parameters()) {
     std::vector<float> v;
     const bool bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+    const bool magnitude = p.name.find("lora_magnitude_vector") != std::string::npos;  // DoRA's m: ~ the row norms
     if (bias) {
       v = cuda_test::random_floats(static_cast<size_t>(p.numel), k++, -0.5f, 0.5f);
+    } else if (magnitude) {
+      v = cuda_test::random_floats(static_cast<size_t>(p.numel), k++, 0.8f, 1.2f);
     } else if (p.shape.size() == 1) {
       v = cuda_test::random_floats(static_cast<size_t>(p.numel), k++, 0.8f - off, 1.2f - off);
     } else {
@@ -798,6 +905,39 @@ KTUNE_CUDA_TEST(DecoderLoraDropoutStepMatchesCpuReference) {
   const cuda::StepResult got = model.forward_loss(tokens.data(), labels.data());
   CHECK(std::fabs(got.loss_sum - want) <= 1e-2 * std::fabs(want))
       << "forward_loss with lora_dropout 0.5: " << got.loss_sum << " vs the CPU reference without dropout " << want;
+}
+
+// DoRA against the reference's DoRA (checked against the CPU engine's LoraAdapter with use_dora, with
+// and without dropout and NF4 bases, to 2e-6 when written): every projection adapted; with dropout;
+// QLoRA + DoRA + dropout on Qwen2 (biases); Gemma2's sandwich norms. And m's start: the row norms of W.
+KTUNE_CUDA_TEST(DecoderDoraStepMatchesCpuReference) {
+  auto dora = [](cuda::TrainingSetup s, float p, uint64_t seed) {
+    s.use_dora = true;
+    s.lora_dropout = p;
+    s.lora_seed = seed;
+    return s;
+  };
+  check_step("dora all tied", tiny_config(true), dora(family_setup(false, kAllProjections), 0.0f, 0));
+  check_step_with("dora q,v,o,mlp dropout 0.1 [gemm attention]", tiny_config(true),
+                  dora(family_setup(false, kAllButKey), 0.1f, 42), 12345);
+  check_step_with("qwen2 qlora+dora q,v,o,mlp dropout 0.2 [gemm attention]", tiny_qwen2_config(false),
+                  dora(qlora_setup(kAllButKey), 0.2f, 42), 99);
+  check_step_with("gemma2 dora q,v,o,mlp [gemm attention]", tiny_gemma2_config(),
+                  dora(family_setup(false, kAllButKey), 0.0f, 0));
+
+  cuda::Decoder fresh(tiny_config(true), dora(family_setup(false, {cuda::kV, cuda::kDown}), 0.0f, 0), 4);
+  for (const char* module : {"model.layers.0.self_attn.v_proj", "model.layers.1.mlp.down_proj"}) {
+    const std::vector<float> w = fresh.download_value(std::string(module) + ".weight");
+    const std::vector<float> m = fresh.download_value("base_model.model." + std::string(module) + ".lora_magnitude_vector");
+    const int64_t in = int64_t(w.size() / m.size());
+    int64_t off = 0;
+    for (size_t o = 0; o < m.size(); ++o) {
+      double sum = 0;
+      for (int64_t i = 0; i < in; ++i) sum += double(w[o * size_t(in) + size_t(i)]) * w[o * size_t(in) + size_t(i)];
+      off += std::fabs(m[o] - std::sqrt(sum)) > 1e-2 * std::sqrt(sum);
+    }
+    CHECK(off == 0) << module << ": " << off << " of " << m.size() << " magnitudes differ from the row norms of W";
+  }
 }
 
 KTUNE_CUDA_TEST(DecoderAdamWStepsLowerTheLoss) {
