@@ -6,7 +6,8 @@
 #   1. the CUDA tests: every kernel and the GPU decoder step against the CPU references (three
 #      processes: the kernels, the GEMM attention path, the decoder step)
 #   2. the GEMM benchmark beside torch.matmul (and attention fwd+bwd beside torch sdpa)
-#   3. the training-step benchmark: Llama-3.2-1B shape, seq 2048, LoRA and full fine-tune, beside
+#   3. the training-step benchmark: Llama-3.2-1B shape, seq 2048, LoRA and full fine-tune (LoRA once
+#      more on the fused tensor-core attention), beside
 #      PyTorch (+PEFT) on the same GPU: tokens/s, MFU (990 TFLOP/s bf16 peak), peak memory, ratios
 # and print a summary naming what passed, failed, was skipped or ran out of time.
 # Budget: 8 minutes on one H200 (build ~1-2 min on 16 cores); every part has a timeout, and the
@@ -176,10 +177,12 @@ else
   elif [ "$(remaining)" -lt 80 ]; then
     STEP_STATUS="skipped: out of time budget ($(remaining)s left)"
   else
-    # four parts (ktune and torch, LoRA and full), each its own subprocess with a timeout
-    PART=$(( ($(remaining) - 15) / 4 )); [ "$PART" -gt 100 ] && PART=100
+    # five parts (ktune and torch, LoRA and full, and ktune's LoRA step again on the fused tensor-core
+    # attention), each its own subprocess with a timeout
+    PART=$(( ($(remaining) - 15) / 5 )); [ "$PART" -gt 100 ] && PART=100
     say "training-step benchmark (ktune vs PyTorch+PEFT), ${PART}s a part"
-    timeout $(( 4 * PART + 10 )) python3 bench/gpu/train_step_compare.py "$STEP_BIN" --modes lora,full \
+    timeout $(( 5 * PART + 10 )) python3 bench/gpu/train_step_compare.py "$STEP_BIN" --modes lora,full \
+      --also-attention tensor_core \
       --batch "${GPU_CHECK_BATCH:-4}" --seq 2048 --steps "${GPU_CHECK_STEPS:-6}" --warmup 2 \
       --max-seconds $(( PART / 3 )) --timeout "$PART" >"$LOG_DIR/step.log" 2>&1
     STEP_RC=$?

@@ -10,7 +10,8 @@
 // MFU is against 990 TFLOP/s (H200 dense bf16) with the FLOPs counted by flops_per_token (below;
 // bench/gpu/train_step_compare.py uses the same count for PyTorch). Exit 77 without a GPU.
 // Options: --batch=4 --seq=2048 --layers=16 --steps=6 --warmup=2 --max-seconds=20
-//          --attention=gemm (tensor-core GEMMs, the default) | flash (the tiled CUDA-core kernel).
+//          --attention=gemm (tensor-core GEMMs, the default) | tensor_core (the fused FlashAttention-2,
+//          flash_attention_tc.h) | flash (the tiled CUDA-core kernel).
 // It deliberately has no data loading, no checkpointing, no gradient accumulation: the step only.
 #include <chrono>
 #include <cstdio>
@@ -87,11 +88,13 @@ int run(int argc, char** argv) {
     for (int p : {cuda::kQ, cuda::kV, cuda::kO, cuda::kGate, cuda::kUp, cuda::kDown}) setup.lora_on[p] = true;
   }
   const std::string attention = arg_s(argc, argv, "attention", "gemm");
-  if (attention != "gemm" && attention != "flash") {
-    std::fprintf(stderr, "--attention must be gemm or flash, not %s\n", attention.c_str());
+  if (attention != "gemm" && attention != "tensor_core" && attention != "flash") {
+    std::fprintf(stderr, "--attention must be gemm, tensor_core or flash, not %s\n", attention.c_str());
     return 2;
   }
-  setup.attention = attention == "gemm" ? cuda::TrainingSetup::Attention::kGemm : cuda::TrainingSetup::Attention::kFlash;
+  setup.attention = attention == "gemm"          ? cuda::TrainingSetup::Attention::kGemm
+                    : attention == "tensor_core" ? cuda::TrainingSetup::Attention::kTensorCore
+                                                 : cuda::TrainingSetup::Attention::kFlash;
   const int64_t steps = arg(argc, argv, "steps", 6), warmup = arg(argc, argv, "warmup", 2);
   const double max_seconds = double(arg(argc, argv, "max-seconds", 20));
   std::printf("device: %s\n", cuda::device_description().c_str());
@@ -101,7 +104,9 @@ int run(int argc, char** argv) {
               (long long)config.num_heads, (long long)config.num_kv_heads, (long long)config.intermediate_size,
               (long long)setup.batch, (long long)setup.seq_len, mode.c_str(),
               mode == "lora" ? " (rank 64, alpha 128 on q,v,o,gate,up,down)" : "",
-              attention == "gemm" ? "tensor-core GEMMs (attention_gemm.h)" : "tiled CUDA-core kernel (attention.h)");
+              attention == "gemm"          ? "tensor-core GEMMs (attention_gemm.h)"
+              : attention == "tensor_core" ? "fused tensor-core FlashAttention-2 (flash_attention_tc.h)"
+                                           : "tiled CUDA-core kernel (attention.h)");
 
   cuda::Decoder model(config, setup, 1234);
   std::printf("parameters: %lld, trainable %lld\n", (long long)model.parameter_count(false),

@@ -160,7 +160,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=20)
     ap.add_argument("--timeout", type=float, default=120, help="seconds for each part (ktune or torch, each mode)")
-    ap.add_argument("--attention", default="gemm", choices=["gemm", "flash"], help="ktune's attention kernels")
+    ap.add_argument("--attention", default="gemm", choices=["gemm", "flash", "tensor_core"],
+                    help="ktune's attention kernels")
+    ap.add_argument("--also-attention", default="", choices=["", "gemm", "flash", "tensor_core"],
+                    help="run ktune's LoRA step once more with these attention kernels (an extra row)")
     ap.add_argument("--torch-worker", choices=["lora", "full"])
     ap.add_argument("--torch-device", default="cuda", help="cpu: a smoke test of the PyTorch side only")
     args = ap.parse_args()
@@ -194,6 +197,13 @@ def main():
         if t is None:
             failed.append(f"torch {mode} (exit {trc})")
         rows.append((mode, k, t))
+    extra = None  # (attention, the LoRA step's RESULT with --also-attention)
+    if args.also_attention and args.also_attention != args.attention and "lora" in args.modes.split(","):
+        other = [c.replace(f"--attention={args.attention}", f"--attention={args.also_attention}") for c in common]
+        x, xrc, _ = run_part([args.binary, "--mode=lora", *other, f"--max-seconds={int(args.max_seconds)}"], args.timeout)
+        if x is None:
+            failed.append(f"ktune lora with {args.also_attention} attention (exit {xrc})")
+        extra = (args.also_attention, x)
 
     print()
     print(f"training step, Llama-3.2-1B shape, batch {args.batch} x seq {args.seq}, bf16, "
@@ -208,6 +218,16 @@ def main():
                   f"{k['loss_first']} -> {k['loss_last']}")
         else:
             print(f"{mode:<5} {'ktune':<6} {'FAILED':>10}")
+        if extra and mode == "lora":
+            x = extra[1]
+            side = "ktune-" + ("tc" if extra[0] == "tensor_core" else extra[0])
+            if x:
+                print(f"{mode:<5} {side:<6} {float(x['tokens_per_s']):>10.0f} {float(x['step_ms']):>9.1f} "
+                      f"{float(x['tflops']):>8.1f} {100 * float(x['mfu']):>5.1f}% "
+                      f"{'planned ' + x['planned_gib'] + ', in use ' + x['device_used_gib']:>28}  "
+                      f"{x['loss_first']} -> {x['loss_last']}")
+            else:
+                print(f"{mode:<5} {side:<6} {'FAILED':>10}")
         if t:
             tps = float(t["tokens_per_s"])
             tfl = f"{tps * fpt / 1e12:>8.1f} {100 * tps * fpt / 1e12 / PEAK_TFLOPS:>5.1f}%" if fpt else f"{'-':>8} {'-':>6}"
@@ -235,6 +255,11 @@ def main():
             parts += [f"speed_ratio={float(k['tokens_per_s']) / float(t['tokens_per_s']):.2f}",
                       f"memory_ratio={float(k['planned_gib']) / max(float(t['max_allocated_gib']), 1e-9):.2f}"]
         print(" ".join(parts))
+        if extra and mode == "lora" and extra[1] and t:
+            x = extra[1]
+            print(f"SUMMARY mode=lora ktune_attention={extra[0]} ktune_tokens_per_s={float(x['tokens_per_s']):.0f} "
+                  f"ktune_mfu={100 * float(x['mfu']):.1f}% "
+                  f"speed_ratio={float(x['tokens_per_s']) / float(t['tokens_per_s']):.2f}")
     if failed:
         print("FAILED parts: " + ", ".join(failed))
         return 1
