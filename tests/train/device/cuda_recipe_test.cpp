@@ -129,6 +129,13 @@ TEST_F(CudaRecipeTest, QloraWithDropoutOnTheGpuTracksTheCpuRun) {
   expect_same_layout("adapter_model.safetensors");
 }
 
+TEST_F(CudaRecipeTest, DoraOnTheGpuTracksTheCpuRunAndSavesTheMagnitudes) {
+  SKIP_WITHOUT_GPUS(1);
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 max_steps_per_epoch=8 batch_size=8 model.use_dora=True"));
+  expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
+  expect_same_layout("adapter_model.safetensors");  // with the lora_magnitude_vector of every adapter
+}
+
 TEST_F(CudaRecipeTest, ValidationOnTheGpuMatchesTheCpuRunsValidation) {
   SKIP_WITHOUT_GPUS(1);
   ASSERT_NO_FATAL_FAILURE(run_on_both(

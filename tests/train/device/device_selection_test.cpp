@@ -90,15 +90,18 @@ TEST(PlanCudaStep, LoraGoesOnTheProjectionsTorchtuneNamesOnly) {
   EXPECT_FLOAT_EQ(plan.setup.lora_alpha, 8.0f);
 }
 
-TEST(PlanCudaStep, QloraAndLoraDropoutGoToTheGpuStepAsConfigured) {
-  const RecipeConfig cfg = tiny("lora_finetune_single_device", {"model.quantize_base=True", "model.lora_dropout=0.25"});
+TEST(PlanCudaStep, QloraDoraAndLoraDropoutGoToTheGpuStepAsConfigured) {
+  const RecipeConfig cfg = tiny("lora_finetune_single_device",
+                                {"model.quantize_base=True", "model.lora_dropout=0.25", "model.use_dora=True"});
   const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64, false);
   EXPECT_TRUE(plan.gaps.empty()) << describe_gaps(plan.gaps);
   EXPECT_TRUE(plan.setup.quantize_base);
+  EXPECT_TRUE(plan.setup.use_dora);
   EXPECT_FLOAT_EQ(plan.setup.lora_dropout, 0.25f);
   const CudaStepPlan plain =
       plan_cuda_step(tiny("lora_finetune_single_device"), *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64, false);
   EXPECT_FALSE(plain.setup.quantize_base);
+  EXPECT_FALSE(plain.setup.use_dora);
   EXPECT_EQ(plain.setup.lora_dropout, 0.0f);
 }
 
@@ -117,8 +120,8 @@ TEST(PlanCudaStep, RecipeSettingsTheGpuStepLacksAreEachAGap) {
     return plan_cuda_step(tiny("lora_finetune_single_device", overrides), lora, llama, 2, 64, packed).gaps;
   };
   EXPECT_TRUE(mentions(gaps({"dtype=fp32"}), "dtype=fp32"));
-  EXPECT_TRUE(mentions(gaps({"model.use_dora=True"}), "DoRA"));
-  EXPECT_TRUE(gaps({"model.quantize_base=True"}).empty());  // QLoRA and LoRA dropout: the GPU step has them
+  EXPECT_TRUE(gaps({"model.use_dora=True"}).empty());  // DoRA, QLoRA and LoRA dropout: the GPU step has them
+  EXPECT_TRUE(gaps({"model.quantize_base=True"}).empty());
   EXPECT_TRUE(gaps({"model.lora_dropout=0.1"}).empty());
   EXPECT_TRUE(mentions(gaps({"model.apply_lora_to_output=True"}), "lm_head"));
   EXPECT_TRUE(mentions(gaps({}, /*packed=*/true), "packed"));
