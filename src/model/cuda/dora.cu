@@ -3,6 +3,10 @@
 
 #include <cuda_bf16.h>
 
+#include <string>
+
+#include "core/error.h"
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 
@@ -98,7 +102,9 @@ void dora_scale_columns(bf16_t* d, const bf16_t* dy, const float* scale, float o
 void dora_magnitude_grad(float* dm, const bf16_t* dy, const bf16_t* pre, const float* norm, int64_t N, int64_t out,
                          Stream stream) {
   if (N * out == 0) return;
-  const dim3 grid(blocks_for(out, kThreads), unsigned((N + kRowsPerChunk - 1) / kRowsPerChunk));
+  const int64_t chunks = (N + kRowsPerChunk - 1) / kRowsPerChunk;
+  check(chunks <= 65535, "cuda dora", "magnitude gradient over " + std::to_string(N) + " rows: at most 65535 chunks of 256");
+  const dim3 grid(blocks_for(out, kThreads), unsigned(chunks));
   magnitude_grad_kernel<<<grid, kThreads, 0, stream>>>(dm, dev(dy), dev(pre), norm, N, out);
   KTUNE_CUDA_CHECK_LAUNCH();
 }
