@@ -2,6 +2,7 @@
 // tensor, an f32 absmax scale per block, each value the nearest of 16 codes (kNf4Codes), two codes
 // a byte with the first value in the high nibble. The linear ops dequantise a block of weight rows
 // at a time into caller scratch and multiply with gemm(): the f32 weight never exists in full.
+// The code table and the quantiser (nf4_codes.cpp) need only src/core; the linear ops (nf4.cpp) the GEMM.
 // It deliberately does not do double quantisation of the scales, nor FP4.
 #pragma once
 
@@ -11,6 +12,10 @@
 namespace ktune::cpu {
 
 extern const float kNf4Codes[16];
+constexpr int64_t kNf4BlockSize = 64;
+
+// Throws ktune::Error unless n is a whole number of 64-blocks.
+void nf4_check_blocks(int64_t n);
 
 // x (n) -> codes (n/2 bytes), scales (n/64). n % 64 == 0 (throws ktune::Error otherwise).
 void nf4_quantize(uint8_t* codes, float* scales, const float* x, int64_t n);

@@ -30,7 +30,7 @@
 #include "kernels/cuda/rope.h"
 #include "model/cuda/dora.h"
 #include "model/cuda/lora_dropout.h"
-#include "model/cuda/nf4_host.h"
+#include "kernels/cpu/nf4.h"  // the CPU quantiser (nf4_codes.cpp, compiled in): the same codes
 
 namespace ktune::cuda {
 
@@ -132,8 +132,8 @@ struct LinearRef {
 // Quantises x (p.numel) on the host into p's NF4 codes and scales on the device.
 void upload_nf4(const DeviceParameter& p, const float* x) {
   std::vector<uint8_t> codes(size_t(p.numel / 2));
-  std::vector<float> scales(size_t(p.numel / kNf4BlockSize));
-  nf4_quantize_on_host(codes.data(), scales.data(), x, p.numel);
+  std::vector<float> scales(size_t(p.numel / cpu::kNf4BlockSize));
+  cpu::nf4_quantize(codes.data(), scales.data(), x, p.numel);
   copy_to_device(p.nf4_codes, codes.data(), codes.size());
   copy_to_device(p.nf4_scales, scales.data(), scales.size() * sizeof(float));
 }
@@ -402,7 +402,7 @@ void Decoder::allocate() {
       for (const Impl::Linear& lin : layer.proj) {
         if (lin.lora_a < 0) continue;
         const DeviceParameter& w = params_[size_t(lin.weight)];
-        check(w.numel % kNf4BlockSize == 0, "cuda decoder: parameter " + w.name,
+        check(w.numel % cpu::kNf4BlockSize == 0, "cuda decoder: parameter " + w.name,
               "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(w.numel));
         nf4[size_t(lin.weight)] = true;
         nf4_largest = std::max(nf4_largest, w.numel);
@@ -413,7 +413,7 @@ void Decoder::allocate() {
   size_t pbytes = 0, gbytes = 0, obytes = 0, nf4_bytes = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const size_t n = size_t(params_[i].numel);
-    if (nf4[i]) nf4_bytes += aligned(n / 2) + aligned(n / size_t(kNf4BlockSize) * sizeof(float));
+    if (nf4[i]) nf4_bytes += aligned(n / 2) + aligned(n / size_t(cpu::kNf4BlockSize) * sizeof(float));
     else pbytes += aligned(n * 2);
     if (trainable[i]) {
       gbytes += aligned(size_t(params_[i].numel) * 4);
@@ -428,7 +428,7 @@ void Decoder::allocate() {
     DeviceParameter& p = params_[i];
     if (nf4[i]) {
       p.nf4_codes = s.param_arena->allocate_n<uint8_t>(size_t(p.numel / 2));
-      p.nf4_scales = s.param_arena->allocate_n<float>(size_t(p.numel / kNf4BlockSize));
+      p.nf4_scales = s.param_arena->allocate_n<float>(size_t(p.numel / cpu::kNf4BlockSize));
     } else {
       p.value = s.param_arena->allocate_n<bf16_t>(size_t(p.numel));
     }
@@ -663,10 +663,10 @@ std::vector<float> Decoder::download_value(const std::string& name) {
   synchronize();
   if (p.nf4_codes) {
     std::vector<uint8_t> codes(size_t(p.numel / 2));
-    std::vector<float> scales(size_t(p.numel / kNf4BlockSize)), out(size_t(p.numel));
+    std::vector<float> scales(size_t(p.numel / cpu::kNf4BlockSize)), out(size_t(p.numel));
     copy_to_host(codes.data(), p.nf4_codes, codes.size());
     copy_to_host(scales.data(), p.nf4_scales, scales.size() * sizeof(float));
-    nf4_dequantize_on_host(out.data(), codes.data(), scales.data(), p.numel);
+    cpu::nf4_dequantize(out.data(), codes.data(), scales.data(), p.numel);
     return out;
   }
   std::vector<bf16_t> host(size_t(p.numel));

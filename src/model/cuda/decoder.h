@@ -102,7 +102,7 @@ struct TrainingSetup {
   // carries LoRA (lora_on; all seven in torchtune's QLoRA recipes) held on the device only as NF4
   // (DeviceParameter::nf4_codes / nf4_scales, kernels/cpu/nf4.h's layout: blocks of 64, an f32
   // absmax scale each), quantised on the host when uploaded, with the CPU quantiser's arithmetic
-  // (nf4_host.h), so the codes are the CPU engine's bit for bit. Each GEMM that reads such a weight
+  // (kernels/cpu/nf4_codes.cpp, compiled in), so the codes are the CPU engine's bit for bit. Each GEMM that reads such a weight
   // dequantises it to bf16 scratch first (one projection at a time). Needs LoRA and no full_finetune.
   bool quantize_base = false;
   // LoRA dropout (the CPU LoraOptions::dropout, in [0, 1)): PEFT's, on each adapter's input only,
@@ -154,7 +154,7 @@ class Decoder {
   int64_t parameter_count(bool trainable_only) const;
 
   // Host f32 values, rounded to bf16 (nearest even) on the way in; widened on the way out. An NF4
-  // base weight (quantize_base) is quantised on the way in (nf4_host.h) and dequantised on the way
+  // base weight (quantize_base) is quantised on the way in (cpu::nf4_quantize) and dequantised on the way
   // out (code value * block scale, f32): uploading what download_value returned gives the same codes.
   void upload(const std::string& name, const std::vector<float>& values);
   std::vector<float> download_value(const std::string& name);

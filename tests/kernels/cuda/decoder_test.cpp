@@ -32,7 +32,7 @@
 #include "kernels/cuda/cross_entropy.h"
 #include "model/cuda/decoder.h"
 #include "model/cuda/lora_dropout.h"
-#include "model/cuda/nf4_host.h"
+#include "kernels/cpu/nf4.h"
 
 namespace ktune {
 namespace {
@@ -727,8 +727,8 @@ KTUNE_CUDA_TEST(DecoderTensorCoreAttentionMatchesCpuReference) {
 
 // QLoRA's NF4 as bitsandbytes defines it, written independently of the quantiser under test (the
 // CPU engine's nf4_quantize_reference's formulation): per block of 64 the absmax, each value the code
-// nearest (in double) to x / absmax. (nf4_host's quantiser and code table were checked bit for bit
-// against the CPU engine's nf4.cpp on 52M values, exact midpoints included, when written.) The two
+// nearest (in double) to x / absmax (the GPU step quantises with the CPU engine's own nf4_quantize,
+// compiled into it; this reference stays independent of it). The two
 // formulations part only for a value within an ulp of a code midpoint (f32 midpoints against double
 // distances: 4 of 2000 random 8192-value tensors); the uploads below have none (checked on the CPU).
 void nf4_reference(const std::vector<float>& x, std::vector<uint8_t>* codes, std::vector<float>* scales) {
@@ -742,7 +742,7 @@ void nf4_reference(const std::vector<float>& x, std::vector<uint8_t>* codes, std
       const double v = absmax > 0 ? double(x[b * 64 + i]) / absmax : 0.0;
       int best = 0;
       for (int c = 1; c < 16; ++c)
-        if (std::fabs(v - cuda::kNf4CodeValues[c]) < std::fabs(v - cuda::kNf4CodeValues[best])) best = c;
+        if (std::fabs(v - cpu::kNf4Codes[c]) < std::fabs(v - cpu::kNf4Codes[best])) best = c;
       const size_t e = b * 64 + i;
       (*codes)[e / 2] |= uint8_t(e % 2 == 0 ? best << 4 : best);
     }
@@ -791,7 +791,7 @@ KTUNE_CUDA_TEST(DecoderQloraBaseIsNf4OfTheUploadedWeights) {
     bool dequantised = values.size() == x.size();
     for (size_t i = 0; dequantised && i < values.size(); ++i) {
       const uint8_t code = (i % 2 == 0) ? want_codes[i / 2] >> 4 : want_codes[i / 2] & 0x0f;
-      dequantised = values[i] == cuda::kNf4CodeValues[code] * want_scales[i / 64];
+      dequantised = values[i] == cpu::kNf4Codes[code] * want_scales[i / 64];
     }
     CHECK(dequantised) << p.name << ": download_value must return code value * block scale";
     model.upload(p.name, values);

@@ -141,7 +141,9 @@ TEST(CudaPlugin, OnAGpuAStepTrainsWhatItShouldAndComesBackIntoTheHostModel) {
     // The moments by the CPU optimizer's names, back in as they came out.
     std::map<std::string, Tensor> state = gpu->optimizer_state();
     for (model::Parameter* p : params)
-      if (p->trainable) EXPECT_TRUE(state.count("exp_avg." + p->name) && state.count("exp_avg_sq." + p->name)) << p->name;
+      if (p->trainable) {
+        EXPECT_TRUE(state.count("exp_avg." + p->name) && state.count("exp_avg_sq." + p->name)) << p->name;
+      }
     gpu->load_optimizer_state(state, 1, "test");
     std::map<std::string, Tensor> again = gpu->optimizer_state();
     for (const auto& [name, t] : state)
