@@ -83,7 +83,7 @@ cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe,
     if (!known) gaps.push_back("model.apply_lora_to_output: LoRA on " + module);
   }
   s.quantize_base = cfg.model.quantize_base;  // QLoRA: NF4 bases, the CPU quantiser's codes
-  s.lora_dropout = float(cfg.model.lora_dropout);  // the CPU adapters' masks (lora_seed: the recipe's seed)
+  s.lora_dropout = float(cfg.model.lora_dropout);  // the CPU adapters' mask function (lora_seed: the recipe's)
   s.use_dora = cfg.model.use_dora;  // PEFT's DoRA, the CPU adapter's math (magnitude uploaded by name)
   return s;
 }

@@ -447,7 +447,7 @@ void FinetuneRecipe::setup_gpu_training() {
   const bool packed = loader_->options().packed || val_packed_;
   CudaStepPlan plan = plan_cuda_step(cfg_, recipe_, model_->config(), cfg_.batch_size, gpu_seq_len_, packed);
   if (!plan.gaps.empty()) throw Error("device=" + cfg_.device, describe_gaps(plan.gaps));
-  plan.setup.lora_seed = seed_;  // the adapters' LoraOptions::seed: the same dropout masks as a CPU run
+  plan.setup.lora_seed = seed_;  // the adapters' LoraOptions::seed (the masks' function is the CPU adapter's)
   plan.setup.attention = cuda_attention_mode();
   select_cuda_device(devices_.local_rank);
   if (group_.size() > 1) {
@@ -637,7 +637,7 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
   gpu_->zero_grad();
   double loss_sum = 0;
   for (size_t micro = 0; micro < micro_batches.size(); ++micro) {
-    gpu_->set_dropout_key(uint64_t(global_step_) * 1000003u + uint64_t(micro));  // the CPU step's keys
+    gpu_->set_dropout_key(uint64_t(global_step_) * 1000003u + uint64_t(micro));  // as the CPU step keys them
     loss_sum += gpu_->forward_backward(micro_batches[micro], float(1.0 / tokens)).loss_sum;
   }
   group_.allreduce_sum(&loss_sum, 1);
