@@ -52,6 +52,7 @@ class DeviceArena {
   template <typename T>
   T* allocate_n(size_t n) { return static_cast<T*>(allocate(n * sizeof(T))); }
   void reset() { offset_ = 0; }  // every slice handed out becomes invalid
+  void* data() const { return buffer_.data(); }  // the first slice's start
   size_t capacity() const { return buffer_.bytes(); }
   size_t used() const { return offset_; }
   size_t peak() const { return peak_; }

@@ -685,9 +685,15 @@ std::vector<float> Decoder::download_grad(const std::string& name) {
   return out;
 }
 
+float* Decoder::gradient_buffer(int64_t* count) {
+  DeviceArena& grads = *impl_->grad_arena;
+  *count = int64_t(grads.used() / sizeof(float));
+  return static_cast<float*>(grads.data());
+}
+
 void Decoder::zero_grad() {
-  for (auto& p : params_)
-    if (p.grad) KTUNE_CUDA_CHECK(cudaMemsetAsync(p.grad, 0, size_t(p.numel) * sizeof(float), nullptr));
+  DeviceArena& grads = *impl_->grad_arena;
+  if (grads.used() > 0) KTUNE_CUDA_CHECK(cudaMemsetAsync(grads.data(), 0, grads.used(), nullptr));
 }
 
 void Decoder::adamw_step(const cpu::AdamWStep& st, uint64_t seed) {

@@ -172,7 +172,11 @@ class Decoder {
   // The LoRA dropout masks' key for the following steps (the CPU LoraAdapter::set_dropout_key; the
   // trainer sets a new one per micro-batch). 0 until set.
   void set_dropout_key(uint64_t key);
-  void zero_grad();
+  void zero_grad();  // the whole gradient buffer (gaps between parameters included)
+  // Every trainable parameter's gradient lies in one contiguous f32 buffer of *count floats (the
+  // alignment gaps between them zeroed by zero_grad): what a data-parallel all-reduce, the gradient
+  // norm and clipping's scaling each take in one call.
+  float* gradient_buffer(int64_t* count);
   // AdamW over every trainable parameter; s.step is 1-based. Asynchronous.
   void adamw_step(const cpu::AdamWStep& s, uint64_t seed);
 

@@ -52,8 +52,8 @@ class CudaDecoderTrainer final : public CudaTrainer {
       for (const cuda::DeviceParameter& d : device_.parameters()) on_device = on_device || d.name == name;
       if (!on_device) throw Error("device=cuda: parameter " + name, "the host model has it; the GPU step does not");
     }
-    scratch_doubles_ = cuda::sum_of_squares_scratch_doubles();
-    norm_scratch_ = cuda::DeviceBuffer(size_t(scratch_doubles_) * device_.parameters().size() * sizeof(double));
+    norm_scratch_ = cuda::DeviceBuffer(size_t(cuda::sum_of_squares_scratch_doubles()) * sizeof(double));
+    device_.zero_grad();  // the whole gradient buffer, gaps included, before anything sums it
   }
 
   void upload_trainable() override {
@@ -86,29 +86,24 @@ class CudaDecoderTrainer final : public CudaTrainer {
 
   void set_dropout_key(uint64_t key) override { device_.set_dropout_key(key); }
 
+  // Every gradient lies in one buffer (its gaps zero): one all-reduce over NCCL.
   void all_reduce_gradients(dist::ProcessGroup& nccl) override {
     if (nccl.size() == 1) return;
-    for (cuda::DeviceParameter& d : device_.parameters())
-      if (d.grad) nccl.allreduce_sum(d.grad, d.numel);
+    int64_t n = 0;
+    float* grads = device_.gradient_buffer(&n);
+    nccl.allreduce_sum(grads, n);
   }
 
+  // Σ g² over the whole gradient buffer in one reduction (fixed order: the same on every run), and
+  // the clip as one scaling of it.
   double clip_gradient_norm(double max_norm) override {
-    // Σ g² of each gradient into its own scratch slot, one copy back, the sum in a fixed order.
-    std::vector<cuda::DeviceParameter*> trainable;
-    for (cuda::DeviceParameter& d : device_.parameters())
-      if (d.grad) trainable.push_back(&d);
-    double* scratch = norm_scratch_.as<double>();
-    for (size_t i = 0; i < trainable.size(); ++i)
-      cuda::sum_of_squares(scratch + i * size_t(scratch_doubles_), trainable[i]->grad, trainable[i]->numel);
-    std::vector<double> sums(trainable.size() * size_t(scratch_doubles_));
-    norm_scratch_.download(sums.data(), sums.size() * sizeof(double));
+    int64_t n = 0;
+    float* grads = device_.gradient_buffer(&n);
+    cuda::sum_of_squares(norm_scratch_.as<double>(), grads, n);
     double total = 0;
-    for (size_t i = 0; i < trainable.size(); ++i) total += sums[i * size_t(scratch_doubles_)];
+    norm_scratch_.download(&total, sizeof(double));
     const double norm = std::sqrt(total);
-    if (std::isfinite(max_norm) && norm > max_norm) {
-      const float factor = float(max_norm / (norm + 1e-6));
-      for (cuda::DeviceParameter* d : trainable) cuda::scale_inplace(d->grad, d->numel, factor);
-    }
+    if (std::isfinite(max_norm) && norm > max_norm) cuda::scale_inplace(grads, n, float(max_norm / (norm + 1e-6)));
     return norm;
   }
 
@@ -165,7 +160,6 @@ class CudaDecoderTrainer final : public CudaTrainer {
   cuda::Decoder device_;
   uint64_t seed_;
   std::map<std::string, model::Parameter*> host_;
-  int64_t scratch_doubles_ = 0;
   cuda::DeviceBuffer norm_scratch_;
   int64_t steps_ = 0;
 };

@@ -30,6 +30,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/device_memory.h"
 #include "model/cuda/decoder.h"
 #include "model/cuda/lora_dropout.h"
 #include "kernels/cpu/nf4.h"
@@ -1020,6 +1021,50 @@ KTUNE_CUDA_TEST(DecoderForwardLossMatchesTheStepAndLeavesGradients) {
     for (auto& [name, g] : grads) CHECK(model.download_grad(name) == g) << what << ": forward_loss changed the gradient of " << name;
     std::printf("     %s: forward_loss %.6f, forward_backward %.6f, CPU %.6f (sums)\n", what, after.loss_sum, step.loss_sum,
                 want);
+  }
+}
+
+// gradient_buffer: every trainable gradient lies inside the one buffer, the rest of it (alignment
+// gaps) is zero after a step, and zero_grad clears all of it — what the recipes' one-call NCCL
+// all-reduce, gradient norm and clipping rely on. LoRA with DoRA (three parameter kinds) and full.
+KTUNE_CUDA_TEST(DecoderGradientBufferHoldsEveryGradientAndZerosBetween) {
+  const cuda::DecoderConfig config = tiny_config(false);
+  for (bool full : {false, true}) {
+    cuda::TrainingSetup setup =
+        family_setup(full, full ? std::initializer_list<int>{} : std::initializer_list<int>{cuda::kQ, cuda::kV, cuda::kDown});
+    setup.use_dora = !full;
+    const char* what = full ? "full" : "lora+dora";
+    cuda::Decoder model(config, setup, 5);
+    randomise(model, 301);
+    std::vector<int32_t> tokens, labels;
+    batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+    model.zero_grad();
+    model.forward_backward(tokens.data(), labels.data(), 0.01f);
+    int64_t n = 0;
+    const float* buffer = model.gradient_buffer(&n);
+    std::vector<float> all(static_cast<size_t>(n));
+    cuda::copy_to_host(all.data(), buffer, all.size() * sizeof(float));
+    std::vector<bool> covered(size_t(n), false);
+    double inside = 0, buffer_sum = 0;
+    for (auto& p : model.parameters()) {
+      if (!p.grad) continue;
+      const int64_t first = p.grad - buffer;
+      CHECK(first >= 0 && first + p.numel <= n) << what << ": " << p.name << " outside the gradient buffer";
+      if (first < 0 || first + p.numel > n) continue;
+      for (int64_t i = 0; i < p.numel; ++i) covered[size_t(first + i)] = true;
+      for (float g : model.download_grad(p.name)) inside += double(g) * g;
+    }
+    int64_t stray = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      buffer_sum += double(all[size_t(i)]) * all[size_t(i)];
+      stray += !covered[size_t(i)] && all[size_t(i)] != 0.0f;
+    }
+    CHECK(stray == 0) << what << ": " << stray << " non-zero floats between the gradients";
+    CHECK(inside > 0 && std::fabs(buffer_sum - inside) <= 1e-9 * inside) << what << ": sum of squares " << buffer_sum
+                                                                          << " over the buffer vs " << inside;
+    model.zero_grad();
+    cuda::copy_to_host(all.data(), buffer, all.size() * sizeof(float));
+    CHECK(all == std::vector<float>(size_t(n), 0.0f)) << what << ": zero_grad left non-zero gradients";
   }
 }
 
