@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/random_bits.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
@@ -139,13 +140,6 @@ const float* as_f32(const Parameter* p, float* scratch) {
   return scratch;
 }
 
-// splitmix64: a fast counter-based generator for initialisation.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 }  // namespace
 

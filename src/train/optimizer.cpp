@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/random_bits.h"
 #include "kernels/cpu/adamw.h"
 
 namespace ktune::train {
@@ -30,13 +31,6 @@ uint64_t unshift_xor(uint64_t y, int s) {
   return x;
 }
 
-// FNV-1a: a name's hash that does not change between builds (resume across versions).
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 cpu::AdamWStep step_of(float lr, const AdamWSettings& settings, int64_t step) {
   cpu::AdamWStep s;
   s.lr = lr;
@@ -50,12 +44,7 @@ cpu::AdamWStep step_of(float lr, const AdamWSettings& settings, int64_t step) {
 
 }  // namespace
 
-uint64_t mix64(uint64_t z) {
-  z += kGolden;
-  z = (z ^ (z >> 30)) * kMul1;
-  z = (z ^ (z >> 27)) * kMul2;
-  return z ^ (z >> 31);
-}
+uint64_t mix64(uint64_t z) { return splitmix64(z); }  // kGolden, kMul1, kMul2 are its constants (unmix64)
 
 uint64_t unmix64(uint64_t z) {
   z = unshift_xor(z, 31);
@@ -67,7 +56,7 @@ uint64_t unmix64(uint64_t z) {
 }
 
 uint64_t bf16_rounding_seed(int64_t step, const std::string& name) {
-  return mix64(fnv1a(name) ^ mix64(uint64_t(step) * kGolden + 0x6b74756e65ull));
+  return mix64(fnv1a64(name) ^ mix64(uint64_t(step) * kGolden + 0x6b74756e65ull));
 }
 
 void adamw_step_bf16_slice(const AdamWBf16Slice& slice, float lr, const AdamWSettings& settings, int64_t step,

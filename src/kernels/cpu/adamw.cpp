@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/random_bits.h"
 
 namespace ktune::cpu {
 namespace {
@@ -42,14 +43,6 @@ Coefficients coefficients(const AdamWStep& s) {
   return c;
 }
 
-// splitmix64: 64 well-mixed bits from a counter.
-inline uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 }  // namespace
 
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s) {
@@ -72,7 +65,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
 void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int64_t n, const AdamWStep& s,
                      uint64_t seed) {
   const Coefficients c = coefficients(s);
-  const uint64_t key = mix64(seed);
+  const uint64_t key = splitmix64(seed);
   parallel_for(n, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) {
@@ -82,7 +75,7 @@ void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int
       mf = mf + (g - mf) * c.one_minus_b1;
       vf = vf * c.b2 + c.one_minus_b2 * g * g;
       p -= c.step_size * mf / (std::sqrt(vf) * c.inv_bc2_sqrt + c.eps);
-      uint64_t bits = mix64(key ^ uint64_t(i));  // 48 bits used: 16 for each tensor
+      uint64_t bits = splitmix64(key ^ uint64_t(i));  // 48 bits used: 16 for each tensor
       param[i] = f32_to_bf16_stochastic(p, uint32_t(bits));
       m[i] = f32_to_bf16_stochastic(mf, uint32_t(bits >> 16));
       v[i] = f32_to_bf16_stochastic(vf, uint32_t(bits >> 32));

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/random_bits.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 
@@ -29,21 +30,6 @@ Coefficients coefficients(const AdamWStep& s) {
   c.inv_bc2_sqrt = float(1.0 / std::sqrt(bc2));
   c.eps = s.eps;
   return c;
-}
-
-// splitmix64, as the CPU op.
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-uint64_t mix64_host(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 // core/dtype.h's f32_to_bf16_stochastic: add 16 random bits below the kept half, truncate.
@@ -81,7 +67,7 @@ __global__ void adamw_bf16_kernel(uint16_t* param, const float* grad, uint16_t* 
   mf = mf + (g - mf) * c.one_minus_b1;
   vf = vf * c.b2 + c.one_minus_b2 * g * g;
   p -= c.step_size * mf / (sqrtf(vf) * c.inv_bc2_sqrt + c.eps);
-  uint64_t bits = mix64(key ^ uint64_t(i));  // 48 bits used: 16 for each tensor
+  uint64_t bits = splitmix64(key ^ uint64_t(i));  // 48 bits used: 16 for each tensor (as the CPU op)
   param[i] = bf16_stochastic(p, uint32_t(bits));
   m[i] = bf16_stochastic(mf, uint32_t(bits >> 16));
   v[i] = bf16_stochastic(vf, uint32_t(bits >> 32));
@@ -151,7 +137,7 @@ void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int
                      uint64_t seed, Stream stream) {
   const Coefficients c = coefficients(s);
   if (n == 0) return;
-  adamw_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(param, grad, m, v, n, c, mix64_host(seed));
+  adamw_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(param, grad, m, v, n, c, splitmix64(seed));
   KTUNE_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/random_bits.h"  // splitmix64, uniform01, fnv1a64: the masks the GPU step draws too
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nf4.h"
@@ -16,28 +17,7 @@ namespace {
 
 constexpr int64_t kRowBlock = 64;  // rows of x (dropout) or of W (DoRA norms) handled at a time
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Uniform in [0, 1) from (seed, i), 24 bits of resolution.
-float uniform01(uint64_t seed, uint64_t i) { return float(splitmix64(seed ^ splitmix64(i)) >> 40) * (1.0f / 16777216.0f); }
-
 std::string suffix_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
-
-// FNV-1a (64-bit) of a module name: a hash with one definition everywhere (std::hash is the
-// library's choice), so that a reference can redraw the dropout masks (tests/train/peft_steps).
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 }  // namespace
 

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/random_bits.h"
 #include "kernels/cuda/activation.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
@@ -64,13 +65,6 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16* y, const float* x, int64_t n) 
   if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // x[i] = bf16(uniform(-bound, bound)) from (key, i); bound == 0 fills with `fill`.
 __global__ void init_kernel(__nv_bfloat16* x, int64_t n, uint64_t key, float bound, float fill) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -79,7 +73,7 @@ __global__ void init_kernel(__nv_bfloat16* x, int64_t n, uint64_t key, float bou
     x[i] = __float2bfloat16_rn(fill);
     return;
   }
-  const uint64_t bits = mix64(key ^ (uint64_t(i) * 0xd1342543de82ef95ull));
+  const uint64_t bits = splitmix64(key ^ (uint64_t(i) * 0xd1342543de82ef95ull));
   const float u = float(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
   x[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * bound);
 }
@@ -92,13 +86,6 @@ void add_inplace(bf16_t* y, const bf16_t* x, int64_t n) {
 void convert_to_bf16(bf16_t* y, const float* x, int64_t n) {
   f32_to_bf16_kernel<<<blocks_for(n, 256), 256>>>(dev(y), x, n);
   KTUNE_CUDA_CHECK_LAUNCH();
-}
-
-uint64_t mix64_host(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 std::string gib(size_t bytes) {
@@ -601,7 +588,7 @@ void Decoder::init_parameters(uint64_t seed) {
     if (is_b[i]) bound = 0.0f, fill = 0.0f;
     // An NF4 base: drawn into the dequantisation scratch, then quantised on the host as an upload.
     bf16_t* target = p.nf4_codes ? s.nf4_weight : p.value;
-    init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(target), p.numel, mix64_host(seed ^ mix64_host(i)), bound,
+    init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(target), p.numel, splitmix64(seed ^ splitmix64(i)), bound,
                                                    fill);
     KTUNE_CUDA_CHECK_LAUNCH();
     if (p.nf4_codes) {
@@ -700,7 +687,7 @@ void Decoder::adamw_step(const cpu::AdamWStep& st, uint64_t seed) {
   for (size_t i = 0; i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
     if (p.grad)
-      cuda::adamw_step_bf16(p.value, p.grad, p.m, p.v, p.numel, st, mix64_host(seed ^ mix64_host(i + 1)), nullptr);
+      cuda::adamw_step_bf16(p.value, p.grad, p.m, p.v, p.numel, st, splitmix64(seed ^ splitmix64(i + 1)), nullptr);
   }
 }
 

@@ -1,9 +1,10 @@
-// LoRA dropout masks on the device (see lora_dropout.h): the CPU LoraAdapter's splitmix64 / FNV-1a
-// functions, written out again in device code.
+// LoRA dropout masks on the device (see lora_dropout.h): the CPU LoraAdapter's functions, from the
+// one host/device definition in core/random_bits.h.
 #include "model/cuda/lora_dropout.h"
 
 #include <cuda_bf16.h>
 
+#include "core/random_bits.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 
@@ -11,28 +12,8 @@ namespace ktune::cuda {
 
 namespace {
 
-__host__ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// LoraAdapter::dropped: uniform01(seed, i) < p, 24 bits of resolution.
-__device__ __forceinline__ bool dropped(uint64_t seed, uint64_t i, float p) {
-  const float u = float(splitmix64(seed ^ splitmix64(i)) >> 40) * (1.0f / 16777216.0f);
-  return u < p;
-}
-
-// FNV-1a (64-bit) of the module name, as the CPU adapter's fnv1a64.
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
+// LoraAdapter::dropped: uniform01(seed, i) < p.
+__device__ __forceinline__ bool dropped(uint64_t seed, uint64_t i, float p) { return uniform01(seed, i) < p; }
 
 __global__ void mask_kernel(uint8_t* keep, int64_t n, uint64_t seed, float p) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;

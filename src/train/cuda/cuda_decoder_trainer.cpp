@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/random_bits.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/device_memory.h"
 #include "model/cuda/decoder.h"
@@ -16,13 +17,6 @@
 namespace ktune::train {
 
 namespace {
-
-// splitmix64's finaliser: the per-step seed of the stochastic rounding from the run's seed.
-uint64_t mix_seed(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 std::vector<float> to_f32_vector(const Tensor& t) {
   const Tensor wide = t.dtype() == DType::F32 ? t : t.to(DType::F32);
@@ -111,7 +105,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
     ++steps_;
     cpu::AdamWStep s{float(lr), float(settings.beta1), float(settings.beta2), float(settings.eps),
                      float(settings.weight_decay), steps_};
-    device_.adamw_step(s, mix_seed(seed_ ^ mix_seed(uint64_t(steps_))));
+    device_.adamw_step(s, splitmix64(seed_ ^ splitmix64(uint64_t(steps_))));  // a seed per step
   }
 
   int64_t optimizer_steps() const override { return steps_; }
