@@ -4,29 +4,15 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/cpu/nf4.h"  // KTUNE_NF4_CODE_VALUES (a plain header)
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 
 namespace ktune::cuda {
 namespace {
 
-// kernels/cpu/nf4.cpp's kNf4Codes (bitsandbytes' NF4 table).
-__constant__ float kCodes[16] = {-1.0f,
-                                 -0.6961928009986877f,
-                                 -0.5250730514526367f,
-                                 -0.39491748809814453f,
-                                 -0.28444138169288635f,
-                                 -0.18477343022823334f,
-                                 -0.09105003625154495f,
-                                 0.0f,
-                                 0.07958029955625534f,
-                                 0.16093020141124725f,
-                                 0.24611230194568634f,
-                                 0.33791524171829224f,
-                                 0.44070982933044434f,
-                                 0.5626170039176941f,
-                                 0.7229568362236023f,
-                                 1.0f};
+// The CPU's kNf4Codes (bitsandbytes' NF4 table), from the same initialiser.
+__constant__ float kCodes[16] = KTUNE_NF4_CODE_VALUES;
 
 template <typename T>
 __global__ void nf4_dequantize_kernel(T* x, const uint8_t* codes, const float* scales, int64_t bytes) {
