@@ -33,7 +33,8 @@
 // It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
 // packed documents (doc_ids), custom positions (always 0..T-1 per row),
 // activation checkpointing, gradient clipping or loading checkpoints (weights are random or
-// uploaded by name). Those live in the CPU Decoder; the recipes do not run on it yet.
+// uploaded by name). The recipes drive it through train/cuda_trainer.h (device=cuda), which loads
+// and saves checkpoints through the CPU engine's host model and clips over gradient_buffer().
 #pragma once
 
 #include <cstdint>
