@@ -1,0 +1,481 @@
+// Host emulation of the CUDA runtime surface that ktune's kernels use, so that the real .cu source
+// (after rewrite.py) compiles as host C++ and runs on the CPU: no GPU and no CUDA toolkit needed.
+//
+// Threads. Each CUDA thread of a block is a ucontext fiber; one runs at a time. The switch points are
+// __syncthreads, __syncwarp, the shuffles and wmma::mma_sync (fake/mma.h) — a thread runs from one to
+// the next without interruption, so code that relies on an ordering no barrier enforces gets a
+// different ordering under another schedule. The scheduler runs the runnable fibers of a block in
+// order, in reverse or shuffled (seeded); by default block i uses schedule i % 3, so every launch
+// sees all three, and KTUNE_EMU_SCHEDULE=order|reverse|shuffle fixes one. A missing barrier shows
+// as wrong results under some schedule; a barrier not reached by every thread is a deadlock, which
+// aborts. Blocks run one after another (a kernel that waits for another block would deadlock here).
+//
+// Checks, each an abort with a message: block size a multiple of 32 and <= 1024, 1-D blocks, 2-D
+// grids within the device's limits, dynamic shared memory <= 48 KiB unless cudaFuncSetAttribute
+// raised that kernel's limit (to <= 227 KiB, sm_90), float4 atomics 16-byte aligned. Shared memory
+// starts as 0xcd garbage, as on the device. fake/mma.h adds wmma's alignment, ldm and bound checks.
+//
+// Memory. "Device" memory is host memory (cudaMalloc: 256-byte aligned, at most 141 GiB, an H200's),
+// copies and memsets are synchronous, streams and events are tokens (event times are host clocks),
+// so nothing here can see a missing stream synchronisation or a host read of device memory.
+//
+// It deliberately does not emulate: timing, occupancy, register pressure or spills, warp divergence,
+// memory coalescing, asynchronous execution, __expf's approximation (it is exp), tensor-core
+// rounding (mma_sync sums in f32, in order), or any CUDA call ktune does not make.
+#pragma once
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <utility>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n)
+
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+};
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+struct CUevent_st;
+using cudaEvent_t = CUevent_st*;
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  int major, minor, multiProcessorCount;
+};
+
+namespace emu {
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "emu: %s\n", what);
+  std::fflush(stdout);
+  std::abort();
+}
+
+constexpr size_t kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory without the attribute
+constexpr size_t kMaxSharedBytes = 227 * 1024;     // sm_90's opt-in maximum per block
+constexpr size_t kDeviceBytes = size_t(141) << 30;  // an H200
+constexpr size_t kStackBytes = 128 * 1024;          // per thread; kernels keep fragments on it
+
+struct Fiber {
+  ucontext_t ctx;
+  jmp_buf jb;
+  bool started = false;
+  bool done = false;
+  int wait = 0;  // 0 none, 1 block barrier, 2 warp barrier
+  uint64_t gen = 0;
+  uint3 tid;
+};
+
+// One block being run: its fibers, barrier generations, shared memory and the exchange slots that
+// shuffles and mma_sync use to pass values between the lanes of a warp.
+struct Block {
+  std::vector<Fiber> fibers;
+  int current = -1;
+  int nthreads = 0;
+  uint64_t block_gen = 0;
+  int block_arrived = 0;
+  std::vector<uint64_t> warp_gen;
+  std::vector<int> warp_arrived;
+  std::vector<float> slots;  // (warps, 32) shuffle slots
+  std::vector<float> mma;    // (warps, 3, 256) mma operand exchange
+  unsigned char* shared = nullptr;
+  size_t shared_bytes = 0;
+  std::map<int, std::unique_ptr<unsigned char[]>> static_shared;  // `__shared__ T x[n]` by declaration id
+  ~Block() { std::free(shared); }
+};
+
+inline Block* g_block = nullptr;
+inline ucontext_t g_sched;
+inline jmp_buf g_sched_jb;
+inline uint3 g_tid, g_bid;
+inline dim3 g_bdim, g_gdim;
+inline std::function<void()> g_body;
+inline std::mt19937 g_rng(7);
+inline cudaError_t g_last_error = cudaSuccess;
+
+inline std::vector<char>& stack_pool(size_t threads) {  // one stack a thread, reused by every block
+  static std::vector<char> pool;
+  if (pool.size() < threads * kStackBytes) pool.resize(threads * kStackBytes);
+  return pool;
+}
+
+// -1: rotate per block (block i runs schedule i % 3); else 0 in order, 1 reverse, 2 shuffled.
+inline int fixed_schedule() {
+  static const int s = [] {
+    const char* e = std::getenv("KTUNE_EMU_SCHEDULE");
+    if (!e || !*e) return -1;
+    if (!std::strcmp(e, "order")) return 0;
+    if (!std::strcmp(e, "reverse")) return 1;
+    if (!std::strcmp(e, "shuffle")) return 2;
+    fail("KTUNE_EMU_SCHEDULE must be order, reverse or shuffle");
+  }();
+  return s;
+}
+
+// Switches without a signal-mask syscall: a fiber is entered once through swapcontext, then resumed
+// and left with _setjmp/_longjmp (swapcontext's sigprocmask made the emulation syscall-bound).
+inline void yield() {
+  if (!_setjmp(g_block->fibers[g_block->current].jb)) _longjmp(g_sched_jb, 1);
+}
+
+inline void block_barrier() {
+  Block& b = *g_block;
+  Fiber& f = b.fibers[b.current];
+  if (++b.block_arrived == b.nthreads) {
+    b.block_arrived = 0;
+    ++b.block_gen;
+    return;
+  }
+  f.wait = 1;
+  f.gen = b.block_gen;
+  yield();
+}
+
+inline void warp_barrier() {
+  Block& b = *g_block;
+  Fiber& f = b.fibers[b.current];
+  const int w = b.current / 32;
+  if (++b.warp_arrived[w] == 32) {
+    b.warp_arrived[w] = 0;
+    ++b.warp_gen[w];
+    return;
+  }
+  f.wait = 2;
+  f.gen = b.warp_gen[w];
+  yield();
+}
+
+inline void trampoline() {
+  g_body();
+  g_block->fibers[g_block->current].done = true;
+  _longjmp(g_sched_jb, 1);
+}
+
+inline void run_block(unsigned bx, unsigned by, unsigned nthreads, size_t shared_bytes, int schedule) {
+  Block b;
+  b.nthreads = int(nthreads);
+  b.fibers.resize(nthreads);
+  b.warp_gen.assign(nthreads / 32, 0);
+  b.warp_arrived.assign(nthreads / 32, 0);
+  b.slots.assign(nthreads, 0.0f);
+  b.mma.assign(size_t(nthreads / 32) * 3 * 256, 0.0f);
+  b.shared_bytes = shared_bytes;
+  b.shared = static_cast<unsigned char*>(std::aligned_alloc(128, (shared_bytes + 127) / 128 * 128 + 128));
+  std::memset(b.shared, 0xcd, shared_bytes);  // garbage, as on the device
+  g_block = &b;
+  g_bid.x = bx, g_bid.y = by;
+  char* stacks = stack_pool(nthreads).data();
+  for (unsigned t = 0; t < nthreads; ++t) {
+    Fiber& f = b.fibers[t];
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = stacks + t * kStackBytes;
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    f.tid.x = t;
+    makecontext(&f.ctx, trampoline, 0);
+  }
+  std::vector<int> order(nthreads);
+  for (unsigned t = 0; t < nthreads; ++t) order[t] = int(t);
+  if (schedule == 1) std::reverse(order.begin(), order.end());
+  for (;;) {
+    if (schedule == 2) std::shuffle(order.begin(), order.end(), g_rng);
+    bool any = false, all_done = true;
+    for (int t : order) {
+      Fiber& f = b.fibers[t];
+      if (f.done) continue;
+      all_done = false;
+      if (f.wait == 1 && f.gen == b.block_gen) continue;
+      if (f.wait == 2 && f.gen == b.warp_gen[t / 32]) continue;
+      f.wait = 0;
+      b.current = t;
+      g_tid = f.tid;
+      if (!_setjmp(g_sched_jb)) {
+        if (!f.started) {
+          f.started = true;
+          swapcontext(&g_sched, &f.ctx);
+        } else {
+          _longjmp(f.jb, 1);
+        }
+      }
+      any = true;
+    }
+    if (all_done) break;
+    if (!any) {
+      std::fprintf(stderr, "emu: deadlock in block (%u, %u): a barrier not reached by every thread\n", bx, by);
+      std::abort();
+    }
+  }
+  g_block = nullptr;
+}
+
+inline unsigned char* shared_memory() { return g_block->shared; }
+inline int lane() { return g_block->current % 32; }
+inline int warp() { return g_block->current / 32; }
+
+// A statically sized `__shared__ T name[..];` (rewrite.py turns it into a reference to this): one
+// object per block and declaration, shared by the block's threads, starting as 0xcd garbage.
+template <typename T>
+T& static_shared(int id) {
+  auto& slot = g_block->static_shared[id];
+  if (!slot) {
+    slot.reset(new unsigned char[sizeof(T) + alignof(T)]);
+    std::memset(slot.get(), 0xcd, sizeof(T) + alignof(T));
+  }
+  void* p = slot.get();
+  size_t space = sizeof(T) + alignof(T);
+  return *reinterpret_cast<T*>(std::align(alignof(T), sizeof(T), p, space));
+}
+
+// Dynamic shared memory limits per kernel, raised by cudaFuncSetAttribute.
+inline std::map<const void*, size_t>& shared_limits() {
+  static std::map<const void*, size_t> limits;
+  return limits;
+}
+template <typename K>
+const void* kernel_key(K kernel) {
+  return reinterpret_cast<const void*>(kernel);
+}
+
+// Host allocations made by cudaMalloc (so cudaFree can refuse what it did not hand out).
+inline std::map<void*, size_t>& allocations() {
+  static std::map<void*, size_t> a;
+  return a;
+}
+
+}  // namespace emu
+
+#define threadIdx (::emu::g_tid)
+#define blockIdx (::emu::g_bid)
+#define blockDim (::emu::g_bdim)
+#define gridDim (::emu::g_gdim)
+
+inline void __syncthreads() { emu::block_barrier(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barrier(); }
+inline float __shfl_xor_sync(unsigned, float v, int mask) {
+  float* s = emu::g_block->slots.data() + emu::warp() * 32;
+  s[emu::lane()] = v;
+  emu::warp_barrier();
+  const float r = s[emu::lane() ^ mask];
+  emu::warp_barrier();
+  return r;
+}
+inline float __shfl_sync(unsigned, float v, int src) {
+  float* s = emu::g_block->slots.data() + emu::warp() * 32;
+  s[emu::lane()] = v;
+  emu::warp_barrier();
+  const float r = s[src & 31];
+  emu::warp_barrier();
+  return r;
+}
+inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+// Atomics: one fiber runs at a time, so a plain read-modify-write is atomic here.
+inline float atomicAdd(float* p, float v) {
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
+inline float4 atomicAdd(float4* p, float4 v) {  // sm_90: 16-byte aligned global memory only
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("float4 atomicAdd on an address not 16-byte aligned");
+  const float4 old = *p;
+  p->x += v.x, p->y += v.y, p->z += v.z, p->w += v.w;
+  return old;
+}
+inline int atomicMin(int32_t* p, int32_t v) {
+  const int old = *p;
+  *p = std::min(old, v);
+  return old;
+}
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// ---- runtime API ----
+inline cudaError_t emu_error(cudaError_t e) {
+  if (e != cudaSuccess) emu::g_last_error = e;
+  return e;
+}
+inline cudaError_t cudaGetLastError() { return std::exchange(emu::g_last_error, cudaSuccess); }
+inline const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+  }
+  return "cudaErrorUnknown";
+}
+inline const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory" : "emulated error";
+}
+inline cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
+  std::snprintf(p->name, sizeof p->name, "host emulator (tests/kernels/cuda/emulator)");
+  p->totalGlobalMem = emu::kDeviceBytes;
+  p->major = 9, p->minor = 0, p->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  size_t used = 0;
+  for (const auto& a : emu::allocations()) used += a.second;
+  *total = emu::kDeviceBytes;
+  *free_bytes = emu::kDeviceBytes - std::min(used, emu::kDeviceBytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = nullptr;
+  if (bytes > emu::kDeviceBytes) return emu_error(cudaErrorMemoryAllocation);
+  void* m = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!m) return emu_error(cudaErrorMemoryAllocation);
+  std::memset(m, 0xcd, bytes);  // cudaMalloc does not clear
+  emu::allocations()[m] = bytes;
+  *p = m;
+  return cudaSuccess;
+}
+template <typename T>
+cudaError_t cudaMalloc(T** p, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+inline cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  if (!emu::allocations().erase(p)) return emu_error(cudaErrorInvalidValue);
+  std::free(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+  std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind k, cudaStream_t = nullptr) {
+  return cudaMemcpy(dst, src, n, k);
+}
+inline cudaError_t cudaMemset(void* p, int v, size_t n) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t = nullptr) { return cudaMemset(p, v, n); }
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  *s = reinterpret_cast<cudaStream_t>(new char);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete reinterpret_cast<char*>(s);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = reinterpret_cast<cudaEvent_t>(new std::chrono::steady_clock::time_point());
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<std::chrono::steady_clock::time_point*>(e);
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr) {
+  *reinterpret_cast<std::chrono::steady_clock::time_point*>(e) = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  auto* a = reinterpret_cast<std::chrono::steady_clock::time_point*>(start);
+  auto* b = reinterpret_cast<std::chrono::steady_clock::time_point*>(end);
+  *ms = std::chrono::duration<float, std::milli>(*b - *a).count();
+  return cudaSuccess;
+}
+
+template <typename K>
+cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute, int bytes) {
+  if (bytes < 0 || size_t(bytes) > emu::kMaxSharedBytes) {
+    std::fprintf(stderr, "emu: cudaFuncSetAttribute: %d bytes of shared memory > 227 KiB (sm_90)\n", bytes);
+    std::abort();
+  }
+  emu::shared_limits()[emu::kernel_key(kernel)] = size_t(bytes);
+  return cudaSuccess;
+}
+
+// A launch as rewrite.py writes it: emu_launch(emu_config(kernel, grid, block, shared, stream), body),
+// body calling the kernel with its arguments, once per thread.
+struct EmuConfig {
+  dim3 grid, block;
+  size_t shared;
+  const void* kernel;
+};
+template <typename K>
+EmuConfig emu_config(K kernel, dim3 grid, dim3 block, size_t shared = 0, cudaStream_t = nullptr) {
+  return EmuConfig{grid, block, shared, emu::kernel_key(kernel)};
+}
+inline void emu_launch(EmuConfig c, std::function<void()> body) {
+  const unsigned threads = c.block.x;
+  if (c.block.y != 1 || c.block.z != 1 || c.grid.z != 1)
+    emu::fail("launch: only 1-D blocks and 2-D grids are emulated (ktune's kernels use no more)");
+  if (threads == 0 || threads > 1024 || threads % 32 != 0)
+    emu::fail("launch: block size must be a multiple of 32 in [32, 1024] (the emulator's warps are whole)");
+  if (c.grid.x == 0 || c.grid.y == 0 || c.grid.y > 65535u) emu::fail("launch: grid.x must be > 0 and grid.y in [1, 65535]");
+  auto limit = emu::shared_limits().find(c.kernel);
+  const size_t max_shared = limit == emu::shared_limits().end() ? emu::kDefaultSharedBytes : limit->second;
+  if (c.shared > max_shared) {
+    std::fprintf(stderr, "emu: launch with %zu bytes of dynamic shared memory > this kernel's limit %zu%s\n", c.shared,
+                 max_shared, limit == emu::shared_limits().end() ? " (no cudaFuncSetAttribute)" : "");
+    std::abort();
+  }
+  emu::g_bdim = c.block;
+  emu::g_gdim = c.grid;
+  emu::g_body = std::move(body);
+  const int fixed = emu::fixed_schedule();
+  uint64_t index = 0;
+  for (unsigned y = 0; y < c.grid.y; ++y)
+    for (unsigned x = 0; x < c.grid.x; ++x, ++index)
+      emu::run_block(x, y, threads, c.shared, fixed >= 0 ? fixed : int(index % 3));
+}

@@ -1,0 +1,80 @@
+"""Turns one of ktune's .cu files into host C++ for the emulator (fake/cuda_runtime.h), changing only
+what C++ cannot express:
+
+  kernel<<<grid, block[, shared[, stream]]>>>(args);
+      -> emu_launch(emu_config(kernel, grid, block[, shared[, stream]]), [&] { kernel(args); });
+  extern __shared__ [__align__(n)] T smem[];
+      -> T* smem = reinterpret_cast<T*>(::emu::shared_memory());
+  __shared__ T name[dims];                      (a statically sized array, at block scope)
+      -> auto& name = ::emu::static_shared<T[dims]>(id);
+
+Everything else (kernels, index arithmetic, host code) is compiled as written. The output starts with
+a #line naming the real source and keeps every line where it was, so compiler errors, __FILE__ and
+__LINE__ point into src/. It fails (exit 1) when a `<<<` or a `__shared__` is left that it did not
+understand, so a new construct in a kernel cannot slip past the emulator unrewritten.
+It deliberately does not parse C++: the three patterns are regular expressions over the text.
+
+usage: python3 rewrite.py SOURCE.cu OUTPUT.cpp
+"""
+import re
+import sys
+
+
+def strip_comments(text):
+    """The text with // and /* */ comments blanked (to look for leftovers in code only)."""
+    text = re.sub(r"/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group(0)), text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def same_lines(replacement, original):
+    """replacement followed by as many newlines as original spans, so later lines keep their numbers."""
+    return replacement + "\n" * original.count("\n")
+
+
+def rewrite(src):
+    counts = {"launch": 0, "extern_shared": 0, "static_shared": 0}
+
+    def extern_shared(m):
+        counts["extern_shared"] += 1
+        t = m.group(1)
+        return f"{t}* smem = reinterpret_cast<{t}*>(::emu::shared_memory());"
+
+    src = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?(unsigned char|float) smem\[\];", extern_shared, src)
+
+    def static_shared(m):
+        counts["static_shared"] += 1
+        t, name, dims = m.group(1), m.group(2), m.group(3)
+        return f"auto& {name} = ::emu::static_shared<{t}{dims}>({counts['static_shared']});"
+
+    src = re.sub(r"__shared__ ((?:unsigned )?\w+) (\w+)((?:\[[^\]\n]+\])+);", static_shared, src)
+
+    def launch(m):
+        counts["launch"] += 1
+        kernel, config, args = m.group(1), m.group(2), m.group(3)
+        text = f"emu_launch(emu_config({kernel}, {config}), [&] {{ {kernel}({args}); }});"
+        return same_lines(re.sub(r"\s*\n\s*", " ", text), m.group(0))
+
+    src = re.sub(r"([\w:]+(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);", launch, src, flags=re.S)
+
+    code = strip_comments(src)
+    leftovers = [w for w in ("<<<", "__shared__") if w in code]
+    return src, counts, leftovers
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    source, output = sys.argv[1], sys.argv[2]
+    with open(source) as f:
+        src = f.read()
+    out, counts, leftovers = rewrite(src)
+    if leftovers:
+        sys.exit(f"rewrite.py: {source}: {', '.join(leftovers)} left that the emulator cannot rewrite")
+    with open(output, "w") as f:
+        f.write(f'#line 1 "{source}"\n' + out)
+    print(f"rewrite.py: {source}: {counts['launch']} launches, {counts['extern_shared']} dynamic and "
+          f"{counts['static_shared']} static shared arrays")
+
+
+if __name__ == "__main__":
+    main()
