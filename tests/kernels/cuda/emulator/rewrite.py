@@ -3,6 +3,8 @@ what C++ cannot express:
 
   kernel<<<grid, block[, shared[, stream]]>>>(args);
       -> emu_launch(emu_config(kernel, grid, block[, shared[, stream]]), [&] { kernel(args); });
+     (a template kernel launched with deduced arguments has no address to name: `nullptr` stands for
+     it, and the emulator holds that launch to the default 48 KiB of dynamic shared memory)
   extern __shared__ [__align__(n)] T smem[];
       -> T* smem = reinterpret_cast<T*>(::emu::shared_memory());
   __shared__ T name[dims];                      (a statically sized array, at block scope)
@@ -31,6 +33,16 @@ def same_lines(replacement, original):
     return replacement + "\n" * original.count("\n")
 
 
+def top_level_count(params):
+    """The number of comma-separated items in a template parameter/argument list (0 when empty)."""
+    depth, items = 0, 1 if params.strip() else 0
+    for c in params:
+        depth += c in "<(["
+        depth -= c in ">)]"
+        items += c == "," and depth == 0
+    return items
+
+
 def rewrite(src):
     counts = {"launch": 0, "extern_shared": 0, "static_shared": 0}
 
@@ -48,10 +60,21 @@ def rewrite(src):
 
     src = re.sub(r"__shared__ ((?:unsigned )?\w+) (\w+)((?:\[[^\]\n]+\])+);", static_shared, src)
 
+    # Template kernels and how many template parameters each has: a launch that names fewer (the rest
+    # deduced from the arguments) cannot take the kernel's address.
+    template_kernels = {}
+    for m in re.finditer(r"template\s*<([^;{]*?)>\s*((?:__global__|__launch_bounds__\([^)]*\)|static|inline|\s)+)"
+                         r"void\s+(\w+)\s*\(", strip_comments(src)):
+        if "__global__" in m.group(2):
+            template_kernels[m.group(3)] = top_level_count(m.group(1))
+
     def launch(m):
         counts["launch"] += 1
         kernel, config, args = m.group(1), m.group(2), m.group(3)
-        text = f"emu_launch(emu_config({kernel}, {config}), [&] {{ {kernel}({args}); }});"
+        name, _, given = kernel.partition("<")
+        needed = template_kernels.get(name.split("::")[-1], 0)
+        key = kernel if top_level_count(given.rpartition(">")[0]) >= needed else "nullptr"
+        text = f"emu_launch(emu_config({key}, {config}), [&] {{ {kernel}({args}); }});"
         return same_lines(re.sub(r"\s*\n\s*", " ", text), m.group(0))
 
     src = re.sub(r"([\w:]+(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);", launch, src, flags=re.S)

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -274,6 +275,7 @@ template <typename K>
 const void* kernel_key(K kernel) {
   return reinterpret_cast<const void*>(kernel);
 }
+inline const void* kernel_key(std::nullptr_t) { return nullptr; }  // a deduced template kernel (rewrite.py)
 
 // Host allocations made by cudaMalloc (so cudaFree can refuse what it did not hand out).
 inline std::map<void*, size_t>& allocations() {
@@ -467,7 +469,7 @@ inline void emu_launch(EmuConfig c, std::function<void()> body) {
   const size_t max_shared = limit == emu::shared_limits().end() ? emu::kDefaultSharedBytes : limit->second;
   if (c.shared > max_shared) {
     std::fprintf(stderr, "emu: launch with %zu bytes of dynamic shared memory > this kernel's limit %zu%s\n", c.shared,
-                 max_shared, limit == emu::shared_limits().end() ? " (no cudaFuncSetAttribute)" : "");
+                 max_shared, limit == emu::shared_limits().end() ? " (no cudaFuncSetAttribute, or a template kernel launched with deduced arguments)" : "");
     std::abort();
   }
   emu::g_bdim = c.block;
