@@ -5,26 +5,34 @@
 // __syncthreads, __syncwarp, the shuffles and wmma::mma_sync (fake/mma.h) — a thread runs from one to
 // the next without interruption, so code that relies on an ordering no barrier enforces gets a
 // different ordering under another schedule. The scheduler runs the runnable fibers of a block in
-// order, in reverse or shuffled (seeded); by default block i uses schedule i % 3, so every launch
-// sees all three, and KTUNE_EMU_SCHEDULE=order|reverse|shuffle fixes one. A missing barrier shows
+// order, in reverse or shuffled (seeded); by default block i of the n-th launch uses schedule
+// (i + n) % 3, so every launch sees all three and a block index sees each over successive launches
+// of a test; KTUNE_EMU_SCHEDULE=order|reverse|shuffle fixes one. A missing barrier shows
 // as wrong results under some schedule; a barrier not reached by every thread is a deadlock, which
 // aborts. Blocks run one after another (a kernel that waits for another block would deadlock here).
 //
 // Checks, each an abort with a message: block size a multiple of 32 and <= 1024, 1-D blocks, 2-D
 // grids within the device's limits, dynamic shared memory <= 48 KiB unless cudaFuncSetAttribute
-// raised that kernel's limit (to <= 227 KiB, sm_90), float4 atomics 16-byte aligned. Shared memory
-// starts as 0xcd garbage, as on the device. fake/mma.h adds wmma's alignment, ldm and bound checks.
+// raised that kernel's limit (to <= 227 KiB, sm_90), float4 atomics 16-byte aligned.
+// fake/mma.h adds wmma's alignment, ldm and bound checks.
 //
 // Memory. "Device" memory is host memory (cudaMalloc: 256-byte aligned, at most 141 GiB, an H200's),
 // copies and memsets are synchronous, streams and events are tokens (event times are host clocks),
 // so nothing here can see a missing stream synchronisation or a host read of device memory.
+// cudaMalloc'd buffers and each launch's dynamic shared memory end where an inaccessible page begins
+// (past the 256- / 128-byte alignment slack), so reading or writing beyond them crashes the test, and
+// cudaFree checks that the slack was not written. Fresh device and shared memory hold all-ones bytes
+// (NaN as f32 and as bf16), so a result computed from memory nobody wrote shows as NaN.
+// Fiber stacks are separated by inaccessible pages too (an overflow crashes, never corrupts).
 //
 // It deliberately does not emulate: timing, occupancy, register pressure or spills, warp divergence,
 // memory coalescing, asynchronous execution, __expf's approximation (it is exp), tensor-core
 // rounding (mma_sync sums in f32, in order), or any CUDA call ktune does not make.
 #pragma once
 #include <setjmp.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -118,10 +126,9 @@ struct Block {
   std::vector<int> warp_arrived;
   std::vector<float> slots;  // (warps, 32) shuffle slots
   std::vector<float> mma;    // (warps, 3, 256) mma operand exchange
-  unsigned char* shared = nullptr;
+  unsigned char* shared = nullptr;  // the launch's guarded dynamic shared memory, refilled per block
   size_t shared_bytes = 0;
   std::map<int, std::unique_ptr<unsigned char[]>> static_shared;  // `__shared__ T x[n]` by declaration id
-  ~Block() { std::free(shared); }
 };
 
 inline Block* g_block = nullptr;
@@ -132,14 +139,66 @@ inline dim3 g_bdim, g_gdim;
 inline std::function<void()> g_body;
 inline std::mt19937 g_rng(7);
 inline cudaError_t g_last_error = cudaSuccess;
+inline uint64_t g_launches = 0;
 
-inline std::vector<char>& stack_pool(size_t threads) {  // one stack a thread, reused by every block
-  static std::vector<char> pool;
-  if (pool.size() < threads * kStackBytes) pool.resize(threads * kStackBytes);
-  return pool;
+constexpr unsigned char kGarbage = 0xff;  // fresh device / shared memory: NaN in f32 and bf16
+
+inline size_t page_bytes() {
+  static const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  return page;
+}
+inline size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// `bytes` (rounded up to `align`) that end where an inaccessible page begins, filled with kGarbage.
+struct GuardedBytes {
+  unsigned char* data = nullptr;
+  size_t bytes = 0, body = 0;
+  void* map = nullptr;
+  size_t map_bytes = 0;
+};
+inline bool allocate_guarded(GuardedBytes& g, size_t bytes, size_t align) {
+  const size_t page = page_bytes();
+  g.bytes = bytes;
+  g.body = round_up(std::max<size_t>(bytes, 1), align);
+  g.map_bytes = round_up(g.body, page) + page;
+  g.map = mmap(nullptr, g.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (g.map == MAP_FAILED) return false;
+  unsigned char* guard = static_cast<unsigned char*>(g.map) + g.map_bytes - page;
+  mprotect(guard, page, PROT_NONE);
+  g.data = guard - g.body;
+  std::memset(g.data, kGarbage, g.body);
+  return true;
+}
+// Whether the alignment slack past `bytes` still holds kGarbage (nothing wrote past the end).
+inline bool slack_untouched(const GuardedBytes& g) {
+  for (size_t i = g.bytes; i < g.body; ++i)
+    if (g.data[i] != kGarbage) return false;
+  return true;
+}
+inline void release_guarded(GuardedBytes& g) {
+  if (g.map) munmap(g.map, g.map_bytes);
+  g = GuardedBytes{};
 }
 
-// -1: rotate per block (block i runs schedule i % 3); else 0 in order, 1 reverse, 2 shuffled.
+// One stack a thread, reused by every block, each with an inaccessible page below it (stacks grow
+// down: an overflow faults instead of running into the next thread's stack).
+inline char* stack_pool(size_t threads) {
+  static char* pool = nullptr;
+  static size_t capacity = 0;
+  if (capacity < threads) {
+    const size_t stride = kStackBytes + page_bytes();
+    void* m = mmap(nullptr, threads * stride, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) fail("cannot map the fiber stacks");
+    for (size_t t = 0; t < threads; ++t) mprotect(static_cast<char*>(m) + t * stride, page_bytes(), PROT_NONE);
+    if (pool) munmap(pool, capacity * stride);
+    pool = static_cast<char*>(m);
+    capacity = threads;
+  }
+  return pool;
+}
+inline char* stack_of(char* pool, unsigned thread) { return pool + thread * (kStackBytes + page_bytes()) + page_bytes(); }
+
+// -1: rotate (block i of launch n runs schedule (i + n) % 3); else 0 in order, 1 reverse, 2 shuffled.
 inline int fixed_schedule() {
   static const int s = [] {
     const char* e = std::getenv("KTUNE_EMU_SCHEDULE");
@@ -191,7 +250,7 @@ inline void trampoline() {
   _longjmp(g_sched_jb, 1);
 }
 
-inline void run_block(unsigned bx, unsigned by, unsigned nthreads, size_t shared_bytes, int schedule) {
+inline void run_block(unsigned bx, unsigned by, unsigned nthreads, GuardedBytes& shared, int schedule) {
   Block b;
   b.nthreads = int(nthreads);
   b.fibers.resize(nthreads);
@@ -199,16 +258,16 @@ inline void run_block(unsigned bx, unsigned by, unsigned nthreads, size_t shared
   b.warp_arrived.assign(nthreads / 32, 0);
   b.slots.assign(nthreads, 0.0f);
   b.mma.assign(size_t(nthreads / 32) * 3 * 256, 0.0f);
-  b.shared_bytes = shared_bytes;
-  b.shared = static_cast<unsigned char*>(std::aligned_alloc(128, (shared_bytes + 127) / 128 * 128 + 128));
-  std::memset(b.shared, 0xcd, shared_bytes);  // garbage, as on the device
+  b.shared_bytes = shared.bytes;
+  b.shared = shared.data;
+  std::memset(b.shared, kGarbage, shared.body);  // what the previous block left is not this one's
   g_block = &b;
   g_bid.x = bx, g_bid.y = by;
-  char* stacks = stack_pool(nthreads).data();
+  char* stacks = stack_pool(nthreads);
   for (unsigned t = 0; t < nthreads; ++t) {
     Fiber& f = b.fibers[t];
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = stacks + t * kStackBytes;
+    f.ctx.uc_stack.ss_sp = stack_of(stacks, t);
     f.ctx.uc_stack.ss_size = kStackBytes;
     f.ctx.uc_link = nullptr;
     f.tid.x = t;
@@ -245,6 +304,10 @@ inline void run_block(unsigned bx, unsigned by, unsigned nthreads, size_t shared
       std::abort();
     }
   }
+  if (!slack_untouched(shared)) {
+    std::fprintf(stderr, "emu: block (%u, %u) wrote past its %zu bytes of dynamic shared memory\n", bx, by, shared.bytes);
+    std::abort();
+  }
   g_block = nullptr;
 }
 
@@ -253,13 +316,13 @@ inline int lane() { return g_block->current % 32; }
 inline int warp() { return g_block->current / 32; }
 
 // A statically sized `__shared__ T name[..];` (rewrite.py turns it into a reference to this): one
-// object per block and declaration, shared by the block's threads, starting as 0xcd garbage.
+// object per block and declaration, shared by the block's threads, starting as kGarbage.
 template <typename T>
 T& static_shared(int id) {
   auto& slot = g_block->static_shared[id];
   if (!slot) {
     slot.reset(new unsigned char[sizeof(T) + alignof(T)]);
-    std::memset(slot.get(), 0xcd, sizeof(T) + alignof(T));
+    std::memset(slot.get(), kGarbage, sizeof(T) + alignof(T));
   }
   void* p = slot.get();
   size_t space = sizeof(T) + alignof(T);
@@ -278,8 +341,8 @@ const void* kernel_key(K kernel) {
 inline const void* kernel_key(std::nullptr_t) { return nullptr; }  // a deduced template kernel (rewrite.py)
 
 // Host allocations made by cudaMalloc (so cudaFree can refuse what it did not hand out).
-inline std::map<void*, size_t>& allocations() {
-  static std::map<void*, size_t> a;
+inline std::map<void*, GuardedBytes>& allocations() {
+  static std::map<void*, GuardedBytes> a;
   return a;
 }
 
@@ -370,7 +433,7 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
 }
 inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   size_t used = 0;
-  for (const auto& a : emu::allocations()) used += a.second;
+  for (const auto& a : emu::allocations()) used += a.second.bytes;
   *total = emu::kDeviceBytes;
   *free_bytes = emu::kDeviceBytes - std::min(used, emu::kDeviceBytes);
   return cudaSuccess;
@@ -378,11 +441,10 @@ inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = nullptr;
   if (bytes > emu::kDeviceBytes) return emu_error(cudaErrorMemoryAllocation);
-  void* m = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-  if (!m) return emu_error(cudaErrorMemoryAllocation);
-  std::memset(m, 0xcd, bytes);  // cudaMalloc does not clear
-  emu::allocations()[m] = bytes;
-  *p = m;
+  emu::GuardedBytes g;
+  if (!emu::allocate_guarded(g, bytes, 256)) return emu_error(cudaErrorMemoryAllocation);  // not cleared, as on the device
+  emu::allocations()[g.data] = g;
+  *p = g.data;
   return cudaSuccess;
 }
 template <typename T>
@@ -391,8 +453,14 @@ cudaError_t cudaMalloc(T** p, size_t bytes) {
 }
 inline cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
-  if (!emu::allocations().erase(p)) return emu_error(cudaErrorInvalidValue);
-  std::free(p);
+  auto a = emu::allocations().find(p);
+  if (a == emu::allocations().end()) return emu_error(cudaErrorInvalidValue);
+  if (!emu::slack_untouched(a->second)) {
+    std::fprintf(stderr, "emu: something wrote past the end of a %zu-byte cudaMalloc buffer\n", a->second.bytes);
+    std::abort();
+  }
+  emu::release_guarded(a->second);
+  emu::allocations().erase(a);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
@@ -476,8 +544,11 @@ inline void emu_launch(EmuConfig c, std::function<void()> body) {
   emu::g_gdim = c.grid;
   emu::g_body = std::move(body);
   const int fixed = emu::fixed_schedule();
-  uint64_t index = 0;
+  emu::GuardedBytes shared;
+  if (!emu::allocate_guarded(shared, c.shared, 128)) emu::fail("cannot map a block's shared memory");
+  uint64_t index = emu::g_launches++;
   for (unsigned y = 0; y < c.grid.y; ++y)
     for (unsigned x = 0; x < c.grid.x; ++x, ++index)
-      emu::run_block(x, y, threads, c.shared, fixed >= 0 ? fixed : int(index % 3));
+      emu::run_block(x, y, threads, shared, fixed >= 0 ? fixed : int(index % 3));
+  emu::release_guarded(shared);
 }
