@@ -1,0 +1,156 @@
+// The emulator's own checks, so that what it is trusted to catch stays caught: a kernel missing a
+// barrier gives a wrong result under some schedule while the same kernel with it is right under all
+// three; shuffles and wmma compute what CUDA documents; reading a wmma fragment's elements as if
+// their lane layout were known is wrong here; fresh device memory reads as NaN; cudaMalloc and
+// cudaFree fail as the runtime does; and (in a child process each) a launch over its shared-memory
+// limit, a read past a cudaMalloc buffer and a barrier that not every thread reaches all end the run.
+// Kernels here call emu_launch directly (rewrite.py's output form), since this file is no .cu.
+// It deliberately checks no ktune kernel: those are the GPU tests run on the emulator.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+
+#include "cuda_runtime.h"
+#include "mma.h"
+
+namespace {
+
+int g_wrong = 0;
+void expect(bool ok, const char* what) {
+  std::printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+  if (!ok) ++g_wrong;
+}
+
+// out[0] = sum of 0..255, block-wide through shared memory; with_barrier false drops the barrier
+// between the writes and the reads.
+void block_sum_kernel(int* out, bool with_barrier) {
+  int* s = reinterpret_cast<int*>(::emu::shared_memory());
+  s[threadIdx.x] = int(threadIdx.x);
+  if (with_barrier) __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (unsigned i = 0; i < blockDim.x; ++i) total += s[i];
+    *out = total;
+  }
+}
+
+int block_sum(bool with_barrier) {
+  int out = -1;
+  emu_launch(emu_config(block_sum_kernel, 1, 256, 256 * sizeof(int)), [&] { block_sum_kernel(&out, with_barrier); });
+  return out;
+}
+
+void shuffle_kernel(float* out) {
+  float v = float(threadIdx.x);
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  out[threadIdx.x] = v + __shfl_sync(0xffffffffu, float(threadIdx.x), 3) * 0.0f;
+}
+
+// C (16 x 16) = A B with A(m, k) = m + k, B(k, n) = k - n, from shared memory; `peek` instead writes
+// C by reading the accumulator's elements as if lane l held row-major elements 8l .. 8l + 7.
+void wmma_kernel(float* c, bool peek) {
+  namespace wmma = nvcuda::wmma;
+  auto* a = reinterpret_cast<__nv_bfloat16*>(::emu::shared_memory());
+  __nv_bfloat16* b = a + 256;
+  for (int i = threadIdx.x; i < 256; i += 32) {
+    a[i] = __float2bfloat16_rn(float(i / 16 + i % 16));
+    b[i] = __float2bfloat16_rn(float(i / 16 - i % 16));
+  }
+  __syncwarp();
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+  wmma::fill_fragment(acc, 0.0f);
+  wmma::load_matrix_sync(fa, a, 16);
+  wmma::load_matrix_sync(fb, b, 16);
+  wmma::mma_sync(acc, fa, fb, acc);
+  if (!peek) {
+    wmma::store_matrix_sync(c, acc, 16, wmma::mem_row_major);
+  } else {
+    for (int e = 0; e < 8; ++e) c[threadIdx.x * 8 + e] = acc.x[e];
+  }
+}
+
+bool wmma_matches(bool peek) {
+  alignas(32) float c[256];
+  emu_launch(emu_config(wmma_kernel, 1, 32, 512 * sizeof(__nv_bfloat16)), [&] { wmma_kernel(c, peek); });
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 16; ++n) {
+      float want = 0;
+      for (int k = 0; k < 16; ++k) want += float(m + k) * float(k - n);
+      if (c[m * 16 + n] != want) return false;
+    }
+  return true;
+}
+
+void read_past_kernel(const float* x, float* out) { out[threadIdx.x] = x[threadIdx.x + 64]; }
+void half_barrier_kernel() {
+  if (threadIdx.x < 32) __syncthreads();
+}
+
+// fn run in a child process: its exit status, or -1 when it ended abnormally (abort or a fault).
+int in_child(const std::function<void()>& fn) {
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::freopen("/dev/null", "w", stderr);
+    fn();
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+bool dies(const std::function<void()>& fn) { return in_child(fn) == -1; }
+
+}  // namespace
+
+int main() {
+  bool all_right = true, any_wrong = false;
+  for (const char* schedule : {"order", "reverse", "shuffle"}) {
+    setenv("KTUNE_EMU_SCHEDULE", schedule, 1);  // read once per process: each schedule in a child
+    all_right &= in_child([] { _exit(block_sum(true) == 255 * 256 / 2 ? 0 : 1); }) == 0;
+    any_wrong |= in_child([] { _exit(block_sum(false) == 255 * 256 / 2 ? 0 : 1); }) == 1;
+  }
+  unsetenv("KTUNE_EMU_SCHEDULE");
+  expect(all_right, "a block sum with its barrier is right under every schedule");
+  expect(any_wrong, "the block sum without its barrier is wrong under some schedule");
+
+  float sums[64];
+  emu_launch(emu_config(shuffle_kernel, 1, 64), [&] { shuffle_kernel(sums); });
+  expect(sums[0] == 496.0f && sums[31] == 496.0f && sums[32] == 1520.0f, "__shfl_xor_sync sums each warp");
+
+  expect(wmma_matches(false), "wmma load / mma_sync / store computes A B");
+  expect(!wmma_matches(true), "reading accumulator elements by an assumed lane layout is wrong");
+
+  float* d = nullptr;
+  expect(cudaMalloc(&d, 64 * sizeof(float)) == cudaSuccess && std::isnan(d[0]) && std::isnan(d[63]),
+         "fresh device memory reads as NaN");
+  void* huge = nullptr;
+  expect(cudaMalloc(&huge, size_t(1) << 52) == cudaErrorMemoryAllocation && huge == nullptr &&
+             cudaGetLastError() == cudaErrorMemoryAllocation && cudaGetLastError() == cudaSuccess,
+         "an allocation past the device's memory fails, once, as cudaErrorMemoryAllocation");
+  float host = 0;
+  expect(cudaFree(&host) == cudaErrorInvalidValue && cudaGetLastError() == cudaErrorInvalidValue,
+         "cudaFree of memory cudaMalloc did not hand out fails");
+
+  expect(dies([] { emu_launch(emu_config(block_sum_kernel, 1, 32, 49 * 1024), [] {}); }),
+         "a launch with 49 KiB of dynamic shared memory and no cudaFuncSetAttribute aborts");
+  expect(!dies([] {
+    cudaFuncSetAttribute(block_sum_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024);
+    emu_launch(emu_config(block_sum_kernel, 1, 32, 100 * 1024), [] {});
+  }), "the same launch after cudaFuncSetAttribute runs");
+  expect(dies([d] {
+    float out[32];
+    emu_launch(emu_config(read_past_kernel, 1, 32), [&] { read_past_kernel(d, out); });
+  }), "a read past the end of a cudaMalloc buffer faults");
+  expect(dies([] { emu_launch(emu_config(half_barrier_kernel, 1, 64), [] { half_barrier_kernel(); }); }),
+         "a __syncthreads that half the block skips is a deadlock, which aborts");
+  expect(cudaFree(d) == cudaSuccess, "cudaFree of a cudaMalloc buffer");
+
+  std::printf("%s CUDA emulator self-test (%d wrong)\n", g_wrong == 0 ? "PASS" : "FAIL", g_wrong);
+  return g_wrong == 0 ? 0 : 1;
+}
