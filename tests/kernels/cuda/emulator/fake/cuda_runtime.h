@@ -402,8 +402,15 @@ inline int atomicMin(int32_t* p, int32_t v) {
   *p = std::min(old, v);
   return old;
 }
+// CUDA's device min/max overloads (an integer-only pair would truncate a float argument silently).
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
 
 // ---- runtime API ----
 inline cudaError_t emu_error(cudaError_t e) {
