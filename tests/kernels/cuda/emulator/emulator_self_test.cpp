@@ -3,7 +3,8 @@
 // three; shuffles and wmma compute what CUDA documents; reading a wmma fragment's elements as if
 // their lane layout were known is wrong here; fresh device memory reads as NaN; cudaMalloc and
 // cudaFree fail as the runtime does; and (in a child process each) a launch over its shared-memory
-// limit, a read past a cudaMalloc buffer and a barrier that not every thread reaches all end the run.
+// limit or its __launch_bounds__, a read past a cudaMalloc buffer and a barrier that not every thread
+// reaches all end the run.
 // Kernels here call emu_launch directly (rewrite.py's output form), since this file is no .cu.
 // It deliberately checks no ktune kernel: those are the GPU tests run on the emulator.
 #include <sys/wait.h>
@@ -87,6 +88,7 @@ bool wmma_matches(bool peek) {
 }
 
 void read_past_kernel(const float* x, float* out) { out[threadIdx.x] = x[threadIdx.x + 64]; }
+void bounded_kernel() { ::emu::check_launch_bounds(32); }  // __launch_bounds__(32), as rewrite.py writes it
 void half_barrier_kernel() {
   if (threadIdx.x < 32) __syncthreads();
 }
@@ -149,6 +151,9 @@ int main() {
   }), "a read past the end of a cudaMalloc buffer faults");
   expect(dies([] { emu_launch(emu_config(half_barrier_kernel, 1, 64), [] { half_barrier_kernel(); }); }),
          "a __syncthreads that half the block skips is a deadlock, which aborts");
+  expect(!dies([] { emu_launch(emu_config(bounded_kernel, 1, 32), [] { bounded_kernel(); }); }) &&
+             dies([] { emu_launch(emu_config(bounded_kernel, 1, 64), [] { bounded_kernel(); }); }),
+         "a block larger than the kernel's __launch_bounds__ aborts");
   expect(cudaFree(d) == cudaSuccess, "cudaFree of a cudaMalloc buffer");
 
   std::printf("%s CUDA emulator self-test (%d wrong)\n", g_wrong == 0 ? "PASS" : "FAIL", g_wrong);

@@ -9,6 +9,10 @@ what C++ cannot express:
       -> T* smem = reinterpret_cast<T*>(::emu::shared_memory());
   __shared__ T name[dims];                      (a statically sized array, at block scope)
       -> auto& name = ::emu::static_shared<T[dims]>(id);
+  __global__ void __launch_bounds__(threads[, blocks]) kernel(params) {
+      -> __global__ void kernel(params) { ::emu::check_launch_bounds(threads);
+     (a launch with more threads a block than the bound fails on the device; `blocks`, a register
+     budget, has no meaning here)
 
 Everything else (kernels, index arithmetic, host code) is compiled as written. The output starts with
 a #line naming the real source and keeps every line where it was, so compiler errors, __FILE__ and
@@ -44,7 +48,13 @@ def top_level_count(params):
 
 
 def rewrite(src):
-    counts = {"launch": 0, "extern_shared": 0, "static_shared": 0}
+    counts = {"launch": 0, "extern_shared": 0, "static_shared": 0, "launch_bounds": 0}
+
+    def launch_bounds(m):
+        counts["launch_bounds"] += 1
+        return f"{m.group(2)}{{ ::emu::check_launch_bounds({m.group(1).strip()});"
+
+    src = re.sub(r"__launch_bounds__\(([^,()]+)(?:,[^()]*)?\)(\s*\w+\s*\([^{;]*\)\s*)\{", launch_bounds, src)
 
     def extern_shared(m):
         counts["extern_shared"] += 1
@@ -80,7 +90,7 @@ def rewrite(src):
     src = re.sub(r"([\w:]+(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);", launch, src, flags=re.S)
 
     code = strip_comments(src)
-    leftovers = [w for w in ("<<<", "__shared__") if w in code]
+    leftovers = [w for w in ("<<<", "__shared__", "__launch_bounds__") if w in code]
     return src, counts, leftovers
 
 
@@ -96,7 +106,7 @@ def main():
     with open(output, "w") as f:
         f.write(f'#line 1 "{source}"\n' + out)
     print(f"rewrite.py: {source}: {counts['launch']} launches, {counts['extern_shared']} dynamic and "
-          f"{counts['static_shared']} static shared arrays")
+          f"{counts['static_shared']} static shared arrays, {counts['launch_bounds']} launch bounds")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
 //
 // Checks, each an abort with a message: block size a multiple of 32 and <= 1024, 1-D blocks, 2-D
 // grids within the device's limits, dynamic shared memory <= 48 KiB unless cudaFuncSetAttribute
-// raised that kernel's limit (to <= 227 KiB, sm_90), float4 atomics 16-byte aligned.
+// raised that kernel's limit (to <= 227 KiB, sm_90), blocks within the kernel's __launch_bounds__,
+// float4 atomics 16-byte aligned.
 // fake/mma.h adds wmma's alignment, ldm and bound checks.
 //
 // Memory. "Device" memory is host memory (cudaMalloc: 256-byte aligned, at most 141 GiB, an H200's),
@@ -314,6 +315,13 @@ inline void run_block(unsigned bx, unsigned by, unsigned nthreads, GuardedBytes&
 }
 
 inline unsigned char* shared_memory() { return g_block->shared; }
+// A kernel's __launch_bounds__(threads) (rewrite.py calls this first thing in its body).
+inline void check_launch_bounds(int threads) {
+  if (int(g_bdim.x) > threads) {
+    std::fprintf(stderr, "emu: launch with %u threads a block > the kernel's __launch_bounds__(%d)\n", g_bdim.x, threads);
+    std::abort();
+  }
+}
 inline int lane() { return g_block->current % 32; }
 inline int warp() { return g_block->current / 32; }
 
