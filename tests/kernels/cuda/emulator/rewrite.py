@@ -68,7 +68,7 @@ def rewrite(src):
         t, name, dims = m.group(1), m.group(2), m.group(3)
         return f"auto& {name} = ::emu::static_shared<{t}{dims}>({counts['static_shared']});"
 
-    src = re.sub(r"__shared__ ((?:unsigned )?\w+) (\w+)((?:\[[^\]\n]+\])+);", static_shared, src)
+    src = re.sub(r"__shared__ ((?:unsigned |signed |long |short )*\w+) (\w+)((?:\[[^\]\n]+\])+);", static_shared, src)
 
     # Template kernels and how many template parameters each has: a launch that names fewer (the rest
     # deduced from the arguments) cannot take the kernel's address.

@@ -27,7 +27,7 @@
 // Fiber stacks are separated by inaccessible pages too (an overflow crashes, never corrupts).
 //
 // It deliberately does not emulate: timing, occupancy, register pressure or spills, warp divergence,
-// memory coalescing, asynchronous execution, __expf's approximation (it is exp), tensor-core
+// memory coalescing, asynchronous execution, __expf's and __logf's approximations (exact here), tensor-core
 // rounding (mma_sync sums in f32, in order), or any CUDA call ktune does not make. Nor can it see a
 // race inside a statement: threads switch only at the switch points, so two threads' unsynchronised
 // `x += v` never loses an update here, and blocks never overlap.
@@ -382,6 +382,7 @@ inline float __shfl_sync(unsigned, float v, int src) {
   return r;
 }
 inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __uint_as_float(unsigned u) {
   float f;
