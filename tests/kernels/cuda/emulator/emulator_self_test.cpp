@@ -1,7 +1,7 @@
 // The emulator's own checks, so that what it is trusted to catch stays caught: a kernel missing a
 // barrier gives a wrong result under some schedule while the same kernel with it is right under all
-// three; shuffles and wmma compute what CUDA documents; reading a wmma fragment's elements as if
-// their lane layout were known is wrong here; fresh device memory reads as NaN; cudaMalloc and
+// three; a race between blocks shows over three launches; shuffles and wmma compute what CUDA
+// documents; reading a wmma fragment's elements as if their lane layout were known is wrong here; fresh device memory reads as NaN; cudaMalloc and
 // cudaFree fail as the runtime does; and (in a child process each) a launch over its shared-memory
 // limit or its __launch_bounds__, a read past a cudaMalloc buffer and a barrier that not every thread
 // reaches all end the run.
@@ -87,6 +87,14 @@ bool wmma_matches(bool peek) {
   return true;
 }
 
+// Block b reads what block b - 1 writes, with nothing ordering the two: an inter-block race.
+void neighbour_kernel(int* written, int* seen) {
+  if (threadIdx.x != 0) return;
+  const unsigned b = blockIdx.x;
+  seen[b] = b > 0 ? written[b - 1] : 1;
+  written[b] = 1;
+}
+
 void read_past_kernel(const float* x, float* out) { out[threadIdx.x] = x[threadIdx.x + 64]; }
 void bounded_kernel() { ::emu::check_launch_bounds(32); }  // __launch_bounds__(32), as rewrite.py writes it
 void half_barrier_kernel() {
@@ -127,6 +135,15 @@ int main() {
 
   expect(wmma_matches(false), "wmma load / mma_sync / store computes A B");
   expect(!wmma_matches(true), "reading accumulator elements by an assumed lane layout is wrong");
+
+  int seen_totals[3];  // three launches in a row: grid order, reversed, shuffled
+  for (int& total : seen_totals) {
+    int written[8] = {}, seen[8] = {};
+    emu_launch(emu_config(neighbour_kernel, 8, 32), [&] { neighbour_kernel(written, seen); });
+    total = 0;
+    for (int v : seen) total += v;
+  }
+  expect(seen_totals[0] != seen_totals[1] || seen_totals[0] != seen_totals[2], "a block reading another block's writes sees different values over three launches");
 
   float* d = nullptr;
   expect(cudaMalloc(&d, 64 * sizeof(float)) == cudaSuccess && std::isnan(d[0]) && std::isnan(d[63]),

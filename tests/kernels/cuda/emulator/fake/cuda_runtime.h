@@ -9,7 +9,9 @@
 // (i + n) % 3, so every launch sees all three and a block index sees each over successive launches
 // of a test; KTUNE_EMU_SCHEDULE=order|reverse|shuffle fixes one. A missing barrier shows
 // as wrong results under some schedule; a barrier not reached by every thread is a deadlock, which
-// aborts. Blocks run one after another (a kernel that waits for another block would deadlock here).
+// aborts. Blocks run one after another (a kernel that waits for another block would deadlock here),
+// in grid order, reversed or shuffled (launch n uses n % 3), so a block that reads what another block
+// of the same launch writes gets a different answer under some launch.
 //
 // Checks, each an abort with a message: block size a multiple of 32 and <= 1024, 1-D blocks, 2-D
 // grids within the device's limits, dynamic shared memory <= 48 KiB unless cudaFuncSetAttribute
@@ -564,9 +566,14 @@ inline void emu_launch(EmuConfig c, std::function<void()> body) {
   const int fixed = emu::fixed_schedule();
   emu::GuardedBytes shared;
   if (!emu::allocate_guarded(shared, c.shared, 128)) emu::fail("cannot map a block's shared memory");
-  uint64_t index = emu::g_launches++;
+  const uint64_t launch = emu::g_launches++;
+  std::vector<std::pair<unsigned, unsigned>> blocks;  // (x, y)
   for (unsigned y = 0; y < c.grid.y; ++y)
-    for (unsigned x = 0; x < c.grid.x; ++x, ++index)
-      emu::run_block(x, y, threads, shared, fixed >= 0 ? fixed : int(index % 3));
+    for (unsigned x = 0; x < c.grid.x; ++x) blocks.emplace_back(x, y);
+  const int block_order = fixed >= 0 ? fixed : int(launch % 3);
+  if (block_order == 1) std::reverse(blocks.begin(), blocks.end());
+  if (block_order == 2) std::shuffle(blocks.begin(), blocks.end(), emu::g_rng);
+  uint64_t index = launch;
+  for (const auto& [x, y] : blocks) emu::run_block(x, y, threads, shared, fixed >= 0 ? fixed : int(index++ % 3));
   emu::release_guarded(shared);
 }
