@@ -1,10 +1,10 @@
 // The emulator's own checks, so that what it is trusted to catch stays caught: a kernel missing a
 // barrier gives a wrong result under some schedule while the same kernel with it is right under all
 // three; a race between blocks shows over three launches; shuffles and wmma compute what CUDA
-// documents; reading a wmma fragment's elements as if their lane layout were known is wrong here; fresh device memory reads as NaN; cudaMalloc and
-// cudaFree fail as the runtime does; and (in a child process each) a launch over its shared-memory
-// limit or its __launch_bounds__, a read past a cudaMalloc buffer and a barrier that not every thread
-// reaches all end the run.
+// documents; reading a wmma fragment's elements as if their lane layout were known is wrong here;
+// fresh device memory reads as NaN; cudaMalloc and cudaFree fail as the runtime does; and (in a
+// child process each) a launch over its shared-memory limit or its __launch_bounds__, a read past a
+// cudaMalloc buffer and a barrier that not every thread reaches all end the run.
 // Kernels here call emu_launch directly (rewrite.py's output form), since this file is no .cu.
 // It deliberately checks no ktune kernel: those are the GPU tests run on the emulator.
 #include <sys/wait.h>
