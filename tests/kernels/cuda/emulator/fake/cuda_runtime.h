@@ -29,10 +29,10 @@
 // Fiber stacks are separated by inaccessible pages too (an overflow crashes, never corrupts).
 //
 // It deliberately does not emulate: timing, occupancy, register pressure or spills, warp divergence,
-// memory coalescing, asynchronous execution, __expf's and __logf's approximations (exact here), tensor-core
-// rounding (mma_sync sums in f32, in order), or any CUDA call ktune does not make. Nor can it see a
-// race inside a statement: threads switch only at the switch points, so two threads' unsynchronised
-// `x += v` never loses an update here, and blocks never overlap.
+// memory coalescing, asynchronous execution, __expf's and __logf's approximations (exact here),
+// tensor-core rounding (mma_sync sums in f32, in order), or any CUDA call ktune does not make. Nor
+// can it see a race inside a statement: threads switch only at the switch points, so two threads'
+// unsynchronised `x += v` never loses an update here, and blocks never overlap.
 #pragma once
 #include <setjmp.h>
 #include <sys/mman.h>
