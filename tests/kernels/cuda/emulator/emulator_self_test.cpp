@@ -143,7 +143,8 @@ int main() {
     total = 0;
     for (int v : seen) total += v;
   }
-  expect(seen_totals[0] != seen_totals[1] || seen_totals[0] != seen_totals[2], "a block reading another block's writes sees different values over three launches");
+  expect(seen_totals[0] != seen_totals[1] || seen_totals[0] != seen_totals[2],
+         "a block reading another block's writes sees different values over three launches");
 
   float* d = nullptr;
   expect(cudaMalloc(&d, 64 * sizeof(float)) == cudaSuccess && std::isnan(d[0]) && std::isnan(d[63]),
@@ -161,11 +162,13 @@ int main() {
   expect(!dies([] {
     cudaFuncSetAttribute(block_sum_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024);
     emu_launch(emu_config(block_sum_kernel, 1, 32, 100 * 1024), [] {});
-  }), "the same launch after cudaFuncSetAttribute runs");
+  }),
+         "the same launch after cudaFuncSetAttribute runs");
   expect(dies([d] {
-    float out[32];
-    emu_launch(emu_config(read_past_kernel, 1, 32), [&] { read_past_kernel(d, out); });
-  }), "a read past the end of a cudaMalloc buffer faults");
+           float out[32];
+           emu_launch(emu_config(read_past_kernel, 1, 32), [&] { read_past_kernel(d, out); });
+         }),
+         "a read past the end of a cudaMalloc buffer faults");
   expect(dies([] { emu_launch(emu_config(half_barrier_kernel, 1, 64), [] { half_barrier_kernel(); }); }),
          "a __syncthreads that half the block skips is a deadlock, which aborts");
   expect(!dies([] { emu_launch(emu_config(bounded_kernel, 1, 32), [] { bounded_kernel(); }); }) &&

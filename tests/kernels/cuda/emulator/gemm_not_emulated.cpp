@@ -19,8 +19,8 @@ void GemmContext::run(const GemmCall&, Stream) {
   throw Error("cuda::GemmContext::run", "cuBLASLt is not emulated: run this case on a GPU");
 }
 
-void gemm_bf16(GemmContext&, bool, bool, int64_t, int64_t, int64_t, float, const bf16_t*, const bf16_t*, float,
-               float*, Stream) {
+void gemm_bf16(GemmContext&, bool, bool, int64_t, int64_t, int64_t, float, const bf16_t*, const bf16_t*, float, float*,
+               Stream) {
   throw Error("cuda::gemm_bf16", "cuBLASLt is not emulated: run this case on a GPU");
 }
 

@@ -84,7 +84,13 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
 };
-enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost,
+  cudaMemcpyHostToDevice,
+  cudaMemcpyDeviceToHost,
+  cudaMemcpyDeviceToDevice,
+  cudaMemcpyDefault
+};
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
@@ -104,8 +110,8 @@ namespace emu {
   std::abort();
 }
 
-constexpr size_t kDefaultSharedBytes = 48 * 1024;  // dynamic shared memory without the attribute
-constexpr size_t kMaxSharedBytes = 227 * 1024;     // sm_90's opt-in maximum per block
+constexpr size_t kDefaultSharedBytes = 48 * 1024;   // dynamic shared memory without the attribute
+constexpr size_t kMaxSharedBytes = 227 * 1024;      // sm_90's opt-in maximum per block
 constexpr size_t kDeviceBytes = size_t(141) << 30;  // an H200
 constexpr size_t kStackBytes = 128 * 1024;          // per thread; kernels keep fragments on it
 
@@ -129,8 +135,8 @@ struct Block {
   int block_arrived = 0;
   std::vector<uint64_t> warp_gen;
   std::vector<int> warp_arrived;
-  std::vector<float> slots;  // (warps, 32) shuffle slots
-  std::vector<float> mma;    // (warps, 3, 256) mma operand exchange
+  std::vector<float> slots;         // (warps, 32) shuffle slots
+  std::vector<float> mma;           // (warps, 3, 256) mma operand exchange
   unsigned char* shared = nullptr;  // the launch's guarded dynamic shared memory, refilled per block
   size_t shared_bytes = 0;
   std::map<int, std::unique_ptr<unsigned char[]>> static_shared;  // `__shared__ T x[n]` by declaration id
@@ -201,7 +207,9 @@ inline char* stack_pool(size_t threads) {
   }
   return pool;
 }
-inline char* stack_of(char* pool, unsigned thread) { return pool + thread * (kStackBytes + page_bytes()) + page_bytes(); }
+inline char* stack_of(char* pool, unsigned thread) {
+  return pool + thread * (kStackBytes + page_bytes()) + page_bytes();
+}
 
 // -1: rotate (block i of launch n runs schedule (i + n) % 3); else 0 in order, 1 reverse, 2 shuffled.
 inline int fixed_schedule() {
@@ -310,7 +318,8 @@ inline void run_block(unsigned bx, unsigned by, unsigned nthreads, GuardedBytes&
     }
   }
   if (!slack_untouched(shared)) {
-    std::fprintf(stderr, "emu: block (%u, %u) wrote past its %zu bytes of dynamic shared memory\n", bx, by, shared.bytes);
+    std::fprintf(stderr, "emu: block (%u, %u) wrote past its %zu bytes of dynamic shared memory\n", bx, by,
+                 shared.bytes);
     std::abort();
   }
   g_block = nullptr;
@@ -320,7 +329,8 @@ inline unsigned char* shared_memory() { return g_block->shared; }
 // A kernel's __launch_bounds__(threads) (rewrite.py calls this first thing in its body).
 inline void check_launch_bounds(int threads) {
   if (int(g_bdim.x) > threads) {
-    std::fprintf(stderr, "emu: launch with %u threads a block > the kernel's __launch_bounds__(%d)\n", g_bdim.x, threads);
+    std::fprintf(stderr, "emu: launch with %u threads a block > the kernel's __launch_bounds__(%d)\n", g_bdim.x,
+                 threads);
     std::abort();
   }
 }
@@ -434,10 +444,14 @@ inline cudaError_t emu_error(cudaError_t e) {
 inline cudaError_t cudaGetLastError() { return std::exchange(emu::g_last_error, cudaSuccess); }
 inline const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
   }
   return "cudaErrorUnknown";
 }
@@ -465,7 +479,8 @@ inline cudaError_t cudaMalloc(void** p, size_t bytes) {
   *p = nullptr;
   if (bytes > emu::kDeviceBytes) return emu_error(cudaErrorMemoryAllocation);
   emu::GuardedBytes g;
-  if (!emu::allocate_guarded(g, bytes, 256)) return emu_error(cudaErrorMemoryAllocation);  // not cleared, as on the device
+  if (!emu::allocate_guarded(g, bytes, 256))
+    return emu_error(cudaErrorMemoryAllocation);  // not cleared, as on the device
   emu::allocations()[g.data] = g;
   *p = g.data;
   return cudaSuccess;
@@ -555,12 +570,16 @@ inline void emu_launch(EmuConfig c, std::function<void()> body) {
     emu::fail("launch: only 1-D blocks and 2-D grids are emulated (ktune's kernels use no more)");
   if (threads == 0 || threads > 1024 || threads % 32 != 0)
     emu::fail("launch: block size must be a multiple of 32 in [32, 1024] (the emulator's warps are whole)");
-  if (c.grid.x == 0 || c.grid.y == 0 || c.grid.y > 65535u) emu::fail("launch: grid.x must be > 0 and grid.y in [1, 65535]");
+  if (c.grid.x == 0 || c.grid.y == 0 || c.grid.y > 65535u)
+    emu::fail("launch: grid.x must be > 0 and grid.y in [1, 65535]");
   auto limit = emu::shared_limits().find(c.kernel);
   const size_t max_shared = limit == emu::shared_limits().end() ? emu::kDefaultSharedBytes : limit->second;
   if (c.shared > max_shared) {
     std::fprintf(stderr, "emu: launch with %zu bytes of dynamic shared memory > this kernel's limit %zu%s\n", c.shared,
-                 max_shared, limit == emu::shared_limits().end() ? " (no cudaFuncSetAttribute, or a template kernel launched with deduced arguments)" : "");
+                 max_shared,
+                 limit == emu::shared_limits().end()
+                     ? " (no cudaFuncSetAttribute, or a template kernel launched with deduced arguments)"
+                     : "");
     std::abort();
   }
   emu::g_bdim = c.block;
