@@ -191,15 +191,24 @@ bool Supervisor::start(size_t index) {
   }
   int log_fd = open(step.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   const pid_t parent = getpid();
+  // The stop signals stay blocked across the fork until the child has its default handlers back:
+  // a SIGTERM that comes while it still has the supervisor's handler (as when a sibling fails the
+  // moment this step starts) would otherwise only set a flag in the child, which would then run its
+  // command to the end, or until SIGKILL, instead of ending at once. Blocked, it waits, then kills.
+  sigset_t stop_signals, unblocked;
+  sigemptyset(&stop_signals);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&stop_signals, sig);
+  sigprocmask(SIG_BLOCK, &stop_signals, &unblocked);
   pid_t pid = fork();
   if (pid == 0) {
-    setpgid(0, 0);                        // its own group: stopping it stops all it started
-    prctl(PR_SET_PDEATHSIG, SIGTERM);     // a killed supervisor takes its steps with it
-    if (getppid() != parent) _exit(1);
     signal(SIGPIPE, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
+    setpgid(0, 0);                        // its own group: stopping it stops all it started
+    prctl(PR_SET_PDEATHSIG, SIGTERM);     // a killed supervisor takes its steps with it
+    sigprocmask(SIG_SETMASK, &unblocked, nullptr);  // a stop signal that came meanwhile ends it here
+    if (getppid() != parent) _exit(1);
     int null_fd = open("/dev/null", O_RDONLY);
     if (null_fd >= 0) dup2(null_fd, 0);
     dup2(out[1], 1);
@@ -213,6 +222,7 @@ bool Supervisor::start(size_t index) {
     write_all(2, cannot_exec + std::strerror(errno) + "\n");
     _exit(127);
   }
+  sigprocmask(SIG_SETMASK, &unblocked, nullptr);
   close(out[1]);
   if (pid < 0) {
     close(out[0]);
