@@ -39,6 +39,13 @@ struct GemmCall {
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
+// A call's leading dimensions resolved (0: packed) after checking it: sizes, dtypes, leading
+// dimensions, batch and bias rules. Throws ktune::Error ("cuda gemm", what is wrong).
+struct GemmLeadingDims {
+  int64_t lda = 0, ldb = 0, ldc = 0;
+};
+GemmLeadingDims checked_leading_dims(const GemmCall& call);
+
 class GemmContext {
  public:
   GemmContext();
