@@ -2,8 +2,10 @@
 // scores at a time) against the CPU reference (full (T, T) scores in double) on the same bf16
 // inputs: causal, GQA and MQA groups, head dims 48/64/128, rows that are not tile multiples.
 // Tolerances: as the tiled kernel's bf16 test (attention_test.cpp), plus P rounded to bf16 before
-// the P V and P^T dO products (relative 2^-9 per probability, random signs over up to T keys:
-// ~1e-4 absolute on outputs of magnitude ~0.1), so out gets atol 1e-3 instead of 1e-5; dq, dk, dv
+// the P V and P^T dO products (relative 2^-9 per probability): over many keys the errors' random
+// signs leave ~1e-4, but a row with one or two keys holds P near 1, so |out - ref| reaches
+// 2^-9 max|v| = 1.95e-3 (v in [-1, 1]); out gets atol 2e-3 (1e-3 failed at 1.14-1.46x in the host
+// emulator, tests/kernels/cuda/emulator, whose products round P exactly so), as flash_attention_tc's; dq, dk, dv
 // also see dS rounded to bf16 (relative 2^-9): atol 6e-3. A wrong mask or softmax is off by 0.1+.
 #include <cmath>
 
@@ -46,7 +48,7 @@ void check_gemm_attention(const char* name, cpu::AttentionShape s) {
   auto got_out = from_bf16(from_device<bf16_t>(d_out, nq)), got_dq = from_bf16(from_device<bf16_t>(d_dq, nq));
   auto got_dk = from_bf16(from_device<bf16_t>(d_dk, nkv)), got_dv = from_bf16(from_device<bf16_t>(d_dv, nkv));
   auto got_lse = from_device<float>(d_lse, lse.size());
-  CHECK_CLOSE(got_out.data(), out.data(), int64_t(nq), 1e-3, 1e-2) << name;
+  CHECK_CLOSE(got_out.data(), out.data(), int64_t(nq), 2e-3, 1e-2) << name;
   CHECK_CLOSE(got_lse.data(), lse.data(), int64_t(lse.size()), 2e-5, 1e-5) << name;
   CHECK_CLOSE(got_dq.data(), dq.data(), int64_t(nq), 6e-3, 1e-2) << name;
   CHECK_CLOSE(got_dk.data(), dk.data(), int64_t(nkv), 6e-3, 1e-2) << name;
