@@ -29,15 +29,36 @@ std::string plugin_path() {
   return ((ec ? std::filesystem::path(".") : exe.parent_path()) / kCudaStepPlugin).string();
 }
 
-CreateCudaTrainerFn load_plugin() {
-  static CreateCudaTrainerFn create = nullptr;
-  if (create) return create;
+// The plugin's functions, loaded once (never closed: trainers live until exit).
+struct Plugin {
+  CreateCudaTrainerFn create = nullptr;
+  CudaStepDeviceCountFn device_count = nullptr;
+  CudaStepSelectDeviceFn select_device = nullptr;
+};
+
+const Plugin& plugin() {
+  static Plugin loaded;
+  if (loaded.create) return loaded;
   const std::string path = plugin_path();
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);  // never closed: trainers live until exit
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) throw Error(path, std::string("cannot load the GPU step: ") + dlerror());
-  create = reinterpret_cast<CreateCudaTrainerFn>(dlsym(handle, kCreateCudaTrainerSymbol));
-  if (!create) throw Error(path, std::string("has no ") + kCreateCudaTrainerSymbol + ": " + dlerror());
-  return create;
+  auto symbol = [&](const char* name) {
+    void* f = dlsym(handle, name);
+    if (!f) throw Error(path, std::string("has no ") + name + ": " + dlerror());
+    return f;
+  };
+  Plugin p;
+  p.device_count = reinterpret_cast<CudaStepDeviceCountFn>(symbol(kCudaStepDeviceCountSymbol));
+  p.select_device = reinterpret_cast<CudaStepSelectDeviceFn>(symbol(kCudaStepSelectDeviceSymbol));
+  p.create = reinterpret_cast<CreateCudaTrainerFn>(symbol(kCreateCudaTrainerSymbol));
+  loaded = p;
+  return loaded;
+}
+
+// KTUNE_CUDA_STEP_PLUGIN set: that plugin answers the device questions too.
+bool plugin_named() {
+  const char* path = std::getenv("KTUNE_CUDA_STEP_PLUGIN");
+  return path && *path;
 }
 
 }  // namespace
@@ -45,12 +66,13 @@ CreateCudaTrainerFn load_plugin() {
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan,
                                                uint64_t seed, const HostValue& value_of) {
   const HostValue own_value = [](const model::Parameter& p) { return p.value; };
-  return std::unique_ptr<CudaTrainer>(load_plugin()(&host, &plan, seed, value_of ? &value_of : &own_value));
+  return std::unique_ptr<CudaTrainer>(plugin().create(&host, &plan, seed, value_of ? &value_of : &own_value));
 }
 
 bool cuda_backend_built() { return true; }
 
 int cuda_devices_visible() {
+  if (plugin_named()) return plugin().device_count();
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {  // no driver, no device: not an error here
     cudaGetLastError();
@@ -60,6 +82,7 @@ int cuda_devices_visible() {
 }
 
 void select_cuda_device(int index) {
+  if (plugin_named()) return plugin().select_device(index);
   const int n = cuda_devices_visible();
   if (index < 0 || index >= n)
     throw Error("GPU " + std::to_string(index), "no such device: " + std::to_string(n) + " visible (LOCAL_RANK and "

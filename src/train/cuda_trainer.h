@@ -83,15 +83,22 @@ using HostValue = std::function<Tensor(const model::Parameter&)>;
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan,
                                                uint64_t seed, const HostValue& value_of = nullptr);
 
-// The plugin's one exported function (C linkage, so that dlsym finds it by this name).
+// The plugin's exported functions (C linkage, so that dlsym finds them by these names).
 extern "C" {
 using CreateCudaTrainerFn = CudaTrainer* (*)(const std::vector<model::Parameter*>* host, const CudaStepPlan* plan,
                                              uint64_t seed, const HostValue* value_of);
+using CudaStepDeviceCountFn = int (*)();
+using CudaStepSelectDeviceFn = void (*)(int index);
 }
 inline constexpr const char* kCudaStepPlugin = "libktune_cuda_step.so";
 inline constexpr const char* kCreateCudaTrainerSymbol = "ktune_create_cuda_trainer";
+inline constexpr const char* kCudaStepDeviceCountSymbol = "ktune_cuda_step_device_count";
+inline constexpr const char* kCudaStepSelectDeviceSymbol = "ktune_cuda_step_select_device";
 
 // This build has the CUDA backend; the GPUs it can see (0 without a driver or without the backend).
+// A plugin named by KTUNE_CUDA_STEP_PLUGIN is asked instead, for both questions: the emulated step
+// (tests/kernels/cuda/emulator) drives one device without a GPU, so that CI runs the recipes' GPU
+// path. Without that env nothing is loaded here: the CUDA runtime answers.
 bool cuda_backend_built();
 int cuda_devices_visible();
 // A worker's GPU (its LOCAL_RANK), before anything is allocated or an NCCL group is joined.

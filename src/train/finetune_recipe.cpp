@@ -573,11 +573,18 @@ void FinetuneRecipe::log_padding_skipped() {
   const double padded = counts[0], real = counts[1], computed = counts[2];
   auto percent = [&](double n) { return padded > 0 ? 100.0 * n / padded : 0.0; };
   char line[256];
+  if (gpu_) {  // every batch padded further, to the longest sample: more positions, not fewer
+    std::snprintf(line, sizeof line,
+                  "GPU step: the training steps computed %.0f positions for %.0f sample tokens (every batch laid "
+                  "into (batch_size, %lld)); collated, the batches hold %.0f: %.0f positions (%.1f%%) of extra padding",
+                  computed, real, (long long)gpu_seq_len_, padded, computed - padded, percent(computed - padded));
+    log_info(line);
+    return;
+  }
   std::snprintf(line, sizeof line,
                 "%s: the training steps computed %.0f positions for %.0f sample tokens; padded, the batches "
                 "hold %.0f (%.1f%% padding): %.0f positions (%.1f%%) skipped",
-                gpu_                                    ? "GPU step (every batch laid into one (B, T))"
-                : padding_free_ == PaddingFree::kRowsOfT  ? "padding-free (rows of at most T)"
+                padding_free_ == PaddingFree::kRowsOfT  ? "padding-free (rows of at most T)"
                 : padding_free_ == PaddingFree::kOneRow ? "padding-free (one row)"
                                                         : "KTUNE_PADDING_FREE=0",
                 computed, real, padded,

@@ -51,6 +51,14 @@ std::string device_description() {
   return buf;
 }
 
+void set_device(int index) {
+  const int n = device_count();
+  if (index < 0 || index >= n)
+    throw Error("GPU " + std::to_string(index), "no such device: " + std::to_string(n) + " visible (LOCAL_RANK and " +
+                                                "CUDA_VISIBLE_DEVICES choose among them)");
+  KTUNE_CUDA_CHECK(cudaSetDevice(index));
+}
+
 void device_memory_info(size_t* used, size_t* total) {
   size_t free_bytes = 0, total_bytes = 0;
   KTUNE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));

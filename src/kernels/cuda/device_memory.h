@@ -17,6 +17,10 @@ int device_count();
 // "NVIDIA H200 (sm_90, 139.8 GiB)" for device 0, or why there is none.
 std::string device_description();
 
+// Makes GPU `index` this host thread's device (cudaSetDevice): a distributed worker's LOCAL_RANK,
+// before it allocates anything or joins an NCCL group. Throws naming the index and the count when
+// there is no such device.
+void set_device(int index);
 // Bytes in use on the device (total - free, as the driver reports) and the total.
 void device_memory_info(size_t* used, size_t* total);
 

@@ -162,7 +162,15 @@ class CudaDecoderTrainer final : public CudaTrainer {
 
 }  // namespace ktune::train
 
-// The plugin's entry point (cuda_trainer.h: CreateCudaTrainerFn). Errors propagate as ktune::Error.
+// The plugin's entry points (cuda_trainer.h). Errors propagate as ktune::Error.
+extern "C" __attribute__((visibility("default"))) int ktune_cuda_step_device_count() {
+  return ktune::cuda::device_count();
+}
+
+extern "C" __attribute__((visibility("default"))) void ktune_cuda_step_select_device(int index) {
+  ktune::cuda::set_device(index);
+}
+
 extern "C" __attribute__((visibility("default"))) ktune::train::CudaTrainer* ktune_create_cuda_trainer(
     const std::vector<ktune::model::Parameter*>* host, const ktune::train::CudaStepPlan* plan, uint64_t seed,
     const ktune::train::HostValue* value_of) {

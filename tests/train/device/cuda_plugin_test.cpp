@@ -97,10 +97,17 @@ TEST(CudaPlugin, WithoutAGpuThePluginLoadsAndItsCudaErrorComesBackAsAKtuneError)
   }
 }
 
-#define SKIP_WITHOUT_GPU()                                                           \
-  SKIP_WITHOUT_BACKEND();                                                            \
-  if (cuda_devices_visible() < 1) GTEST_SKIP() << "no GPU visible: nothing to run"; \
-  setenv("KTUNE_CUDA_STEP_PLUGIN", kPlugin.c_str(), 1)
+// The GPU cases run the real plugin on a GPU, or, where env KTUNE_TEST_CUDA_STEP_PLUGIN names one
+// (CTest's ktune_cuda_plugin_tests_emulated: the same step over the host emulator of the kernels,
+// tests/kernels/cuda/emulator), that plugin without one.
+#define SKIP_WITHOUT_GPU()                                                                          \
+  SKIP_WITHOUT_BACKEND();                                                                           \
+  if (const char* emulated = std::getenv("KTUNE_TEST_CUDA_STEP_PLUGIN"); emulated && *emulated) {   \
+    setenv("KTUNE_CUDA_STEP_PLUGIN", emulated, 1);                                                  \
+  } else {                                                                                          \
+    if (cuda_devices_visible() < 1) GTEST_SKIP() << "no GPU visible: nothing to run";              \
+    setenv("KTUNE_CUDA_STEP_PLUGIN", kPlugin.c_str(), 1);                                           \
+  }
 
 TEST(CudaPlugin, OnAGpuTheLossIsTheCpuEnginesOnTheSameBf16Weights) {
   SKIP_WITHOUT_GPU();

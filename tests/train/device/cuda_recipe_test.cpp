@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -27,10 +28,27 @@ using recipe_testing::Outcome;
 
 namespace {
 
+// The GPU runs need N GPUs, or, where env KTUNE_TEST_CUDA_STEP_PLUGIN names the emulated GPU step
+// (CTest's ktune_cuda_recipe_tests_emulated, tests/kernels/cuda/emulator: one device, no GPU), that
+// plugin, which the `ktune run` processes then load through KTUNE_CUDA_STEP_PLUGIN.
+bool emulated() {
+  const char* plugin = std::getenv("KTUNE_TEST_CUDA_STEP_PLUGIN");
+  return plugin && *plugin;
+}
+
 #define SKIP_WITHOUT_GPUS(n)                                                                              \
+  if (emulated()) setenv("KTUNE_CUDA_STEP_PLUGIN", std::getenv("KTUNE_TEST_CUDA_STEP_PLUGIN"), 1);        \
   if (train::cuda_devices_visible() < (n))                                                                \
   GTEST_SKIP() << "needs " << (n) << " GPU(s) and the CUDA backend: " << train::cuda_devices_visible()    \
                << " visible (build with CUDA: " << (train::cuda_backend_built() ? "yes" : "no") << ")"
+
+// Run sizes: as written on a GPU; on the emulated step, where a step takes seconds, at most 3 steps
+// of batch 2 (the comparisons are the same, over fewer steps).
+int steps(int n) { return emulated() ? std::min(n, 3) : n; }
+std::string sized(int steps_per_epoch, int batch) {
+  return "max_steps_per_epoch=" + std::to_string(steps(steps_per_epoch)) +
+         " batch_size=" + std::to_string(emulated() ? 2 : batch);
+}
 
 // Every step's loss of `b` within `relative` of `a`'s, the same steps, and the loss fell on both.
 void expect_tracks(const std::map<int, double>& a, const std::map<int, double>& b, double relative) {
@@ -111,7 +129,7 @@ TEST_F(CudaRecipeTest, WithoutAGpuDeviceCudaTrainsOnTheCpuSayingWhy) {
 TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
   SKIP_WITHOUT_GPUS(1);
   Outcome gpu;
-  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 max_steps_per_epoch=8 batch_size=8", &gpu));
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 " + sized(8, 8), &gpu));
   EXPECT_NE(gpu.output.find("training on the GPU"), std::string::npos) << gpu.output;
   EXPECT_NE(gpu.output.find("planned device memory"), std::string::npos) << gpu.output;
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
@@ -123,7 +141,7 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
 TEST_F(CudaRecipeTest, QloraOnTheGpuTracksTheCpuRun) {
   SKIP_WITHOUT_GPUS(1);
   // The same NF4 codes on both engines: the GPU step quantises with the CPU's quantiser.
-  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 max_steps_per_epoch=8 batch_size=8 model.quantize_base=True"));
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 " + sized(8, 8) + " model.quantize_base=True"));
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
   expect_same_layout("adapter_model.safetensors");
 }
@@ -132,13 +150,13 @@ TEST_F(CudaRecipeTest, LoraDropoutOnTheGpuTrainsAsTheCpuRunDoesInDistribution) {
   SKIP_WITHOUT_GPUS(1);
   // The engines lay batches out differently, so their masks differ (docs/cuda.md): each step's loss
   // within 10%, not 5%, and the loss falls on both.
-  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 max_steps_per_epoch=8 batch_size=8 model.lora_dropout=0.1"));
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 " + sized(8, 8) + " model.lora_dropout=0.1"));
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.10);
 }
 
 TEST_F(CudaRecipeTest, DoraOnTheGpuTracksTheCpuRunAndSavesTheMagnitudes) {
   SKIP_WITHOUT_GPUS(1);
-  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 max_steps_per_epoch=8 batch_size=8 model.use_dora=True"));
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 " + sized(8, 8) + " model.use_dora=True"));
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
   expect_same_layout("adapter_model.safetensors");  // with the lora_magnitude_vector of every adapter
 }
@@ -154,15 +172,15 @@ TEST_F(CudaRecipeTest, ValidationOnTheGpuMatchesTheCpuRunsValidation) {
 
 TEST_F(CudaRecipeTest, FullFinetuneOnTheGpuTracksTheCpuRun) {
   SKIP_WITHOUT_GPUS(1);
-  ASSERT_NO_FATAL_FAILURE(run_on_both("full", "epochs=1 max_steps_per_epoch=8 batch_size=8 clip_grad_norm=1.0"));
+  ASSERT_NO_FATAL_FAILURE(run_on_both("full", "epochs=1 " + sized(8, 8) + " clip_grad_norm=1.0"));
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
-  expect_metric_tracks("grad_norm", 8, 0.10);
+  expect_metric_tracks("grad_norm", size_t(steps(8)), 0.10);
   expect_same_layout("model-00001-of-00001.safetensors");
 }
 
 TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {
   SKIP_WITHOUT_GPUS(1);
-  const std::string args = "epochs=2 max_steps_per_epoch=4 batch_size=4 save_every_n_steps=2";
+  const std::string args = "epochs=2 " + sized(4, 4) + " save_every_n_steps=2";
   Outcome whole = run("", "lora_finetune_single_device", "lora_single_device", "cuda", args, out("a"));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
   fs::create_directories(out("b"));
@@ -172,8 +190,8 @@ TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   auto a = losses(out("a"));
   auto b = losses(out("b"));
-  ASSERT_EQ(a.size(), 8u);
-  ASSERT_EQ(b.size(), 6u);  // steps 3..8
+  ASSERT_EQ(a.size(), size_t(2 * steps(4)));
+  ASSERT_EQ(b.size(), size_t(2 * steps(4) - 2));  // steps 3 to the end
   // The state round-trips exactly (bf16 weights and moments, the step count, the rounding seeds);
   // what may differ is the order of the GPU's atomic additions.
   for (const auto& [step, loss] : b) EXPECT_NEAR(loss, a.at(step), 1e-2 * a.at(step)) << "step " << step;

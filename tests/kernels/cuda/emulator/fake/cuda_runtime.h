@@ -83,6 +83,7 @@ enum cudaError_t {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
 };
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost,
@@ -452,6 +453,8 @@ inline const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidConfiguration:
       return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
   }
   return "cudaErrorUnknown";
 }
@@ -462,6 +465,7 @@ inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
 }
+inline cudaError_t cudaSetDevice(int device) { return emu_error(device == 0 ? cudaSuccess : cudaErrorInvalidDevice); }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   std::snprintf(p->name, sizeof p->name, "host emulator (tests/kernels/cuda/emulator)");
   p->totalGlobalMem = emu::kDeviceBytes;
