@@ -81,15 +81,8 @@ int cuda_devices_visible() {
   return n;
 }
 
-void select_cuda_device(int index) {
-  if (plugin_named()) return plugin().select_device(index);
-  const int n = cuda_devices_visible();
-  if (index < 0 || index >= n)
-    throw Error("GPU " + std::to_string(index), "no such device: " + std::to_string(n) + " visible (LOCAL_RANK and "
-                                                "CUDA_VISIBLE_DEVICES choose among them)");
-  const cudaError_t rc = cudaSetDevice(index);
-  if (rc != cudaSuccess) throw Error("GPU " + std::to_string(index), std::string("cudaSetDevice: ") + cudaGetErrorString(rc));
-}
+// Only a run that trains on a GPU selects one, and it loads the plugin next anyway.
+void select_cuda_device(int index) { plugin().select_device(index); }
 
 #else  // no CUDA backend in this build
 

@@ -96,12 +96,13 @@ inline constexpr const char* kCudaStepDeviceCountSymbol = "ktune_cuda_step_devic
 inline constexpr const char* kCudaStepSelectDeviceSymbol = "ktune_cuda_step_select_device";
 
 // This build has the CUDA backend; the GPUs it can see (0 without a driver or without the backend).
-// A plugin named by KTUNE_CUDA_STEP_PLUGIN is asked instead, for both questions: the emulated step
+// A plugin named by KTUNE_CUDA_STEP_PLUGIN is asked instead: the emulated step
 // (tests/kernels/cuda/emulator) drives one device without a GPU, so that CI runs the recipes' GPU
-// path. Without that env nothing is loaded here: the CUDA runtime answers.
+// path. Without that env nothing is loaded to count: the CUDA runtime answers.
 bool cuda_backend_built();
 int cuda_devices_visible();
-// A worker's GPU (its LOCAL_RANK), before anything is allocated or an NCCL group is joined.
+// A worker's GPU (its LOCAL_RANK), before anything is allocated or an NCCL group is joined (through
+// the plugin, which a GPU run loads anyway: cuda::set_device).
 void select_cuda_device(int index);
 
 }  // namespace ktune::train

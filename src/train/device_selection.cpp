@@ -21,11 +21,6 @@ DeviceChoice choose_step_device(const std::string& device, bool cuda_built, int 
 
 namespace {
 
-// The HF module of each cuda::Projection, in its order (the same table as cuda::projection_name,
-// which lives in the CUDA library that this layer does not link).
-constexpr const char* kProjectionModules[cuda::kNumProjections] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                                   "gate_proj", "up_proj", "down_proj"};
-
 // The architecture: cuda::DecoderConfig holds the CPU ModelConfig's fields one for one (llama,
 // qwen2, mistral, gemma2); the biases it lacks are gaps.
 cuda::DecoderConfig map_model(const model::ModelConfig& mc, std::vector<std::string>& gaps) {
@@ -79,7 +74,7 @@ cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe,
   for (const std::string& module : model::lora_target_modules(targets)) {
     bool known = false;
     for (int p = 0; p < cuda::kNumProjections; ++p)
-      if (module == kProjectionModules[p]) s.lora_on[p] = known = true;
+      if (module == cuda::projection_name(p)) s.lora_on[p] = known = true;
     if (!known) gaps.push_back("model.apply_lora_to_output: LoRA on " + module);
   }
   s.quantize_base = cfg.model.quantize_base;  // QLoRA: NF4 bases, the CPU quantiser's codes

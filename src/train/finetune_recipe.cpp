@@ -148,7 +148,9 @@ class FinetuneRecipe {
   void setup_data();
   // Tokenizes every dataset of `configs` into one; says whether any is packed / splits across packs.
   std::shared_ptr<TokenizedDataset> build_datasets(const std::vector<DatasetConfig>& configs, bool* packed, bool* split);
-  void setup_model();
+  // on_gpu: device=cuda with a GPU, where the GPU step (gpu_) runs the steps and optimizer_ and
+  // sharded_ stay empty.
+  void setup_model(bool on_gpu);
   // The CPU engine's training state: sharded (FSDP) or replicated parameters and the AdamW optimizer.
   void setup_cpu_training(DType storage, int64_t trainable_bytes);
   // device=cuda on a GPU: the GPU step (cuda_trainer.h), planned for (batch_size, gpu_seq_len_), and
@@ -161,6 +163,14 @@ class FinetuneRecipe {
   };
   StepOutcome cpu_step();
   StepOutcome gpu_step();
+  // The next training batch, its positions counted (padded, real) for log_padding_skipped.
+  Batch next_training_batch();
+  // The LoRA dropout key of micro-batch `micro` of the coming step (both engines draw by it).
+  uint64_t dropout_key(int micro) const { return uint64_t(global_step_) * 1000003u + uint64_t(micro); }
+  AdamWSettings adamw_settings() const {
+    return {cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
+            cfg_.optimizer.weight_decay};
+  }
   // The learning rate of the next step; throws when the loss is not finite (before any update).
   double next_lr(double loss) const;
   int64_t optimizer_steps() const { return gpu_ ? gpu_->optimizer_steps() : optimizer_->steps(); }
@@ -178,7 +188,6 @@ class FinetuneRecipe {
   dist::ProcessGroup& group_;
   WorkerDevices devices_;
   bool rank0_;
-  bool on_gpu_ = false;  // device=cuda with a GPU: gpu_ runs the steps; optimizer_ and sharded_ stay empty
 
   uint64_t seed_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -217,13 +226,13 @@ void FinetuneRecipe::setup() {
   seed_ = cfg_.seed ? *cfg_.seed : std::random_device{}();
   padding_free_ = padding_free_mode();
   const DeviceChoice device = choose_step_device(cfg_.device, cuda_backend_built(), cuda_devices_visible());
-  on_gpu_ = device.device == StepDevice::kCuda;
-  if (on_gpu_) padding_free_ = PaddingFree::kOff;  // the GPU step takes every batch in one (B, T)
+  const bool on_gpu = device.device == StepDevice::kCuda;
+  if (on_gpu) padding_free_ = PaddingFree::kOff;  // the GPU step takes every batch in one (B, T)
   if (rank0_) log_info(device.reason);
   checkpointer_ = std::make_unique<HfCheckpointer>(cfg_.checkpointer.checkpoint_dir, cfg_.checkpointer.checkpoint_files,
                                                    cfg_.output_dir);
   setup_data();
-  setup_model();
+  setup_model(on_gpu);
 
   // Steps: batches // accumulation, capped by max_steps_per_epoch; the schedule spans them all.
   steps_per_epoch_ = loader_->batches_per_epoch() / cfg_.gradient_accumulation_steps;
@@ -347,7 +356,7 @@ DType weight_storage(const RecipeConfig& cfg, const RecipeSpec& recipe) {
   return DType::BF16;
 }
 
-void FinetuneRecipe::setup_model() {
+void FinetuneRecipe::setup_model(bool on_gpu) {
   const DType storage = weight_storage(cfg_, recipe_);
   model_ = checkpointer_->load_model(storage);
   const model::ModelConfig& mc = model_->config();
@@ -389,7 +398,7 @@ void FinetuneRecipe::setup_model() {
     n_trainable += p->value.numel();
     trainable_bytes += int64_t(p->value.bytes());
   }
-  if (on_gpu_)
+  if (on_gpu)
     setup_gpu_training();
   else
     setup_cpu_training(storage, trainable_bytes);
@@ -420,8 +429,7 @@ void FinetuneRecipe::setup_cpu_training(DType storage, int64_t trainable_bytes) 
   // Sharded: each shard element is keyed to its model parameter for the bf16 stochastic rounding.
   optimizer_ = std::make_unique<AdamW>(
       sharded_ ? sharded_->shard_parameters() : trainable_,
-      AdamWSettings{cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2, cfg_.optimizer.eps,
-                    cfg_.optimizer.weight_decay},
+      adamw_settings(),
       sharded_ ? sharded_->element_origins() : std::vector<std::vector<ElementOrigin>>{});
   if (rank0_) {
     TrainingStateBytes state = training_state_bytes(sharded_ ? sharded_->shard_parameters() : model_->parameters(),
@@ -489,25 +497,22 @@ void FinetuneRecipe::resume() {
                              std::to_string(group_.size()) + " (resume with the same world size)");
   if (s.value("recipe", std::string()) != recipe_.name)
     throw Error(*latest, "was written by recipe " + s.value("recipe", std::string("?")) + ", not " + recipe_.name);
-  if (gpu_) {
-    for (model::Parameter* p : trainable_) {
-      auto it = point.trainable.find(p->name);
-      if (it == point.trainable.end()) throw Error(*latest, "recipe state has no weights for " + p->name);
-      p->value.copy_from(it->second);
-    }
-    gpu_->upload_trainable();
-    gpu_->load_optimizer_state(point.optimizer_state, s.at("optimizer_steps").get<int64_t>(), *latest);
-  } else if (sharded_) {
+  const int64_t steps_done = s.at("optimizer_steps").get<int64_t>();
+  if (sharded_) {
     sharded_->load_full_parameters(point.trainable, *latest + " recipe state");
-    optimizer_->load_state(sharded_->shard_optimizer_state(point.optimizer_state, *latest),
-                           s.at("optimizer_steps").get<int64_t>(), *latest);
+    optimizer_->load_state(sharded_->shard_optimizer_state(point.optimizer_state, *latest), steps_done, *latest);
   } else {
     for (model::Parameter* p : trainable_) {
       auto it = point.trainable.find(p->name);
       if (it == point.trainable.end()) throw Error(*latest, "recipe state has no weights for " + p->name);
       p->value.copy_from(it->second);
     }
-    optimizer_->load_state(point.optimizer_state, s.at("optimizer_steps").get<int64_t>(), *latest);
+    if (gpu_) {  // the host model's values up to the GPU step, the moments straight to it
+      gpu_->upload_trainable();
+      gpu_->load_optimizer_state(point.optimizer_state, steps_done, *latest);
+    } else {
+      optimizer_->load_state(point.optimizer_state, steps_done, *latest);
+    }
   }
   global_step_ = s.at("global_step").get<int64_t>();
   start_epoch_ = s.at("epoch").get<int64_t>();
@@ -592,16 +597,21 @@ void FinetuneRecipe::log_padding_skipped() {
   log_info(line);
 }
 
+Batch FinetuneRecipe::next_training_batch() {
+  Batch batch;
+  if (!loader_->next(&batch)) throw Error("data loader", "ran out of batches inside an epoch");
+  positions_padded_ += batch.batch_size * batch.seq_len;
+  positions_real_ += std::count(batch.doc_ids.begin(), batch.doc_ids.end(), 0);  // unpacked: doc id 0 = sample
+  return batch;
+}
+
 FinetuneRecipe::StepOutcome FinetuneRecipe::cpu_step() {
   model_->zero_grad();
   if (sharded_) sharded_->zero_grad();
   double sums[2] = {0.0, 0.0};  // loss sum, label tokens (this rank, then the world)
   for (int micro = 0; micro < cfg_.gradient_accumulation_steps; ++micro) {
-    Batch batch;
-    if (!loader_->next(&batch)) throw Error("data loader", "ran out of batches inside an epoch");
-    for (auto& a : adapters_) a->set_dropout_key(uint64_t(global_step_) * 1000003u + uint64_t(micro));
-    positions_padded_ += batch.batch_size * batch.seq_len;
-    positions_real_ += std::count(batch.doc_ids.begin(), batch.doc_ids.end(), 0);  // unpacked: doc id 0 = sample
+    Batch batch = next_training_batch();
+    for (auto& a : adapters_) a->set_dropout_key(dropout_key(micro));
     const model::Batch mb = model_batch(batch, loader_->options().packed, padding_free_);
     positions_computed_ += mb.B * mb.T;
     model::LossResult r = sharded_ ? sharded_->forward_backward(mb, 1.0f) : model_->forward_backward(mb, 1.0f);
@@ -630,11 +640,8 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
   std::vector<FixedShapeBatch> micro_batches;
   double sums[2] = {0.0, 0.0};  // label tokens, then loss sum (this rank, then the world)
   for (int micro = 0; micro < cfg_.gradient_accumulation_steps; ++micro) {
-    Batch batch;
-    if (!loader_->next(&batch)) throw Error("data loader", "ran out of batches inside an epoch");
+    Batch batch = next_training_batch();
     shift_labels(batch);
-    positions_padded_ += batch.batch_size * batch.seq_len;
-    positions_real_ += std::count(batch.doc_ids.begin(), batch.doc_ids.end(), 0);
     sums[0] += double(batch.num_label_tokens());
     micro_batches.push_back(to_fixed_shape(batch, cfg_.batch_size, gpu_seq_len_, pad_id));
     positions_computed_ += cfg_.batch_size * gpu_seq_len_;
@@ -644,7 +651,7 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
   gpu_->zero_grad();
   double loss_sum = 0;
   for (size_t micro = 0; micro < micro_batches.size(); ++micro) {
-    gpu_->set_dropout_key(uint64_t(global_step_) * 1000003u + uint64_t(micro));  // as the CPU step keys them
+    gpu_->set_dropout_key(dropout_key(int(micro)));
     loss_sum += gpu_->forward_backward(micro_batches[micro], float(1.0 / tokens)).loss_sum;
   }
   group_.allreduce_sum(&loss_sum, 1);
@@ -654,8 +661,7 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
   out.loss = loss_sum / tokens;
   out.lr = next_lr(out.loss);
   if (cfg_.clip_grad_norm) out.grad_norm = gpu_->clip_gradient_norm(*cfg_.clip_grad_norm);
-  gpu_->optimizer_step(out.lr, AdamWSettings{cfg_.optimizer.lr, cfg_.optimizer.beta1, cfg_.optimizer.beta2,
-                                             cfg_.optimizer.eps, cfg_.optimizer.weight_decay});
+  gpu_->optimizer_step(out.lr, adamw_settings());
   return out;
 }
 

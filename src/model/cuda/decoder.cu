@@ -127,12 +127,6 @@ void upload_nf4(const DeviceParameter& p, const float* x) {
 
 }  // namespace
 
-const char* projection_name(int p) {
-  static const char* names[kNumProjections] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                               "gate_proj", "up_proj", "down_proj"};
-  return (p >= 0 && p < kNumProjections) ? names[p] : "?";
-}
-
 DecoderConfig DecoderConfig::llama3_2_1b() {
   DecoderConfig c;
   c.vocab_size = 128256;

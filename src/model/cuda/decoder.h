@@ -83,7 +83,13 @@ struct DecoderConfig {
 // The seven projections of a layer, in HF order.
 constexpr int kNumProjections = 7;
 enum Projection : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
-const char* projection_name(int p);  // "q_proj", ..., "down_proj"
+// "q_proj", ..., "down_proj" ("?" out of range). Inline: the recipes' plan (train/device_selection)
+// reads it without linking the CUDA library.
+inline const char* projection_name(int p) {
+  constexpr const char* kNames[kNumProjections] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                   "gate_proj", "up_proj", "down_proj"};
+  return (p >= 0 && p < kNumProjections) ? kNames[p] : "?";
+}
 
 struct TrainingSetup {
   int64_t batch = 1, seq_len = 1;

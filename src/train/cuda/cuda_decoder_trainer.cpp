@@ -3,6 +3,7 @@
 // uses only plain structs of the host side (model::Parameter, Tensor, the plan) and its own copy
 // of src/core, so that the plugin needs nothing else of the binary.
 #include <cmath>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,10 +42,11 @@ class CudaDecoderTrainer final : public CudaTrainer {
             "has " + std::to_string(value.numel()) + " values on the host and " + std::to_string(d.numel) + " on the GPU");
       device_.upload(d.name, to_f32_vector(value));
     }
-    for (const auto& [name, p] : host_) {
-      bool on_device = false;
-      for (const cuda::DeviceParameter& d : device_.parameters()) on_device = on_device || d.name == name;
-      if (!on_device) throw Error("device=cuda: parameter " + name, "the host model has it; the GPU step does not");
+    if (host_.size() != device_.parameters().size()) {  // every device name was found on the host: the rest
+      std::set<std::string> on_device;
+      for (const cuda::DeviceParameter& d : device_.parameters()) on_device.insert(d.name);
+      for (const auto& [name, p] : host_)
+        if (!on_device.count(name)) throw Error("device=cuda: parameter " + name, "the host model has it; the GPU step does not");
     }
     norm_scratch_ = cuda::DeviceBuffer(size_t(cuda::sum_of_squares_scratch_doubles()) * sizeof(double));
     device_.zero_grad();  // the whole gradient buffer, gaps included, before anything sums it
