@@ -6,11 +6,12 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <cstring>
 #include <vector>
@@ -84,20 +85,31 @@ class GlooProcessGroup final : public ProcessGroup {
   void allreduce_sum(float* data, int64_t n) override { allreduce(data, n); }
   void allreduce_sum(double* data, int64_t n) override { allreduce(data, n); }
 
-  void reduce_scatter_sum(float* out, float* in, int64_t n_per_rank) override {
-    // Gloo's ReduceScatterHalvingDoubling sums wrongly when the world size is not a power of two
-    // (pytorch/gloo#303; our test ReduceScatterIsRightForWorldSizesThatAreNotPowersOfTwo saw it):
-    // there, an allreduce of the whole buffer (twice the traffic) and this rank's slice of it.
-    if ((size_ & (size_ - 1)) != 0) {
-      allreduce(in, n_per_rank * size_);
-      std::memmove(out, in + rank_ * n_per_rank, size_t(n_per_rank) * sizeof(float));
-      return;
-    }
+  // A ring reduce-scatter on Gloo's unbound buffers (NCCL's algorithm): world-1 steps; at each, a
+  // rank sends its right neighbour the chunk it summed the step before and adds the chunk coming
+  // from its left into its own copy. After the last step rank r holds the sum of chunk r. Any world
+  // size works, and each rank sends (world-1)/world of the buffer. (Gloo's own
+  // ReduceScatterHalvingDoubling sums wrongly for world sizes that are not powers of two,
+  // pytorch/gloo#303, and its last notification can still be in flight when a peer that finished
+  // first closes its connection: "Connection closed by peer" on the other rank.)
+  void reduce_scatter_sum(float* out, float* in, int64_t n_per_rank) override {  // in (size, n_per_rank)
+    if (n_per_rank == 0) return;
     guard("reduce_scatter", [&] {
-      std::vector<int> counts(static_cast<size_t>(size_), static_cast<int>(n_per_rank));
-      std::vector<float*> buffers{in};
-      gloo::ReduceScatterHalvingDoubling<float> algorithm(context_, buffers, int(n_per_rank * size_), counts);
-      algorithm.run();
+      const size_t chunk_bytes = size_t(n_per_rank) * sizeof(float);
+      std::vector<float> incoming(size_t(n_per_rank), 0.0f);  // (n_per_rank,) the left neighbour's chunk
+      auto outgoing_buffer = context_->createUnboundBuffer(in, chunk_bytes * size_t(size_));
+      auto incoming_buffer = context_->createUnboundBuffer(incoming.data(), chunk_bytes);
+      const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
+      const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, next_tag());
+      for (int step = 0; step + 1 < size_; ++step) {
+        const int sent_chunk = ring_index(rank_ - step - 1), received_chunk = ring_index(rank_ - step - 2);
+        incoming_buffer->recv(left, slot);
+        outgoing_buffer->send(right, slot, size_t(sent_chunk) * chunk_bytes, chunk_bytes);
+        if (!incoming_buffer->waitRecv(timeout_)) throw Error("reduce_scatter", "the receive was aborted");
+        float* summed = in + int64_t(received_chunk) * n_per_rank;
+        for (int64_t i = 0; i < n_per_rank; ++i) summed[i] += incoming[size_t(i)];
+        if (!outgoing_buffer->waitSend(timeout_)) throw Error("reduce_scatter", "the send was aborted");
+      }
     });
     std::memmove(out, in + rank_ * n_per_rank, size_t(n_per_rank) * sizeof(float));
   }
@@ -160,6 +172,10 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   uint32_t next_tag() { return tag_++; }
+  int ring_index(int k) const { return ((k % size_) + size_) % size_; }
+
+  // Gloo's own collectives use slot prefixes 0x01..0x08 (gloo/types.h).
+  static constexpr uint8_t kReduceScatterSlotPrefix = 0x20;
 
   int rank_, size_;
   std::chrono::milliseconds timeout_;
