@@ -63,6 +63,7 @@ cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe,
   s.batch = batch;
   s.seq_len = seq_len;
   s.full_finetune = !recipe.lora;
+  s.activation_checkpointing = cfg.enable_activation_checkpointing;  // one layer's activations, recomputed
   if (cfg.dtype != TrainDtype::BF16) gaps.push_back("dtype=fp32: the GPU step trains in bf16 only (dtype=bf16)");
   if (packed) gaps.push_back("dataset.packed: packed documents (the GPU step has no document masking yet)");
   if (cfg.optimizer.amsgrad) gaps.push_back("optimizer.amsgrad");

@@ -482,7 +482,8 @@ void FinetuneRecipe::setup_gpu_training() {
            (group_.size() > 1 ? "; replicated over " + std::to_string(group_.size()) + " GPUs, gradients summed over NCCL"
                               : std::string()));
   if (cfg_.enable_activation_checkpointing)
-    log_info("enable_activation_checkpointing: the GPU step keeps every activation for the backward (planned below)");
+    log_info("enable_activation_checkpointing: the GPU step keeps each layer's input and recomputes the layer's "
+             "forward before its backward (one layer's activations planned below)");
   log_info(gpu_->memory_report());
 }
 

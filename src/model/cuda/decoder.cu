@@ -227,6 +227,7 @@ struct Decoder::Impl {
   uint64_t dropout_key = 0, lora_seed = 0;
   float dropout_p = 0;
   bool dropping = false;  // this pass applies LoRA dropout (forward_backward with lora_dropout > 0)
+  bool checkpointing = false;  // TrainingSetup::activation_checkpointing: acts[l] all alias one layer's
   float* attn_scratch = nullptr;     // kFlash: the backward's rowsums
   float* attn_tc_scratch = nullptr;  // kTensorCore: the backward's delta and f32 dq
   void* attn_gemm_scratch = nullptr;  // kGemm: one head's scores, both directions
@@ -262,6 +263,8 @@ struct Decoder::Impl {
                        const bf16_t* xa);
   void upload_batch(const int32_t* tokens_host, const int32_t* labels_host);
   void forward(const DecoderConfig& c);  // embedding .. final norm, saving what the backward reads
+  // Layer l from resid[l] to resid[l + 1], saving into acts[l]; timed: marks the attention's events.
+  void layer_forward(const DecoderConfig& c, int64_t l, bool timed);
   StepResult loss(const DecoderConfig& c, float grad_scale, bool backward);
   void backward(const DecoderConfig& c);  // from dnormed (the loss's gradient) down to the embedding
   std::vector<bool> attention_backward_ran;  // per layer, for the profile
@@ -283,7 +286,24 @@ struct Decoder::Impl {
 
 Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64_t seed)
     : config_(config), setup_(setup), impl_(std::make_unique<Impl>()) {
+  validate();
+  allocate(true);
+  init_parameters(seed);
+}
+
+Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, PlanOnly)
+    : config_(config), setup_(setup), impl_(std::make_unique<Impl>()) {
+  validate();
+  allocate(false);
+}
+
+Decoder::MemoryPlan Decoder::plan(const DecoderConfig& config, const TrainingSetup& setup) {
+  return Decoder(config, setup, PlanOnly{}).memory_plan();
+}
+
+void Decoder::validate() const {
   const DecoderConfig& c = config_;
+  const TrainingSetup& setup = setup_;
   check(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0 &&
             c.head_dim > 0 && c.intermediate_size > 0,
         "cuda decoder", "every size of the config must be positive");
@@ -305,13 +325,11 @@ Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64
   check(setup.lora_dropout >= 0.0f && setup.lora_dropout < 1.0f, "cuda decoder", "lora_dropout must be in [0, 1)");
   check(!setup.use_dora || (any_lora && !setup.full_finetune), "cuda decoder",
         "use_dora (DoRA) needs LoRA and a frozen base (no full_finetune)");
-  allocate();
-  init_parameters(seed);
 }
 
 Decoder::~Decoder() = default;
 
-void Decoder::allocate() {
+void Decoder::allocate(bool on_device) {
   const DecoderConfig& c = config_;
   Impl& s = *impl_;
   const int64_t C = c.hidden_size, I = c.intermediate_size, QD = c.num_heads * c.head_dim,
@@ -322,6 +340,7 @@ void Decoder::allocate() {
   s.params = &params_;
   s.dropout_p = setup_.lora_dropout;
   s.lora_seed = setup_.lora_seed;
+  s.checkpointing = setup_.activation_checkpointing;
 
   // Parameter metadata in HF order, then the LoRA matrices in PEFT's names.
   std::vector<bool> trainable;
@@ -402,10 +421,12 @@ void Decoder::allocate() {
     }
   }
   pbytes += nf4_bytes;
-  s.param_arena = std::make_unique<DeviceArena>("cuda decoder parameters", pbytes);
-  s.grad_arena = std::make_unique<DeviceArena>("cuda decoder gradients", gbytes);
-  s.optim_arena = std::make_unique<DeviceArena>("cuda decoder AdamW state", obytes);
-  for (size_t i = 0; i < params_.size(); ++i) {
+  if (on_device) {
+    s.param_arena = std::make_unique<DeviceArena>("cuda decoder parameters", pbytes);
+    s.grad_arena = std::make_unique<DeviceArena>("cuda decoder gradients", gbytes);
+    s.optim_arena = std::make_unique<DeviceArena>("cuda decoder AdamW state", obytes);
+  }
+  for (size_t i = 0; on_device && i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
     if (nf4[i]) {
       p.nf4_codes = s.param_arena->allocate_n<uint8_t>(size_t(p.numel / 2));
@@ -465,9 +486,21 @@ void Decoder::allocate() {
   auto layout = [&](Carver& k) {
     s.resid.assign(size_t(L + 1), nullptr);
     for (auto& x : s.resid) x = k.take<bf16_t>(N * C);
+    // Every layer's saved activations; with activation checkpointing, one layer's that all share
+    // (each layer's forward is run again into them before its backward), the residual stream above
+    // being what is kept per layer.
     s.acts.assign(size_t(L), Impl::Acts{});
     for (int64_t l = 0; l < L; ++l) {
       Impl::Acts& a = s.acts[size_t(l)];
+      if (s.checkpointing && l > 0) {
+        a = s.acts[0];
+        for (int p = 0; p < kNumProjections; ++p) {
+          const Impl::Linear& first = s.layers[0].proj[p];
+          Impl::Linear& lin = s.layers[size_t(l)].proj[p];
+          lin.dora_pre = first.dora_pre, lin.dora_norm = first.dora_norm, lin.dora_scale = first.dora_scale;
+        }
+        continue;
+      }
       a.ln1 = k.take<bf16_t>(N * C);
       a.rstd1 = k.take<float>(N);
       a.q = k.take<bf16_t>(N * QD);
@@ -527,9 +560,6 @@ void Decoder::allocate() {
   };
   Carver count;
   layout(count);
-  s.act_arena = std::make_unique<DeviceArena>("cuda decoder activations", count.bytes);
-  Carver carve{s.act_arena.get()};
-  layout(carve);
 
   plan_bytes_.parameters = pbytes;
   plan_bytes_.nf4_base = nf4_bytes;
@@ -538,6 +568,10 @@ void Decoder::allocate() {
   plan_bytes_.optimizer = obytes;
   plan_bytes_.activations = count.bytes;
   plan_bytes_.loss_scratch = aligned(s.ce_scratch_bytes);
+  if (!on_device) return;
+  s.act_arena = std::make_unique<DeviceArena>("cuda decoder activations", count.bytes);
+  Carver carve{s.act_arena.get()};
+  layout(carve);
   if (s.ones) {
     init_kernel<<<blocks_for(N, 256), 256>>>(dev(s.ones), N, 0, 0.0f, 1.0f);
     KTUNE_CUDA_CHECK_LAUNCH();
@@ -690,7 +724,9 @@ std::string Decoder::memory_report() const {
   const MemoryPlan& m = plan_bytes_;
   os << "planned device memory: parameters " << gib(m.parameters) << ", gradients " << gib(m.gradients)
      << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations) << " (of which loss chunk "
-     << gib(m.loss_scratch) << ", " << impl_->ce_chunk << " tokens), total " << gib(m.total());
+     << gib(m.loss_scratch) << ", " << impl_->ce_chunk << " tokens"
+     << (setup_.activation_checkpointing ? "; checkpointed: each layer's input kept, one layer's recomputed" : "")
+     << "), total " << gib(m.total());
   if (m.nf4_base > 0)
     os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)
        << " (in activations)";
@@ -857,54 +893,62 @@ void Decoder::Impl::upload_batch(const int32_t* tokens_host, const int32_t* labe
 }
 
 void Decoder::Impl::forward(const DecoderConfig& c) {
-  const int64_t C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
+  const int64_t C = c.hidden_size, V = c.vocab_size, L = c.num_layers;
+  embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, flag.data());
+  for (int64_t l = 0; l < L; ++l) layer_forward(c, l, true);
+  rmsnorm_forward(final_normed, final_rstd, resid[size_t(L)], P(final_norm).value, N, C, c.rms_norm_eps,
+                  c.norm_weight_offset);
+}
+
+// With activation checkpointing the backward calls this again for layer l (timed = false): the same
+// kernels on the same input and parameters, the dropout masks from the same key, so acts[l] holds
+// what the first forward saved there, bit for bit, and resid[l + 1] (no longer read) is rewritten
+// with the values it holds.
+void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, bool timed) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), T, D};
   const float eps = c.rms_norm_eps, off = c.norm_weight_offset;
   const bool sandwich = c.sandwich_norms;
-  embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, flag.data());
-  for (int64_t l = 0; l < L; ++l) {
-    const Layer& layer = layers[size_t(l)];
-    const Acts& a = acts[size_t(l)];
-    const bf16_t* x_in = resid[size_t(l)];
-    bf16_t* x_out = resid[size_t(l) + 1];
-    rmsnorm_forward(a.ln1, a.rstd1, x_in, P(layer.norm_attn).value, N, C, eps, off);
-    linear_forward(a.q, a.ln1, lin(layer.proj[kQ]), a.xa[kQ], 0.0f);
-    linear_forward(a.k, a.ln1, lin(layer.proj[kK]), a.xa[kK], 0.0f);
-    linear_forward(a.v, a.ln1, lin(layer.proj[kV]), a.xa[kV], 0.0f);
-    rope_forward(a.q, positions, rope, N, Hq, D, flag.data());
-    rope_forward(a.k, positions, rope, N, Hkv, D, flag.data());
-    mark(attn_event(l, 0));
-    if (layer.kernel == TrainingSetup::Attention::kTensorCore)
-      flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention);
-    else if (layer.kernel == TrainingSetup::Attention::kGemm)
-      attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch);
-    else
-      attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, layer.attention);
-    mark(attn_event(l, 1));
-    if (sandwich) {  // h = x + post_attn_norm(o(att))
-      linear_forward(a.o, a.att, lin(layer.proj[kO]), a.xa[kO], 0.0f);
-      rmsnorm_forward(a.x_mid, a.rstd_o, a.o, P(layer.norm_attn_out).value, N, C, eps, off);
-      add_inplace(a.x_mid, x_in, N * C);
-    } else {  // h = x + o(att): x copied into h, the projection accumulated onto it (beta = 1)
-      KTUNE_CUDA_CHECK(cudaMemcpyAsync(a.x_mid, x_in, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
-      linear_forward(a.x_mid, a.att, lin(layer.proj[kO]), a.xa[kO], 1.0f);
-    }
-    rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, P(layer.norm_mlp).value, N, C, eps, off);
-    linear_forward(a.gate, a.ln2, lin(layer.proj[kGate]), a.xa[kGate], 0.0f);
-    linear_forward(a.up, a.ln2, lin(layer.proj[kUp]), a.xa[kUp], 0.0f);
-    if (c.activation == DecoderConfig::Activation::kSiLU) swiglu_forward(a.act, a.gate, a.up, N * I);
-    else geglu_tanh_forward(a.act, a.gate, a.up, N * I);
-    if (sandwich) {  // y = h + post_ff_norm(mlp)
-      linear_forward(a.down, a.act, lin(layer.proj[kDown]), a.xa[kDown], 0.0f);
-      rmsnorm_forward(x_out, a.rstd_down, a.down, P(layer.norm_mlp_out).value, N, C, eps, off);
-      add_inplace(x_out, a.x_mid, N * C);
-    } else {
-      KTUNE_CUDA_CHECK(cudaMemcpyAsync(x_out, a.x_mid, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
-      linear_forward(x_out, a.act, lin(layer.proj[kDown]), a.xa[kDown], 1.0f);  // y = h + mlp
-    }
+  const Layer& layer = layers[size_t(l)];
+  const Acts& a = acts[size_t(l)];
+  const bf16_t* x_in = resid[size_t(l)];
+  bf16_t* x_out = resid[size_t(l) + 1];
+  rmsnorm_forward(a.ln1, a.rstd1, x_in, P(layer.norm_attn).value, N, C, eps, off);
+  linear_forward(a.q, a.ln1, lin(layer.proj[kQ]), a.xa[kQ], 0.0f);
+  linear_forward(a.k, a.ln1, lin(layer.proj[kK]), a.xa[kK], 0.0f);
+  linear_forward(a.v, a.ln1, lin(layer.proj[kV]), a.xa[kV], 0.0f);
+  rope_forward(a.q, positions, rope, N, Hq, D, flag.data());
+  rope_forward(a.k, positions, rope, N, Hkv, D, flag.data());
+  if (timed) mark(attn_event(l, 0));
+  if (layer.kernel == TrainingSetup::Attention::kTensorCore)
+    flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention);
+  else if (layer.kernel == TrainingSetup::Attention::kGemm)
+    attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch);
+  else
+    attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, layer.attention);
+  if (timed) mark(attn_event(l, 1));
+  if (sandwich) {  // h = x + post_attn_norm(o(att))
+    linear_forward(a.o, a.att, lin(layer.proj[kO]), a.xa[kO], 0.0f);
+    rmsnorm_forward(a.x_mid, a.rstd_o, a.o, P(layer.norm_attn_out).value, N, C, eps, off);
+    add_inplace(a.x_mid, x_in, N * C);
+  } else {  // h = x + o(att): x copied into h, the projection accumulated onto it (beta = 1)
+    KTUNE_CUDA_CHECK(cudaMemcpyAsync(a.x_mid, x_in, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
+    linear_forward(a.x_mid, a.att, lin(layer.proj[kO]), a.xa[kO], 1.0f);
   }
-  rmsnorm_forward(final_normed, final_rstd, resid[size_t(L)], P(final_norm).value, N, C, eps, off);
+  rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, P(layer.norm_mlp).value, N, C, eps, off);
+  linear_forward(a.gate, a.ln2, lin(layer.proj[kGate]), a.xa[kGate], 0.0f);
+  linear_forward(a.up, a.ln2, lin(layer.proj[kUp]), a.xa[kUp], 0.0f);
+  if (c.activation == DecoderConfig::Activation::kSiLU) swiglu_forward(a.act, a.gate, a.up, N * I);
+  else geglu_tanh_forward(a.act, a.gate, a.up, N * I);
+  if (sandwich) {  // y = h + post_ff_norm(mlp)
+    linear_forward(a.down, a.act, lin(layer.proj[kDown]), a.xa[kDown], 0.0f);
+    rmsnorm_forward(x_out, a.rstd_down, a.down, P(layer.norm_mlp_out).value, N, C, eps, off);
+    add_inplace(x_out, a.x_mid, N * C);
+  } else {
+    KTUNE_CUDA_CHECK(cudaMemcpyAsync(x_out, a.x_mid, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
+    linear_forward(x_out, a.act, lin(layer.proj[kDown]), a.xa[kDown], 1.0f);  // y = h + mlp
+  }
 }
 
 // The output projection fused with cross-entropy over final_normed. backward: dnormed (N, C) f32
@@ -951,6 +995,9 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
   rmsnorm_backward(dres, fnorm.grad, dtmp, resid[size_t(L)], fnorm.value, final_rstd, N, C, off);
   for (int64_t l = L - 1; l >= 0; --l) {
     if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
+    // Checkpointing: acts[l] again, from the layer's saved input. The last layer's are still there
+    // from the forward (the loss and the final norm's backward use scratch of their own).
+    if (checkpointing && l < L - 1) layer_forward(c, l, false);
     const Layer& layer = layers[size_t(l)];
     const Acts& a = acts[size_t(l)];
     const bf16_t* x_in = resid[size_t(l)];

@@ -25,14 +25,23 @@
 // parameters (bf16), gradients (f32, trainable only), optimizer state (bf16 m and v, trainable only),
 // activations (everything a step's forward saves for its backward, the backward's scratch and the
 // loss's chunk scratch). memory_report() prints the plan and what the driver reports in use.
+// Decoder::plan() computes the same plan without allocating it.
+//
+// Activation checkpointing (TrainingSetup::activation_checkpointing, torchtune's
+// enable_activation_checkpointing): the forward keeps only each layer's input (the residual stream,
+// (B, T, C) bf16 per layer) and writes every layer's other activations into ONE layer's worth of
+// scratch; the backward runs a layer's forward again from its saved input into that scratch just
+// before the layer's backward. The recomputation is the forward itself (the same kernels, bf16
+// roundings, LoRA dropout masks from the same key, NF4 dequantisation, DoRA norms), so the gradients
+// are those without checkpointing; the activation arena shrinks by (num_layers - 1) layers' worth.
 //
 // QLoRA (TrainingSetup::quantize_base): the adapted projections' frozen base weights as NF4. LoRA
 // dropout (TrainingSetup::lora_dropout): the CPU adapter's masks, redrawn on the device. DoRA
 // (TrainingSetup::use_dora): the CPU adapter's math (dora.h).
 //
 // It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
-// packed documents (doc_ids), custom positions (always 0..T-1 per row),
-// activation checkpointing, gradient clipping or loading checkpoints (weights are random or
+// packed documents (doc_ids), custom positions (always 0..T-1 per row), activation offloading,
+// gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). The recipes drive it through train/cuda_trainer.h (device=cuda), which loads
 // and saves checkpoints through the CPU engine's host model and clips over gradient_buffer().
 #pragma once
@@ -124,6 +133,10 @@ struct TrainingSetup {
   // dropout PEFT's y = x Wᵀ + b + (c − 1) ⊙ x' Wᵀ + c ⊙ s (x' Aᵀ) Bᵀ. Needs LoRA and no full_finetune;
   // combines with quantize_base (the norms of the dequantised NF4 W).
   bool use_dora = false;
+  // Activation checkpointing (torchtune's enable_activation_checkpointing): keep each layer's input
+  // only and recompute the layer's forward, into one layer's scratch, just before its backward. The
+  // same gradients for one more forward's time (about a third more per step).
+  bool activation_checkpointing = false;
 };
 
 // One named parameter on the device. grad, m, v are nullptr when frozen.
@@ -205,11 +218,17 @@ class Decoder {
     size_t total() const { return parameters + gradients + optimizer + activations; }
   };
   MemoryPlan memory_plan() const { return plan_bytes_; }
+  // The plan a Decoder(config, setup) would allocate, computed without allocating it (no arena, no
+  // parameter initialised; it touches the device only as far as a GEMM context and an index flag).
+  static MemoryPlan plan(const DecoderConfig& config, const TrainingSetup& setup);
   std::string memory_report() const;
 
  private:
   struct Impl;
-  void allocate();
+  struct PlanOnly {};
+  Decoder(const DecoderConfig& config, const TrainingSetup& setup, PlanOnly);
+  void validate() const;
+  void allocate(bool on_device);  // false: only plan_bytes_ (Decoder::plan)
   void init_parameters(uint64_t seed);
 
   DecoderConfig config_;

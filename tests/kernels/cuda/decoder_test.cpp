@@ -1068,6 +1068,174 @@ KTUNE_CUDA_TEST(DecoderGradientBufferHoldsEveryGradientAndZerosBetween) {
   }
 }
 
+// ---- activation checkpointing (TrainingSetup::activation_checkpointing) ----
+
+// One step's loss and every trainable gradient, from zeroed gradients.
+struct StepGradients {
+  cuda::StepResult result;
+  Params grads;
+};
+StepGradients step_gradients(cuda::Decoder& model, const std::vector<int32_t>& tokens,
+                             const std::vector<int32_t>& labels, float grad_scale) {
+  StepGradients out;
+  model.zero_grad();
+  out.result = model.forward_backward(tokens.data(), labels.data(), grad_scale);
+  for (auto& p : model.parameters())
+    if (p.grad) out.grads[p.name] = model.download_grad(p.name);
+  return out;
+}
+
+// Three layers, so that checkpointing recomputes more than one (the last layer's activations are
+// still in the scratch when the backward starts: only layers 0 and 1 run again).
+cuda::DecoderConfig three_layers(cuda::DecoderConfig c) {
+  c.num_layers = 3;
+  if (!c.sliding_window.empty()) c.sliding_window = {12, 0, 12};  // gemma2's alternate windows
+  return c;
+}
+
+// The same step with and without checkpointing, on the same weights, batch and dropout key: the
+// recomputation is the forward itself, so the loss and every gradient must agree as closely as two
+// runs of the step without checkpointing agree with each other (bit for bit, except where a kernel
+// sums with atomics: the embedding's and DoRA's magnitude gradients, the fused tensor-core attention's dq).
+void check_checkpointing(const std::string& what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup,
+                         uint64_t dropout_key = 0) {
+  setup.activation_checkpointing = false;
+  cuda::Decoder plain(config, setup, 7);
+  setup.activation_checkpointing = true;
+  cuda::Decoder checkpointed(config, setup, 7);
+  for (cuda::Decoder* model : {&plain, &checkpointed}) {
+    model->set_dropout_key(dropout_key);
+    randomise(*model, 1000);
+  }
+  std::vector<int32_t> tokens, labels;
+  batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+  const StepGradients first = step_gradients(plain, tokens, labels, 0.01f);
+  const StepGradients again = step_gradients(plain, tokens, labels, 0.01f);
+  const StepGradients got = step_gradients(checkpointed, tokens, labels, 0.01f);
+  const double loss_noise = std::fabs(again.result.loss_sum - first.result.loss_sum);
+  CHECK(got.result.n_valid == first.result.n_valid) << what << ": n_valid";
+  CHECK(std::fabs(got.result.loss_sum - first.result.loss_sum) <= 4 * loss_noise + 1e-6 * std::fabs(first.result.loss_sum))
+      << what << ": loss " << got.result.loss_sum << " with checkpointing, " << first.result.loss_sum << " without";
+  CHECK(got.grads.size() == first.grads.size() && !first.grads.empty()) << what << ": trainable parameters differ";
+  int64_t identical = 0;
+  double worst = 0;
+  for (const auto& [name, want] : first.grads) {
+    if (!got.grads.count(name)) continue;
+    const double noise = relative_error(again.grads.at(name), want);
+    const double err = relative_error(got.grads.at(name), want);
+    CHECK(err <= 4 * noise + 1e-6) << what << ": gradient of " << name << " off by " << err
+                                   << " with checkpointing (two runs without: " << noise << ")";
+    identical += got.grads.at(name) == want;
+    worst = std::max(worst, err);
+  }
+  std::printf("     %s: %lld of %zu gradient tensors bit-identical with checkpointing, worst relative difference %.3g\n",
+              what.c_str(), (long long)identical, first.grads.size(), worst);
+}
+
+KTUNE_CUDA_TEST(DecoderActivationCheckpointingGivesTheSameGradients) {
+  cuda::TrainingSetup lora = family_setup(false, kAllProjections);
+  for (auto attention : {cuda::TrainingSetup::Attention::kGemm, cuda::TrainingSetup::Attention::kFlash}) {
+    lora.attention = attention;
+    check_checkpointing(attention == cuda::TrainingSetup::Attention::kGemm ? "llama lora all [gemm attention]"
+                                                                           : "llama lora all [flash attention]",
+                        three_layers(tiny_config(true)), lora);
+  }
+  check_checkpointing("llama full untied", three_layers(tiny_config(false)), family_setup(true));
+  cuda::TrainingSetup qlora = qlora_setup(kAllButKey);
+  qlora.lora_dropout = 0.1f, qlora.lora_seed = 3;
+  check_checkpointing("qwen2 qlora q,v,o,mlp dropout 0.1", three_layers(tiny_qwen2_config(false)), qlora, 99);
+  cuda::TrainingSetup dora = qlora;
+  dora.use_dora = true;
+  check_checkpointing("qwen2 qlora+dora dropout 0.1", three_layers(tiny_qwen2_config(false)), dora, 5);
+  check_checkpointing("gemma2 full", three_layers(tiny_gemma2_config()), family_setup(true));
+  check_checkpointing("gemma2 lora all", three_layers(tiny_gemma2_config()), family_setup(false, kAllProjections));
+  cuda::TrainingSetup tc = family_setup(false, kAllButKey);
+  tc.attention = cuda::TrainingSetup::Attention::kTensorCore;
+  check_checkpointing("head_dim 64 lora [tensor-core attention]", three_layers(tiny_head_dim64_config(true)), tc);
+}
+
+// One layer's saved activations as decoder.h lays them out, counted here independently: each
+// buffer rounded up to the arena's 256-byte slices.
+size_t layer_activation_bytes(const cuda::DecoderConfig& c, const cuda::TrainingSetup& s) {
+  auto slice = [](int64_t n, size_t bytes) { return (size_t(std::max<int64_t>(n, 1)) * bytes + 255) / 256 * 256; };
+  const int64_t N = s.batch * s.seq_len, C = c.hidden_size, I = c.intermediate_size;
+  const int64_t QD = c.num_heads * c.head_dim, KD = c.num_kv_heads * c.head_dim;
+  size_t bytes = slice(N * C, 2) * 3 + slice(N, 4) * 2;                   // ln1, x_mid, ln2; rstd1, rstd2
+  bytes += slice(N * QD, 2) * 2 + slice(N * KD, 2) * 2 + slice(N * c.num_heads, 4);  // q, att; k, v; lse
+  bytes += slice(N * I, 2) * 3;                                           // gate, up, act
+  const int64_t outs[cuda::kNumProjections] = {QD, KD, KD, C, I, I, C};
+  for (int p = 0; p < cuda::kNumProjections; ++p) {
+    if (!s.lora_on[p] || s.lora_rank == 0) continue;
+    bytes += slice(N * s.lora_rank, 2);                                              // x A^T
+    if (s.use_dora) bytes += slice(N * outs[p], 2) + slice(outs[p], 4) * 2;          // pre, norm, c
+  }
+  if (c.sandwich_norms) bytes += slice(N * C, 2) * 2 + slice(N, 4) * 2;  // o, down; their rstd
+  return bytes;
+}
+
+// The plan with checkpointing holds one layer's activations instead of num_layers': exactly
+// (num_layers - 1) layers' worth less, the rest of the plan unchanged; Decoder::plan is what a
+// decoder allocates. And the figures at torchtune's recipe shapes (printed; no device memory used).
+KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
+  struct Shape {
+    const char* what;
+    cuda::DecoderConfig config;
+    cuda::TrainingSetup setup;
+  };
+  cuda::TrainingSetup dora = family_setup(false, kAllButKey);
+  dora.use_dora = true, dora.lora_dropout = 0.1f;
+  const std::vector<Shape> shapes = {{"llama lora", three_layers(tiny_config(true)), family_setup(false, kAllProjections)},
+                                     {"qwen2 qlora", three_layers(tiny_qwen2_config(false)), qlora_setup(kAllButKey)},
+                                     {"gemma2 dora dropout", three_layers(tiny_gemma2_config()), dora},
+                                     {"llama full", tiny_config(false), family_setup(true)}};
+  for (const Shape& shape : shapes) {
+    cuda::TrainingSetup ac = shape.setup;
+    ac.activation_checkpointing = true;
+    const cuda::Decoder::MemoryPlan plain = cuda::Decoder::plan(shape.config, shape.setup);
+    const cuda::Decoder::MemoryPlan checkpointed = cuda::Decoder::plan(shape.config, ac);
+    const size_t want = size_t(shape.config.num_layers - 1) * layer_activation_bytes(shape.config, shape.setup);
+    CHECK(plain.activations - checkpointed.activations == want)
+        << shape.what << ": activations " << plain.activations << " -> " << checkpointed.activations << " with checkpointing, "
+        << want << " less expected";
+    CHECK(plain.parameters == checkpointed.parameters && plain.gradients == checkpointed.gradients &&
+          plain.optimizer == checkpointed.optimizer && plain.loss_scratch == checkpointed.loss_scratch)
+        << shape.what << ": checkpointing changed more than the activations";
+    for (const cuda::TrainingSetup& setup : {shape.setup, ac}) {
+      cuda::Decoder model(shape.config, setup, 1);
+      const cuda::Decoder::MemoryPlan allocated = model.memory_plan(), planned = cuda::Decoder::plan(shape.config, setup);
+      CHECK(allocated.activations == planned.activations && allocated.total() == planned.total())
+          << shape.what << ": Decoder::plan " << planned.total() << " bytes, the decoder allocated " << allocated.total();
+    }
+  }
+
+  // torchtune's llama3_2/{1B,3B}_lora_single_device: rank 64, alpha 128 on q, v, o and the MLP.
+  auto recipe_lora = [](int64_t batch, int64_t seq_len) {
+    cuda::TrainingSetup s;
+    s.batch = batch, s.seq_len = seq_len, s.lora_rank = 64, s.lora_alpha = 128;
+    for (int p : {cuda::kQ, cuda::kV, cuda::kO, cuda::kGate, cuda::kUp, cuda::kDown}) s.lora_on[p] = true;
+    return s;
+  };
+  cuda::DecoderConfig llama3b = cuda::DecoderConfig::llama3_2_1b();
+  llama3b.hidden_size = 3072, llama3b.num_layers = 28, llama3b.num_heads = 24, llama3b.head_dim = 128;
+  const struct {
+    const char* what;
+    cuda::DecoderConfig config;
+    cuda::TrainingSetup setup;
+  } recipes[] = {{"Llama-3.2-1B lora, batch 2 x 2048", cuda::DecoderConfig::llama3_2_1b(), recipe_lora(2, 2048)},
+                 {"Llama-3.2-3B lora, batch 2 x 4096", llama3b, recipe_lora(2, 4096)}};
+  const double gib = double(1ull << 30);
+  for (const auto& r : recipes) {
+    cuda::TrainingSetup ac = r.setup;
+    ac.activation_checkpointing = true;
+    const cuda::Decoder::MemoryPlan plain = cuda::Decoder::plan(r.config, r.setup), ckpt = cuda::Decoder::plan(r.config, ac);
+    CHECK(ckpt.activations < plain.activations) << r.what;
+    std::printf("     %s: activations %.3f GiB -> %.3f GiB with checkpointing (loss chunk %.3f GiB); "
+                "total %.3f GiB -> %.3f GiB (parameters %.3f, gradients + AdamW %.3f)\n",
+                r.what, plain.activations / gib, ckpt.activations / gib, plain.loss_scratch / gib, plain.total() / gib,
+                ckpt.total() / gib, plain.parameters / gib, (plain.gradients + plain.optimizer) / gib);
+  }
+}
+
 KTUNE_CUDA_TEST(DecoderRejectsTokenOutsideVocabulary) {
   cuda::TrainingSetup setup;
   setup.batch = 1;
