@@ -26,4 +26,10 @@ FixedShapeBatch to_fixed_shape(const Batch& batch, int64_t B, int64_t T, int32_t
   return out;
 }
 
+int64_t step_seq_len(const Batch& batch, int64_t multiple, int64_t max_seq_len) {
+  check(multiple > 0, "step_seq_len", "the multiple must be positive, got " + std::to_string(multiple));
+  const int64_t rounded = (batch.seq_len + multiple - 1) / multiple * multiple;
+  return std::max(batch.seq_len, std::min(rounded, max_seq_len));
+}
+
 }  // namespace ktune

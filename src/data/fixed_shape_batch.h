@@ -3,6 +3,7 @@
 // copied to the front of its row, the rest padding (token pad_id, label -100), and rows beyond the
 // batch's own all padding. Causal attention keeps the padding after a row's tokens from reaching
 // them, and its labels are ignored, so the loss and gradients are those of the batch as collated.
+// step_seq_len() picks a T per batch for a step that takes any T up to its planned one.
 // It deliberately takes no packed batch: packed rows need document masking, which the padding
 // here cannot give (their doc ids would be lost).
 #pragma once
@@ -21,5 +22,12 @@ struct FixedShapeBatch {
 
 // batch: unpacked, labels shifted (shift_labels). Throws ktune::Error when it does not fit (B, T).
 FixedShapeBatch to_fixed_shape(const Batch& batch, int64_t B, int64_t T, int32_t pad_id);
+
+// The T to lay `batch` into for a step planned for at most max_seq_len: the batch's own longest row
+// (its collated seq_len: an unpacked batch is padded to its longest sample) rounded up to a multiple
+// of `multiple` (> 0), capped at max_seq_len, so that a batch of short samples pays for its own
+// length and not for the longest of the dataset, while the steps see few distinct shapes. A batch
+// longer than max_seq_len keeps its length (to_fixed_shape then refuses it, naming it).
+int64_t step_seq_len(const Batch& batch, int64_t multiple, int64_t max_seq_len);
 
 }  // namespace ktune

@@ -1,9 +1,10 @@
 // The recipes' steps on a GPU (device=cuda). A cuda::Decoder (model/cuda/decoder.h) holds the model,
-// its gradients and its AdamW state on the device, planned once for one (B, T); the host model that
-// the checkpointer loaded stays the source and the destination of the weights:
+// its gradients and its AdamW state on the device, planned once for one (B, T_max); the host model
+// that the checkpointer loaded stays the source and the destination of the weights:
 //   setup       every host parameter uploaded by name (HF names for the base, PEFT's for LoRA A/B as
 //               attach_lora initialised them: the same start as a CPU run with the same seed)
-//   each step   micro-batches laid into (B, T) (data/fixed_shape_batch.h), their gradients scaled by
+//   each step   micro-batches laid into (B, T), T their own longest row rounded up to a multiple of
+//               kGpuSeqLenMultiple, at most T_max (data/fixed_shape_batch.h), their gradients scaled by
 //               1 / the global batch's label tokens as they accumulate (the count is known on the
 //               host before the forward), summed across GPUs over NCCL, clipped, and one AdamW step
 //               on the device (bf16 weights and moments, stochastically rounded updates)
@@ -47,7 +48,8 @@ class CudaTrainer {
   virtual void download_trainable() = 0;
 
   virtual void zero_grad() = 0;
-  // One micro-batch; gradients accumulate scaled by grad_scale. The loss sum is unscaled.
+  // One micro-batch of (B, T), T at most the planned one (the step runs on (B, T) only); gradients
+  // accumulate scaled by grad_scale. The loss sum is unscaled.
   virtual model::LossResult forward_backward(const FixedShapeBatch& batch, float grad_scale) = 0;
   // The loss only, for validation (no backward, no LoRA dropout). The gradients are left as they were.
   virtual model::LossResult forward_loss(const FixedShapeBatch& batch) = 0;
@@ -90,6 +92,11 @@ using CreateCudaTrainerFn = CudaTrainer* (*)(const std::vector<model::Parameter*
 using CudaStepDeviceCountFn = int (*)();
 using CudaStepSelectDeviceFn = void (*)(int index);
 }
+// A GPU step's T: its batch's longest row rounded up to a multiple of this (step_seq_len). Every
+// kernel takes any T; the rounding keeps the distinct GEMM shapes (cuBLASLt plans) few and the rows
+// of the attention's (T, T) scores 64-byte aligned, for at most 15 positions of padding a row.
+inline constexpr int64_t kGpuSeqLenMultiple = 16;
+
 inline constexpr const char* kCudaStepPlugin = "libktune_cuda_step.so";
 inline constexpr const char* kCreateCudaTrainerSymbol = "ktune_create_cuda_trainer";
 inline constexpr const char* kCudaStepDeviceCountSymbol = "ktune_cuda_step_device_count";

@@ -163,6 +163,9 @@ class FinetuneRecipe {
   };
   StepOutcome cpu_step();
   StepOutcome gpu_step();
+  // A shifted batch laid out for the GPU step: (batch_size, its longest row rounded up to a multiple
+  // of kGpuSeqLenMultiple, at most gpu_seq_len_).
+  FixedShapeBatch gpu_batch(const Batch& shifted) const;
   // The next training batch, its positions counted (padded, real) for log_padding_skipped.
   Batch next_training_batch();
   // The LoRA dropout key of micro-batch `micro` of the coming step (both engines draw by it).
@@ -209,7 +212,7 @@ class FinetuneRecipe {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<CudaTrainer> gpu_;
   std::unique_ptr<dist::ProcessGroup> nccl_;  // distributed GPU runs: the gradients' group
-  int64_t gpu_seq_len_ = 0;                   // T of the GPU step: the longest sample (train or val)
+  int64_t gpu_seq_len_ = 0;                   // the GPU step's planned T: the longest sample (train or val)
   std::optional<CosineWithWarmup> schedule_;
   std::unique_ptr<MetricLogger> metrics_;
 
@@ -327,7 +330,7 @@ void FinetuneRecipe::validate(int64_t epoch) {
     model::LossResult r;
     if (gpu_) {
       shift_labels(batch);
-      r = gpu_->forward_loss(to_fixed_shape(batch, cfg_.batch_size, gpu_seq_len_, tokenizer_->pad_id().value_or(0)));
+      r = gpu_->forward_loss(gpu_batch(batch));
     } else {
       const model::Batch mb = model_batch(batch, val_packed_, padding_free_);
       r = sharded_ ? sharded_->forward_loss(mb) : model_->forward_loss(mb);
@@ -477,8 +480,9 @@ void FinetuneRecipe::setup_gpu_training() {
   gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, value_of);
   if (!rank0_) return;
   log_info("GPU step: bf16 weights, activations and AdamW moments, f32 gradients and accumulation, stochastically "
-           "rounded updates; every batch laid into (" + std::to_string(cfg_.batch_size) + ", " +
-           std::to_string(gpu_seq_len_) + ")" +
+           "rounded updates; every batch laid into (" + std::to_string(cfg_.batch_size) +
+           ", its longest sample rounded up to a multiple of " + std::to_string(kGpuSeqLenMultiple) +
+           "), memory planned for (" + std::to_string(cfg_.batch_size) + ", " + std::to_string(gpu_seq_len_) + ")" +
            (group_.size() > 1 ? "; replicated over " + std::to_string(group_.size()) + " GPUs, gradients summed over NCCL"
                               : std::string()));
   if (cfg_.enable_activation_checkpointing)
@@ -578,12 +582,14 @@ void FinetuneRecipe::log_padding_skipped() {
   if (!rank0_) return;
   const double padded = counts[0], real = counts[1], computed = counts[2];
   auto percent = [&](double n) { return padded > 0 ? 100.0 * n / padded : 0.0; };
-  char line[256];
-  if (gpu_) {  // every batch padded further, to the longest sample: more positions, not fewer
+  char line[512];
+  if (gpu_) {  // every batch padded further, to its rounded length and batch_size rows: more positions
     std::snprintf(line, sizeof line,
                   "GPU step: the training steps computed %.0f positions for %.0f sample tokens (every batch laid "
-                  "into (batch_size, %lld)); collated, the batches hold %.0f: %.0f positions (%.1f%%) of extra padding",
-                  computed, real, (long long)gpu_seq_len_, padded, computed - padded, percent(computed - padded));
+                  "into (batch_size, its longest sample rounded up to a multiple of %lld, at most %lld)); collated, "
+                  "the batches hold %.0f: %.0f positions (%.1f%%) of extra padding",
+                  computed, real, (long long)kGpuSeqLenMultiple, (long long)gpu_seq_len_, padded, computed - padded,
+                  percent(computed - padded));
     log_info(line);
     return;
   }
@@ -636,16 +642,20 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::cpu_step() {
 
 // The micro-batches come first: their label tokens, summed over the ranks, are the 1 / N that
 // scales each gradient as it accumulates on the GPU (the CPU step scales once at the end instead).
+FixedShapeBatch FinetuneRecipe::gpu_batch(const Batch& shifted) const {
+  return to_fixed_shape(shifted, cfg_.batch_size, step_seq_len(shifted, kGpuSeqLenMultiple, gpu_seq_len_),
+                        tokenizer_->pad_id().value_or(0));
+}
+
 FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
-  const int32_t pad_id = tokenizer_->pad_id().value_or(0);
   std::vector<FixedShapeBatch> micro_batches;
   double sums[2] = {0.0, 0.0};  // label tokens, then loss sum (this rank, then the world)
   for (int micro = 0; micro < cfg_.gradient_accumulation_steps; ++micro) {
     Batch batch = next_training_batch();
     shift_labels(batch);
     sums[0] += double(batch.num_label_tokens());
-    micro_batches.push_back(to_fixed_shape(batch, cfg_.batch_size, gpu_seq_len_, pad_id));
-    positions_computed_ += cfg_.batch_size * gpu_seq_len_;
+    micro_batches.push_back(gpu_batch(batch));
+    positions_computed_ += micro_batches.back().batch_size * micro_batches.back().seq_len;
   }
   group_.allreduce_sum(sums, 1);
   const double tokens = std::max(1.0, sums[0]);

@@ -55,5 +55,33 @@ TEST(FixedShapeBatch, ABatchLongerOrWiderThanTheShapeIsRefusedNamingIt) {
   }
 }
 
+// step_seq_len: the batch's own longest row rounded up to the multiple, capped at the planned T; a
+// batch longer than that keeps its length, and to_fixed_shape refuses it.
+TEST(FixedShapeBatch, AStepTakesTheBatchsLongestRowRoundedUpAndCappedAtThePlan) {
+  Batch b = two_by_three();
+  EXPECT_EQ(step_seq_len(b, 16, 40), 16);
+  EXPECT_EQ(step_seq_len(b, 1, 40), 3);
+  EXPECT_EQ(step_seq_len(b, 3, 40), 3);
+  EXPECT_EQ(step_seq_len(b, 16, 10), 10);  // capped
+  EXPECT_EQ(step_seq_len(b, 16, 3), 3);
+  b.seq_len = 16;
+  EXPECT_EQ(step_seq_len(b, 16, 40), 16);
+  b.seq_len = 17;
+  EXPECT_EQ(step_seq_len(b, 16, 40), 32);
+  b.seq_len = 35;
+  EXPECT_EQ(step_seq_len(b, 16, 40), 40);
+  b.seq_len = 41;
+  EXPECT_EQ(step_seq_len(b, 16, 40), 41);
+  EXPECT_THROW(step_seq_len(b, 0, 40), Error);
+
+  const Batch short_rows = two_by_three();  // laid into (2, 16), not the plan's (2, 40)
+  const FixedShapeBatch f = to_fixed_shape(short_rows, 2, step_seq_len(short_rows, 16, 40), 2);
+  EXPECT_EQ(f.seq_len, 16);
+  ASSERT_EQ(f.tokens.size(), size_t(32));
+  EXPECT_EQ(std::vector<int32_t>(f.tokens.begin() + 16, f.tokens.begin() + 19), (std::vector<int32_t>{8, 9, 0}));
+  EXPECT_EQ(f.labels[3], -100);
+  EXPECT_EQ(f.labels[16], 9);
+}
+
 }  // namespace
 }  // namespace ktune

@@ -205,8 +205,9 @@ struct Decoder::Impl {
   float lora_scale = 0;
   float embed_scale = 1;  // gemma: sqrt(hidden_size) rounded to bf16 (the weights' dtype), as the CPU Decoder
   int64_t ce_chunk = 0;
-  // activations
-  int64_t B = 0, T = 0, N = 0;
+  // activations: planned for (B, T_max); a step runs on (B, T), T <= T_max (set_seq_len), N = B*T
+  int64_t B = 0, T = 0, N = 0, T_max = 0;
+  int64_t positions_T = 0;  // the T whose (B, T) layout `positions` holds
   std::vector<bf16_t*> resid;  // L+1 of (N, C)
   std::vector<Acts> acts;      // L
   bf16_t* final_normed = nullptr;  // (N, C)
@@ -261,6 +262,8 @@ struct Decoder::Impl {
                      const bf16_t* xa);
   void linear_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
                        const bf16_t* xa);
+  // This step's T (0: T_max): N, every layer's attention shape, and positions' (B, T) layout.
+  void set_seq_len(int64_t seq_len);
   void upload_batch(const int32_t* tokens_host, const int32_t* labels_host);
   void forward(const DecoderConfig& c);  // embedding .. final norm, saving what the backward reads
   // Layer l from resid[l] to resid[l + 1], saving into acts[l]; timed: marks the attention's events.
@@ -443,7 +446,7 @@ void Decoder::allocate(bool on_device) {
 
   // Activations: one layout function, run to count and then to carve.
   s.B = setup_.batch;
-  s.T = setup_.seq_len;
+  s.T = s.T_max = setup_.seq_len;
   s.N = s.B * s.T;
   const int64_t N = s.N;
   s.ce_chunk = setup_.ce_chunk_tokens > 0 ? setup_.ce_chunk_tokens
@@ -579,11 +582,10 @@ void Decoder::allocate(bool on_device) {
   // Gemma: sqrt(hidden) in the weights' dtype (bf16), as HF's embed_scale.to(weight.dtype).
   s.embed_scale = c.scale_embeddings ? bf16_to_f32(f32_to_bf16(float(std::sqrt(double(C))))) : 1.0f;
 
-  // Positions 0..T-1 in every row; the rotary table for T positions (the CPU RopeTable's angles).
-  std::vector<int32_t> pos(static_cast<size_t>(N));
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t t = 0; t < s.T; ++t) pos[size_t(b * s.T + t)] = int32_t(t);
-  copy_to_device(s.positions, pos.data(), pos.size() * sizeof(int32_t));
+  // Positions 0..T-1 in every row (set_seq_len lays them out); the rotary table for T_max positions
+  // (the CPU RopeTable's angles).
+  s.positions_T = 0;
+  s.set_seq_len(s.T_max);
   cpu::RopeTable table(c.head_dim, c.rope_theta, c.rope_scaling, s.T);
   const size_t table_floats = size_t(s.T) * size_t(c.head_dim / 2);
   s.rope_cos = DeviceBuffer(table_floats * sizeof(float));
@@ -887,6 +889,20 @@ void Decoder::Impl::dora_backward(bf16_t* dx, bool accumulate, const bf16_t* dy,
   lora_dropout_backward_add(dx, dropped_x, N * w.in, w.dropout_seed, w.dropout);
 }
 
+void Decoder::Impl::set_seq_len(int64_t seq_len) {
+  check(seq_len >= 0 && seq_len <= T_max, "cuda decoder",
+        "a step of seq_len " + std::to_string(seq_len) + " for a decoder planned for at most " + std::to_string(T_max));
+  T = seq_len > 0 ? seq_len : T_max;
+  N = B * T;
+  for (Layer& layer : layers) layer.attention.T = T;
+  if (positions_T == T) return;
+  std::vector<int32_t> pos(static_cast<size_t>(N));  // 0..T-1 in every row
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = int32_t(t);
+  copy_to_device(positions, pos.data(), pos.size() * sizeof(int32_t));
+  positions_T = T;
+}
+
 void Decoder::Impl::upload_batch(const int32_t* tokens_host, const int32_t* labels_host) {
   copy_to_device(tokens, tokens_host, size_t(N) * sizeof(int32_t));
   copy_to_device(labels, labels_host, size_t(N) * sizeof(int32_t));
@@ -907,7 +923,7 @@ void Decoder::Impl::forward(const DecoderConfig& c) {
 void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, bool timed) {
   const int64_t C = c.hidden_size, I = c.intermediate_size;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
-  const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), T, D};
+  const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), T_max, D};  // the table's rows
   const float eps = c.rms_norm_eps, off = c.norm_weight_offset;
   const bool sandwich = c.sandwich_norms;
   const Layer& layer = layers[size_t(l)];
@@ -968,7 +984,7 @@ StepResult Decoder::Impl::loss(const DecoderConfig& c, float grad_scale, bool ba
 void Decoder::Impl::backward(const DecoderConfig& c) {
   const int64_t C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
-  const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), T, D};
+  const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), T_max, D};  // the table's rows
   const float off = c.norm_weight_offset;
   const bool sandwich = c.sandwich_norms;
   attention_backward_ran.assign(size_t(L), false);
@@ -1067,8 +1083,10 @@ void Decoder::Impl::finish_step(const DecoderConfig& c, bool with_backward, Deco
   }
 }
 
-StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* labels_host, float grad_scale) {
+StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* labels_host, float grad_scale,
+                                     int64_t seq_len) {
   Impl& s = *impl_;
+  s.set_seq_len(seq_len);
   s.upload_batch(tokens_host, labels_host);
   s.dropping = setup_.lora_dropout > 0;
   s.mark(0);
@@ -1079,8 +1097,9 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   return result;
 }
 
-StepResult Decoder::forward_loss(const int32_t* tokens_host, const int32_t* labels_host) {
+StepResult Decoder::forward_loss(const int32_t* tokens_host, const int32_t* labels_host, int64_t seq_len) {
   Impl& s = *impl_;
+  s.set_seq_len(seq_len);
   s.upload_batch(tokens_host, labels_host);
   s.dropping = false;  // evaluation: no dropout
   s.mark(0);

@@ -25,7 +25,11 @@
 // parameters (bf16), gradients (f32, trainable only), optimizer state (bf16 m and v, trainable only),
 // activations (everything a step's forward saves for its backward, the backward's scratch and the
 // loss's chunk scratch). memory_report() prints the plan and what the driver reports in use.
-// Decoder::plan() computes the same plan without allocating it.
+// Decoder::plan() computes the same plan without allocating it. A step may be shorter than the plan:
+// forward_backward and forward_loss take the step's own seq_len (<= the planned one) and run every
+// kernel on (batch, that seq_len) in the front of the planned buffers, so a batch of short samples
+// costs its own length. The attention kernel of each layer is chosen once, for the planned seq_len
+// (a window shorter than it keeps the tiled kernel at shorter steps, where it masks what it did).
 //
 // Activation checkpointing (TrainingSetup::activation_checkpointing, torchtune's
 // enable_activation_checkpointing): the forward keeps only each layer's input (the residual stream,
@@ -181,14 +185,16 @@ class Decoder {
   std::vector<float> download_grad(const std::string& name);  // throws when frozen
 
   // One forward and backward over host tokens and labels (batch * seq_len each, row-major;
-  // labels are the target of each position, -100 ignored). Gradients ACCUMULATE scaled by
+  // labels are the target of each position, -100 ignored). seq_len: this step's, 1..the planned
+  // one (0: the planned one); throws ktune::Error beyond it. The result is that of a decoder planned
+  // for exactly this seq_len (the same kernels on the same shapes). Gradients ACCUMULATE scaled by
   // grad_scale (1/n_valid for a token mean). Synchronises once (the loss comes back).
-  StepResult forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale);
+  StepResult forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale, int64_t seq_len = 0);
   // The forward and the fused loss only (validation): no backward, gradients untouched, the same
   // loss as forward_backward's on the same batch. It overwrites the saved activations, so it runs
   // between steps, never between a forward_backward and what reads its gradients (nothing does).
-  // No LoRA dropout (evaluation, as PEFT's eval mode). Synchronises once.
-  StepResult forward_loss(const int32_t* tokens, const int32_t* labels);
+  // No LoRA dropout (evaluation, as PEFT's eval mode). seq_len as forward_backward's. Synchronises once.
+  StepResult forward_loss(const int32_t* tokens, const int32_t* labels, int64_t seq_len = 0);
   // The LoRA dropout masks' key for the following steps (the CPU LoraAdapter::set_dropout_key; the
   // trainer sets a new one per micro-batch). 0 until set.
   void set_dropout_key(uint64_t key);

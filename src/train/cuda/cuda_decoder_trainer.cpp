@@ -70,13 +70,14 @@ class CudaDecoderTrainer final : public CudaTrainer {
 
   model::LossResult forward_backward(const FixedShapeBatch& batch, float grad_scale) override {
     check_shape(batch);
-    const cuda::StepResult r = device_.forward_backward(batch.tokens.data(), batch.labels.data(), grad_scale);
+    const cuda::StepResult r =
+        device_.forward_backward(batch.tokens.data(), batch.labels.data(), grad_scale, batch.seq_len);
     return {r.loss_sum, r.n_valid};
   }
 
   model::LossResult forward_loss(const FixedShapeBatch& batch) override {
     check_shape(batch);
-    const cuda::StepResult r = device_.forward_loss(batch.tokens.data(), batch.labels.data());
+    const cuda::StepResult r = device_.forward_loss(batch.tokens.data(), batch.labels.data(), batch.seq_len);
     return {r.loss_sum, r.n_valid};
   }
 
@@ -146,11 +147,16 @@ class CudaDecoderTrainer final : public CudaTrainer {
   std::string memory_report() const override { return device_.memory_report(); }
 
  private:
+  // (B, T): B the planned one, 0 < T <= the planned one (the step runs on (B, T)).
   void check_shape(const FixedShapeBatch& batch) const {
-    check(batch.batch_size == device_.setup().batch && batch.seq_len == device_.setup().seq_len, "device=cuda",
+    const cuda::TrainingSetup& plan = device_.setup();
+    check(batch.batch_size == plan.batch && batch.seq_len > 0 && batch.seq_len <= plan.seq_len &&
+              int64_t(batch.tokens.size()) == batch.batch_size * batch.seq_len &&
+              batch.labels.size() == batch.tokens.size(),
+          "device=cuda",
           "a batch of (" + std::to_string(batch.batch_size) + ", " + std::to_string(batch.seq_len) +
-              ") for a step planned for (" + std::to_string(device_.setup().batch) + ", " +
-              std::to_string(device_.setup().seq_len) + ")");
+              ") for a step planned for (" + std::to_string(plan.batch) + ", at most " +
+              std::to_string(plan.seq_len) + ")");
   }
 
   cuda::Decoder device_;

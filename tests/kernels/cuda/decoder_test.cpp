@@ -1085,6 +1085,42 @@ StepGradients step_gradients(cuda::Decoder& model, const std::vector<int32_t>& t
   return out;
 }
 
+// `got` against `want`, the same step computed another way: the loss and every gradient within 4x
+// the difference between `want` and `again` (the very same step run twice) plus 1e-6 relative, so
+// bit for bit where the kernels are deterministic (the emulator; on a GPU all but the sums with
+// atomics: the embedding's and DoRA's magnitude gradients, the fused tensor-core attention's dq).
+void expect_same_step(const std::string& what, const StepGradients& want, const StepGradients& again,
+                      const StepGradients& got) {
+  const double loss_noise = std::fabs(again.result.loss_sum - want.result.loss_sum);
+  CHECK(got.result.n_valid == want.result.n_valid)
+      << what << ": n_valid " << got.result.n_valid << " vs " << want.result.n_valid;
+  const double loss_bound = 4 * loss_noise + 1e-6 * std::fabs(want.result.loss_sum);
+  CHECK(std::fabs(got.result.loss_sum - want.result.loss_sum) <= loss_bound)
+      << what << ": loss " << got.result.loss_sum << ", want " << want.result.loss_sum;
+  CHECK(got.grads.size() == want.grads.size() && !want.grads.empty()) << what << ": trainable parameters differ";
+  int64_t identical = 0;
+  double worst = 0;
+  for (const auto& [name, w] : want.grads) {
+    if (!got.grads.count(name)) continue;
+    const double noise = relative_error(again.grads.at(name), w);
+    const double err = relative_error(got.grads.at(name), w);
+    CHECK(err <= 4 * noise + 1e-6) << what << ": gradient of " << name << " off by " << err
+                                   << " (the step twice: " << noise << ")";
+    identical += got.grads.at(name) == w;
+    worst = std::max(worst, err);
+  }
+  std::printf("     %s: %lld of %zu gradient tensors bit-identical, worst relative difference %.3g\n", what.c_str(),
+              (long long)identical, want.grads.size(), worst);
+}
+
+// The same weights (randomise's, seed 1000) and dropout key on each of `models` (of one config).
+void same_weights(std::initializer_list<cuda::Decoder*> models, uint64_t dropout_key) {
+  for (cuda::Decoder* model : models) {
+    model->set_dropout_key(dropout_key);
+    randomise(*model, 1000);
+  }
+}
+
 // Three layers, so that checkpointing recomputes more than one (the last layer's activations are
 // still in the scratch when the backward starts: only layers 0 and 1 run again).
 cuda::DecoderConfig three_layers(cuda::DecoderConfig c) {
@@ -1095,41 +1131,20 @@ cuda::DecoderConfig three_layers(cuda::DecoderConfig c) {
 
 // The same step with and without checkpointing, on the same weights, batch and dropout key: the
 // recomputation is the forward itself, so the loss and every gradient must agree as closely as two
-// runs of the step without checkpointing agree with each other (bit for bit, except where a kernel
-// sums with atomics: the embedding's and DoRA's magnitude gradients, the fused tensor-core attention's dq).
+// runs of the step without checkpointing agree with each other (expect_same_step).
 void check_checkpointing(const std::string& what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup,
                          uint64_t dropout_key = 0) {
   setup.activation_checkpointing = false;
   cuda::Decoder plain(config, setup, 7);
   setup.activation_checkpointing = true;
   cuda::Decoder checkpointed(config, setup, 7);
-  for (cuda::Decoder* model : {&plain, &checkpointed}) {
-    model->set_dropout_key(dropout_key);
-    randomise(*model, 1000);
-  }
+  same_weights({&plain, &checkpointed}, dropout_key);
   std::vector<int32_t> tokens, labels;
   batch(config, setup.batch * setup.seq_len, &tokens, &labels);
   const StepGradients first = step_gradients(plain, tokens, labels, 0.01f);
   const StepGradients again = step_gradients(plain, tokens, labels, 0.01f);
   const StepGradients got = step_gradients(checkpointed, tokens, labels, 0.01f);
-  const double loss_noise = std::fabs(again.result.loss_sum - first.result.loss_sum);
-  CHECK(got.result.n_valid == first.result.n_valid) << what << ": n_valid";
-  CHECK(std::fabs(got.result.loss_sum - first.result.loss_sum) <= 4 * loss_noise + 1e-6 * std::fabs(first.result.loss_sum))
-      << what << ": loss " << got.result.loss_sum << " with checkpointing, " << first.result.loss_sum << " without";
-  CHECK(got.grads.size() == first.grads.size() && !first.grads.empty()) << what << ": trainable parameters differ";
-  int64_t identical = 0;
-  double worst = 0;
-  for (const auto& [name, want] : first.grads) {
-    if (!got.grads.count(name)) continue;
-    const double noise = relative_error(again.grads.at(name), want);
-    const double err = relative_error(got.grads.at(name), want);
-    CHECK(err <= 4 * noise + 1e-6) << what << ": gradient of " << name << " off by " << err
-                                   << " with checkpointing (two runs without: " << noise << ")";
-    identical += got.grads.at(name) == want;
-    worst = std::max(worst, err);
-  }
-  std::printf("     %s: %lld of %zu gradient tensors bit-identical with checkpointing, worst relative difference %.3g\n",
-              what.c_str(), (long long)identical, first.grads.size(), worst);
+  expect_same_step(what + ", with checkpointing against without", first, again, got);
 }
 
 KTUNE_CUDA_TEST(DecoderActivationCheckpointingGivesTheSameGradients) {
@@ -1184,10 +1199,11 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
   };
   cuda::TrainingSetup dora = family_setup(false, kAllButKey);
   dora.use_dora = true, dora.lora_dropout = 0.1f;
-  const std::vector<Shape> shapes = {{"llama lora", three_layers(tiny_config(true)), family_setup(false, kAllProjections)},
-                                     {"qwen2 qlora", three_layers(tiny_qwen2_config(false)), qlora_setup(kAllButKey)},
-                                     {"gemma2 dora dropout", three_layers(tiny_gemma2_config()), dora},
-                                     {"llama full", tiny_config(false), family_setup(true)}};
+  const std::vector<Shape> shapes = {
+      {"llama lora", three_layers(tiny_config(true)), family_setup(false, kAllProjections)},
+      {"qwen2 qlora", three_layers(tiny_qwen2_config(false)), qlora_setup(kAllButKey)},
+      {"gemma2 dora dropout", three_layers(tiny_gemma2_config()), dora},
+      {"llama full", tiny_config(false), family_setup(true)}};
   for (const Shape& shape : shapes) {
     cuda::TrainingSetup ac = shape.setup;
     ac.activation_checkpointing = true;
@@ -1195,16 +1211,18 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
     const cuda::Decoder::MemoryPlan checkpointed = cuda::Decoder::plan(shape.config, ac);
     const size_t want = size_t(shape.config.num_layers - 1) * layer_activation_bytes(shape.config, shape.setup);
     CHECK(plain.activations - checkpointed.activations == want)
-        << shape.what << ": activations " << plain.activations << " -> " << checkpointed.activations << " with checkpointing, "
-        << want << " less expected";
+        << shape.what << ": activations " << plain.activations << " -> " << checkpointed.activations
+        << " with checkpointing, " << want << " less expected";
     CHECK(plain.parameters == checkpointed.parameters && plain.gradients == checkpointed.gradients &&
           plain.optimizer == checkpointed.optimizer && plain.loss_scratch == checkpointed.loss_scratch)
         << shape.what << ": checkpointing changed more than the activations";
     for (const cuda::TrainingSetup& setup : {shape.setup, ac}) {
       cuda::Decoder model(shape.config, setup, 1);
-      const cuda::Decoder::MemoryPlan allocated = model.memory_plan(), planned = cuda::Decoder::plan(shape.config, setup);
+      const cuda::Decoder::MemoryPlan allocated = model.memory_plan();
+      const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(shape.config, setup);
       CHECK(allocated.activations == planned.activations && allocated.total() == planned.total())
-          << shape.what << ": Decoder::plan " << planned.total() << " bytes, the decoder allocated " << allocated.total();
+          << shape.what << ": Decoder::plan " << planned.total() << " bytes, the decoder allocated "
+          << allocated.total();
     }
   }
 
@@ -1227,13 +1245,90 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
   for (const auto& r : recipes) {
     cuda::TrainingSetup ac = r.setup;
     ac.activation_checkpointing = true;
-    const cuda::Decoder::MemoryPlan plain = cuda::Decoder::plan(r.config, r.setup), ckpt = cuda::Decoder::plan(r.config, ac);
+    const cuda::Decoder::MemoryPlan plain = cuda::Decoder::plan(r.config, r.setup);
+    const cuda::Decoder::MemoryPlan ckpt = cuda::Decoder::plan(r.config, ac);
     CHECK(ckpt.activations < plain.activations) << r.what;
     std::printf("     %s: activations %.3f GiB -> %.3f GiB with checkpointing (loss chunk %.3f GiB); "
                 "total %.3f GiB -> %.3f GiB (parameters %.3f, gradients + AdamW %.3f)\n",
                 r.what, plain.activations / gib, ckpt.activations / gib, plain.loss_scratch / gib, plain.total() / gib,
                 ckpt.total() / gib, plain.parameters / gib, (plain.gradients + plain.optimizer) / gib);
   }
+}
+
+// ---- a step shorter than the plan (forward_backward / forward_loss's seq_len) ----
+
+// A decoder planned for T_max = 64 running a step of seq_len t against one planned for exactly t, on
+// the same weights, batch and dropout key: the same kernels on the same (B, t) shapes, so the same
+// loss and gradients (expect_same_step). Then forward_loss at t, and
+// a step at the full T_max after the short ones equal to the first (positions laid out again).
+void check_short_step(const std::string& what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup, int64_t t,
+                      uint64_t dropout_key = 0) {
+  setup.seq_len = 64;
+  cuda::Decoder planned_long(config, setup, 7);
+  setup.seq_len = t;
+  cuda::Decoder planned_short(config, setup, 7);
+  same_weights({&planned_long, &planned_short}, dropout_key);
+  std::vector<int32_t> tokens, labels, long_tokens, long_labels;
+  batch(config, setup.batch * t, &tokens, &labels);
+  batch(config, setup.batch * 64, &long_tokens, &long_labels);
+  auto long_step = [&] {
+    planned_long.zero_grad();
+    return planned_long.forward_backward(long_tokens.data(), long_labels.data(), 0.01f);
+  };
+  const cuda::StepResult long_before = long_step();
+  const StepGradients want = step_gradients(planned_short, tokens, labels, 0.01f);
+  const StepGradients again = step_gradients(planned_short, tokens, labels, 0.01f);
+  StepGradients got;
+  planned_long.zero_grad();
+  got.result = planned_long.forward_backward(tokens.data(), labels.data(), 0.01f, t);
+  for (auto& p : planned_long.parameters())
+    if (p.grad) got.grads[p.name] = planned_long.download_grad(p.name);
+
+  const std::string step = what + ", seq_len " + std::to_string(t) + " of 64 against a decoder planned for it";
+  expect_same_step(step, want, again, got);
+  const double loss_noise = std::fabs(again.result.loss_sum - want.result.loss_sum);
+  const cuda::StepResult short_loss = planned_long.forward_loss(tokens.data(), labels.data(), t);
+  const cuda::StepResult want_loss = planned_short.forward_loss(tokens.data(), labels.data());
+  CHECK(std::fabs(short_loss.loss_sum - want_loss.loss_sum) <= 4 * loss_noise + 1e-6 * std::fabs(want_loss.loss_sum))
+      << what << ": forward_loss " << short_loss.loss_sum << " at seq_len " << t << " of 64, " << want_loss.loss_sum;
+  const cuda::StepResult long_after = long_step();
+  CHECK(long_after.n_valid == long_before.n_valid &&
+        std::fabs(long_after.loss_sum - long_before.loss_sum) <= 1e-6 * std::fabs(long_before.loss_sum))
+      << what << ": a full-length step after the short ones: loss " << long_after.loss_sum << ", before "
+      << long_before.loss_sum;
+}
+
+KTUNE_CUDA_TEST(DecoderStepShorterThanThePlanEqualsADecoderPlannedForIt) {
+  cuda::TrainingSetup lora = family_setup(false, kAllProjections);
+  lora.ce_chunk_tokens = 0;  // the default chunk: one chunk at either plan
+  check_short_step("llama lora all [gemm attention]", tiny_config(true), lora, 24);
+  lora.attention = cuda::TrainingSetup::Attention::kFlash;
+  check_short_step("llama lora all [flash attention]", tiny_config(true), lora, 40);
+  cuda::TrainingSetup full = family_setup(true);
+  full.ce_chunk_tokens = 16;  // several chunks, the last one partial at either plan
+  check_short_step("llama full untied, loss in chunks of 16", tiny_config(false), full, 24);
+  cuda::TrainingSetup qlora = qlora_setup(kAllButKey);
+  qlora.lora_dropout = 0.1f, qlora.lora_seed = 3, qlora.use_dora = true;
+  check_short_step("qwen2 qlora+dora dropout 0.1", tiny_qwen2_config(false), qlora, 32, 99);
+  check_short_step("gemma2 lora all (window 12)", tiny_gemma2_config(), family_setup(false, kAllProjections), 24);
+  cuda::TrainingSetup tc = family_setup(false, kAllButKey);
+  tc.attention = cuda::TrainingSetup::Attention::kTensorCore;
+  check_short_step("head_dim 64 lora [tensor-core attention]", tiny_head_dim64_config(true), tc, 16);
+  cuda::TrainingSetup checkpointed = family_setup(false, kAllButKey);
+  checkpointed.activation_checkpointing = true;
+  check_short_step("llama lora checkpointed", three_layers(tiny_config(true)), checkpointed, 24);
+
+  cuda::TrainingSetup planned = family_setup(true);  // seq_len 40
+  cuda::Decoder model(tiny_config(true), planned, 1);
+  std::vector<int32_t> tokens(size_t(planned.batch * 41), 1), labels(tokens.size(), 2);
+  bool threw = false;
+  try {
+    model.forward_backward(tokens.data(), labels.data(), 1.0f, 41);
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("at most 40") != std::string::npos;
+    if (!threw) std::printf("     unexpected message: %s\n", e.what());
+  }
+  CHECK(threw) << "a step of seq_len 41 on a decoder planned for 40 must be an Error naming the plan";
 }
 
 KTUNE_CUDA_TEST(DecoderRejectsTokenOutsideVocabulary) {

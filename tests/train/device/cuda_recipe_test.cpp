@@ -138,6 +138,26 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
   EXPECT_NO_THROW(model::Decoder::from_pretrained(out("gpu") + "/epoch_0"));  // the merged model
 }
 
+// torchtune's enable_activation_checkpointing on the GPU step (one layer's activations, recomputed)
+// tracks the CPU run as closely as without it; and every batch is laid into its own length, rounded
+// up to a multiple of kGpuSeqLenMultiple, not into the dataset's longest sample: the steps compute
+// fewer positions than (batch_size, planned T) a step would.
+TEST_F(CudaRecipeTest, LoraOnTheGpuWithActivationCheckpointingTracksTheCpuRunOnEachBatchsLength) {
+  SKIP_WITHOUT_GPUS(1);
+  Outcome gpu;
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 enable_activation_checkpointing=True " + sized(8, 8), &gpu));
+  expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
+  EXPECT_NE(gpu.output.find("recomputes the layer's forward"), std::string::npos) << gpu.output;
+  EXPECT_NE(gpu.output.find("checkpointed: each layer's input kept"), std::string::npos) << gpu.output;
+  std::smatch planned, computed;
+  ASSERT_TRUE(std::regex_search(gpu.output, planned, std::regex("memory planned for \\((\\d+), (\\d+)\\)")))
+      << gpu.output;
+  ASSERT_TRUE(std::regex_search(gpu.output, computed, std::regex("the training steps computed (\\d+) positions")))
+      << gpu.output;
+  const int64_t per_step = std::stoll(planned[1]) * std::stoll(planned[2]);
+  EXPECT_LT(std::stoll(computed[1]), steps(8) * per_step) << gpu.output;
+}
+
 TEST_F(CudaRecipeTest, QloraOnTheGpuTracksTheCpuRun) {
   SKIP_WITHOUT_GPUS(1);
   // The same NF4 codes on both engines: the GPU step quantises with the CPU's quantiser.

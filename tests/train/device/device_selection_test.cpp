@@ -108,7 +108,8 @@ TEST(PlanCudaStep, QloraDoraAndLoraDropoutGoToTheGpuStepAsConfigured) {
 TEST(PlanCudaStep, ActivationCheckpointingGoesToTheGpuStepAsConfigured) {
   for (const std::string recipe : {"lora_finetune_single_device", "full_finetune_single_device"}) {
     for (bool on : {false, true}) {
-      const RecipeConfig cfg = tiny(recipe, {std::string("enable_activation_checkpointing=") + (on ? "True" : "False")});
+      const RecipeConfig cfg =
+          tiny(recipe, {std::string("enable_activation_checkpointing=") + (on ? "True" : "False")});
       const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe(recipe), family("llama"), 2, 64, false);
       EXPECT_TRUE(plan.gaps.empty()) << recipe << ": " << describe_gaps(plan.gaps);
       EXPECT_EQ(plan.setup.activation_checkpointing, on) << recipe;
