@@ -122,6 +122,32 @@ TEST(CudaPlugin, OnAGpuTheLossIsTheCpuEnginesOnTheSameBf16Weights) {
   }
 }
 
+// A step planned for (2, 16) takes a batch of (2, 8): the loss is the CPU engine's on those 8
+// columns; a batch of (2, 17) is refused, naming the plan.
+TEST(CudaPlugin, OnAGpuABatchShorterThanThePlanRunsAtItsOwnLength) {
+  SKIP_WITHOUT_GPU();
+  TinyRun r = tiny_run(true);
+  std::unique_ptr<CudaTrainer> gpu = make_cuda_trainer(r.host->parameters(), r.plan, 1);
+  std::vector<int32_t> tokens, labels;  // (2, 8): the first 8 columns of each row
+  for (int b = 0; b < 2; ++b) {
+    tokens.insert(tokens.end(), r.tokens.begin() + b * 16, r.tokens.begin() + b * 16 + 8);
+    labels.insert(labels.end(), r.labels.begin() + b * 16, r.labels.begin() + b * 16 + 8);
+  }
+  const model::LossResult cpu = r.host->forward_loss(model::Batch{tokens.data(), labels.data(), nullptr, nullptr, 2, 8});
+  const model::LossResult dev = gpu->forward_loss(FixedShapeBatch{2, 8, tokens, labels});
+  EXPECT_EQ(dev.n_valid, cpu.n_valid);
+  EXPECT_NEAR(dev.loss_sum / dev.n_valid, cpu.loss_sum / cpu.n_valid, 1e-2 * cpu.loss_sum / cpu.n_valid);
+  gpu->zero_grad();
+  EXPECT_EQ(gpu->forward_backward(FixedShapeBatch{2, 8, tokens, labels}, 1.0f).n_valid, cpu.n_valid);
+  std::vector<int32_t> long_tokens(34, 1), long_labels(34, 2);
+  try {
+    gpu->forward_loss(FixedShapeBatch{2, 17, long_tokens, long_labels});
+    FAIL() << "a (2, 17) batch for a step planned for (2, 16) was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 16"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaPlugin, OnAGpuAStepTrainsWhatItShouldAndComesBackIntoTheHostModel) {
   SKIP_WITHOUT_GPU();
   for (bool lora : {false, true}) {
