@@ -9,6 +9,8 @@
 #   3. the training-step benchmark: Llama-3.2-1B shape, seq 2048, LoRA and full fine-tune (LoRA once
 #      more on the fused tensor-core attention), beside
 #      PyTorch (+PEFT) on the same GPU: tokens/s, MFU (990 TFLOP/s bf16 peak), peak memory, ratios
+#   4. the memory check: ktune alone at torchtune's published memory settings (Llama 3.2 3B, batch 2 x
+#      seq 4096, activation checkpointing; LoRA 8.5 GiB, QLoRA 4.6 GiB), when time is left
 # and print a summary naming what passed, failed, was skipped or ran out of time.
 # Budget: 8 minutes on one H200 (build ~1-2 min on 16 cores); every part has a timeout, and the
 # parts after the tests share what is left of GPU_CHECK_BUDGET_S (default 470 s from the start).
@@ -38,7 +40,7 @@ part_timeout() {
   [ "$left" -lt "$cap" ] && echo "$left" || echo "$cap"
 }
 
-BUILD_STATUS="not run"; TEST_STATUS="not run"; TEST_SUMMARY=""; GEMM_STATUS="not run"; STEP_STATUS="not run"
+BUILD_STATUS="not run"; TEST_STATUS="not run"; TEST_SUMMARY=""; GEMM_STATUS="not run"; STEP_STATUS="not run"; MEMORY_STATUS="not run"
 TEST_RC=-1
 summary() {
   echo
@@ -52,6 +54,8 @@ summary() {
   [ -f "$LOG_DIR/gemm.log" ] && grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ \||^attention |^ERROR" "$LOG_DIR/gemm.log" | sed 's/^/         /'
   echo "step:    $STEP_STATUS"
   [ -f "$LOG_DIR/step.log" ] && grep -E "^SUMMARY |^FAILED parts|^(lora|full) +(ktune|torch)|^ +ERROR |^ +profile " "$LOG_DIR/step.log" | sed 's/^/         /'
+  echo "memory:  $MEMORY_STATUS"
+  [ -f "$LOG_DIR/memory.log" ] && grep -E "^MEMORY " "$LOG_DIR/memory.log" | sed 's/^/         /'
   echo "logs:    $LOG_DIR"
 }
 finish() {  # $1: exit code
@@ -153,9 +157,9 @@ fi
 
 # ---- 2. GEMM benchmark ----
 if [ "${GPU_CHECK_SKIP_BENCH:-0}" = 1 ]; then
-  GEMM_STATUS="skipped (GPU_CHECK_SKIP_BENCH=1)"; STEP_STATUS="$GEMM_STATUS"
+  GEMM_STATUS="skipped (GPU_CHECK_SKIP_BENCH=1)"; STEP_STATUS="$GEMM_STATUS"; MEMORY_STATUS="$GEMM_STATUS"
 elif [ "$NO_GPU" = 1 ]; then
-  GEMM_STATUS="skipped (no GPU)"; STEP_STATUS="skipped (no GPU)"
+  GEMM_STATUS="skipped (no GPU)"; STEP_STATUS="skipped (no GPU)"; MEMORY_STATUS="skipped (no GPU)"
 else
   if [ ! -x "$GEMM_BIN" ]; then
     GEMM_STATUS="FAILED: not built"
@@ -193,12 +197,30 @@ else
       *) STEP_STATUS="FAILED (exit $STEP_RC; see the parts named below and $LOG_DIR/step.log)" ;;
     esac
   fi
+  # ---- 4. memory check (informative: the step benchmark's settings are the targets' first) ----
+  if [ ! -x "$STEP_BIN" ]; then
+    MEMORY_STATUS="FAILED: not built"
+  elif [ "$(remaining)" -lt 50 ]; then
+    MEMORY_STATUS="skipped: out of time budget ($(remaining)s left)"
+  else
+    T=$(part_timeout 120)
+    say "memory check (3B, batch 2 x 4096, activation checkpointing), ${T}s"
+    timeout "$T" python3 bench/gpu/train_step_compare.py "$STEP_BIN" --memory-check --timeout $(( T / 2 )) \
+      >"$LOG_DIR/memory.log" 2>&1
+    MEMORY_RC=$?
+    cat "$LOG_DIR/memory.log"
+    case "$MEMORY_RC" in
+      0) MEMORY_STATUS="ok" ;;
+      77) MEMORY_STATUS="skipped (no GPU)" ;;
+      *) MEMORY_STATUS="FAILED (exit $MEMORY_RC; see $LOG_DIR/memory.log)" ;;
+    esac
+  fi
 fi
 
 # ---- result ----
 if [ "$NO_GPU" = 1 ] && [ "$BUILD_STATUS" = ok ]; then finish 77; fi
 if [ "$BUILD_STATUS" = ok ] && [ "$TEST_STATUS" = PASS ] && { [ "$GEMM_STATUS" = ok ] || [ "${GPU_CHECK_SKIP_BENCH:-0}" = 1 ]; } \
-   && { [ "$STEP_STATUS" = ok ] || [ "${GPU_CHECK_SKIP_BENCH:-0}" = 1 ]; }; then
+   && { [ "$STEP_STATUS" = ok ] || [ "${GPU_CHECK_SKIP_BENCH:-0}" = 1 ]; } && [[ "$MEMORY_STATUS" != FAILED* ]]; then
   finish 0
 fi
 finish 1

@@ -4,15 +4,21 @@
 //   --mode=lora   torchtune's llama3_2/1B_lora_single_device: rank 64, alpha 128 on q_proj, v_proj,
 //                 output_proj (o_proj) and the MLP (gate, up, down); base frozen
 //   --mode=full   every parameter trainable (torchtune's 1B_full_single_device, bf16 AdamW)
+//   --mode=qlora  the LoRA setup over an NF4 base (torchtune's llama3_2/*_qlora_single_device)
 // Prints the memory plan and one machine-readable line:
-//   RESULT side=ktune mode=M batch=B seq=T steps=S step_ms=X tokens_per_s=Y flops_per_token=F
+//   RESULT side=ktune model=1b mode=M activation_checkpointing=0 attention=A batch=B seq=T steps=S step_ms=X tokens_per_s=Y flops_per_token=F
 //          tflops=Z mfu=U loss_first=A loss_last=L planned_gib=P device_used_gib=D
+//          run_used_gib=R (D less what the device held before the model) ...
 // MFU is against 990 TFLOP/s (H200 dense bf16) with the FLOPs counted by flops_per_token (below;
 // bench/gpu/train_step_compare.py uses the same count for PyTorch). Exit 77 without a GPU.
 // Options: --batch=4 --seq=2048 --layers=16 --steps=6 --warmup=2 --max-seconds=20
+//          --model=1b (Llama-3.2-1B's shape, the default) | 3b (Llama-3.2-3B's: 3072 wide, 28 layers,
+//          24/8 heads of 128, MLP 8192; torchtune publishes its memory for LoRA/QLoRA at batch 2 x 4096)
+//          --activation-checkpointing=1 (torchtune's enable_activation_checkpointing; 0 by default)
 //          --attention=gemm (tensor-core GEMMs, the default) | tensor_core (the fused FlashAttention-2,
 //          flash_attention_tc.h) | flash (the tiled CUDA-core kernel).
 // It deliberately has no data loading, no checkpointing, no gradient accumulation: the step only.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -67,8 +73,13 @@ std::string arg_s(int argc, char** argv, const std::string& key, const std::stri
 int run(int argc, char** argv) {
   using namespace ktune;
   const std::string mode = arg_s(argc, argv, "mode", "lora");
-  if (mode != "lora" && mode != "full") {
-    std::fprintf(stderr, "--mode must be lora or full, not %s\n", mode.c_str());
+  if (mode != "lora" && mode != "full" && mode != "qlora") {
+    std::fprintf(stderr, "--mode must be lora, qlora or full, not %s\n", mode.c_str());
+    return 2;
+  }
+  const std::string model_name = arg_s(argc, argv, "model", "1b");
+  if (model_name != "1b" && model_name != "3b") {
+    std::fprintf(stderr, "--model must be 1b or 3b, not %s\n", model_name.c_str());
     return 2;
   }
   if (cuda::device_count() == 0) {
@@ -76,6 +87,10 @@ int run(int argc, char** argv) {
     return 77;
   }
   cuda::DecoderConfig config = cuda::DecoderConfig::llama3_2_1b();
+  if (model_name == "3b") {  // meta-llama/Llama-3.2-3B's config.json (the rest as 1B's: vocab, rope, tied)
+    config.hidden_size = 3072, config.num_layers = 28, config.num_heads = 24, config.num_kv_heads = 8;
+    config.head_dim = 128, config.intermediate_size = 8192;
+  }
   config.num_layers = arg(argc, argv, "layers", config.num_layers);
   cuda::TrainingSetup setup;
   setup.batch = arg(argc, argv, "batch", 4);
@@ -86,7 +101,9 @@ int run(int argc, char** argv) {
     setup.lora_rank = 64;
     setup.lora_alpha = 128;
     for (int p : {cuda::kQ, cuda::kV, cuda::kO, cuda::kGate, cuda::kUp, cuda::kDown}) setup.lora_on[p] = true;
+    setup.quantize_base = mode == "qlora";
   }
+  setup.activation_checkpointing = arg(argc, argv, "activation-checkpointing", 0) != 0;
   const std::string attention = arg_s(argc, argv, "attention", "gemm");
   if (attention != "gemm" && attention != "tensor_core" && attention != "flash") {
     std::fprintf(stderr, "--attention must be gemm, tensor_core or flash, not %s\n", attention.c_str());
@@ -98,16 +115,21 @@ int run(int argc, char** argv) {
   const int64_t steps = arg(argc, argv, "steps", 6), warmup = arg(argc, argv, "warmup", 2);
   const double max_seconds = double(arg(argc, argv, "max-seconds", 20));
   std::printf("device: %s\n", cuda::device_description().c_str());
-  std::printf("config: Llama-3.2-1B shape (vocab %lld, dim %lld, %lld layers, %lld/%lld heads, hidden %lld, tied), "
-              "batch %lld x seq %lld, mode %s%s, attention %s\n",
-              (long long)config.vocab_size, (long long)config.hidden_size, (long long)config.num_layers,
+  std::printf("config: Llama-3.2-%s shape (vocab %lld, dim %lld, %lld layers, %lld/%lld heads, hidden %lld, tied), "
+              "batch %lld x seq %lld, mode %s%s%s, attention %s\n",
+              model_name == "3b" ? "3B" : "1B", (long long)config.vocab_size, (long long)config.hidden_size, (long long)config.num_layers,
               (long long)config.num_heads, (long long)config.num_kv_heads, (long long)config.intermediate_size,
               (long long)setup.batch, (long long)setup.seq_len, mode.c_str(),
-              mode == "lora" ? " (rank 64, alpha 128 on q,v,o,gate,up,down)" : "",
+              mode == "full" ? "" : " (rank 64, alpha 128 on q,v,o,gate,up,down)",
+              setup.activation_checkpointing ? ", activation checkpointing" : "",
               attention == "gemm"          ? "tensor-core GEMMs (attention_gemm.h)"
               : attention == "tensor_core" ? "fused tensor-core FlashAttention-2 (flash_attention_tc.h)"
                                            : "tiled CUDA-core kernel (attention.h)");
 
+  // What the device holds before the model (the CUDA context, other processes): the run's own
+  // memory is device_used minus this.
+  size_t used_before = 0, total_before = 0;
+  cuda::device_memory_info(&used_before, &total_before);
   cuda::Decoder model(config, setup, 1234);
   std::printf("parameters: %lld, trainable %lld\n", (long long)model.parameter_count(false),
               (long long)model.parameter_count(true));
@@ -172,13 +194,14 @@ int run(int argc, char** argv) {
               "output projection + loss %.1f ms (%.0f%%), the rest (projections, norms, rope, MLP) %.1f ms\n",
               prof.step_ms, prof.attention_ms, 100 * prof.attention_ms / prof.step_ms, prof.loss_ms,
               100 * prof.loss_ms / prof.step_ms, prof.step_ms - prof.attention_ms - prof.loss_ms);
-  std::printf("RESULT side=ktune mode=%s attention=%s batch=%lld seq=%lld steps=%lld step_ms=%.2f tokens_per_s=%.1f "
+  std::printf("RESULT side=ktune model=%s mode=%s activation_checkpointing=%d attention=%s batch=%lld seq=%lld steps=%lld step_ms=%.2f tokens_per_s=%.1f "
               "flops_per_token=%.6e tflops=%.2f mfu=%.4f loss_first=%.4f loss_last=%.4f planned_gib=%.3f "
-              "device_used_gib=%.3f attention_ms=%.1f loss_ms=%.1f fwd_bwd_ms=%.1f\n",
-              mode.c_str(), attention.c_str(), (long long)setup.batch, (long long)setup.seq_len, (long long)timed, step_ms,
+              "device_used_gib=%.3f run_used_gib=%.3f attention_ms=%.1f loss_ms=%.1f fwd_bwd_ms=%.1f\n",
+              model_name.c_str(), mode.c_str(), int(setup.activation_checkpointing), attention.c_str(), (long long)setup.batch, (long long)setup.seq_len, (long long)timed, step_ms,
               tokens_per_s,
               fpt, tflops, tflops / kPeakTflops, loss_first, loss_last,
-              double(model.memory_plan().total()) / double(1ull << 30), double(used_after) / double(1ull << 30), prof.attention_ms, prof.loss_ms, prof.step_ms);
+              double(model.memory_plan().total()) / double(1ull << 30), double(used_after) / double(1ull << 30),
+              double(used_after - std::min(used_after, used_before)) / double(1ull << 30), prof.attention_ms, prof.loss_ms, prof.step_ms);
   return 0;
 }
 

@@ -18,6 +18,13 @@ is rerun once with the tiled CUDA-core kernel (--attention=flash), and the failu
 Memory: ktune's figure is its planned arenas (parameters, gradients, AdamW state, activations, loss
 scratch) and the driver's in-use total; torch's is max_memory_allocated and max_memory_reserved.
 It deliberately runs random tokens: the step's speed, not a training result.
+
+  train_step_compare.py BINARY --memory-check [--timeout 120]
+runs ktune alone at the settings torchtune publishes its peak memory for (Llama 3.2 3B, batch 2 x
+seq 4096, activation checkpointing; LoRA 8.5 GiB, QLoRA 4.6 GiB, the issue's figures) and prints
+one MEMORY line per mode: ktune's planned arenas and what the run allocated on the device (the
+driver's in-use count after the warm-up step minus before the model: arenas, cuBLASLt workspace),
+each against the published figure.
 """
 import argparse
 import os
@@ -148,6 +155,31 @@ def torch_worker(args):
 
 
 # ---------------------------------------------------------------------------------------------
+# Peak memory against torchtune's published figures (ktune only)
+
+TORCHTUNE_PUBLISHED_GIB = {"lora": 8.5, "qlora": 4.6}  # Llama 3.2 3B, batch 2 x seq 4096
+
+
+def memory_check(binary, timeout):
+    failed = []
+    for mode, published in TORCHTUNE_PUBLISHED_GIB.items():
+        k, rc, _ = run_part([binary, "--model=3b", f"--mode={mode}", "--batch=2", "--seq=4096",
+                             "--activation-checkpointing=1", "--steps=1", "--warmup=1", "--max-seconds=10"], timeout)
+        if rc == 77:
+            print("SKIP gpu memory check: no CUDA device")
+            return 77
+        if k is None:
+            failed.append(mode)
+            print(f"MEMORY model=3b mode={mode} ktune=FAILED (exit {rc})")
+            continue
+        planned, used = float(k["planned_gib"]), float(k["run_used_gib"])
+        print(f"MEMORY model=3b mode={mode} batch=2 seq=4096 activation_checkpointing=1 "
+              f"ktune_planned_gib={planned:.2f} ktune_run_used_gib={used:.2f} torchtune_published_gib={published} "
+              f"ratio={used / published:.2f} target={'met' if used < published else 'MISSED'}")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------------
 
 def main():
     ap = argparse.ArgumentParser()
@@ -164,6 +196,8 @@ def main():
                     help="ktune's attention kernels")
     ap.add_argument("--also-attention", default="", choices=["", "gemm", "flash", "tensor_core"],
                     help="run ktune's LoRA step once more with these attention kernels (an extra row)")
+    ap.add_argument("--memory-check", action="store_true",
+                    help="ktune alone at torchtune's published memory settings (3B, batch 2 x 4096, AC)")
     ap.add_argument("--torch-worker", choices=["lora", "full"])
     ap.add_argument("--torch-device", default="cuda", help="cpu: a smoke test of the PyTorch side only")
     args = ap.parse_args()
@@ -171,6 +205,8 @@ def main():
         return torch_worker(args)
     if not args.binary:
         ap.error("the ktune_gpu_train_step_bench binary is required")
+    if args.memory_check:
+        return memory_check(args.binary, args.timeout)
 
     common = [f"--batch={args.batch}", f"--seq={args.seq}", f"--layers={args.layers}", f"--steps={args.steps}",
               f"--warmup={args.warmup}", f"--attention={args.attention}"]
