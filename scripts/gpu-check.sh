@@ -34,6 +34,14 @@ LOG_DIR="$BUILD/gpu-check-logs"
 elapsed() { echo $(( $(date +%s) - START )); }
 remaining() { echo $(( BUDGET - $(elapsed) )); }
 say() { echo "[gpu-check $(elapsed)s] $*"; }
+# A benchmark part's status from its exit code ($1) and where to look when it failed ($2).
+status_of() {
+  case "$1" in
+    0) echo "ok" ;;
+    77) echo "skipped (no GPU)" ;;
+    *) echo "FAILED (exit $1; $2)" ;;
+  esac
+}
 # min(cap, what is left of the budget minus a reserve for the summary)
 part_timeout() {
   local cap=$1 left; left=$(( $(remaining) - 10 )); [ "$left" -lt 5 ] && left=5  # never 0: timeout 0 waits forever
@@ -191,11 +199,7 @@ else
       --max-seconds $(( PART / 3 )) --timeout "$PART" >"$LOG_DIR/step.log" 2>&1
     STEP_RC=$?
     cat "$LOG_DIR/step.log"
-    case "$STEP_RC" in
-      0) STEP_STATUS="ok" ;;
-      77) STEP_STATUS="skipped (no GPU)" ;;
-      *) STEP_STATUS="FAILED (exit $STEP_RC; see the parts named below and $LOG_DIR/step.log)" ;;
-    esac
+    STEP_STATUS=$(status_of "$STEP_RC" "see the parts named below and $LOG_DIR/step.log")
   fi
   # ---- 4. memory check (informative: the step benchmark's settings are the targets' first) ----
   if [ ! -x "$STEP_BIN" ]; then
@@ -209,11 +213,7 @@ else
       >"$LOG_DIR/memory.log" 2>&1
     MEMORY_RC=$?
     cat "$LOG_DIR/memory.log"
-    case "$MEMORY_RC" in
-      0) MEMORY_STATUS="ok" ;;
-      77) MEMORY_STATUS="skipped (no GPU)" ;;
-      *) MEMORY_STATUS="FAILED (exit $MEMORY_RC; see $LOG_DIR/memory.log)" ;;
-    esac
+    MEMORY_STATUS=$(status_of "$MEMORY_RC" "see $LOG_DIR/memory.log")
   fi
 fi
 
