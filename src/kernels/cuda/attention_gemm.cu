@@ -1,8 +1,9 @@
 // Causal attention through cuBLASLt GEMMs and row kernels (see attention_gemm.h).
 // Scratch layout (each slice 256-byte aligned): S (B,T,T) f32 | dP (B,T,T) f32 | P (B,T,T) bf16 |
 // delta (B,Hq,T) f32 | dK (B,T,Hkv,D) f32 | dV (B,T,Hkv,D) f32.
-// The row kernels take one block per (b, i) row of the head at hand; masked entries (j > i) of P
-// and dS are written as 0, so the GEMMs over the full (T, T) square add nothing for them.
+// The row kernels take one block per (b, i) row of the head at hand; masked entries (j > i, or
+// another document: doc_ids[b, j] != doc_ids[b, i]) of P and dS are written as 0, so the GEMMs over
+// the full (T, T) square add nothing for them.
 #include "kernels/cuda/attention_gemm.h"
 
 #include <cuda_bf16.h>
@@ -47,47 +48,56 @@ void check_shape(const AttentionShape& s) {
         "no sliding window or soft-cap on this path (kernels/cuda/attention.h has them)");
 }
 
+// Key j is visible to query i of batch row b: causal, and the same document when doc ids are given.
+__device__ __forceinline__ bool visible(const int32_t* doc, int64_t b, int64_t T, int64_t i, int64_t j) {
+  return j <= i && (!doc || doc[b * T + j] == doc[b * T + i]);
+}
+
 // P[r, j] = exp(S[r, j] - lse) for j <= i, 0 beyond; lse[(b*Hq + h)*T + i] = log sum exp S[r, 0..i].
 // One block per row r = b*T + i.
-__global__ void softmax_rows_kernel(__nv_bfloat16* P, float* lse, const float* S, int64_t T, int64_t Hq, int64_t h) {
+__global__ void softmax_rows_kernel(__nv_bfloat16* P, float* lse, const float* S, const int32_t* doc, int64_t T,
+                                    int64_t Hq, int64_t h) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x, b = r / T, i = r % T;
   const float* srow = S + r * T;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, srow[j]);
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    if (visible(doc, b, T, i, j)) m = fmaxf(m, srow[j]);
   m = block_max(m, shared);
   __syncthreads();
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) sum += __expf(srow[j] - m);
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    if (visible(doc, b, T, i, j)) sum += __expf(srow[j] - m);
   sum = block_sum(sum, shared);
   const float l = m + __logf(sum);
   __nv_bfloat16* prow = P + r * T;
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-    prow[j] = __float2bfloat16_rn(j <= i ? __expf(srow[j] - l) : 0.0f);
+    prow[j] = __float2bfloat16_rn(visible(doc, b, T, i, j) ? __expf(srow[j] - l) : 0.0f);
   if (threadIdx.x == 0) lse[(b * Hq + h) * T + i] = l;
 }
 
 // Backward: P = exp(S - lse) (bf16, for dV), and dS = P (dP - delta) scale written over dP's row
 // as bf16 into dS (the P buffer is consumed by the dV GEMM first: two passes, see below).
-__global__ void probabilities_kernel(__nv_bfloat16* P, const float* S, const float* lse, int64_t T, int64_t Hq,
-                                     int64_t h) {
+__global__ void probabilities_kernel(__nv_bfloat16* P, const float* S, const float* lse, const int32_t* doc, int64_t T,
+                                     int64_t Hq, int64_t h) {
   const int64_t r = blockIdx.x, b = r / T, i = r % T;
   const float l = lse[(b * Hq + h) * T + i];
   const float* srow = S + r * T;
   __nv_bfloat16* prow = P + r * T;
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-    prow[j] = __float2bfloat16_rn(j <= i ? __expf(srow[j] - l) : 0.0f);
+    prow[j] = __float2bfloat16_rn(visible(doc, b, T, i, j) ? __expf(srow[j] - l) : 0.0f);
 }
 
 __global__ void score_gradient_kernel(__nv_bfloat16* dS, const float* S, const float* dP, const float* lse,
-                                      const float* delta, int64_t T, int64_t Hq, int64_t h, float scale) {
+                                      const float* delta, const int32_t* doc, int64_t T, int64_t Hq, int64_t h,
+                                      float scale) {
   const int64_t r = blockIdx.x, b = r / T, i = r % T;
   const float l = lse[(b * Hq + h) * T + i], d = delta[(b * Hq + h) * T + i];
   const float* srow = S + r * T;
   const float* dprow = dP + r * T;
   __nv_bfloat16* row = dS + r * T;
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-    row[j] = __float2bfloat16_rn(j <= i ? __expf(srow[j] - l) * (dprow[j] - d) * scale : 0.0f);
+    row[j] = __float2bfloat16_rn(visible(doc, b, T, i, j) ? __expf(srow[j] - l) * (dprow[j] - d) * scale : 0.0f);
 }
 
 // delta[(b*Hq + h)*T + i] = sum_d dout[b,i,h,d] * out[b,i,h,d]: a warp per (b, i, h).
@@ -129,7 +139,8 @@ size_t attention_gemm_scratch_bytes(const AttentionShape& s) {
 }
 
 void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k,
-                            const bf16_t* v, const AttentionShape& s, void* scratch, Stream stream) {
+                            const bf16_t* v, const AttentionShape& s, void* scratch, Stream stream,
+                            const int32_t* doc_ids) {
   check_shape(s);
   const Scratch w = carve(s, scratch);
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
@@ -138,7 +149,7 @@ void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf1
     // S (b) = scale Q_h(b) K_g(b)^T   (T, T) f32
     batched(ctx, false, true, T, T, D, s.scale, q + h * D, QD, T * QD, k + g * D, KD, T * KD, 0.0f, w.S, T, T * T,
             DType::F32, s.B, stream);
-    softmax_rows_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), lse, w.S, T, s.Hq, h);
+    softmax_rows_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), lse, w.S, doc_ids, T, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
     // O_h(b) = P(b) V_g(b)   (T, D) bf16 into the strided head columns
     batched(ctx, false, false, T, D, T, 1.0f, w.P, T, T * T, v + g * D, KD, T * KD, 0.0f, out + h * D, QD, T * QD,
@@ -148,7 +159,7 @@ void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf1
 
 void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout,
                              const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
-                             const AttentionShape& s, void* scratch, Stream stream) {
+                             const AttentionShape& s, void* scratch, Stream stream, const int32_t* doc_ids) {
   check_shape(s);
   const Scratch w = carve(s, scratch);
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
@@ -163,7 +174,7 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
     // S = scale Q K^T again, P = exp(S - lse)
     batched(ctx, false, true, T, T, D, s.scale, q + h * D, QD, T * QD, k + g * D, KD, T * KD, 0.0f, w.S, T, T * T,
             DType::F32, s.B, stream);
-    probabilities_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, lse, T, s.Hq, h);
+    probabilities_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, lse, doc_ids, T, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
     // dV_g += P^T dO_h   (T, D) f32
     batched(ctx, true, false, T, D, T, 1.0f, w.P, T, T * T, dout + h * D, QD, T * QD, 1.0f, w.dv + g * D, KD, T * KD,
@@ -172,8 +183,8 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
     batched(ctx, false, true, T, T, D, 1.0f, dout + h * D, QD, T * QD, v + g * D, KD, T * KD, 0.0f, w.dP, T, T * T,
             DType::F32, s.B, stream);
     // dS = P (dP - delta) scale   (T, T) bf16, over P (its dV use is queued before this)
-    score_gradient_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, w.dP, lse, w.delta, T, s.Hq,
-                                                                         h, s.scale);
+    score_gradient_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, w.dP, lse, w.delta, doc_ids,
+                                                                         T, s.Hq, h, s.scale);
     KTUNE_CUDA_CHECK_LAUNCH();
     // dQ_h = dS K_g   (T, D) bf16
     batched(ctx, false, false, T, D, T, 1.0f, w.P, T, T * T, k + g * D, KD, T * KD, 0.0f, dq + h * D, QD, T * QD,

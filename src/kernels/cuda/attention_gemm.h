@@ -7,8 +7,9 @@
 // Unlike flash attention it materialises one head's (B, T, T) scores at a time in scratch (f32 S and
 // dP, bf16 P: 10 B T^2 bytes, 160 MiB at B=4, T=2048) and computes the masked upper triangle too
 // (2x the causal FLOPs) — the price of running on cuBLASLt's tensor-core GEMMs today.
-// It deliberately does not do sliding windows, soft-capping or document ids (refused: use
-// attention.h), nor f32.
+// Document ids (packed samples) mask like attention.h's: key j is visible to query i iff j <= i and
+// doc_ids[b, j] == doc_ids[b, i] (the masked entries' GEMM work is still done, as the upper triangle's).
+// It deliberately does not do sliding windows or soft-capping (refused: use attention.h), nor f32.
 #pragma once
 
 #include <cstddef>
@@ -23,13 +24,17 @@ namespace ktune::cuda {
 // Bytes of device scratch both directions need (S, dP f32; P bf16; rowsums; f32 dK, dV).
 size_t attention_gemm_scratch_bytes(const AttentionShape& s);
 
-// q (B,T,Hq,D)   k, v (B,T,Hkv,D)   out (B,T,Hq,D)   lse (B,Hq,T) saved.  Throws ktune::Error for a
-// window, a soft-cap or heads that do not group.
+// q (B,T,Hq,D)   k, v (B,T,Hkv,D)   out (B,T,Hq,D)   lse (B,Hq,T) saved   doc_ids (B,T) or nullptr (last,
+// so that calls without documents read as before).  Throws ktune::Error for a window, a soft-cap or
+// heads that do not group.
 void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k,
-                            const bf16_t* v, const AttentionShape& s, void* scratch, Stream stream = nullptr);
-// Undoes out = softmax(causal(scale q kᵀ)) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten.
+                            const bf16_t* v, const AttentionShape& s, void* scratch, Stream stream = nullptr,
+                            const int32_t* doc_ids = nullptr);
+// Undoes out = softmax(mask(scale q kᵀ)) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten; doc_ids
+// the forward's.
 void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout,
                              const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
-                             const AttentionShape& s, void* scratch, Stream stream = nullptr);
+                             const AttentionShape& s, void* scratch, Stream stream = nullptr,
+                             const int32_t* doc_ids = nullptr);
 
 }  // namespace ktune::cuda

@@ -7,6 +7,8 @@
 // 2^-9 max|v| = 1.95e-3 (v in [-1, 1]); out gets atol 2e-3 (1e-3 failed at 1.14-1.46x in the host
 // emulator, tests/kernels/cuda/emulator, whose products round P exactly so), as flash_attention_tc's; dq, dk, dv
 // also see dS rounded to bf16 (relative 2^-9): atol 6e-3. A wrong mask or softmax is off by 0.1+.
+// Document ids (packed rows) are checked the same way: a one-token document, two longer ones whose
+// boundary differs between rows, and a padding document (-1) at the end of each row.
 #include <cmath>
 
 #include "core/error.h"
@@ -24,27 +26,39 @@ using cuda_test::rounded_to_bf16;
 using cuda_test::to_bf16;
 using cuda_test::to_device;
 
-void check_gemm_attention(const char* name, cpu::AttentionShape s) {
+// Per row: document 0 is the first token alone, 1 runs to T/3, 2 to T - T/8 - b, then padding (-1).
+std::vector<int32_t> packed_doc_ids(int64_t B, int64_t T) {
+  std::vector<int32_t> docs;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) docs.push_back(i == 0 ? 0 : i < T / 3 ? 1 : i < T - T / 8 - b ? 2 : -1);
+  return docs;
+}
+
+void check_gemm_attention(const char* name, cpu::AttentionShape s, bool with_docs = false) {
   const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
   auto q = rounded_to_bf16(random_floats(nq, 11)), k = rounded_to_bf16(random_floats(nkv, 12));
   auto v = rounded_to_bf16(random_floats(nkv, 13)), dout = rounded_to_bf16(random_floats(nq, 14));
+  const std::vector<int32_t> docs = with_docs ? packed_doc_ids(s.B, s.T) : std::vector<int32_t>();
+  const int32_t* doc_ptr = with_docs ? docs.data() : nullptr;
   std::vector<float> out(nq), lse(size_t(s.B * s.Hq * s.T)), dq(nq), dk(nkv), dv(nkv);
-  cpu::attention_forward_reference(out.data(), lse.data(), q.data(), k.data(), v.data(), nullptr, s);
+  cpu::attention_forward_reference(out.data(), lse.data(), q.data(), k.data(), v.data(), doc_ptr, s);
   // The backward's rowsum uses the bf16-rounded forward output, as the GPU's does.
   const auto out_rounded = rounded_to_bf16(out);
   cpu::attention_backward_reference(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                                    out_rounded.data(), lse.data(), nullptr, s);
+                                    out_rounded.data(), lse.data(), doc_ptr, s);
 
   cuda::GemmContext ctx;
+  cuda::DeviceBuffer d_docs = with_docs ? to_device(docs) : cuda::DeviceBuffer();
+  const int32_t* d_doc_ptr = with_docs ? d_docs.as<int32_t>() : nullptr;
   auto d_q = to_device(to_bf16(q)), d_k = to_device(to_bf16(k)), d_v = to_device(to_bf16(v));
   auto d_dout = to_device(to_bf16(dout));
   cuda::DeviceBuffer d_out(nq * 2), d_dq(nq * 2), d_dk(nkv * 2), d_dv(nkv * 2), d_lse(lse.size() * 4);
   cuda::DeviceBuffer scratch(cuda::attention_gemm_scratch_bytes(s));
   cuda::attention_gemm_forward(ctx, d_out.as<bf16_t>(), d_lse.as<float>(), d_q.as<bf16_t>(), d_k.as<bf16_t>(),
-                               d_v.as<bf16_t>(), s, scratch.data());
+                               d_v.as<bf16_t>(), s, scratch.data(), nullptr, d_doc_ptr);
   cuda::attention_gemm_backward(ctx, d_dq.as<bf16_t>(), d_dk.as<bf16_t>(), d_dv.as<bf16_t>(), d_dout.as<bf16_t>(),
                                 d_q.as<bf16_t>(), d_k.as<bf16_t>(), d_v.as<bf16_t>(), d_out.as<bf16_t>(),
-                                d_lse.as<float>(), s, scratch.data());
+                                d_lse.as<float>(), s, scratch.data(), nullptr, d_doc_ptr);
   auto got_out = from_bf16(from_device<bf16_t>(d_out, nq)), got_dq = from_bf16(from_device<bf16_t>(d_dq, nq));
   auto got_dk = from_bf16(from_device<bf16_t>(d_dk, nkv)), got_dv = from_bf16(from_device<bf16_t>(d_dv, nkv));
   auto got_lse = from_device<float>(d_lse, lse.size());
@@ -63,6 +77,11 @@ KTUNE_CUDA_TEST(AttentionGemmCausalGqaMatchesCpuReference) {
   check_gemm_attention("gemm causal gqa 4:2 D64", shape(2, 77, 4, 2, 64));
   check_gemm_attention("gemm causal mqa 4:1 D48", shape(1, 100, 4, 1, 48));
   check_gemm_attention("gemm causal mha D128", shape(3, 64, 2, 2, 128));
+}
+
+KTUNE_CUDA_TEST(AttentionGemmDocumentIdsMaskAcrossPackedSamples) {
+  check_gemm_attention("gemm doc ids gqa 4:2 D64", shape(2, 83, 4, 2, 64), true);
+  check_gemm_attention("gemm doc ids mqa 4:1 D48", shape(3, 40, 4, 1, 48), true);
 }
 
 KTUNE_CUDA_TEST(AttentionGemmRefusesWindowAndSoftcap) {

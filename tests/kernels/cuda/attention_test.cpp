@@ -25,15 +25,26 @@ using cuda_test::rounded_to_bf16;
 using cuda_test::to_bf16;
 using cuda_test::to_device;
 
-void check_attention(const char* name, cpu::AttentionShape s, bool with_docs, bool bf16) {
+// Document layouts: kThree, three documents a row of uneven lengths; kPacked, a packed batch's:
+// document 0 the first token alone, 1 to T/3, 2 to T - T/8 - b, then the row's padding (doc id -1).
+enum class Docs { kNone, kThree, kPacked };
+
+std::vector<int32_t> doc_ids(Docs docs, int64_t B, int64_t T) {
+  std::vector<int32_t> ids;
+  for (int64_t b = 0; b < B && docs != Docs::kNone; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      if (docs == Docs::kThree) ids.push_back(i < T / 5 ? 7 : (i < T / 2 + b ? 8 : 9));
+      else ids.push_back(i == 0 ? 0 : i < T / 3 ? 1 : i < T - T / 8 - b ? 2 : -1);
+    }
+  return ids;
+}
+
+void check_attention(const char* name, cpu::AttentionShape s, Docs with_docs_layout, bool bf16) {
+  const bool with_docs = with_docs_layout != Docs::kNone;
   const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
   auto q = random_floats(nq, 1), k = random_floats(nkv, 2), v = random_floats(nkv, 3), dout = random_floats(nq, 4);
   if (bf16) q = rounded_to_bf16(q), k = rounded_to_bf16(k), v = rounded_to_bf16(v), dout = rounded_to_bf16(dout);
-  std::vector<int32_t> docs;
-  if (with_docs) {  // three documents a row, of uneven lengths
-    for (int64_t b = 0; b < s.B; ++b)
-      for (int64_t i = 0; i < s.T; ++i) docs.push_back(i < s.T / 5 ? 7 : (i < s.T / 2 + b ? 8 : 9));
-  }
+  const std::vector<int32_t> docs = doc_ids(with_docs_layout, s.B, s.T);
   const int32_t* doc_ptr = with_docs ? docs.data() : nullptr;
   std::vector<float> out(nq), lse(size_t(s.B * s.Hq * s.T)), dq(nq), dk(nkv), dv(nkv);
   cpu::attention_forward_reference(out.data(), lse.data(), q.data(), k.data(), v.data(), doc_ptr, s);
@@ -83,9 +94,9 @@ cpu::AttentionShape shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t
 
 KTUNE_CUDA_TEST(AttentionCausalGqaMatchesCpuReference) {
   for (bool bf16 : {false, true}) {
-    check_attention("causal gqa 4:2 D64", shape(2, 77, 4, 2, 64), false, bf16);
-    check_attention("causal mqa 4:1 D48", shape(1, 100, 4, 1, 48), false, bf16);  // D not a multiple of 32
-    check_attention("causal mha D128", shape(1, 70, 2, 2, 128), false, bf16);
+    check_attention("causal gqa 4:2 D64", shape(2, 77, 4, 2, 64), Docs::kNone, bf16);
+    check_attention("causal mqa 4:1 D48", shape(1, 100, 4, 1, 48), Docs::kNone, bf16);  // D not a multiple of 32
+    check_attention("causal mha D128", shape(1, 70, 2, 2, 128), Docs::kNone, bf16);
   }
 }
 
@@ -93,16 +104,19 @@ KTUNE_CUDA_TEST(AttentionSlidingWindowAndSoftcapMatchCpuReference) {
   for (bool bf16 : {false, true}) {
     auto w = shape(2, 150, 4, 2, 64);
     w.sliding_window = 40;  // not a multiple of the 32-key tile
-    check_attention("window 40", w, false, bf16);
+    check_attention("window 40", w, Docs::kNone, bf16);
     auto c = shape(1, 90, 2, 1, 256);  // Gemma2's head_dim
     c.softcap = 2.0f;  // small enough that the cap bends typical scores
     c.sliding_window = 64;
-    check_attention("softcap 2 + window 64, D256", c, false, bf16);
+    check_attention("softcap 2 + window 64, D256", c, Docs::kNone, bf16);
   }
 }
 
 KTUNE_CUDA_TEST(AttentionDocumentIdsMaskAcrossPackedSamples) {
-  for (bool bf16 : {false, true}) check_attention("doc ids", shape(2, 97, 4, 2, 64), true, bf16);
+  for (bool bf16 : {false, true}) {
+    check_attention("doc ids", shape(2, 97, 4, 2, 64), Docs::kThree, bf16);
+    check_attention("packed docs with padding", shape(3, 75, 4, 1, 48), Docs::kPacked, bf16);
+  }
 }
 
 KTUNE_CUDA_TEST(AttentionRejectsHeadsThatDoNotGroup) {
