@@ -8,7 +8,7 @@
 
 namespace ktune {
 
-FixedShapeBatch to_fixed_shape(const Batch& batch, int64_t B, int64_t T, int32_t pad_id) {
+FixedShapeBatch to_fixed_shape(const Batch& batch, int64_t B, int64_t T, int32_t pad_id, bool packed) {
   if (batch.batch_size > B || batch.seq_len > T)
     throw Error("batch " + std::to_string(batch.index) + " of epoch " + std::to_string(batch.epoch),
                 "is (" + std::to_string(batch.batch_size) + ", " + std::to_string(batch.seq_len) +
@@ -22,6 +22,16 @@ FixedShapeBatch to_fixed_shape(const Batch& batch, int64_t B, int64_t T, int32_t
   for (int64_t b = 0; b < batch.batch_size; ++b) {
     std::copy_n(batch.tokens.begin() + b * n, n, out.tokens.begin() + b * T);
     std::copy_n(batch.labels.begin() + b * n, n, out.labels.begin() + b * T);
+  }
+  if (!packed) return out;
+  check(int64_t(batch.positions.size()) == batch.batch_size * n && batch.doc_ids.size() == batch.positions.size(),
+        "batch " + std::to_string(batch.index) + " of epoch " + std::to_string(batch.epoch),
+        "a packed batch needs positions and doc_ids of (batch_size, seq_len)");
+  out.positions.assign(size_t(B * T), 0);
+  out.doc_ids.assign(size_t(B * T), kFixedShapePaddingDoc);
+  for (int64_t b = 0; b < batch.batch_size; ++b) {
+    std::copy_n(batch.positions.begin() + b * n, n, out.positions.begin() + b * T);
+    std::copy_n(batch.doc_ids.begin() + b * n, n, out.doc_ids.begin() + b * T);
   }
   return out;
 }

@@ -4,7 +4,8 @@
 //   setup       every host parameter uploaded by name (HF names for the base, PEFT's for LoRA A/B as
 //               attach_lora initialised them: the same start as a CPU run with the same seed)
 //   each step   micro-batches laid into (B, T), T their own longest row rounded up to a multiple of
-//               kGpuSeqLenMultiple, at most T_max (data/fixed_shape_batch.h), their gradients scaled by
+//               kGpuSeqLenMultiple, at most T_max (data/fixed_shape_batch.h; packed ones keep their
+//               positions and doc ids), their gradients scaled by
 //               1 / the global batch's label tokens as they accumulate (the count is known on the
 //               host before the forward), summed across GPUs over NCCL, clipped, and one AdamW step
 //               on the device (bf16 weights and moments, stochastically rounded updates)
@@ -49,7 +50,8 @@ class CudaTrainer {
 
   virtual void zero_grad() = 0;
   // One micro-batch of (B, T), T at most the planned one (the step runs on (B, T) only); gradients
-  // accumulate scaled by grad_scale. The loss sum is unscaled.
+  // accumulate scaled by grad_scale. The loss sum is unscaled. A packed batch (batch.packed()) runs
+  // with its positions and doc ids (RoPE per token, attention masked across documents).
   virtual model::LossResult forward_backward(const FixedShapeBatch& batch, float grad_scale) = 0;
   // The loss only, for validation (no backward, no LoRA dropout). The gradients are left as they were.
   virtual model::LossResult forward_loss(const FixedShapeBatch& batch) = 0;

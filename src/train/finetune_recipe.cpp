@@ -165,7 +165,8 @@ class FinetuneRecipe {
   StepOutcome gpu_step();
   // A shifted batch laid out for the GPU step: (batch_size, its longest row rounded up to a multiple
   // of kGpuSeqLenMultiple, at most gpu_seq_len_).
-  FixedShapeBatch gpu_batch(const Batch& shifted) const;
+  // packed: a batch of the packed loader (train or val), laid out with its positions and doc ids.
+  FixedShapeBatch gpu_batch(const Batch& shifted, bool packed) const;
   // The next training batch, its positions counted (padded, real) for log_padding_skipped.
   Batch next_training_batch();
   // The LoRA dropout key of micro-batch `micro` of the coming step (both engines draw by it).
@@ -286,6 +287,7 @@ void FinetuneRecipe::setup_data() {
   loader_ = std::make_unique<DataLoader>(dataset_, o);
   loader_->set_epoch(0);
   gpu_seq_len_ = std::max(gpu_seq_len_, longest_sample(*dataset_));
+  if (packed) gpu_seq_len_ = std::max(gpu_seq_len_, max_seq_len);  // packs are max_seq_len long
 
   if (cfg_.datasets_val.empty()) return;
   bool val_split = false;
@@ -297,6 +299,7 @@ void FinetuneRecipe::setup_data() {
   v.split_across_pack = val_split;
   val_loader_ = std::make_unique<DataLoader>(val, v);
   gpu_seq_len_ = std::max(gpu_seq_len_, longest_sample(*val));
+  if (val_packed_) gpu_seq_len_ = std::max(gpu_seq_len_, max_seq_len);
   val_loader_->set_epoch(0);
   if (val_loader_->batches_per_epoch() < 1)
     throw Error("dataset_val", std::to_string(val->size()) + " samples make no batch of " + std::to_string(cfg_.batch_size) +
@@ -330,7 +333,7 @@ void FinetuneRecipe::validate(int64_t epoch) {
     model::LossResult r;
     if (gpu_) {
       shift_labels(batch);
-      r = gpu_->forward_loss(gpu_batch(batch));
+      r = gpu_->forward_loss(gpu_batch(batch, val_packed_));
     } else {
       const model::Batch mb = model_batch(batch, val_packed_, padding_free_);
       r = sharded_ ? sharded_->forward_loss(mb) : model_->forward_loss(mb);
@@ -645,9 +648,9 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::cpu_step() {
 
 // The micro-batches come first: their label tokens, summed over the ranks, are the 1 / N that
 // scales each gradient as it accumulates on the GPU (the CPU step scales once at the end instead).
-FixedShapeBatch FinetuneRecipe::gpu_batch(const Batch& shifted) const {
+FixedShapeBatch FinetuneRecipe::gpu_batch(const Batch& shifted, bool packed) const {
   return to_fixed_shape(shifted, cfg_.batch_size, step_seq_len(shifted, kGpuSeqLenMultiple, gpu_seq_len_),
-                        tokenizer_->pad_id().value_or(0));
+                        tokenizer_->pad_id().value_or(0), packed);
 }
 
 FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
@@ -657,7 +660,7 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
     Batch batch = next_training_batch();
     shift_labels(batch);
     sums[0] += double(batch.num_label_tokens());
-    micro_batches.push_back(gpu_batch(batch));
+    micro_batches.push_back(gpu_batch(batch, loader_->options().packed));
     positions_computed_ += micro_batches.back().batch_size * micro_batches.back().seq_len;
   }
   group_.allreduce_sum(sums, 1);

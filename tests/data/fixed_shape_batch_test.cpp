@@ -1,6 +1,7 @@
 // to_fixed_shape(): an unpacked, label-shifted batch laid into a larger (B, T) — each row's tokens
 // and labels at the front of its row, token padding pad_id and label padding -100 behind them and
-// in the extra rows; a batch of exactly (B, T) unchanged; and the refusals naming the batch.
+// in the extra rows; a batch of exactly (B, T) unchanged; and the refusals naming the batch. Packed,
+// the positions and doc ids come along, the added padding in its own document.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -53,6 +54,38 @@ TEST(FixedShapeBatch, ABatchLongerOrWiderThanTheShapeIsRefusedNamingIt) {
       EXPECT_NE(what.find("(2, 3)"), std::string::npos) << what;
     }
   }
+}
+
+// A packed (2, 4) batch: row 0 two samples [5 6 | 7] and the pack's padding (its own doc id 2),
+// row 1 one sample split in from the previous pack (positions continue from 3) and a second one.
+Batch two_packs() {
+  Batch b;
+  b.batch_size = 2;
+  b.seq_len = 4;
+  b.tokens = {5, 6, 7, 0, /**/ 8, 9, 10, 11};
+  b.labels = {6, -100, -100, -100, /**/ 9, -100, 11, -100};
+  b.positions = {0, 1, 0, 1, /**/ 3, 4, 0, 1};
+  b.doc_ids = {0, 0, 1, 2, /**/ 0, 0, 1, 1};
+  return b;
+}
+
+TEST(FixedShapeBatch, APackedBatchKeepsItsPositionsAndDocIdsAndItsAddedPaddingIsADocumentOfItsOwn) {
+  const FixedShapeBatch f = to_fixed_shape(two_packs(), 3, 6, /*pad_id=*/0, /*packed=*/true);
+  ASSERT_TRUE(f.packed());
+  const int32_t p = kFixedShapePaddingDoc;
+  const std::vector<int32_t> tokens = {5, 6, 7, 0, 0, 0, /**/ 8, 9, 10, 11, 0, 0, /**/ 0, 0, 0, 0, 0, 0};
+  const std::vector<int32_t> positions = {0, 1, 0, 1, 0, 0, /**/ 3, 4, 0, 1, 0, 0, /**/ 0, 0, 0, 0, 0, 0};
+  const std::vector<int32_t> doc_ids = {0, 0, 1, 2, p, p, /**/ 0, 0, 1, 1, p, p, /**/ p, p, p, p, p, p};
+  EXPECT_EQ(f.tokens, tokens);
+  EXPECT_EQ(f.positions, positions);
+  EXPECT_EQ(f.doc_ids, doc_ids);
+  EXPECT_EQ(f.labels[9], -100);  // the added padding trains nothing
+  EXPECT_EQ(f.labels[6], 9);
+  // No pack's own document is the added padding's.
+  for (int32_t d : two_packs().doc_ids) EXPECT_NE(d, kFixedShapePaddingDoc);
+  // Unpacked, the same batch brings neither along (the step then masks causally only).
+  EXPECT_FALSE(to_fixed_shape(two_packs(), 3, 6, 0).packed());
+  EXPECT_TRUE(to_fixed_shape(two_packs(), 3, 6, 0).positions.empty());
 }
 
 // step_seq_len: the batch's own longest row rounded up to the multiple, capped at the planned T; a

@@ -198,7 +198,8 @@ struct Decoder::Impl {
 
   GemmContext gemm;
   std::unique_ptr<DeviceArena> param_arena, grad_arena, optim_arena, act_arena;
-  DeviceBuffer rope_cos, rope_sin;
+  DeviceBuffer rope_cos, rope_sin;  // (rope_rows, D/2) f32: the CPU RopeTable's
+  int64_t rope_rows = 0;             // T_max, more once a packed step's positions reach beyond it
   IndexFlag flag;
   std::vector<Layer> layers;
   int embed = -1, final_norm = -1, head = -1;  // head == embed when tied
@@ -213,6 +214,8 @@ struct Decoder::Impl {
   bf16_t* final_normed = nullptr;  // (N, C)
   float* final_rstd = nullptr;     // (N)
   int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr;  // (N)
+  int32_t* doc_ids = nullptr;          // (N) a packed step's document ids
+  const int32_t* step_docs = nullptr;  // doc_ids during a packed step, else nullptr (causal only)
   // backward scratch
   bf16_t *dres = nullptr, *dtmp = nullptr, *dln = nullptr;       // (N, C)
   float* dnormed = nullptr;                                      // (N, C) f32 from the loss
@@ -265,6 +268,15 @@ struct Decoder::Impl {
   // This step's T (0: T_max): N, every layer's attention shape, and positions' (B, T) layout.
   void set_seq_len(int64_t seq_len);
   void upload_batch(const int32_t* tokens_host, const int32_t* labels_host);
+  // A packed step's positions and doc ids (each (B, T) host, or nullptr: 0..T-1 / no documents);
+  // after set_seq_len. Grows the rotary table when a position reaches beyond it (as the CPU Decoder).
+  void upload_layout(const DecoderConfig& c, const int32_t* positions_host, const int32_t* doc_ids_host);
+  void build_rope_table(const DecoderConfig& c, int64_t rows);
+  // The attention kernel layer l runs this step: its planned one, but the tiled kernel for a
+  // packed step's tensor-core layers (flash_attention_tc has no document ids); and the tiled
+  // kernel's backward scratch (B * Hq * T floats), which flash_attention_tc's also covers.
+  TrainingSetup::Attention step_kernel(const Layer& layer) const;
+  float* tiled_attention_scratch() const;
   void forward(const DecoderConfig& c);  // embedding .. final norm, saving what the backward reads
   // Layer l from resid[l] to resid[l + 1], saving into acts[l]; timed: marks the attention's events.
   void layer_forward(const DecoderConfig& c, int64_t l, bool timed);
@@ -537,6 +549,7 @@ void Decoder::allocate(bool on_device) {
     s.tokens = k.take<int32_t>(N);
     s.labels = k.take<int32_t>(N);
     s.positions = k.take<int32_t>(N);
+    s.doc_ids = k.take<int32_t>(N);
     s.dres = k.take<bf16_t>(N * C);
     s.dtmp = k.take<bf16_t>(N * C);
     s.dln = k.take<bf16_t>(N * C);
@@ -586,12 +599,17 @@ void Decoder::allocate(bool on_device) {
   // (the CPU RopeTable's angles).
   s.positions_T = 0;
   s.set_seq_len(s.T_max);
-  cpu::RopeTable table(c.head_dim, c.rope_theta, c.rope_scaling, s.T);
-  const size_t table_floats = size_t(s.T) * size_t(c.head_dim / 2);
-  s.rope_cos = DeviceBuffer(table_floats * sizeof(float));
-  s.rope_sin = DeviceBuffer(table_floats * sizeof(float));
-  s.rope_cos.upload(table.cos(0), table_floats * sizeof(float));
-  s.rope_sin.upload(table.sin(0), table_floats * sizeof(float));
+  s.build_rope_table(c, s.T);
+}
+
+void Decoder::Impl::build_rope_table(const DecoderConfig& c, int64_t rows) {
+  cpu::RopeTable table(c.head_dim, c.rope_theta, c.rope_scaling, rows);
+  const size_t table_floats = size_t(rows) * size_t(c.head_dim / 2);
+  rope_cos = DeviceBuffer(table_floats * sizeof(float));
+  rope_sin = DeviceBuffer(table_floats * sizeof(float));
+  rope_cos.upload(table.cos(0), table_floats * sizeof(float));
+  rope_sin.upload(table.sin(0), table_floats * sizeof(float));
+  rope_rows = rows;
 }
 
 void Decoder::init_parameters(uint64_t seed) {
@@ -908,6 +926,32 @@ void Decoder::Impl::upload_batch(const int32_t* tokens_host, const int32_t* labe
   copy_to_device(labels, labels_host, size_t(N) * sizeof(int32_t));
 }
 
+void Decoder::Impl::upload_layout(const DecoderConfig& c, const int32_t* positions_host, const int32_t* doc_ids_host) {
+  step_docs = nullptr;
+  if (doc_ids_host) {
+    copy_to_device(doc_ids, doc_ids_host, size_t(N) * sizeof(int32_t));
+    step_docs = doc_ids;
+  }
+  if (!positions_host) return;
+  // A sample split across packs continues its count past T: the table grows as the CPU one does
+  // (to twice its rows at least); a negative position is the rope kernel's to flag.
+  const int32_t highest = *std::max_element(positions_host, positions_host + N);
+  if (highest >= rope_rows) build_rope_table(c, std::max<int64_t>(int64_t(highest) + 1, 2 * rope_rows));
+  copy_to_device(positions, positions_host, size_t(N) * sizeof(int32_t));
+  positions_T = 0;  // no longer 0..T-1: the next step without positions lays them out again
+}
+
+TrainingSetup::Attention Decoder::Impl::step_kernel(const Layer& layer) const {
+  using A = TrainingSetup::Attention;
+  return step_docs && layer.kernel == A::kTensorCore ? A::kFlash : layer.kernel;
+}
+
+float* Decoder::Impl::tiled_attention_scratch() const {
+  if (attn_scratch) return attn_scratch;
+  // flash_attention_tc's (B*T*Hq*D + B*Hq*T floats) holds more than the tiled kernel's B*Hq*T.
+  return attn_tc_scratch;
+}
+
 void Decoder::Impl::forward(const DecoderConfig& c) {
   const int64_t C = c.hidden_size, V = c.vocab_size, L = c.num_layers;
   embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, flag.data());
@@ -923,7 +967,7 @@ void Decoder::Impl::forward(const DecoderConfig& c) {
 void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, bool timed) {
   const int64_t C = c.hidden_size, I = c.intermediate_size;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
-  const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), T_max, D};  // the table's rows
+  const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), rope_rows, D};
   const float eps = c.rms_norm_eps, off = c.norm_weight_offset;
   const bool sandwich = c.sandwich_norms;
   const Layer& layer = layers[size_t(l)];
@@ -937,12 +981,13 @@ void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, bool timed)
   rope_forward(a.q, positions, rope, N, Hq, D, flag.data());
   rope_forward(a.k, positions, rope, N, Hkv, D, flag.data());
   if (timed) mark(attn_event(l, 0));
-  if (layer.kernel == TrainingSetup::Attention::kTensorCore)
+  const TrainingSetup::Attention kernel = step_kernel(layer);
+  if (kernel == TrainingSetup::Attention::kTensorCore)
     flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention);
-  else if (layer.kernel == TrainingSetup::Attention::kGemm)
-    attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch);
+  else if (kernel == TrainingSetup::Attention::kGemm)
+    attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch, nullptr, step_docs);
   else
-    attention_forward(a.att, a.lse, a.q, a.k, a.v, nullptr, layer.attention);
+    attention_forward(a.att, a.lse, a.q, a.k, a.v, step_docs, layer.attention);
   if (timed) mark(attn_event(l, 1));
   if (sandwich) {  // h = x + post_attn_norm(o(att))
     linear_forward(a.o, a.att, lin(layer.proj[kO]), a.xa[kO], 0.0f);
@@ -984,7 +1029,7 @@ StepResult Decoder::Impl::loss(const DecoderConfig& c, float grad_scale, bool ba
 void Decoder::Impl::backward(const DecoderConfig& c) {
   const int64_t C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
-  const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), T_max, D};  // the table's rows
+  const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), rope_rows, D};
   const float off = c.norm_weight_offset;
   const bool sandwich = c.sandwich_norms;
   attention_backward_ran.assign(size_t(L), false);
@@ -1042,13 +1087,15 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
     }
     linear_backward(datt, false, dy_o, a.att, lin(layer.proj[kO]), a.xa[kO]);
     mark(attn_event(l, 2));
-    if (layer.kernel == TrainingSetup::Attention::kTensorCore)
+    const TrainingSetup::Attention kernel = step_kernel(layer);
+    if (kernel == TrainingSetup::Attention::kTensorCore)
       flash_attention_tc_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention, attn_tc_scratch);
-    else if (layer.kernel == TrainingSetup::Attention::kGemm)
+    else if (kernel == TrainingSetup::Attention::kGemm)
       attention_gemm_backward(gemm, dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention,
-                              attn_gemm_scratch);
+                              attn_gemm_scratch, nullptr, step_docs);
     else
-      attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, nullptr, layer.attention, attn_scratch);
+      attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, step_docs, layer.attention,
+                         tiled_attention_scratch());
     mark(attn_event(l, 3));
     attention_backward_ran[size_t(l)] = true;
     rope_backward(dq, positions, rope, N, Hq, D, flag.data());
@@ -1084,10 +1131,11 @@ void Decoder::Impl::finish_step(const DecoderConfig& c, bool with_backward, Deco
 }
 
 StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* labels_host, float grad_scale,
-                                     int64_t seq_len) {
+                                     int64_t seq_len, const int32_t* positions, const int32_t* doc_ids) {
   Impl& s = *impl_;
   s.set_seq_len(seq_len);
   s.upload_batch(tokens_host, labels_host);
+  s.upload_layout(config_, positions, doc_ids);
   s.dropping = setup_.lora_dropout > 0;
   s.mark(0);
   s.forward(config_);
@@ -1097,10 +1145,12 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   return result;
 }
 
-StepResult Decoder::forward_loss(const int32_t* tokens_host, const int32_t* labels_host, int64_t seq_len) {
+StepResult Decoder::forward_loss(const int32_t* tokens_host, const int32_t* labels_host, int64_t seq_len,
+                                 const int32_t* positions, const int32_t* doc_ids) {
   Impl& s = *impl_;
   s.set_seq_len(seq_len);
   s.upload_batch(tokens_host, labels_host);
+  s.upload_layout(config_, positions, doc_ids);
   s.dropping = false;  // evaluation: no dropout
   s.mark(0);
   s.forward(config_);

@@ -43,9 +43,16 @@
 // dropout (TrainingSetup::lora_dropout): the CPU adapter's masks, redrawn on the device. DoRA
 // (TrainingSetup::use_dora): the CPU adapter's math (dora.h).
 //
+// Packed batches (torchtune's dataset.packed): forward_backward and forward_loss take the step's
+// positions and doc ids ((B, T) host arrays, the CPU data::Batch's), uploaded per step: RoPE turns
+// each token by its own position (restarting per document; the rotary table grows, as the CPU one
+// does, when a sample split across packs counts past it) and attention masks across documents
+// (token i sees key j iff causal, in the window, and doc_ids[b, i] == doc_ids[b, j]). The GEMM and
+// tiled attention kernels mask documents themselves; flash_attention_tc does not, so a packed step
+// runs the tiled kernel on the layers planned for it (a step without doc ids runs them as planned).
+//
 // It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
-// packed documents (doc_ids), custom positions (always 0..T-1 per row), activation offloading,
-// gradient clipping or loading checkpoints (weights are random or
+// activation offloading, gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). The recipes drive it through train/cuda_trainer.h (device=cuda), which loads
 // and saves checkpoints through the CPU engine's host model and clips over gradient_buffer().
 #pragma once
@@ -116,7 +123,8 @@ struct TrainingSetup {
   // head's (B, T, T) scores at a time), kFlash (kernels/cuda/attention.h: tiled, on the CUDA cores)
   // or kTensorCore (kernels/cuda/flash_attention_tc.h: fused FlashAttention-2 on the tensor cores,
   // head_dim 64 or 128 only; other head sizes run kGemm). Layers with a sliding window shorter than
-  // seq_len or an attention soft-cap run kFlash whatever is chosen.
+  // seq_len or an attention soft-cap run kFlash whatever is chosen; a packed step (doc ids) runs
+  // kFlash on kTensorCore's layers.
   enum class Attention { kGemm, kFlash, kTensorCore } attention = Attention::kGemm;
   // QLoRA (the CPU LoraOptions::quantize_base): the frozen base weight of every projection that
   // carries LoRA (lora_on; all seven in torchtune's QLoRA recipes) held on the device only as NF4
@@ -189,12 +197,18 @@ class Decoder {
   // one (0: the planned one); throws ktune::Error beyond it. The result is that of a decoder planned
   // for exactly this seq_len (the same kernels on the same shapes). Gradients ACCUMULATE scaled by
   // grad_scale (1/n_valid for a token mean). Synchronises once (the loss comes back).
-  StepResult forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale, int64_t seq_len = 0);
+  // positions, doc_ids: a packed batch's, (batch * seq_len) each like tokens, or nullptr (positions
+  // 0..seq_len-1 in every row; causal attention only). Positions must be >= 0 (a negative one throws
+  // after the step, as a bad token id does).
+  StepResult forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale, int64_t seq_len = 0,
+                              const int32_t* positions = nullptr, const int32_t* doc_ids = nullptr);
   // The forward and the fused loss only (validation): no backward, gradients untouched, the same
   // loss as forward_backward's on the same batch. It overwrites the saved activations, so it runs
   // between steps, never between a forward_backward and what reads its gradients (nothing does).
-  // No LoRA dropout (evaluation, as PEFT's eval mode). seq_len as forward_backward's. Synchronises once.
-  StepResult forward_loss(const int32_t* tokens, const int32_t* labels, int64_t seq_len = 0);
+  // No LoRA dropout (evaluation, as PEFT's eval mode). seq_len, positions and doc_ids as
+  // forward_backward's. Synchronises once.
+  StepResult forward_loss(const int32_t* tokens, const int32_t* labels, int64_t seq_len = 0,
+                          const int32_t* positions = nullptr, const int32_t* doc_ids = nullptr);
   // The LoRA dropout masks' key for the following steps (the CPU LoraAdapter::set_dropout_key; the
   // trainer sets a new one per micro-batch). 0 until set.
   void set_dropout_key(uint64_t key);

@@ -15,6 +15,7 @@
 // the CPU engine's model::Decoder + LoraAdapter to 1e-4 on these cases (checked when it was written).
 // Also: AdamW steps lower the loss.
 // It deliberately does not test speed (bench/gpu does) nor the paths the GPU decoder does not have.
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <map>
@@ -158,6 +159,8 @@ struct Reference {
   // to the f32 step sizes the tolerance of each gradient.
   bool bf16 = false;
   uint64_t dropout_key = 0;  // LoRA dropout (setup.lora_dropout > 0): the masks' key
+  // A packed batch's (B, T) positions and doc ids; empty: 0..T-1 in every row, causal only.
+  std::vector<int32_t> packed_positions, packed_doc_ids;
   void R(float* v, size_t n) const {
     if (bf16)
       for (size_t i = 0; i < n; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
@@ -408,9 +411,13 @@ struct Reference {
 
   double step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& labels, float grad_scale) {
     const int64_t L = c.num_layers, V = c.vocab_size, Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
-    cpu::RopeTable rope(D, c.rope_theta, c.rope_scaling, T);
     std::vector<int32_t> positions(static_cast<size_t>(N));
     for (int64_t n = 0; n < N; ++n) positions[size_t(n)] = int32_t(n % T);
+    if (!packed_positions.empty()) positions = packed_positions;
+    const int32_t* doc_ids = packed_doc_ids.empty() ? nullptr : packed_doc_ids.data();
+    int64_t rope_rows = T;
+    for (int32_t pos : positions) rope_rows = std::max<int64_t>(rope_rows, int64_t(pos) + 1);
+    cpu::RopeTable rope(D, c.rope_theta, c.rope_scaling, rope_rows);
     // Each layer's mask and scale as the CPU Decoder: the config's window as given (the GPU drops one
     // >= T, which masks nothing), the attention soft-cap, head_dim^-0.5 unless attention_scale is set.
     const float scale = c.attention_scale > 0 ? c.attention_scale : 1.0f / std::sqrt(float(D));
@@ -441,7 +448,7 @@ struct Reference {
       R(a.q); R(a.k);
       a.att.resize(static_cast<size_t>(N * QD));
       a.lse.resize(static_cast<size_t>(N * Hq));
-      cpu::attention_forward_reference(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), nullptr,
+      cpu::attention_forward_reference(a.att.data(), a.lse.data(), a.q.data(), a.k.data(), a.v.data(), doc_ids,
                                        shape(l));
       R(a.att);
       if (sandwich) {  // h = x + post_attention_layernorm(o(att))
@@ -500,7 +507,7 @@ struct Reference {
       }
       linear_backward(datt.data(), false, dy_o, a.att.data(), l, cuda::kO, a.xa[cuda::kO]);
       cpu::attention_backward_reference(dq.data(), dk.data(), dv.data(), datt.data(), a.q.data(), a.k.data(),
-                                        a.v.data(), a.att.data(), a.lse.data(), nullptr, shape(l));
+                                        a.v.data(), a.att.data(), a.lse.data(), doc_ids, shape(l));
       cpu::rope_backward_reference(dq.data(), positions.data(), rope, N, Hq, D);
       cpu::rope_backward_reference(dk.data(), positions.data(), rope, N, Hkv, D);
       R(dq); R(dk); R(dv);
@@ -566,8 +573,15 @@ void batch(const cuda::DecoderConfig& c, int64_t N, std::vector<int32_t>* tokens
   }
 }
 
+// A packed batch's layout ((B, T) each, as data::Batch holds it); empty: an unpacked batch.
+struct PackedLayout {
+  std::vector<int32_t> positions, doc_ids;
+  const int32_t* positions_or_null() const { return positions.empty() ? nullptr : positions.data(); }
+  const int32_t* doc_ids_or_null() const { return doc_ids.empty() ? nullptr : doc_ids.data(); }
+};
+
 void check_step_with(const std::string& what, const cuda::DecoderConfig& config, const cuda::TrainingSetup& setup,
-                     uint64_t dropout_key = 0) {
+                     uint64_t dropout_key = 0, const PackedLayout& packed = {}) {
   cuda::Decoder model(config, setup, 7);
   model.set_dropout_key(dropout_key);
   const Params params = randomise(model, 1000);
@@ -578,12 +592,15 @@ void check_step_with(const std::string& what, const cuda::DecoderConfig& config,
   for (int32_t l : labels) valid += l != cuda::kIgnoreIndex;
   const float grad_scale = 1.0f / float(valid);
 
-  const cuda::StepResult got = model.forward_backward(tokens.data(), labels.data(), grad_scale);
+  const cuda::StepResult got = model.forward_backward(tokens.data(), labels.data(), grad_scale, 0,
+                                                      packed.positions_or_null(), packed.doc_ids_or_null());
   Reference ref(config, setup, params, false);
   ref.dropout_key = dropout_key;
+  ref.packed_positions = packed.positions, ref.packed_doc_ids = packed.doc_ids;
   const double want = ref.step(tokens, labels, grad_scale);
   Reference emulated(config, setup, params, true);
   emulated.dropout_key = dropout_key;
+  emulated.packed_positions = packed.positions, emulated.packed_doc_ids = packed.doc_ids;
   emulated.step(tokens, labels, grad_scale);
   CHECK(got.n_valid == valid) << what << ": n_valid " << got.n_valid << " vs " << valid;
   const double loss_err = std::fabs(got.loss_sum - want) / std::fabs(want);
@@ -1329,6 +1346,133 @@ KTUNE_CUDA_TEST(DecoderStepShorterThanThePlanEqualsADecoderPlannedForIt) {
     if (!threw) std::printf("     unexpected message: %s\n", e.what());
   }
   CHECK(threw) << "a step of seq_len 41 on a decoder planned for 40 must be an Error naming the plan";
+}
+
+// ---- packed batches (forward_backward / forward_loss's positions and doc_ids) ----
+
+// One row of a packed batch: its documents' lengths, the position its first document starts at (> 0:
+// a sample split across packs continuing its count), the rest of the row the pack's padding.
+struct PackedRow {
+  std::vector<int64_t> lengths;
+  int32_t first_position = 0;
+};
+
+// The data loader's layout (data/data_loader.h): positions restart at 0 in each document, doc ids
+// 0, 1, ... per row, the padding its own id after them, its positions continuing (capped at T - 1).
+PackedLayout pack_rows(int64_t T, const std::vector<PackedRow>& rows) {
+  PackedLayout p;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    int64_t t = 0;
+    int32_t doc = 0, pos = 0;
+    for (int64_t len : rows[b].lengths) {
+      pos = doc == 0 ? rows[b].first_position : 0;
+      for (int64_t i = 0; i < len; ++i, ++t) p.positions.push_back(pos++), p.doc_ids.push_back(doc);
+      ++doc;
+    }
+    for (; t < T; ++t) {
+      p.positions.push_back(std::min<int32_t>(pos++, int32_t(T - 1)));
+      p.doc_ids.push_back(doc);
+    }
+  }
+  return p;
+}
+
+// A packed step against the CPU reference on the same packed batch (RoPE at each token's position,
+// attention masked by doc ids): two rows of 40, row 0 a one-token document, two more and padding,
+// row 1 a sample continuing from position 30 (past T: the rotary table grows) and a second one; on
+// the GEMM and tiled attention paths, LoRA and full fine-tuning; kTensorCore (which a packed step
+// runs on the tiled kernel) on head_dim 64; Mistral's window and Gemma2's soft-caps with documents.
+// The padding keeps check_step_with's labels: it trains as a document of its own on both sides.
+KTUNE_CUDA_TEST(DecoderPackedStepMatchesCpuReference) {
+  using A = cuda::TrainingSetup::Attention;
+  const std::vector<PackedRow> rows = {{{1, 12, 20}, 0}, {{25, 15}, 30}};
+  for (bool full : {false, true}) {
+    cuda::TrainingSetup setup = family_setup(full, full ? std::initializer_list<int>{} : kAllButKey);
+    const PackedLayout packed = pack_rows(setup.seq_len, rows);
+    for (A mode : {A::kGemm, A::kFlash}) {
+      setup.attention = mode;
+      check_step_with(std::string(full ? "packed full" : "packed lora q,v,o,mlp") +
+                          (mode == A::kGemm ? " [gemm attention]" : " [flash attention]"),
+                      tiny_config(!full), setup, 0, packed);
+    }
+  }
+  cuda::TrainingSetup tc = family_setup(false, kAllButKey);
+  tc.seq_len = 72;
+  tc.attention = A::kTensorCore;
+  check_step_with("packed head_dim 64 lora [tensor-core attention: tiled]", tiny_head_dim64_config(true), tc, 0,
+                  pack_rows(72, {{{40, 20}, 0}, {{3, 65}, 5}}));
+  const cuda::TrainingSetup full = family_setup(true);
+  const PackedLayout packed = pack_rows(full.seq_len, rows);
+  check_step_with("packed mistral window 12 full", tiny_mistral_config(12), full, 0, packed);
+  check_step_with("packed gemma2 lora q,v,o,mlp", tiny_gemma2_config(), family_setup(false, kAllButKey), 0, packed);
+}
+// One packed row of two documents (lengths a and T - a) against the same two documents as two
+// unpacked rows, each padded to T (padding labels -100), on the same weights: the loss and every
+// gradient agree (the padding adds exact zeros; only GEMM shapes and sums' order differ: within 1e-4
+// relative on the loss and 1% on a gradient, where a document that saw the other's tokens is off by
+// 10% or more, shown by the same packed row without doc ids). forward_loss agrees too. And an
+// unpacked step after the packed one is the step before it (positions 0..T-1 laid out again, no
+// doc ids left behind).
+void check_packed_equals_separate_rows(const std::string& what, const cuda::DecoderConfig& config,
+                                       cuda::TrainingSetup setup) {
+  const int64_t T = setup.seq_len, a = 17;
+  setup.batch = 1;
+  cuda::Decoder packed_model(config, setup, 7);
+  setup.batch = 2;
+  cuda::Decoder separate_model(config, setup, 7);
+  same_weights({&packed_model, &separate_model}, 0);
+  std::vector<int32_t> tokens, labels;  // the packed row: document A = [0, a), B = [a, T)
+  batch(config, T, &tokens, &labels);
+  const PackedLayout packed = pack_rows(T, {{{a, T - a}, 0}});
+  std::vector<int32_t> rows_tokens(size_t(2 * T), 0), rows_labels(size_t(2 * T), cuda::kIgnoreIndex);
+  std::copy_n(tokens.begin(), a, rows_tokens.begin());
+  std::copy_n(labels.begin(), a, rows_labels.begin());
+  std::copy_n(tokens.begin() + a, T - a, rows_tokens.begin() + T);
+  std::copy_n(labels.begin() + a, T - a, rows_labels.begin() + T);
+
+  auto packed_step = [&](const int32_t* doc_ids) {
+    StepGradients out;
+    packed_model.zero_grad();
+    out.result = packed_model.forward_backward(tokens.data(), labels.data(), 0.01f, 0, packed.positions.data(), doc_ids);
+    for (auto& p : packed_model.parameters())
+      if (p.grad) out.grads[p.name] = packed_model.download_grad(p.name);
+    return out;
+  };
+  const StepGradients unpacked_before = step_gradients(packed_model, tokens, labels, 0.01f);
+  const StepGradients want = step_gradients(separate_model, rows_tokens, rows_labels, 0.01f);
+  const StepGradients got = packed_step(packed.doc_ids.data());
+  const StepGradients unmasked = packed_step(nullptr);
+  CHECK(got.result.n_valid == want.result.n_valid) << what << ": n_valid " << got.result.n_valid;
+  CHECK(std::fabs(got.result.loss_sum - want.result.loss_sum) <= 1e-4 * std::fabs(want.result.loss_sum))
+      << what << ": loss " << got.result.loss_sum << ", as separate rows " << want.result.loss_sum;
+  double worst = 0, worst_unmasked = 0;
+  for (const auto& [name, w] : want.grads) {
+    const double err = relative_error(got.grads.at(name), w);
+    CHECK(err <= 1e-2) << what << ": gradient of " << name << " off by " << err << " from the separate rows'";
+    worst = std::max(worst, err);
+    worst_unmasked = std::max(worst_unmasked, relative_error(unmasked.grads.at(name), w));
+  }
+  CHECK(worst_unmasked > 0.1) << what << ": without doc ids the row is off by only " << worst_unmasked;
+  std::printf("     %s: worst gradient difference %.3g from separate rows (%.3g without doc ids)\n", what.c_str(), worst,
+              worst_unmasked);
+  const cuda::StepResult loss_packed =
+      packed_model.forward_loss(tokens.data(), labels.data(), 0, packed.positions.data(), packed.doc_ids.data());
+  const cuda::StepResult loss_rows = separate_model.forward_loss(rows_tokens.data(), rows_labels.data());
+  CHECK(std::fabs(loss_packed.loss_sum - loss_rows.loss_sum) <= 1e-4 * std::fabs(loss_rows.loss_sum))
+      << what << ": forward_loss " << loss_packed.loss_sum << ", as separate rows " << loss_rows.loss_sum;
+  const StepGradients unpacked_after = step_gradients(packed_model, tokens, labels, 0.01f);
+  expect_same_step(what + ": unpacked after packed", unpacked_before, unpacked_before, unpacked_after);
+}
+
+KTUNE_CUDA_TEST(DecoderPackedRowOfTwoDocumentsEqualsThemAsSeparateRows) {
+  using A = cuda::TrainingSetup::Attention;
+  cuda::TrainingSetup lora = family_setup(false, kAllButKey);
+  for (A mode : {A::kGemm, A::kFlash}) {
+    lora.attention = mode;
+    check_packed_equals_separate_rows(mode == A::kGemm ? "lora [gemm attention]" : "lora [flash attention]",
+                                      tiny_config(true), lora);
+  }
+  check_packed_equals_separate_rows("full untied [gemm attention]", tiny_config(false), family_setup(true));
 }
 
 KTUNE_CUDA_TEST(DecoderRejectsTokenOutsideVocabulary) {
