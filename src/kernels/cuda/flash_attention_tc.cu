@@ -8,8 +8,9 @@
 //
 // Forward, block (query tile qt, b * Hq + h), 4 warps; warp w owns query rows q0 + 16w .. + 15:
 //   for each key tile k0 = 0, 64, .. <= q0 (the diagonal tile last; the ones above it are skipped):
-//     S (16 x 64) = Q_w K^T            -> shared (f32), read back scaled; masked (j > i or j >= T: -inf)
-//                                         on the diagonal and last tiles only
+//     S (16 x 64) = Q_w K^T            -> shared (f32), read back scaled; masked (j > i or j >= T, or
+//                                         doc[j] != doc[i]: -inf) on the diagonal and last tiles only,
+//                                         on every tile with doc ids (a tile may then mask a whole row)
 //     m' = max(m, rowmax S); P = exp(S - m') (bf16 to shared); l = l e^(m - m') + rowsum P
 //     O = O e^(m - m') + P V           (O: D/16 accumulator fragments in registers)
 //   out = O / l, lse = m + log l.  Lane 2r + half holds row r's m and l (both lanes of the pair).
@@ -17,7 +18,7 @@
 // warp w owns key rows k0 + 16w .. + 15. For each query head h of the group and each 64-query tile
 // i0 >= k0 (tiles below are fully masked):
 //     S^T = K_w Q^T, dP^T = V_w dO^T   (16 x 64 each, f32 to shared)
-//     P^T = exp(scale S^T - lse_i), dS^T = P^T (dP^T - delta_i) scale   (masked: 0; bf16 to shared)
+//     P^T = exp(scale S^T - lse_i), dS^T = P^T (dP^T - delta_i) scale   (masked, doc ids too: 0; bf16)
 //     dV_w += P^T dO, dK_w += dS^T Q   (accumulator fragments in registers, over all heads and tiles)
 //     dQ (64 x D) += dS K              (block-wide, fragments split over the warps, float4 atomicAdd)
 // delta = rowsum(dout * out) comes first (its own kernel), dq is rounded to bf16 last.
@@ -92,6 +93,7 @@ static_assert(BackwardLayout<128, kBackwardWarps128>::bytes <= kMaxSharedBytes, 
 struct Params {
   int64_t B, T, Hq, Hkv;
   float scale;
+  const int32_t* doc;  // (B, T) document ids, or nullptr (causal only)
 };
 
 // Rows first .. first+rows-1 of head h of a (B, T, H, D) bf16 tensor into dst (rows, D+8), 16 bytes
@@ -165,6 +167,9 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 4 : 2)
 
   const int r = lane >> 1, half = lane & 1;  // this lane's softmax row, and its columns 2t + half
   const int64_t i = q0 + warp * 16 + r;
+  // Row i's document (rows past T, never stored, keep the causal mask only).
+  const bool doc_row = p.doc && i < p.T;
+  const int32_t doc_i = doc_row ? p.doc[b * p.T + i] : 0;
   float m = -INFINITY, l = 0.0f;
   const int64_t k_end = min(p.T, q0 + kTile);  // keys past the tile's last query are never visible
   for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
@@ -189,10 +194,11 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 4 : 2)
     // Online softmax of row r over this lane's 32 columns and its partner's. Only the diagonal
     // tile and the last one hold keys this row must not see: the others skip the mask.
     const float* srow = s_w + r * kLdScore;
-    const bool masked = k0 + kTile - 1 > q0 + warp * 16 || k0 + kTile > p.T;  // uniform over the warp
+    const bool masked = p.doc != nullptr || k0 + kTile - 1 > q0 + warp * 16 || k0 + kTile > p.T;  // uniform over the warp
     auto score = [&](int c) {  // scale * S[r, c], or -inf where key k0 + c is not visible to row i
       const int64_t j = k0 + c;
-      return (!masked || (j <= i && j < p.T)) ? srow[c] * p.scale : -INFINITY;
+      const bool visible = j <= i && j < p.T && (!doc_row || p.doc[b * p.T + j] == doc_i);
+      return (!masked || visible) ? srow[c] * p.scale : -INFINITY;
     };
     float x[kTile / 2];  // this lane's scores, read from shared memory once
     float tile_max = -INFINITY;
@@ -289,6 +295,7 @@ __global__ void __launch_bounds__(W * 32)
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dk_acc[n], 0.0f), wmma::fill_fragment(dv_acc[n], 0.0f);
   const int r = lane >> 1, half = lane & 1;  // this lane's key row of the warp, and its columns 2t + half
   const int64_t j = k0 + warp * 16 + r;
+  const int32_t doc_j = p.doc && j < p.T ? p.doc[b * p.T + j] : 0;  // key row j's document
   // The warp's K and V rows as A fragments, loaded once where registers allow (D = 64; at D = 128
   // they would spill, and are reloaded from shared memory for every tile instead).
   constexpr bool kHoistKv = D <= 64;
@@ -349,7 +356,7 @@ __global__ void __launch_bounds__(W * 32)
         const int c = 2 * t + half;
         const int64_t i = i0 + c;
         float pv = 0.0f, ds = 0.0f;
-        if (j <= i && i < p.T && j < p.T) {
+        if (j <= i && i < p.T && j < p.T && (!p.doc || p.doc[b * p.T + i] == doc_j)) {
           pv = __expf(srow[c] * p.scale - lse_s[c]);
           ds = pv * (dprow[c] - delta_s[c]) * p.scale;
         }
@@ -413,7 +420,7 @@ __global__ void round_to_bf16_kernel(bf16* y, const float* x, int64_t n) {
 
 const char* const kOp = "cuda flash_attention_tc";
 
-Params params(const AttentionShape& s) {
+Params params(const AttentionShape& s, const int32_t* doc_ids) {
   check(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0, kOp, "sizes must be positive");
   check(s.D == 64 || s.D == 128, kOp,
         "head_dim " + std::to_string(s.D) + " is not supported (64 or 128; kernels/cuda/attention.h takes any)");
@@ -422,7 +429,7 @@ Params params(const AttentionShape& s) {
   check(s.sliding_window == 0 && s.softcap == 0.0f, kOp,
         "no sliding window or soft-cap on this path (kernels/cuda/attention.h has them)");
   check(s.B * s.Hq < 65536, kOp, "B * heads must be < 65536 (grid y)");
-  return Params{s.B, s.T, s.Hq, s.Hkv, s.scale};
+  return Params{s.B, s.T, s.Hq, s.Hkv, s.scale, doc_ids};
 }
 
 void check_aligned(const void* ptr, const char* name) {
@@ -464,8 +471,8 @@ int64_t flash_attention_tc_backward_scratch_floats(const AttentionShape& s) {
 }
 
 void flash_attention_tc_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                                const AttentionShape& s, Stream stream) {
-  const Params p = params(s);
+                                const AttentionShape& s, Stream stream, const int32_t* doc_ids) {
+  const Params p = params(s, doc_ids);
   check_aligned(q, "q"), check_aligned(k, "k"), check_aligned(v, "v");
   if (s.D == 64) forward<64>(dev(out), lse, dev(q), dev(k), dev(v), p, stream);
   else forward<128>(dev(out), lse, dev(q), dev(k), dev(v), p, stream);
@@ -473,8 +480,9 @@ void flash_attention_tc_forward(bf16_t* out, float* lse, const bf16_t* q, const 
 
 void flash_attention_tc_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
                                  const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
-                                 const AttentionShape& s, float* scratch, Stream stream) {
-  const Params p = params(s);
+                                 const AttentionShape& s, float* scratch, Stream stream,
+                                 const int32_t* doc_ids) {
+  const Params p = params(s, doc_ids);
   check_aligned(dout, "dout"), check_aligned(q, "q"), check_aligned(k, "k"), check_aligned(v, "v");
   check_aligned(scratch, "scratch");
   const int64_t rows = s.B * s.T * s.Hq, nq = rows * s.D;

@@ -272,11 +272,6 @@ struct Decoder::Impl {
   // after set_seq_len. Grows the rotary table when a position reaches beyond it (as the CPU Decoder).
   void upload_layout(const DecoderConfig& c, const int32_t* positions_host, const int32_t* doc_ids_host);
   void build_rope_table(const DecoderConfig& c, int64_t rows);
-  // The attention kernel layer l runs this step: its planned one, but the tiled kernel for a
-  // packed step's tensor-core layers (flash_attention_tc has no document ids); and the tiled
-  // kernel's backward scratch (B * Hq * T floats), which flash_attention_tc's also covers.
-  TrainingSetup::Attention step_kernel(const Layer& layer) const;
-  float* tiled_attention_scratch() const;
   void forward(const DecoderConfig& c);  // embedding .. final norm, saving what the backward reads
   // Layer l from resid[l] to resid[l + 1], saving into acts[l]; timed: marks the attention's events.
   void layer_forward(const DecoderConfig& c, int64_t l, bool timed);
@@ -941,17 +936,6 @@ void Decoder::Impl::upload_layout(const DecoderConfig& c, const int32_t* positio
   positions_T = 0;  // no longer 0..T-1: the next step without positions lays them out again
 }
 
-TrainingSetup::Attention Decoder::Impl::step_kernel(const Layer& layer) const {
-  using A = TrainingSetup::Attention;
-  return step_docs && layer.kernel == A::kTensorCore ? A::kFlash : layer.kernel;
-}
-
-float* Decoder::Impl::tiled_attention_scratch() const {
-  if (attn_scratch) return attn_scratch;
-  // flash_attention_tc's (B*T*Hq*D + B*Hq*T floats) holds more than the tiled kernel's B*Hq*T.
-  return attn_tc_scratch;
-}
-
 void Decoder::Impl::forward(const DecoderConfig& c) {
   const int64_t C = c.hidden_size, V = c.vocab_size, L = c.num_layers;
   embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, flag.data());
@@ -981,10 +965,9 @@ void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, bool timed)
   rope_forward(a.q, positions, rope, N, Hq, D, flag.data());
   rope_forward(a.k, positions, rope, N, Hkv, D, flag.data());
   if (timed) mark(attn_event(l, 0));
-  const TrainingSetup::Attention kernel = step_kernel(layer);
-  if (kernel == TrainingSetup::Attention::kTensorCore)
-    flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention);
-  else if (kernel == TrainingSetup::Attention::kGemm)
+  if (layer.kernel == TrainingSetup::Attention::kTensorCore)
+    flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention, nullptr, step_docs);
+  else if (layer.kernel == TrainingSetup::Attention::kGemm)
     attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch, nullptr, step_docs);
   else
     attention_forward(a.att, a.lse, a.q, a.k, a.v, step_docs, layer.attention);
@@ -1087,15 +1070,14 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
     }
     linear_backward(datt, false, dy_o, a.att, lin(layer.proj[kO]), a.xa[kO]);
     mark(attn_event(l, 2));
-    const TrainingSetup::Attention kernel = step_kernel(layer);
-    if (kernel == TrainingSetup::Attention::kTensorCore)
-      flash_attention_tc_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention, attn_tc_scratch);
-    else if (kernel == TrainingSetup::Attention::kGemm)
+    if (layer.kernel == TrainingSetup::Attention::kTensorCore)
+      flash_attention_tc_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention, attn_tc_scratch,
+                                  nullptr, step_docs);
+    else if (layer.kernel == TrainingSetup::Attention::kGemm)
       attention_gemm_backward(gemm, dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention,
                               attn_gemm_scratch, nullptr, step_docs);
     else
-      attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, step_docs, layer.attention,
-                         tiled_attention_scratch());
+      attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, step_docs, layer.attention, attn_scratch);
     mark(attn_event(l, 3));
     attention_backward_ran[size_t(l)] = true;
     rope_backward(dq, positions, rope, N, Hq, D, flag.data());

@@ -47,9 +47,9 @@
 // positions and doc ids ((B, T) host arrays, the CPU data::Batch's), uploaded per step: RoPE turns
 // each token by its own position (restarting per document; the rotary table grows, as the CPU one
 // does, when a sample split across packs counts past it) and attention masks across documents
-// (token i sees key j iff causal, in the window, and doc_ids[b, i] == doc_ids[b, j]). The GEMM and
-// tiled attention kernels mask documents themselves; flash_attention_tc does not, so a packed step
-// runs the tiled kernel on the layers planned for it (a step without doc ids runs them as planned).
+// (token i sees key j iff causal, in the window, and doc_ids[b, i] == doc_ids[b, j]): each layer's
+// attention kernel (tiled, GEMM or fused tensor-core) takes the doc ids, so a packed step runs the
+// kernels planned for it.
 //
 // It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
 // activation offloading, gradient clipping or loading checkpoints (weights are random or
@@ -123,8 +123,7 @@ struct TrainingSetup {
   // head's (B, T, T) scores at a time), kFlash (kernels/cuda/attention.h: tiled, on the CUDA cores)
   // or kTensorCore (kernels/cuda/flash_attention_tc.h: fused FlashAttention-2 on the tensor cores,
   // head_dim 64 or 128 only; other head sizes run kGemm). Layers with a sliding window shorter than
-  // seq_len or an attention soft-cap run kFlash whatever is chosen; a packed step (doc ids) runs
-  // kFlash on kTensorCore's layers.
+  // seq_len or an attention soft-cap run kFlash whatever is chosen. All three take doc ids (packed steps).
   enum class Attention { kGemm, kFlash, kTensorCore } attention = Attention::kGemm;
   // QLoRA (the CPU LoraOptions::quantize_base): the frozen base weight of every projection that
   // carries LoRA (lora_on; all seven in torchtune's QLoRA recipes) held on the device only as NF4

@@ -1380,8 +1380,8 @@ PackedLayout pack_rows(int64_t T, const std::vector<PackedRow>& rows) {
 // A packed step against the CPU reference on the same packed batch (RoPE at each token's position,
 // attention masked by doc ids): two rows of 40, row 0 a one-token document, two more and padding,
 // row 1 a sample continuing from position 30 (past T: the rotary table grows) and a second one; on
-// the GEMM and tiled attention paths, LoRA and full fine-tuning; kTensorCore (which a packed step
-// runs on the tiled kernel) on head_dim 64; Mistral's window and Gemma2's soft-caps with documents.
+// the GEMM and tiled attention paths, LoRA and full fine-tuning; the fused tensor-core kernel on
+// head_dim 64; Mistral's window and Gemma2's soft-caps with documents.
 // The padding keeps check_step_with's labels: it trains as a document of its own on both sides.
 KTUNE_CUDA_TEST(DecoderPackedStepMatchesCpuReference) {
   using A = cuda::TrainingSetup::Attention;
@@ -1399,7 +1399,7 @@ KTUNE_CUDA_TEST(DecoderPackedStepMatchesCpuReference) {
   cuda::TrainingSetup tc = family_setup(false, kAllButKey);
   tc.seq_len = 72;
   tc.attention = A::kTensorCore;
-  check_step_with("packed head_dim 64 lora [tensor-core attention: tiled]", tiny_head_dim64_config(true), tc, 0,
+  check_step_with("packed head_dim 64 lora [tensor-core attention]", tiny_head_dim64_config(true), tc, 0,
                   pack_rows(72, {{{40, 20}, 0}, {{3, 65}, 5}}));
   const cuda::TrainingSetup full = family_setup(true);
   const PackedLayout packed = pack_rows(full.seq_len, rows);
@@ -1408,9 +1408,10 @@ KTUNE_CUDA_TEST(DecoderPackedStepMatchesCpuReference) {
 }
 // One packed row of two documents (lengths a and T - a) against the same two documents as two
 // unpacked rows, each padded to T (padding labels -100), on the same weights: the loss and every
-// gradient agree (the padding adds exact zeros; only GEMM shapes and sums' order differ: within 1e-4
-// relative on the loss and 1% on a gradient, where a document that saw the other's tokens is off by
-// 10% or more, shown by the same packed row without doc ids). forward_loss agrees too. And an
+// gradient agree (the padding adds exact zeros; only GEMM shapes and sums' order differ, which on a
+// GPU may flip bf16 roundings: within 1e-3 relative on the loss and 1% on a gradient, where a
+// document that saw the other's tokens is off by 10% or more, shown by the same packed row without
+// doc ids; the emulator agrees to 2e-7). forward_loss agrees too. And an
 // unpacked step after the packed one is the step before it (positions 0..T-1 laid out again, no
 // doc ids left behind).
 void check_packed_equals_separate_rows(const std::string& what, const cuda::DecoderConfig& config,
@@ -1439,11 +1440,12 @@ void check_packed_equals_separate_rows(const std::string& what, const cuda::Deco
     return out;
   };
   const StepGradients unpacked_before = step_gradients(packed_model, tokens, labels, 0.01f);
+  const StepGradients unpacked_again = step_gradients(packed_model, tokens, labels, 0.01f);  // the noise
   const StepGradients want = step_gradients(separate_model, rows_tokens, rows_labels, 0.01f);
   const StepGradients got = packed_step(packed.doc_ids.data());
   const StepGradients unmasked = packed_step(nullptr);
   CHECK(got.result.n_valid == want.result.n_valid) << what << ": n_valid " << got.result.n_valid;
-  CHECK(std::fabs(got.result.loss_sum - want.result.loss_sum) <= 1e-4 * std::fabs(want.result.loss_sum))
+  CHECK(std::fabs(got.result.loss_sum - want.result.loss_sum) <= 1e-3 * std::fabs(want.result.loss_sum))
       << what << ": loss " << got.result.loss_sum << ", as separate rows " << want.result.loss_sum;
   double worst = 0, worst_unmasked = 0;
   for (const auto& [name, w] : want.grads) {
@@ -1458,10 +1460,10 @@ void check_packed_equals_separate_rows(const std::string& what, const cuda::Deco
   const cuda::StepResult loss_packed =
       packed_model.forward_loss(tokens.data(), labels.data(), 0, packed.positions.data(), packed.doc_ids.data());
   const cuda::StepResult loss_rows = separate_model.forward_loss(rows_tokens.data(), rows_labels.data());
-  CHECK(std::fabs(loss_packed.loss_sum - loss_rows.loss_sum) <= 1e-4 * std::fabs(loss_rows.loss_sum))
+  CHECK(std::fabs(loss_packed.loss_sum - loss_rows.loss_sum) <= 1e-3 * std::fabs(loss_rows.loss_sum))
       << what << ": forward_loss " << loss_packed.loss_sum << ", as separate rows " << loss_rows.loss_sum;
   const StepGradients unpacked_after = step_gradients(packed_model, tokens, labels, 0.01f);
-  expect_same_step(what + ": unpacked after packed", unpacked_before, unpacked_before, unpacked_after);
+  expect_same_step(what + ": unpacked after packed", unpacked_before, unpacked_again, unpacked_after);
 }
 
 KTUNE_CUDA_TEST(DecoderPackedRowOfTwoDocumentsEqualsThemAsSeparateRows) {
@@ -1473,6 +1475,8 @@ KTUNE_CUDA_TEST(DecoderPackedRowOfTwoDocumentsEqualsThemAsSeparateRows) {
                                       tiny_config(true), lora);
   }
   check_packed_equals_separate_rows("full untied [gemm attention]", tiny_config(false), family_setup(true));
+  lora.attention = A::kTensorCore;
+  check_packed_equals_separate_rows("lora head_dim 64 [tensor-core attention]", tiny_head_dim64_config(true), lora);
 }
 
 KTUNE_CUDA_TEST(DecoderRejectsTokenOutsideVocabulary) {

@@ -2,8 +2,10 @@
 // (T, T) scores per head in double, src/kernels/cpu/attention_reference.cpp) and against the tiled
 // CUDA-core kernel (kernels/cuda/attention.h) on the same bf16 inputs: GQA 4:1, 2:1 and 1:1, head_dim
 // 64 and 128, B > 1, rows that are and are not multiples of the 64-query / 64- or 128-key tiles, one
-// row, and peaked softmaxes (large scores: the online rescaling matters). Each forward's (out, lse)
-// also goes through the other kernel's backward (the lse convention is shared).
+// row, and peaked softmaxes (large scores: the online rescaling matters); and packed rows (document
+// ids: a one-token document, documents whose boundary differs by row, a padding document whose rows
+// see no key of the first tiles). Each forward's (out, lse) also goes through the other kernel's
+// backward (the lse convention is shared).
 // Tolerances. out: P is rounded to bf16 before P V (relative 2^-9 a probability), so
 // |out - ref| <= 2^-9 max|v| (= 1.95e-3 here, v in [-1, 1]) plus the output's own rounding: atol 2e-3,
 // rtol 1e-2 (the first rows, with one or two keys, come close to that bound: 1e-3 was too tight).
@@ -68,20 +70,34 @@ void check_backward(const Results& got, const Results& want, const Tolerance& t,
   CHECK_CLOSE(got.dv.data(), want.dv.data(), int64_t(want.dv.size()), t.grad_atol, t.grad_rtol) << what << " dv";
 }
 
-// q scaled by q_scale (scores ~ q_scale / 3 typical): large values give peaked rows.
-void check_flash_attention_tc(const char* name, cpu::AttentionShape s, float q_scale = 1.0f) {
+// Per row b of a packed batch: document 0 the first token alone, 1 to T/3, 2 to T - T/8 - b, then the
+// row's padding (doc id -1).
+std::vector<int32_t> packed_doc_ids(int64_t B, int64_t T) {
+  std::vector<int32_t> docs;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) docs.push_back(i == 0 ? 0 : i < T / 3 ? 1 : i < T - T / 8 - b ? 2 : -1);
+  return docs;
+}
+
+// q scaled by q_scale (scores ~ q_scale / 3 typical): large values give peaked rows. packed: every
+// kernel and the reference masked by packed_doc_ids.
+void check_flash_attention_tc(const char* name, cpu::AttentionShape s, float q_scale = 1.0f, bool packed = false) {
   const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
   const size_t nlse = size_t(s.B * s.Hq * s.T);
   auto q = rounded_to_bf16(random_floats(nq, 21, -q_scale, q_scale)), k = rounded_to_bf16(random_floats(nkv, 22));
   auto v = rounded_to_bf16(random_floats(nkv, 23)), dout = rounded_to_bf16(random_floats(nq, 24));
 
+  const std::vector<int32_t> docs = packed ? packed_doc_ids(s.B, s.T) : std::vector<int32_t>();
+  const int32_t* doc_ptr = packed ? docs.data() : nullptr;
+  cuda::DeviceBuffer d_docs = packed ? to_device(docs) : cuda::DeviceBuffer();
+  const int32_t* d_doc_ptr = packed ? d_docs.as<int32_t>() : nullptr;
   // The CPU reference; its backward's rowsum sees the bf16-rounded out, as the GPU's does.
   Results ref{std::vector<float>(nq), std::vector<float>(nlse), std::vector<float>(nq), std::vector<float>(nkv),
               std::vector<float>(nkv)};
-  cpu::attention_forward_reference(ref.out.data(), ref.lse.data(), q.data(), k.data(), v.data(), nullptr, s);
+  cpu::attention_forward_reference(ref.out.data(), ref.lse.data(), q.data(), k.data(), v.data(), doc_ptr, s);
   const auto ref_out_rounded = rounded_to_bf16(ref.out);
   cpu::attention_backward_reference(ref.dq.data(), ref.dk.data(), ref.dv.data(), dout.data(), q.data(), k.data(),
-                                    v.data(), ref_out_rounded.data(), ref.lse.data(), nullptr, s);
+                                    v.data(), ref_out_rounded.data(), ref.lse.data(), doc_ptr, s);
 
   DeviceAttention d{to_device(to_bf16(q)), to_device(to_bf16(k)), to_device(to_bf16(v)), to_device(to_bf16(dout)),
                     cuda::DeviceBuffer(nq * 2), cuda::DeviceBuffer(nlse * 4), cuda::DeviceBuffer(nq * 2),
@@ -95,21 +111,21 @@ void check_flash_attention_tc(const char* name, cpu::AttentionShape s, float q_s
   };
   auto tc_forward = [&] {
     cuda::flash_attention_tc_forward(d.out.as<bf16_t>(), d.lse.as<float>(), d.q.as<bf16_t>(), d.k.as<bf16_t>(),
-                                     d.v.as<bf16_t>(), s);
+                                     d.v.as<bf16_t>(), s, nullptr, d_doc_ptr);
   };
   auto tc_backward = [&] {
     cuda::flash_attention_tc_backward(d.dq.as<bf16_t>(), d.dk.as<bf16_t>(), d.dv.as<bf16_t>(), d.dout.as<bf16_t>(),
                                       d.q.as<bf16_t>(), d.k.as<bf16_t>(), d.v.as<bf16_t>(), d.out.as<bf16_t>(),
-                                      d.lse.as<float>(), s, d.scratch.as<float>());
+                                      d.lse.as<float>(), s, d.scratch.as<float>(), nullptr, d_doc_ptr);
   };
   auto tiled_forward = [&] {
     cuda::attention_forward(d.out.as<bf16_t>(), d.lse.as<float>(), d.q.as<bf16_t>(), d.k.as<bf16_t>(),
-                            d.v.as<bf16_t>(), nullptr, s);
+                            d.v.as<bf16_t>(), d_doc_ptr, s);
   };
   auto tiled_backward = [&] {
     cuda::attention_backward(d.dq.as<bf16_t>(), d.dk.as<bf16_t>(), d.dv.as<bf16_t>(), d.dout.as<bf16_t>(),
                              d.q.as<bf16_t>(), d.k.as<bf16_t>(), d.v.as<bf16_t>(), d.out.as<bf16_t>(),
-                             d.lse.as<float>(), nullptr, s, tiled_scratch.as<float>());
+                             d.lse.as<float>(), d_doc_ptr, s, tiled_scratch.as<float>());
   };
   const std::string what = name;
   const int64_t group = s.Hq / s.Hkv;
@@ -161,6 +177,13 @@ KTUNE_CUDA_TEST(FlashAttentionTcPeakedSoftmaxMatchesReferences) {
   // q in [-6, 6): scores spread over ~ +-5, so later key tiles raise the running max often.
   check_flash_attention_tc("D64 peaked gqa 4:1 T300", shape(1, 300, 4, 1, 64), 6.0f);
   check_flash_attention_tc("D128 peaked 1:1 T190", shape(1, 190, 2, 2, 128), 6.0f);
+}
+
+// Packed rows: documents end inside and at the edges of tiles; the padding rows (from T - T/8 - b)
+// see no key of the tiles before theirs, so their first tiles are wholly masked.
+KTUNE_CUDA_TEST(FlashAttentionTcDocumentIdsMatchReferences) {
+  check_flash_attention_tc("D64 packed gqa 2:1 B2 T140", shape(2, 140, 4, 2, 64), 1.0f, true);
+  check_flash_attention_tc("D128 packed gqa 2:1 T150", shape(1, 150, 2, 1, 128), 1.0f, true);
 }
 
 // The op refuses what it does not take, naming itself.
