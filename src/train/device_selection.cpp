@@ -86,11 +86,9 @@ cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe,
 }  // namespace
 
 CudaStepPlan plan_cuda_step(const RecipeConfig& cfg, const RecipeSpec& recipe, const model::ModelConfig& mc,
-                            int64_t batch, int64_t seq_len, bool packed) {
+                            int64_t batch, int64_t seq_len) {
   CudaStepPlan plan;
   plan.model = map_model(mc, plan.gaps);
-  // packed: no gap; the step takes each packed batch's positions and doc ids (cuda::Decoder).
-  (void)packed;
   plan.setup = map_setup(cfg, recipe, batch, seq_len, plan.gaps);
   return plan;
 }

@@ -36,9 +36,10 @@ struct CudaStepPlan {
   std::vector<std::string> gaps;  // "<config key or model feature>: <what the GPU step lacks>"
 };
 
-// batch, seq_len: the one shape the GPU step plans its memory for (every batch is laid into it).
+// batch, seq_len: the shape the GPU step plans its memory for (each batch runs at its own length up
+// to it; packed batches bring their positions and document ids).
 CudaStepPlan plan_cuda_step(const RecipeConfig& cfg, const RecipeSpec& recipe, const model::ModelConfig& mc,
-                            int64_t batch, int64_t seq_len, bool packed);
+                            int64_t batch, int64_t seq_len);
 
 // "device=cuda: the GPU step does not do …; set device=cpu to train on the CPU" for a refused plan.
 std::string describe_gaps(const std::vector<std::string>& gaps);

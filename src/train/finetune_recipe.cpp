@@ -458,8 +458,7 @@ void FinetuneRecipe::setup_cpu_training(DType storage, int64_t trainable_bytes) 
 }
 
 void FinetuneRecipe::setup_gpu_training() {
-  const bool packed = loader_->options().packed || val_packed_;
-  CudaStepPlan plan = plan_cuda_step(cfg_, recipe_, model_->config(), cfg_.batch_size, gpu_seq_len_, packed);
+  CudaStepPlan plan = plan_cuda_step(cfg_, recipe_, model_->config(), cfg_.batch_size, gpu_seq_len_);
   if (!plan.gaps.empty()) throw Error("device=" + cfg_.device, describe_gaps(plan.gaps));
   plan.setup.lora_seed = seed_;  // the adapters' LoraOptions::seed (the masks' function is the CPU adapter's)
   plan.setup.attention = cuda_attention_mode();

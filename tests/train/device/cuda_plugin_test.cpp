@@ -59,7 +59,7 @@ TinyRun tiny_run(bool lora) {
   } else {
     r.host->set_trainable([](const std::string&) { return true; });
   }
-  r.plan = plan_cuda_step(cfg, *find_recipe(recipe), mc, 2, 16, false);
+  r.plan = plan_cuda_step(cfg, *find_recipe(recipe), mc, 2, 16);
   EXPECT_TRUE(r.plan.gaps.empty()) << describe_gaps(r.plan.gaps);
   for (int i = 0; i < 32; ++i) {
     r.tokens.push_back((i * 7 + 3) % 64);

@@ -56,7 +56,7 @@ TEST(ChooseStepDevice, CudaRunsOnTheGpuOnlyWhenTheBuildHasTheBackendAndAGpuIsVis
 TEST(PlanCudaStep, TheTinyLlamaLoraConfigMapsWholeWithNoGap) {
   const RecipeConfig cfg = tiny("lora_finetune_single_device");
   const model::ModelConfig mc = family("llama");
-  const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("lora_finetune_single_device"), mc, 8, 256, false);
+  const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("lora_finetune_single_device"), mc, 8, 256);
   EXPECT_TRUE(plan.gaps.empty()) << describe_gaps(plan.gaps);
   EXPECT_EQ(plan.model.vocab_size, mc.vocab_size);
   EXPECT_EQ(plan.model.hidden_size, mc.hidden_size);
@@ -82,7 +82,7 @@ TEST(PlanCudaStep, LoraGoesOnTheProjectionsTorchtuneNamesOnly) {
   const RecipeConfig cfg = tiny("lora_finetune_single_device",
                                 {"model.lora_attn_modules=[q_proj,output_proj]", "model.apply_lora_to_mlp=False",
                                  "model.lora_rank=4", "model.lora_alpha=8"});
-  const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64, false);
+  const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64);
   EXPECT_TRUE(plan.gaps.empty()) << describe_gaps(plan.gaps);
   const bool expected[cuda::kNumProjections] = {true, false, false, true, false, false, false};  // q, o
   for (int p = 0; p < cuda::kNumProjections; ++p) EXPECT_EQ(plan.setup.lora_on[p], expected[p]) << "projection " << p;
@@ -93,13 +93,13 @@ TEST(PlanCudaStep, LoraGoesOnTheProjectionsTorchtuneNamesOnly) {
 TEST(PlanCudaStep, QloraDoraAndLoraDropoutGoToTheGpuStepAsConfigured) {
   const RecipeConfig cfg = tiny("lora_finetune_single_device",
                                 {"model.quantize_base=True", "model.lora_dropout=0.25", "model.use_dora=True"});
-  const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64, false);
+  const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64);
   EXPECT_TRUE(plan.gaps.empty()) << describe_gaps(plan.gaps);
   EXPECT_TRUE(plan.setup.quantize_base);
   EXPECT_TRUE(plan.setup.use_dora);
   EXPECT_FLOAT_EQ(plan.setup.lora_dropout, 0.25f);
   const CudaStepPlan plain =
-      plan_cuda_step(tiny("lora_finetune_single_device"), *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64, false);
+      plan_cuda_step(tiny("lora_finetune_single_device"), *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64);
   EXPECT_FALSE(plain.setup.quantize_base);
   EXPECT_FALSE(plain.setup.use_dora);
   EXPECT_EQ(plain.setup.lora_dropout, 0.0f);
@@ -110,7 +110,7 @@ TEST(PlanCudaStep, ActivationCheckpointingGoesToTheGpuStepAsConfigured) {
     for (bool on : {false, true}) {
       const RecipeConfig cfg =
           tiny(recipe, {std::string("enable_activation_checkpointing=") + (on ? "True" : "False")});
-      const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe(recipe), family("llama"), 2, 64, false);
+      const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe(recipe), family("llama"), 2, 64);
       EXPECT_TRUE(plan.gaps.empty()) << recipe << ": " << describe_gaps(plan.gaps);
       EXPECT_EQ(plan.setup.activation_checkpointing, on) << recipe;
     }
@@ -119,7 +119,7 @@ TEST(PlanCudaStep, ActivationCheckpointingGoesToTheGpuStepAsConfigured) {
 
 TEST(PlanCudaStep, AFullFinetuneTrainsEveryBaseWeightAndAttachesNoAdapter) {
   const RecipeConfig cfg = tiny("full_finetune_single_device");
-  const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("full_finetune_single_device"), family("llama"), 4, 128, false);
+  const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe("full_finetune_single_device"), family("llama"), 4, 128);
   EXPECT_TRUE(plan.gaps.empty()) << describe_gaps(plan.gaps);
   EXPECT_TRUE(plan.setup.full_finetune);
   EXPECT_EQ(plan.setup.lora_rank, 0);
@@ -128,15 +128,15 @@ TEST(PlanCudaStep, AFullFinetuneTrainsEveryBaseWeightAndAttachesNoAdapter) {
 TEST(PlanCudaStep, RecipeSettingsTheGpuStepLacksAreEachAGap) {
   const RecipeSpec& lora = *find_recipe("lora_finetune_single_device");
   const model::ModelConfig llama = family("llama");
-  auto gaps = [&](const std::vector<std::string>& overrides, bool packed = false) {
-    return plan_cuda_step(tiny("lora_finetune_single_device", overrides), lora, llama, 2, 64, packed).gaps;
+  auto gaps = [&](const std::vector<std::string>& overrides) {
+    return plan_cuda_step(tiny("lora_finetune_single_device", overrides), lora, llama, 2, 64).gaps;
   };
   EXPECT_TRUE(mentions(gaps({"dtype=fp32"}), "dtype=fp32"));
   EXPECT_TRUE(gaps({"model.use_dora=True"}).empty());  // DoRA, QLoRA and LoRA dropout: the GPU step has them
   EXPECT_TRUE(gaps({"model.quantize_base=True"}).empty());
   EXPECT_TRUE(gaps({"model.lora_dropout=0.1"}).empty());
   EXPECT_TRUE(mentions(gaps({"model.apply_lora_to_output=True"}), "lm_head"));
-  EXPECT_TRUE(gaps({}, /*packed=*/true).empty());  // packed datasets: the step masks documents
+  EXPECT_TRUE(gaps({"dataset.packed=True"}).empty());  // packed datasets: the step masks documents
   EXPECT_TRUE(gaps({}).empty());
 }
 
@@ -145,19 +145,19 @@ TEST(PlanCudaStep, QwenMistralAndGemmaMapFieldForField) {
   const RecipeSpec& lora = *find_recipe("lora_finetune_single_device");
 
   const model::ModelConfig qwen = family("qwen2");
-  const CudaStepPlan q = plan_cuda_step(cfg, lora, qwen, 2, 64, false);
+  const CudaStepPlan q = plan_cuda_step(cfg, lora, qwen, 2, 64);
   EXPECT_TRUE(q.gaps.empty()) << describe_gaps(q.gaps);
   EXPECT_TRUE(qwen.qkv_bias);
   EXPECT_TRUE(q.model.qkv_bias);
 
   const model::ModelConfig mistral = family("mistral");
-  const CudaStepPlan m = plan_cuda_step(cfg, lora, mistral, 2, 64, false);
+  const CudaStepPlan m = plan_cuda_step(cfg, lora, mistral, 2, 64);
   EXPECT_TRUE(m.gaps.empty()) << describe_gaps(m.gaps);
   EXPECT_EQ(m.model.sliding_window, mistral.sliding_window);
   EXPECT_EQ(m.model.window(0), 6);
 
   const model::ModelConfig gemma = family("gemma2");
-  const CudaStepPlan g = plan_cuda_step(cfg, lora, gemma, 2, 64, false);
+  const CudaStepPlan g = plan_cuda_step(cfg, lora, gemma, 2, 64);
   EXPECT_TRUE(g.gaps.empty()) << describe_gaps(g.gaps);
   EXPECT_EQ(g.model.sliding_window, gemma.sliding_window);
   EXPECT_EQ(g.model.attn_logit_softcap, gemma.attn_logit_softcap);
@@ -171,7 +171,7 @@ TEST(PlanCudaStep, QwenMistralAndGemmaMapFieldForField) {
   EXPECT_NE(g.model.attention_scale, 0.0f);
 
   // Llama's scale is head_dim^-0.5: left 0, the GPU's own default.
-  EXPECT_EQ(plan_cuda_step(cfg, lora, family("llama"), 2, 64, false).model.attention_scale, 0.0f);
+  EXPECT_EQ(plan_cuda_step(cfg, lora, family("llama"), 2, 64).model.attention_scale, 0.0f);
 }
 
 TEST(PlanCudaStep, BiasesTheGpuStepLacksAreGapsNamingTheModelType) {
@@ -180,7 +180,7 @@ TEST(PlanCudaStep, BiasesTheGpuStepLacksAreGapsNamingTheModelType) {
   model::ModelConfig biased = family("llama");
   biased.o_bias = true;
   biased.mlp_bias = true;
-  const std::vector<std::string> gaps = plan_cuda_step(cfg, lora, biased, 2, 64, false).gaps;
+  const std::vector<std::string> gaps = plan_cuda_step(cfg, lora, biased, 2, 64).gaps;
   EXPECT_TRUE(mentions(gaps, "model llama: a bias on o_proj")) << describe_gaps(gaps);
   EXPECT_TRUE(mentions(gaps, "model llama: biases on the MLP")) << describe_gaps(gaps);
   const std::string text = describe_gaps(gaps);
