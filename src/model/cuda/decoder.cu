@@ -220,7 +220,7 @@ struct Decoder::Impl {
   bf16_t *dres = nullptr, *dtmp = nullptr, *dln = nullptr;       // (N, C)
   float* dnormed = nullptr;                                      // (N, C) f32 from the loss
   bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
-  bf16_t *dact = nullptr, *dgate = nullptr, *dup = nullptr;      // (N, I)
+  bf16_t* dact = nullptr;  // (N, I); d gate and d up overwrite the layer's saved gate and up in place
   bf16_t* lora_g = nullptr;                                      // (N, r)
   bf16_t* ones = nullptr;  // (N) 1s when a bias trains: db (1, out) += ones (1, N) @ dy (N, out)
   bf16_t* nf4_weight = nullptr;  // QLoRA: the largest NF4 weight (out * in) dequantised to bf16
@@ -554,8 +554,6 @@ void Decoder::allocate(bool on_device) {
     s.dk = k.take<bf16_t>(N * KD);
     s.dv = k.take<bf16_t>(N * KD);
     s.dact = k.take<bf16_t>(N * I);
-    s.dgate = k.take<bf16_t>(N * I);
-    s.dup = k.take<bf16_t>(N * I);
     s.lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
     s.attn_scratch = any_flash_attention ? k.take<float>(attention_backward_scratch_floats(ashape)) : nullptr;
     s.attn_tc_scratch = any_tc_attention ? k.take<float>(flash_attention_tc_backward_scratch_floats(ashape)) : nullptr;
@@ -1053,6 +1051,10 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
       dy_down = dtmp;
     }
     linear_backward(dact, false, dy_down, a.act, lin(layer.proj[kDown]), a.xa[kDown]);
+    // d gate and d up in place over gate and up, which nothing reads after this in the step (the next
+    // forward, or checkpointing's recompute, writes them again): 2 (N, I) bf16 buffers fewer.
+    bf16_t* dgate = a.gate;
+    bf16_t* dup = a.up;
     if (c.activation == DecoderConfig::Activation::kSiLU)
       swiglu_backward(dgate, dup, dact, a.gate, a.up, N * I);
     else

@@ -217,6 +217,13 @@ void check_gate(const char* name, Fwd ref_fwd, Bwd ref_bwd, CudaFwd gpu_fwd, Cud
     gpu_bwd(dg.as<bf16_t>(), du.as<bf16_t>(), d.as<bf16_t>(), g.as<bf16_t>(), u.as<bf16_t>(), n);
     got_out = from_bf16(from_device<bf16_t>(o, size_t(n))), got_dgate = from_bf16(from_device<bf16_t>(dg, size_t(n)));
     got_dup = from_bf16(from_device<bf16_t>(du, size_t(n)));
+    // In place, as the GPU decoder's backward runs it: dgate over gate, dup over up, the same values.
+    auto gi = to_device(to_bf16(gate)), ui = to_device(to_bf16(up));
+    gpu_bwd(gi.as<bf16_t>(), ui.as<bf16_t>(), d.as<bf16_t>(), gi.as<bf16_t>(), ui.as<bf16_t>(), n);
+    const auto in_place_dgate = from_bf16(from_device<bf16_t>(gi, size_t(n)));
+    const auto in_place_dup = from_bf16(from_device<bf16_t>(ui, size_t(n)));
+    CHECK_CLOSE(in_place_dgate.data(), got_dgate.data(), n, 0.0, 0.0) << name << " in place";
+    CHECK_CLOSE(in_place_dup.data(), got_dup.data(), n, 0.0, 0.0) << name << " in place";
   }
   // f32: expf/tanhf are within 2 ulp; the GELU derivative cancels near g = -0.75 (1e-6 of |terms| ~ 8).
   const double rtol = bf16 ? 4e-3 : 1e-5, atol = bf16 ? 2e-5 : 1e-5;
