@@ -645,13 +645,13 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::cpu_step() {
   return out;
 }
 
-// The micro-batches come first: their label tokens, summed over the ranks, are the 1 / N that
-// scales each gradient as it accumulates on the GPU (the CPU step scales once at the end instead).
 FixedShapeBatch FinetuneRecipe::gpu_batch(const Batch& shifted, bool packed) const {
   return to_fixed_shape(shifted, cfg_.batch_size, step_seq_len(shifted, kGpuSeqLenMultiple, gpu_seq_len_),
                         tokenizer_->pad_id().value_or(0), packed);
 }
 
+// The micro-batches come first: their label tokens, summed over the ranks, are the 1 / N that
+// scales each gradient as it accumulates on the GPU (the CPU step scales once at the end instead).
 FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
   std::vector<FixedShapeBatch> micro_batches;
   double sums[2] = {0.0, 0.0};  // label tokens, then loss sum (this rank, then the world)

@@ -208,7 +208,7 @@ struct Decoder::Impl {
   int64_t ce_chunk = 0;
   // activations: planned for (B, T_max); a step runs on (B, T), T <= T_max (set_seq_len), N = B*T
   int64_t B = 0, T = 0, N = 0, T_max = 0;
-  int64_t positions_T = 0;  // the T whose (B, T) layout `positions` holds
+  int64_t positions_T = 0;  // the T whose 0..T-1 layout `positions` holds (0: none yet, or a packed step's)
   std::vector<bf16_t*> resid;  // L+1 of (N, C)
   std::vector<Acts> acts;      // L
   bf16_t* final_normed = nullptr;  // (N, C)
@@ -265,12 +265,14 @@ struct Decoder::Impl {
                      const bf16_t* xa);
   void linear_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
                        const bf16_t* xa);
-  // This step's T (0: T_max): N, every layer's attention shape, and positions' (B, T) layout.
+  // This step's T (0: T_max): N and every layer's attention shape.
   void set_seq_len(int64_t seq_len);
-  void upload_batch(const int32_t* tokens_host, const int32_t* labels_host);
-  // A packed step's positions and doc ids (each (B, T) host, or nullptr: 0..T-1 / no documents);
-  // after set_seq_len. Grows the rotary table when a position reaches beyond it (as the CPU Decoder).
-  void upload_layout(const DecoderConfig& c, const int32_t* positions_host, const int32_t* doc_ids_host);
+  // The step's (B, T) host arrays, after set_seq_len: tokens, labels, and a packed step's positions
+  // and doc ids (nullptr: positions 0..T-1 in every row, laid out again only when T changed or a
+  // packed step overwrote them; no documents). Grows the rotary table when a position reaches
+  // beyond it (as the CPU Decoder).
+  void upload_batch(const DecoderConfig& c, const int32_t* tokens_host, const int32_t* labels_host,
+                    const int32_t* positions_host, const int32_t* doc_ids_host);
   void build_rope_table(const DecoderConfig& c, int64_t rows);
   void forward(const DecoderConfig& c);  // embedding .. final norm, saving what the backward reads
   // Layer l from resid[l] to resid[l + 1], saving into acts[l]; timed: marks the attention's events.
@@ -588,7 +590,7 @@ void Decoder::allocate(bool on_device) {
   // Gemma: sqrt(hidden) in the weights' dtype (bf16), as HF's embed_scale.to(weight.dtype).
   s.embed_scale = c.scale_embeddings ? bf16_to_f32(f32_to_bf16(float(std::sqrt(double(C))))) : 1.0f;
 
-  // Positions 0..T-1 in every row (set_seq_len lays them out); the rotary table for T_max positions
+  // Positions are laid out by the first step (upload_batch); the rotary table for T_max positions
   // (the CPU RopeTable's angles).
   s.positions_T = 0;
   s.set_seq_len(s.T_max);
@@ -906,32 +908,32 @@ void Decoder::Impl::set_seq_len(int64_t seq_len) {
   T = seq_len > 0 ? seq_len : T_max;
   N = B * T;
   for (Layer& layer : layers) layer.attention.T = T;
-  if (positions_T == T) return;
-  std::vector<int32_t> pos(static_cast<size_t>(N));  // 0..T-1 in every row
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = int32_t(t);
-  copy_to_device(positions, pos.data(), pos.size() * sizeof(int32_t));
-  positions_T = T;
 }
 
-void Decoder::Impl::upload_batch(const int32_t* tokens_host, const int32_t* labels_host) {
+void Decoder::Impl::upload_batch(const DecoderConfig& c, const int32_t* tokens_host, const int32_t* labels_host,
+                                 const int32_t* positions_host, const int32_t* doc_ids_host) {
   copy_to_device(tokens, tokens_host, size_t(N) * sizeof(int32_t));
   copy_to_device(labels, labels_host, size_t(N) * sizeof(int32_t));
-}
-
-void Decoder::Impl::upload_layout(const DecoderConfig& c, const int32_t* positions_host, const int32_t* doc_ids_host) {
   step_docs = nullptr;
   if (doc_ids_host) {
     copy_to_device(doc_ids, doc_ids_host, size_t(N) * sizeof(int32_t));
     step_docs = doc_ids;
   }
-  if (!positions_host) return;
-  // A sample split across packs continues its count past T: the table grows as the CPU one does
-  // (to twice its rows at least); a negative position is the rope kernel's to flag.
-  const int32_t highest = *std::max_element(positions_host, positions_host + N);
-  if (highest >= rope_rows) build_rope_table(c, std::max<int64_t>(int64_t(highest) + 1, 2 * rope_rows));
-  copy_to_device(positions, positions_host, size_t(N) * sizeof(int32_t));
-  positions_T = 0;  // no longer 0..T-1: the next step without positions lays them out again
+  if (positions_host) {
+    // A sample split across packs continues its count past T: the table grows as the CPU one does
+    // (to twice its rows at least); a negative position is the rope kernel's to flag.
+    const int32_t highest = *std::max_element(positions_host, positions_host + N);
+    if (highest >= rope_rows) build_rope_table(c, std::max<int64_t>(int64_t(highest) + 1, 2 * rope_rows));
+    copy_to_device(positions, positions_host, size_t(N) * sizeof(int32_t));
+    positions_T = 0;  // no longer 0..T-1: the next step without positions lays them out again
+    return;
+  }
+  if (positions_T == T) return;  // 0..T-1 in every row already
+  std::vector<int32_t> pos(static_cast<size_t>(N));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = int32_t(t);
+  copy_to_device(positions, pos.data(), pos.size() * sizeof(int32_t));
+  positions_T = T;
 }
 
 void Decoder::Impl::forward(const DecoderConfig& c) {
@@ -1118,8 +1120,7 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
                                      int64_t seq_len, const int32_t* positions, const int32_t* doc_ids) {
   Impl& s = *impl_;
   s.set_seq_len(seq_len);
-  s.upload_batch(tokens_host, labels_host);
-  s.upload_layout(config_, positions, doc_ids);
+  s.upload_batch(config_, tokens_host, labels_host, positions, doc_ids);
   s.dropping = setup_.lora_dropout > 0;
   s.mark(0);
   s.forward(config_);
@@ -1133,8 +1134,7 @@ StepResult Decoder::forward_loss(const int32_t* tokens_host, const int32_t* labe
                                  const int32_t* positions, const int32_t* doc_ids) {
   Impl& s = *impl_;
   s.set_seq_len(seq_len);
-  s.upload_batch(tokens_host, labels_host);
-  s.upload_layout(config_, positions, doc_ids);
+  s.upload_batch(config_, tokens_host, labels_host, positions, doc_ids);
   s.dropping = false;  // evaluation: no dropout
   s.mark(0);
   s.forward(config_);
