@@ -1,8 +1,9 @@
 // cuda::Decoder: parameters, the memory plan, and the forward, backward and AdamW step on the GPU.
 // See decoder.h. The layer code follows src/model/decoder.cpp's layer_forward/layer_backward line
 // by line (Gemma2's sandwich norms included); the LoRA projection follows LoraAdapter::forward and
-// ::backward without dropout. Everything runs on the default stream; the only synchronisation in a
-// step is the loss's (linear_cross_entropy returns it) and the index-flag check after it.
+// ::backward without dropout. Everything runs on the default stream but activation offloading's
+// copies (activation_offload.h: a stream of their own, ordered by events); the only synchronisation
+// in a step is the loss's (linear_cross_entropy returns it) and the index-flag check after it.
 #include "model/cuda/decoder.h"
 
 #include <cuda_bf16.h>
@@ -29,6 +30,7 @@
 #include "kernels/cuda/nf4.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
+#include "model/cuda/activation_offload.h"
 #include "model/cuda/dora.h"
 #include "model/cuda/lora_dropout.h"
 #include "kernels/cpu/nf4.h"  // the CPU quantiser (nf4_codes.cpp, compiled in): the same codes
@@ -209,7 +211,9 @@ struct Decoder::Impl {
   // activations: planned for (B, T_max); a step runs on (B, T), T <= T_max (set_seq_len), N = B*T
   int64_t B = 0, T = 0, N = 0, T_max = 0;
   int64_t positions_T = 0;  // the T whose 0..T-1 layout `positions` holds (0: none yet, or a packed step's)
-  std::vector<bf16_t*> resid;  // L+1 of (N, C)
+  // L+1 of (N, C): resid[l] layer l's input, resid[L] the final norm's. Offloaded, resid[0 .. L-2]
+  // point into offload's slots (resid[j] = offload.slot_of(j)), two or fewer buffers for them all.
+  std::vector<bf16_t*> resid;
   std::vector<Acts> acts;      // L
   bf16_t* final_normed = nullptr;  // (N, C)
   float* final_rstd = nullptr;     // (N)
@@ -232,6 +236,7 @@ struct Decoder::Impl {
   float dropout_p = 0;
   bool dropping = false;  // this pass applies LoRA dropout (forward_backward with lora_dropout > 0)
   bool checkpointing = false;  // TrainingSetup::activation_checkpointing: acts[l] all alias one layer's
+  bool offloading = false;     // TrainingSetup::activation_offloading: resid[0 .. L-2] in offload's slots
   float* attn_scratch = nullptr;     // kFlash: the backward's rowsums
   float* attn_tc_scratch = nullptr;  // kTensorCore: the backward's delta and f32 dq
   void* attn_gemm_scratch = nullptr;  // kGemm: one head's scores, both directions
@@ -248,6 +253,9 @@ struct Decoder::Impl {
     KTUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, events[a], events[b]));
     return ms;
   }
+  // Activation offloading's slots, host memory and copy stream (declared after the arenas: it
+  // finishes its copies before the slots' arena goes).
+  ActivationOffload offload;
   ~Impl() {
     for (cudaEvent_t e : events) cudaEventDestroy(e);
   }
@@ -274,9 +282,11 @@ struct Decoder::Impl {
   void upload_batch(const DecoderConfig& c, const int32_t* tokens_host, const int32_t* labels_host,
                     const int32_t* positions_host, const int32_t* doc_ids_host);
   void build_rope_table(const DecoderConfig& c, int64_t rows);
-  void forward(const DecoderConfig& c);  // embedding .. final norm, saving what the backward reads
+  // embedding .. final norm, saving what the backward reads; for_backward false (forward_loss): no
+  // layer input is offloaded, nothing will read them
+  void forward(const DecoderConfig& c, bool for_backward);
   // Layer l from resid[l] to resid[l + 1], saving into acts[l]; timed: marks the attention's events.
-  void layer_forward(const DecoderConfig& c, int64_t l, bool timed);
+  void layer_forward(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bf16_t* x_out, bool timed);
   StepResult loss(const DecoderConfig& c, float grad_scale, bool backward);
   void backward(const DecoderConfig& c);  // from dnormed (the loss's gradient) down to the embedding
   std::vector<bool> attention_backward_ran;  // per layer, for the profile
@@ -337,6 +347,9 @@ void Decoder::validate() const {
   check(setup.lora_dropout >= 0.0f && setup.lora_dropout < 1.0f, "cuda decoder", "lora_dropout must be in [0, 1)");
   check(!setup.use_dora || (any_lora && !setup.full_finetune), "cuda decoder",
         "use_dora (DoRA) needs LoRA and a frozen base (no full_finetune)");
+  check(!setup.activation_offloading || setup.activation_checkpointing, "cuda decoder",
+        "activation_offloading offloads the layer inputs that activation_checkpointing keeps: it needs "
+        "activation_checkpointing");
 }
 
 Decoder::~Decoder() = default;
@@ -353,6 +366,7 @@ void Decoder::allocate(bool on_device) {
   s.dropout_p = setup_.lora_dropout;
   s.lora_seed = setup_.lora_seed;
   s.checkpointing = setup_.activation_checkpointing;
+  s.offloading = setup_.activation_offloading;
 
   // Parameter metadata in HF order, then the LoRA matrices in PEFT's names.
   std::vector<bool> trainable;
@@ -495,9 +509,17 @@ void Decoder::allocate(bool on_device) {
   bool any_bias_grad = false;
   for (const Impl::Layer& layer : s.layers)
     for (const Impl::Linear& lin : layer.proj) any_bias_grad |= lin.bias >= 0 && trainable[size_t(lin.bias)];
+  std::vector<bf16_t*> offload_slots;  // activation offloading's device slots (layout fills them)
   auto layout = [&](Carver& k) {
     s.resid.assign(size_t(L + 1), nullptr);
-    for (auto& x : s.resid) x = k.take<bf16_t>(N * C);
+    if (s.offloading) {  // resid[0 .. L-2] share the slots (resid[j] in slot j % kSlots), the rest their own
+      offload_slots.assign(size_t(ActivationOffload::slot_count(L - 1)), nullptr);
+      for (auto& x : offload_slots) x = k.take<bf16_t>(N * C);
+      for (int64_t j = 0; j + 1 < L; ++j) s.resid[size_t(j)] = offload_slots[size_t(j % ActivationOffload::kSlots)];
+      for (int64_t j = std::max<int64_t>(L - 1, 0); j <= L; ++j) s.resid[size_t(j)] = k.take<bf16_t>(N * C);
+    } else {
+      for (auto& x : s.resid) x = k.take<bf16_t>(N * C);
+    }
     // Every layer's saved activations; with activation checkpointing, one layer's that all share
     // (each layer's forward is run again into them before its backward), the residual stream above
     // being what is kept per layer.
@@ -579,10 +601,12 @@ void Decoder::allocate(bool on_device) {
   plan_bytes_.optimizer = obytes;
   plan_bytes_.activations = count.bytes;
   plan_bytes_.loss_scratch = aligned(s.ce_scratch_bytes);
+  plan_bytes_.host_offload = s.offloading ? ActivationOffload::host_bytes(L - 1, N * C) : 0;
   if (!on_device) return;
   s.act_arena = std::make_unique<DeviceArena>("cuda decoder activations", count.bytes);
   Carver carve{s.act_arena.get()};
   layout(carve);
+  if (s.offloading && L > 1) s.offload.init(L - 1, N * C, offload_slots);
   if (s.ones) {
     init_kernel<<<blocks_for(N, 256), 256>>>(dev(s.ones), N, 0, 0.0f, 1.0f);
     KTUNE_CUDA_CHECK_LAUNCH();
@@ -741,7 +765,9 @@ std::string Decoder::memory_report() const {
      << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations) << " (of which loss chunk "
      << gib(m.loss_scratch) << ", " << impl_->ce_chunk << " tokens"
      << (setup_.activation_checkpointing ? "; checkpointed: each layer's input kept, one layer's recomputed" : "")
+     << (setup_.activation_offloading ? "; offloaded: the layer inputs in two slots, the rest in pinned host memory" : "")
      << "), total " << gib(m.total());
+  if (m.host_offload > 0) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
   if (m.nf4_base > 0)
     os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)
        << " (in activations)";
@@ -936,19 +962,30 @@ void Decoder::Impl::upload_batch(const DecoderConfig& c, const int32_t* tokens_h
   positions_T = T;
 }
 
-void Decoder::Impl::forward(const DecoderConfig& c) {
+void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
   const int64_t C = c.hidden_size, V = c.vocab_size, L = c.num_layers;
+  // Offloading: input j (resid[j], j < L - 1) claims its slot before it is written and is sent to
+  // the host (if a later input takes the slot) once it is.
+  const bool offloaded = offloading && offload.enabled();
+  if (offloaded) offload.claim(0);
   embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, flag.data());
-  for (int64_t l = 0; l < L; ++l) layer_forward(c, l, true);
+  if (offloaded) offload.stored(0, N * C, for_backward);
+  for (int64_t l = 0; l < L; ++l) {
+    const bool next_offloaded = offloaded && l + 1 < offload.count();
+    if (next_offloaded) offload.claim(l + 1);
+    layer_forward(c, l, resid[size_t(l)], resid[size_t(l) + 1], true);
+    if (next_offloaded) offload.stored(l + 1, N * C, for_backward);
+  }
   rmsnorm_forward(final_normed, final_rstd, resid[size_t(L)], P(final_norm).value, N, C, c.rms_norm_eps,
                   c.norm_weight_offset);
 }
 
-// With activation checkpointing the backward calls this again for layer l (timed = false): the same
-// kernels on the same input and parameters, the dropout masks from the same key, so acts[l] holds
-// what the first forward saved there, bit for bit, and resid[l + 1] (no longer read) is rewritten
-// with the values it holds.
-void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, bool timed) {
+// Layer l from x_in to x_out, saving into acts[l]. With activation checkpointing the backward calls
+// this again for layer l (timed = false): the same kernels on the same input and parameters, the
+// dropout masks from the same key, so acts[l] holds what the first forward saved there, bit for
+// bit; x_out is then scratch (the backward no longer reads the next layer's input, whose offload
+// slot may be taking another layer's input back by then).
+void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bf16_t* x_out, bool timed) {
   const int64_t C = c.hidden_size, I = c.intermediate_size;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), rope_rows, D};
@@ -956,8 +993,6 @@ void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, bool timed)
   const bool sandwich = c.sandwich_norms;
   const Layer& layer = layers[size_t(l)];
   const Acts& a = acts[size_t(l)];
-  const bf16_t* x_in = resid[size_t(l)];
-  bf16_t* x_out = resid[size_t(l) + 1];
   rmsnorm_forward(a.ln1, a.rstd1, x_in, P(layer.norm_attn).value, N, C, eps, off);
   linear_forward(a.q, a.ln1, lin(layer.proj[kQ]), a.xa[kQ], 0.0f);
   linear_forward(a.k, a.ln1, lin(layer.proj[kK]), a.xa[kK], 0.0f);
@@ -1039,9 +1074,14 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
   rmsnorm_backward(dres, fnorm.grad, dtmp, resid[size_t(L)], fnorm.value, final_rstd, N, C, off);
   for (int64_t l = L - 1; l >= 0; --l) {
     if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
-    // Checkpointing: acts[l] again, from the layer's saved input. The last layer's are still there
-    // from the forward (the loss and the final norm's backward use scratch of their own).
-    if (checkpointing && l < L - 1) layer_forward(c, l, false);
+    // Offloading: input l back in its slot (its trip began a layer ago), and input l - 1's trip
+    // begun now, behind this layer's work, if the loop goes on to layer l - 1.
+    if (offloading && l < offload.count()) offload.acquire(l);
+    if (offloading && l > 0 && l - 1 < offload.count() && below[size_t(l)]) offload.prefetch(l - 1, N * C);
+    // Checkpointing: acts[l] again, from the layer's saved input, its output into dtmp (free here:
+    // dres holds d y). The last layer's are still there from the forward (the loss and the final
+    // norm's backward use scratch of their own).
+    if (checkpointing && l < L - 1) layer_forward(c, l, resid[size_t(l)], dtmp, false);
     const Layer& layer = layers[size_t(l)];
     const Acts& a = acts[size_t(l)];
     const bf16_t* x_in = resid[size_t(l)];
@@ -1123,7 +1163,7 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   s.upload_batch(config_, tokens_host, labels_host, positions, doc_ids);
   s.dropping = setup_.lora_dropout > 0;
   s.mark(0);
-  s.forward(config_);
+  s.forward(config_, true);
   const StepResult result = s.loss(config_, grad_scale, true);
   s.backward(config_);
   s.finish_step(config_, true, &profile_);
@@ -1137,7 +1177,7 @@ StepResult Decoder::forward_loss(const int32_t* tokens_host, const int32_t* labe
   s.upload_batch(config_, tokens_host, labels_host, positions, doc_ids);
   s.dropping = false;  // evaluation: no dropout
   s.mark(0);
-  s.forward(config_);
+  s.forward(config_, false);
   const StepResult result = s.loss(config_, 0.0f, false);
   s.finish_step(config_, false, &profile_);
   return result;

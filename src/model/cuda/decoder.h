@@ -51,8 +51,12 @@
 // attention kernel (tiled, GEMM or fused tensor-core) takes the doc ids, so a packed step runs the
 // kernels planned for it.
 //
+// Activation offloading (TrainingSetup::activation_offloading, with checkpointing): the kept layer
+// inputs but the last layer's go to pinned host memory and come back one layer ahead of the backward,
+// overlapping the compute on a stream of their own (activation_offload.h).
+//
 // It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
-// activation offloading, gradient clipping or loading checkpoints (weights are random or
+// gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). The recipes drive it through train/cuda_trainer.h (device=cuda), which loads
 // and saves checkpoints through the CPU engine's host model and clips over gradient_buffer().
 #pragma once
@@ -148,6 +152,11 @@ struct TrainingSetup {
   // only and recompute the layer's forward, into one layer's scratch, just before its backward. The
   // same gradients for one more forward's time (about a third more per step).
   bool activation_checkpointing = false;
+  // Activation offloading (torchtune's enable_activation_offloading; needs activation_checkpointing):
+  // the layer inputs that checkpointing keeps go to pinned host memory as the forward runs and come
+  // back one layer ahead of the backward, on a copy stream of their own (model/cuda/activation_offload.h):
+  // two of them on the device instead of num_layers, the same gradients bit for bit.
+  bool activation_offloading = false;
 };
 
 // One named parameter on the device. grad, m, v are nullptr when frozen.
@@ -234,6 +243,7 @@ class Decoder {
     size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, loss_scratch = 0;
     size_t nf4_base = 0;     // of parameters: the NF4 codes and scales (quantize_base)
     size_t nf4_scratch = 0;  // of activations: one projection's weight dequantised to bf16 (quantize_base)
+    size_t host_offload = 0;  // pinned HOST memory for offloaded layer inputs (activation_offloading; not in total())
     size_t total() const { return parameters + gradients + optimizer + activations; }
   };
   MemoryPlan memory_plan() const { return plan_bytes_; }

@@ -17,6 +17,7 @@
 // It deliberately does not test speed (bench/gpu does) nor the paths the GPU decoder does not have.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -1186,6 +1187,91 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingGivesTheSameGradients) {
   check_checkpointing("head_dim 64 lora [tensor-core attention]", three_layers(tiny_head_dim64_config(true)), tc);
 }
 
+// ---- activation offloading ----
+
+// n layers (gemma2 keeps its alternate windows), so that offloading's two slots take turns: inputs
+// 0 .. n-2 are offloadable, 0 .. n-4 leave for the host and come back.
+cuda::DecoderConfig with_layers(cuda::DecoderConfig c, int64_t n) {
+  c.num_layers = n;
+  if (!c.sliding_window.empty()) {
+    c.sliding_window.assign(size_t(n), 0);
+    for (int64_t l = 0; l < n; l += 2) c.sliding_window[size_t(l)] = 12;
+  }
+  return c;
+}
+
+// The same step with checkpointing, with and without offloading, on the same weights, batch and
+// dropout key: offloading only moves the layer inputs out and back, so the loss and every gradient
+// agree as closely as two runs of the step without it (expect_same_step). `schedule` is the
+// emulator's (KTUNE_EMU_STREAMS, read when the copy stream is created; on a GPU the variable means
+// nothing): "eager" runs each copy when called, "late" holds it back until the compute stream waits
+// for it, so a missing wait reads a slot whose input has not come back, or sends an input out after
+// the forward overwrote its slot. thorough: then a step shorter than the plan, forward_loss on
+// another batch (it sends nothing out) and a step on that batch after it.
+void check_offloading(const std::string& what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup,
+                      const char* schedule, bool thorough = false, uint64_t dropout_key = 0) {
+  const std::string tag = what + " [" + schedule + " copies]";
+  setup.activation_checkpointing = true;
+  setup.activation_offloading = false;
+  cuda::Decoder checkpointed(config, setup, 7);
+  setup.activation_offloading = true;
+  setenv("KTUNE_EMU_STREAMS", schedule, 1);
+  cuda::Decoder offloaded(config, setup, 7);
+  unsetenv("KTUNE_EMU_STREAMS");
+  same_weights({&checkpointed, &offloaded}, dropout_key);
+  std::vector<int32_t> tokens, labels;
+  batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+  auto compare = [&](const std::string& step, const std::vector<int32_t>& tok, const std::vector<int32_t>& lab) {
+    const StepGradients want = step_gradients(checkpointed, tok, lab, 0.01f);
+    const StepGradients again = step_gradients(checkpointed, tok, lab, 0.01f);
+    expect_same_step(tag + step, want, again, step_gradients(offloaded, tok, lab, 0.01f));
+  };
+  compare(", offloaded against kept", tokens, labels);
+  if (!thorough) return;
+  const int64_t t = setup.seq_len - 7;  // the copies move (B, t, C), the front of each slot
+  const std::vector<int32_t> short_tokens(tokens.begin(), tokens.begin() + setup.batch * t),
+      short_labels(labels.begin(), labels.begin() + setup.batch * t);
+  checkpointed.zero_grad();
+  offloaded.zero_grad();
+  const cuda::StepResult short_want = checkpointed.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
+  const cuda::StepResult short_got = offloaded.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
+  CHECK(short_got.loss_sum == short_want.loss_sum && short_got.n_valid == short_want.n_valid)
+      << tag << ": a step of seq_len " << t << ": loss " << short_got.loss_sum << " vs " << short_want.loss_sum;
+  for (auto& p : offloaded.parameters())
+    if (p.grad)
+      CHECK(relative_error(offloaded.download_grad(p.name), checkpointed.download_grad(p.name)) <= 1e-6)
+          << tag << ": a step of seq_len " << t << ": the gradient of " << p.name << " differs";
+  std::vector<int32_t> tokens2 = tokens;  // another batch: the host copies of the first must not serve it
+  std::rotate(tokens2.begin(), tokens2.begin() + 5, tokens2.end());
+  const cuda::StepResult eval_want = checkpointed.forward_loss(tokens2.data(), labels.data());
+  const cuda::StepResult eval_got = offloaded.forward_loss(tokens2.data(), labels.data());
+  CHECK(std::fabs(eval_got.loss_sum - eval_want.loss_sum) <= 1e-6 * std::fabs(eval_want.loss_sum))
+      << tag << ": forward_loss " << eval_got.loss_sum << " vs " << eval_want.loss_sum;
+  compare(", another batch after forward_loss", tokens2, labels);
+}
+
+KTUNE_CUDA_TEST(DecoderActivationOffloadingGivesTheSameGradients) {
+  const cuda::DecoderConfig llama5 = with_layers(tiny_config(true), 5);
+  check_offloading("llama lora all, 5 layers", llama5, family_setup(false, kAllProjections), "late", true);
+  check_offloading("llama lora all, 5 layers", llama5, family_setup(false, kAllProjections), "eager");
+  check_offloading("llama full untied, 5 layers", with_layers(tiny_config(false), 5), family_setup(true), "late");
+  cuda::TrainingSetup qdora = qlora_setup(kAllButKey);
+  qdora.lora_dropout = 0.1f, qdora.lora_seed = 3, qdora.use_dora = true;
+  check_offloading("qwen2 qlora+dora dropout 0.1, 4 layers", with_layers(tiny_qwen2_config(false), 4), qdora, "late",
+                   false, 5);
+  check_offloading("llama lora all, 2 layers (nothing leaves)", tiny_config(true), family_setup(false, kAllProjections),
+                   "late");
+  cuda::TrainingSetup no_ac = family_setup(false, kAllProjections);
+  no_ac.activation_offloading = true;
+  bool refused = false;
+  try {
+    cuda::Decoder model(tiny_config(true), no_ac, 1);
+  } catch (const Error& e) {
+    refused = std::string(e.what()).find("activation_checkpointing") != std::string::npos;
+  }
+  CHECK(refused) << "activation_offloading without activation_checkpointing must be refused, naming it";
+}
+
 // One layer's saved activations as decoder.h lays them out, counted here independently: each
 // buffer rounded up to the arena's 256-byte slices.
 size_t layer_activation_bytes(const cuda::DecoderConfig& c, const cuda::TrainingSetup& s) {
@@ -1233,7 +1319,19 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
     CHECK(plain.parameters == checkpointed.parameters && plain.gradients == checkpointed.gradients &&
           plain.optimizer == checkpointed.optimizer && plain.loss_scratch == checkpointed.loss_scratch)
         << shape.what << ": checkpointing changed more than the activations";
-    for (const cuda::TrainingSetup& setup : {shape.setup, ac}) {
+    // Offloading: of the L + 1 residual buffers, two slots and the last two remain on the device;
+    // the L - 1 offloadable inputs are pinned host memory.
+    cuda::TrainingSetup offload = ac;
+    offload.activation_offloading = true;
+    const cuda::Decoder::MemoryPlan offloaded = cuda::Decoder::plan(shape.config, offload);
+    const int64_t L = shape.config.num_layers, N = shape.setup.batch * shape.setup.seq_len;
+    const size_t resid_bytes = (size_t(N * shape.config.hidden_size) * 2 + 255) / 256 * 256;
+    const int64_t kept = std::min<int64_t>(L - 1, 2) + 2;
+    CHECK(checkpointed.activations - offloaded.activations == size_t(L + 1 - kept) * resid_bytes &&
+          offloaded.host_offload == size_t((L - 1) * N * shape.config.hidden_size) * 2 && checkpointed.host_offload == 0)
+        << shape.what << ": offloading planned activations " << offloaded.activations << " (checkpointed "
+        << checkpointed.activations << "), host " << offloaded.host_offload;
+    for (const cuda::TrainingSetup& setup : {shape.setup, ac, offload}) {
       cuda::Decoder model(shape.config, setup, 1);
       const cuda::Decoder::MemoryPlan allocated = model.memory_plan();
       const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(shape.config, setup);
@@ -1262,13 +1360,18 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
   for (const auto& r : recipes) {
     cuda::TrainingSetup ac = r.setup;
     ac.activation_checkpointing = true;
+    cuda::TrainingSetup offload = ac;
+    offload.activation_offloading = true;
     const cuda::Decoder::MemoryPlan plain = cuda::Decoder::plan(r.config, r.setup);
     const cuda::Decoder::MemoryPlan ckpt = cuda::Decoder::plan(r.config, ac);
-    CHECK(ckpt.activations < plain.activations) << r.what;
-    std::printf("     %s: activations %.3f GiB -> %.3f GiB with checkpointing (loss chunk %.3f GiB); "
-                "total %.3f GiB -> %.3f GiB (parameters %.3f, gradients + AdamW %.3f)\n",
-                r.what, plain.activations / gib, ckpt.activations / gib, plain.loss_scratch / gib, plain.total() / gib,
-                ckpt.total() / gib, plain.parameters / gib, (plain.gradients + plain.optimizer) / gib);
+    const cuda::Decoder::MemoryPlan off = cuda::Decoder::plan(r.config, offload);
+    CHECK(ckpt.activations < plain.activations && off.activations < ckpt.activations) << r.what;
+    std::printf("     %s: activations %.3f GiB -> %.3f GiB with checkpointing -> %.3f GiB offloaded (%.3f GiB "
+                "pinned host; loss chunk %.3f GiB); total %.3f GiB -> %.3f GiB -> %.3f GiB (parameters %.3f, "
+                "gradients + AdamW %.3f)\n",
+                r.what, plain.activations / gib, ckpt.activations / gib, off.activations / gib, off.host_offload / gib,
+                plain.loss_scratch / gib, plain.total() / gib, ckpt.total() / gib, off.total() / gib,
+                plain.parameters / gib, (plain.gradients + plain.optimizer) / gib);
   }
 }
 

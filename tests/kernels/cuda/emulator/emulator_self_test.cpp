@@ -4,7 +4,9 @@
 // documents; reading a wmma fragment's elements as if their lane layout were known is wrong here;
 // fresh device memory reads as NaN; cudaMalloc and cudaFree fail as the runtime does; and (in a
 // child process each) a launch over its shared-memory limit or its __launch_bounds__, a read past a
-// cudaMalloc buffer and a barrier that not every thread reaches all end the run.
+// cudaMalloc buffer and a barrier that not every thread reaches all end the run. Under the late
+// stream schedule a non-blocking stream's copy lands only when waited for, so a read that does not
+// wait sees the old bytes, and an outgoing copy not waited for takes what was written after it.
 // Kernels here call emu_launch directly (rewrite.py's output form), since this file is no .cu.
 // It deliberately checks no ktune kernel: those are the GPU tests run on the emulator.
 #include <sys/wait.h>
@@ -13,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <utility>
 
 #include "cuda_runtime.h"
 #include "mma.h"
@@ -175,6 +178,30 @@ int main() {
              dies([] { emu_launch(emu_config(bounded_kernel, 1, 64), [] { bounded_kernel(); }); }),
          "a block larger than the kernel's __launch_bounds__ aborts");
   expect(cudaFree(d) == cudaSuccess, "cudaFree of a cudaMalloc buffer");
+
+  // Streams: a copy on a non-blocking stream, late (held back until waited for) and eager.
+  auto copy_then_read = [](const char* schedule, bool wait) {
+    setenv("KTUNE_EMU_STREAMS", schedule, 1);  // read when the stream is created
+    cudaStream_t side = nullptr;
+    cudaEvent_t copied = nullptr;
+    cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&copied, cudaEventDisableTiming);
+    int source = 1, target = 0;
+    cudaMemcpyAsync(&target, &source, sizeof(int), cudaMemcpyDeviceToDevice, side);
+    cudaEventRecord(copied, side);
+    source = 2;  // the default stream overwrites the source after enqueueing the copy
+    if (wait) cudaStreamWaitEvent(nullptr, copied, 0);
+    const int seen = target;
+    cudaStreamDestroy(side);  // runs what is left
+    cudaEventDestroy(copied);
+    unsetenv("KTUNE_EMU_STREAMS");
+    return std::make_pair(seen, target);
+  };
+  expect(copy_then_read("late", false) == std::make_pair(0, 2),
+         "late streams: a copy nobody waited for has not landed, and it later copies the newer source");
+  expect(copy_then_read("late", true) == std::make_pair(2, 2),
+         "late streams: the copy lands at the wait (the latest a GPU may run it)");
+  expect(copy_then_read("eager", false) == std::make_pair(1, 1), "eager streams: the copy runs when called");
 
   std::printf("%s CUDA emulator self-test (%d wrong)\n", g_wrong == 0 ? "PASS" : "FAIL", g_wrong);
   return g_wrong == 0 ? 0 : 1;

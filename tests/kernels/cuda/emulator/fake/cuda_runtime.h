@@ -19,9 +19,18 @@
 // float4 atomics 16-byte aligned and on global memory.
 // fake/mma.h adds wmma's alignment, ldm and bound checks.
 //
-// Memory. "Device" memory is host memory (cudaMalloc: 256-byte aligned, at most 141 GiB, an H200's),
-// copies and memsets are synchronous, streams and events are tokens (event times are host clocks),
-// so nothing here can see a missing stream synchronisation or a host read of device memory.
+// Memory. "Device" memory is host memory (cudaMalloc: 256-byte aligned, at most 141 GiB, an H200's;
+// cudaMallocHost: plain host memory), so nothing here can see a host read of device memory.
+// Streams. Kernels, and every copy or memset on the default stream, run when called. A stream created
+// with cudaStreamNonBlocking holds its copies and memsets back under the late schedule
+// (KTUNE_EMU_STREAMS=late when the stream is created; eager, the default, runs them when called):
+// they run, in order, only when something waits for them — cudaStreamWaitEvent on an event recorded
+// after them (the wait itself is where they run), cudaEventSynchronize, cudaStreamSynchronize,
+// cudaDeviceSynchronize or the stream's destruction. That is the latest a GPU may run them, so a
+// missing wait shows: a copy read before anyone waited for it has not landed, and a buffer
+// overwritten before its outgoing copy was waited for is copied late, with the new contents. Kernels
+// launched on such a stream still run when called (ktune launches none there). Event times are host
+// clocks.
 // cudaMalloc'd buffers and each launch's dynamic shared memory end where an inaccessible page begins
 // (past the 256- / 128-byte alignment slack), so reading or writing beyond them crashes the test, and
 // cudaFree checks that the slack was not written. Fresh device and shared memory hold all-ones bytes
@@ -47,6 +56,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -93,6 +103,8 @@ enum cudaMemcpyKind {
   cudaMemcpyDefault
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+constexpr unsigned cudaStreamDefault = 0x0, cudaStreamNonBlocking = 0x1;
+constexpr unsigned cudaEventDefault = 0x0, cudaEventDisableTiming = 0x2;
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 struct CUevent_st;
@@ -505,45 +517,126 @@ inline cudaError_t cudaFree(void* p) {
   emu::allocations().erase(a);
   return cudaSuccess;
 }
+inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  *p = std::malloc(std::max<size_t>(bytes, 1));
+  return *p ? cudaSuccess : emu_error(cudaErrorMemoryAllocation);
+}
+inline cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+
+// A stream: the copies and memsets it holds back (late schedule), in order, and how many of those
+// enqueued so far have run. An event: the stream and the count of its operations it waits for
+// (stream nullptr: complete when recorded), and the host time it was recorded.
+struct CUstream_st {
+  bool late = false;
+  std::deque<std::function<void()>> pending;
+  uint64_t enqueued = 0, done = 0;
+};
+struct CUevent_st {
+  CUstream_st* stream = nullptr;
+  uint64_t upto = 0;
+  std::chrono::steady_clock::time_point time;
+};
+namespace emu {
+inline std::vector<CUstream_st*>& streams() {
+  static std::vector<CUstream_st*> all;
+  return all;
+}
+// Runs s's held-back operations until `upto` of them have run.
+inline void run_stream_until(CUstream_st* s, uint64_t upto) {
+  while (s && s->done < upto) {
+    std::function<void()> op = std::move(s->pending.front());
+    s->pending.pop_front();
+    ++s->done;
+    op();
+  }
+}
+inline void run_stream(CUstream_st* s) {
+  if (s) run_stream_until(s, s->enqueued);
+}
+// An operation on stream s: now (the default stream, an eager stream), or held back (a late one).
+inline void enqueue(CUstream_st* s, std::function<void()> op) {
+  if (!s || !s->late) {
+    op();
+    return;
+  }
+  s->pending.push_back(std::move(op));
+  ++s->enqueued;
+}
+}  // namespace emu
+
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
   std::memmove(dst, src, n);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind k, cudaStream_t = nullptr) {
-  return cudaMemcpy(dst, src, n, k);
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s = nullptr) {
+  emu::enqueue(s, [=] { std::memmove(dst, src, n); });
+  return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void* p, int v, size_t n) {
   std::memset(p, v, n);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t = nullptr) { return cudaMemset(p, v, n); }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
-  *s = reinterpret_cast<cudaStream_t>(new char);
+inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s = nullptr) {
+  emu::enqueue(s, [=] { std::memset(p, v, n); });
   return cudaSuccess;
 }
+inline cudaError_t cudaDeviceSynchronize() {
+  for (CUstream_st* s : emu::streams()) emu::run_stream(s);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+  *s = new CUstream_st;
+  const char* schedule = std::getenv("KTUNE_EMU_STREAMS");
+  (*s)->late = (flags & cudaStreamNonBlocking) && schedule && std::strcmp(schedule, "late") == 0;
+  emu::streams().push_back(*s);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete reinterpret_cast<char*>(s);
+  emu::run_stream(s);  // as on a GPU: the work already enqueued completes
+  auto& all = emu::streams();
+  all.erase(std::remove(all.begin(), all.end(), s), all.end());
+  delete s;
   return cudaSuccess;
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  emu::run_stream(s);
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = reinterpret_cast<cudaEvent_t>(new std::chrono::steady_clock::time_point());
+  *e = new CUevent_st;
   return cudaSuccess;
 }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete reinterpret_cast<std::chrono::steady_clock::time_point*>(e);
+  delete e;
   return cudaSuccess;
 }
-inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr) {
-  *reinterpret_cast<std::chrono::steady_clock::time_point*>(e) = std::chrono::steady_clock::now();
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
+  const bool held = s && s->late;
+  e->stream = held ? s : nullptr;
+  e->upto = held ? s->enqueued : 0;
+  e->time = std::chrono::steady_clock::now();
   return cudaSuccess;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+// The waiting stream's later work may start once e's stream has run what e was recorded after: for
+// the default stream (and an eager one) that is now; a late stream waits in order, when it runs.
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned = 0) {
+  CUstream_st* source = e->stream;
+  const uint64_t upto = e->upto;
+  if (!s || !s->late) emu::run_stream_until(source, upto);
+  else emu::enqueue(s, [=] { emu::run_stream_until(source, upto); });
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  emu::run_stream_until(e->stream, e->upto);
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-  auto* a = reinterpret_cast<std::chrono::steady_clock::time_point*>(start);
-  auto* b = reinterpret_cast<std::chrono::steady_clock::time_point*>(end);
-  *ms = std::chrono::duration<float, std::milli>(*b - *a).count();
+  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
   return cudaSuccess;
 }
 
