@@ -10,6 +10,11 @@
 // dk, dv with a warp per key row j walking tiles of 32 queries of every query head of j's group:
 //   dv_j += p dout_i, dk_j += ds q_i. No atomics: each output row has one owner (deterministic).
 // Visibility of key j to query i: j <= i; i - window < j (window > 0); doc[i] == doc[j] (doc_ids).
+// With DocumentBounds the walks start at the key tile of the block's smallest first_key (forward, dq)
+// and end with the query tile of its keys' largest last_query (dk, dv), intersected with the window's
+// range. The tiles left out would have masked every entry: a fully masked tile changes nothing (the
+// forward skips a tile whose scores are all -inf while nothing is visible yet; dq, dk, dv add no term
+// whose p and ds are 0), so the results are the same bit for bit.
 #include "kernels/cuda/attention.h"
 
 #include <string>
@@ -17,6 +22,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/document_bounds.cuh"
 
 namespace ktune::cuda {
 namespace {
@@ -29,7 +35,17 @@ struct Params {
   int64_t B, T, Hq, Hkv, D, window;
   float scale, softcap;
   const int32_t* doc;
+  const int32_t* first_key;   // (B, T) DocumentBounds, or nullptr
+  const int32_t* last_query;  // (B, T) DocumentBounds, or nullptr
 };
+
+// The first key tile a block of queries [q0, q0 + kRows) walks: the window's first key and the
+// documents' first key (DocumentBounds), whichever is later, rounded down to a tile.
+__device__ __forceinline__ int64_t first_key_tile(const Params& p, int64_t b, int64_t q0) {
+  int64_t lo = p.window > 0 ? max(int64_t(0), q0 - p.window + 1) : 0;
+  if (p.first_key) lo = max(lo, block_first_key(p.first_key, b, p.T, q0, kRows));
+  return lo / kTile * kTile;
+}
 
 __device__ __forceinline__ bool visible(const Params& p, int64_t b, int64_t i, int64_t j) {
   if (j > i || j < 0) return false;
@@ -79,8 +95,7 @@ __global__ void forward_kernel(T* out, float* lse, const T* q, const T* k, const
   for (int s = 0; s < kMaxSlices; ++s) acc[s] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   const int64_t hi = min(p.T, q0 + kRows);  // keys beyond the block's last query are never visible
-  int64_t lo = p.window > 0 ? max(int64_t(0), q0 - p.window + 1) : 0;
-  lo = lo / kTile * kTile;
+  const int64_t lo = first_key_tile(p, b, q0);
   for (int64_t k0 = lo; k0 < hi; k0 += kTile) {
     __syncthreads();
     load_rows(ks, Dp, k, b, k0, kTile, p.T, kvh, p, p.Hkv);
@@ -157,8 +172,7 @@ __global__ void dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T*
   float acc[kMaxSlices];
   for (int s = 0; s < kMaxSlices; ++s) acc[s] = 0.0f;
   const int64_t hi = min(p.T, q0 + kRows);
-  int64_t lo = p.window > 0 ? max(int64_t(0), q0 - p.window + 1) : 0;
-  lo = lo / kTile * kTile;
+  const int64_t lo = first_key_tile(p, b, q0);
   for (int64_t k0 = lo; k0 < hi; k0 += kTile) {
     __syncthreads();
     load_rows(ks, Dp, k, b, k0, kTile, p.T, kvh, p, p.Hkv);
@@ -216,9 +230,11 @@ __global__ void dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k,
   load_rows(vs, D, v, b, j0, kRows, p.T, kvh, p, p.Hkv);
   float acc_k[kMaxSlices], acc_v[kMaxSlices];
   for (int s = 0; s < kMaxSlices; ++s) acc_k[s] = acc_v[s] = 0.0f;
-  // Queries that can see a key of this block: i >= j0, and i < j_last + window with a window.
+  // Queries that can see a key of this block: i >= j0, and i < j_last + window with a window, and
+  // i <= the keys' largest last_query with DocumentBounds.
   const int64_t i_lo = j0 / kTile * kTile;
-  const int64_t i_hi = p.window > 0 ? min(p.T, j0 + kRows - 1 + p.window) : p.T;
+  int64_t i_hi = p.window > 0 ? min(p.T, j0 + kRows - 1 + p.window) : p.T;
+  if (p.last_query) i_hi = min(i_hi, block_last_query(p.last_query, b, p.T, j0, kRows) + 1);
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (int64_t i0 = i_lo; i0 < i_hi; i0 += kTile) {
       __syncthreads();
@@ -271,14 +287,18 @@ __global__ void dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k,
   }
 }
 
-Params params(const AttentionShape& s, const int32_t* doc_ids) {
+Params params(const AttentionShape& s, const int32_t* doc_ids, DocumentBounds bounds) {
   check(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0, "cuda attention", "sizes must be positive");
   check(s.Hq % s.Hkv == 0, "cuda attention",
         "query heads (" + std::to_string(s.Hq) + ") must be a multiple of kv heads (" + std::to_string(s.Hkv) + ")");
   check(s.D <= 32 * kMaxSlices, "cuda attention", "head_dim " + std::to_string(s.D) + " > 256 is not supported");
   check(s.sliding_window >= 0 && s.softcap >= 0, "cuda attention", "sliding_window and softcap must be >= 0");
   check(s.B * s.Hq < 65536 && s.B * s.Hkv < 65536, "cuda attention", "B * heads must be < 65536 (grid y)");
-  return Params{s.B, s.T, s.Hq, s.Hkv, s.D, s.sliding_window, s.scale, s.softcap, doc_ids};
+  check((bounds.first_key == nullptr) == (bounds.last_query == nullptr), "cuda attention",
+        "DocumentBounds needs both first_key and last_query, or neither");
+  check(bounds.first_key == nullptr || doc_ids != nullptr, "cuda attention", "DocumentBounds without doc ids");
+  return Params{s.B, s.T, s.Hq, s.Hkv, s.D, s.sliding_window, s.scale, s.softcap, doc_ids, bounds.first_key,
+                bounds.last_query};
 }
 
 template <typename K>
@@ -287,9 +307,9 @@ void set_shared(K kernel, size_t bytes) {
 }
 
 template <typename T>
-void forward(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* doc_ids, const AttentionShape& s,
-             Stream stream) {
-  const Params p = params(s, doc_ids);
+void forward(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* doc_ids, DocumentBounds bounds,
+             const AttentionShape& s, Stream stream) {
+  const Params p = params(s, doc_ids, bounds);
   const size_t shared = size_t(kTile * (p.D + 1) + kTile * p.D + kRows * p.D) * sizeof(float);
   set_shared(forward_kernel<T>, shared);
   dim3 grid(unsigned((p.T + kRows - 1) / kRows), unsigned(p.B * p.Hq));
@@ -299,8 +319,8 @@ void forward(T* out, float* lse, const T* q, const T* k, const T* v, const int32
 
 template <typename T>
 void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse,
-              const int32_t* doc_ids, const AttentionShape& s, float* delta, Stream stream) {
-  const Params p = params(s, doc_ids);
+              const int32_t* doc_ids, DocumentBounds bounds, const AttentionShape& s, float* delta, Stream stream) {
+  const Params p = params(s, doc_ids, bounds);
   delta_kernel<T><<<unsigned((p.B * p.T * p.Hq + kRows - 1) / kRows), kRows * 32, 0, stream>>>(delta, dout, out, p);
   KTUNE_CUDA_CHECK_LAUNCH();
   const size_t dq_shared = size_t(2 * kTile * (p.D + 1) + 2 * kRows * p.D) * sizeof(float);
@@ -320,22 +340,23 @@ void backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const 
 int64_t attention_backward_scratch_floats(const AttentionShape& s) { return s.B * s.Hq * s.T; }
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const int32_t* doc_ids,
-                       const AttentionShape& s, Stream stream) {
-  forward(out, lse, q, k, v, doc_ids, s, stream);
+                       DocumentBounds bounds, const AttentionShape& s, Stream stream) {
+  forward(out, lse, q, k, v, doc_ids, bounds, s, stream);
 }
 void attention_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                       const int32_t* doc_ids, const AttentionShape& s, Stream stream) {
-  forward(dev(out), lse, dev(q), dev(k), dev(v), doc_ids, s, stream);
+                       const int32_t* doc_ids, DocumentBounds bounds, const AttentionShape& s, Stream stream) {
+  forward(dev(out), lse, dev(q), dev(k), dev(v), doc_ids, bounds, s, stream);
 }
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, const int32_t* doc_ids,
-                        const AttentionShape& s, float* scratch, Stream stream) {
-  backward(dq, dk, dv, dout, q, k, v, out, lse, doc_ids, s, scratch, stream);
+                        DocumentBounds bounds, const AttentionShape& s, float* scratch, Stream stream) {
+  backward(dq, dk, dv, dout, q, k, v, out, lse, doc_ids, bounds, s, scratch, stream);
 }
 void attention_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q, const bf16_t* k,
                         const bf16_t* v, const bf16_t* out, const float* lse, const int32_t* doc_ids,
-                        const AttentionShape& s, float* scratch, Stream stream) {
-  backward(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse, doc_ids, s, scratch, stream);
+                        DocumentBounds bounds, const AttentionShape& s, float* scratch, Stream stream) {
+  backward(dev(dq), dev(dk), dev(dv), dev(dout), dev(q), dev(k), dev(v), dev(out), lse, doc_ids, bounds, s, scratch,
+           stream);
 }
 
 }  // namespace ktune::cuda

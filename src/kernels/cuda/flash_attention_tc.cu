@@ -7,7 +7,8 @@
 // element's row from a fragment loaded from a table of row numbers (same fragment type, same layout).
 //
 // Forward, block (query tile qt, b * Hq + h), 4 warps; warp w owns query rows q0 + 16w .. + 15:
-//   for each key tile k0 = 0, 64, .. <= q0 (the diagonal tile last; the ones above it are skipped):
+//   for each key tile k0 = k_begin, .. + 64, .. <= q0 (the diagonal tile last; the ones above it are
+//   skipped; k_begin = 0, or with DocumentBounds the tile of the block's smallest first_key):
 //     S (16 x 64) = Q_w K^T            -> shared (f32), read back scaled; masked (j > i or j >= T, or
 //                                         doc[j] != doc[i]: -inf) on the diagonal and last tiles only,
 //                                         on every tile with doc ids (a tile may then mask a whole row)
@@ -16,12 +17,18 @@
 //   out = O / l, lse = m + log l.  Lane 2r + half holds row r's m and l (both lanes of the pair).
 // Backward, block (key tile, b * Hkv + kvh), W warps (W = 4 for D = 64, 8 for D = 128; 16W keys);
 // warp w owns key rows k0 + 16w .. + 15. For each query head h of the group and each 64-query tile
-// i0 >= k0 (tiles below are fully masked):
+// i0 >= k0 (tiles below are fully masked) up to i_end (T, or with DocumentBounds the end of the tile
+// of the block's largest last_query: the tiles after it are fully masked too):
 //     S^T = K_w Q^T, dP^T = V_w dO^T   (16 x 64 each, f32 to shared)
 //     P^T = exp(scale S^T - lse_i), dS^T = P^T (dP^T - delta_i) scale   (masked, doc ids too: 0; bf16)
 //     dV_w += P^T dO, dK_w += dS^T Q   (accumulator fragments in registers, over all heads and tiles)
 //     dQ (64 x D) += dS K              (block-wide, fragments split over the warps, float4 atomicAdd)
 // delta = rowsum(dout * out) comes first (its own kernel), dq is rounded to bf16 last.
+// Skipping by DocumentBounds is exact: a fully masked tile leaves the forward's m = -inf, l = 0 and
+// O = 0 as they were (the tiles skipped all come before any visible key), and adds only zeros to
+// dK, dV and dQ (P = dS = 0), so out, lse, dk, dv are the same bit for bit (dq too, up to the order
+// of its atomics). A skipped tile's NaN or Inf (rows of other documents) no longer reaches the results,
+// as a masked one's does (P = 0 times NaN V is NaN).
 #include "kernels/cuda/flash_attention_tc.h"
 
 #include <cuda_bf16.h>
@@ -33,6 +40,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/document_bounds.cuh"
 
 namespace ktune::cuda {
 namespace {
@@ -94,6 +102,8 @@ struct Params {
   int64_t B, T, Hq, Hkv;
   float scale;
   const int32_t* doc;  // (B, T) document ids, or nullptr (causal only)
+  const int32_t* first_key;   // (B, T) DocumentBounds, or nullptr (every key tile from 0)
+  const int32_t* last_query;  // (B, T) DocumentBounds, or nullptr (every query tile to T)
 };
 
 // Rows first .. first+rows-1 of head h of a (B, T, H, D) bf16 tensor into dst (rows, D+8), 16 bytes
@@ -172,7 +182,9 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 4 : 2)
   const int32_t doc_i = doc_row ? p.doc[b * p.T + i] : 0;
   float m = -INFINITY, l = 0.0f;
   const int64_t k_end = min(p.T, q0 + kTile);  // keys past the tile's last query are never visible
-  for (int64_t k0 = 0; k0 < k_end; k0 += kTile) {
+  // Keys before the block's first document start are never visible (k_begin <= q0: the diagonal tile runs).
+  const int64_t k_begin = p.first_key ? block_first_key(p.first_key, b, p.T, q0, kTile) / kTile * kTile : 0;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kTile) {
     __syncthreads();  // every warp is done with the previous K, V tiles
     load_tile<D>(k_s, k, b, k0, kTile, kvh, p.Hkv, p.T);
     load_tile<D>(v_s, v, b, k0, kTile, kvh, p.Hkv, p.T);
@@ -309,9 +321,11 @@ __global__ void __launch_bounds__(W * 32)
     }
   }
 
+  // Queries after the block's last document end see none of its keys (i_end > k0: the first tile runs).
+  const int64_t i_end = p.last_query ? block_last_query(p.last_query, b, p.T, k0, kKeys) + 1 : p.T;
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     // k0 is a multiple of 64: query tiles below it see none of these keys.
-    for (int64_t i0 = k0; i0 < p.T; i0 += kTile) {
+    for (int64_t i0 = k0; i0 < i_end; i0 += kTile) {
       __syncthreads();  // the previous tile's Q, dO, lse, delta and dS^T are no longer read
       load_tile<D>(q_s, q, b, i0, kTile, h, p.Hq, p.T);
       load_tile<D>(do_s, dout, b, i0, kTile, h, p.Hq, p.T);
@@ -420,7 +434,7 @@ __global__ void round_to_bf16_kernel(bf16* y, const float* x, int64_t n) {
 
 const char* const kOp = "cuda flash_attention_tc";
 
-Params params(const AttentionShape& s, const int32_t* doc_ids) {
+Params params(const AttentionShape& s, const int32_t* doc_ids, DocumentBounds bounds) {
   check(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0, kOp, "sizes must be positive");
   check(s.D == 64 || s.D == 128, kOp,
         "head_dim " + std::to_string(s.D) + " is not supported (64 or 128; kernels/cuda/attention.h takes any)");
@@ -429,7 +443,10 @@ Params params(const AttentionShape& s, const int32_t* doc_ids) {
   check(s.sliding_window == 0 && s.softcap == 0.0f, kOp,
         "no sliding window or soft-cap on this path (kernels/cuda/attention.h has them)");
   check(s.B * s.Hq < 65536, kOp, "B * heads must be < 65536 (grid y)");
-  return Params{s.B, s.T, s.Hq, s.Hkv, s.scale, doc_ids};
+  check((bounds.first_key == nullptr) == (bounds.last_query == nullptr), kOp,
+        "DocumentBounds needs both first_key and last_query, or neither");
+  check(bounds.first_key == nullptr || doc_ids != nullptr, kOp, "DocumentBounds without doc ids");
+  return Params{s.B, s.T, s.Hq, s.Hkv, s.scale, doc_ids, bounds.first_key, bounds.last_query};
 }
 
 void check_aligned(const void* ptr, const char* name) {
@@ -471,8 +488,9 @@ int64_t flash_attention_tc_backward_scratch_floats(const AttentionShape& s) {
 }
 
 void flash_attention_tc_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                                const AttentionShape& s, Stream stream, const int32_t* doc_ids) {
-  const Params p = params(s, doc_ids);
+                                const AttentionShape& s, Stream stream, const int32_t* doc_ids,
+                                DocumentBounds bounds) {
+  const Params p = params(s, doc_ids, bounds);
   check_aligned(q, "q"), check_aligned(k, "k"), check_aligned(v, "v");
   if (s.D == 64) forward<64>(dev(out), lse, dev(q), dev(k), dev(v), p, stream);
   else forward<128>(dev(out), lse, dev(q), dev(k), dev(v), p, stream);
@@ -481,8 +499,8 @@ void flash_attention_tc_forward(bf16_t* out, float* lse, const bf16_t* q, const 
 void flash_attention_tc_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
                                  const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
                                  const AttentionShape& s, float* scratch, Stream stream,
-                                 const int32_t* doc_ids) {
-  const Params p = params(s, doc_ids);
+                                 const int32_t* doc_ids, DocumentBounds bounds) {
+  const Params p = params(s, doc_ids, bounds);
   check_aligned(dout, "dout"), check_aligned(q, "q"), check_aligned(k, "k"), check_aligned(v, "v");
   check_aligned(scratch, "scratch");
   const int64_t rows = s.B * s.T * s.Hq, nq = rows * s.D;

@@ -12,9 +12,12 @@
 // f32 fragments (summed over the group's heads, written once as bf16), dQ += dS K added with f32
 // (float4) atomics into scratch and rounded to bf16 by a last pass (so dq's summation order is not
 // deterministic; dk's and dv's are).
-// Document ids (packed samples; optional, (B, T), the last argument) mask as attention.h's: key j is
-// visible to query i iff j <= i and doc_ids[b, j] == doc_ids[b, i]. Every key tile up to the diagonal
-// is still computed (a tile wholly in earlier documents is masked, not skipped).
+// Document ids (packed samples; optional, (B, T)) mask as attention.h's: key j is visible to query i
+// iff j <= i and doc_ids[b, j] == doc_ids[b, i]. Without DocumentBounds (attention.h; the last argument)
+// every tile up to the diagonal is still computed and masked; with them the forward starts at the key
+// tile of its queries' first document start and the backward stops after the query tile of its keys'
+// last document end, skipping the tiles wholly in other documents (the same results, bit for bit; dq
+// up to its atomics' order), so a row of many short documents costs about as much as those documents.
 // It deliberately has no sliding window, soft-cap, dropout or f32 path (refused: attention.h has the
 // masks), and none of Hopper's wgmma / TMA: wmma, plus sm_90's float4 atomicAdd.
 #pragma once
@@ -22,7 +25,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "kernels/cuda/attention.h"  // AttentionShape
+#include "kernels/cuda/attention.h"  // AttentionShape, DocumentBounds
 #include "kernels/cuda/gemm.h"       // Stream
 
 namespace ktune::cuda {
@@ -33,15 +36,18 @@ bool flash_attention_tc_supports(const AttentionShape& s);
 // Floats of scratch the backward needs: B * T * Hq * D (dq in f32) + B * Hq * T (delta).
 int64_t flash_attention_tc_backward_scratch_floats(const AttentionShape& s);
 
-// q (B,T,Hq,D)   k, v (B,T,Hkv,D)   out (B,T,Hq,D)   lse (B,Hq,T) saved   doc_ids (B,T) or nullptr.
-// q, k, v 16-byte aligned. Throws ktune::Error naming the op for a shape it does not take.
+// q (B,T,Hq,D)   k, v (B,T,Hkv,D)   out (B,T,Hq,D)   lse (B,Hq,T) saved   doc_ids (B,T) or nullptr;
+// bounds: doc_ids' DocumentBounds, or {}. q, k, v 16-byte aligned. Throws ktune::Error naming the op
+// for a shape it does not take.
 void flash_attention_tc_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                                const AttentionShape& s, Stream stream = nullptr, const int32_t* doc_ids = nullptr);
-// Undoes out = softmax(mask(scale q kᵀ)) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten; doc_ids the
-// forward's. dout, q, k, v and scratch 16-byte aligned; scratch: flash_attention_tc_backward_scratch_floats(s) floats.
+                                const AttentionShape& s, Stream stream = nullptr, const int32_t* doc_ids = nullptr,
+                                DocumentBounds bounds = {});
+// Undoes out = softmax(mask(scale q kᵀ)) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten; doc_ids and
+// bounds the forward's. dout, q, k, v and scratch 16-byte aligned; scratch:
+// flash_attention_tc_backward_scratch_floats(s) floats.
 void flash_attention_tc_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
                                  const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,
                                  const AttentionShape& s, float* scratch, Stream stream = nullptr,
-                                 const int32_t* doc_ids = nullptr);
+                                 const int32_t* doc_ids = nullptr, DocumentBounds bounds = {});
 
 }  // namespace ktune::cuda
