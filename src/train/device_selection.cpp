@@ -64,6 +64,8 @@ cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe,
   s.seq_len = seq_len;
   s.full_finetune = !recipe.lora;
   s.activation_checkpointing = cfg.enable_activation_checkpointing;  // one layer's activations, recomputed
+  // The kept layer inputs to pinned host memory and back (the config schema refuses it without checkpointing).
+  s.activation_offloading = cfg.enable_activation_offloading;
   if (cfg.dtype != TrainDtype::BF16) gaps.push_back("dtype=fp32: the GPU step trains in bf16 only (dtype=bf16)");
   if (cfg.optimizer.amsgrad) gaps.push_back("optimizer.amsgrad");
   if (!recipe.lora) return s;

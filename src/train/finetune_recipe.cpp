@@ -491,8 +491,9 @@ void FinetuneRecipe::setup_gpu_training() {
     log_info("enable_activation_checkpointing: the GPU step keeps each layer's input and recomputes the layer's "
              "forward before its backward (one layer's activations planned below)");
   if (cfg_.enable_activation_offloading)
-    log_info("enable_activation_offloading: not done by the GPU step: the layer inputs that checkpointing keeps stay "
-             "on the device (counted in the plan below)");
+    log_info("enable_activation_offloading: the GPU step sends the layer inputs that checkpointing keeps (but the "
+             "last layer's) to pinned host memory during the forward and brings each back one layer ahead of the "
+             "backward, on a copy stream of its own (two device slots planned below)");
   log_info(gpu_->memory_report());
 }
 

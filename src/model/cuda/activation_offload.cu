@@ -20,9 +20,11 @@ void ActivationOffload::init(int64_t inputs, int64_t elems_max, std::vector<bf16
   holds_.assign(slots_.size(), -1);
   copy_pending_.assign(slots_.size(), false);
   on_host_.assign(size_t(inputs), false);
-  void* host = nullptr;
-  KTUNE_CUDA_CHECK(cudaMallocHost(&host, host_bytes(inputs, elems_max)));
-  host_ = static_cast<bf16_t*>(host);
+  if (host_bytes(inputs, elems_max) > 0) {
+    void* host = nullptr;
+    KTUNE_CUDA_CHECK(cudaMallocHost(&host, host_bytes(inputs, elems_max)));
+    host_ = static_cast<bf16_t*>(host);
+  }
   // Non-blocking: no implicit synchronisation with the (legacy) default stream the decoder runs on.
   KTUNE_CUDA_CHECK(cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking));
   copied_.assign(slots_.size(), nullptr);

@@ -19,7 +19,8 @@
 //                         copies it in.
 // Inputs j + kSlots >= count() are never overwritten in the forward: they neither leave nor come
 // back. It deliberately offloads nothing else (a recomputed layer's activations live one layer at a
-// time anyway) and makes no copy it can skip; the host memory is count() inputs of B * T_max * C.
+// time anyway) and makes no copy it can skip; the host memory is count() - kSlots inputs of
+// B * T_max * C, input j at j * B * T_max * C.
 #pragma once
 
 #include <cstddef>
@@ -38,7 +39,10 @@ class ActivationOffload {
   static constexpr int64_t kSlots = 2;
   // Device slots the decoder carves for `inputs` offloadable inputs, and the pinned host bytes.
   static int64_t slot_count(int64_t inputs) { return inputs < kSlots ? inputs : kSlots; }
-  static size_t host_bytes(int64_t inputs, int64_t elems_max) { return size_t(inputs * elems_max) * sizeof(bf16_t); }
+  // Host memory for the inputs that leave (j < inputs - kSlots), elems_max each.
+  static size_t host_bytes(int64_t inputs, int64_t elems_max) {
+    return inputs > kSlots ? size_t((inputs - kSlots) * elems_max) * sizeof(bf16_t) : 0;
+  }
 
   ActivationOffload() = default;
   ~ActivationOffload();
@@ -68,7 +72,7 @@ class ActivationOffload {
   std::vector<int64_t> holds_;      // per slot: the input it holds, or will once its copy lands (-1: none)
   std::vector<bool> copy_pending_;  // per slot: a copy the compute stream has not waited for
   std::vector<bool> on_host_;       // per input: copied out in this forward
-  bf16_t* host_ = nullptr;          // (inputs, elems_max) pinned
+  bf16_t* host_ = nullptr;          // (inputs - kSlots, elems_max) pinned; nullptr when none leaves
   CUstream_st* copies_ = nullptr;
   std::vector<CUevent_st*> copied_;  // per slot: recorded on the copy stream after its last copy
   CUevent_st* compute_mark_ = nullptr;  // recorded on the compute stream for the copy stream to wait for

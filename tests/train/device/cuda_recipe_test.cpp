@@ -138,17 +138,21 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
   EXPECT_NO_THROW(model::Decoder::from_pretrained(out("gpu") + "/epoch_0"));  // the merged model
 }
 
-// torchtune's enable_activation_checkpointing on the GPU step (one layer's activations, recomputed)
-// tracks the CPU run as closely as without it; and every batch is laid into its own length, rounded
-// up to a multiple of kGpuSeqLenMultiple, not into the dataset's longest sample: the steps compute
-// fewer positions than (batch_size, planned T) a step would.
-TEST_F(CudaRecipeTest, LoraOnTheGpuWithActivationCheckpointingTracksTheCpuRunOnEachBatchsLength) {
+// torchtune's enable_activation_checkpointing and enable_activation_offloading on the GPU step (one
+// layer's activations, recomputed; the kept layer inputs to pinned host memory and back) track the
+// CPU run as closely as without them; and every batch is laid into its own length, rounded up to a
+// multiple of kGpuSeqLenMultiple, not into the dataset's longest sample: the steps compute fewer
+// positions than (batch_size, planned T) a step would.
+TEST_F(CudaRecipeTest, LoraOnTheGpuWithActivationCheckpointingAndOffloadingTracksTheCpuRunOnEachBatchsLength) {
   SKIP_WITHOUT_GPUS(1);
   Outcome gpu;
-  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 enable_activation_checkpointing=True " + sized(8, 8), &gpu));
+  ASSERT_NO_FATAL_FAILURE(run_on_both(
+      "lora", "epochs=1 enable_activation_checkpointing=True enable_activation_offloading=True " + sized(8, 8), &gpu));
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
   EXPECT_NE(gpu.output.find("recomputes the layer's forward"), std::string::npos) << gpu.output;
   EXPECT_NE(gpu.output.find("checkpointed: each layer's input kept"), std::string::npos) << gpu.output;
+  EXPECT_NE(gpu.output.find("offloaded: the layer inputs in two slots"), std::string::npos) << gpu.output;
+  EXPECT_NE(gpu.output.find("pinned host memory for offloaded layer inputs"), std::string::npos) << gpu.output;
   std::smatch planned, computed;
   ASSERT_TRUE(std::regex_search(gpu.output, planned, std::regex("memory planned for \\((\\d+), (\\d+)\\)")))
       << gpu.output;

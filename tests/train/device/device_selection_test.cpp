@@ -105,14 +105,17 @@ TEST(PlanCudaStep, QloraDoraAndLoraDropoutGoToTheGpuStepAsConfigured) {
   EXPECT_EQ(plain.setup.lora_dropout, 0.0f);
 }
 
-TEST(PlanCudaStep, ActivationCheckpointingGoesToTheGpuStepAsConfigured) {
+TEST(PlanCudaStep, ActivationCheckpointingAndOffloadingGoToTheGpuStepAsConfigured) {
   for (const std::string recipe : {"lora_finetune_single_device", "full_finetune_single_device"}) {
-    for (bool on : {false, true}) {
+    for (int setting = 0; setting < 3; ++setting) {  // neither, checkpointing, checkpointing + offloading
+      const bool checkpointing = setting >= 1, offloading = setting == 2;
       const RecipeConfig cfg =
-          tiny(recipe, {std::string("enable_activation_checkpointing=") + (on ? "True" : "False")});
+          tiny(recipe, {std::string("enable_activation_checkpointing=") + (checkpointing ? "True" : "False"),
+                        std::string("enable_activation_offloading=") + (offloading ? "True" : "False")});
       const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe(recipe), family("llama"), 2, 64);
       EXPECT_TRUE(plan.gaps.empty()) << recipe << ": " << describe_gaps(plan.gaps);
-      EXPECT_EQ(plan.setup.activation_checkpointing, on) << recipe;
+      EXPECT_EQ(plan.setup.activation_checkpointing, checkpointing) << recipe;
+      EXPECT_EQ(plan.setup.activation_offloading, offloading) << recipe;
     }
   }
 }
