@@ -25,6 +25,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/document_bounds.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/nf4.h"
@@ -40,6 +41,7 @@ namespace ktune::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;  // DeviceArena's slice alignment
+constexpr int64_t kDefaultLossChunkTokens = 512;  // TrainingSetup::ce_chunk_tokens = 0
 size_t aligned(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; }
 
 // Carves typed slices out of an arena, or (arena == nullptr) only adds up their aligned bytes.
@@ -220,11 +222,15 @@ struct Decoder::Impl {
   int32_t *tokens = nullptr, *labels = nullptr, *positions = nullptr;  // (N)
   int32_t* doc_ids = nullptr;          // (N) a packed step's document ids
   const int32_t* step_docs = nullptr;  // doc_ids during a packed step, else nullptr (causal only)
+  // A packed step's DocumentBounds ((N) each: where each token's document starts and ends), so the
+  // tiled and fused attention kernels skip key tiles wholly in other documents; {} otherwise.
+  int32_t *doc_first_key = nullptr, *doc_last_query = nullptr;
+  DocumentBounds step_bounds;
+  std::vector<int32_t> host_first_key, host_last_query;
   // backward scratch
   bf16_t *dres = nullptr, *dtmp = nullptr, *dln = nullptr;       // (N, C)
-  float* dnormed = nullptr;                                      // (N, C) f32 from the loss
+  float* dnormed = nullptr;  // (N, C) f32 from the loss, in dres's and dln's bytes (read before either is written)
   bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
-  bf16_t* dact = nullptr;  // (N, I); d gate and d up overwrite the layer's saved gate and up in place
   bf16_t* lora_g = nullptr;                                      // (N, r)
   bf16_t* ones = nullptr;  // (N) 1s when a bias trains: db (1, out) += ones (1, N) @ dy (N, out)
   bf16_t* nf4_weight = nullptr;  // QLoRA: the largest NF4 weight (out * in) dequantised to bf16
@@ -472,8 +478,7 @@ void Decoder::allocate(bool on_device) {
   s.T = s.T_max = setup_.seq_len;
   s.N = s.B * s.T;
   const int64_t N = s.N;
-  s.ce_chunk = setup_.ce_chunk_tokens > 0 ? setup_.ce_chunk_tokens
-                                          : std::max<int64_t>(1, (int64_t(1) << 30) / (V * 6));
+  s.ce_chunk = setup_.ce_chunk_tokens > 0 ? setup_.ce_chunk_tokens : kDefaultLossChunkTokens;
   if (s.ce_chunk > 128) s.ce_chunk = s.ce_chunk / 128 * 128;
   s.ce_chunk = std::min(s.ce_chunk, N);
   s.ce_scratch_bytes = linear_cross_entropy_scratch_bytes(s.ce_chunk, V);
@@ -569,15 +574,18 @@ void Decoder::allocate(bool on_device) {
     s.labels = k.take<int32_t>(N);
     s.positions = k.take<int32_t>(N);
     s.doc_ids = k.take<int32_t>(N);
-    s.dres = k.take<bf16_t>(N * C);
-    s.dtmp = k.take<bf16_t>(N * C);
-    s.dln = k.take<bf16_t>(N * C);
+    s.doc_first_key = k.take<int32_t>(N);
+    s.doc_last_query = k.take<int32_t>(N);
+    // dres and dln back to back, (N, C) bf16 each: the loss's f32 (N, C) gradient before them
+    // (the backward's first kernel reads it into dtmp; dres and dln are written after).
     s.dnormed = k.take<float>(N * C);
+    s.dres = reinterpret_cast<bf16_t*>(s.dnormed);
+    s.dln = s.dres + N * C;
+    s.dtmp = k.take<bf16_t>(N * C);
     s.datt = k.take<bf16_t>(N * QD);
     s.dq = k.take<bf16_t>(N * QD);
     s.dk = k.take<bf16_t>(N * KD);
     s.dv = k.take<bf16_t>(N * KD);
-    s.dact = k.take<bf16_t>(N * I);
     s.lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
     s.attn_scratch = any_flash_attention ? k.take<float>(attention_backward_scratch_floats(ashape)) : nullptr;
     s.attn_tc_scratch = any_tc_attention ? k.take<float>(flash_attention_tc_backward_scratch_floats(ashape)) : nullptr;
@@ -767,7 +775,7 @@ std::string Decoder::memory_report() const {
      << (setup_.activation_checkpointing ? "; checkpointed: each layer's input kept, one layer's recomputed" : "")
      << (setup_.activation_offloading ? "; offloaded: the layer inputs in two slots, the rest in pinned host memory" : "")
      << "), total " << gib(m.total());
-  if (m.host_offload > 0) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
+  if (setup_.activation_offloading) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
   if (m.nf4_base > 0)
     os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)
        << " (in activations)";
@@ -845,26 +853,27 @@ void Decoder::Impl::linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& 
 // wanted), dW += dy^T x (trainable base only), db += column sums of dy (as ones (1, N) @ dy),
 // dB += s dy^T xa, dA += g^T x' with g = s dy B, dx += mask (g A) / (1 - p) (x' = x without dropout:
 // dx += g A). The dropout mask is redrawn from the same seed as the forward's.
+// Every read of x comes before the first write of dx, so dx may be x itself (the MLP's d act over
+// act): the weight gradients first, then dx = dy W (+ its LoRA part), in the order that sums dx.
 void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x,
                                     const LinearRef& w, const bf16_t* xa) {
   if (w.m) return dora_backward(dx, accumulate, dy, x, w, xa);
   if (w.dw) mm(true, false, w.out, w.in, N, 1.0f, dy, x, 1.0f, w.dw, DType::F32);
   if (w.dbias) mm(false, false, 1, w.out, N, 1.0f, ones, dy, 1.0f, w.dbias, DType::F32);
-  if (dx) mm(false, false, N, w.in, w.out, 1.0f, dy, base_weight(w), accumulate ? 1.0f : 0.0f, dx, DType::BF16);
   if (w.a) {
     mm(true, false, w.out, w.r, N, w.scale, dy, xa, 1.0f, w.db, DType::F32);
     mm(false, false, N, w.r, w.out, w.scale, dy, w.b, 0.0f, lora_g, DType::BF16);
-    if (w.dropout > 0) {
-      lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);  // x' again
-      mm(true, false, w.r, w.in, N, 1.0f, lora_g, dropped_x, 1.0f, w.da, DType::F32);
-      if (dx) {
-        mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 0.0f, dropped_x, DType::BF16);  // d x' = g A
-        lora_dropout_backward_add(dx, dropped_x, N * w.in, w.dropout_seed, w.dropout);
-      }
-      return;
-    }
-    mm(true, false, w.r, w.in, N, 1.0f, lora_g, x, 1.0f, w.da, DType::F32);
-    if (dx) mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, dx, DType::BF16);
+    if (w.dropout > 0) lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);  // x' again
+    mm(true, false, w.r, w.in, N, 1.0f, lora_g, w.dropout > 0 ? dropped_x : x, 1.0f, w.da, DType::F32);
+  }
+  if (!dx) return;  // x is read no more
+  mm(false, false, N, w.in, w.out, 1.0f, dy, base_weight(w), accumulate ? 1.0f : 0.0f, dx, DType::BF16);
+  if (!w.a) return;
+  if (w.dropout > 0) {
+    mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 0.0f, dropped_x, DType::BF16);  // d x' = g A
+    lora_dropout_backward_add(dx, dropped_x, N * w.in, w.dropout_seed, w.dropout);
+  } else {
+    mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, dx, DType::BF16);
   }
 }
 
@@ -905,23 +914,23 @@ void Decoder::Impl::dora_forward(bf16_t* y, const bf16_t* x, const LinearRef& w,
 // Undoes dora_forward (the norm detached, the base frozen): d = dy ⊙ c; dm += Σ_n dy ⊙ pre / norm;
 // dB += s d^T xa; g = s d B; dA += g^T x'; dx (overwritten, or += when accumulate; nullptr: not
 // wanted) = d W + g A (no dropout), or dy W + mask ⊙ (g A + ((c − 1) ⊙ dy) W) / (1 − p) (dropout).
+// As linear_backward, every read of x before the first write of dx.
 void Decoder::Impl::dora_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x,
                                   const LinearRef& w, const bf16_t* xa) {
   const bf16_t* weight = dx ? base_weight(w) : nullptr;  // valid through this call
   dora_scale_columns(dora_d, dy, w.c, 0.0f, N, w.out);  // d = dy ⊙ c
   dora_magnitude_grad(w.dm, dy, w.pre, w.norm, N, w.out);
-  if (dx) mm(false, false, N, w.in, w.out, 1.0f, w.dropout > 0 ? dy : dora_d, weight, accumulate ? 1.0f : 0.0f, dx,
-             DType::BF16);
   mm(true, false, w.out, w.r, N, w.scale, dora_d, xa, 1.0f, w.db, DType::F32);      // dB += s d^T xa
   mm(false, false, N, w.r, w.out, w.scale, dora_d, w.b, 0.0f, lora_g, DType::BF16);  // g = s d B
+  if (w.dropout > 0) lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);  // x' again
+  mm(true, false, w.r, w.in, N, 1.0f, lora_g, w.dropout > 0 ? dropped_x : x, 1.0f, w.da, DType::F32);
+  if (!dx) return;  // x is read no more
+  mm(false, false, N, w.in, w.out, 1.0f, w.dropout > 0 ? dy : dora_d, weight, accumulate ? 1.0f : 0.0f, dx,
+     DType::BF16);
   if (w.dropout <= 0) {
-    mm(true, false, w.r, w.in, N, 1.0f, lora_g, x, 1.0f, w.da, DType::F32);
-    if (dx) mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, dx, DType::BF16);
+    mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, dx, DType::BF16);
     return;
   }
-  lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);  // x' again
-  mm(true, false, w.r, w.in, N, 1.0f, lora_g, dropped_x, 1.0f, w.da, DType::F32);
-  if (!dx) return;
   mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 0.0f, dropped_x, DType::BF16);  // d x' = g A
   dora_scale_columns(dora_d, dy, w.c, -1.0f, N, w.out);                             //   + ((c − 1) ⊙ dy) W
   mm(false, false, N, w.in, w.out, 1.0f, dora_d, weight, 1.0f, dropped_x, DType::BF16);
@@ -941,9 +950,16 @@ void Decoder::Impl::upload_batch(const DecoderConfig& c, const int32_t* tokens_h
   copy_to_device(tokens, tokens_host, size_t(N) * sizeof(int32_t));
   copy_to_device(labels, labels_host, size_t(N) * sizeof(int32_t));
   step_docs = nullptr;
+  step_bounds = DocumentBounds{};
   if (doc_ids_host) {
     copy_to_device(doc_ids, doc_ids_host, size_t(N) * sizeof(int32_t));
     step_docs = doc_ids;
+    host_first_key.resize(size_t(N));
+    host_last_query.resize(size_t(N));
+    document_bounds(host_first_key.data(), host_last_query.data(), doc_ids_host, B, T);
+    copy_to_device(doc_first_key, host_first_key.data(), size_t(N) * sizeof(int32_t));
+    copy_to_device(doc_last_query, host_last_query.data(), size_t(N) * sizeof(int32_t));
+    step_bounds = DocumentBounds{doc_first_key, doc_last_query};
   }
   if (positions_host) {
     // A sample split across packs continues its count past T: the table grows as the CPU one does
@@ -1001,11 +1017,11 @@ void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, const bf16_
   rope_forward(a.k, positions, rope, N, Hkv, D, flag.data());
   if (timed) mark(attn_event(l, 0));
   if (layer.kernel == TrainingSetup::Attention::kTensorCore)
-    flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention, nullptr, step_docs);
+    flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention, nullptr, step_docs, step_bounds);
   else if (layer.kernel == TrainingSetup::Attention::kGemm)
     attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch, nullptr, step_docs);
   else
-    attention_forward(a.att, a.lse, a.q, a.k, a.v, step_docs, layer.attention);
+    attention_forward(a.att, a.lse, a.q, a.k, a.v, step_docs, step_bounds, layer.attention);
   if (timed) mark(attn_event(l, 1));
   if (sandwich) {  // h = x + post_attn_norm(o(att))
     linear_forward(a.o, a.att, lin(layer.proj[kO]), a.xa[kO], 0.0f);
@@ -1092,9 +1108,11 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
                        C, off);
       dy_down = dtmp;
     }
+    // d act over act, then d gate and d up over gate and up: nothing reads them after this in the
+    // step (the next forward, or checkpointing's recompute, writes them again), and linear_backward
+    // reads its x before it writes dx: 3 (N, I) bf16 buffers fewer.
+    bf16_t* dact = a.act;
     linear_backward(dact, false, dy_down, a.act, lin(layer.proj[kDown]), a.xa[kDown]);
-    // d gate and d up in place over gate and up, which nothing reads after this in the step (the next
-    // forward, or checkpointing's recompute, writes them again): 2 (N, I) bf16 buffers fewer.
     bf16_t* dgate = a.gate;
     bf16_t* dup = a.up;
     if (c.activation == DecoderConfig::Activation::kSiLU)
@@ -1116,12 +1134,13 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
     mark(attn_event(l, 2));
     if (layer.kernel == TrainingSetup::Attention::kTensorCore)
       flash_attention_tc_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention, attn_tc_scratch,
-                                  nullptr, step_docs);
+                                  nullptr, step_docs, step_bounds);
     else if (layer.kernel == TrainingSetup::Attention::kGemm)
       attention_gemm_backward(gemm, dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention,
                               attn_gemm_scratch, nullptr, step_docs);
     else
-      attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, step_docs, layer.attention, attn_scratch);
+      attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, step_docs, step_bounds, layer.attention,
+                         attn_scratch);
     mark(attn_event(l, 3));
     attention_backward_ran[size_t(l)] = true;
     rope_backward(dq, positions, rope, N, Hq, D, flag.data());

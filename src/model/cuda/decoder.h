@@ -122,7 +122,10 @@ struct TrainingSetup {
   int64_t lora_rank = 0;  // > 0 attaches LoRA to the projections lora_on names
   float lora_alpha = 0;
   bool lora_on[kNumProjections] = {};
-  int64_t ce_chunk_tokens = 0;  // 0: about 1 GiB of logits scratch
+  // Tokens per chunk of the fused loss (scratch: chunk * vocab * 6 bytes). 0: 512, where the head's
+  // GEMMs (512 rows against the whole vocabulary) are still compute-bound on an H200 (0.37 GiB at
+  // Llama 3's 128256-token vocabulary).
+  int64_t ce_chunk_tokens = 0;
   // Attention kernels: kGemm (kernels/cuda/attention_gemm.h: cuBLASLt tensor-core GEMMs over one
   // head's (B, T, T) scores at a time), kFlash (kernels/cuda/attention.h: tiled, on the CUDA cores)
   // or kTensorCore (kernels/cuda/flash_attention_tc.h: fused FlashAttention-2 on the tensor cores,
