@@ -10,7 +10,7 @@
 #      more on the fused tensor-core attention), beside
 #      PyTorch (+PEFT) on the same GPU: tokens/s, MFU (990 TFLOP/s bf16 peak), peak memory, ratios
 #   4. the memory check: ktune alone at torchtune's published memory settings (Llama 3.2 3B, batch 2 x
-#      seq 4096, activation checkpointing; LoRA 8.5 GiB, QLoRA 4.6 GiB), when time is left
+#      seq 4096, activation checkpointing and offloading; LoRA 8.5 GiB, QLoRA 4.6 GiB), when time is left
 # and print a summary naming what passed, failed, was skipped or ran out of time.
 # Budget: 8 minutes on one H200 (build ~1-2 min on 16 cores); every part has a timeout, and the
 # parts after the tests share what is left of GPU_CHECK_BUDGET_S (default 470 s from the start).
@@ -208,7 +208,7 @@ else
     MEMORY_STATUS="skipped: out of time budget ($(remaining)s left)"
   else
     T=$(part_timeout 120)
-    say "memory check (3B, batch 2 x 4096, activation checkpointing), ${T}s"
+    say "memory check (3B, batch 2 x 4096, activation checkpointing and offloading), ${T}s"
     timeout "$T" python3 bench/gpu/train_step_compare.py "$STEP_BIN" --memory-check --timeout $(( T / 2 )) \
       >"$LOG_DIR/memory.log" 2>&1
     MEMORY_RC=$?

@@ -6,7 +6,8 @@
 //   --mode=full   every parameter trainable (torchtune's 1B_full_single_device, bf16 AdamW)
 //   --mode=qlora  the LoRA setup over an NF4 base (torchtune's llama3_2/*_qlora_single_device)
 // Prints the memory plan and one machine-readable line:
-//   RESULT side=ktune model=1b mode=M activation_checkpointing=0 attention=A batch=B seq=T steps=S step_ms=X tokens_per_s=Y flops_per_token=F
+//   RESULT side=ktune model=1b mode=M activation_checkpointing=0 activation_offloading=0 attention=A batch=B seq=T
+//          steps=S step_ms=X tokens_per_s=Y flops_per_token=F
 //          tflops=Z mfu=U loss_first=A loss_last=L planned_gib=P device_used_gib=D
 //          run_used_gib=R (D less what the device held before the model) ...
 // MFU is against 990 TFLOP/s (H200 dense bf16) with the FLOPs counted by flops_per_token (below;
@@ -15,6 +16,8 @@
 //          --model=1b (Llama-3.2-1B's shape, the default) | 3b (Llama-3.2-3B's: 3072 wide, 28 layers,
 //          24/8 heads of 128, MLP 8192; torchtune publishes its memory for LoRA/QLoRA at batch 2 x 4096)
 //          --activation-checkpointing=1 (torchtune's enable_activation_checkpointing; 0 by default)
+//          --activation-offloading=1 (torchtune's enable_activation_offloading, with checkpointing; 0 by default)
+//          --ce-chunk=512 (tokens per chunk of the fused loss; 0, the default, is the decoder's own)
 //          --attention=gemm (tensor-core GEMMs, the default) | tensor_core (the fused FlashAttention-2,
 //          flash_attention_tc.h) | flash (the tiled CUDA-core kernel).
 // It deliberately has no data loading, no checkpointing, no gradient accumulation: the step only.
@@ -104,6 +107,8 @@ int run(int argc, char** argv) {
     setup.quantize_base = mode == "qlora";
   }
   setup.activation_checkpointing = arg(argc, argv, "activation-checkpointing", 0) != 0;
+  setup.activation_offloading = arg(argc, argv, "activation-offloading", 0) != 0;
+  setup.ce_chunk_tokens = arg(argc, argv, "ce-chunk", 0);
   const std::string attention = arg_s(argc, argv, "attention", "gemm");
   if (attention != "gemm" && attention != "tensor_core" && attention != "flash") {
     std::fprintf(stderr, "--attention must be gemm, tensor_core or flash, not %s\n", attention.c_str());
@@ -116,12 +121,13 @@ int run(int argc, char** argv) {
   const double max_seconds = double(arg(argc, argv, "max-seconds", 20));
   std::printf("device: %s\n", cuda::device_description().c_str());
   std::printf("config: Llama-3.2-%s shape (vocab %lld, dim %lld, %lld layers, %lld/%lld heads, hidden %lld, tied), "
-              "batch %lld x seq %lld, mode %s%s%s, attention %s\n",
+              "batch %lld x seq %lld, mode %s%s%s%s, attention %s\n",
               model_name == "3b" ? "3B" : "1B", (long long)config.vocab_size, (long long)config.hidden_size, (long long)config.num_layers,
               (long long)config.num_heads, (long long)config.num_kv_heads, (long long)config.intermediate_size,
               (long long)setup.batch, (long long)setup.seq_len, mode.c_str(),
               mode == "full" ? "" : " (rank 64, alpha 128 on q,v,o,gate,up,down)",
               setup.activation_checkpointing ? ", activation checkpointing" : "",
+              setup.activation_offloading ? " and offloading" : "",
               attention == "gemm"          ? "tensor-core GEMMs (attention_gemm.h)"
               : attention == "tensor_core" ? "fused tensor-core FlashAttention-2 (flash_attention_tc.h)"
                                            : "tiled CUDA-core kernel (attention.h)");
@@ -194,10 +200,12 @@ int run(int argc, char** argv) {
               "output projection + loss %.1f ms (%.0f%%), the rest (projections, norms, rope, MLP) %.1f ms\n",
               prof.step_ms, prof.attention_ms, 100 * prof.attention_ms / prof.step_ms, prof.loss_ms,
               100 * prof.loss_ms / prof.step_ms, prof.step_ms - prof.attention_ms - prof.loss_ms);
-  std::printf("RESULT side=ktune model=%s mode=%s activation_checkpointing=%d attention=%s batch=%lld seq=%lld steps=%lld step_ms=%.2f tokens_per_s=%.1f "
+  std::printf("RESULT side=ktune model=%s mode=%s activation_checkpointing=%d activation_offloading=%d attention=%s "
+              "batch=%lld seq=%lld steps=%lld step_ms=%.2f tokens_per_s=%.1f "
               "flops_per_token=%.6e tflops=%.2f mfu=%.4f loss_first=%.4f loss_last=%.4f planned_gib=%.3f "
               "device_used_gib=%.3f run_used_gib=%.3f attention_ms=%.1f loss_ms=%.1f fwd_bwd_ms=%.1f\n",
-              model_name.c_str(), mode.c_str(), int(setup.activation_checkpointing), attention.c_str(), (long long)setup.batch, (long long)setup.seq_len, (long long)timed, step_ms,
+              model_name.c_str(), mode.c_str(), int(setup.activation_checkpointing), int(setup.activation_offloading),
+              attention.c_str(), (long long)setup.batch, (long long)setup.seq_len, (long long)timed, step_ms,
               tokens_per_s,
               fpt, tflops, tflops / kPeakTflops, loss_first, loss_last,
               double(model.memory_plan().total()) / double(1ull << 30), double(used_after) / double(1ull << 30),
