@@ -1,12 +1,11 @@
 // ActivationOffload: torchtune's enable_activation_offloading for the checkpointed GPU step. With
 // activation checkpointing the forward keeps each layer's input (the residual stream, (B, T, C)
-// bf16) for the backward's recomputation: L of them on the device. Offloaded, the inputs of layers
-// 0 .. L-2 ("the offloadable inputs", numbered j) share a ring of kSlots device buffers (input j in
-// slot j % kSlots); each goes to pinned host memory while the forward runs on, and comes back one
-// layer ahead of the backward that reads it. The last layer's input (its activations are never
-// recomputed) and the final norm's stay where the decoder put them. The copies run on a stream of
-// their own and are ordered against the compute (default) stream by events only, so they overlap
-// the layers' kernels:
+// bf16) for the backward's recomputation, and the final norm's: L + 1 of them on the device.
+// Offloaded, they ("the inputs", numbered j: layer j's, and j = L the final norm's) share a ring of
+// kSlots device buffers (input j in slot j % kSlots); each goes to pinned host memory while the
+// forward runs on, and comes back one layer ahead of the backward that reads it. The copies run on
+// a stream of their own and are ordered against the compute (default) stream by events only, so
+// they overlap the layers' kernels:
 //   forward   claim(j)    before input j is written into its slot: the compute stream waits for
 //                         the slot's last copy (its previous occupant's trip out, or a trip in that
 //                         no backward consumed);
@@ -17,10 +16,10 @@
 //             prefetch(j) start input j's trip back: the copy stream waits for the compute stream
 //                         so far (the last reader of the slot's occupant, input j + kSlots), then
 //                         copies it in.
-// Inputs j + kSlots >= count() are never overwritten in the forward: they neither leave nor come
-// back. It deliberately offloads nothing else (a recomputed layer's activations live one layer at a
-// time anyway) and makes no copy it can skip; the host memory is count() - kSlots inputs of
-// B * T_max * C, input j at j * B * T_max * C.
+// Inputs j + kSlots >= count() (the last two) are never overwritten in the forward: they neither
+// leave nor come back. It deliberately offloads nothing else (a recomputed layer's activations live
+// one layer at a time anyway) and makes no copy it can skip; the host memory is count() - kSlots
+// inputs of B * T_max * C, input j at j * B * T_max * C.
 #pragma once
 
 #include <cstddef>

@@ -56,6 +56,19 @@ struct Carver {
   }
 };
 
+// Carves typed slices out of one region from `base` on (base == nullptr: only adds up their aligned
+// bytes): the phase scratch's overlays, each from the region's start.
+struct Overlay {
+  char* base = nullptr;
+  size_t bytes = 0;
+  template <typename T>
+  T* take(int64_t n) {
+    T* p = base ? reinterpret_cast<T*>(base + bytes) : nullptr;
+    bytes += aligned(size_t(std::max<int64_t>(n, 1)) * sizeof(T));
+    return p;
+  }
+};
+
 // ---- small elementwise kernels the step needs between the library ops ----
 
 // y += x (bf16, added in f32, rounded once): the residual's gradient.
@@ -213,8 +226,8 @@ struct Decoder::Impl {
   // activations: planned for (B, T_max); a step runs on (B, T), T <= T_max (set_seq_len), N = B*T
   int64_t B = 0, T = 0, N = 0, T_max = 0;
   int64_t positions_T = 0;  // the T whose 0..T-1 layout `positions` holds (0: none yet, or a packed step's)
-  // L+1 of (N, C): resid[l] layer l's input, resid[L] the final norm's. Offloaded, resid[0 .. L-2]
-  // point into offload's slots (resid[j] = offload.slot_of(j)), two or fewer buffers for them all.
+  // L+1 of (N, C): resid[l] layer l's input, resid[L] the final norm's. Offloaded, they all point
+  // into offload's two slots (resid[j] = offload.slot_of(j)).
   std::vector<bf16_t*> resid;
   std::vector<Acts> acts;      // L
   bf16_t* final_normed = nullptr;  // (N, C)
@@ -242,7 +255,7 @@ struct Decoder::Impl {
   float dropout_p = 0;
   bool dropping = false;  // this pass applies LoRA dropout (forward_backward with lora_dropout > 0)
   bool checkpointing = false;  // TrainingSetup::activation_checkpointing: acts[l] all alias one layer's
-  bool offloading = false;     // TrainingSetup::activation_offloading: resid[0 .. L-2] in offload's slots
+  bool offloading = false;     // TrainingSetup::activation_offloading: resid[0 .. L] in offload's slots
   float* attn_scratch = nullptr;     // kFlash: the backward's rowsums
   float* attn_tc_scratch = nullptr;  // kTensorCore: the backward's delta and f32 dq
   void* attn_gemm_scratch = nullptr;  // kGemm: one head's scores, both directions
@@ -517,11 +530,10 @@ void Decoder::allocate(bool on_device) {
   std::vector<bf16_t*> offload_slots;  // activation offloading's device slots (layout fills them)
   auto layout = [&](Carver& k) {
     s.resid.assign(size_t(L + 1), nullptr);
-    if (s.offloading) {  // resid[0 .. L-2] share the slots (resid[j] in slot j % kSlots), the rest their own
-      offload_slots.assign(size_t(ActivationOffload::slot_count(L - 1)), nullptr);
+    if (s.offloading) {  // the L + 1 share the two slots: resid[j] in slot j % kSlots
+      offload_slots.assign(size_t(ActivationOffload::slot_count(L + 1)), nullptr);
       for (auto& x : offload_slots) x = k.take<bf16_t>(N * C);
-      for (int64_t j = 0; j + 1 < L; ++j) s.resid[size_t(j)] = offload_slots[size_t(j % ActivationOffload::kSlots)];
-      for (int64_t j = std::max<int64_t>(L - 1, 0); j <= L; ++j) s.resid[size_t(j)] = k.take<bf16_t>(N * C);
+      for (int64_t j = 0; j <= L; ++j) s.resid[size_t(j)] = offload_slots[size_t(j % ActivationOffload::kSlots)];
     } else {
       for (auto& x : s.resid) x = k.take<bf16_t>(N * C);
     }
@@ -568,7 +580,6 @@ void Decoder::allocate(bool on_device) {
         a.rstd_down = k.take<float>(N);
       }
     }
-    s.final_normed = k.take<bf16_t>(N * C);
     s.final_rstd = k.take<float>(N);
     s.tokens = k.take<int32_t>(N);
     s.labels = k.take<int32_t>(N);
@@ -582,22 +593,39 @@ void Decoder::allocate(bool on_device) {
     s.dres = reinterpret_cast<bf16_t*>(s.dnormed);
     s.dln = s.dres + N * C;
     s.dtmp = k.take<bf16_t>(N * C);
+    s.final_normed = s.dtmp;  // the loss reads it; the backward writes dtmp only after the loss
     s.datt = k.take<bf16_t>(N * QD);
     s.dq = k.take<bf16_t>(N * QD);
     s.dk = k.take<bf16_t>(N * KD);
     s.dv = k.take<bf16_t>(N * KD);
     s.lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
-    s.attn_scratch = any_flash_attention ? k.take<float>(attention_backward_scratch_floats(ashape)) : nullptr;
-    s.attn_tc_scratch = any_tc_attention ? k.take<float>(flash_attention_tc_backward_scratch_floats(ashape)) : nullptr;
-    s.attn_gemm_scratch =
-        any_gemm_attention ? k.take<char>(int64_t(attention_gemm_scratch_bytes(ashape))) : nullptr;
-    s.ce_scratch = k.take<char>(int64_t(s.ce_scratch_bytes));
     s.ones = any_bias_grad ? k.take<bf16_t>(N) : nullptr;
-    s.nf4_weight = nf4_largest > 0 ? k.take<bf16_t>(nf4_largest) : nullptr;
-    s.dropped_x = setup_.lora_dropout > 0 && lora_in_largest > 0 ? k.take<bf16_t>(N * lora_in_largest) : nullptr;
-    s.dora_w = dora_weight_largest > 0 ? k.take<float>(dora_weight_largest) : nullptr;
-    s.dora_d = dora_weight_largest > 0 ? k.take<bf16_t>(N * dora_out_largest) : nullptr;
-    s.dora_p1 = dora_weight_largest > 0 && setup_.lora_dropout > 0 ? k.take<bf16_t>(N * dora_out_largest) : nullptr;
+    // Phase scratch: the fused loss's chunk (used by the loss, between the forward and the
+    // backward), the attention kernels' (inside one layer's attention) and the projections' (inside
+    // one linear_forward / linear_backward: the NF4 weight dequantised, LoRA dropout's x', DoRA's).
+    // One stream runs them one after another and none reads what another phase left, so the three
+    // overlay one region, as large as the largest of them.
+    auto phase_scratch = [&](Overlay& loss, Overlay& attention, Overlay& projection) {
+      s.ce_scratch = loss.take<char>(int64_t(s.ce_scratch_bytes));
+      s.attn_scratch =
+          any_flash_attention ? attention.take<float>(attention_backward_scratch_floats(ashape)) : nullptr;
+      s.attn_tc_scratch =
+          any_tc_attention ? attention.take<float>(flash_attention_tc_backward_scratch_floats(ashape)) : nullptr;
+      s.attn_gemm_scratch =
+          any_gemm_attention ? attention.take<char>(int64_t(attention_gemm_scratch_bytes(ashape))) : nullptr;
+      s.nf4_weight = nf4_largest > 0 ? projection.take<bf16_t>(nf4_largest) : nullptr;
+      s.dropped_x =
+          setup_.lora_dropout > 0 && lora_in_largest > 0 ? projection.take<bf16_t>(N * lora_in_largest) : nullptr;
+      s.dora_w = dora_weight_largest > 0 ? projection.take<float>(dora_weight_largest) : nullptr;
+      s.dora_d = dora_weight_largest > 0 ? projection.take<bf16_t>(N * dora_out_largest) : nullptr;
+      s.dora_p1 = dora_weight_largest > 0 && setup_.lora_dropout > 0 ? projection.take<bf16_t>(N * dora_out_largest)
+                                                                     : nullptr;
+    };
+    Overlay loss, attention, projection;  // sizes first
+    phase_scratch(loss, attention, projection);
+    char* phase = k.take<char>(int64_t(std::max({loss.bytes, attention.bytes, projection.bytes})));
+    Overlay loss_at{phase}, attention_at{phase}, projection_at{phase};
+    phase_scratch(loss_at, attention_at, projection_at);
   };
   Carver count;
   layout(count);
@@ -609,12 +637,12 @@ void Decoder::allocate(bool on_device) {
   plan_bytes_.optimizer = obytes;
   plan_bytes_.activations = count.bytes;
   plan_bytes_.loss_scratch = aligned(s.ce_scratch_bytes);
-  plan_bytes_.host_offload = s.offloading ? ActivationOffload::host_bytes(L - 1, N * C) : 0;
+  plan_bytes_.host_offload = s.offloading ? ActivationOffload::host_bytes(L + 1, N * C) : 0;
   if (!on_device) return;
   s.act_arena = std::make_unique<DeviceArena>("cuda decoder activations", count.bytes);
   Carver carve{s.act_arena.get()};
   layout(carve);
-  if (s.offloading && L > 1) s.offload.init(L - 1, N * C, offload_slots);
+  if (s.offloading) s.offload.init(L + 1, N * C, offload_slots);
   if (s.ones) {
     init_kernel<<<blocks_for(N, 256), 256>>>(dev(s.ones), N, 0, 0.0f, 1.0f);
     KTUNE_CUDA_CHECK_LAUNCH();
@@ -773,7 +801,8 @@ std::string Decoder::memory_report() const {
      << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations) << " (of which loss chunk "
      << gib(m.loss_scratch) << ", " << impl_->ce_chunk << " tokens"
      << (setup_.activation_checkpointing ? "; checkpointed: each layer's input kept, one layer's recomputed" : "")
-     << (setup_.activation_offloading ? "; offloaded: the layer inputs in two slots, the rest in pinned host memory" : "")
+     << (setup_.activation_offloading ? "; offloaded: the layer inputs in two slots, the rest in pinned host memory"
+                                       : "")
      << "), total " << gib(m.total());
   if (setup_.activation_offloading) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
   if (m.nf4_base > 0)
@@ -980,17 +1009,15 @@ void Decoder::Impl::upload_batch(const DecoderConfig& c, const int32_t* tokens_h
 
 void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
   const int64_t C = c.hidden_size, V = c.vocab_size, L = c.num_layers;
-  // Offloading: input j (resid[j], j < L - 1) claims its slot before it is written and is sent to
-  // the host (if a later input takes the slot) once it is.
-  const bool offloaded = offloading && offload.enabled();
-  if (offloaded) offload.claim(0);
+  // Offloading: input j (resid[j]) claims its slot before it is written and is sent to the host
+  // (if a later input takes the slot) once it is.
+  if (offloading) offload.claim(0);
   embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, flag.data());
-  if (offloaded) offload.stored(0, N * C, for_backward);
+  if (offloading) offload.stored(0, N * C, for_backward);
   for (int64_t l = 0; l < L; ++l) {
-    const bool next_offloaded = offloaded && l + 1 < offload.count();
-    if (next_offloaded) offload.claim(l + 1);
+    if (offloading) offload.claim(l + 1);
     layer_forward(c, l, resid[size_t(l)], resid[size_t(l) + 1], true);
-    if (next_offloaded) offload.stored(l + 1, N * C, for_backward);
+    if (offloading) offload.stored(l + 1, N * C, for_backward);
   }
   rmsnorm_forward(final_normed, final_rstd, resid[size_t(L)], P(final_norm).value, N, C, c.rms_norm_eps,
                   c.norm_weight_offset);
@@ -1087,13 +1114,14 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
   const DeviceParameter& fnorm = P(final_norm);
   if (!below[size_t(L)] && !fnorm.grad) return;
   convert_to_bf16(dtmp, dnormed, N * C);
+  if (offloading) offload.acquire(L);  // the final norm's input never left its slot
   rmsnorm_backward(dres, fnorm.grad, dtmp, resid[size_t(L)], fnorm.value, final_rstd, N, C, off);
   for (int64_t l = L - 1; l >= 0; --l) {
     if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
     // Offloading: input l back in its slot (its trip began a layer ago), and input l - 1's trip
     // begun now, behind this layer's work, if the loop goes on to layer l - 1.
-    if (offloading && l < offload.count()) offload.acquire(l);
-    if (offloading && l > 0 && l - 1 < offload.count() && below[size_t(l)]) offload.prefetch(l - 1, N * C);
+    if (offloading) offload.acquire(l);
+    if (offloading && l > 0 && below[size_t(l)]) offload.prefetch(l - 1, N * C);
     // Checkpointing: acts[l] again, from the layer's saved input, its output into dtmp (free here:
     // dres holds d y). The last layer's are still there from the forward (the loss and the final
     // norm's backward use scratch of their own).

@@ -52,8 +52,9 @@
 // kernels planned for it.
 //
 // Activation offloading (TrainingSetup::activation_offloading, with checkpointing): the kept layer
-// inputs but the last layer's go to pinned host memory and come back one layer ahead of the backward,
-// overlapping the compute on a stream of their own (activation_offload.h).
+// inputs (and the final norm's) share two device slots; those the forward overwrites go to pinned
+// host memory and come back one layer ahead of the backward, overlapping the compute on a stream of
+// their own (activation_offload.h).
 //
 // It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
 // gradient clipping or loading checkpoints (weights are random or
@@ -158,7 +159,7 @@ struct TrainingSetup {
   // Activation offloading (torchtune's enable_activation_offloading; needs activation_checkpointing):
   // the layer inputs that checkpointing keeps go to pinned host memory as the forward runs and come
   // back one layer ahead of the backward, on a copy stream of their own (model/cuda/activation_offload.h):
-  // two of them on the device instead of num_layers, the same gradients bit for bit.
+  // two (B, T, C) buffers on the device instead of num_layers + 1, the same gradients bit for bit.
   bool activation_offloading = false;
 };
 

@@ -1189,8 +1189,8 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingGivesTheSameGradients) {
 
 // ---- activation offloading ----
 
-// n layers (gemma2 keeps its alternate windows), so that offloading's two slots take turns: inputs
-// 0 .. n-2 are offloadable, 0 .. n-4 leave for the host and come back.
+// n layers (gemma2 keeps its alternate windows). Offloading's two slots take the n + 1 inputs in
+// turn (the layers' and the final norm's): inputs 0 .. n-2 leave for the host and come back.
 cuda::DecoderConfig with_layers(cuda::DecoderConfig c, int64_t n) {
   c.num_layers = n;
   if (!c.sliding_window.empty()) {
@@ -1259,8 +1259,8 @@ KTUNE_CUDA_TEST(DecoderActivationOffloadingGivesTheSameGradients) {
   qdora.lora_dropout = 0.1f, qdora.lora_seed = 3, qdora.use_dora = true;
   check_offloading("qwen2 qlora+dora dropout 0.1, 4 layers", with_layers(tiny_qwen2_config(false), 4), qdora, "late",
                    false, 5);
-  check_offloading("llama lora all, 2 layers (nothing leaves)", tiny_config(true), family_setup(false, kAllProjections),
-                   "late");
+  check_offloading("llama lora all, 1 layer (nothing leaves)", with_layers(tiny_config(true), 1),
+                   family_setup(false, kAllProjections), "late");
   cuda::TrainingSetup no_ac = family_setup(false, kAllProjections);
   no_ac.activation_offloading = true;
   bool refused = false;
@@ -1319,16 +1319,15 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
     CHECK(plain.parameters == checkpointed.parameters && plain.gradients == checkpointed.gradients &&
           plain.optimizer == checkpointed.optimizer && plain.loss_scratch == checkpointed.loss_scratch)
         << shape.what << ": checkpointing changed more than the activations";
-    // Offloading: of the L + 1 residual buffers, two slots and the last two remain on the device;
-    // the L - 1 offloadable inputs but the last two (never overwritten) have pinned host memory.
+    // Offloading: the L + 1 residual buffers become two slots; the inputs but the last two (never
+    // overwritten) have pinned host memory.
     cuda::TrainingSetup offload = ac;
     offload.activation_offloading = true;
     const cuda::Decoder::MemoryPlan offloaded = cuda::Decoder::plan(shape.config, offload);
     const int64_t L = shape.config.num_layers, N = shape.setup.batch * shape.setup.seq_len;
     const size_t resid_bytes = (size_t(N * shape.config.hidden_size) * 2 + 255) / 256 * 256;
-    const int64_t kept = std::min<int64_t>(L - 1, 2) + 2;
-    CHECK(checkpointed.activations - offloaded.activations == size_t(L + 1 - kept) * resid_bytes &&
-          offloaded.host_offload == size_t(std::max<int64_t>(L - 3, 0) * N * shape.config.hidden_size) * 2 &&
+    CHECK(checkpointed.activations - offloaded.activations == size_t(L + 1 - 2) * resid_bytes &&
+          offloaded.host_offload == size_t((L - 1) * N * shape.config.hidden_size) * 2 &&
           checkpointed.host_offload == 0)
         << shape.what << ": offloading planned activations " << offloaded.activations << " (checkpointed "
         << checkpointed.activations << "), host " << offloaded.host_offload;
