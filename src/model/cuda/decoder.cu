@@ -42,6 +42,7 @@ namespace {
 
 constexpr size_t kAlign = 256;  // DeviceArena's slice alignment
 constexpr int64_t kDefaultLossChunkTokens = 512;  // TrainingSetup::ce_chunk_tokens = 0
+constexpr int64_t kDefaultMlpChunkTokens = 2048;  // TrainingSetup::mlp_chunk_tokens = 0
 size_t aligned(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; }
 
 // Carves typed slices out of an arena, or (arena == nullptr) only adds up their aligned bytes.
@@ -125,6 +126,7 @@ struct LinearRef {
   const float* nf4_scales = nullptr;
   float dropout = 0;          // > 0: the adapter reads dropout(x) (this pass trains and LoRA dropout is on)
   uint64_t dropout_seed = 0;  // lora_dropout_seed(lora_seed, key, module) for this pass
+  int64_t dropout_first = 0;  // the mask index of x's first element (a slice of rows: first row * in)
   // DoRA (use_dora): the magnitude m (out) and its gradient; what the forward saves for the backward:
   // pre (N, out), the row norms of W + s B A and c = m / norm (out, f32).
   const bf16_t* m = nullptr;
@@ -132,6 +134,20 @@ struct LinearRef {
   bf16_t* pre = nullptr;
   float *norm = nullptr, *c = nullptr;
 };
+
+// w for the rows of x from `first` on (a slice of the micro-batch): DoRA's saved pre-activations and
+// LoRA dropout's mask indices move with the rows.
+LinearRef rows_from(LinearRef w, int64_t first) {
+  if (w.pre) w.pre += first * w.out;
+  w.dropout_first = first * w.in;
+  return w;
+}
+
+// p + n, or nullptr for nullptr (an optional buffer, offset to a slice of rows).
+template <typename T>
+T* offset(T* p, int64_t n) {
+  return p ? p + n : nullptr;
+}
 
 // Quantises x (p.numel) on the host into p's NF4 codes and scales on the device.
 void upload_nf4(const DeviceParameter& p, const float* x) {
@@ -256,6 +272,11 @@ struct Decoder::Impl {
   bool dropping = false;  // this pass applies LoRA dropout (forward_backward with lora_dropout > 0)
   bool checkpointing = false;  // TrainingSetup::activation_checkpointing: acts[l] all alias one layer's
   bool offloading = false;     // TrainingSetup::activation_offloading: resid[0 .. L] in offload's slots
+  // The MLP's rows at a time: with checkpointing, chunks of mlp_rows tokens (gate, up and act hold
+  // one chunk, (mlp_rows, I); the backward runs each chunk's forward again just before its
+  // backward); without, all N at once (mlp_chunked false, mlp_rows = N).
+  bool mlp_chunked = false;
+  int64_t mlp_rows = 0;
   float* attn_scratch = nullptr;     // kFlash: the backward's rowsums
   float* attn_tc_scratch = nullptr;  // kTensorCore: the backward's delta and f32 dq
   void* attn_gemm_scratch = nullptr;  // kGemm: one head's scores, both directions
@@ -304,12 +325,28 @@ struct Decoder::Impl {
   // embedding .. final norm, saving what the backward reads; for_backward false (forward_loss): no
   // layer input is offloaded, nothing will read them
   void forward(const DecoderConfig& c, bool for_backward);
-  // Layer l from resid[l] to resid[l + 1], saving into acts[l]; timed: marks the attention's events.
+  // Layer l from x_in to x_out, saving into acts[l]; timed: marks the attention's events. Its two
+  // halves: attention_half (x_in .. x_mid and ln2) and mlp_forward (ln2 .. x_out, mlp_rows at a time).
   void layer_forward(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bf16_t* x_out, bool timed);
+  void attention_half(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bool timed);
+  void mlp_forward(const DecoderConfig& c, int64_t l, bf16_t* x_out);
+  // Rows [first, first + rows) of the MLP: gate, up and act (their first `rows` rows) and x_out's rows.
+  void mlp_rows_forward(const DecoderConfig& c, int64_t l, int64_t first, int64_t rows, bf16_t* x_out);
+  // Rows [first, first + rows) of the MLP's backward, dres's rows to dln's, the weight gradients
+  // accumulated; chunked, the rows' forward is run again first (into dln's rows, overwritten after).
+  void mlp_rows_backward(const DecoderConfig& c, int64_t l, int64_t first, int64_t rows);
   StepResult loss(const DecoderConfig& c, float grad_scale, bool backward);
   void backward(const DecoderConfig& c);  // from dnormed (the loss's gradient) down to the embedding
   std::vector<bool> attention_backward_ran;  // per layer, for the profile
   void finish_step(const DecoderConfig& c, bool with_backward, Decoder::StepProfile* profile);
+
+  // N set to a slice's rows while the linear ops (which run on N rows) work on it; restored after.
+  struct RowScope {
+    Impl& impl;
+    int64_t saved;
+    RowScope(Impl& s, int64_t rows) : impl(s), saved(s.N) { s.N = rows; }
+    ~RowScope() { impl.N = saved; }
+  };
 
   // bias (Nn) in C's dtype, added to every row by cuBLASLt's epilogue; nullptr: none
   void mm(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, float alpha, const bf16_t* A, const bf16_t* Bm,
@@ -490,6 +527,10 @@ void Decoder::allocate(bool on_device) {
   s.B = setup_.batch;
   s.T = s.T_max = setup_.seq_len;
   s.N = s.B * s.T;
+  s.mlp_chunked = setup_.activation_checkpointing;
+  s.mlp_rows = s.mlp_chunked ? std::min(s.N, setup_.mlp_chunk_tokens > 0 ? setup_.mlp_chunk_tokens
+                                                                          : kDefaultMlpChunkTokens)
+                             : s.N;
   const int64_t N = s.N;
   s.ce_chunk = setup_.ce_chunk_tokens > 0 ? setup_.ce_chunk_tokens : kDefaultLossChunkTokens;
   if (s.ce_chunk > 128) s.ce_chunk = s.ce_chunk / 128 * 128;
@@ -562,9 +603,9 @@ void Decoder::allocate(bool on_device) {
       a.x_mid = k.take<bf16_t>(N * C);
       a.ln2 = k.take<bf16_t>(N * C);
       a.rstd2 = k.take<float>(N);
-      a.gate = k.take<bf16_t>(N * I);
-      a.up = k.take<bf16_t>(N * I);
-      a.act = k.take<bf16_t>(N * I);
+      a.gate = k.take<bf16_t>(s.mlp_rows * I);  // (mlp_rows, I): all N rows unless checkpointing chunks them
+      a.up = k.take<bf16_t>(s.mlp_rows * I);
+      a.act = k.take<bf16_t>(s.mlp_rows * I);
       for (int p = 0; p < kNumProjections; ++p)
         a.xa[p] = s.layers[size_t(l)].proj[p].lora_a >= 0 ? k.take<bf16_t>(N * r) : nullptr;
       for (Impl::Linear& lin : s.layers[size_t(l)].proj) {
@@ -800,7 +841,10 @@ std::string Decoder::memory_report() const {
   os << "planned device memory: parameters " << gib(m.parameters) << ", gradients " << gib(m.gradients)
      << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations) << " (of which loss chunk "
      << gib(m.loss_scratch) << ", " << impl_->ce_chunk << " tokens"
-     << (setup_.activation_checkpointing ? "; checkpointed: each layer's input kept, one layer's recomputed" : "")
+     << (setup_.activation_checkpointing
+             ? "; checkpointed: each layer's input kept, one layer's recomputed, the MLP " +
+                   std::to_string(impl_->mlp_rows) + " tokens at a time"
+             : std::string())
      << (setup_.activation_offloading ? "; offloaded: the layer inputs in two slots, the rest in pinned host memory"
                                        : "")
      << "), total " << gib(m.total());
@@ -870,7 +914,7 @@ void Decoder::Impl::linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& 
   if (w.a) {
     const bf16_t* xd = x;
     if (w.dropout > 0) {
-      lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);
+      lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);
       xd = dropped_x;
     }
     mm(false, true, N, w.r, w.in, 1.0f, xd, w.a, 0.0f, xa, DType::BF16);
@@ -892,7 +936,7 @@ void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* d
   if (w.a) {
     mm(true, false, w.out, w.r, N, w.scale, dy, xa, 1.0f, w.db, DType::F32);
     mm(false, false, N, w.r, w.out, w.scale, dy, w.b, 0.0f, lora_g, DType::BF16);
-    if (w.dropout > 0) lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);  // x' again
+    if (w.dropout > 0) lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);  // x' again
     mm(true, false, w.r, w.in, N, 1.0f, lora_g, w.dropout > 0 ? dropped_x : x, 1.0f, w.da, DType::F32);
   }
   if (!dx) return;  // x is read no more
@@ -900,7 +944,7 @@ void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* d
   if (!w.a) return;
   if (w.dropout > 0) {
     mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 0.0f, dropped_x, DType::BF16);  // d x' = g A
-    lora_dropout_backward_add(dx, dropped_x, N * w.in, w.dropout_seed, w.dropout);
+    lora_dropout_backward_add(dx, dropped_x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);
   } else {
     mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, dx, DType::BF16);
   }
@@ -922,7 +966,7 @@ void Decoder::Impl::dora_forward(bf16_t* y, const bf16_t* x, const LinearRef& w,
   dora_norms(w, weight);
   const bf16_t* xd = x;
   if (w.dropout > 0) {
-    lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);
+    lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);
     xd = dropped_x;
   }
   mm(false, true, N, w.r, w.in, 1.0f, xd, w.a, 0.0f, xa, DType::BF16);
@@ -951,7 +995,7 @@ void Decoder::Impl::dora_backward(bf16_t* dx, bool accumulate, const bf16_t* dy,
   dora_magnitude_grad(w.dm, dy, w.pre, w.norm, N, w.out);
   mm(true, false, w.out, w.r, N, w.scale, dora_d, xa, 1.0f, w.db, DType::F32);      // dB += s d^T xa
   mm(false, false, N, w.r, w.out, w.scale, dora_d, w.b, 0.0f, lora_g, DType::BF16);  // g = s d B
-  if (w.dropout > 0) lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout);  // x' again
+  if (w.dropout > 0) lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);  // x' again
   mm(true, false, w.r, w.in, N, 1.0f, lora_g, w.dropout > 0 ? dropped_x : x, 1.0f, w.da, DType::F32);
   if (!dx) return;  // x is read no more
   mm(false, false, N, w.in, w.out, 1.0f, w.dropout > 0 ? dy : dora_d, weight, accumulate ? 1.0f : 0.0f, dx,
@@ -963,7 +1007,7 @@ void Decoder::Impl::dora_backward(bf16_t* dx, bool accumulate, const bf16_t* dy,
   mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 0.0f, dropped_x, DType::BF16);  // d x' = g A
   dora_scale_columns(dora_d, dy, w.c, -1.0f, N, w.out);                             //   + ((c − 1) ⊙ dy) W
   mm(false, false, N, w.in, w.out, 1.0f, dora_d, weight, 1.0f, dropped_x, DType::BF16);
-  lora_dropout_backward_add(dx, dropped_x, N * w.in, w.dropout_seed, w.dropout);
+  lora_dropout_backward_add(dx, dropped_x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);
 }
 
 void Decoder::Impl::set_seq_len(int64_t seq_len) {
@@ -1023,17 +1067,23 @@ void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
                   c.norm_weight_offset);
 }
 
-// Layer l from x_in to x_out, saving into acts[l]. With activation checkpointing the backward calls
-// this again for layer l (timed = false): the same kernels on the same input and parameters, the
-// dropout masks from the same key, so acts[l] holds what the first forward saved there, bit for
-// bit; x_out is then scratch (the backward no longer reads the next layer's input, whose offload
+// Layer l from x_in to x_out, saving into acts[l]. With activation checkpointing the backward runs
+// both halves again for layer l (attention_half with timed = false, the MLP a chunk of rows at a
+// time in mlp_rows_backward): the same kernels on the same input and parameters, the dropout masks
+// from the same key, so acts[l] holds what the first forward saved there, bit for bit; the MLP's
+// output rows then go to scratch (the backward no longer reads the next layer's input, whose offload
 // slot may be taking another layer's input back by then).
 void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bf16_t* x_out, bool timed) {
-  const int64_t C = c.hidden_size, I = c.intermediate_size;
+  attention_half(c, l, x_in, timed);
+  mlp_forward(c, l, x_out);
+}
+
+// x_in .. h (x_mid) = x + [post_attn_norm](o(attention(...))), then ln2 = norm2(h).
+void Decoder::Impl::attention_half(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bool timed) {
+  const int64_t C = c.hidden_size;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), rope_rows, D};
   const float eps = c.rms_norm_eps, off = c.norm_weight_offset;
-  const bool sandwich = c.sandwich_norms;
   const Layer& layer = layers[size_t(l)];
   const Acts& a = acts[size_t(l)];
   rmsnorm_forward(a.ln1, a.rstd1, x_in, P(layer.norm_attn).value, N, C, eps, off);
@@ -1050,7 +1100,7 @@ void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, const bf16_
   else
     attention_forward(a.att, a.lse, a.q, a.k, a.v, step_docs, step_bounds, layer.attention);
   if (timed) mark(attn_event(l, 1));
-  if (sandwich) {  // h = x + post_attn_norm(o(att))
+  if (c.sandwich_norms) {  // h = x + post_attn_norm(o(att))
     linear_forward(a.o, a.att, lin(layer.proj[kO]), a.xa[kO], 0.0f);
     rmsnorm_forward(a.x_mid, a.rstd_o, a.o, P(layer.norm_attn_out).value, N, C, eps, off);
     add_inplace(a.x_mid, x_in, N * C);
@@ -1059,18 +1109,70 @@ void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, const bf16_
     linear_forward(a.x_mid, a.att, lin(layer.proj[kO]), a.xa[kO], 1.0f);
   }
   rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, P(layer.norm_mlp).value, N, C, eps, off);
-  linear_forward(a.gate, a.ln2, lin(layer.proj[kGate]), a.xa[kGate], 0.0f);
-  linear_forward(a.up, a.ln2, lin(layer.proj[kUp]), a.xa[kUp], 0.0f);
-  if (c.activation == DecoderConfig::Activation::kSiLU) swiglu_forward(a.act, a.gate, a.up, N * I);
-  else geglu_tanh_forward(a.act, a.gate, a.up, N * I);
-  if (sandwich) {  // y = h + post_ff_norm(mlp)
-    linear_forward(a.down, a.act, lin(layer.proj[kDown]), a.xa[kDown], 0.0f);
-    rmsnorm_forward(x_out, a.rstd_down, a.down, P(layer.norm_mlp_out).value, N, C, eps, off);
-    add_inplace(x_out, a.x_mid, N * C);
+}
+
+// y = h + [post_ff_norm](down(act(gate(ln2)) * up(ln2))), mlp_rows rows at a time.
+void Decoder::Impl::mlp_forward(const DecoderConfig& c, int64_t l, bf16_t* x_out) {
+  const int64_t chunk = mlp_chunked ? mlp_rows : N;
+  for (int64_t first = 0; first < N; first += chunk) mlp_rows_forward(c, l, first, std::min(chunk, N - first), x_out);
+}
+
+void Decoder::Impl::mlp_rows_forward(const DecoderConfig& c, int64_t l, int64_t first, int64_t rows, bf16_t* x_out) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size, r = lora_rank;
+  const float eps = c.rms_norm_eps, off = c.norm_weight_offset;
+  const Layer& layer = layers[size_t(l)];
+  const Acts& a = acts[size_t(l)];
+  const RowScope scope(*this, rows);
+  const bf16_t* ln2 = a.ln2 + first * C;  // (rows, C)
+  bf16_t* y = x_out + first * C;          // (rows, C)
+  const bf16_t* h = a.x_mid + first * C;  // (rows, C)
+  linear_forward(a.gate, ln2, rows_from(lin(layer.proj[kGate]), first), offset(a.xa[kGate], first * r), 0.0f);
+  linear_forward(a.up, ln2, rows_from(lin(layer.proj[kUp]), first), offset(a.xa[kUp], first * r), 0.0f);
+  if (c.activation == DecoderConfig::Activation::kSiLU) swiglu_forward(a.act, a.gate, a.up, rows * I);
+  else geglu_tanh_forward(a.act, a.gate, a.up, rows * I);
+  const LinearRef down = rows_from(lin(layer.proj[kDown]), first);
+  if (c.sandwich_norms) {  // y = h + post_ff_norm(mlp)
+    bf16_t* d = a.down + first * C;
+    linear_forward(d, a.act, down, offset(a.xa[kDown], first * r), 0.0f);
+    rmsnorm_forward(y, a.rstd_down + first, d, P(layer.norm_mlp_out).value, rows, C, eps, off);
+    add_inplace(y, h, rows * C);
   } else {
-    KTUNE_CUDA_CHECK(cudaMemcpyAsync(x_out, a.x_mid, size_t(N * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
-    linear_forward(x_out, a.act, lin(layer.proj[kDown]), a.xa[kDown], 1.0f);  // y = h + mlp
+    KTUNE_CUDA_CHECK(cudaMemcpyAsync(y, h, size_t(rows * C) * 2, cudaMemcpyDeviceToDevice, nullptr));
+    linear_forward(y, a.act, down, offset(a.xa[kDown], first * r), 1.0f);  // y = h + mlp
   }
+}
+
+// d act over act, then d gate and d up over gate and up: nothing reads them after this in the step
+// (the next forward, or checkpointing's recompute, writes them again), and linear_backward reads
+// its x before it writes dx: 3 (rows, I) bf16 buffers fewer.
+void Decoder::Impl::mlp_rows_backward(const DecoderConfig& c, int64_t l, int64_t first, int64_t rows) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size, r = lora_rank;
+  const float off = c.norm_weight_offset;
+  const Layer& layer = layers[size_t(l)];
+  const Acts& a = acts[size_t(l)];
+  // Chunked: these rows' gate, up, act (and LoRA's x A^T, DoRA's pre-activations, the post-ff norm's
+  // input) again; their output goes into dln's rows, which this chunk's backward writes last.
+  if (mlp_chunked) mlp_rows_forward(c, l, first, rows, dln);
+  const RowScope scope(*this, rows);
+  const bf16_t* dy = dres + first * C;  // (rows, C)
+  bf16_t* dln_rows = dln + first * C;
+  const bf16_t* ln2 = a.ln2 + first * C;
+  if (c.sandwich_norms) {  // dtmp's rows = d down, read by down's backward before anything rewrites them
+    bf16_t* d_down = dtmp + first * C;
+    rmsnorm_backward(d_down, P(layer.norm_mlp_out).grad, dy, a.down + first * C, P(layer.norm_mlp_out).value,
+                     a.rstd_down + first, rows, C, off);
+    dy = d_down;
+  }
+  bf16_t* dact = a.act;
+  linear_backward(dact, false, dy, a.act, rows_from(lin(layer.proj[kDown]), first), offset(a.xa[kDown], first * r));
+  bf16_t* dgate = a.gate;
+  bf16_t* dup = a.up;
+  if (c.activation == DecoderConfig::Activation::kSiLU)
+    swiglu_backward(dgate, dup, dact, a.gate, a.up, rows * I);
+  else
+    geglu_tanh_backward(dgate, dup, dact, a.gate, a.up, rows * I);
+  linear_backward(dln_rows, false, dgate, ln2, rows_from(lin(layer.proj[kGate]), first), offset(a.xa[kGate], first * r));
+  linear_backward(dln_rows, true, dup, ln2, rows_from(lin(layer.proj[kUp]), first), offset(a.xa[kUp], first * r));
 }
 
 // The output projection fused with cross-entropy over final_normed. backward: dnormed (N, C) f32
@@ -1088,7 +1190,7 @@ StepResult Decoder::Impl::loss(const DecoderConfig& c, float grad_scale, bool ba
 }
 
 void Decoder::Impl::backward(const DecoderConfig& c) {
-  const int64_t C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.num_layers;
+  const int64_t C = c.hidden_size, V = c.vocab_size, L = c.num_layers;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), rope_rows, D};
   const float off = c.norm_weight_offset;
@@ -1122,33 +1224,16 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
     // begun now, behind this layer's work, if the loop goes on to layer l - 1.
     if (offloading) offload.acquire(l);
     if (offloading && l > 0 && below[size_t(l)]) offload.prefetch(l - 1, N * C);
-    // Checkpointing: acts[l] again, from the layer's saved input, its output into dtmp (free here:
-    // dres holds d y). The last layer's are still there from the forward (the loss and the final
-    // norm's backward use scratch of their own).
-    if (checkpointing && l < L - 1) layer_forward(c, l, resid[size_t(l)], dtmp, false);
+    // Checkpointing: the layer's attention half again, from its saved input (the MLP runs again
+    // chunk by chunk in mlp_rows_backward). The last layer's is still there from the forward (the
+    // loss and the final norm's backward use scratch of their own).
+    if (checkpointing && l < L - 1) attention_half(c, l, resid[size_t(l)], false);
     const Layer& layer = layers[size_t(l)];
     const Acts& a = acts[size_t(l)];
     const bf16_t* x_in = resid[size_t(l)];
-    // Undo y = h + [post_ff_norm](down(act(gate(n)) * up(n))), n = norm2(h)
-    const bf16_t* dy_down = dres;
-    if (sandwich) {  // dtmp = d down, read by down's backward before anything rewrites dtmp
-      rmsnorm_backward(dtmp, P(layer.norm_mlp_out).grad, dres, a.down, P(layer.norm_mlp_out).value, a.rstd_down, N,
-                       C, off);
-      dy_down = dtmp;
-    }
-    // d act over act, then d gate and d up over gate and up: nothing reads them after this in the
-    // step (the next forward, or checkpointing's recompute, writes them again), and linear_backward
-    // reads its x before it writes dx: 3 (N, I) bf16 buffers fewer.
-    bf16_t* dact = a.act;
-    linear_backward(dact, false, dy_down, a.act, lin(layer.proj[kDown]), a.xa[kDown]);
-    bf16_t* dgate = a.gate;
-    bf16_t* dup = a.up;
-    if (c.activation == DecoderConfig::Activation::kSiLU)
-      swiglu_backward(dgate, dup, dact, a.gate, a.up, N * I);
-    else
-      geglu_tanh_backward(dgate, dup, dact, a.gate, a.up, N * I);
-    linear_backward(dln, false, dgate, a.ln2, lin(layer.proj[kGate]), a.xa[kGate]);
-    linear_backward(dln, true, dup, a.ln2, lin(layer.proj[kUp]), a.xa[kUp]);
+    // Undo y = h + [post_ff_norm](down(act(gate(n)) * up(n))), n = norm2(h): dln = d n, then d h.
+    const int64_t chunk = mlp_chunked ? mlp_rows : N;
+    for (int64_t first = 0; first < N; first += chunk) mlp_rows_backward(c, l, first, std::min(chunk, N - first));
     rmsnorm_backward(dtmp, P(layer.norm_mlp).grad, dln, a.x_mid, P(layer.norm_mlp).value, a.rstd2, N, C, off);
     add_inplace(dres, dtmp, N * C);  // dres = d h
     // Undo h = x + [post_attn_norm](o(attention(rope(q(n)), rope(k(n)), v(n)))), n = norm1(x)

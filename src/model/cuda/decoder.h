@@ -156,6 +156,12 @@ struct TrainingSetup {
   // only and recompute the layer's forward, into one layer's scratch, just before its backward. The
   // same gradients for one more forward's time (about a third more per step).
   bool activation_checkpointing = false;
+  // With activation checkpointing the MLP runs over chunks of this many tokens (0: 2048), forward and
+  // backward: gate, up and their activation are planned for one chunk ((chunk, intermediate) each,
+  // not (batch * seq_len, intermediate)), and the backward runs each chunk's MLP forward again just
+  // before its backward. The weight gradients sum over the chunks (the same gradients up to the
+  // order of f32 additions). Without checkpointing it has no effect (every layer keeps all rows).
+  int64_t mlp_chunk_tokens = 0;
   // Activation offloading (torchtune's enable_activation_offloading; needs activation_checkpointing):
   // the layer inputs that checkpointing keeps go to pinned host memory as the forward runs and come
   // back one layer ahead of the backward, on a copy stream of their own (model/cuda/activation_offload.h):

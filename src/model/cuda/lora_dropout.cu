@@ -21,17 +21,17 @@ __global__ void mask_kernel(uint8_t* keep, int64_t n, uint64_t seed, float p) {
 }
 
 __global__ void forward_kernel(__nv_bfloat16* xd, const __nv_bfloat16* x, int64_t n, uint64_t seed, float p,
-                               float keep_scale) {
+                               float keep_scale, int64_t first) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  xd[i] = dropped(seed, uint64_t(i), p) ? __float2bfloat16_rn(0.0f)
+  xd[i] = dropped(seed, uint64_t(first + i), p) ? __float2bfloat16_rn(0.0f)
                                         : __float2bfloat16_rn(__bfloat162float(x[i]) * keep_scale);
 }
 
 __global__ void backward_add_kernel(__nv_bfloat16* dx, const __nv_bfloat16* d, int64_t n, uint64_t seed, float p,
-                                    float keep_scale) {
+                                    float keep_scale, int64_t first) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n || dropped(seed, uint64_t(i), p)) return;
+  if (i >= n || dropped(seed, uint64_t(first + i), p)) return;
   dx[i] = __float2bfloat16_rn(__bfloat162float(dx[i]) + __bfloat162float(d[i]) * keep_scale);
 }
 
@@ -47,15 +47,18 @@ void lora_dropout_mask(uint8_t* keep, int64_t n, uint64_t seed, float p, Stream 
   KTUNE_CUDA_CHECK_LAUNCH();
 }
 
-void lora_dropout_forward(bf16_t* xd, const bf16_t* x, int64_t n, uint64_t seed, float p, Stream stream) {
+void lora_dropout_forward(bf16_t* xd, const bf16_t* x, int64_t n, uint64_t seed, float p, int64_t first,
+                          Stream stream) {
   if (n == 0) return;
-  forward_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dev(xd), dev(x), n, seed, p, 1.0f / (1.0f - p));
+  forward_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dev(xd), dev(x), n, seed, p, 1.0f / (1.0f - p), first);
   KTUNE_CUDA_CHECK_LAUNCH();
 }
 
-void lora_dropout_backward_add(bf16_t* dx, const bf16_t* d, int64_t n, uint64_t seed, float p, Stream stream) {
+void lora_dropout_backward_add(bf16_t* dx, const bf16_t* d, int64_t n, uint64_t seed, float p, int64_t first,
+                               Stream stream) {
   if (n == 0) return;
-  backward_add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dev(dx), dev(d), n, seed, p, 1.0f / (1.0f - p));
+  backward_add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dev(dx), dev(d), n, seed, p, 1.0f / (1.0f - p),
+                                                              first);
   KTUNE_CUDA_CHECK_LAUNCH();
 }
 

@@ -23,10 +23,12 @@ uint64_t lora_dropout_seed(uint64_t lora_seed, uint64_t key, const std::string& 
 
 // keep (n) = 1 where element i is kept, 0 where dropped (the tests compare it with the CPU's).
 void lora_dropout_mask(uint8_t* keep, int64_t n, uint64_t seed, float p, Stream stream = nullptr);
-// xd (n) = dropped ? 0 : x * 1/(1 - p), rounded to bf16.
-void lora_dropout_forward(bf16_t* xd, const bf16_t* x, int64_t n, uint64_t seed, float p, Stream stream = nullptr);
+// xd (n) = dropped ? 0 : x * 1/(1 - p), rounded to bf16. first: the index of x[0] in the whole input
+// (a slice of rows starting at row r of an (N, in) input: r * in), so a slice gets its rows' masks.
+void lora_dropout_forward(bf16_t* xd, const bf16_t* x, int64_t n, uint64_t seed, float p, int64_t first = 0,
+                          Stream stream = nullptr);
 // Undoes it for the input: dx (n) += dropped ? 0 : d * 1/(1 - p) (added in f32, rounded to bf16 once).
-void lora_dropout_backward_add(bf16_t* dx, const bf16_t* d, int64_t n, uint64_t seed, float p,
+void lora_dropout_backward_add(bf16_t* dx, const bf16_t* d, int64_t n, uint64_t seed, float p, int64_t first = 0,
                                Stream stream = nullptr);
 
 }  // namespace ktune::cuda

@@ -888,6 +888,13 @@ KTUNE_CUDA_TEST(LoraDropoutMasksMatchTheCpuAdapter) {
           }
           CHECK(bad_forward == 0) << what << ": " << bad_forward << " elements of dropout(x) differ";
           CHECK(bad_backward == 0) << what << ": " << bad_backward << " elements of the masked gradient add differ";
+          // A slice from element `first` on, told its first index, draws the whole input's masks there.
+          const int64_t first = n / 3, rest = n - first;
+          cuda::DeviceBuffer d_slice{size_t(std::max<int64_t>(rest, 1)) * 2};
+          cuda::lora_dropout_forward(d_slice.as<bf16_t>(), d_x.as<bf16_t>() + first, rest, seed, p, first);
+          const std::vector<float> slice = cuda_test::from_bf16(cuda_test::from_device<bf16_t>(d_slice, size_t(rest)));
+          CHECK(std::equal(slice.begin(), slice.end(), xd.begin() + first))
+              << what << ": dropout of a slice from element " << first << " differs from the whole's";
           ++cases;
         }
 }
@@ -1187,6 +1194,54 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingGivesTheSameGradients) {
   check_checkpointing("head_dim 64 lora [tensor-core attention]", three_layers(tiny_head_dim64_config(true)), tc);
 }
 
+// ---- the MLP in chunks of rows (checkpointing) ----
+
+// The same step with checkpointing and the MLP in chunks of `chunk` tokens against the step without
+// checkpointing, on the same weights, batch and dropout key: every row's arithmetic is the same
+// (LoRA dropout's masks and DoRA's pre-activations follow the rows), only the weight gradients sum
+// over the chunks, so they agree to f32 rounding (expect_same_step's 1e-6 relative floor). Then a
+// step shorter than the plan (its last chunk partial another way) against the unchunked decoder's.
+void check_mlp_chunks(const std::string& what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup,
+                      int64_t chunk, uint64_t dropout_key = 0) {
+  setup.activation_checkpointing = false;
+  cuda::Decoder plain(config, setup, 7);
+  setup.activation_checkpointing = true;
+  setup.mlp_chunk_tokens = chunk;
+  cuda::Decoder chunked(config, setup, 7);
+  same_weights({&plain, &chunked}, dropout_key);
+  std::vector<int32_t> tokens, labels;
+  batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+  const StepGradients want = step_gradients(plain, tokens, labels, 0.01f);
+  const StepGradients again = step_gradients(plain, tokens, labels, 0.01f);
+  expect_same_step(what + ", MLP in chunks of " + std::to_string(chunk) + " against unchunked", want, again,
+                   step_gradients(chunked, tokens, labels, 0.01f));
+  const int64_t t = setup.seq_len - 9;
+  const std::vector<int32_t> short_tokens(tokens.begin(), tokens.begin() + setup.batch * t),
+      short_labels(labels.begin(), labels.begin() + setup.batch * t);
+  plain.zero_grad();
+  chunked.zero_grad();
+  const cuda::StepResult a = plain.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
+  const cuda::StepResult b = chunked.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
+  CHECK(std::fabs(a.loss_sum - b.loss_sum) <= 1e-6 * std::fabs(a.loss_sum))
+      << what << ": a step of seq_len " << t << ": loss " << b.loss_sum << " vs " << a.loss_sum;
+  for (auto& p : chunked.parameters()) {
+    if (!p.grad) continue;
+    CHECK(relative_error(chunked.download_grad(p.name), plain.download_grad(p.name)) <= 1e-6)
+        << what << ": a step of seq_len " << t << ": the gradient of " << p.name << " differs";
+  }
+}
+
+KTUNE_CUDA_TEST(DecoderMlpInChunksGivesTheSameGradients) {
+  cuda::TrainingSetup lora = family_setup(false, kAllProjections);
+  lora.lora_dropout = 0.1f, lora.lora_seed = 3;
+  check_mlp_chunks("llama lora all dropout 0.1", three_layers(tiny_config(true)), lora, 24, 11);
+  check_mlp_chunks("llama full untied", three_layers(tiny_config(false)), family_setup(true), 32);
+  cuda::TrainingSetup qdora = qlora_setup(kAllButKey);
+  qdora.lora_dropout = 0.1f, qdora.lora_seed = 3, qdora.use_dora = true;
+  check_mlp_chunks("qwen2 qlora+dora dropout 0.1", three_layers(tiny_qwen2_config(false)), qdora, 17, 5);
+  check_mlp_chunks("gemma2 lora all", three_layers(tiny_gemma2_config()), family_setup(false, kAllProjections), 40);
+}
+
 // ---- activation offloading ----
 
 // n layers (gemma2 keeps its alternate windows). Offloading's two slots take the n + 1 inputs in
@@ -1237,10 +1292,11 @@ void check_offloading(const std::string& what, const cuda::DecoderConfig& config
   const cuda::StepResult short_got = offloaded.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
   CHECK(short_got.loss_sum == short_want.loss_sum && short_got.n_valid == short_want.n_valid)
       << tag << ": a step of seq_len " << t << ": loss " << short_got.loss_sum << " vs " << short_want.loss_sum;
-  for (auto& p : offloaded.parameters())
-    if (p.grad)
-      CHECK(relative_error(offloaded.download_grad(p.name), checkpointed.download_grad(p.name)) <= 1e-6)
-          << tag << ": a step of seq_len " << t << ": the gradient of " << p.name << " differs";
+  for (auto& p : offloaded.parameters()) {
+    if (!p.grad) continue;
+    CHECK(relative_error(offloaded.download_grad(p.name), checkpointed.download_grad(p.name)) <= 1e-6)
+        << tag << ": a step of seq_len " << t << ": the gradient of " << p.name << " differs";
+  }
   std::vector<int32_t> tokens2 = tokens;  // another batch: the host copies of the first must not serve it
   std::rotate(tokens2.begin(), tokens2.begin() + 5, tokens2.end());
   const cuda::StepResult eval_want = checkpointed.forward_loss(tokens2.data(), labels.data());
@@ -1331,7 +1387,16 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
           checkpointed.host_offload == 0)
         << shape.what << ": offloading planned activations " << offloaded.activations << " (checkpointed "
         << checkpointed.activations << "), host " << offloaded.host_offload;
-    for (const cuda::TrainingSetup& setup : {shape.setup, ac, offload}) {
+    // The MLP in chunks of 16 of the N tokens: gate, up and act hold 16 rows, not N.
+    cuda::TrainingSetup chunked = ac;
+    chunked.mlp_chunk_tokens = 16;
+    const cuda::Decoder::MemoryPlan in_chunks = cuda::Decoder::plan(shape.config, chunked);
+    auto slice = [](int64_t n) { return (size_t(n) * 2 + 255) / 256 * 256; };
+    const int64_t I = shape.config.intermediate_size;
+    CHECK(checkpointed.activations - in_chunks.activations == 3 * (slice(N * I) - slice(16 * I)))
+        << shape.what << ": the MLP in chunks of 16 planned " << in_chunks.activations << ", unchunked "
+        << checkpointed.activations;
+    for (const cuda::TrainingSetup& setup : {shape.setup, ac, offload, chunked}) {
       cuda::Decoder model(shape.config, setup, 1);
       const cuda::Decoder::MemoryPlan allocated = model.memory_plan();
       const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(shape.config, setup);
