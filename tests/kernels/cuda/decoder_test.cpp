@@ -1154,22 +1154,54 @@ cuda::DecoderConfig three_layers(cuda::DecoderConfig c) {
   return c;
 }
 
+// Two decoders of one config set up two ways that must train alike (`want` the plain way), on the
+// same weights, dropout key and batch.
+struct SideBySide {
+  cuda::Decoder want, got;
+  std::vector<int32_t> tokens, labels;
+  int64_t batch_size, seq_len;
+  SideBySide(const cuda::DecoderConfig& config, const cuda::TrainingSetup& want_setup,
+             const cuda::TrainingSetup& got_setup, uint64_t dropout_key)
+      : want(config, want_setup, 7), got(config, got_setup, 7), batch_size(want_setup.batch),
+        seq_len(want_setup.seq_len) {
+    same_weights({&want, &got}, dropout_key);
+    batch(config, batch_size * seq_len, &tokens, &labels);
+  }
+  // One step on each (want's twice, for its run-to-run noise), compared by expect_same_step.
+  void compare(const std::string& what, const std::vector<int32_t>& tok, const std::vector<int32_t>& lab) {
+    const StepGradients first = step_gradients(want, tok, lab, 0.01f);
+    const StepGradients again = step_gradients(want, tok, lab, 0.01f);
+    expect_same_step(what, first, again, step_gradients(got, tok, lab, 0.01f));
+  }
+  void compare(const std::string& what) { compare(what, tokens, labels); }
+  // A step of seq_len t (the front of the batch's rows) on each: the loss and every gradient within
+  // 1e-6 relative.
+  void compare_short(const std::string& what, int64_t t) {
+    const std::vector<int32_t> short_tokens(tokens.begin(), tokens.begin() + batch_size * t),
+        short_labels(labels.begin(), labels.begin() + batch_size * t);
+    want.zero_grad();
+    got.zero_grad();
+    const cuda::StepResult a = want.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
+    const cuda::StepResult b = got.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
+    CHECK(std::fabs(a.loss_sum - b.loss_sum) <= 1e-6 * std::fabs(a.loss_sum) && a.n_valid == b.n_valid)
+        << what << ": a step of seq_len " << t << ": loss " << b.loss_sum << " vs " << a.loss_sum;
+    for (auto& p : got.parameters()) {
+      if (!p.grad) continue;
+      CHECK(relative_error(got.download_grad(p.name), want.download_grad(p.name)) <= 1e-6)
+          << what << ": a step of seq_len " << t << ": the gradient of " << p.name << " differs";
+    }
+  }
+};
+
 // The same step with and without checkpointing, on the same weights, batch and dropout key: the
 // recomputation is the forward itself, so the loss and every gradient must agree as closely as two
 // runs of the step without checkpointing agree with each other (expect_same_step).
 void check_checkpointing(const std::string& what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup,
                          uint64_t dropout_key = 0) {
+  cuda::TrainingSetup ac = setup;
   setup.activation_checkpointing = false;
-  cuda::Decoder plain(config, setup, 7);
-  setup.activation_checkpointing = true;
-  cuda::Decoder checkpointed(config, setup, 7);
-  same_weights({&plain, &checkpointed}, dropout_key);
-  std::vector<int32_t> tokens, labels;
-  batch(config, setup.batch * setup.seq_len, &tokens, &labels);
-  const StepGradients first = step_gradients(plain, tokens, labels, 0.01f);
-  const StepGradients again = step_gradients(plain, tokens, labels, 0.01f);
-  const StepGradients got = step_gradients(checkpointed, tokens, labels, 0.01f);
-  expect_same_step(what + ", with checkpointing against without", first, again, got);
+  ac.activation_checkpointing = true;
+  SideBySide(config, setup, ac, dropout_key).compare(what + ", with checkpointing against without");
 }
 
 KTUNE_CUDA_TEST(DecoderActivationCheckpointingGivesTheSameGradients) {
@@ -1203,32 +1235,13 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingGivesTheSameGradients) {
 // step shorter than the plan (its last chunk partial another way) against the unchunked decoder's.
 void check_mlp_chunks(const std::string& what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup,
                       int64_t chunk, uint64_t dropout_key = 0) {
+  cuda::TrainingSetup chunked = setup;
   setup.activation_checkpointing = false;
-  cuda::Decoder plain(config, setup, 7);
-  setup.activation_checkpointing = true;
-  setup.mlp_chunk_tokens = chunk;
-  cuda::Decoder chunked(config, setup, 7);
-  same_weights({&plain, &chunked}, dropout_key);
-  std::vector<int32_t> tokens, labels;
-  batch(config, setup.batch * setup.seq_len, &tokens, &labels);
-  const StepGradients want = step_gradients(plain, tokens, labels, 0.01f);
-  const StepGradients again = step_gradients(plain, tokens, labels, 0.01f);
-  expect_same_step(what + ", MLP in chunks of " + std::to_string(chunk) + " against unchunked", want, again,
-                   step_gradients(chunked, tokens, labels, 0.01f));
-  const int64_t t = setup.seq_len - 9;
-  const std::vector<int32_t> short_tokens(tokens.begin(), tokens.begin() + setup.batch * t),
-      short_labels(labels.begin(), labels.begin() + setup.batch * t);
-  plain.zero_grad();
-  chunked.zero_grad();
-  const cuda::StepResult a = plain.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
-  const cuda::StepResult b = chunked.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
-  CHECK(std::fabs(a.loss_sum - b.loss_sum) <= 1e-6 * std::fabs(a.loss_sum))
-      << what << ": a step of seq_len " << t << ": loss " << b.loss_sum << " vs " << a.loss_sum;
-  for (auto& p : chunked.parameters()) {
-    if (!p.grad) continue;
-    CHECK(relative_error(chunked.download_grad(p.name), plain.download_grad(p.name)) <= 1e-6)
-        << what << ": a step of seq_len " << t << ": the gradient of " << p.name << " differs";
-  }
+  chunked.activation_checkpointing = true;
+  chunked.mlp_chunk_tokens = chunk;
+  SideBySide pair(config, setup, chunked, dropout_key);
+  pair.compare(what + ", MLP in chunks of " + std::to_string(chunk) + " against unchunked");
+  pair.compare_short(what + ", MLP in chunks of " + std::to_string(chunk), setup.seq_len - 9);
 }
 
 KTUNE_CUDA_TEST(DecoderMlpInChunksGivesTheSameGradients) {
@@ -1267,43 +1280,21 @@ void check_offloading(const std::string& what, const cuda::DecoderConfig& config
                       const char* schedule, bool thorough = false, uint64_t dropout_key = 0) {
   const std::string tag = what + " [" + schedule + " copies]";
   setup.activation_checkpointing = true;
-  setup.activation_offloading = false;
-  cuda::Decoder checkpointed(config, setup, 7);
-  setup.activation_offloading = true;
+  cuda::TrainingSetup offload = setup;
+  offload.activation_offloading = true;
   setenv("KTUNE_EMU_STREAMS", schedule, 1);
-  cuda::Decoder offloaded(config, setup, 7);
+  SideBySide pair(config, setup, offload, dropout_key);
   unsetenv("KTUNE_EMU_STREAMS");
-  same_weights({&checkpointed, &offloaded}, dropout_key);
-  std::vector<int32_t> tokens, labels;
-  batch(config, setup.batch * setup.seq_len, &tokens, &labels);
-  auto compare = [&](const std::string& step, const std::vector<int32_t>& tok, const std::vector<int32_t>& lab) {
-    const StepGradients want = step_gradients(checkpointed, tok, lab, 0.01f);
-    const StepGradients again = step_gradients(checkpointed, tok, lab, 0.01f);
-    expect_same_step(tag + step, want, again, step_gradients(offloaded, tok, lab, 0.01f));
-  };
-  compare(", offloaded against kept", tokens, labels);
+  pair.compare(tag + ", offloaded against kept");
   if (!thorough) return;
-  const int64_t t = setup.seq_len - 7;  // the copies move (B, t, C), the front of each slot
-  const std::vector<int32_t> short_tokens(tokens.begin(), tokens.begin() + setup.batch * t),
-      short_labels(labels.begin(), labels.begin() + setup.batch * t);
-  checkpointed.zero_grad();
-  offloaded.zero_grad();
-  const cuda::StepResult short_want = checkpointed.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
-  const cuda::StepResult short_got = offloaded.forward_backward(short_tokens.data(), short_labels.data(), 0.01f, t);
-  CHECK(short_got.loss_sum == short_want.loss_sum && short_got.n_valid == short_want.n_valid)
-      << tag << ": a step of seq_len " << t << ": loss " << short_got.loss_sum << " vs " << short_want.loss_sum;
-  for (auto& p : offloaded.parameters()) {
-    if (!p.grad) continue;
-    CHECK(relative_error(offloaded.download_grad(p.name), checkpointed.download_grad(p.name)) <= 1e-6)
-        << tag << ": a step of seq_len " << t << ": the gradient of " << p.name << " differs";
-  }
-  std::vector<int32_t> tokens2 = tokens;  // another batch: the host copies of the first must not serve it
+  pair.compare_short(tag, setup.seq_len - 7);  // the copies move (B, t, C), the front of each slot
+  std::vector<int32_t> tokens2 = pair.tokens;  // another batch: the host copies of the first must not serve it
   std::rotate(tokens2.begin(), tokens2.begin() + 5, tokens2.end());
-  const cuda::StepResult eval_want = checkpointed.forward_loss(tokens2.data(), labels.data());
-  const cuda::StepResult eval_got = offloaded.forward_loss(tokens2.data(), labels.data());
+  const cuda::StepResult eval_want = pair.want.forward_loss(tokens2.data(), pair.labels.data());
+  const cuda::StepResult eval_got = pair.got.forward_loss(tokens2.data(), pair.labels.data());
   CHECK(std::fabs(eval_got.loss_sum - eval_want.loss_sum) <= 1e-6 * std::fabs(eval_want.loss_sum))
       << tag << ": forward_loss " << eval_got.loss_sum << " vs " << eval_want.loss_sum;
-  compare(", another batch after forward_loss", tokens2, labels);
+  pair.compare(tag + ", another batch after forward_loss", tokens2, pair.labels);
 }
 
 KTUNE_CUDA_TEST(DecoderActivationOffloadingGivesTheSameGradients) {
