@@ -414,6 +414,9 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
 }
 
 void FinetuneRecipe::setup_cpu_training(DType storage, int64_t trainable_bytes) {
+  if (cfg_.enable_activation_offloading && rank0_)
+    log_info("enable_activation_offloading: nothing to do on the CPU engine, whose activations are host memory "
+             "already (checkpointing keeps them small)");
   if (shard_parameters(recipe_)) {
     sharded_ = std::make_unique<ShardedDataParallel>(*model_, trainable_, group_,
                                                      ShardingOptions{cfg_.fsdp_reshard_after_forward});

@@ -22,7 +22,14 @@ void ActivationOffload::init(int64_t inputs, int64_t elems_max, std::vector<bf16
   on_host_.assign(size_t(inputs), false);
   if (host_bytes(inputs, elems_max) > 0) {
     void* host = nullptr;
-    KTUNE_CUDA_CHECK(cudaMallocHost(&host, host_bytes(inputs, elems_max)));
+    const size_t bytes = host_bytes(inputs, elems_max);
+    if (cudaMallocHost(&host, bytes) != cudaSuccess) {
+      cudaGetLastError();  // cleared: the failure is this Error
+      throw Error("activation offloading", "cannot pin " + std::to_string(bytes >> 20) + " MiB of host memory for " +
+                                               std::to_string(inputs - kSlots) +
+                                               " layer inputs; turn enable_activation_offloading off or shorten the "
+                                               "batch");
+    }
     host_ = static_cast<bf16_t*>(host);
   }
   // Non-blocking: no implicit synchronisation with the (legacy) default stream the decoder runs on.

@@ -110,9 +110,11 @@ TEST_F(PaddingFreeRecipeTest, ShardedLoraRunsLogTheSameLossesAsThePaddedRun) {
   EXPECT_NE(rows.output.find("padding-free (rows of at most T)"), std::string::npos) << rows.output;
 }
 
+// (Offloading on too: the CPU engine says it has nothing to offload.)
 TEST_F(PaddingFreeRecipeTest, FullFinetuneWithCheckpointingAndAccumulationLogsTheSameLosses) {
   const std::string args = "epochs=1 max_steps_per_epoch=3 batch_size=4 gradient_accumulation_steps=2 shuffle=False "
-                           "enable_activation_checkpointing=True dataset.data_files=" + varied_lengths_data();
+                           "enable_activation_checkpointing=True enable_activation_offloading=True "
+                           "dataset.data_files=" + varied_lengths_data();
   Outcome padded = run_mode("0", "full_finetune_single_device", "full_single_device", args, out("padded"));
   Outcome rows = run_mode("1", "full_finetune_single_device", "full_single_device", args, out("rows"));
   ASSERT_EQ(padded.exit_code, 0) << padded.output;
@@ -121,6 +123,8 @@ TEST_F(PaddingFreeRecipeTest, FullFinetuneWithCheckpointingAndAccumulationLogsTh
   ASSERT_EQ(want.size(), 3u) << padded.output;
   expect_same_losses(losses(out("rows")), want, "rows of at most T");
   EXPECT_GT(positions_line(rows.output).skipped, 0) << rows.output;
+  EXPECT_NE(padded.output.find("enable_activation_offloading: nothing to do on the CPU engine"), std::string::npos)
+      << padded.output;
 }
 
 TEST_F(PaddingFreeRecipeTest, AnUnknownModeIsRefused) {
