@@ -190,8 +190,10 @@ else
     STEP_STATUS="skipped: out of time budget ($(remaining)s left)"
   else
     # five parts (ktune and torch, LoRA and full, and ktune's LoRA step again on the fused tensor-core
-    # attention), each its own subprocess with a timeout
-    PART=$(( ($(remaining) - 15) / 5 )); [ "$PART" -gt 100 ] && PART=100
+    # attention), each its own subprocess with a timeout; 100 s kept for the memory check (part 4)
+    # when there is time for both
+    RESERVE=0; [ "$(remaining)" -gt 300 ] && RESERVE=100
+    PART=$(( ($(remaining) - 15 - RESERVE) / 5 )); [ "$PART" -gt 100 ] && PART=100
     say "training-step benchmark (ktune vs PyTorch+PEFT), ${PART}s a part"
     timeout $(( 5 * PART + 10 )) python3 bench/gpu/train_step_compare.py "$STEP_BIN" --modes lora,full \
       --also-attention tensor_core \
