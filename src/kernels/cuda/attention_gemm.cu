@@ -1,9 +1,10 @@
 // Causal attention through cuBLASLt GEMMs and row kernels (see attention_gemm.h).
 // Scratch layout (each slice 256-byte aligned): S (B,T,T) f32 | dP (B,T,T) f32 | P (B,T,T) bf16 |
 // delta (B,Hq,T) f32 | dK (B,T,Hkv,D) f32 | dV (B,T,Hkv,D) f32.
-// The row kernels take one block per (b, i) row of the head at hand; masked entries (j > i, or
-// another document: doc_ids[b, j] != doc_ids[b, i]) of P and dS are written as 0, so the GEMMs over
-// the full (T, T) square add nothing for them.
+// The row kernels take one block per (b, i) row of the head at hand; they apply the soft-cap to the
+// scaled scores the GEMM left in S and the mask; masked entries (j > i, j <= i - window, or another
+// document: doc_ids[b, j] != doc_ids[b, i]) of P and dS are written as 0, so the GEMMs over the full
+// (T, T) square add nothing for them (their GEMM work is still done, as the upper triangle's).
 #include "kernels/cuda/attention_gemm.h"
 
 #include <cuda_bf16.h>
@@ -44,60 +45,89 @@ void check_shape(const AttentionShape& s) {
   check(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0, "cuda attention_gemm", "sizes must be positive");
   check(s.Hq % s.Hkv == 0, "cuda attention_gemm",
         "Hq=" + std::to_string(s.Hq) + " is not a multiple of Hkv=" + std::to_string(s.Hkv));
-  check(s.sliding_window == 0 && s.softcap == 0.0f, "cuda attention_gemm",
-        "no sliding window or soft-cap on this path (kernels/cuda/attention.h has them)");
+  check(s.sliding_window >= 0 && s.softcap >= 0.0f, "cuda attention_gemm",
+        "the sliding window and the soft-cap must be >= 0 (0: none)");
 }
 
-// Key j is visible to query i of batch row b: causal, and the same document when doc ids are given.
-__device__ __forceinline__ bool visible(const int32_t* doc, int64_t b, int64_t T, int64_t i, int64_t j) {
-  return j <= i && (!doc || doc[b * T + j] == doc[b * T + i]);
+// What the row kernels need besides the buffers: the mask (doc ids or nullptr, the window) and the cap.
+struct RowMask {
+  const int32_t* doc;  // (B, T) or nullptr
+  int64_t T;
+  int64_t window;  // 0: none
+  float softcap;   // 0: none
+};
+
+// Key j is visible to query i of batch row b: causal (j <= i), inside the window (i - window < j, as
+// kernels/cpu/attention.h), and the same document when doc ids are given.
+__device__ __forceinline__ bool visible(const RowMask& m, int64_t b, int64_t i, int64_t j) {
+  return j <= i && (m.window <= 0 || i - m.window < j) && (!m.doc || m.doc[b * m.T + j] == m.doc[b * m.T + i]);
 }
 
-// P[r, j] = exp(S[r, j] - lse) for j <= i, 0 beyond; lse[(b*Hq + h)*T + i] = log sum exp S[r, 0..i].
-// One block per row r = b*T + i.
-__global__ void softmax_rows_kernel(__nv_bfloat16* P, float* lse, const float* S, const int32_t* doc, int64_t T,
-                                    int64_t Hq, int64_t h) {
+// The first key of row i the window lets through (0 without a window): the loops over visible keys
+// start there instead of at 0.
+__device__ __forceinline__ int64_t first_key(const RowMask& m, int64_t i) {
+  return m.window > 0 && i - m.window + 1 > 0 ? i - m.window + 1 : 0;
+}
+
+// The score the softmax sees: s' = softcap tanh(s / softcap) of the scaled score s (the GEMM's), or s.
+__device__ __forceinline__ float capped(float s, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+}
+
+// P[r, j] = exp(cap(S[r, j]) - lse) for visible j, 0 elsewhere; lse[(b*Hq + h)*T + i] = log sum exp
+// cap(S[r, j]) over the visible j. One block per row r = b*T + i.
+__global__ void softmax_rows_kernel(__nv_bfloat16* P, float* lse, const float* S, RowMask mask, int64_t Hq,
+                                    int64_t h) {
   __shared__ float shared[32];
-  const int64_t r = blockIdx.x, b = r / T, i = r % T;
+  const int64_t T = mask.T, r = blockIdx.x, b = r / T, i = r % T, j0 = first_key(mask, i);
   const float* srow = S + r * T;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
-    if (visible(doc, b, T, i, j)) m = fmaxf(m, srow[j]);
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x)
+    if (visible(mask, b, i, j)) m = fmaxf(m, capped(srow[j], mask.softcap));
   m = block_max(m, shared);
   __syncthreads();
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
-    if (visible(doc, b, T, i, j)) sum += __expf(srow[j] - m);
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x)
+    if (visible(mask, b, i, j)) sum += __expf(capped(srow[j], mask.softcap) - m);
   sum = block_sum(sum, shared);
   const float l = m + __logf(sum);
   __nv_bfloat16* prow = P + r * T;
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-    prow[j] = __float2bfloat16_rn(visible(doc, b, T, i, j) ? __expf(srow[j] - l) : 0.0f);
+    prow[j] = __float2bfloat16_rn(visible(mask, b, i, j) ? __expf(capped(srow[j], mask.softcap) - l) : 0.0f);
   if (threadIdx.x == 0) lse[(b * Hq + h) * T + i] = l;
 }
 
-// Backward: P = exp(S - lse) (bf16, for dV), and dS = P (dP - delta) scale written over dP's row
-// as bf16 into dS (the P buffer is consumed by the dV GEMM first: two passes, see below).
-__global__ void probabilities_kernel(__nv_bfloat16* P, const float* S, const float* lse, const int32_t* doc, int64_t T,
-                                     int64_t Hq, int64_t h) {
-  const int64_t r = blockIdx.x, b = r / T, i = r % T;
+// Backward: P = exp(cap(S) - lse) (bf16, for dV), and dS = P (dP - delta) cap'(S) scale written as
+// bf16 into the same buffer (the P buffer is consumed by the dV GEMM first: two passes, see below).
+__global__ void probabilities_kernel(__nv_bfloat16* P, const float* S, const float* lse, RowMask mask, int64_t Hq,
+                                     int64_t h) {
+  const int64_t T = mask.T, r = blockIdx.x, b = r / T, i = r % T;
   const float l = lse[(b * Hq + h) * T + i];
   const float* srow = S + r * T;
   __nv_bfloat16* prow = P + r * T;
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-    prow[j] = __float2bfloat16_rn(visible(doc, b, T, i, j) ? __expf(srow[j] - l) : 0.0f);
+    prow[j] = __float2bfloat16_rn(visible(mask, b, i, j) ? __expf(capped(srow[j], mask.softcap) - l) : 0.0f);
 }
 
+// dS[r, j] = P (dP - delta) (1 - (s'/softcap)^2) scale for visible j (0 elsewhere), s' = cap(S[r, j]):
+// s' = softcap tanh(s / softcap) has ds'/ds = 1 - tanh^2(s / softcap); without a cap the factor is 1.
+// In f32 from the recomputed S; only the result is rounded to bf16.
 __global__ void score_gradient_kernel(__nv_bfloat16* dS, const float* S, const float* dP, const float* lse,
-                                      const float* delta, const int32_t* doc, int64_t T, int64_t Hq, int64_t h,
-                                      float scale) {
-  const int64_t r = blockIdx.x, b = r / T, i = r % T;
+                                      const float* delta, RowMask mask, int64_t Hq, int64_t h, float scale) {
+  const int64_t T = mask.T, r = blockIdx.x, b = r / T, i = r % T;
   const float l = lse[(b * Hq + h) * T + i], d = delta[(b * Hq + h) * T + i];
   const float* srow = S + r * T;
   const float* dprow = dP + r * T;
   __nv_bfloat16* row = dS + r * T;
-  for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-    row[j] = __float2bfloat16_rn(visible(doc, b, T, i, j) ? __expf(srow[j] - l) * (dprow[j] - d) * scale : 0.0f);
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
+    float g = 0.0f;
+    if (visible(mask, b, i, j)) {
+      const float sc = capped(srow[j], mask.softcap);
+      const float t = mask.softcap > 0.0f ? sc / mask.softcap : 0.0f;  // tanh(s / softcap)
+      g = __expf(sc - l) * (dprow[j] - d) * (1.0f - t * t) * scale;
+    }
+    row[j] = __float2bfloat16_rn(g);
+  }
 }
 
 // delta[(b*Hq + h)*T + i] = sum_d dout[b,i,h,d] * out[b,i,h,d]: a warp per (b, i, h).
@@ -144,12 +174,13 @@ void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf1
   check_shape(s);
   const Scratch w = carve(s, scratch);
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
+  const RowMask mask{doc_ids, T, s.sliding_window, s.softcap};
   for (int64_t h = 0; h < s.Hq; ++h) {
     const int64_t g = h / group;
     // S (b) = scale Q_h(b) K_g(b)^T   (T, T) f32
     batched(ctx, false, true, T, T, D, s.scale, q + h * D, QD, T * QD, k + g * D, KD, T * KD, 0.0f, w.S, T, T * T,
             DType::F32, s.B, stream);
-    softmax_rows_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), lse, w.S, doc_ids, T, s.Hq, h);
+    softmax_rows_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), lse, w.S, mask, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
     // O_h(b) = P(b) V_g(b)   (T, D) bf16 into the strided head columns
     batched(ctx, false, false, T, D, T, 1.0f, w.P, T, T * T, v + g * D, KD, T * KD, 0.0f, out + h * D, QD, T * QD,
@@ -163,6 +194,7 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
   check_shape(s);
   const Scratch w = carve(s, scratch);
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
+  const RowMask mask{doc_ids, T, s.sliding_window, s.softcap};
   const int64_t kv = s.B * T * KD;
   KTUNE_CUDA_CHECK(cudaMemsetAsync(w.dk, 0, size_t(kv) * 4, stream));
   KTUNE_CUDA_CHECK(cudaMemsetAsync(w.dv, 0, size_t(kv) * 4, stream));
@@ -171,10 +203,10 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
   KTUNE_CUDA_CHECK_LAUNCH();
   for (int64_t h = 0; h < s.Hq; ++h) {
     const int64_t g = h / group;
-    // S = scale Q K^T again, P = exp(S - lse)
+    // S = scale Q K^T again, P = exp(cap(S) - lse)
     batched(ctx, false, true, T, T, D, s.scale, q + h * D, QD, T * QD, k + g * D, KD, T * KD, 0.0f, w.S, T, T * T,
             DType::F32, s.B, stream);
-    probabilities_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, lse, doc_ids, T, s.Hq, h);
+    probabilities_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, lse, mask, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
     // dV_g += P^T dO_h   (T, D) f32
     batched(ctx, true, false, T, D, T, 1.0f, w.P, T, T * T, dout + h * D, QD, T * QD, 1.0f, w.dv + g * D, KD, T * KD,
@@ -182,9 +214,9 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
     // dP = dO_h V_g^T   (T, T) f32
     batched(ctx, false, true, T, T, D, 1.0f, dout + h * D, QD, T * QD, v + g * D, KD, T * KD, 0.0f, w.dP, T, T * T,
             DType::F32, s.B, stream);
-    // dS = P (dP - delta) scale   (T, T) bf16, over P (its dV use is queued before this)
-    score_gradient_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, w.dP, lse, w.delta, doc_ids,
-                                                                         T, s.Hq, h, s.scale);
+    // dS = P (dP - delta) cap'(S) scale   (T, T) bf16, over P (its dV use is queued before this)
+    score_gradient_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, w.dP, lse, w.delta, mask, s.Hq,
+                                                                         h, s.scale);
     KTUNE_CUDA_CHECK_LAUNCH();
     // dQ_h = dS K_g   (T, D) bf16
     batched(ctx, false, false, T, D, T, 1.0f, w.P, T, T * T, k + g * D, KD, T * KD, 0.0f, dq + h * D, QD, T * QD,

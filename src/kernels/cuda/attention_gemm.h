@@ -1,15 +1,19 @@
 // Causal self-attention for training on the tensor cores, through cuBLASLt: per query head, the
 // (T, T) scores of every batch row are one strided-batched GEMM (S = scale Q Kᵀ, f32), a row kernel
-// turns them into P = softmax(causal(S)) (bf16) and lse, and O = P V is a second GEMM; the backward
-// recomputes S, and runs dV += Pᵀ dO, dP = dO Vᵀ, dS = P (dP - rowsum(dO O)) scale, dQ = dS K,
+// turns them into P = softmax(mask(cap(S))) (bf16) and lse, and O = P V is a second GEMM; the backward
+// recomputes S, and runs dV += Pᵀ dO, dP = dO Vᵀ, dS = P (dP - rowsum(dO O)) cap'(S) scale, dQ = dS K,
 // dK += dSᵀ Q (dK, dV accumulated in f32 over the heads of a group, then rounded to bf16).
 // Same semantics, layouts and lse as kernels/cuda/attention.h (which stays the reference); bf16 only.
 // Unlike flash attention it materialises one head's (B, T, T) scores at a time in scratch (f32 S and
 // dP, bf16 P: 10 B T^2 bytes, 160 MiB at B=4, T=2048) and computes the masked upper triangle too
 // (2x the causal FLOPs) — the price of running on cuBLASLt's tensor-core GEMMs today.
-// Document ids (packed samples) mask like attention.h's: key j is visible to query i iff j <= i and
-// doc_ids[b, j] == doc_ids[b, i] (the masked entries' GEMM work is still done, as the upper triangle's).
-// It deliberately does not do sliding windows or soft-capping (refused: use attention.h), nor f32.
+// The mask and the cap are kernels/cpu/attention.h's: key j is visible to query i iff j <= i, and
+// i - sliding_window < j when sliding_window > 0, and doc_ids[b, j] == doc_ids[b, i] when doc ids
+// (packed samples) are given; with softcap > 0 the softmax sees s' = softcap tanh(s / softcap) of the
+// scaled score s, and the backward multiplies dS by ds'/ds = 1 - (s' / softcap)^2 (f32, from the
+// recomputed S). Both live in the row kernels; the GEMMs still compute every masked entry (outside
+// the window, other documents, the upper triangle), so a window or packing saves nothing here.
+// It deliberately does not do f32.
 #pragma once
 
 #include <cstddef>
@@ -25,12 +29,12 @@ namespace ktune::cuda {
 size_t attention_gemm_scratch_bytes(const AttentionShape& s);
 
 // q (B,T,Hq,D)   k, v (B,T,Hkv,D)   out (B,T,Hq,D)   lse (B,Hq,T) saved   doc_ids (B,T) or nullptr (last,
-// so that calls without documents read as before).  Throws ktune::Error for a window, a soft-cap or
-// heads that do not group.
+// so that calls without documents read as before).  Throws ktune::Error for heads that do not group,
+// or a negative window or soft-cap.
 void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k,
                             const bf16_t* v, const AttentionShape& s, void* scratch, Stream stream = nullptr,
                             const int32_t* doc_ids = nullptr);
-// Undoes out = softmax(mask(scale q kᵀ)) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten; doc_ids
+// Undoes out = softmax(mask(cap(scale q kᵀ))) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten; doc_ids
 // the forward's.
 void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout,
                              const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,

@@ -9,6 +9,12 @@
 // also see dS rounded to bf16 (relative 2^-9): atol 6e-3. A wrong mask or softmax is off by 0.1+.
 // Document ids (packed rows) are checked the same way: a one-token document, two longer ones whose
 // boundary differs between rows, and a padding document (-1) at the end of each row.
+// Sliding windows and soft-caps (Mistral, Gemma2) against the same reference: windows shorter than T
+// that divide nothing, w = 1 (each query sees only itself), w = T - 1; Gemma2's cap of 50 (nearly
+// linear at these scores: only lse tells it from no cap) and a cap of 2 at scale 1/2, where tanh
+// saturates (|s| reaches ~7; without the cap out is off by 0.6, without its derivative dq by 0.6);
+// both together, with GQA and doc ids. Scale 1/2 rather than 1: the backward's delta = rowsum(dO O)
+// reads the bf16 O, whose error reaches dq and dk times the scale (at scale 1 they miss 6e-3 by 1.3-1.9x).
 #include <cmath>
 
 #include "core/error.h"
@@ -84,19 +90,58 @@ KTUNE_CUDA_TEST(AttentionGemmDocumentIdsMaskAcrossPackedSamples) {
   check_gemm_attention("gemm doc ids mqa 4:1 D48", shape(3, 40, 4, 1, 48), true);
 }
 
-KTUNE_CUDA_TEST(AttentionGemmRefusesWindowAndSoftcap) {
-  auto s = shape(1, 8, 2, 1, 32);
-  s.sliding_window = 4;
-  cuda::GemmContext ctx;
-  cuda::DeviceBuffer buf(cuda::attention_gemm_scratch_bytes(s) + 4096);
-  bool threw = false;
-  try {
-    cuda::attention_gemm_forward(ctx, buf.as<bf16_t>(), buf.as<float>(), buf.as<bf16_t>(), buf.as<bf16_t>(),
-                                 buf.as<bf16_t>(), s, buf.data());
-  } catch (const Error&) {
-    threw = true;
-  }
-  CHECK(threw) << "a sliding window must be refused on the GEMM path";
+// s with key j visible to query i only when i - window < j (kernels/cpu/attention.h's window).
+cpu::AttentionShape windowed(cpu::AttentionShape s, int64_t window) {
+  s.sliding_window = window;
+  return s;
+}
+
+// s with the scores capped at softcap tanh(s / softcap), at the given scale.
+cpu::AttentionShape softcapped(cpu::AttentionShape s, float softcap, float scale) {
+  s.softcap = softcap;
+  s.scale = scale;
+  return s;
+}
+
+KTUNE_CUDA_TEST(AttentionGemmSlidingWindowMatchesCpuReference) {
+  check_gemm_attention("gemm window 16 gqa 4:2 D64", windowed(shape(2, 77, 4, 2, 64), 16));
+  check_gemm_attention("gemm window 7 mqa 4:1 D48", windowed(shape(3, 50, 4, 1, 48), 7));
+  check_gemm_attention("gemm window 1 gqa 2:1 D64", windowed(shape(2, 33, 2, 1, 64), 1));
+  check_gemm_attention("gemm window = T - 1 mha D128", windowed(shape(2, 40, 2, 2, 128), 39));
+}
+
+KTUNE_CUDA_TEST(AttentionGemmSoftcapMatchesCpuReference) {
+  check_gemm_attention("gemm softcap 50 gqa 4:2 D64", softcapped(shape(2, 64, 4, 2, 64), 50.0f, 0.125f));
+  check_gemm_attention("gemm softcap 50 scale 1/16 mqa 4:1 D48", softcapped(shape(2, 45, 4, 1, 48), 50.0f, 0.0625f));
+  check_gemm_attention("gemm softcap 2 scale 1/2 gqa 4:2 D64", softcapped(shape(2, 70, 4, 2, 64), 2.0f, 0.5f));
+}
+
+KTUNE_CUDA_TEST(AttentionGemmWindowAndSoftcapTogether) {
+  check_gemm_attention("gemm window 13 softcap 2 gqa 4:2 D64",
+                       windowed(softcapped(shape(2, 61, 4, 2, 64), 2.0f, 0.5f), 13));
+  check_gemm_attention("gemm window 19 softcap 2 docs gqa 4:2 D64",
+                       windowed(softcapped(shape(2, 83, 4, 2, 64), 2.0f, 0.5f), 19), true);
+  check_gemm_attention("gemm window 1 softcap 50 docs mqa 4:1 D48",
+                       windowed(softcapped(shape(3, 40, 4, 1, 48), 50.0f, 0.25f), 1), true);
+  check_gemm_attention("gemm window 5 docs gqa 4:2 D64", windowed(shape(2, 47, 4, 2, 64), 5), true);
+}
+
+// What the path still refuses: heads that do not group, a negative window or soft-cap.
+KTUNE_CUDA_TEST(AttentionGemmRefusesUngroupedHeadsAndNegativeWindow) {
+  auto refused = [](const cpu::AttentionShape& s) {
+    cuda::GemmContext ctx;
+    cuda::DeviceBuffer buf(4096);
+    try {
+      cuda::attention_gemm_forward(ctx, buf.as<bf16_t>(), buf.as<float>(), buf.as<bf16_t>(), buf.as<bf16_t>(),
+                                   buf.as<bf16_t>(), s, buf.data());
+    } catch (const Error&) {
+      return true;
+    }
+    return false;
+  };
+  CHECK(refused(shape(1, 8, 3, 2, 32))) << "Hq = 3 over Hkv = 2 must be refused";
+  CHECK(refused(windowed(shape(1, 8, 2, 1, 32), -1))) << "a negative window must be refused";
+  CHECK(refused(softcapped(shape(1, 8, 2, 1, 32), -1.0f, 1.0f))) << "a negative soft-cap must be refused";
 }
 
 }  // namespace
