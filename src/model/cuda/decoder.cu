@@ -200,9 +200,9 @@ struct Decoder::Impl {
   struct Layer {
     Linear proj[kNumProjections];
     int norm_attn = -1, norm_mlp = -1, norm_attn_out = -1, norm_mlp_out = -1;
-    // The kernels of this layer's attention: TrainingSetup::attention where it takes the layer, else
-    // (window shorter than T or soft-cap) the tiled ones; kTensorCore on a head_dim other than 64/128
-    // runs the GEMM path.
+    // The kernels of this layer's attention: TrainingSetup::attention where it takes the layer;
+    // kTensorCore on a head_dim other than 64/128, a window shorter than T or a soft-cap runs the
+    // GEMM path.
     TrainingSetup::Attention kernel = TrainingSetup::Attention::kFlash;
     AttentionShape attention{};   // this layer's window, soft-cap and scale
   };
@@ -538,7 +538,8 @@ void Decoder::allocate(bool on_device) {
   s.ce_scratch_bytes = linear_cross_entropy_scratch_bytes(s.ce_chunk, V);
   AttentionShape ashape{s.B, s.T, c.num_heads, c.num_kv_heads, c.head_dim, 1.0f, 0, 0.0f};
   // Each layer's attention: a window reaching back over the whole row (>= T) masks nothing and is
-  // dropped; what remains of a window, or a soft-cap, needs the tiled kernels (attention_gemm has neither).
+  // dropped; what remains of a window, or a soft-cap, runs on the GEMM path or the tiled kernels
+  // (the fused tensor-core kernel has neither: kTensorCore falls back to kGemm there).
   const float attention_scale = c.attention_scale > 0 ? c.attention_scale : 1.0f / std::sqrt(float(c.head_dim));
   bool any_gemm_attention = false, any_flash_attention = false, any_tc_attention = false;
   for (int64_t l = 0; l < L; ++l) {
@@ -546,11 +547,9 @@ void Decoder::allocate(bool on_device) {
     const int64_t window = c.window(l) >= s.T ? 0 : c.window(l);
     layer.attention = AttentionShape{s.B, s.T, c.num_heads, c.num_kv_heads, c.head_dim, attention_scale, window,
                                      c.attn_logit_softcap};
-    const bool masks_only_causal = window == 0 && c.attn_logit_softcap == 0.0f;
     using A = TrainingSetup::Attention;
-    layer.kernel = A::kFlash;
+    layer.kernel = setup_.attention == A::kFlash ? A::kFlash : A::kGemm;
     if (setup_.attention == A::kTensorCore && flash_attention_tc_supports(layer.attention)) layer.kernel = A::kTensorCore;
-    else if (setup_.attention != A::kFlash && masks_only_causal) layer.kernel = A::kGemm;
     any_gemm_attention |= layer.kernel == A::kGemm;
     any_flash_attention |= layer.kernel == A::kFlash;
     any_tc_attention |= layer.kernel == A::kTensorCore;

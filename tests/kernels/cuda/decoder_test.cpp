@@ -630,12 +630,14 @@ void check_step_with(const std::string& what, const cuda::DecoderConfig& config,
               want / double(valid), (long long)compared);
 }
 
-// Both attention paths: the tensor-core GEMMs (the default) and the tiled CUDA-core kernel.
-void check_step(const char* what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup) {
+// Both attention paths: the tensor-core GEMMs (the default) and the tiled CUDA-core kernel; windowed
+// and soft-capped layers run on either.
+void check_step(const char* what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup,
+                uint64_t dropout_key = 0, const PackedLayout& packed = {}) {
   setup.attention = cuda::TrainingSetup::Attention::kGemm;
-  check_step_with(std::string(what) + " [gemm attention]", config, setup);
+  check_step_with(std::string(what) + " [gemm attention]", config, setup, dropout_key, packed);
   setup.attention = cuda::TrainingSetup::Attention::kFlash;
-  check_step_with(std::string(what) + " [flash attention]", config, setup);
+  check_step_with(std::string(what) + " [flash attention]", config, setup, dropout_key, packed);
 }
 
 KTUNE_CUDA_TEST(DecoderLoraStepMatchesCpuReference) {
@@ -698,9 +700,9 @@ KTUNE_CUDA_TEST(DecoderQwen2BiasesMatchCpuReference) {
 }
 
 KTUNE_CUDA_TEST(DecoderMistralSlidingWindowMatchesCpuReference) {
-  // A window shorter than T: the tiled kernels on both paths.
+  // A window shorter than T: the GEMM path's row kernels mask it, or the tiled kernels.
   check_step("mistral window 12 < T full", tiny_mistral_config(12), family_setup(true));
-  // A window of exactly T masks nothing: the GPU drops it (tensor-core path), the reference applies it.
+  // A window of exactly T masks nothing: the GPU drops it, the reference applies it.
   const cuda::TrainingSetup lora = family_setup(false, {cuda::kQ, cuda::kK, cuda::kV, cuda::kO});
   check_step("mistral window == T lora", tiny_mistral_config(lora.seq_len), lora);
 }
@@ -722,7 +724,7 @@ cuda::DecoderConfig tiny_head_dim64_config(bool tied) {
 // kTensorCore against the same reference as the other attention paths (and those beside it on this
 // shape): rows of 72 tokens (a whole 64-query tile and a partial one), LoRA on every projection and
 // full fine-tuning; then Gemma2 with head_dim 64, whose windowed, soft-capped layers fall back to the
-// tiled kernels under kTensorCore.
+// GEMM path under kTensorCore (the fused kernel has neither).
 KTUNE_CUDA_TEST(DecoderTensorCoreAttentionMatchesCpuReference) {
   using A = cuda::TrainingSetup::Attention;
   for (bool full : {false, true}) {
@@ -741,7 +743,7 @@ KTUNE_CUDA_TEST(DecoderTensorCoreAttentionMatchesCpuReference) {
   gemma.head_dim = 64;
   cuda::TrainingSetup setup = family_setup(false, kAllButKey);
   setup.attention = A::kTensorCore;
-  check_step_with("gemma2 head_dim 64 lora q,v,o,mlp [tensor-core attention, tiled fallback]", gemma, setup);
+  check_step_with("gemma2 head_dim 64 lora q,v,o,mlp [tensor-core attention, gemm fallback]", gemma, setup);
 }
 
 // QLoRA's NF4 as bitsandbytes defines it, written independently of the quantiser under test (the
@@ -1220,7 +1222,13 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingGivesTheSameGradients) {
   dora.use_dora = true;
   check_checkpointing("qwen2 qlora+dora dropout 0.1", three_layers(tiny_qwen2_config(false)), dora, 5);
   check_checkpointing("gemma2 full", three_layers(tiny_gemma2_config()), family_setup(true));
-  check_checkpointing("gemma2 lora all", three_layers(tiny_gemma2_config()), family_setup(false, kAllProjections));
+  cuda::TrainingSetup gemma_lora = family_setup(false, kAllProjections);
+  for (auto attention : {cuda::TrainingSetup::Attention::kGemm, cuda::TrainingSetup::Attention::kFlash}) {
+    gemma_lora.attention = attention;  // windowed, soft-capped layers on either path
+    check_checkpointing(attention == cuda::TrainingSetup::Attention::kGemm ? "gemma2 lora all [gemm attention]"
+                                                                           : "gemma2 lora all [flash attention]",
+                        three_layers(tiny_gemma2_config()), gemma_lora);
+  }
   cuda::TrainingSetup tc = family_setup(false, kAllButKey);
   tc.attention = cuda::TrainingSetup::Attention::kTensorCore;
   check_checkpointing("head_dim 64 lora [tensor-core attention]", three_layers(tiny_head_dim64_config(true)), tc);
@@ -1502,7 +1510,10 @@ KTUNE_CUDA_TEST(DecoderStepShorterThanThePlanEqualsADecoderPlannedForIt) {
   cuda::TrainingSetup qlora = qlora_setup(kAllButKey);
   qlora.lora_dropout = 0.1f, qlora.lora_seed = 3, qlora.use_dora = true;
   check_short_step("qwen2 qlora+dora dropout 0.1", tiny_qwen2_config(false), qlora, 32, 99);
-  check_short_step("gemma2 lora all (window 12)", tiny_gemma2_config(), family_setup(false, kAllProjections), 24);
+  cuda::TrainingSetup gemma_lora = family_setup(false, kAllProjections);
+  check_short_step("gemma2 lora all (window 12) [gemm attention]", tiny_gemma2_config(), gemma_lora, 24);
+  gemma_lora.attention = cuda::TrainingSetup::Attention::kFlash;
+  check_short_step("gemma2 lora all (window 12) [flash attention]", tiny_gemma2_config(), gemma_lora, 24);
   cuda::TrainingSetup tc = family_setup(false, kAllButKey);
   tc.attention = cuda::TrainingSetup::Attention::kTensorCore;
   check_short_step("head_dim 64 lora [tensor-core attention]", tiny_head_dim64_config(true), tc, 16);
@@ -1556,7 +1567,7 @@ PackedLayout pack_rows(int64_t T, const std::vector<PackedRow>& rows) {
 // attention masked by doc ids): two rows of 40, row 0 a one-token document, two more and padding,
 // row 1 a sample continuing from position 30 (past T: the rotary table grows) and a second one; on
 // the GEMM and tiled attention paths, LoRA and full fine-tuning; the fused tensor-core kernel on
-// head_dim 64; Mistral's window and Gemma2's soft-caps with documents.
+// head_dim 64; Mistral's window and Gemma2's soft-caps with documents, on both paths.
 // The padding keeps check_step_with's labels: it trains as a document of its own on both sides.
 KTUNE_CUDA_TEST(DecoderPackedStepMatchesCpuReference) {
   using A = cuda::TrainingSetup::Attention;
@@ -1578,8 +1589,8 @@ KTUNE_CUDA_TEST(DecoderPackedStepMatchesCpuReference) {
                   pack_rows(72, {{{40, 20}, 0}, {{3, 65}, 5}}));
   const cuda::TrainingSetup full = family_setup(true);
   const PackedLayout packed = pack_rows(full.seq_len, rows);
-  check_step_with("packed mistral window 12 full", tiny_mistral_config(12), full, 0, packed);
-  check_step_with("packed gemma2 lora q,v,o,mlp", tiny_gemma2_config(), family_setup(false, kAllButKey), 0, packed);
+  check_step("packed mistral window 12 full", tiny_mistral_config(12), full, 0, packed);
+  check_step("packed gemma2 lora q,v,o,mlp", tiny_gemma2_config(), family_setup(false, kAllButKey), 0, packed);
 }
 // One packed row of two documents (lengths a and T - a) against the same two documents as two
 // unpacked rows, each padded to T (padding labels -100), on the same weights: the loss and every
