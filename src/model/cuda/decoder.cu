@@ -549,7 +549,8 @@ void Decoder::allocate(bool on_device) {
                                      c.attn_logit_softcap};
     using A = TrainingSetup::Attention;
     layer.kernel = setup_.attention == A::kFlash ? A::kFlash : A::kGemm;
-    if (setup_.attention == A::kTensorCore && flash_attention_tc_supports(layer.attention)) layer.kernel = A::kTensorCore;
+    if (setup_.attention == A::kTensorCore && flash_attention_tc_supports(layer.attention))
+      layer.kernel = A::kTensorCore;
     any_gemm_attention |= layer.kernel == A::kGemm;
     any_flash_attention |= layer.kernel == A::kFlash;
     any_tc_attention |= layer.kernel == A::kTensorCore;
@@ -935,7 +936,8 @@ void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* d
   if (w.a) {
     mm(true, false, w.out, w.r, N, w.scale, dy, xa, 1.0f, w.db, DType::F32);
     mm(false, false, N, w.r, w.out, w.scale, dy, w.b, 0.0f, lora_g, DType::BF16);
-    if (w.dropout > 0) lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);  // x' again
+    if (w.dropout > 0)  // x' again
+      lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);
     mm(true, false, w.r, w.in, N, 1.0f, lora_g, w.dropout > 0 ? dropped_x : x, 1.0f, w.da, DType::F32);
   }
   if (!dx) return;  // x is read no more
@@ -994,7 +996,8 @@ void Decoder::Impl::dora_backward(bf16_t* dx, bool accumulate, const bf16_t* dy,
   dora_magnitude_grad(w.dm, dy, w.pre, w.norm, N, w.out);
   mm(true, false, w.out, w.r, N, w.scale, dora_d, xa, 1.0f, w.db, DType::F32);      // dB += s d^T xa
   mm(false, false, N, w.r, w.out, w.scale, dora_d, w.b, 0.0f, lora_g, DType::BF16);  // g = s d B
-  if (w.dropout > 0) lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);  // x' again
+  if (w.dropout > 0)  // x' again
+    lora_dropout_forward(dropped_x, x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);
   mm(true, false, w.r, w.in, N, 1.0f, lora_g, w.dropout > 0 ? dropped_x : x, 1.0f, w.da, DType::F32);
   if (!dx) return;  // x is read no more
   mm(false, false, N, w.in, w.out, 1.0f, w.dropout > 0 ? dy : dora_d, weight, accumulate ? 1.0f : 0.0f, dx,
@@ -1170,7 +1173,8 @@ void Decoder::Impl::mlp_rows_backward(const DecoderConfig& c, int64_t l, int64_t
     swiglu_backward(dgate, dup, dact, a.gate, a.up, rows * I);
   else
     geglu_tanh_backward(dgate, dup, dact, a.gate, a.up, rows * I);
-  linear_backward(dln_rows, false, dgate, ln2, rows_from(lin(layer.proj[kGate]), first), offset(a.xa[kGate], first * r));
+  linear_backward(dln_rows, false, dgate, ln2, rows_from(lin(layer.proj[kGate]), first),
+                  offset(a.xa[kGate], first * r));
   linear_backward(dln_rows, true, dup, ln2, rows_from(lin(layer.proj[kUp]), first), offset(a.xa[kUp], first * r));
 }
 
