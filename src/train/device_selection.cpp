@@ -51,8 +51,8 @@ cuda::DecoderConfig map_model(const model::ModelConfig& mc, std::vector<std::str
   c.scale_embeddings = mc.scale_embeddings;
   c.activation = mc.activation == model::Activation::GeluTanh ? cuda::DecoderConfig::Activation::kGeluTanh
                                                                : cuda::DecoderConfig::Activation::kSiLU;
-  if (mc.o_bias) gaps.push_back("model " + mc.model_type + ": a bias on o_proj (attention_bias)");
-  if (mc.mlp_bias) gaps.push_back("model " + mc.model_type + ": biases on the MLP projections (mlp_bias)");
+  c.o_bias = mc.o_bias;      // llama's attention_bias (with qkv_bias)
+  c.mlp_bias = mc.mlp_bias;  // llama's mlp_bias
   return c;
 }
 

@@ -449,7 +449,8 @@ void Decoder::allocate(bool on_device) {
       layer.proj[p].in = dims[p][0];
       layer.proj[p].out = dims[p][1];
       layer.proj[p].weight = add(module + ".weight", {dims[p][1], dims[p][0]}, full);
-      if (c.qkv_bias && p <= kV) layer.proj[p].bias = add(module + ".bias", {dims[p][1]}, full);
+      const bool biased = (c.qkv_bias && p <= kV) || (c.o_bias && p == kO) || (c.mlp_bias && p >= kGate);
+      if (biased) layer.proj[p].bias = add(module + ".bias", {dims[p][1]}, full);
     }
     layer.norm_attn = add(pre + "input_layernorm.weight", {C}, full);
     if (c.sandwich_norms) {

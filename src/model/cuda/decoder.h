@@ -9,7 +9,7 @@
 //          y = h + [post_ff_norm](down(act(gate(n2)) * up(n2))),               n2 = norm2(h)
 //   LoRA:  proj(x) = x W^T + b + (alpha / r) (x A^T) B^T
 // The families differ only through DecoderConfig's fields (the CPU ModelConfig's): q/k/v biases
-// (qwen2), sliding windows per layer (mistral: every layer; gemma2: alternate layers), and gemma2's
+// (qwen2; llama's attention_bias adds o_proj's, mlp_bias the MLP's), sliding windows per layer (mistral: every layer; gemma2: alternate layers), and gemma2's
 // sandwich norms (bracketed above), (1 + w) norm weights, sqrt(hidden)-scaled embeddings, GELU-tanh
 // gating, attention and final-logit soft-caps and query_pre_attn_scalar. A layer with a window
 // (shorter than seq_len) or a soft-cap runs the GEMM path or the tiled kernels (attention.h) as
@@ -56,8 +56,7 @@
 // host memory and come back one layer ahead of the backward, overlapping the compute on a stream of
 // their own (activation_offload.h).
 //
-// It deliberately does not do: biases on o_proj or the MLP (Llama's attention_bias / mlp_bias),
-// gradient clipping or loading checkpoints (weights are random or
+// It deliberately does not do gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). The recipes drive it through train/cuda_trainer.h (device=cuda), which loads
 // and saves checkpoints through the CPU engine's host model and clips over gradient_buffer().
 #pragma once
@@ -83,6 +82,8 @@ struct DecoderConfig {
   // The other families, as the CPU model::ModelConfig reads them from config.json (the defaults are
   // Llama's: none of it). Names and meanings are ModelConfig's.
   bool qkv_bias = false;  // qwen2: biases on q_proj, k_proj, v_proj (trainable when the base is)
+  bool o_bias = false;    // a bias on o_proj (llama's attention_bias sets it with qkv_bias)
+  bool mlp_bias = false;  // biases on gate_proj, up_proj, down_proj (llama's mlp_bias)
   // Per layer, 0 = full causal attention; empty = none anywhere. Token i sees key j iff
   // i - window < j <= i. mistral: config sliding_window on every layer (null: none); gemma2: the
   // layers HF marks "sliding_attention" (by default the even ones, 0, 2, ...).

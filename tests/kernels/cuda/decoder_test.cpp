@@ -66,6 +66,13 @@ cuda::DecoderConfig tiny_qwen2_config(bool tied) {
   return c;
 }
 
+// Llama with attention_bias and mlp_bias: a bias on every projection.
+cuda::DecoderConfig tiny_biased_llama_config(bool tied) {
+  cuda::DecoderConfig c = tiny_config(tied);
+  c.qkv_bias = c.o_bias = c.mlp_bias = true;
+  return c;
+}
+
 // Mistral: the same window on every layer.
 cuda::DecoderConfig tiny_mistral_config(int64_t window) {
   cuda::DecoderConfig c = tiny_config(false);
@@ -189,7 +196,9 @@ struct Reference {
   std::string lora(int64_t l, int proj, const char* which) const {
     return "base_model.model." + module(l, proj) + ".lora_" + which + ".weight";
   }
-  bool has_bias(int proj) const { return c.qkv_bias && proj <= cuda::kV; }
+  bool has_bias(int proj) const {
+    return (c.qkv_bias && proj <= cuda::kV) || (c.o_bias && proj == cuda::kO) || (c.mlp_bias && proj >= cuda::kGate);
+  }
   // The CPU Decoder::Layer's norms by HF name (gemma2's sandwich: four per layer).
   std::string norm_attn_in(int64_t l) const { return layer(l) + "input_layernorm.weight"; }
   std::string norm_attn_out(int64_t l) const { return layer(l) + "post_attention_layernorm.weight"; }
@@ -697,6 +706,13 @@ KTUNE_CUDA_TEST(DecoderQwen2BiasesMatchCpuReference) {
   // bias="none") but are still added.
   check_step("qwen2 full untied", tiny_qwen2_config(false), family_setup(true));
   check_step("qwen2 lora all tied", tiny_qwen2_config(true), family_setup(false, kAllProjections));
+}
+
+// Llama's attention_bias and mlp_bias: a bias on every projection, o_proj's added with the residual
+// in one GEMM (beta = 1); full (they train) and LoRA (frozen). (In chunks of MLP rows: below.)
+KTUNE_CUDA_TEST(DecoderLlamaAttentionAndMlpBiasesMatchCpuReference) {
+  check_step("llama all biases full untied", tiny_biased_llama_config(false), family_setup(true));
+  check_step("llama all biases lora all tied", tiny_biased_llama_config(true), family_setup(false, kAllProjections));
 }
 
 KTUNE_CUDA_TEST(DecoderMistralSlidingWindowMatchesCpuReference) {
@@ -1261,6 +1277,7 @@ KTUNE_CUDA_TEST(DecoderMlpInChunksGivesTheSameGradients) {
   qdora.lora_dropout = 0.1f, qdora.lora_seed = 3, qdora.use_dora = true;
   check_mlp_chunks("qwen2 qlora+dora dropout 0.1", three_layers(tiny_qwen2_config(false)), qdora, 17, 5);
   check_mlp_chunks("gemma2 lora all", three_layers(tiny_gemma2_config()), family_setup(false, kAllProjections), 40);
+  check_mlp_chunks("llama all biases full", three_layers(tiny_biased_llama_config(false)), family_setup(true), 24);
 }
 
 // ---- activation offloading ----

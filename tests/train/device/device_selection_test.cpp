@@ -177,17 +177,26 @@ TEST(PlanCudaStep, QwenMistralAndGemmaMapFieldForField) {
   EXPECT_EQ(plan_cuda_step(cfg, lora, family("llama"), 2, 64).model.attention_scale, 0.0f);
 }
 
-TEST(PlanCudaStep, BiasesTheGpuStepLacksAreGapsNamingTheModelType) {
+TEST(PlanCudaStep, LlamasAttentionAndMlpBiasesGoToTheGpuStep) {
   const RecipeConfig cfg = tiny("lora_finetune_single_device");
   const RecipeSpec& lora = *find_recipe("lora_finetune_single_device");
   model::ModelConfig biased = family("llama");
-  biased.o_bias = true;
+  biased.qkv_bias = biased.o_bias = true;  // attention_bias
   biased.mlp_bias = true;
-  const std::vector<std::string> gaps = plan_cuda_step(cfg, lora, biased, 2, 64).gaps;
-  EXPECT_TRUE(mentions(gaps, "model llama: a bias on o_proj")) << describe_gaps(gaps);
-  EXPECT_TRUE(mentions(gaps, "model llama: biases on the MLP")) << describe_gaps(gaps);
+  const CudaStepPlan plan = plan_cuda_step(cfg, lora, biased, 2, 64);
+  EXPECT_TRUE(plan.gaps.empty()) << describe_gaps(plan.gaps);
+  EXPECT_TRUE(plan.model.qkv_bias && plan.model.o_bias && plan.model.mlp_bias);
+  const CudaStepPlan plain = plan_cuda_step(cfg, lora, family("llama"), 2, 64);
+  EXPECT_FALSE(plain.model.qkv_bias || plain.model.o_bias || plain.model.mlp_bias);
+}
+
+TEST(PlanCudaStep, AGapNamesWhatTheGpuStepDoesNotDoAndTheWayOut) {
+  const RecipeConfig cfg = tiny("lora_finetune_single_device", {"optimizer.amsgrad=True"});
+  const std::vector<std::string> gaps =
+      plan_cuda_step(cfg, *find_recipe("lora_finetune_single_device"), family("llama"), 2, 64).gaps;
+  EXPECT_TRUE(mentions(gaps, "optimizer.amsgrad")) << describe_gaps(gaps);
   const std::string text = describe_gaps(gaps);
-  EXPECT_NE(text.find("the GPU step does not do model llama: a bias on o_proj"), std::string::npos) << text;
+  EXPECT_NE(text.find("the GPU step does not do optimizer.amsgrad"), std::string::npos) << text;
   EXPECT_NE(text.find("Set device=cpu"), std::string::npos) << text;
 }
 
