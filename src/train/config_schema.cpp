@@ -496,6 +496,12 @@ class Checker {
         add("optimizer_in_bwd", "cannot be combined with clip_grad_norm (gradients are never all present at once)");
     }
 
+    // ktune's AdamW, on both engines, is torch.optim.AdamW's default update (kernels/cpu/adamw.h).
+    const ConfigNode* optimizer = tree_.find("optimizer");
+    const ConfigNode* amsgrad = optimizer && optimizer->is_map() ? optimizer->find("amsgrad") : nullptr;
+    if (amsgrad && amsgrad->is_bool() && amsgrad->as_bool())
+      add("optimizer.amsgrad", "ktune's AdamW is torch's default update, without amsgrad: set optimizer.amsgrad=False");
+
     const ConfigNode* profiler = tree_.find("profiler");
     const ConfigNode* enabled = profiler && profiler->is_map() ? profiler->find("enabled") : nullptr;
     if (enabled && enabled->is_bool() && enabled->as_bool())

@@ -67,7 +67,6 @@ cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe,
   // The kept layer inputs to pinned host memory and back (the config schema refuses it without checkpointing).
   s.activation_offloading = cfg.enable_activation_offloading;
   if (cfg.dtype != TrainDtype::BF16) gaps.push_back("dtype=fp32: the GPU step trains in bf16 only (dtype=bf16)");
-  if (cfg.optimizer.amsgrad) gaps.push_back("optimizer.amsgrad");
   if (!recipe.lora) return s;
   s.lora_rank = cfg.model.lora_rank;
   s.lora_alpha = float(cfg.model.lora_alpha);

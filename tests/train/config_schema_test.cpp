@@ -155,6 +155,10 @@ TEST(ConfigSchema, ImpossibleCombinationsAreRefused) {
   m = refusal(kLora, kLoraCfg, {"enable_activation_offloading=True", "enable_activation_checkpointing=False"});
   EXPECT_HAS(m, "needs enable_activation_checkpointing=True");
 
+  m = refusal(kLora, kLoraCfg, {"optimizer.amsgrad=True"});
+  EXPECT_HAS(m, "config key optimizer.amsgrad: ktune's AdamW is torch's default update, without amsgrad");
+  EXPECT_EQ(refusal(kLora, kLoraCfg, {"optimizer.amsgrad=False"}), "");
+
   m = refusal(kLora, kLoraCfg, {"profiler.enabled=True"});
   EXPECT_HAS(m, "ktune has no torch profiler");
 
