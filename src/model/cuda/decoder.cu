@@ -325,10 +325,11 @@ struct Decoder::Impl {
   // embedding .. final norm, saving what the backward reads; for_backward false (forward_loss): no
   // layer input is offloaded, nothing will read them
   void forward(const DecoderConfig& c, bool for_backward);
-  // Layer l from x_in to x_out, saving into acts[l]; timed: marks the attention's events. Its two
+  // Layer l from x_in to x_out, saving into acts[l] (its attention timed when profiling). Its two
   // halves: attention_half (x_in .. x_mid and ln2) and mlp_forward (ln2 .. x_out, mlp_rows at a time).
-  void layer_forward(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bf16_t* x_out, bool timed);
-  void attention_half(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bool timed);
+  void layer_forward(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bf16_t* x_out);
+  // recompute: checkpointing's second run (its attention timed apart from the forward's)
+  void attention_half(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bool recompute);
   void mlp_forward(const DecoderConfig& c, int64_t l, bf16_t* x_out);
   // Rows [first, first + rows) of the MLP: gate, up and act (their first `rows` rows) and x_out's rows.
   void mlp_rows_forward(const DecoderConfig& c, int64_t l, int64_t first, int64_t rows, bf16_t* x_out);
@@ -337,7 +338,7 @@ struct Decoder::Impl {
   void mlp_rows_backward(const DecoderConfig& c, int64_t l, int64_t first, int64_t rows);
   StepResult loss(const DecoderConfig& c, float grad_scale, bool backward);
   void backward(const DecoderConfig& c);  // from dnormed (the loss's gradient) down to the embedding
-  std::vector<bool> attention_backward_ran;  // per layer, for the profile
+  std::vector<bool> attention_backward_ran, attention_recompute_ran;  // per layer, for the profile
   void finish_step(const DecoderConfig& c, bool with_backward, Decoder::StepProfile* profile);
 
   // N set to a slice's rows while the linear ops (which run on N rows) work on it; restored after.
@@ -863,7 +864,7 @@ std::string Decoder::memory_report() const {
 void Decoder::set_profiling(bool on) {
   Impl& s = *impl_;
   if (on && s.events.empty()) {
-    s.events.resize(4 + 4 * size_t(config_.num_layers));
+    s.events.resize(4 + 6 * size_t(config_.num_layers));
     for (auto& e : s.events) KTUNE_CUDA_CHECK(cudaEventCreate(&e));
   }
   s.profiling = on;
@@ -874,8 +875,9 @@ void Decoder::set_profiling(bool on) {
 
 namespace {
 
-// Profiling events: 0/1 the step, 2/3 the loss, 4 + 4l + {0,1} layer l's attention forward, + {2,3} its backward.
-size_t attn_event(int64_t l, int k) { return size_t(4 + 4 * l + k); }
+// Profiling events: 0/1 the step, 2/3 the loss, 4 + 6l + {0,1} layer l's attention forward, + {2,3} its
+// backward, + {4,5} checkpointing's second forward of it.
+size_t attn_event(int64_t l, int k) { return size_t(4 + 6 * l + k); }
 
 }  // namespace
 
@@ -1063,7 +1065,7 @@ void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
   if (offloading) offload.stored(0, N * C, for_backward);
   for (int64_t l = 0; l < L; ++l) {
     if (offloading) offload.claim(l + 1);
-    layer_forward(c, l, resid[size_t(l)], resid[size_t(l) + 1], true);
+    layer_forward(c, l, resid[size_t(l)], resid[size_t(l) + 1]);
     if (offloading) offload.stored(l + 1, N * C, for_backward);
   }
   rmsnorm_forward(final_normed, final_rstd, resid[size_t(L)], P(final_norm).value, N, C, c.rms_norm_eps,
@@ -1071,18 +1073,18 @@ void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
 }
 
 // Layer l from x_in to x_out, saving into acts[l]. With activation checkpointing the backward runs
-// both halves again for layer l (attention_half with timed = false, the MLP a chunk of rows at a
+// both halves again for layer l (attention_half with recompute = true, the MLP a chunk of rows at a
 // time in mlp_rows_backward): the same kernels on the same input and parameters, the dropout masks
 // from the same key, so acts[l] holds what the first forward saved there, bit for bit; the MLP's
 // output rows then go to scratch (the backward no longer reads the next layer's input, whose offload
 // slot may be taking another layer's input back by then).
-void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bf16_t* x_out, bool timed) {
-  attention_half(c, l, x_in, timed);
+void Decoder::Impl::layer_forward(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bf16_t* x_out) {
+  attention_half(c, l, x_in, false);
   mlp_forward(c, l, x_out);
 }
 
 // x_in .. h (x_mid) = x + [post_attn_norm](o(attention(...))), then ln2 = norm2(h).
-void Decoder::Impl::attention_half(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bool timed) {
+void Decoder::Impl::attention_half(const DecoderConfig& c, int64_t l, const bf16_t* x_in, bool recompute) {
   const int64_t C = c.hidden_size;
   const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   const RopeTableView rope{rope_cos.as<float>(), rope_sin.as<float>(), rope_rows, D};
@@ -1095,14 +1097,15 @@ void Decoder::Impl::attention_half(const DecoderConfig& c, int64_t l, const bf16
   linear_forward(a.v, a.ln1, lin(layer.proj[kV]), a.xa[kV], 0.0f);
   rope_forward(a.q, positions, rope, N, Hq, D, flag.data());
   rope_forward(a.k, positions, rope, N, Hkv, D, flag.data());
-  if (timed) mark(attn_event(l, 0));
+  mark(attn_event(l, recompute ? 4 : 0));
   if (layer.kernel == TrainingSetup::Attention::kTensorCore)
     flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention, nullptr, step_docs, step_bounds);
   else if (layer.kernel == TrainingSetup::Attention::kGemm)
     attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch, nullptr, step_docs);
   else
     attention_forward(a.att, a.lse, a.q, a.k, a.v, step_docs, step_bounds, layer.attention);
-  if (timed) mark(attn_event(l, 1));
+  mark(attn_event(l, recompute ? 5 : 1));
+  if (recompute) attention_recompute_ran[size_t(l)] = true;
   if (c.sandwich_norms) {  // h = x + post_attn_norm(o(att))
     linear_forward(a.o, a.att, lin(layer.proj[kO]), a.xa[kO], 0.0f);
     rmsnorm_forward(a.x_mid, a.rstd_o, a.o, P(layer.norm_attn_out).value, N, C, eps, off);
@@ -1200,6 +1203,7 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
   const float off = c.norm_weight_offset;
   const bool sandwich = c.sandwich_norms;
   attention_backward_ran.assign(size_t(L), false);
+  attention_recompute_ran.assign(size_t(L), false);
 
   // Which layers need their input gradient: anything trainable below them (or the embedding).
   std::vector<bool> trainable_in_layer(size_t(L), false);
@@ -1231,7 +1235,7 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
     // Checkpointing: the layer's attention half again, from its saved input (the MLP runs again
     // chunk by chunk in mlp_rows_backward). The last layer's is still there from the forward (the
     // loss and the final norm's backward use scratch of their own).
-    if (checkpointing && l < L - 1) attention_half(c, l, resid[size_t(l)], false);
+    if (checkpointing && l < L - 1) attention_half(c, l, resid[size_t(l)], true);
     const Layer& layer = layers[size_t(l)];
     const Acts& a = acts[size_t(l)];
     const bf16_t* x_in = resid[size_t(l)];
@@ -1289,6 +1293,8 @@ void Decoder::Impl::finish_step(const DecoderConfig& c, bool with_backward, Deco
     profile->attention_ms += between(attn_event(l, 0), attn_event(l, 1));
     if (with_backward && attention_backward_ran[size_t(l)])
       profile->attention_ms += between(attn_event(l, 2), attn_event(l, 3));
+    if (with_backward && attention_recompute_ran[size_t(l)])
+      profile->attention_ms += between(attn_event(l, 4), attn_event(l, 5));
   }
 }
 

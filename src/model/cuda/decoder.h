@@ -242,7 +242,7 @@ class Decoder {
   // Where a step's time goes, timed with CUDA events when profiling is on (off by default: the
   // events cost a little). Filled by forward_backward.
   struct StepProfile {
-    double attention_ms = 0;  // attention forward + backward, all layers
+    double attention_ms = 0;  // attention forward + backward (+ checkpointing's second forward), all layers
     double loss_ms = 0;       // output projection + cross-entropy (+ its gradients)
     double step_ms = 0;       // the whole forward_backward on the device
   };

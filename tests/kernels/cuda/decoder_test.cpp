@@ -1250,6 +1250,28 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingGivesTheSameGradients) {
   check_checkpointing("head_dim 64 lora [tensor-core attention]", three_layers(tiny_head_dim64_config(true)), tc);
 }
 
+// The profile's regions lie inside the step and do not overlap: attention (forward, backward and,
+// with checkpointing, its second forward) plus the loss head never exceed the whole step. The
+// events' bookkeeping, not a speed: with and without checkpointing, on both attention paths.
+KTUNE_CUDA_TEST(DecoderProfileTimesRegionsInsideTheStep) {
+  for (bool checkpointing : {false, true})
+    for (auto attention : {cuda::TrainingSetup::Attention::kGemm, cuda::TrainingSetup::Attention::kFlash}) {
+      cuda::TrainingSetup setup = family_setup(false, kAllProjections);
+      setup.activation_checkpointing = checkpointing;
+      setup.attention = attention;
+      const cuda::DecoderConfig config = three_layers(tiny_config(true));
+      cuda::Decoder model(config, setup, 3);
+      std::vector<int32_t> tokens, labels;
+      batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+      model.set_profiling(true);
+      model.forward_backward(tokens.data(), labels.data(), 0.01f);
+      const cuda::Decoder::StepProfile p = model.last_profile();
+      CHECK(p.step_ms > 0 && p.attention_ms > 0 && p.loss_ms > 0 && p.attention_ms + p.loss_ms <= p.step_ms)
+          << (checkpointing ? "checkpointed" : "plain") << ": step " << p.step_ms << " ms, attention "
+          << p.attention_ms << " ms, loss " << p.loss_ms << " ms";
+    }
+}
+
 // ---- the MLP in chunks of rows (checkpointing) ----
 
 // The same step with checkpointing and the MLP in chunks of `chunk` tokens against the step without
