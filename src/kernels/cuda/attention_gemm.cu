@@ -1,16 +1,24 @@
 // Causal attention through cuBLASLt GEMMs and row kernels (see attention_gemm.h).
 // Scratch layout (each slice 256-byte aligned): S (B,T,T) f32 | dP (B,T,T) f32 | P (B,T,T) bf16 |
 // delta (B,Hq,T) f32 | dK (B,T,Hkv,D) f32 | dV (B,T,Hkv,D) f32.
+// The GEMMs work on blocks of rows (attention_gemm_block_rows): the scores S, dP of query rows
+// [i0, i1) are computed for key columns [k0, i1) only (k0 = max(0, i0 - window + 1) rounded down to
+// a multiple of 8, 0 without a window), and dK, dV of key rows [j0, j1) sum over query rows [j0, q1)
+// only (q1 = min(T, j1 + window - 1), T without one); every S and dP entry outside its row's block
+// keeps whatever was in the scratch.
 // The row kernels take one block per (b, i) row of the head at hand; they apply the soft-cap to the
-// scaled scores the GEMM left in S and the mask; masked entries (j > i, j <= i - window, or another
-// document: doc_ids[b, j] != doc_ids[b, i]) of P and dS are written as 0, so the GEMMs over the full
-// (T, T) square add nothing for them (their GEMM work is still done, as the upper triangle's).
+// scaled scores the GEMM left in S and the mask, and read S and dP only where the mask lets the key
+// through (always inside the row's block); they write every entry of the row of P and dS, masked
+// entries (j > i, j <= i - window, or another document: doc_ids[b, j] != doc_ids[b, i]) as 0, so the
+// dK, dV GEMMs may read any of them (a key block's columns of later rows) and the masked ones add nothing.
 #include "kernels/cuda/attention_gemm.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -20,6 +28,7 @@ namespace ktune::cuda {
 namespace {
 
 constexpr int kRowThreads = 256;
+constexpr int64_t kMinBlockRows = 128;  // no split below 2 blocks of this many rows
 
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
@@ -161,7 +170,36 @@ void batched(GemmContext& ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K
   ctx.run(g, stream);
 }
 
+// One block of the partition of the T positions (attention_gemm_block_rows): as a row block, queries
+// [i0, i1) see keys [k0, i1) (k0 = i0 - window + 1 clipped at 0 and rounded down to a multiple of 8,
+// so that the blocks' pointers stay as aligned as the rows; 0 without a window), the GEMMs' S,
+// P, dP, dS columns; as a key block, keys [i0, i1) are seen by queries [i0, q1) (q1 = i1 + window - 1
+// clipped at T; T without a window), the rows of P and dS the dK, dV GEMMs read.
+struct RowBlock {
+  int64_t i0, i1, k0, q1;
+  int64_t rows() const { return i1 - i0; }
+  int64_t keys() const { return i1 - k0; }
+  int64_t queries() const { return q1 - i0; }
+};
+
+std::vector<RowBlock> row_blocks(int64_t T, int64_t window) {
+  const int64_t n = attention_gemm_block_rows(T);
+  std::vector<RowBlock> blocks;
+  for (int64_t i0 = 0; i0 < T; i0 += n) {
+    const int64_t i1 = std::min(T, i0 + n);
+    const int64_t k0 = window > 0 ? std::max<int64_t>(0, i0 - window + 1) / 8 * 8 : 0;  // 16-byte aligned
+    const int64_t q1 = window > 0 ? std::min(T, i1 + window - 1) : T;
+    blocks.push_back(RowBlock{i0, i1, k0, q1});
+  }
+  return blocks;
+}
+
 }  // namespace
+
+int64_t attention_gemm_block_rows(int64_t T) {
+  const int64_t quarter = (T + 3) / 4, rounded = (quarter + 63) / 64 * 64;
+  return T <= kMinBlockRows ? T : std::max(kMinBlockRows, rounded);
+}
 
 size_t attention_gemm_scratch_bytes(const AttentionShape& s) {
   const size_t tt = size_t(s.B) * size_t(s.T) * size_t(s.T), kv = size_t(s.B * s.T * s.Hkv * s.D);
@@ -175,16 +213,19 @@ void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf1
   const Scratch w = carve(s, scratch);
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
   const RowMask mask{doc_ids, T, s.sliding_window, s.softcap};
+  const std::vector<RowBlock> blocks = row_blocks(T, s.sliding_window);
   for (int64_t h = 0; h < s.Hq; ++h) {
     const int64_t g = h / group;
-    // S (b) = scale Q_h(b) K_g(b)^T   (T, T) f32
-    batched(ctx, false, true, T, T, D, s.scale, q + h * D, QD, T * QD, k + g * D, KD, T * KD, 0.0f, w.S, T, T * T,
-            DType::F32, s.B, stream);
+    // S[i0:i1, k0:i1] (b) = scale Q_h[i0:i1](b) K_g[k0:i1](b)^T   f32, per row block
+    for (const RowBlock& r : blocks)
+      batched(ctx, false, true, r.rows(), r.keys(), D, s.scale, q + r.i0 * QD + h * D, QD, T * QD,
+              k + r.k0 * KD + g * D, KD, T * KD, 0.0f, w.S + r.i0 * T + r.k0, T, T * T, DType::F32, s.B, stream);
     softmax_rows_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), lse, w.S, mask, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
-    // O_h(b) = P(b) V_g(b)   (T, D) bf16 into the strided head columns
-    batched(ctx, false, false, T, D, T, 1.0f, w.P, T, T * T, v + g * D, KD, T * KD, 0.0f, out + h * D, QD, T * QD,
-            DType::BF16, s.B, stream);
+    // O_h[i0:i1](b) = P[i0:i1, k0:i1](b) V_g[k0:i1](b)   bf16 into the strided head columns
+    for (const RowBlock& r : blocks)
+      batched(ctx, false, false, r.rows(), D, r.keys(), 1.0f, w.P + r.i0 * T + r.k0, T, T * T, v + r.k0 * KD + g * D,
+              KD, T * KD, 0.0f, out + r.i0 * QD + h * D, QD, T * QD, DType::BF16, s.B, stream);
   }
 }
 
@@ -195,6 +236,7 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
   const Scratch w = carve(s, scratch);
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
   const RowMask mask{doc_ids, T, s.sliding_window, s.softcap};
+  const std::vector<RowBlock> blocks = row_blocks(T, s.sliding_window);
   const int64_t kv = s.B * T * KD;
   KTUNE_CUDA_CHECK(cudaMemsetAsync(w.dk, 0, size_t(kv) * 4, stream));
   KTUNE_CUDA_CHECK(cudaMemsetAsync(w.dv, 0, size_t(kv) * 4, stream));
@@ -203,27 +245,35 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
   KTUNE_CUDA_CHECK_LAUNCH();
   for (int64_t h = 0; h < s.Hq; ++h) {
     const int64_t g = h / group;
-    // S = scale Q K^T again, P = exp(cap(S) - lse)
-    batched(ctx, false, true, T, T, D, s.scale, q + h * D, QD, T * QD, k + g * D, KD, T * KD, 0.0f, w.S, T, T * T,
-            DType::F32, s.B, stream);
+    // S = scale Q K^T again over the row blocks, P = exp(cap(S) - lse) over whole rows
+    for (const RowBlock& r : blocks)
+      batched(ctx, false, true, r.rows(), r.keys(), D, s.scale, q + r.i0 * QD + h * D, QD, T * QD,
+              k + r.k0 * KD + g * D, KD, T * KD, 0.0f, w.S + r.i0 * T + r.k0, T, T * T, DType::F32, s.B, stream);
     probabilities_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, lse, mask, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
-    // dV_g += P^T dO_h   (T, D) f32
-    batched(ctx, true, false, T, D, T, 1.0f, w.P, T, T * T, dout + h * D, QD, T * QD, 1.0f, w.dv + g * D, KD, T * KD,
-            DType::F32, s.B, stream);
-    // dP = dO_h V_g^T   (T, T) f32
-    batched(ctx, false, true, T, T, D, 1.0f, dout + h * D, QD, T * QD, v + g * D, KD, T * KD, 0.0f, w.dP, T, T * T,
-            DType::F32, s.B, stream);
-    // dS = P (dP - delta) cap'(S) scale   (T, T) bf16, over P (its dV use is queued before this)
+    // dV_g[j0:j1] += P[j0:q1, j0:j1]^T dO_h[j0:q1]   f32, per key block: every query that sees a key of
+    // the block, in one product, so each key gets one beta = 1 addition per head as with the full square
+    // (the rows above j0 and from q1 on only hold zeros in these columns)
+    for (const RowBlock& c : blocks)
+      batched(ctx, true, false, c.rows(), D, c.queries(), 1.0f, w.P + c.i0 * T + c.i0, T, T * T,
+              dout + c.i0 * QD + h * D, QD, T * QD, 1.0f, w.dv + c.i0 * KD + g * D, KD, T * KD, DType::F32, s.B,
+              stream);
+    // dP[i0:i1, k0:i1] = dO_h[i0:i1] V_g[k0:i1]^T   f32, per row block
+    for (const RowBlock& r : blocks)
+      batched(ctx, false, true, r.rows(), r.keys(), D, 1.0f, dout + r.i0 * QD + h * D, QD, T * QD,
+              v + r.k0 * KD + g * D, KD, T * KD, 0.0f, w.dP + r.i0 * T + r.k0, T, T * T, DType::F32, s.B, stream);
+    // dS = P (dP - delta) cap'(S) scale   (T, T) bf16 over whole rows, over P (its dV use is queued before this)
     score_gradient_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, w.dP, lse, w.delta, mask, s.Hq,
                                                                          h, s.scale);
     KTUNE_CUDA_CHECK_LAUNCH();
-    // dQ_h = dS K_g   (T, D) bf16
-    batched(ctx, false, false, T, D, T, 1.0f, w.P, T, T * T, k + g * D, KD, T * KD, 0.0f, dq + h * D, QD, T * QD,
-            DType::BF16, s.B, stream);
-    // dK_g += dS^T Q_h   (T, D) f32
-    batched(ctx, true, false, T, D, T, 1.0f, w.P, T, T * T, q + h * D, QD, T * QD, 1.0f, w.dk + g * D, KD, T * KD,
-            DType::F32, s.B, stream);
+    // dQ_h[i0:i1] = dS[i0:i1, k0:i1] K_g[k0:i1]   bf16, per row block
+    for (const RowBlock& r : blocks)
+      batched(ctx, false, false, r.rows(), D, r.keys(), 1.0f, w.P + r.i0 * T + r.k0, T, T * T, k + r.k0 * KD + g * D,
+              KD, T * KD, 0.0f, dq + r.i0 * QD + h * D, QD, T * QD, DType::BF16, s.B, stream);
+    // dK_g[j0:j1] += dS[j0:q1, j0:j1]^T Q_h[j0:q1]   f32, per key block
+    for (const RowBlock& c : blocks)
+      batched(ctx, true, false, c.rows(), D, c.queries(), 1.0f, w.P + c.i0 * T + c.i0, T, T * T,
+              q + c.i0 * QD + h * D, QD, T * QD, 1.0f, w.dk + c.i0 * KD + g * D, KD, T * KD, DType::F32, s.B, stream);
   }
   to_bf16_kernel<<<blocks_for(kv, 256), 256, 0, stream>>>(dev(dk), w.dk, kv);
   KTUNE_CUDA_CHECK_LAUNCH();

@@ -15,7 +15,16 @@
 // saturates (|s| reaches ~7; without the cap out is off by 0.6, without its derivative dq by 0.6);
 // both together, with GQA and doc ids. Scale 1/2 rather than 1: the backward's delta = rowsum(dO O)
 // reads the bf16 O, whose error reaches dq and dk times the scale (at scale 1 they miss 6e-3 by 1.3-1.9x).
+// Row blocks (the GEMMs run per block of query rows, attention_gemm_block_rows): T = 129, 260, 300, 600
+// make 2-4 blocks, the last partial, with windows shorter and longer than a block, doc ids and caps. The
+// scratch is filled with NaN before each call: the outputs must equal a zeroed scratch's bit for bit (no
+// row kernel reads a score the GEMMs skipped, no GEMM consumes an unwritten P / dS entry) and S and dP
+// outside the blocks must stay NaN (not computed). One block of T, k0 one key later, or a key block's
+// queries ending one early each fail it.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda_test_harness.h"
@@ -40,39 +49,86 @@ std::vector<int32_t> packed_doc_ids(int64_t B, int64_t T) {
   return docs;
 }
 
-void check_gemm_attention(const char* name, cpu::AttentionShape s, bool with_docs = false) {
-  const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
-  auto q = rounded_to_bf16(random_floats(nq, 11)), k = rounded_to_bf16(random_floats(nkv, 12));
-  auto v = rounded_to_bf16(random_floats(nkv, 13)), dout = rounded_to_bf16(random_floats(nq, 14));
-  const std::vector<int32_t> docs = with_docs ? packed_doc_ids(s.B, s.T) : std::vector<int32_t>();
-  const int32_t* doc_ptr = with_docs ? docs.data() : nullptr;
-  std::vector<float> out(nq), lse(size_t(s.B * s.Hq * s.T)), dq(nq), dk(nkv), dv(nkv);
-  cpu::attention_forward_reference(out.data(), lse.data(), q.data(), k.data(), v.data(), doc_ptr, s);
-  // The backward's rowsum uses the bf16-rounded forward output, as the GPU's does.
-  const auto out_rounded = rounded_to_bf16(out);
-  cpu::attention_backward_reference(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                                    out_rounded.data(), lse.data(), doc_ptr, s);
+// The operands of one case: bf16-exact q, k, v, dout, and the doc ids (empty: none).
+struct Inputs {
+  std::vector<float> q, k, v, dout;
+  std::vector<int32_t> docs;
+  const int32_t* doc_ptr() const { return docs.empty() ? nullptr : docs.data(); }
+};
 
+struct Outputs {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+Inputs case_inputs(const cpu::AttentionShape& s, bool with_docs) {
+  const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
+  return Inputs{rounded_to_bf16(random_floats(nq, 11)), rounded_to_bf16(random_floats(nkv, 12)),
+                rounded_to_bf16(random_floats(nkv, 13)), rounded_to_bf16(random_floats(nq, 14)),
+                with_docs ? packed_doc_ids(s.B, s.T) : std::vector<int32_t>()};
+}
+
+Outputs cpu_reference(const cpu::AttentionShape& s, const Inputs& in) {
+  const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
+  Outputs r{std::vector<float>(nq), std::vector<float>(size_t(s.B * s.Hq * s.T)), std::vector<float>(nq),
+            std::vector<float>(nkv), std::vector<float>(nkv)};
+  cpu::attention_forward_reference(r.out.data(), r.lse.data(), in.q.data(), in.k.data(), in.v.data(), in.doc_ptr(), s);
+  // The backward's rowsum uses the bf16-rounded forward output, as the GPU's does.
+  const auto out_rounded = rounded_to_bf16(r.out);
+  cpu::attention_backward_reference(r.dq.data(), r.dk.data(), r.dv.data(), in.dout.data(), in.q.data(), in.k.data(),
+                                    in.v.data(), out_rounded.data(), r.lse.data(), in.doc_ptr(), s);
+  return r;
+}
+
+// One GPU run (forward, then backward). The scratch is filled with `fill` bytes before each call (0xFF:
+// NaN in f32 and bf16); the S and dP (B, T, T) f32 slices it holds after each call are returned too
+// (attention_gemm.cu's layout: S at 0, dP next, 256-byte aligned).
+struct GpuRun {
+  Outputs got;
+  std::vector<float> forward_S, backward_S, backward_dP;
+};
+
+GpuRun run_on_gpu(const cpu::AttentionShape& s, const Inputs& in, uint8_t fill) {
+  const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
+  const size_t tt = size_t(s.B * s.T * s.T), dp_offset = (tt * 4 + 255) / 256 * 256;
   cuda::GemmContext ctx;
-  cuda::DeviceBuffer d_docs = with_docs ? to_device(docs) : cuda::DeviceBuffer();
-  const int32_t* d_doc_ptr = with_docs ? d_docs.as<int32_t>() : nullptr;
-  auto d_q = to_device(to_bf16(q)), d_k = to_device(to_bf16(k)), d_v = to_device(to_bf16(v));
-  auto d_dout = to_device(to_bf16(dout));
-  cuda::DeviceBuffer d_out(nq * 2), d_dq(nq * 2), d_dk(nkv * 2), d_dv(nkv * 2), d_lse(lse.size() * 4);
-  cuda::DeviceBuffer scratch(cuda::attention_gemm_scratch_bytes(s));
+  cuda::DeviceBuffer d_docs = in.docs.empty() ? cuda::DeviceBuffer() : to_device(in.docs);
+  const int32_t* d_doc_ptr = in.docs.empty() ? nullptr : d_docs.as<int32_t>();
+  auto d_q = to_device(to_bf16(in.q)), d_k = to_device(to_bf16(in.k)), d_v = to_device(to_bf16(in.v));
+  auto d_dout = to_device(to_bf16(in.dout));
+  cuda::DeviceBuffer d_out(nq * 2), d_dq(nq * 2), d_dk(nkv * 2), d_dv(nkv * 2), d_lse(size_t(s.B * s.Hq * s.T) * 4);
+  const std::vector<uint8_t> filled(cuda::attention_gemm_scratch_bytes(s), fill);
+  cuda::DeviceBuffer scratch = to_device(filled);
+  auto slice = [&](size_t offset) {
+    std::vector<float> v(tt);
+    scratch.download(v.data(), tt * 4, offset);
+    return v;
+  };
+  GpuRun r;
   cuda::attention_gemm_forward(ctx, d_out.as<bf16_t>(), d_lse.as<float>(), d_q.as<bf16_t>(), d_k.as<bf16_t>(),
                                d_v.as<bf16_t>(), s, scratch.data(), nullptr, d_doc_ptr);
+  r.forward_S = slice(0);
+  scratch.upload(filled.data(), filled.size());
   cuda::attention_gemm_backward(ctx, d_dq.as<bf16_t>(), d_dk.as<bf16_t>(), d_dv.as<bf16_t>(), d_dout.as<bf16_t>(),
                                 d_q.as<bf16_t>(), d_k.as<bf16_t>(), d_v.as<bf16_t>(), d_out.as<bf16_t>(),
                                 d_lse.as<float>(), s, scratch.data(), nullptr, d_doc_ptr);
-  auto got_out = from_bf16(from_device<bf16_t>(d_out, nq)), got_dq = from_bf16(from_device<bf16_t>(d_dq, nq));
-  auto got_dk = from_bf16(from_device<bf16_t>(d_dk, nkv)), got_dv = from_bf16(from_device<bf16_t>(d_dv, nkv));
-  auto got_lse = from_device<float>(d_lse, lse.size());
-  CHECK_CLOSE(got_out.data(), out.data(), int64_t(nq), 2e-3, 1e-2) << name;
-  CHECK_CLOSE(got_lse.data(), lse.data(), int64_t(lse.size()), 2e-5, 1e-5) << name;
-  CHECK_CLOSE(got_dq.data(), dq.data(), int64_t(nq), 6e-3, 1e-2) << name;
-  CHECK_CLOSE(got_dk.data(), dk.data(), int64_t(nkv), 6e-3, 1e-2) << name;
-  CHECK_CLOSE(got_dv.data(), dv.data(), int64_t(nkv), 6e-3, 1e-2) << name;
+  r.backward_S = slice(0), r.backward_dP = slice(dp_offset);
+  r.got = Outputs{from_bf16(from_device<bf16_t>(d_out, nq)), from_device<float>(d_lse, size_t(s.B * s.Hq * s.T)),
+                  from_bf16(from_device<bf16_t>(d_dq, nq)), from_bf16(from_device<bf16_t>(d_dk, nkv)),
+                  from_bf16(from_device<bf16_t>(d_dv, nkv))};
+  return r;
+}
+
+void check_against_reference(const char* name, const Outputs& got, const Outputs& ref) {
+  CHECK_CLOSE(got.out.data(), ref.out.data(), int64_t(ref.out.size()), 2e-3, 1e-2) << name;
+  CHECK_CLOSE(got.lse.data(), ref.lse.data(), int64_t(ref.lse.size()), 2e-5, 1e-5) << name;
+  CHECK_CLOSE(got.dq.data(), ref.dq.data(), int64_t(ref.dq.size()), 6e-3, 1e-2) << name;
+  CHECK_CLOSE(got.dk.data(), ref.dk.data(), int64_t(ref.dk.size()), 6e-3, 1e-2) << name;
+  CHECK_CLOSE(got.dv.data(), ref.dv.data(), int64_t(ref.dv.size()), 6e-3, 1e-2) << name;
+}
+
+void check_gemm_attention(const char* name, cpu::AttentionShape s, bool with_docs = false) {
+  const Inputs in = case_inputs(s, with_docs);
+  check_against_reference(name, run_on_gpu(s, in, 0).got, cpu_reference(s, in));
 }
 
 cpu::AttentionShape shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
@@ -124,6 +180,76 @@ KTUNE_CUDA_TEST(AttentionGemmWindowAndSoftcapTogether) {
   check_gemm_attention("gemm window 1 softcap 50 docs mqa 4:1 D48",
                        windowed(softcapped(shape(3, 40, 4, 1, 48), 50.0f, 0.25f), 1), true);
   check_gemm_attention("gemm window 5 docs gqa 4:2 D64", windowed(shape(2, 47, 4, 2, 64), 5), true);
+}
+
+// The GEMMs' row blocks: one block up to T = 128, then a quarter of T rounded up to 64 rows (>= 128).
+KTUNE_CUDA_TEST(AttentionGemmRowBlocksPartitionT) {
+  CHECK(cuda::attention_gemm_block_rows(1) == 1 && cuda::attention_gemm_block_rows(100) == 100);
+  CHECK(cuda::attention_gemm_block_rows(128) == 128 && cuda::attention_gemm_block_rows(129) == 128);
+  CHECK(cuda::attention_gemm_block_rows(300) == 128 && cuda::attention_gemm_block_rows(600) == 192);
+  CHECK(cuda::attention_gemm_block_rows(2048) == 512) << cuda::attention_gemm_block_rows(2048);
+}
+
+// Row i of the block [i0, i1) gets S / dP in key columns [k0, i1) (k0 = max(0, i0 - window + 1) rounded
+// down to a multiple of 8, 0 without a window): those must be computed (finite), every other entry
+// must still hold the NaN the scratch was filled with — the GEMMs did not compute it.
+void check_written_in_blocks_only(const char* name, const char* what, const cpu::AttentionShape& s,
+                                  const std::vector<float>& S) {
+  const int64_t T = s.T, n = cuda::attention_gemm_block_rows(T);
+  int64_t outside = 0, missing = 0;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t i0 = i / n * n, i1 = std::min(T, i0 + n);
+      const int64_t w = s.sliding_window, k0 = w > 0 ? std::max<int64_t>(0, i0 - w + 1) / 8 * 8 : 0;
+      for (int64_t j = 0; j < T; ++j) {
+        const float x = S[size_t((b * T + i) * T + j)];
+        if (k0 <= j && j < i1)
+          missing += !std::isfinite(x);
+        else
+          outside += !std::isnan(x);
+      }
+    }
+  CHECK(outside == 0 && missing == 0) << name << ": " << what << " has " << outside
+                                      << " entries computed outside the row blocks, " << missing << " missing inside";
+}
+
+void check_equal_and_finite(const char* name, const char* what, const std::vector<float>& a,
+                            const std::vector<float>& b) {
+  int64_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += !(std::isfinite(a[i]) && a[i] == b[i]);
+  CHECK(differ == 0) << name << ": " << what << " differs from the zero-scratch run (or is not finite) at " << differ;
+}
+
+// The scratch filled with NaN before each call: the outputs equal (bit for bit) the run on a zeroed
+// scratch and still match the CPU reference, so the row kernels read no score outside the row blocks
+// and the GEMMs consume no P / dS entry they left unwritten; S and dP outside the blocks stay NaN.
+void check_nan_scratch(const char* name, cpu::AttentionShape s, bool with_docs = false) {
+  const Inputs in = case_inputs(s, with_docs);
+  const GpuRun zeroed = run_on_gpu(s, in, 0), poisoned = run_on_gpu(s, in, 0xFF);
+  check_against_reference(name, poisoned.got, cpu_reference(s, in));
+  check_equal_and_finite(name, "out", poisoned.got.out, zeroed.got.out);
+  check_equal_and_finite(name, "lse", poisoned.got.lse, zeroed.got.lse);
+  check_equal_and_finite(name, "dq", poisoned.got.dq, zeroed.got.dq);
+  check_equal_and_finite(name, "dk", poisoned.got.dk, zeroed.got.dk);
+  check_equal_and_finite(name, "dv", poisoned.got.dv, zeroed.got.dv);
+  check_written_in_blocks_only(name, "the forward's S", s, poisoned.forward_S);
+  check_written_in_blocks_only(name, "the backward's S", s, poisoned.backward_S);
+  check_written_in_blocks_only(name, "the backward's dP", s, poisoned.backward_dP);
+}
+
+// Several row blocks, the last one partial (T = 129: 128 + 1; 300: 128 x 2 + 44; 600: 192 x 3 + 24), with
+// windows shorter and longer than a block (k0 > 0 from the second block on), doc ids and soft-caps.
+KTUNE_CUDA_TEST(AttentionGemmRowBlocksSkipMaskedScoresOnNanScratch) {
+  check_nan_scratch("gemm blocks causal mha D64 T129", shape(1, 129, 2, 2, 64));
+  check_nan_scratch("gemm blocks causal gqa 4:2 D64 T300", shape(2, 300, 4, 2, 64));
+  check_nan_scratch("gemm blocks window 50 gqa 4:2 D64 T300", windowed(shape(2, 300, 4, 2, 64), 50));
+  check_nan_scratch("gemm blocks window 200 mqa 2:1 D32 T600", windowed(shape(1, 600, 2, 1, 32), 200));
+  check_nan_scratch("gemm blocks window 1 gqa 2:1 D32 T300", windowed(shape(1, 300, 2, 1, 32), 1));
+  check_nan_scratch("gemm blocks window 37 softcap 2 docs gqa 4:2 D64 T300",
+                    windowed(softcapped(shape(2, 300, 4, 2, 64), 2.0f, 0.5f), 37), true);
+  check_nan_scratch("gemm blocks softcap 50 docs mqa 4:1 D48 T260", softcapped(shape(2, 260, 4, 1, 48), 50.0f, 0.25f),
+                    true);
+  check_nan_scratch("gemm one block causal gqa 4:2 D64 T77", shape(2, 77, 4, 2, 64));
 }
 
 // What the path still refuses: heads that do not group, a negative window or soft-cap.
