@@ -8,24 +8,30 @@
 //
 // Forward, block (query tile qt, b * Hq + h), 4 warps; warp w owns query rows q0 + 16w .. + 15:
 //   for each key tile k0 = k_begin, .. + 64, .. <= q0 (the diagonal tile last; the ones above it are
-//   skipped; k_begin = 0, or with DocumentBounds the tile of the block's smallest first_key):
-//     S (16 x 64) = Q_w K^T            -> shared (f32), read back scaled; masked (j > i or j >= T, or
-//                                         doc[j] != doc[i]: -inf) on the diagonal and last tiles only,
-//                                         on every tile with doc ids (a tile may then mask a whole row)
+//   skipped; k_begin: the tile of the block's first query's first key in the window, q0 - window + 1,
+//   and of its smallest first_key with DocumentBounds, whichever is later; else 0):
+//     S (16 x 64) = Q_w K^T            -> shared (f32), read back scaled, soft-capped (cap tanh(s / cap));
+//                                         masked (j > i or j >= T, i - window >= j, or doc[j] != doc[i]:
+//                                         -inf) on the diagonal and last tiles and those reaching back
+//                                         past a row's window only, on every tile with doc ids (a tile
+//                                         may then mask a whole row)
 //     m' = max(m, rowmax S); P = exp(S - m') (bf16 to shared); l = l e^(m - m') + rowsum P
 //     O = O e^(m - m') + P V           (O: D/16 accumulator fragments in registers)
 //   out = O / l, lse = m + log l.  Lane 2r + half holds row r's m and l (both lanes of the pair).
 // Backward, block (key tile, b * Hkv + kvh), W warps (W = 4 for D = 64, 8 for D = 128; 16W keys);
 // warp w owns key rows k0 + 16w .. + 15. For each query head h of the group and each 64-query tile
-// i0 >= k0 (tiles below are fully masked) up to i_end (T, or with DocumentBounds the end of the tile
-// of the block's largest last_query: the tiles after it are fully masked too):
+// i0 >= k0 (tiles below are fully masked) up to i_end (T; with a window k0 + 16W - 1 + window, past
+// which no query sees the block's last key; with DocumentBounds the end of the tile of the block's
+// largest last_query; the least of these: the tiles after it are fully masked too):
 //     S^T = K_w Q^T, dP^T = V_w dO^T   (16 x 64 each, f32 to shared)
-//     P^T = exp(scale S^T - lse_i), dS^T = P^T (dP^T - delta_i) scale   (masked, doc ids too: 0; bf16)
+//     s' = cap(scale S^T), P^T = exp(s' - lse_i), dS^T = P^T (dP^T - delta_i) (1 - (s'/cap)^2) scale
+//                                      (the cap's factor only with a cap; masked, window and doc ids
+//                                       too: 0; bf16)
 //     dV_w += P^T dO, dK_w += dS^T Q   (accumulator fragments in registers, over all heads and tiles)
 //     dQ (64 x D) += dS K              (block-wide, fragments split over the warps, float4 atomicAdd)
 // delta = rowsum(dout * out) comes first (its own kernel), dq is rounded to bf16 last.
-// Skipping by DocumentBounds is exact: a fully masked tile leaves the forward's m = -inf, l = 0 and
-// O = 0 as they were (the tiles skipped all come before any visible key), and adds only zeros to
+// Skipping by DocumentBounds or the window is exact: a fully masked tile leaves the forward's m = -inf,
+// l = 0 and O = 0 as they were (the tiles skipped all come before any visible key), and adds only zeros to
 // dK, dV and dQ (P = dS = 0), so out, lse, dk, dv are the same bit for bit (dq too, up to the order
 // of its atomics). A skipped tile's NaN or Inf (rows of other documents) no longer reaches the results,
 // as a masked one's does (P = 0 times NaN V is NaN).
@@ -100,7 +106,9 @@ static_assert(BackwardLayout<128, kBackwardWarps128>::bytes <= kMaxSharedBytes, 
 
 struct Params {
   int64_t B, T, Hq, Hkv;
+  int64_t window;  // key j visible to query i only if i - window < j (0: no window)
   float scale;
+  float softcap;   // s' = softcap tanh(s / softcap) on the scaled score (0: none)
   const int32_t* doc;  // (B, T) document ids, or nullptr (causal only)
   const int32_t* first_key;   // (B, T) DocumentBounds, or nullptr (every key tile from 0)
   const int32_t* last_query;  // (B, T) DocumentBounds, or nullptr (every query tile to T)
@@ -140,6 +148,17 @@ __device__ void store_rows_bf16(bf16* dst, Acc (&frags)[D / 16], float* staging,
     }
   }
   __syncwarp();
+}
+
+// The scaled score s, soft-capped (softcap tanh(s / softcap)) when softcap > 0; *t = the tanh (0 without
+// a cap) for the backward's derivative 1 - t^2. As attention.cu's cap_score.
+__device__ __forceinline__ float capped_score(float s, float softcap, float* t) {
+  if (softcap > 0.0f) {
+    *t = tanhf(s / softcap);
+    return softcap * *t;
+  }
+  *t = 0.0f;
+  return s;
 }
 
 // Blocks an SM holds by shared memory (ForwardLayout: 54 KiB at D = 64, 78 KiB at D = 128); the
@@ -182,8 +201,11 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 4 : 2)
   const int32_t doc_i = doc_row ? p.doc[b * p.T + i] : 0;
   float m = -INFINITY, l = 0.0f;
   const int64_t k_end = min(p.T, q0 + kTile);  // keys past the tile's last query are never visible
-  // Keys before the block's first document start are never visible (k_begin <= q0: the diagonal tile runs).
-  const int64_t k_begin = p.first_key ? block_first_key(p.first_key, b, p.T, q0, kTile) / kTile * kTile : 0;
+  // Keys before the window of the block's first query, or before its first document start, are never
+  // visible (k_begin <= q0: the diagonal tile runs).
+  int64_t k_lo = p.window > 0 ? max(int64_t(0), q0 - p.window + 1) : 0;
+  if (p.first_key) k_lo = max(k_lo, block_first_key(p.first_key, b, p.T, q0, kTile));
+  const int64_t k_begin = k_lo / kTile * kTile;
   for (int64_t k0 = k_begin; k0 < k_end; k0 += kTile) {
     __syncthreads();  // every warp is done with the previous K, V tiles
     load_tile<D>(k_s, k, b, k0, kTile, kvh, p.Hkv, p.T);
@@ -204,13 +226,20 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 4 : 2)
     }
     __syncwarp();
     // Online softmax of row r over this lane's 32 columns and its partner's. Only the diagonal
-    // tile and the last one hold keys this row must not see: the others skip the mask.
+    // tile, the last one and (with a window) those reaching back past a row's window hold keys this
+    // row must not see: the others skip the mask. The warp's last row k0 + 16w + 15 sees key k0 iff
+    // k0 > that row - window.
     const float* srow = s_w + r * kLdScore;
-    const bool masked = p.doc != nullptr || k0 + kTile - 1 > q0 + warp * 16 || k0 + kTile > p.T;  // uniform over the warp
-    auto score = [&](int c) {  // scale * S[r, c], or -inf where key k0 + c is not visible to row i
+    const int64_t warp_last_row = q0 + warp * 16 + 15;
+    const bool masked = p.doc != nullptr || k0 + kTile - 1 > q0 + warp * 16 || k0 + kTile > p.T ||
+                        (p.window > 0 && k0 <= warp_last_row - p.window);  // uniform over the warp
+    // cap(scale * S[r, c]), or -inf where key k0 + c is not visible to row i (capped before the mask)
+    auto score = [&](int c) {
       const int64_t j = k0 + c;
-      const bool visible = j <= i && j < p.T && (!doc_row || p.doc[b * p.T + j] == doc_i);
-      return (!masked || visible) ? srow[c] * p.scale : -INFINITY;
+      const bool visible = j <= i && j < p.T && (p.window == 0 || i - p.window < j) &&
+                           (!doc_row || p.doc[b * p.T + j] == doc_i);
+      float t;
+      return (!masked || visible) ? capped_score(srow[c] * p.scale, p.softcap, &t) : -INFINITY;
     };
     float x[kTile / 2];  // this lane's scores, read from shared memory once
     float tile_max = -INFINITY;
@@ -321,8 +350,10 @@ __global__ void __launch_bounds__(W * 32)
     }
   }
 
-  // Queries after the block's last document end see none of its keys (i_end > k0: the first tile runs).
-  const int64_t i_end = p.last_query ? block_last_query(p.last_query, b, p.T, k0, kKeys) + 1 : p.T;
+  // Queries at or past the window's end for the block's last key (k0 + 16W - 1 + window), or after the
+  // block's last document end, see none of its keys (i_end > k0: the first tile runs).
+  int64_t i_end = p.window > 0 ? min(p.T, k0 + kKeys - 1 + p.window) : p.T;
+  if (p.last_query) i_end = min(i_end, block_last_query(p.last_query, b, p.T, k0, kKeys) + 1);
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
     // k0 is a multiple of 64: query tiles below it see none of these keys.
     for (int64_t i0 = k0; i0 < i_end; i0 += kTile) {
@@ -370,9 +401,14 @@ __global__ void __launch_bounds__(W * 32)
         const int c = 2 * t + half;
         const int64_t i = i0 + c;
         float pv = 0.0f, ds = 0.0f;
-        if (j <= i && i < p.T && j < p.T && (!p.doc || p.doc[b * p.T + i] == doc_j)) {
-          pv = __expf(srow[c] * p.scale - lse_s[c]);
-          ds = pv * (dprow[c] - delta_s[c]) * p.scale;
+        if (j <= i && i < p.T && j < p.T && (p.window == 0 || i - p.window < j) &&
+            (!p.doc || p.doc[b * p.T + i] == doc_j)) {
+          float t;  // the cap's tanh: ds takes its derivative 1 - t^2 (attention.cu's order)
+          const float sc = capped_score(srow[c] * p.scale, p.softcap, &t);
+          pv = __expf(sc - lse_s[c]);
+          ds = pv * (dprow[c] - delta_s[c]);
+          if (p.softcap > 0.0f) ds *= 1.0f - t * t;
+          ds *= p.scale;
         }
         prow[c] = __float2bfloat16_rn(pv);
         dsrow[c] = __float2bfloat16_rn(ds);
@@ -440,13 +476,13 @@ Params params(const AttentionShape& s, const int32_t* doc_ids, DocumentBounds bo
         "head_dim " + std::to_string(s.D) + " is not supported (64 or 128; kernels/cuda/attention.h takes any)");
   check(s.Hq % s.Hkv == 0, kOp,
         "query heads (" + std::to_string(s.Hq) + ") must be a multiple of kv heads (" + std::to_string(s.Hkv) + ")");
-  check(s.sliding_window == 0 && s.softcap == 0.0f, kOp,
-        "no sliding window or soft-cap on this path (kernels/cuda/attention.h has them)");
+  check(s.sliding_window >= 0 && s.softcap >= 0.0f, kOp, "sliding_window and softcap must be >= 0");
   check(s.B * s.Hq < 65536, kOp, "B * heads must be < 65536 (grid y)");
   check((bounds.first_key == nullptr) == (bounds.last_query == nullptr), kOp,
         "DocumentBounds needs both first_key and last_query, or neither");
   check(bounds.first_key == nullptr || doc_ids != nullptr, kOp, "DocumentBounds without doc ids");
-  return Params{s.B, s.T, s.Hq, s.Hkv, s.scale, doc_ids, bounds.first_key, bounds.last_query};
+  return Params{s.B, s.T, s.Hq, s.Hkv, s.sliding_window, s.scale, s.softcap, doc_ids, bounds.first_key,
+                bounds.last_query};
 }
 
 void check_aligned(const void* ptr, const char* name) {
@@ -480,7 +516,7 @@ void backward(bf16* dk, bf16* dv, float* dq_acc, const bf16* dout, const bf16* q
 }  // namespace
 
 bool flash_attention_tc_supports(const AttentionShape& s) {
-  return (s.D == 64 || s.D == 128) && s.Hkv > 0 && s.Hq % s.Hkv == 0 && s.sliding_window == 0 && s.softcap == 0.0f;
+  return (s.D == 64 || s.D == 128) && s.Hkv > 0 && s.Hq % s.Hkv == 0 && s.sliding_window >= 0 && s.softcap >= 0.0f;
 }
 
 int64_t flash_attention_tc_backward_scratch_floats(const AttentionShape& s) {

@@ -1,7 +1,7 @@
 // Causal self-attention for training on the tensor cores, fused (FlashAttention-2's scheme): the
 // (T, T) scores never leave the chip. bf16 q, k, v, out and gradients; f32 accumulation, softmax
 // and lse. Grouped-query heads; head_dim 64 or 128 only (other sizes are refused: use attention.h).
-// Same semantics, layouts, lse (B, Hq, T) = log sum_j exp(scale q_i . k_j) and backward scratch
+// Same semantics, layouts, lse (B, Hq, T) = log sum_j exp(cap(scale q_i . k_j)) and backward scratch
 // convention as kernels/cuda/attention.h, whose tiled CUDA-core kernel stays the reference: either
 // forward's (out, lse) feeds either backward.
 // Forward: a block of 4 warps per (b, query head, 64 queries), each warp 16 query rows; key tiles of
@@ -12,14 +12,19 @@
 // f32 fragments (summed over the group's heads, written once as bf16), dQ += dS K added with f32
 // (float4) atomics into scratch and rounded to bf16 by a last pass (so dq's summation order is not
 // deterministic; dk's and dv's are).
-// Document ids (packed samples; optional, (B, T)) mask as attention.h's: key j is visible to query i
-// iff j <= i and doc_ids[b, j] == doc_ids[b, i]. Without DocumentBounds (attention.h; the last argument)
-// every tile up to the diagonal is still computed and masked; with them the forward starts at the key
-// tile of its queries' first document start and the backward stops after the query tile of its keys'
-// last document end, skipping the tiles wholly in other documents (the same results, bit for bit; dq
-// up to its atomics' order), so a row of many short documents costs about as much as those documents.
-// It deliberately has no sliding window, soft-cap, dropout or f32 path (refused: attention.h has the
-// masks), and none of Hopper's wgmma / TMA: wmma, plus sm_90's float4 atomicAdd.
+// Masks as attention.h's: key j is visible to query i iff j <= i, i - window < j with a sliding window
+// (AttentionShape::sliding_window > 0), and doc_ids[b, j] == doc_ids[b, i] with document ids (packed
+// samples; optional, (B, T)). A soft-cap (AttentionShape::softcap > 0) takes the scaled score s to
+// cap tanh(s / cap) before the mask, and the lse is of those capped scores; the backward multiplies dS
+// by 1 - (s'/cap)^2 from the recomputed capped s'. The forward starts at the key tile of its queries'
+// first key in the window and the backward stops after the query tile of the last query its keys'
+// window reaches. Without DocumentBounds (attention.h; the last argument) every such tile is still
+// computed and masked by the doc ids; with them the forward also starts at the key tile of its
+// queries' first document start and the backward stops after the query tile of its keys' last document
+// end, skipping the tiles wholly in other documents (the same results, bit for bit; dq up to its
+// atomics' order), so a row of many short documents costs about as much as those documents.
+// It deliberately has no dropout or f32 path, and none of Hopper's wgmma / TMA: wmma, plus sm_90's
+// float4 atomicAdd.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +35,7 @@
 
 namespace ktune::cuda {
 
-// True when this kernel takes the shape: D in {64, 128}, Hq % Hkv == 0, no window, no soft-cap.
+// True when this kernel takes the shape: D in {64, 128}, Hq % Hkv == 0 (any window >= 0, soft-cap >= 0).
 bool flash_attention_tc_supports(const AttentionShape& s);
 
 // Floats of scratch the backward needs: B * T * Hq * D (dq in f32) + B * Hq * T (delta).

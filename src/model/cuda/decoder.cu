@@ -201,8 +201,7 @@ struct Decoder::Impl {
     Linear proj[kNumProjections];
     int norm_attn = -1, norm_mlp = -1, norm_attn_out = -1, norm_mlp_out = -1;
     // The kernels of this layer's attention: TrainingSetup::attention where it takes the layer;
-    // kTensorCore on a head_dim other than 64/128, a window shorter than T or a soft-cap runs the
-    // GEMM path.
+    // kTensorCore on a head_dim other than 64/128 runs the GEMM path.
     TrainingSetup::Attention kernel = TrainingSetup::Attention::kFlash;
     AttentionShape attention{};   // this layer's window, soft-cap and scale
   };
@@ -540,8 +539,8 @@ void Decoder::allocate(bool on_device) {
   s.ce_scratch_bytes = linear_cross_entropy_scratch_bytes(s.ce_chunk, V);
   AttentionShape ashape{s.B, s.T, c.num_heads, c.num_kv_heads, c.head_dim, 1.0f, 0, 0.0f};
   // Each layer's attention: a window reaching back over the whole row (>= T) masks nothing and is
-  // dropped; what remains of a window, or a soft-cap, runs on the GEMM path or the tiled kernels
-  // (the fused tensor-core kernel has neither: kTensorCore falls back to kGemm there).
+  // dropped; what remains of a window, and a soft-cap, run on whichever path the layer takes (the
+  // fused tensor-core kernel has both; kTensorCore falls back to kGemm only for a head_dim it lacks).
   const float attention_scale = c.attention_scale > 0 ? c.attention_scale : 1.0f / std::sqrt(float(c.head_dim));
   bool any_gemm_attention = false, any_flash_attention = false, any_tc_attention = false;
   for (int64_t l = 0; l < L; ++l) {

@@ -12,8 +12,8 @@
 // (qwen2; llama's attention_bias adds o_proj's, mlp_bias the MLP's), sliding windows per layer (mistral: every layer; gemma2: alternate layers), and gemma2's
 // sandwich norms (bracketed above), (1 + w) norm weights, sqrt(hidden)-scaled embeddings, GELU-tanh
 // gating, attention and final-logit soft-caps and query_pre_attn_scalar. A layer with a window
-// (shorter than seq_len) or a soft-cap runs the GEMM path or the tiled kernels (attention.h) as
-// TrainingSetup::attention says; kTensorCore runs the GEMM path there (the fused kernel has neither).
+// (shorter than seq_len) or a soft-cap runs the GEMM path, the tiled kernels (attention.h) or the
+// fused tensor-core kernel as TrainingSetup::attention says (all three mask and cap).
 //
 // Precision (the torchtune `dtype: bf16` setting): weights, LoRA A/B, activations and activation
 // gradients are bf16; every GEMM accumulates in f32 (cuBLASLt); norms, softmax, loss and rotary
@@ -131,8 +131,8 @@ struct TrainingSetup {
   // Attention kernels: kGemm (kernels/cuda/attention_gemm.h: cuBLASLt tensor-core GEMMs over one
   // head's (B, T, T) scores at a time), kFlash (kernels/cuda/attention.h: tiled, on the CUDA cores)
   // or kTensorCore (kernels/cuda/flash_attention_tc.h: fused FlashAttention-2 on the tensor cores,
-  // head_dim 64 or 128 only; other head sizes, and layers with a sliding window shorter than seq_len
-  // or an attention soft-cap, run kGemm). All three take doc ids (packed steps).
+  // head_dim 64 or 128 only, other head sizes run kGemm; sliding windows and soft-caps included).
+  // All three take doc ids (packed steps).
   enum class Attention { kGemm, kFlash, kTensorCore } attention = Attention::kGemm;
   // QLoRA (the CPU LoraOptions::quantize_base): the frozen base weight of every projection that
   // carries LoRA (lora_on; all seven in torchtune's QLoRA recipes) held on the device only as NF4

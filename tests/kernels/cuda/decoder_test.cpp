@@ -739,8 +739,8 @@ cuda::DecoderConfig tiny_head_dim64_config(bool tied) {
 
 // kTensorCore against the same reference as the other attention paths (and those beside it on this
 // shape): rows of 72 tokens (a whole 64-query tile and a partial one), LoRA on every projection and
-// full fine-tuning; then Gemma2 with head_dim 64, whose windowed, soft-capped layers fall back to the
-// GEMM path under kTensorCore (the fused kernel has neither).
+// full fine-tuning; then Gemma2 with head_dim 64, whose windowed, soft-capped layers run the fused
+// kernel too (DecoderTensorCoreAttentionWindowAndSoftcap below).
 KTUNE_CUDA_TEST(DecoderTensorCoreAttentionMatchesCpuReference) {
   using A = cuda::TrainingSetup::Attention;
   for (bool full : {false, true}) {
@@ -759,7 +759,33 @@ KTUNE_CUDA_TEST(DecoderTensorCoreAttentionMatchesCpuReference) {
   gemma.head_dim = 64;
   cuda::TrainingSetup setup = family_setup(false, kAllButKey);
   setup.attention = A::kTensorCore;
-  check_step_with("gemma2 head_dim 64 lora q,v,o,mlp [tensor-core attention, gemm fallback]", gemma, setup);
+  check_step_with("gemma2 head_dim 64 lora q,v,o,mlp [tensor-core attention]", gemma, setup);
+}
+
+// A window shorter than T (Mistral's, 40 < 72: the second query tile's rows see part of the first key
+// tile) and an attention soft-cap (2: O(1) scores bend) at head_dim 64 run the fused kernel under
+// kTensorCore, and match the CPU reference. That the fused kernel (not the GEMM path) runs is read off
+// the plan: its activations are the unmasked head_dim-64 model's under kTensorCore, not under kGemm.
+KTUNE_CUDA_TEST(DecoderTensorCoreAttentionWindowAndSoftcapMatchCpuReference) {
+  using A = cuda::TrainingSetup::Attention;
+  cuda::DecoderConfig mistral = tiny_mistral_config(40);
+  mistral.head_dim = 64;
+  cuda::DecoderConfig capped = tiny_head_dim64_config(true);
+  capped.attn_logit_softcap = 2.0f;
+  for (bool full : {false, true}) {
+    cuda::TrainingSetup setup = family_setup(full, full ? std::initializer_list<int>{} : kAllButKey);
+    setup.seq_len = 72;
+    setup.attention = A::kTensorCore;
+    const std::string what = full ? " full" : " lora q,v,o,mlp";
+    check_step_with("mistral head_dim 64 window 40" + what + " [tensor-core attention]", mistral, setup);
+    check_step_with("head_dim 64 cap 2" + what + " [tensor-core attention]", capped, setup);
+    const size_t fused_untied = cuda::Decoder::plan(tiny_head_dim64_config(false), setup).activations;
+    const size_t fused_tied = cuda::Decoder::plan(tiny_head_dim64_config(true), setup).activations;
+    CHECK(cuda::Decoder::plan(mistral, setup).activations == fused_untied) << "window 40: not the fused kernel's plan";
+    CHECK(cuda::Decoder::plan(capped, setup).activations == fused_tied) << "cap 2: not the fused kernel's plan";
+    setup.attention = A::kGemm;
+    CHECK(cuda::Decoder::plan(capped, setup).activations != fused_tied) << "the GEMM path's plan is the fused kernel's";
+  }
 }
 
 // QLoRA's NF4 as bitsandbytes defines it, written independently of the quantiser under test (the

@@ -4,13 +4,16 @@
 // 64 and 128, B > 1, rows that are and are not multiples of the 64-query / 64- or 128-key tiles, one
 // row, and peaked softmaxes (large scores: the online rescaling matters); and packed rows (document
 // ids: a one-token document, documents whose boundary differs by row, a padding document whose rows
-// see no key of the first tiles). Each forward's (out, lse) also goes through the other kernel's
-// backward (the lse convention is shared). With document ids both kernels run with DocumentBounds
-// (skipping the tiles wholly in other documents) in those four steps, and again without them: the same
-// bits (dq up to the order of the fused kernel's atomics: one bf16 ulp). Two cases show the fused
+// see no key of the first tiles); sliding windows (of 1 key, off the tiles, longer than a tile) and
+// soft-caps (50, and a saturating 2), alone and together with document ids. Each forward's (out, lse)
+// also goes through the other kernel's backward (the lse convention is shared). With document ids both
+// kernels run with DocumentBounds
+// (skipping the tiles wholly in other documents) in those four steps, and again without them: the
+// same bits (dq up to the order of the fused kernel's atomics: one bf16 ulp). Two cases show the fused
 // kernel's tiles are really skipped: NaN in the rows of documents that a block's skipped tiles hold
-// stays out of that block's results (a masked but computed tile passes it on: P = 0 times NaN), and a
-// row masked as one document but bounded as several gives the several's results.
+// stays out of that block's results (a masked but computed tile passes it on: P = 0 times NaN; the
+// same for the tiles a window leaves out), and a row masked as one document but bounded as several
+// gives the several's results.
 // Tolerances. out: P is rounded to bf16 before P V (relative 2^-9 a probability), so
 // |out - ref| <= 2^-9 max|v| (= 1.95e-3 here, v in [-1, 1]) plus the output's own rounding: atol 2e-3,
 // rtol 1e-2 (the first rows, with one or two keys, come close to that bound: 1e-3 was too tight).
@@ -209,6 +212,13 @@ cpu::AttentionShape shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t
   return cpu::AttentionShape{B, T, Hq, Hkv, D, float(1.0 / std::sqrt(double(D)))};
 }
 
+// s with a sliding window (0: none) and a soft-cap (0: none).
+cpu::AttentionShape masked(cpu::AttentionShape s, int64_t window, float softcap) {
+  s.sliding_window = window;
+  s.softcap = softcap;
+  return s;
+}
+
 KTUNE_CUDA_TEST(FlashAttentionTcHeadDim64MatchesReferences) {
   check_flash_attention_tc("D64 gqa 4:1 B2 T200", shape(2, 200, 8, 2, 64));   // 200 = 3 tiles + 8
   check_flash_attention_tc("D64 mha 1:1 T64", shape(1, 64, 2, 2, 64));        // exactly one tile
@@ -236,6 +246,33 @@ KTUNE_CUDA_TEST(FlashAttentionTcDocumentIdsMatchReferences) {
   check_flash_attention_tc("D128 packed gqa 2:1 T150", shape(1, 150, 2, 1, 128), 1.0f, packed_doc_ids(1, 150));
 }
 
+// Sliding windows shorter than T: of one key (each row sees itself only), of 37 and 100 keys (off the
+// 64-tiles; 100 spans two or three key tiles), and of 64; the forward then starts past the first key
+// tiles of the later query blocks, the backward stops before the last query tiles of the early key blocks.
+KTUNE_CUDA_TEST(FlashAttentionTcSlidingWindowsMatchReferences) {
+  check_flash_attention_tc("D64 window 100 gqa 2:1 B2 T200", masked(shape(2, 200, 4, 2, 64), 100, 0.0f));
+  check_flash_attention_tc("D64 window 1 T130", masked(shape(1, 130, 2, 1, 64), 1, 0.0f));
+  check_flash_attention_tc("D128 window 37 gqa 2:1 B2 T150", masked(shape(2, 150, 2, 1, 128), 37, 0.0f));
+  check_flash_attention_tc("D128 window 64 T160", masked(shape(1, 160, 1, 1, 128), 64, 0.0f));
+}
+
+// Soft-caps: 50 (gemma2's attention cap; scores of ~ +-5 move by ~ 0.02) and a saturating 2 (scores
+// of ~ +-5 pressed to +-2: the cap's derivative 1 - t^2 nearly 0 on many entries), on peaked rows.
+KTUNE_CUDA_TEST(FlashAttentionTcSoftcapsMatchReferences) {
+  check_flash_attention_tc("D64 cap 50 gqa 2:1 B2 T140", masked(shape(2, 140, 4, 2, 64), 0, 50.0f), 6.0f);
+  check_flash_attention_tc("D128 cap 2 gqa 2:1 T100", masked(shape(1, 100, 2, 1, 128), 0, 2.0f), 6.0f);
+  check_flash_attention_tc("D64 cap 2 T70", masked(shape(1, 70, 1, 1, 64), 0, 2.0f), 6.0f);
+}
+
+// A window and a cap together, with document ids (and DocumentBounds: the forward starts at the later
+// of the window's and the documents' first tile; the backward stops at the earlier end).
+KTUNE_CUDA_TEST(FlashAttentionTcWindowCapAndDocumentsMatchReferences) {
+  check_flash_attention_tc("D64 window 70 cap 30 short docs gqa 2:1 B3 T200",
+                           masked(shape(3, 200, 2, 1, 64), 70, 30.0f), 3.0f, short_documents(3, 200));
+  check_flash_attention_tc("D128 window 90 cap 2 packed gqa 2:1 B2 T160",
+                           masked(shape(2, 160, 2, 1, 128), 90, 2.0f), 3.0f, packed_doc_ids(2, 160));
+}
+
 // Many short documents (short_documents: lengths off the tiles, some longer than a tile, a row of one
 // document, recurring ids, padding), B = 3, GQA.
 KTUNE_CUDA_TEST(FlashAttentionTcShortDocumentsMatchReferences) {
@@ -247,16 +284,21 @@ KTUNE_CUDA_TEST(FlashAttentionTcShortDocumentsMatchReferences) {
 constexpr int64_t kTcTile = 64;
 int64_t tc_backward_keys(const cpu::AttentionShape& s) { return s.D == 64 ? 64 : 128; }
 
-// The first key the forward block at q0 walks: the tile of its rows' smallest first_key.
-int64_t tc_first_key(const std::vector<int32_t>& first_key, int64_t b, int64_t T, int64_t q0) {
+// The first key the forward block at q0 walks: the tile of its rows' smallest first_key, or of its
+// first row's first key in the window (window > 0) if that is later.
+int64_t tc_first_key(const std::vector<int32_t>& first_key, int64_t b, int64_t T, int64_t q0, int64_t window) {
   int64_t lo = q0;
   for (int64_t i = q0; i < std::min(q0 + kTcTile, T); ++i) lo = std::min(lo, int64_t(first_key[size_t(b * T + i)]));
+  if (window > 0) lo = std::max(lo, std::max(int64_t(0), q0 - window + 1));
   return lo / kTcTile * kTcTile;
 }
-// The end of the query tiles the backward block at k0 walks: past the tile of its keys' largest last_query.
-int64_t tc_query_end(const std::vector<int32_t>& last_query, int64_t b, int64_t T, int64_t k0, int64_t keys) {
+// The end of the query tiles the backward block at k0 walks: past the tile of its keys' largest
+// last_query, or of the last query its last key's window reaches (window > 0) if that is earlier.
+int64_t tc_query_end(const std::vector<int32_t>& last_query, int64_t b, int64_t T, int64_t k0, int64_t keys,
+                     int64_t window) {
   int64_t hi = std::min(k0 + keys, T) - 1;
   for (int64_t j = k0; j < std::min(k0 + keys, T); ++j) hi = std::max(hi, int64_t(last_query[size_t(b * T + j)]));
+  if (window > 0) hi = std::min(hi, k0 + keys - 1 + window - 1);
   return std::min(T, (hi / kTcTile + 1) * kTcTile);
 }
 
@@ -270,7 +312,8 @@ void poison_rows(cuda::DeviceBuffer& buf, std::vector<bf16_t> x, const std::vect
   buf.upload(x.data(), x.size() * sizeof(bf16_t));
 }
 
-// With DocumentBounds, NaN in what a block's skipped tiles hold must not reach that block's results:
+// With DocumentBounds (and s's window), NaN in what a block's skipped tiles hold must not reach that
+// block's results:
 // forward: per row b, the keys (k, v) [0, P) with P the smallest nonzero first key a forward block
 //   walks from; the blocks walking from P or later must give the clean run's out and lse bits;
 // backward (on the clean forward): per row b, the queries (q, dout) [E, T) with E the smallest end of a
@@ -278,7 +321,7 @@ void poison_rows(cuda::DeviceBuffer& buf, std::vector<bf16_t> x, const std::vect
 //   and the queries before E the clean dq (up to its atomics' order).
 // Without the skipping every checked block computes a NaN tile, masked: P = 0 and 0 * NaN = NaN.
 void check_skipped_tiles_unread(const char* name, cpu::AttentionShape s, const std::vector<int32_t>& docs) {
-  const int64_t B = s.B, T = s.T, keys = tc_backward_keys(s);
+  const int64_t B = s.B, T = s.T, keys = tc_backward_keys(s), window = s.sliding_window;
   std::vector<int32_t> first_key(docs.size()), last_query(docs.size());
   cuda::document_bounds(first_key.data(), last_query.data(), docs.data(), B, T);
   const auto d_docs = to_device(docs), d_first_key = to_device(first_key), d_last_query = to_device(last_query);
@@ -294,11 +337,11 @@ void check_skipped_tiles_unread(const char* name, cpu::AttentionShape s, const s
   std::vector<int64_t> zero(size_t(B), 0), key_end(size_t(B), 0), query_begin(size_t(B), T), end(size_t(B), T);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t q0 = 0; q0 < T; q0 += kTcTile) {
-      const int64_t first = tc_first_key(first_key, b, T, q0);
+      const int64_t first = tc_first_key(first_key, b, T, q0, window);
       if (first > 0 && (key_end[size_t(b)] == 0 || first < key_end[size_t(b)])) key_end[size_t(b)] = first;
     }
     for (int64_t k0 = 0; k0 < T; k0 += keys)
-      query_begin[size_t(b)] = std::min(query_begin[size_t(b)], tc_query_end(last_query, b, T, k0, keys));
+      query_begin[size_t(b)] = std::min(query_begin[size_t(b)], tc_query_end(last_query, b, T, k0, keys, window));
   }
   auto append = [](std::vector<float>& to, const std::vector<float>& from, size_t at, size_t n) {
     to.insert(to.end(), from.begin() + int64_t(at), from.begin() + int64_t(at + n));
@@ -313,7 +356,7 @@ void check_skipped_tiles_unread(const char* name, cpu::AttentionShape s, const s
   for (int64_t b = 0; b < B; ++b) {
     poisoned += key_end[size_t(b)];
     for (int64_t i = 0; i < T; ++i) {
-      if (tc_first_key(first_key, b, T, i / kTcTile * kTcTile) < key_end[size_t(b)]) continue;
+      if (tc_first_key(first_key, b, T, i / kTcTile * kTcTile, window) < key_end[size_t(b)]) continue;
       ++checked;
       const size_t row = size_t((b * T + i) * s.Hq * s.D), n = size_t(s.Hq * s.D);
       append(got.out, poisoned_forward.out, row, n);
@@ -341,7 +384,7 @@ void check_skipped_tiles_unread(const char* name, cpu::AttentionShape s, const s
   for (int64_t b = 0; b < B; ++b) {
     poisoned += T - query_begin[size_t(b)];
     for (int64_t j = 0; j < T; ++j) {
-      if (tc_query_end(last_query, b, T, j / keys * keys, keys) > query_begin[size_t(b)]) continue;
+      if (tc_query_end(last_query, b, T, j / keys * keys, keys, window) > query_begin[size_t(b)]) continue;
       ++checked;
       const size_t row = size_t((b * T + j) * s.Hkv * s.D), n = size_t(s.Hkv * s.D);
       append(got.dk, poisoned_backward.dk, row, n);
@@ -362,6 +405,17 @@ void check_skipped_tiles_unread(const char* name, cpu::AttentionShape s, const s
 KTUNE_CUDA_TEST(FlashAttentionTcSkippedTilesAreNotRead) {
   check_skipped_tiles_unread("D64 short docs gqa 2:1 B3 T260", shape(3, 260, 4, 2, 64), short_documents(3, 260));
   check_skipped_tiles_unread("D128 short docs gqa 2:1 B1 T300", shape(1, 300, 2, 1, 128), short_documents(1, 300));
+}
+
+// A window skips whole tiles too: one document a row (only the window skips), and short documents
+// with a window and a cap (row 1 of short_documents is one document: the window skips there).
+KTUNE_CUDA_TEST(FlashAttentionTcWindowSkipsTiles) {
+  const std::vector<int32_t> one_document(2 * 260, 0);
+  check_skipped_tiles_unread("D64 window 70 gqa 2:1 B2 T260", masked(shape(2, 260, 4, 2, 64), 70, 0.0f), one_document);
+  check_skipped_tiles_unread("D128 window 100 cap 20 T300", masked(shape(1, 300, 2, 1, 128), 100, 20.0f),
+                             std::vector<int32_t>(300, 0));
+  check_skipped_tiles_unread("D64 window 45 cap 50 short docs B3 T200", masked(shape(3, 200, 2, 1, 64), 45, 50.0f),
+                             short_documents(3, 200));
 }
 
 // Masked as one document a row but bounded as a split into documents at multiples of 128 tokens (no
@@ -413,14 +467,13 @@ KTUNE_CUDA_TEST(FlashAttentionTcRefusesWhatItDoesNotTake) {
   check_refused(shape(1, 8, 2, 1, 96), "head_dim 96");
   check_refused(shape(1, 8, 2, 1, 256), "head_dim 256");
   check_refused(shape(1, 8, 3, 2, 64), "Hq=3, Hkv=2");
-  auto w = shape(1, 8, 2, 1, 64);
-  w.sliding_window = 4;
-  check_refused(w, "a sliding window");
-  auto c = shape(1, 8, 2, 1, 64);
-  c.softcap = 2.0f;
-  check_refused(c, "a soft-cap");
+  check_refused(masked(shape(1, 8, 2, 1, 64), -1, 0.0f), "a negative window");
+  check_refused(masked(shape(1, 8, 2, 1, 64), 0, -2.0f), "a negative soft-cap");
   CHECK(cuda::flash_attention_tc_supports(shape(1, 8, 4, 1, 64))) << "D64 GQA is supported";
   CHECK(cuda::flash_attention_tc_supports(shape(1, 8, 2, 2, 128))) << "D128 MHA is supported";
+  CHECK(cuda::flash_attention_tc_supports(masked(shape(1, 8, 4, 1, 64), 4, 0.0f))) << "a window is supported";
+  CHECK(cuda::flash_attention_tc_supports(masked(shape(1, 8, 2, 2, 128), 0, 50.0f))) << "a soft-cap is supported";
+  CHECK(cuda::flash_attention_tc_supports(masked(shape(1, 8, 2, 1, 64), 3, 2.0f))) << "both are supported";
 }
 
 }  // namespace
