@@ -54,16 +54,6 @@ __device__ __forceinline__ bool visible(const Params& p, int64_t b, int64_t i, i
   return true;
 }
 
-// Capped score and the tanh (for the backward's derivative); t = 0 without a cap.
-__device__ __forceinline__ float cap_score(float s, float softcap, float* t) {
-  if (softcap > 0.0f) {
-    *t = tanhf(s / softcap);
-    return softcap * *t;
-  }
-  *t = 0.0f;
-  return s;
-}
-
 // Offsets of row i, head h in a (B, T, H, D) tensor.
 __device__ __forceinline__ int64_t row_offset(int64_t b, int64_t i, int64_t h, int64_t T, int64_t H, int64_t D) {
   return ((b * T + i) * H + h) * D;
@@ -110,7 +100,7 @@ __global__ void forward_kernel(T* out, float* lse, const T* q, const T* k, const
       const float* kr = ks + lane * Dp;
       for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
       float t;
-      s = cap_score(dot * p.scale, p.softcap, &t);
+      s = softcap_score(dot * p.scale, p.softcap, &t);
     }
     const float m_new = fmaxf(m, warp_max(s));
     if (m_new == -INFINITY) continue;  // nothing visible yet
@@ -189,7 +179,7 @@ __global__ void dq_kernel(T* dq, const T* dout, const T* q, const T* k, const T*
         dp += dor[d] * vr[d];
       }
       float t;
-      const float sc = cap_score(dot * p.scale, p.softcap, &t);
+      const float sc = softcap_score(dot * p.scale, p.softcap, &t);
       const float pij = expf(sc - lse_i);
       ds = pij * (dp - delta_i);
       if (p.softcap > 0.0f) ds *= 1.0f - t * t;
@@ -257,7 +247,7 @@ __global__ void dkdv_kernel(T* dk, T* dv, const T* dout, const T* q, const T* k,
           dp += dor[d] * vr[d];
         }
         float t;
-        const float sc = cap_score(dot * p.scale, p.softcap, &t);
+        const float sc = softcap_score(dot * p.scale, p.softcap, &t);
         pij = expf(sc - lses[lane]);
         ds = pij * (dp - deltas[lane]);
         if (p.softcap > 0.0f) ds *= 1.0f - t * t;

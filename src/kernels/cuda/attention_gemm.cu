@@ -78,11 +78,6 @@ __device__ __forceinline__ int64_t first_key(const RowMask& m, int64_t i) {
   return m.window > 0 && i - m.window + 1 > 0 ? i - m.window + 1 : 0;
 }
 
-// The score the softmax sees: s' = softcap tanh(s / softcap) of the scaled score s (the GEMM's), or s.
-__device__ __forceinline__ float capped(float s, float softcap) {
-  return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
-}
-
 // P[r, j] = exp(cap(S[r, j]) - lse) for visible j, 0 elsewhere; lse[(b*Hq + h)*T + i] = log sum exp
 // cap(S[r, j]) over the visible j. One block per row r = b*T + i.
 __global__ void softmax_rows_kernel(__nv_bfloat16* P, float* lse, const float* S, RowMask mask, int64_t Hq,
@@ -92,17 +87,17 @@ __global__ void softmax_rows_kernel(__nv_bfloat16* P, float* lse, const float* S
   const float* srow = S + r * T;
   float m = -INFINITY;
   for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x)
-    if (visible(mask, b, i, j)) m = fmaxf(m, capped(srow[j], mask.softcap));
+    if (visible(mask, b, i, j)) m = fmaxf(m, softcap_score(srow[j], mask.softcap));
   m = block_max(m, shared);
   __syncthreads();
   float sum = 0.0f;
   for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x)
-    if (visible(mask, b, i, j)) sum += __expf(capped(srow[j], mask.softcap) - m);
+    if (visible(mask, b, i, j)) sum += __expf(softcap_score(srow[j], mask.softcap) - m);
   sum = block_sum(sum, shared);
   const float l = m + __logf(sum);
   __nv_bfloat16* prow = P + r * T;
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-    prow[j] = __float2bfloat16_rn(visible(mask, b, i, j) ? __expf(capped(srow[j], mask.softcap) - l) : 0.0f);
+    prow[j] = __float2bfloat16_rn(visible(mask, b, i, j) ? __expf(softcap_score(srow[j], mask.softcap) - l) : 0.0f);
   if (threadIdx.x == 0) lse[(b * Hq + h) * T + i] = l;
 }
 
@@ -115,7 +110,7 @@ __global__ void probabilities_kernel(__nv_bfloat16* P, const float* S, const flo
   const float* srow = S + r * T;
   __nv_bfloat16* prow = P + r * T;
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x)
-    prow[j] = __float2bfloat16_rn(visible(mask, b, i, j) ? __expf(capped(srow[j], mask.softcap) - l) : 0.0f);
+    prow[j] = __float2bfloat16_rn(visible(mask, b, i, j) ? __expf(softcap_score(srow[j], mask.softcap) - l) : 0.0f);
 }
 
 // dS[r, j] = P (dP - delta) (1 - (s'/softcap)^2) scale for visible j (0 elsewhere), s' = cap(S[r, j]):
@@ -131,7 +126,7 @@ __global__ void score_gradient_kernel(__nv_bfloat16* dS, const float* S, const f
   for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
     float g = 0.0f;
     if (visible(mask, b, i, j)) {
-      const float sc = capped(srow[j], mask.softcap);
+      const float sc = softcap_score(srow[j], mask.softcap);
       const float t = mask.softcap > 0.0f ? sc / mask.softcap : 0.0f;  // tanh(s / softcap)
       g = __expf(sc - l) * (dprow[j] - d) * (1.0f - t * t) * scale;
     }
@@ -194,6 +189,16 @@ std::vector<RowBlock> row_blocks(int64_t T, int64_t window) {
   return blocks;
 }
 
+// S[i0:i1, k0:i1] (b) = scale Q_h[i0:i1](b) K_g[k0:i1](b)^T   f32, per row block: query head h of
+// group g, the forward's scores and the backward's again.
+void scores(GemmContext& ctx, float* S, const bf16_t* q, const bf16_t* k, const AttentionShape& s,
+            const std::vector<RowBlock>& blocks, int64_t h, int64_t g, Stream stream) {
+  const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D;
+  for (const RowBlock& r : blocks)
+    batched(ctx, false, true, r.rows(), r.keys(), D, s.scale, q + r.i0 * QD + h * D, QD, T * QD,
+            k + r.k0 * KD + g * D, KD, T * KD, 0.0f, S + r.i0 * T + r.k0, T, T * T, DType::F32, s.B, stream);
+}
+
 }  // namespace
 
 int64_t attention_gemm_block_rows(int64_t T) {
@@ -216,10 +221,7 @@ void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf1
   const std::vector<RowBlock> blocks = row_blocks(T, s.sliding_window);
   for (int64_t h = 0; h < s.Hq; ++h) {
     const int64_t g = h / group;
-    // S[i0:i1, k0:i1] (b) = scale Q_h[i0:i1](b) K_g[k0:i1](b)^T   f32, per row block
-    for (const RowBlock& r : blocks)
-      batched(ctx, false, true, r.rows(), r.keys(), D, s.scale, q + r.i0 * QD + h * D, QD, T * QD,
-              k + r.k0 * KD + g * D, KD, T * KD, 0.0f, w.S + r.i0 * T + r.k0, T, T * T, DType::F32, s.B, stream);
+    scores(ctx, w.S, q, k, s, blocks, h, g, stream);
     softmax_rows_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), lse, w.S, mask, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
     // O_h[i0:i1](b) = P[i0:i1, k0:i1](b) V_g[k0:i1](b)   bf16 into the strided head columns
@@ -246,9 +248,7 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
   for (int64_t h = 0; h < s.Hq; ++h) {
     const int64_t g = h / group;
     // S = scale Q K^T again over the row blocks, P = exp(cap(S) - lse) over whole rows
-    for (const RowBlock& r : blocks)
-      batched(ctx, false, true, r.rows(), r.keys(), D, s.scale, q + r.i0 * QD + h * D, QD, T * QD,
-              k + r.k0 * KD + g * D, KD, T * KD, 0.0f, w.S + r.i0 * T + r.k0, T, T * T, DType::F32, s.B, stream);
+    scores(ctx, w.S, q, k, s, blocks, h, g, stream);
     probabilities_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, lse, mask, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
     // dV_g[j0:j1] += P[j0:q1, j0:j1]^T dO_h[j0:q1]   f32, per key block: every query that sees a key of

@@ -21,8 +21,6 @@ constexpr int kRowThreads = 512;
 
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
-__device__ __forceinline__ float capped(float x, float cap) { return cap > 0.0f ? cap * tanhf(x / cap) : x; }
-
 // One block per row of the chunk. logits (rows, V) f32 -> dlogits (rows, V) bf16, loss (rows),
 // valid (rows) 1/0; a bad label records its global row (row0 + r) in flag.
 __global__ void cross_entropy_rows_kernel(__nv_bfloat16* dlogits, float* loss, int32_t* valid, const float* logits,
@@ -44,15 +42,15 @@ __global__ void cross_entropy_rows_kernel(__nv_bfloat16* dlogits, float* loss, i
     return;
   }
   float m = -INFINITY;
-  for (int64_t c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, capped(z[c], softcap));
+  for (int64_t c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, softcap_score(z[c], softcap));
   m = block_max(m, shared);
   float s = 0.0f;
-  for (int64_t c = threadIdx.x; c < V; c += blockDim.x) s += expf(capped(z[c], softcap) - m);
+  for (int64_t c = threadIdx.x; c < V; c += blockDim.x) s += expf(softcap_score(z[c], softcap) - m);
   s = block_sum(s, shared);
   const float lse = m + logf(s);
   for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
     float x = z[c];
-    float zc = capped(x, softcap);
+    float zc = softcap_score(x, softcap);
     float g = expf(zc - lse) - (c == label ? 1.0f : 0.0f);
     if (softcap > 0.0f) {
       float t = zc / softcap;
@@ -61,7 +59,7 @@ __global__ void cross_entropy_rows_kernel(__nv_bfloat16* dlogits, float* loss, i
     dz[c] = __float2bfloat16_rn(g * grad_scale);
   }
   if (threadIdx.x == 0) {
-    loss[r] = lse - capped(z[label], softcap);
+    loss[r] = lse - softcap_score(z[label], softcap);
     valid[r] = 1;
   }
 }

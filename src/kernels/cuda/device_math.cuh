@@ -18,6 +18,21 @@ __device__ __forceinline__ float load_f32(const __nv_bfloat16* p, int64_t i) { r
 __device__ __forceinline__ void store_f32(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_f32(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
+// A score soft-capped as Gemma2 caps its attention scores and final logits: softcap tanh(s / softcap)
+// when softcap > 0, else s; *t = the tanh (0 without a cap), for the backward's derivative 1 - t^2.
+__device__ __forceinline__ float softcap_score(float s, float softcap, float* t) {
+  if (softcap > 0.0f) {
+    *t = tanhf(s / softcap);
+    return softcap * *t;
+  }
+  *t = 0.0f;
+  return s;
+}
+__device__ __forceinline__ float softcap_score(float s, float softcap) {
+  float t;
+  return softcap_score(s, softcap, &t);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;

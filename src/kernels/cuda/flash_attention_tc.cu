@@ -150,17 +150,6 @@ __device__ void store_rows_bf16(bf16* dst, Acc (&frags)[D / 16], float* staging,
   __syncwarp();
 }
 
-// The scaled score s, soft-capped (softcap tanh(s / softcap)) when softcap > 0; *t = the tanh (0 without
-// a cap) for the backward's derivative 1 - t^2. As attention.cu's cap_score.
-__device__ __forceinline__ float capped_score(float s, float softcap, float* t) {
-  if (softcap > 0.0f) {
-    *t = tanhf(s / softcap);
-    return softcap * *t;
-  }
-  *t = 0.0f;
-  return s;
-}
-
 // Blocks an SM holds by shared memory (ForwardLayout: 54 KiB at D = 64, 78 KiB at D = 128); the
 // register budget follows (at D = 64, four blocks leave 128 registers a thread).
 template <int D>
@@ -239,7 +228,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 4 : 2)
       const bool visible = j <= i && j < p.T && (p.window == 0 || i - p.window < j) &&
                            (!doc_row || p.doc[b * p.T + j] == doc_i);
       float t;
-      return (!masked || visible) ? capped_score(srow[c] * p.scale, p.softcap, &t) : -INFINITY;
+      return (!masked || visible) ? softcap_score(srow[c] * p.scale, p.softcap, &t) : -INFINITY;
     };
     float x[kTile / 2];  // this lane's scores, read from shared memory once
     float tile_max = -INFINITY;
@@ -404,7 +393,7 @@ __global__ void __launch_bounds__(W * 32)
         if (j <= i && i < p.T && j < p.T && (p.window == 0 || i - p.window < j) &&
             (!p.doc || p.doc[b * p.T + i] == doc_j)) {
           float t;  // the cap's tanh: ds takes its derivative 1 - t^2 (attention.cu's order)
-          const float sc = capped_score(srow[c] * p.scale, p.softcap, &t);
+          const float sc = softcap_score(srow[c] * p.scale, p.softcap, &t);
           pv = __expf(sc - lse_s[c]);
           ds = pv * (dprow[c] - delta_s[c]);
           if (p.softcap > 0.0f) ds *= 1.0f - t * t;
