@@ -16,9 +16,9 @@
 //             prefetch(j) start input j's trip back: the copy stream waits for the compute stream
 //                         so far (the last reader of the slot's occupant, input j + kSlots), then
 //                         copies it in.
-// Inputs j + kSlots >= count() (the last two) are never overwritten in the forward: they neither
+// Inputs j + kSlots >= inputs (the last two) are never overwritten in the forward: they neither
 // leave nor come back. It deliberately offloads nothing else (a recomputed layer's activations live
-// one layer at a time anyway) and makes no copy it can skip; the host memory is count() - kSlots
+// one layer at a time anyway) and makes no copy it can skip; the host memory is inputs - kSlots
 // inputs of B * T_max * C, input j at j * B * T_max * C.
 #pragma once
 
@@ -51,9 +51,6 @@ class ActivationOffload {
   // inputs offloadable inputs of at most elems_max bf16 each; slots: slot_count(inputs) device
   // buffers of elems_max. Allocates the pinned host memory, the copy stream and the events.
   void init(int64_t inputs, int64_t elems_max, std::vector<bf16_t*> slots);
-  bool enabled() const { return inputs_ > 0; }
-  int64_t count() const { return inputs_; }
-  bf16_t* slot_of(int64_t j) const { return slots_[size_t(j % kSlots)]; }
 
   void claim(int64_t j);
   // keep: the backward will read input j (false for an evaluation forward: nothing is copied).

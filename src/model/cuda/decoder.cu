@@ -242,7 +242,7 @@ struct Decoder::Impl {
   int64_t B = 0, T = 0, N = 0, T_max = 0;
   int64_t positions_T = 0;  // the T whose 0..T-1 layout `positions` holds (0: none yet, or a packed step's)
   // L+1 of (N, C): resid[l] layer l's input, resid[L] the final norm's. Offloaded, they all point
-  // into offload's two slots (resid[j] = offload.slot_of(j)).
+  // into offload's two slots (resid[j] in slot j % ActivationOffload::kSlots).
   std::vector<bf16_t*> resid;
   std::vector<Acts> acts;      // L
   bf16_t* final_normed = nullptr;  // (N, C)
