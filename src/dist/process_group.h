@@ -27,6 +27,8 @@ class ProcessGroup {
   virtual void reduce_scatter_sum(float* out, float* in, int64_t n_per_rank) = 0;
   // out (size*n_per_rank) ← concat_ranks in (n_per_rank)
   virtual void all_gather(float* out, const float* in, int64_t n_per_rank) = 0;
+  // out (size*bytes_per_rank) ← concat_ranks in (bytes_per_rank): any dtype (bf16 shards), bit for bit
+  virtual void all_gather_bytes(void* out, const void* in, int64_t bytes_per_rank) = 0;
   // data (n) ← root's data
   virtual void broadcast(float* data, int64_t n, int root) = 0;
   virtual void barrier() = 0;
@@ -40,6 +42,7 @@ class SingleProcessGroup final : public ProcessGroup {
   void allreduce_sum(double*, int64_t) override {}
   void reduce_scatter_sum(float* out, float* in, int64_t n_per_rank) override;
   void all_gather(float* out, const float* in, int64_t n_per_rank) override;
+  void all_gather_bytes(void* out, const void* in, int64_t bytes_per_rank) override;
   void broadcast(float*, int64_t, int) override {}
   void barrier() override {}
 };

@@ -30,6 +30,10 @@ void SingleProcessGroup::all_gather(float* out, const float* in, int64_t n_per_r
   if (out != in) std::memcpy(out, in, size_t(n_per_rank) * sizeof(float));
 }
 
+void SingleProcessGroup::all_gather_bytes(void* out, const void* in, int64_t bytes_per_rank) {
+  if (out != in) std::memcpy(out, in, size_t(bytes_per_rank));
+}
+
 namespace {
 
 class GlooStoreAdapter : public gloo::rendezvous::Store {
@@ -119,6 +123,17 @@ class GlooProcessGroup final : public ProcessGroup {
       gloo::AllgatherOptions opts(context_);
       opts.setInput(const_cast<float*>(in), size_t(n_per_rank));
       opts.setOutput(out, size_t(n_per_rank * size_));
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout_);
+      gloo::allgather(opts);
+    });
+  }
+
+  void all_gather_bytes(void* out, const void* in, int64_t bytes_per_rank) override {
+    guard("all_gather", [&] {
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(static_cast<uint8_t*>(const_cast<void*>(in)), size_t(bytes_per_rank));
+      opts.setOutput(static_cast<uint8_t*>(out), size_t(bytes_per_rank * size_));
       opts.setTag(next_tag());
       opts.setTimeout(timeout_);
       gloo::allgather(opts);

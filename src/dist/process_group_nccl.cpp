@@ -95,6 +95,10 @@ class NcclProcessGroup final : public ProcessGroup {
     run("all_gather", ncclAllGather(in, out, size_t(n_per_rank), ncclFloat, comm_, stream_));
   }
 
+  void all_gather_bytes(void* out, const void* in, int64_t bytes_per_rank) override {
+    run("all_gather", ncclAllGather(in, out, size_t(bytes_per_rank), ncclUint8, comm_, stream_));
+  }
+
   void broadcast(float* data, int64_t n, int root) override {
     run("broadcast", ncclBroadcast(data, data, size_t(n), ncclFloat, root, comm_, stream_));
   }

@@ -45,17 +45,9 @@ void copy_owned_part(const FlatShardLayout& layout, size_t i, int rank, const Te
                 static_cast<const char*>(src.raw()) + size_t(lo - layout.offset[i]) * elem, size_t(hi - lo) * elem);
 }
 
-// All-gathers n_per_rank elements of dtype from every rank. The process groups move f32; a bf16
-// shard (an even count: shards are multiples of kAlignFloats) travels as pairs packed in f32 words,
-// bit for bit (a gather is a copy, no arithmetic touches them).
+// All-gathers n_per_rank elements of dtype (f32 or bf16) from every rank, bit for bit.
 void all_gather_any(dist::ProcessGroup& group, void* out, const void* in, int64_t n_per_rank, DType dtype) {
-  if (dtype == DType::F32) {
-    group.all_gather(static_cast<float*>(out), static_cast<const float*>(in), n_per_rank);
-    return;
-  }
-  check(dtype == DType::BF16 && n_per_rank % 2 == 0, "sharded data parallel",
-        std::string("cannot gather ") + dtype_name(dtype) + " shards of " + std::to_string(n_per_rank));
-  group.all_gather(static_cast<float*>(out), static_cast<const float*>(in), n_per_rank / 2);
+  group.all_gather_bytes(out, in, int64_t(dtype_bytes(dtype, size_t(n_per_rank))));
 }
 
 // The one dtype of a flat's parameters (f32 when there are none).

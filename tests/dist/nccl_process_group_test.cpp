@@ -61,6 +61,9 @@ TEST(NcclProcessGroup, AWorldOfOneGivesEachCollectivesIdentityOnDeviceBuffers) {
   std::vector<float> back(64);
   ASSERT_EQ(cudaMemcpy(back.data(), a, back.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(back, host);
+  group->all_gather_bytes(b, a, 64 * sizeof(float));
+  ASSERT_EQ(cudaMemcpy(back.data(), b, back.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, host);
   cudaFree(a);
   cudaFree(b);
 }

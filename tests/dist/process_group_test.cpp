@@ -96,6 +96,23 @@ TEST(GlooProcessGroup, AllGatherConcatenatesInRankOrder) {
   });
 }
 
+// Bytes of any dtype, an odd count per rank, 3 ranks; in place too (in = out + rank * bytes, as NCCL allows).
+TEST(GlooProcessGroup, AllGatherBytesConcatenatesInRankOrderBitForBit) {
+  run_ranks(3, "agb", [](ProcessGroup& g) {
+    const int64_t bytes = 7;
+    std::vector<uint8_t> in(static_cast<size_t>(bytes), 0), out(static_cast<size_t>(bytes * g.size()), 0);
+    for (int64_t i = 0; i < bytes; ++i) in[size_t(i)] = uint8_t(0xf0 + 16 * g.rank() + i);
+    g.all_gather_bytes(out.data(), in.data(), bytes);
+    for (int r = 0; r < g.size(); ++r)
+      for (int64_t i = 0; i < bytes; ++i)
+        ASSERT_EQ(out[size_t(r * bytes + i)], uint8_t(0xf0 + 16 * r + i)) << "rank " << r << " byte " << i;
+    std::vector<uint8_t> inplace(size_t(bytes * g.size()), 0);
+    std::copy(in.begin(), in.end(), inplace.begin() + g.rank() * bytes);
+    g.all_gather_bytes(inplace.data(), inplace.data() + g.rank() * bytes, bytes);
+    EXPECT_EQ(inplace, out);
+  });
+}
+
 TEST(GlooProcessGroup, BroadcastCopiesTheRootsData) {
   run_ranks(3, "bc", [](ProcessGroup& g) {
     std::vector<float> x(8, float(g.rank()));
@@ -112,4 +129,8 @@ TEST(SingleProcessGroup, CollectivesAreTheIdentity) {
   EXPECT_EQ(out[2], 3.0f);
   g.all_gather(out, in, 3);
   EXPECT_EQ(out[0], 1.0f);
+  const uint16_t bits[2] = {0x3f80, 0xbeef};
+  uint16_t copied[2] = {0, 0};
+  g.all_gather_bytes(copied, bits, sizeof bits);
+  EXPECT_EQ(copied[1], 0xbeef);
 }
