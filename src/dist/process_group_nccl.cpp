@@ -8,7 +8,8 @@
 //
 // Built with the CUDA backend (KTUNE_CUDA resolved ON) or -DKTUNE_NCCL=ON, where CUDA and NCCL
 // are found (KTUNE_HAS_NCCL); otherwise make_nccl_process_group says the build has none. UNTESTED on a GPU: none was available when it was
-// written; it compiles and links against CUDA 13's NCCL 2.28.
+// written; it compiles and links against CUDA 13's NCCL 2.28. CI runs it, 2 and 3 ranks, over the
+// host emulator's fake NCCL (tests/kernels/cuda/emulator/fake/nccl.h, ktune_nccl_emulated_tests).
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -127,9 +128,12 @@ class NcclProcessGroup final : public ProcessGroup {
     }
   }
 
-  // Enqueued collective: check the launch, then wait for the stream.
+  // Enqueued collective: check the launch, then wait for the stream. A non-blocking communicator
+  // may answer ncclInProgress before the collective is on the stream at all (NCCL's non-blocking
+  // mode): until its state leaves ncclInProgress, an idle stream says nothing.
   void run(const char* what, ncclResult_t launched) {
     nccl(launched, what);
+    wait_comm_ready(what);
     wait(what);
   }
 
