@@ -6,7 +6,9 @@
 // child process each) a launch over its shared-memory limit or its __launch_bounds__, a read past a
 // cudaMalloc buffer and a barrier that not every thread reaches all end the run. Under the late
 // stream schedule a non-blocking stream's copy lands only when waited for, so a read that does not
-// wait sees the old bytes, and an outgoing copy not waited for takes what was written after it.
+// wait sees the old bytes, and an outgoing copy not waited for takes what was written after it. An
+// operation waiting for other processes holds its stream (cudaStreamQuery: not ready), and a copy
+// between overlapping ranges ends the run.
 // Kernels here call emu_launch directly (rewrite.py's output form), since this file is no .cu.
 // It deliberately checks no ktune kernel: those are the GPU tests run on the emulator.
 #include <sys/wait.h>
@@ -202,6 +204,31 @@ int main() {
   expect(copy_then_read("late", true) == std::make_pair(2, 2),
          "late streams: the copy lands at the wait (the latest a GPU may run it)");
   expect(copy_then_read("eager", false) == std::make_pair(1, 1), "eager streams: the copy runs when called");
+
+  // An operation that waits for other processes (fake/nccl.h's collectives) holds its stream, and
+  // what follows it, until it completes: cudaStreamQuery says not ready meanwhile.
+  {
+    cudaStream_t side = nullptr;
+    cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);  // eager
+    bool peers_arrived = false;
+    int source = 1, target = 0;
+    emu::enqueue_waiting(side, [&] { return peers_arrived; });
+    cudaMemcpyAsync(&target, &source, sizeof(int), cudaMemcpyDeviceToDevice, side);
+    const bool held = cudaStreamQuery(side) == cudaErrorNotReady && target == 0;
+    peers_arrived = true;
+    expect(held && cudaStreamQuery(side) == cudaSuccess && target == 1,
+           "a waiting operation holds an eager stream's later copy until it completes");
+    cudaStreamDestroy(side);
+  }
+  expect(dies([] {
+           char bytes[8] = {};
+           cudaMemcpy(bytes + 1, bytes, 4, cudaMemcpyDeviceToDevice);
+         }) &&
+             !dies([] {
+               char bytes[8] = {};
+               cudaMemcpy(bytes + 4, bytes, 4, cudaMemcpyDeviceToDevice);
+             }),
+         "cudaMemcpy between overlapping ranges aborts (adjacent ones copy)");
 
   std::printf("%s CUDA emulator self-test (%d wrong)\n", g_wrong == 0 ? "PASS" : "FAIL", g_wrong);
   return g_wrong == 0 ? 0 : 1;

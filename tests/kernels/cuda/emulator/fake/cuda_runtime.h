@@ -16,7 +16,7 @@
 // Checks, each an abort with a message: block size a multiple of 32 and <= 1024, 1-D blocks, 2-D
 // grids within the device's limits, dynamic shared memory <= 48 KiB unless cudaFuncSetAttribute
 // raised that kernel's limit (to <= 227 KiB, sm_90), blocks within the kernel's __launch_bounds__,
-// float4 atomics 16-byte aligned and on global memory.
+// float4 atomics 16-byte aligned and on global memory, cudaMemcpy's ranges apart.
 // fake/mma.h adds wmma's alignment, ldm and bound checks.
 //
 // Memory. "Device" memory is host memory (cudaMalloc: 256-byte aligned, at most 141 GiB, an H200's;
@@ -30,7 +30,10 @@
 // missing wait shows: a copy read before anyone waited for it has not landed, and a buffer
 // overwritten before its outgoing copy was waited for is copied late, with the new contents. Kernels
 // launched on such a stream still run when called (ktune launches none there). Event times are host
-// clocks.
+// clocks. An operation that waits for other processes (fake/nccl.h's collectives) is held on any
+// stream until it completes: it makes progress only when the stream is queried (cudaStreamQuery:
+// cudaErrorNotReady while it waits) or waited for (which blocks until it completes, as on a GPU),
+// and what is enqueued behind it waits too, even on an eager stream.
 // cudaMalloc'd buffers and each launch's dynamic shared memory end where an inaccessible page begins
 // (past the 256- / 128-byte alignment slack), so reading or writing beyond them crashes the test, and
 // cudaFree checks that the slack was not written. Fresh device and shared memory hold all-ones bytes
@@ -94,6 +97,7 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
+  cudaErrorNotReady = 600,
 };
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost,
@@ -467,6 +471,8 @@ inline const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorInvalidConfiguration";
     case cudaErrorInvalidDevice:
       return "cudaErrorInvalidDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
   }
   return "cudaErrorUnknown";
 }
@@ -525,13 +531,16 @@ inline cudaError_t cudaFreeHost(void* p) {
   std::free(p);
   return cudaSuccess;
 }
+// Stream-ordered allocation: the memory is there when called; the free waits its turn on the stream.
+inline cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
 
-// A stream: the copies and memsets it holds back (late schedule), in order, and how many of those
-// enqueued so far have run. An event: the stream and the count of its operations it waits for
+// A stream: the operations it holds back (a late schedule's copies and memsets; collectives waiting
+// for their peers, and what follows them), in order, each returning whether it has completed, and
+// how many of those enqueued so far have run. An event: the stream and the count of its operations it waits for
 // (stream nullptr: complete when recorded), and the host time it was recorded.
 struct CUstream_st {
   bool late = false;
-  std::deque<std::function<void()>> pending;
+  std::deque<std::function<bool()>> pending;
   uint64_t enqueued = 0, done = 0;
 };
 struct CUevent_st {
@@ -544,34 +553,64 @@ inline std::vector<CUstream_st*>& streams() {
   static std::vector<CUstream_st*> all;
   return all;
 }
-// Runs s's held-back operations until `upto` of them have run.
+// Runs s's first held-back operation once; whether it completed (and left the stream).
+inline bool step_stream(CUstream_st* s) {
+  if (!s->pending.front()()) return false;
+  s->pending.pop_front();
+  ++s->done;
+  return true;
+}
+// Runs s's held-back operations until `upto` of them have run, waiting for those that wait for
+// other processes.
 inline void run_stream_until(CUstream_st* s, uint64_t upto) {
-  while (s && s->done < upto) {
-    std::function<void()> op = std::move(s->pending.front());
-    s->pending.pop_front();
-    ++s->done;
-    op();
-  }
+  while (s && s->done < upto)
+    if (!step_stream(s)) usleep(20);
 }
 inline void run_stream(CUstream_st* s) {
   if (s) run_stream_until(s, s->enqueued);
 }
-// An operation on stream s: now (the default stream, an eager stream), or held back (a late one).
+// An operation on stream s: now (the default stream, an eager stream with nothing held), or held
+// back (a late stream; behind an operation still waiting).
 inline void enqueue(CUstream_st* s, std::function<void()> op) {
-  if (!s || !s->late) {
+  if (!s || (!s->late && s->pending.empty())) {
     op();
     return;
   }
-  s->pending.push_back(std::move(op));
+  s->pending.push_back([op = std::move(op)] {
+    op();
+    return true;
+  });
+  ++s->enqueued;
+}
+// An operation that may have to wait for other processes: `step` does what it can and returns
+// whether it completed. Held on s until it completes (tried once now where s holds nothing else);
+// on the default stream it runs to completion now.
+inline void enqueue_waiting(CUstream_st* s, std::function<bool()> step) {
+  if (!s) {
+    while (!step()) usleep(20);
+    return;
+  }
+  if (s->pending.empty() && step()) return;
+  s->pending.push_back(std::move(step));
   ++s->enqueued;
 }
 }  // namespace emu
 
+namespace emu {
+// CUDA leaves a copy between overlapping ranges undefined (memmove here would hide it).
+inline void check_apart(const void* dst, const void* src, size_t n) {
+  const auto* d = static_cast<const unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  if (n > 0 && d < s + n && s < d + n) fail("cudaMemcpy between overlapping ranges (undefined in CUDA)");
+}
+}  // namespace emu
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+  emu::check_apart(dst, src, n);
   std::memmove(dst, src, n);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s = nullptr) {
+  emu::check_apart(dst, src, n);
   emu::enqueue(s, [=] { std::memmove(dst, src, n); });
   return cudaSuccess;
 }
@@ -581,6 +620,10 @@ inline cudaError_t cudaMemset(void* p, int v, size_t n) {
 }
 inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s = nullptr) {
   emu::enqueue(s, [=] { std::memset(p, v, n); });
+  return cudaSuccess;
+}
+inline cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  emu::enqueue(s, [=] { cudaFree(p); });
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() {
@@ -606,6 +649,12 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   emu::run_stream(s);
   return cudaSuccess;
 }
+// Runs what s holds as far as it can without waiting: cudaErrorNotReady while an operation waits.
+inline cudaError_t cudaStreamQuery(cudaStream_t s) {
+  while (s && !s->pending.empty())
+    if (!emu::step_stream(s)) return cudaErrorNotReady;
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = new CUevent_st;
   return cudaSuccess;
@@ -616,7 +665,7 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   return cudaSuccess;
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
-  const bool held = s && s->late;
+  const bool held = s && (s->late || !s->pending.empty());
   e->stream = held ? s : nullptr;
   e->upto = held ? s->enqueued : 0;
   e->time = std::chrono::steady_clock::now();
