@@ -64,9 +64,9 @@ bool plugin_named() {
 }  // namespace
 
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan,
-                                               uint64_t seed, const HostValue& value_of) {
+                                               uint64_t seed, const HostValue& value_of, dist::ProcessGroup* gpus) {
   const HostValue own_value = [](const model::Parameter& p) { return p.value; };
-  return std::unique_ptr<CudaTrainer>(plugin().create(&host, &plan, seed, value_of ? &value_of : &own_value));
+  return std::unique_ptr<CudaTrainer>(plugin().create(&host, &plan, seed, value_of ? &value_of : &own_value, gpus));
 }
 
 bool cuda_backend_built() { return true; }
@@ -87,7 +87,7 @@ void select_cuda_device(int index) { plugin().select_device(index); }
 #else  // no CUDA backend in this build
 
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>&, const CudaStepPlan&, uint64_t,
-                                               const HostValue&) {
+                                               const HostValue&, dist::ProcessGroup*) {
   throw Error("device=cuda", "this build has no CUDA backend (configured with KTUNE_CUDA=OFF or without nvcc)");
 }
 

@@ -19,7 +19,13 @@
 // alone costs ~210 MiB of resident memory the moment it is loaded (its kernels register at load),
 // which every CPU run would otherwise carry. Hence an interface, and a recipe that never sees a
 // CUDA type. The binary itself links only the CUDA runtime (to count and select GPUs).
-// It deliberately does not shard: distributed GPU runs replicate the model (DDP over NCCL).
+// Distributed GPU runs (one GPU a worker, an NCCL group given at creation): the distributed recipes
+// shard the AdamW state (ZeRO-1/2: CudaStepPlan::setup.optimizer_shards = the world size; the
+// gradients reduce-scattered, each GPU steps its slice of the gradient buffer, the updated values
+// all-gathered in bf16), or, with env KTUNE_DATA_PARALLEL=replicate, replicate it (one all-reduce of
+// the gradients, every GPU steps all of them). It deliberately does not shard the weights or the
+// gradients during the backward (FSDP's ZeRO-3, what the CPU engine does): every GPU holds the bf16
+// weights and the f32 gradient buffer whole.
 #pragma once
 
 #include <cstdint>
@@ -57,16 +63,23 @@ class CudaTrainer {
   virtual model::LossResult forward_loss(const FixedShapeBatch& batch) = 0;
   // The LoRA dropout masks' key for the following micro-batch (as LoraAdapter::set_dropout_key).
   virtual void set_dropout_key(uint64_t key) = 0;
-  // Σ over the GPUs of every gradient (nccl: an NCCL process group over the workers).
-  virtual void all_reduce_gradients(dist::ProcessGroup& nccl) = 0;
-  // torch.nn.utils.clip_grad_norm_ over every gradient; returns the norm before clipping (+inf
-  // max_norm only measures).
+  // Σ over the GPUs of every gradient, where this GPU's optimizer step reads it: the whole buffer
+  // (replicated: an all-reduce) or this GPU's shard (sharded: a reduce-scatter). One GPU: nothing.
+  virtual void reduce_gradients() = 0;
+  // torch.nn.utils.clip_grad_norm_ over every gradient (sharded: the shards' squares summed over the
+  // GPUs); returns the norm before clipping (+inf max_norm only measures). After reduce_gradients.
   virtual double clip_gradient_norm(double max_norm) = 0;
   // One AdamW step at lr; steps are counted from 1 (and continue after load_optimizer_state).
+  // Sharded: each GPU steps its shard, then every GPU gets every updated value (an all-gather that
+  // uses the gradient buffer as its scratch: the gradients are spent after it).
   virtual void optimizer_step(double lr, const AdamWSettings& settings) = 0;
   virtual int64_t optimizer_steps() const = 0;
-  virtual std::map<std::string, Tensor> optimizer_state() = 0;  // downloads the moments
-  // A state as optimizer_state() (or the CPU AdamW::state()) wrote it; errors name `where` and the entry.
+  // The moments by the CPU optimizer's names. Sharded, a collective: every GPU calls it (it gathers
+  // the shards through the gradient buffer, so between an optimizer step and the next zero_grad),
+  // and only where keep is true does it return them (elsewhere an empty map).
+  virtual std::map<std::string, Tensor> optimizer_state(bool keep = true) = 0;
+  // A state as optimizer_state() (or the CPU AdamW::state()) wrote it, whole: each GPU takes its
+  // shard of it. Errors name `where` and the entry.
   virtual void load_optimizer_state(const std::map<std::string, Tensor>& state, int64_t steps,
                                     const std::string& where) = 0;
 
@@ -82,15 +95,19 @@ using HostValue = std::function<Tensor(const model::Parameter&)>;
 
 // Plans the device memory and uploads the host model: `host` is its parameters() (with its LoRA
 // adapters attached, if any), each sent as value_of gives it (nullptr: its value). seed: of the
-// stochastic rounding. Throws ktune::Error in a build without the CUDA backend, when the plugin
-// cannot be loaded (naming its path), or naming a parameter the two models do not share.
+// stochastic rounding. gpus: the data-parallel group of a distributed run (an NCCL group over the
+// workers' GPUs; any ProcessGroup whose collectives take this device's pointers), nullptr for one
+// GPU; plan.setup.optimizer_shards > 1 must be its size (and optimizer_shard its rank). Throws
+// ktune::Error in a build without the CUDA backend, when the plugin cannot be loaded (naming its
+// path), or naming a parameter the two models do not share.
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan,
-                                               uint64_t seed, const HostValue& value_of = nullptr);
+                                               uint64_t seed, const HostValue& value_of = nullptr,
+                                               dist::ProcessGroup* gpus = nullptr);
 
 // The plugin's exported functions (C linkage, so that dlsym finds them by these names).
 extern "C" {
 using CreateCudaTrainerFn = CudaTrainer* (*)(const std::vector<model::Parameter*>* host, const CudaStepPlan* plan,
-                                             uint64_t seed, const HostValue* value_of);
+                                             uint64_t seed, const HostValue* value_of, dist::ProcessGroup* gpus);
 using CudaStepDeviceCountFn = int (*)();
 using CudaStepSelectDeviceFn = void (*)(int index);
 }

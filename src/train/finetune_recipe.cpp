@@ -154,7 +154,7 @@ class FinetuneRecipe {
   // The CPU engine's training state: sharded (FSDP) or replicated parameters and the AdamW optimizer.
   void setup_cpu_training(DType storage, int64_t trainable_bytes);
   // device=cuda on a GPU: the GPU step (cuda_trainer.h), planned for (batch_size, gpu_seq_len_), and
-  // an NCCL group over the workers' GPUs for the gradients.
+  // an NCCL group over the workers' GPUs for the gradients (and, sharded, the AdamW shards' gathers).
   void setup_gpu_training();
   // One optimizer step (gradient_accumulation_steps micro-batches), on either engine.
   struct StepOutcome {
@@ -211,8 +211,8 @@ class FinetuneRecipe {
   std::vector<model::Parameter*> trainable_;
   std::unique_ptr<ShardedDataParallel> sharded_;  // distributed recipes: FSDP over group_
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<dist::ProcessGroup> nccl_;  // distributed GPU runs: the GPUs' group (outlives gpu_)
   std::unique_ptr<CudaTrainer> gpu_;
-  std::unique_ptr<dist::ProcessGroup> nccl_;  // distributed GPU runs: the gradients' group
   int64_t gpu_seq_len_ = 0;                   // the GPU step's planned T: the longest sample (train or val)
   std::optional<CosineWithWarmup> schedule_;
   std::unique_ptr<MetricLogger> metrics_;
@@ -466,6 +466,11 @@ void FinetuneRecipe::setup_gpu_training() {
   plan.setup.lora_seed = seed_;  // the adapters' LoraOptions::seed (the masks' function is the CPU adapter's)
   plan.setup.attention = cuda_attention_mode();
   select_cuda_device(devices_.local_rank);
+  const bool sharded = group_.size() > 1 && shard_parameters(recipe_);  // else one GPU, or replicas
+  if (sharded) {
+    plan.setup.optimizer_shards = group_.size();
+    plan.setup.optimizer_shard = group_.rank();
+  }
   if (group_.size() > 1) {
     check(devices_.store != nullptr, "device=cuda", "a distributed run needs its rendezvous store to join NCCL");
     nccl_ = dist::make_nccl_process_group(*devices_.store, "ktune/nccl", group_.rank(), group_.size());
@@ -482,14 +487,18 @@ void FinetuneRecipe::setup_gpu_training() {
     auto it = nf4_bases.find(p.name);
     return it == nf4_bases.end() ? p.value : it->second.first->base_weight(*it->second.second);
   };
-  gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, value_of);
+  gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, value_of, nccl_.get());
   if (!rank0_) return;
   log_info("GPU step: bf16 weights, activations and AdamW moments, f32 gradients and accumulation, stochastically "
            "rounded updates; every batch laid into (" + std::to_string(cfg_.batch_size) +
            ", its longest sample rounded up to a multiple of " + std::to_string(kGpuSeqLenMultiple) +
            "), memory planned for (" + std::to_string(cfg_.batch_size) + ", " + std::to_string(gpu_seq_len_) + ")" +
-           (group_.size() > 1 ? "; replicated over " + std::to_string(group_.size()) + " GPUs, gradients summed over NCCL"
-                              : std::string()));
+           (sharded ? "; data parallel over " + std::to_string(group_.size()) +
+                          " GPUs with the AdamW state sharded (ZeRO-1/2: gradients reduce-scattered over NCCL, each "
+                          "GPU steps its slice, the updated weights all-gathered in bf16)"
+            : group_.size() > 1 ? "; replicated over " + std::to_string(group_.size()) +
+                                      " GPUs (KTUNE_DATA_PARALLEL=replicate), gradients summed over NCCL"
+                                : std::string()));
   if (cfg_.enable_activation_checkpointing)
     log_info("enable_activation_checkpointing: the GPU step keeps each layer's input and recomputes the layer's "
              "forward before its backward (one layer's activations planned below)");
@@ -546,9 +555,10 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
     sharded_->gather_full_parameters(/*keep=*/rank0_);
     optimizer_state = sharded_->gather_optimizer_state(*optimizer_, /*keep=*/rank0_);
   }
-  if (gpu_ && rank0_) {  // every rank holds the same weights: rank 0 brings them back to write them
-    gpu_->download_trainable();
-    optimizer_state = gpu_->optimizer_state();
+  if (gpu_) {  // every GPU holds the same weights: rank 0 brings them back to write them; sharded
+              // moments are gathered by all GPUs together, for rank 0
+    if (rank0_) gpu_->download_trainable();
+    optimizer_state = gpu_->optimizer_state(/*keep=*/rank0_);
   }
   if (rank0_) {
     SaveRequest r;
@@ -675,7 +685,7 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::gpu_step() {
     loss_sum += gpu_->forward_backward(micro_batches[micro], float(1.0 / tokens)).loss_sum;
   }
   group_.allreduce_sum(&loss_sum, 1);
-  if (nccl_) gpu_->all_reduce_gradients(*nccl_);
+  gpu_->reduce_gradients();
   StepOutcome out;
   out.tokens = sums[0];
   out.loss = loss_sum / tokens;

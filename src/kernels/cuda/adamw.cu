@@ -58,7 +58,7 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
 }
 
 __global__ void adamw_bf16_kernel(uint16_t* param, const float* grad, uint16_t* m, uint16_t* v, int64_t n,
-                                  Coefficients c, uint64_t key) {
+                                  Coefficients c, uint64_t key, int64_t first) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float g = grad[i];
@@ -67,7 +67,7 @@ __global__ void adamw_bf16_kernel(uint16_t* param, const float* grad, uint16_t* 
   mf = mf + (g - mf) * c.one_minus_b1;
   vf = vf * c.b2 + c.one_minus_b2 * g * g;
   p -= c.step_size * mf / (sqrtf(vf) * c.inv_bc2_sqrt + c.eps);
-  uint64_t bits = splitmix64(key ^ uint64_t(i));  // 48 bits used: 16 for each tensor (as the CPU op)
+  uint64_t bits = splitmix64(key ^ uint64_t(first + i));  // 48 bits used: 16 for each tensor (as the CPU op)
   param[i] = bf16_stochastic(p, uint32_t(bits));
   m[i] = bf16_stochastic(mf, uint32_t(bits >> 16));
   v[i] = bf16_stochastic(vf, uint32_t(bits >> 32));
@@ -134,10 +134,10 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
 }
 
 void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int64_t n, const AdamWStep& s,
-                     uint64_t seed, Stream stream) {
+                     uint64_t seed, Stream stream, int64_t first) {
   const Coefficients c = coefficients(s);
   if (n == 0) return;
-  adamw_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(param, grad, m, v, n, c, splitmix64(seed));
+  adamw_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(param, grad, m, v, n, c, splitmix64(seed), first);
   KTUNE_CUDA_CHECK_LAUNCH();
 }
 

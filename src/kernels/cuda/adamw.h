@@ -19,8 +19,10 @@ using cpu::AdamWStep;
 // param, grad, m, v: (n) on the device
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s,
                 Stream stream = nullptr);
+// first: the index of param[0] within its tensor, for the random bits (a shard of a tensor rounds as
+// the whole tensor's step does there).
 void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int64_t n, const AdamWStep& s,
-                     uint64_t seed, Stream stream = nullptr);
+                     uint64_t seed, Stream stream = nullptr, int64_t first = 0);
 
 // Gradient clipping's two reductions. sum_of_squares writes sum(x^2) (double accumulation, fixed
 // order: the same value on every run) to scratch[0]; scratch holds sum_of_squares_scratch_doubles()

@@ -124,6 +124,10 @@ void copy_to_host(void* host, const void* device, size_t bytes) {
   if (bytes) KTUNE_CUDA_CHECK(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
 }
 
+void copy_on_device(void* to, const void* from, size_t bytes) {
+  if (bytes) KTUNE_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, nullptr));
+}
+
 void synchronize() { KTUNE_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 IndexFlag::IndexFlag() : buffer_(sizeof(int32_t)) { reset(); }

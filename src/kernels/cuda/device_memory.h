@@ -70,6 +70,7 @@ class DeviceArena {
 
 void copy_to_device(void* device, const void* host, size_t bytes);
 void copy_to_host(void* host, const void* device, size_t bytes);
+void copy_on_device(void* to, const void* from, size_t bytes);  // enqueued on the default stream (no overlap)
 void synchronize();  // cudaDeviceSynchronize, checked: where a kernel fault surfaces
 
 // Index checks on the device. Kernels that take token ids, labels or positions record the first

@@ -43,7 +43,9 @@ namespace {
 constexpr size_t kAlign = 256;  // DeviceArena's slice alignment
 constexpr int64_t kDefaultLossChunkTokens = 512;  // TrainingSetup::ce_chunk_tokens = 0
 constexpr int64_t kDefaultMlpChunkTokens = 2048;  // TrainingSetup::mlp_chunk_tokens = 0
+constexpr int64_t kShardMultiple = 64;  // floats: an optimizer shard's size is a multiple (256-byte slices)
 size_t aligned(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Carves typed slices out of an arena, or (arena == nullptr) only adds up their aligned bytes.
 struct Carver {
@@ -406,6 +408,9 @@ void Decoder::validate() const {
   check(!setup.activation_offloading || setup.activation_checkpointing, "cuda decoder",
         "activation_offloading offloads the layer inputs that activation_checkpointing keeps: it needs "
         "activation_checkpointing");
+  check(setup.optimizer_shards >= 1 && setup.optimizer_shard >= 0 && setup.optimizer_shard < setup.optimizer_shards,
+        "cuda decoder", "optimizer_shard must be in [0, optimizer_shards) and optimizer_shards >= 1, got shard " +
+                            std::to_string(setup.optimizer_shard) + " of " + std::to_string(setup.optimizer_shards));
 }
 
 Decoder::~Decoder() = default;
@@ -492,22 +497,28 @@ void Decoder::allocate(bool on_device) {
       }
   }
 
-  // Parameters, gradients, optimizer state: sized, then carved.
-  size_t pbytes = 0, gbytes = 0, obytes = 0, nf4_bytes = 0;
+  // Parameters, gradients, optimizer state: sized, then carved. The gradient buffer is padded to
+  // whole shards of 64-float multiples; the optimizer state is m and v for this rank's shard.
+  size_t pbytes = 0, gbytes = 0, nf4_bytes = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const size_t n = size_t(params_[i].numel);
     if (nf4[i]) nf4_bytes += aligned(n / 2) + aligned(n / size_t(cpu::kNf4BlockSize) * sizeof(float));
     else pbytes += aligned(n * 2);
-    if (trainable[i]) {
-      gbytes += aligned(size_t(params_[i].numel) * 4);
-      obytes += 2 * aligned(size_t(params_[i].numel) * 2);
-    }
+    if (trainable[i]) gbytes += aligned(size_t(params_[i].numel) * 4);
   }
   pbytes += nf4_bytes;
+  const int64_t shards = setup_.optimizer_shards;
+  const int64_t shard_floats = ceil_div(int64_t(gbytes / 4), shards * kShardMultiple) * kShardMultiple;
+  gbytes = size_t(shard_floats * shards) * 4;
+  const size_t obytes = 2 * aligned(size_t(shard_floats) * 2);
+  shard_.begin = setup_.optimizer_shard * shard_floats;
+  shard_.size = shard_floats;
   if (on_device) {
     s.param_arena = std::make_unique<DeviceArena>("cuda decoder parameters", pbytes);
     s.grad_arena = std::make_unique<DeviceArena>("cuda decoder gradients", gbytes);
     s.optim_arena = std::make_unique<DeviceArena>("cuda decoder AdamW state", obytes);
+    shard_.m = s.optim_arena->allocate_n<bf16_t>(size_t(shard_floats));
+    shard_.v = s.optim_arena->allocate_n<bf16_t>(size_t(shard_floats));
   }
   for (size_t i = 0; on_device && i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
@@ -519,8 +530,13 @@ void Decoder::allocate(bool on_device) {
     }
     if (trainable[i]) {
       p.grad = s.grad_arena->allocate_n<float>(size_t(p.numel));
-      p.m = s.optim_arena->allocate_n<bf16_t>(size_t(p.numel));
-      p.v = s.optim_arena->allocate_n<bf16_t>(size_t(p.numel));
+      p.grad_offset = p.grad - static_cast<float*>(s.grad_arena->data());
+      p.shard_begin = std::clamp<int64_t>(shard_.begin - p.grad_offset, 0, p.numel);
+      p.shard_end = std::clamp<int64_t>(shard_.begin + shard_.size - p.grad_offset, 0, p.numel);
+      if (p.shard_begin < p.shard_end) {
+        p.m = shard_.m + (p.grad_offset + p.shard_begin - shard_.begin);
+        p.v = shard_.v + (p.grad_offset + p.shard_begin - shard_.begin);
+      }
     }
   }
 
@@ -753,11 +769,7 @@ void Decoder::init_parameters(uint64_t seed) {
       convert_to_bf16(params_[size_t(lin.magnitude)].value, w.norm, lin.out);
     }
   zero_grad();
-  for (auto& p : params_) {
-    if (!p.m) continue;
-    KTUNE_CUDA_CHECK(cudaMemsetAsync(p.m, 0, size_t(p.numel) * 2, nullptr));
-    KTUNE_CUDA_CHECK(cudaMemsetAsync(p.v, 0, size_t(p.numel) * 2, nullptr));
-  }
+  KTUNE_CUDA_CHECK(cudaMemsetAsync(impl_->optim_arena->data(), 0, impl_->optim_arena->used(), nullptr));
   synchronize();
 }
 
@@ -817,22 +829,25 @@ std::vector<float> Decoder::download_grad(const std::string& name) {
   return out;
 }
 
+// The whole arena: the gradients, the gaps between them and the padding to whole shards.
 float* Decoder::gradient_buffer(int64_t* count) {
   DeviceArena& grads = *impl_->grad_arena;
-  *count = int64_t(grads.used() / sizeof(float));
+  *count = int64_t(grads.capacity() / sizeof(float));
   return static_cast<float*>(grads.data());
 }
 
 void Decoder::zero_grad() {
   DeviceArena& grads = *impl_->grad_arena;
-  if (grads.used() > 0) KTUNE_CUDA_CHECK(cudaMemsetAsync(grads.data(), 0, grads.used(), nullptr));
+  if (grads.capacity() > 0) KTUNE_CUDA_CHECK(cudaMemsetAsync(grads.data(), 0, grads.capacity(), nullptr));
 }
 
 void Decoder::adamw_step(const cpu::AdamWStep& st, uint64_t seed) {
   for (size_t i = 0; i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
-    if (p.grad)
-      cuda::adamw_step_bf16(p.value, p.grad, p.m, p.v, p.numel, st, splitmix64(seed ^ splitmix64(i + 1)), nullptr);
+    if (!p.m) continue;  // frozen, or none of it in this rank's shard
+    const int64_t first = p.shard_begin;
+    cuda::adamw_step_bf16(p.value + first, p.grad + first, p.m, p.v, p.shard_end - first, st,
+                          splitmix64(seed ^ splitmix64(i + 1)), nullptr, first);
   }
 }
 
@@ -849,6 +864,9 @@ std::string Decoder::memory_report() const {
      << (setup_.activation_offloading ? "; offloaded: the layer inputs in two slots, the rest in pinned host memory"
                                        : "")
      << "), total " << gib(m.total());
+  if (setup_.optimizer_shards > 1)
+    os << "; AdamW state sharded: this GPU's " << shard_.size << " of " << shard_.size * setup_.optimizer_shards
+       << " gradient elements (shard " << setup_.optimizer_shard << " of " << setup_.optimizer_shards << ")";
   if (setup_.activation_offloading) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
   if (m.nf4_base > 0)
     os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)

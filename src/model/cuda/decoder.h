@@ -22,7 +22,8 @@
 // (cuda::adamw_step_bf16). The residual stream is bf16, as in a bf16 PyTorch model.
 //
 // Memory is planned once, for the (batch, seq_len) given at construction: four DeviceArenas —
-// parameters (bf16), gradients (f32, trainable only), optimizer state (bf16 m and v, trainable only),
+// parameters (bf16), gradients (f32, trainable only), optimizer state (bf16 m and v, trainable only;
+// of this rank's slice of the gradient buffer when TrainingSetup::optimizer_shards > 1),
 // activations (everything a step's forward saves for its backward, the backward's scratch and the
 // loss's chunk scratch). memory_report() prints the plan and what the driver reports in use.
 // Decoder::plan() computes the same plan without allocating it. A step may be shorter than the plan:
@@ -168,16 +169,30 @@ struct TrainingSetup {
   // back one layer ahead of the backward, on a copy stream of their own (model/cuda/activation_offload.h):
   // two (B, T, C) buffers on the device instead of num_layers + 1, the same gradients bit for bit.
   bool activation_offloading = false;
+  // Sharded AdamW state over data-parallel GPUs (ZeRO-1/2; the distributed recipes on GPUs, where
+  // torchtune shards with FSDP): optimizer_shards ranks, this one optimizer_shard. The gradient
+  // buffer is padded to a multiple of optimizer_shards * 64 floats and cut into that many equal
+  // slices; this rank keeps m and v for its slice only (OptimizerShard), and adamw_step updates the
+  // values of its slice only: the trainer reduce-scatters the gradients into the slices before the
+  // step and all-gathers the updated values after it (train/cuda/cuda_decoder_trainer.cpp). The
+  // stochastic rounding's random bits go by element index within each parameter, as unsharded, so
+  // the step does not depend on the number of shards. 1: everything (one GPU, or replicas).
+  int64_t optimizer_shards = 1, optimizer_shard = 0;
 };
 
-// One named parameter on the device. grad, m, v are nullptr when frozen.
+// One named parameter on the device. grad is nullptr when frozen; m, v when frozen or when none
+// of its elements lie in this rank's optimizer shard.
 struct DeviceParameter {
   std::string name;   // HF (base) or PEFT (LoRA) name
   std::vector<int64_t> shape;
   int64_t numel = 0;
   bf16_t* value = nullptr;  // bf16; nullptr for an NF4 (QLoRA) base weight, held in nf4_codes / nf4_scales
-  float* grad = nullptr;    // f32, accumulates
-  bf16_t* m = nullptr;      // bf16 AdamW state
+  float* grad = nullptr;    // f32, accumulates; gradient_buffer() + grad_offset
+  int64_t grad_offset = 0;  // trainable: its gradient's first element in gradient_buffer()
+  // Trainable: its elements [shard_begin, shard_end) lie in this rank's optimizer shard (all of them
+  // unsharded; an empty range when none do).
+  int64_t shard_begin = 0, shard_end = 0;
+  bf16_t* m = nullptr;  // bf16 AdamW state of elements [shard_begin, shard_end)
   bf16_t* v = nullptr;
   uint8_t* nf4_codes = nullptr;  // TrainingSetup::quantize_base: (numel / 2) bytes, two codes a byte
   float* nf4_scales = nullptr;   // (numel / 64) f32 absmax scales
@@ -235,8 +250,19 @@ class Decoder {
   // Every trainable parameter's gradient lies in one contiguous f32 buffer of *count floats (the
   // alignment gaps between them zeroed by zero_grad): what a data-parallel all-reduce, the gradient
   // norm and clipping's scaling each take in one call.
+  // The count is padded to a multiple of optimizer_shards * 64 (the padding zeroed too).
   float* gradient_buffer(int64_t* count);
-  // AdamW over every trainable parameter; s.step is 1-based. Asynchronous.
+  // This rank's slice of the gradient buffer, [begin, begin + size), and its AdamW moments, laid out
+  // as that slice (m[k] is the moment of gradient element begin + k; gaps and padding included).
+  // Unsharded: the whole buffer.
+  struct OptimizerShard {
+    int64_t begin = 0, size = 0;
+    bf16_t* m = nullptr;
+    bf16_t* v = nullptr;
+  };
+  const OptimizerShard& optimizer_shard() const { return shard_; }
+  // AdamW over every trainable parameter's elements in this rank's shard (all of them unsharded),
+  // from the gradients in the shard's slice of the buffer; s.step is 1-based. Asynchronous.
   void adamw_step(const cpu::AdamWStep& s, uint64_t seed);
 
   // Where a step's time goes, timed with CUDA events when profiling is on (off by default: the
@@ -274,6 +300,7 @@ class Decoder {
   DecoderConfig config_;
   TrainingSetup setup_;
   std::vector<DeviceParameter> params_;
+  OptimizerShard shard_;
   MemoryPlan plan_bytes_;
   StepProfile profile_;
   std::unique_ptr<Impl> impl_;

@@ -24,11 +24,24 @@ std::vector<float> to_f32_vector(const Tensor& t) {
   return std::vector<float>(wide.f32(), wide.f32() + wide.numel());
 }
 
+// Data parallelism over gpus_ (cuda_trainer.h): replicated (optimizer_shards 1: the gradients
+// all-reduced, every GPU steps everything) or sharded (optimizer_shards = the group's size: the
+// gradients reduce-scattered into each GPU's slice of the buffer, each GPU steps its slice, the
+// updated values all-gathered). The group's collectives run on a stream of their own, so the device
+// is synchronised before each (what they read was written on the default stream); each returns
+// when its own stream is done.
 class CudaDecoderTrainer final : public CudaTrainer {
  public:
   CudaDecoderTrainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan, uint64_t seed,
-                     const HostValue& value_of)
-      : device_(plan.model, plan.setup, seed), seed_(seed) {
+                     const HostValue& value_of, dist::ProcessGroup* gpus)
+      : device_(plan.model, plan.setup, seed), seed_(seed), gpus_(gpus && gpus->size() > 1 ? gpus : nullptr) {
+    const cuda::TrainingSetup& setup = plan.setup;
+    check(setup.optimizer_shards == 1 || (gpus_ && gpus_->size() == setup.optimizer_shards &&
+                                          gpus_->rank() == setup.optimizer_shard),
+          "device=cuda", "the AdamW state is planned as shard " + std::to_string(setup.optimizer_shard) + " of " +
+                             std::to_string(setup.optimizer_shards) + " but the GPUs' group is " +
+                             (gpus_ ? "rank " + std::to_string(gpus_->rank()) + " of " + std::to_string(gpus_->size())
+                                    : std::string("absent (one GPU)")));
     for (model::Parameter* p : host) host_[p->name] = p;
     // The two models must hold the same parameters: a name on one side only is a feature the plan
     // let through by mistake, and training would silently differ.
@@ -84,20 +97,34 @@ class CudaDecoderTrainer final : public CudaTrainer {
 
   void set_dropout_key(uint64_t key) override { device_.set_dropout_key(key); }
 
-  // Every gradient lies in one buffer (its gaps zero): one all-reduce over NCCL.
-  void all_reduce_gradients(dist::ProcessGroup& nccl) override {
-    if (nccl.size() == 1) return;
+  // Every gradient lies in one buffer (its gaps and padding zero): one collective over the GPUs.
+  void reduce_gradients() override {
+    if (!gpus_) return;
     int64_t n = 0;
     float* grads = device_.gradient_buffer(&n);
-    nccl.allreduce_sum(grads, n);
+    cuda::synchronize();
+    if (sharded()) {  // in place: this GPU's sums land in its own slice of the buffer
+      const cuda::Decoder::OptimizerShard& shard = device_.optimizer_shard();
+      gpus_->reduce_scatter_sum(grads + shard.begin, grads, shard.size);
+    } else {
+      gpus_->allreduce_sum(grads, n);
+    }
   }
 
-  // Σ g² over the whole gradient buffer in one reduction (fixed order: the same on every run), and
-  // the clip as one scaling of it.
+  // Σ g² over the gradients this GPU steps in one reduction (fixed order: the same on every run),
+  // summed over the GPUs when sharded, and the clip as one scaling of them.
   double clip_gradient_norm(double max_norm) override {
     int64_t n = 0;
     float* grads = device_.gradient_buffer(&n);
+    if (sharded()) {
+      grads += device_.optimizer_shard().begin;
+      n = device_.optimizer_shard().size;
+    }
     cuda::sum_of_squares(norm_scratch_.as<double>(), grads, n);
+    if (sharded()) {
+      cuda::synchronize();
+      gpus_->allreduce_sum(norm_scratch_.as<double>(), 1);
+    }
     double total = 0;
     norm_scratch_.download(&total, sizeof(double));
     const double norm = std::sqrt(total);
@@ -110,24 +137,30 @@ class CudaDecoderTrainer final : public CudaTrainer {
     cpu::AdamWStep s{float(lr), float(settings.beta1), float(settings.beta2), float(settings.eps),
                      float(settings.weight_decay), steps_};
     device_.adamw_step(s, splitmix64(seed_ ^ splitmix64(uint64_t(steps_))));  // a seed per step
+    if (sharded()) gather_values();
   }
 
   int64_t optimizer_steps() const override { return steps_; }
 
-  std::map<std::string, Tensor> optimizer_state() override {
+  std::map<std::string, Tensor> optimizer_state(bool keep) override {
     std::map<std::string, Tensor> state;
-    cuda::synchronize();
-    for (const cuda::DeviceParameter& d : device_.parameters()) {
-      if (!d.grad) continue;
-      for (const auto& [prefix, moment] : {std::pair{std::string("exp_avg."), d.m}, std::pair{std::string("exp_avg_sq."), d.v}}) {
+    if (!keep && !sharded()) return state;
+    const cuda::Decoder::OptimizerShard& shard = device_.optimizer_shard();
+    for (const auto& [prefix, moment] : {std::pair{std::string("exp_avg."), shard.m}, std::pair{std::string("exp_avg_sq."), shard.v}}) {
+      // The moments of every gradient element: the shard itself (unsharded) or all shards gathered.
+      const bf16_t* whole = sharded() ? gather_shards(moment) : moment;
+      cuda::synchronize();
+      for (const cuda::DeviceParameter& d : device_.parameters()) {
+        if (!d.grad || !keep) continue;
         Tensor t = Tensor::empty(Shape(d.shape), DType::BF16);
-        cuda::copy_to_host(t.bf16(), moment, size_t(d.numel) * sizeof(bf16_t));
+        cuda::copy_to_host(t.bf16(), whole + d.grad_offset, size_t(d.numel) * sizeof(bf16_t));
         state[prefix + d.name] = std::move(t);
       }
     }
     return state;
   }
 
+  // Each GPU takes the elements [shard_begin, shard_end) of each parameter's moments (all of them unsharded).
   void load_optimizer_state(const std::map<std::string, Tensor>& state, int64_t steps,
                             const std::string& where) override {
     for (cuda::DeviceParameter& d : device_.parameters()) {
@@ -138,8 +171,9 @@ class CudaDecoderTrainer final : public CudaTrainer {
         check(it->second.numel() == d.numel, where, "optimizer state " + prefix + d.name + " has " +
                                                         std::to_string(it->second.numel()) + " values, the GPU parameter " +
                                                         std::to_string(d.numel));
+        if (!moment) continue;  // none of it in this GPU's shard
         const Tensor narrow = it->second.dtype() == DType::BF16 ? it->second : it->second.to(DType::BF16);
-        cuda::copy_to_device(moment, narrow.bf16(), size_t(d.numel) * sizeof(bf16_t));
+        cuda::copy_to_device(moment, narrow.bf16() + d.shard_begin, size_t(d.shard_end - d.shard_begin) * sizeof(bf16_t));
       }
     }
     steps_ = steps;
@@ -167,8 +201,46 @@ class CudaDecoderTrainer final : public CudaTrainer {
   }
   static const int32_t* doc_ids(const FixedShapeBatch& batch) { return batch.packed() ? batch.doc_ids.data() : nullptr; }
 
+  bool sharded() const { return device_.setup().optimizer_shards > 1; }
+
+  // The gradient buffer's bytes as bf16 laid out like the gradients (element e at staging[e]): the
+  // scratch of the gathers below, which overwrite the gradients (spent once AdamW has read them;
+  // the recipe zeroes the buffer before each step). It holds shards * shard.size bf16 in half the
+  // buffer's bytes.
+  bf16_t* staging() {
+    int64_t n = 0;
+    return reinterpret_cast<bf16_t*>(device_.gradient_buffer(&n));
+  }
+
+  // All GPUs' shards of bf16 values laid out like the gradient buffer: this GPU's `own` (shard.size)
+  // goes into its slot of the staging, and the group gathers the slots in place. Returns the staging.
+  const bf16_t* gather_shards(const bf16_t* own) {
+    const cuda::Decoder::OptimizerShard& shard = device_.optimizer_shard();
+    bf16_t* all = staging();
+    cuda::copy_on_device(all + shard.begin, own, size_t(shard.size) * sizeof(bf16_t));
+    cuda::synchronize();
+    gpus_->all_gather_bytes(all, all + shard.begin, shard.size * int64_t(sizeof(bf16_t)));
+    return all;
+  }
+
+  // After a sharded AdamW step: each GPU's updated values (its shard's elements of each parameter)
+  // into its slot of the staging, gathered, and every parameter's values copied out of it.
+  void gather_values() {
+    const cuda::Decoder::OptimizerShard& shard = device_.optimizer_shard();
+    bf16_t* all = staging();
+    for (const cuda::DeviceParameter& d : device_.parameters())
+      if (d.m)
+        cuda::copy_on_device(all + d.grad_offset + d.shard_begin, d.value + d.shard_begin,
+                             size_t(d.shard_end - d.shard_begin) * sizeof(bf16_t));
+    cuda::synchronize();
+    gpus_->all_gather_bytes(all, all + shard.begin, shard.size * int64_t(sizeof(bf16_t)));
+    for (const cuda::DeviceParameter& d : device_.parameters())
+      if (d.grad) cuda::copy_on_device(d.value, all + d.grad_offset, size_t(d.numel) * sizeof(bf16_t));
+  }
+
   cuda::Decoder device_;
   uint64_t seed_;
+  dist::ProcessGroup* gpus_;  // nullptr: one GPU
   std::map<std::string, model::Parameter*> host_;
   cuda::DeviceBuffer norm_scratch_;
   int64_t steps_ = 0;
@@ -189,6 +261,6 @@ extern "C" __attribute__((visibility("default"))) void ktune_cuda_step_select_de
 
 extern "C" __attribute__((visibility("default"))) ktune::train::CudaTrainer* ktune_create_cuda_trainer(
     const std::vector<ktune::model::Parameter*>* host, const ktune::train::CudaStepPlan* plan, uint64_t seed,
-    const ktune::train::HostValue* value_of) {
-  return new ktune::train::CudaDecoderTrainer(*host, *plan, seed, *value_of);
+    const ktune::train::HostValue* value_of, ktune::dist::ProcessGroup* gpus) {
+  return new ktune::train::CudaDecoderTrainer(*host, *plan, seed, *value_of, gpus);
 }

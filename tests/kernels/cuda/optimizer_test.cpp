@@ -95,6 +95,31 @@ KTUNE_CUDA_TEST(AdamWBf16StochasticRoundingIsUnbiased) {
   CHECK(std::fabs(mean - 0.999) < 2e-5) << "mean " << mean << " (" << down << " rounded down)";
 }
 
+// A sharded optimizer steps each slice of a tensor on its own rank: slices [0, a) and [a, n) with
+// first = a round as one step over all n does, bit for bit (the random bits go by index in the tensor).
+KTUNE_CUDA_TEST(AdamWBf16OnSlicesEqualsOneStepOverTheWholeTensor) {
+  const int64_t n = 5000, a = 1728;
+  auto p = cuda_test::to_bf16(random_floats(static_cast<size_t>(n), 21));
+  auto m = cuda_test::to_bf16(random_floats(static_cast<size_t>(n), 22, -1e-2f, 1e-2f));
+  auto v = cuda_test::to_bf16(random_floats(static_cast<size_t>(n), 23, 0.0f, 1e-4f));
+  auto g = random_floats(static_cast<size_t>(n), 24, -1e-2f, 1e-2f);
+  cpu::AdamWStep s{2e-3f};
+  s.weight_decay = 0.1f;
+  s.step = 3;
+  auto whole_p = to_device(p), whole_m = to_device(m), whole_v = to_device(v), d_g = to_device(g);
+  cuda::adamw_step_bf16(whole_p.as<bf16_t>(), d_g.as<float>(), whole_m.as<bf16_t>(), whole_v.as<bf16_t>(), n, s, 77);
+  auto part_p = to_device(p), part_m = to_device(m), part_v = to_device(v);
+  cuda::adamw_step_bf16(part_p.as<bf16_t>(), d_g.as<float>(), part_m.as<bf16_t>(), part_v.as<bf16_t>(), a, s, 77);
+  cuda::adamw_step_bf16(part_p.as<bf16_t>() + a, d_g.as<float>() + a, part_m.as<bf16_t>() + a,
+                        part_v.as<bf16_t>() + a, n - a, s, 77, nullptr, /*first=*/a);
+  const auto want_p = from_device<bf16_t>(whole_p, p.size()), got_p = from_device<bf16_t>(part_p, p.size());
+  const auto want_m = from_device<bf16_t>(whole_m, m.size()), got_m = from_device<bf16_t>(part_m, m.size());
+  const auto want_v = from_device<bf16_t>(whole_v, v.size()), got_v = from_device<bf16_t>(part_v, v.size());
+  int64_t differ = 0;
+  for (size_t k = 0; k < p.size(); ++k) differ += got_p[k] != want_p[k] || got_m[k] != want_m[k] || got_v[k] != want_v[k];
+  CHECK(differ == 0) << differ << " of " << n << " elements differ from the whole tensor's step";
+}
+
 KTUNE_CUDA_TEST(SumOfSquaresAndScaleMatchCpuForGradientClipping) {
   const int64_t n = 1000003;  // more than one pass of the 1024 x 256 grid, not a multiple of it
   auto x = random_floats(static_cast<size_t>(n), 6);
