@@ -364,9 +364,35 @@ struct Decoder::Impl {
 // ---------------------------------------------------------------------------------------------
 // Construction: parameters, arenas
 
+namespace {
+
+// Refuses a plan larger than the device's free memory (less 64 MiB for cuBLASLt's workspace and the
+// rotary table) before anything is allocated: what it holds, and what would shrink it.
+void refuse_if_larger_than_free_memory(const Decoder::MemoryPlan& plan, const TrainingSetup& setup) {
+  size_t used = 0, total = 0;
+  device_memory_info(&used, &total);
+  const size_t free_bytes = total - std::min(used, total), margin = size_t(64) << 20;
+  if (plan.total() + margin <= free_bytes) return;
+  std::string shrink;
+  auto add = [&](const std::string& what) { shrink += (shrink.empty() ? "" : "; ") + what; };
+  if (!setup.activation_checkpointing) add("enable_activation_checkpointing=True");
+  if (setup.activation_checkpointing && !setup.activation_offloading) add("enable_activation_offloading=True");
+  add("a smaller batch_size or max_seq_len");
+  if (setup.full_finetune) add("LoRA instead of a full fine-tune");
+  if (!setup.full_finetune && !setup.quantize_base) add("QLoRA (model.quantize_base=True)");
+  if (setup.optimizer_shards == 1) add("a distributed recipe over several GPUs (it shards the AdamW state)");
+  throw Error("device=cuda", "the GPU step needs " + gib(plan.total()) + " of device memory (parameters " +
+                                 gib(plan.parameters) + ", gradients " + gib(plan.gradients) + ", AdamW state " +
+                                 gib(plan.optimizer) + ", activations " + gib(plan.activations) + ") but the GPU has " +
+                                 gib(free_bytes) + " free of " + gib(total) + "; to shrink it: " + shrink);
+}
+
+}  // namespace
+
 Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64_t seed)
     : config_(config), setup_(setup), impl_(std::make_unique<Impl>()) {
   validate();
+  refuse_if_larger_than_free_memory(plan(config, setup), setup);
   allocate(true);
   init_parameters(seed);
 }

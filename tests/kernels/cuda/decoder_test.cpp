@@ -1748,5 +1748,29 @@ KTUNE_CUDA_TEST(DecoderRejectsTokenOutsideVocabulary) {
   CHECK(threw) << "token id 96 of a 96-token vocabulary must be an Error naming row 5";
 }
 
+// A step larger than the device is refused before anything is allocated, naming the plan and what
+// would shrink it: a 70B-shaped full fine-tune (~0.6 TiB of weights, gradients and moments) against
+// the 141 GiB of an H200 (the emulator's device).
+KTUNE_CUDA_TEST(DecoderLargerThanTheDeviceIsRefusedBeforeAllocating) {
+  cuda::DecoderConfig c = cuda::DecoderConfig::llama3_2_1b();
+  c.hidden_size = 8192, c.num_layers = 80, c.num_heads = 64, c.num_kv_heads = 8, c.head_dim = 128;
+  c.intermediate_size = 28672;
+  cuda::TrainingSetup setup;
+  setup.batch = 1;
+  setup.seq_len = 2048;
+  setup.full_finetune = true;
+  std::string message;
+  try {
+    cuda::Decoder model(c, setup);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  std::printf("     %s\n", message.c_str());
+  CHECK(message.find("the GPU step needs") != std::string::npos && message.find("free of") != std::string::npos &&
+        message.find("enable_activation_checkpointing=True") != std::string::npos &&
+        message.find("LoRA instead of a full fine-tune") != std::string::npos)
+      << "got: " << (message.empty() ? std::string("no error") : message);
+}
+
 }  // namespace
 }  // namespace ktune

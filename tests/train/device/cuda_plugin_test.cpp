@@ -89,6 +89,7 @@ TEST(CudaPlugin, AMissingPluginIsRefusedNamingItsPath) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/libktune_cuda_step.so"), std::string::npos) << e.what();
   }
+  unsetenv("KTUNE_CUDA_STEP_PLUGIN");  // the tests after this one in the same process load the real one
 }
 
 TEST(CudaPlugin, WithoutAGpuThePluginLoadsAndItsCudaErrorComesBackAsAKtuneError) {
