@@ -34,6 +34,7 @@ struct Plugin {
   CreateCudaTrainerFn create = nullptr;
   CudaStepDeviceCountFn device_count = nullptr;
   CudaStepSelectDeviceFn select_device = nullptr;
+  CudaStepMakeProcessGroupFn make_process_group = nullptr;
 };
 
 const Plugin& plugin() {
@@ -51,6 +52,7 @@ const Plugin& plugin() {
   p.device_count = reinterpret_cast<CudaStepDeviceCountFn>(symbol(kCudaStepDeviceCountSymbol));
   p.select_device = reinterpret_cast<CudaStepSelectDeviceFn>(symbol(kCudaStepSelectDeviceSymbol));
   p.create = reinterpret_cast<CreateCudaTrainerFn>(symbol(kCreateCudaTrainerSymbol));
+  p.make_process_group = reinterpret_cast<CudaStepMakeProcessGroupFn>(symbol(kCudaStepMakeProcessGroupSymbol));
   loaded = p;
   return loaded;
 }
@@ -67,6 +69,11 @@ std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Paramete
                                                uint64_t seed, const HostValue& value_of, dist::ProcessGroup* gpus) {
   const HostValue own_value = [](const model::Parameter& p) { return p.value; };
   return std::unique_ptr<CudaTrainer>(plugin().create(&host, &plan, seed, value_of ? &value_of : &own_value, gpus));
+}
+
+std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore& store, const std::string& prefix, int rank,
+                                                           int size) {
+  return std::unique_ptr<dist::ProcessGroup>(plugin().make_process_group(&store, &prefix, rank, size));
 }
 
 bool cuda_backend_built() { return true; }
@@ -89,6 +96,10 @@ void select_cuda_device(int index) { plugin().select_device(index); }
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>&, const CudaStepPlan&, uint64_t,
                                                const HostValue&, dist::ProcessGroup*) {
   throw Error("device=cuda", "this build has no CUDA backend (configured with KTUNE_CUDA=OFF or without nvcc)");
+}
+
+std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore&, const std::string& prefix, int rank, int) {
+  throw Error("GPU process group '" + prefix + "' rank " + std::to_string(rank), "this build has no CUDA backend");
 }
 
 bool cuda_backend_built() { return false; }

@@ -104,12 +104,23 @@ std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Paramete
                                                uint64_t seed, const HostValue& value_of = nullptr,
                                                dist::ProcessGroup* gpus = nullptr);
 
+// The GPUs' group of a distributed GPU run: NCCL over the workers' GPUs (each worker selected its own
+// first, select_cuda_device), joined through the launcher's store under `prefix`. The plugin makes
+// it (dist/process_group_nccl.cpp is compiled into it), so that the emulated step
+// (tests/kernels/cuda/emulator) brings its fake NCCL along and a distributed GPU run is tested in CI
+// without GPUs. Throws ktune::Error as make_nccl_process_group does (a build without NCCL, a peer
+// that never joins).
+std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore& store, const std::string& prefix, int rank,
+                                                           int size);
+
 // The plugin's exported functions (C linkage, so that dlsym finds them by these names).
 extern "C" {
 using CreateCudaTrainerFn = CudaTrainer* (*)(const std::vector<model::Parameter*>* host, const CudaStepPlan* plan,
                                              uint64_t seed, const HostValue* value_of, dist::ProcessGroup* gpus);
 using CudaStepDeviceCountFn = int (*)();
 using CudaStepSelectDeviceFn = void (*)(int index);
+using CudaStepMakeProcessGroupFn = dist::ProcessGroup* (*)(dist::TcpStore* store, const std::string* prefix, int rank,
+                                                          int size);
 }
 // A GPU step's T: its batch's longest row rounded up to a multiple of this (step_seq_len). Every
 // kernel takes any T; the rounding keeps the distinct GEMM shapes (cuBLASLt plans) few and the rows
@@ -120,6 +131,7 @@ inline constexpr const char* kCudaStepPlugin = "libktune_cuda_step.so";
 inline constexpr const char* kCreateCudaTrainerSymbol = "ktune_create_cuda_trainer";
 inline constexpr const char* kCudaStepDeviceCountSymbol = "ktune_cuda_step_device_count";
 inline constexpr const char* kCudaStepSelectDeviceSymbol = "ktune_cuda_step_select_device";
+inline constexpr const char* kCudaStepMakeProcessGroupSymbol = "ktune_cuda_step_make_process_group";
 
 // This build has the CUDA backend; the GPUs it can see (0 without a driver or without the backend).
 // A plugin named by KTUNE_CUDA_STEP_PLUGIN is asked instead: the emulated step

@@ -1,7 +1,8 @@
 // The GPU step behind the recipes (cuda_trainer.h): CudaTrainer over a cuda::Decoder, built as the
 // plugin libktune_cuda_step.so (src/train/cuda/CMakeLists.txt) that make_cuda_trainer() loads. It
-// uses only plain structs of the host side (model::Parameter, Tensor, the plan) and its own copy
-// of src/core, so that the plugin needs nothing else of the binary.
+// uses only plain structs of the host side (model::Parameter, Tensor, the plan) and its own copies
+// of src/core and of the NCCL process group (with the rendezvous store's client, which it calls on
+// the binary's store), so that the plugin needs nothing else of the binary.
 #include <cmath>
 #include <set>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/random_bits.h"
+#include "dist/tcp_store.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/device_memory.h"
 #include "model/cuda/decoder.h"
@@ -257,6 +259,11 @@ extern "C" __attribute__((visibility("default"))) int ktune_cuda_step_device_cou
 
 extern "C" __attribute__((visibility("default"))) void ktune_cuda_step_select_device(int index) {
   ktune::cuda::set_device(index);
+}
+
+extern "C" __attribute__((visibility("default"))) ktune::dist::ProcessGroup* ktune_cuda_step_make_process_group(
+    ktune::dist::TcpStore* store, const std::string* prefix, int rank, int size) {
+  return ktune::dist::make_nccl_process_group(*store, *prefix, rank, size).release();
 }
 
 extern "C" __attribute__((visibility("default"))) ktune::train::CudaTrainer* ktune_create_cuda_trainer(

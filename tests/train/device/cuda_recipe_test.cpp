@@ -2,7 +2,7 @@
 // With a GPU visible (and the CUDA backend built): the LoRA and full recipes on the GPU track the
 // same runs on the CPU engine step by step, write the same checkpoint layout (the PEFT adapter with
 // the CPU run's tensor names and shapes, the merged model), resume mid-epoch, and two GPUs over NCCL
-// equal one with the doubled batch. The two engines round differently (the GPU keeps activations
+// (the AdamW state sharded, or replicated) equal one with the doubled batch and resume. The two engines round differently (the GPU keeps activations
 // and LoRA matrices in bf16, the CPU adapters in f32), so losses are compared within a few percent,
 // not bit for bit.
 // Without a GPU those are skipped, saying so, and the one that runs instead is the fallback:
@@ -245,18 +245,46 @@ TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {
   for (const auto& [step, loss] : b) EXPECT_NEAR(loss, a.at(step), 1e-2 * a.at(step)) << "step " << step;
 }
 
-TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatch) {
+// Two GPUs (a worker each, over NCCL; on the emulated step each worker its own emulated device and
+// fake/nccl.h between them) with the AdamW state sharded, the default: every step's loss that of one
+// GPU with the doubled batch. Replicated (KTUNE_DATA_PARALLEL=replicate) gives the same losses digit
+// for digit: two gradients sum alike either way, and the sharded step rounds as the whole one does.
+// A sharded run resumed from its step-2 checkpoint (the moments gathered to rank 0 under the
+// unsharded names, each GPU taking its slice back) continues as the uninterrupted run.
+TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplicatedAndResume) {
   SKIP_WITHOUT_GPUS(2);
-  Outcome one = run("", "full_finetune_distributed", "full_single_device", "cuda",
-                    "epochs=1 max_steps_per_epoch=4 batch_size=4", out("one"));
+  // 4 steps even on the emulated step: the resumed run's step 4 is the first that reads the moments.
+  const std::string args = "epochs=1 save_every_n_steps=2 max_steps_per_epoch=4";
+  Outcome one = run("", "full_finetune_distributed", "full_single_device", "cuda", args + " batch_size=4", out("one"));
   Outcome two = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
-                    "epochs=1 max_steps_per_epoch=4 batch_size=2", out("two"));
+                    args + " batch_size=2", out("two"));
+  setenv("KTUNE_DATA_PARALLEL", "replicate", 1);
+  Outcome replicated = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device",
+                           "cuda", args + " batch_size=2", out("replicated"));
+  unsetenv("KTUNE_DATA_PARALLEL");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
+  ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
   EXPECT_NE(two.output.find("AdamW state sharded"), std::string::npos) << two.output;
+  EXPECT_NE(replicated.output.find("replicated over 2 GPUs"), std::string::npos) << replicated.output;
   auto l1 = losses(out("one"));
   auto l2 = losses(out("two"));
   ASSERT_EQ(l1.size(), 4u);
   ASSERT_EQ(l2.size(), 4u);
   for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 2e-2 * loss) << "step " << step;
+  EXPECT_EQ(recipe_testing::logged(out("replicated")), recipe_testing::logged(out("two")));
+
+  fs::create_directories(out("resumed"));
+  fs::copy(out("two") + "/step_2", out("resumed") + "/step_2", fs::copy_options::recursive);
+  Outcome resumed = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
+                        args + " batch_size=2 resume_from_checkpoint=True", out("resumed"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  auto lr = losses(out("resumed"));
+  ASSERT_EQ(lr.size(), 2u);  // steps 3 and 4
+  for (const auto& [step, loss] : lr) EXPECT_NEAR(loss, l2.at(step), 1e-2 * l2.at(step)) << "step " << step;
+  if (emulated()) {  // no atomics racing on the emulated step: digit for digit
+    std::map<int, std::string> whole = recipe_testing::logged(out("two"));
+    whole.erase(1), whole.erase(2);
+    EXPECT_EQ(recipe_testing::logged(out("resumed")), whole);
+  }
 }

@@ -479,11 +479,20 @@ inline const char* cudaGetErrorName(cudaError_t e) {
 inline const char* cudaGetErrorString(cudaError_t e) {
   return e == cudaSuccess ? "no error" : e == cudaErrorMemoryAllocation ? "out of memory" : "emulated error";
 }
+// Devices: env KTUNE_EMU_DEVICES of them (1 by default), each this process's host memory, so that a
+// distributed run's workers (one process and one device each) can select devices 0, 1, ...
+inline int emu_device_count() {
+  const char* v = std::getenv("KTUNE_EMU_DEVICES");
+  const int n = v && *v ? std::atoi(v) : 1;
+  return n > 0 ? n : 1;
+}
 inline cudaError_t cudaGetDeviceCount(int* n) {
-  *n = 1;
+  *n = emu_device_count();
   return cudaSuccess;
 }
-inline cudaError_t cudaSetDevice(int device) { return emu_error(device == 0 ? cudaSuccess : cudaErrorInvalidDevice); }
+inline cudaError_t cudaSetDevice(int device) {
+  return emu_error(device >= 0 && device < emu_device_count() ? cudaSuccess : cudaErrorInvalidDevice);
+}
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   std::snprintf(p->name, sizeof p->name, "host emulator (tests/kernels/cuda/emulator)");
   p->totalGlobalMem = emu::kDeviceBytes;
