@@ -73,14 +73,21 @@ cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe,
   const model::LoraTargets targets{cfg.model.lora_attn_modules, cfg.model.apply_lora_to_mlp,
                                    cfg.model.apply_lora_to_output};
   for (const std::string& module : model::lora_target_modules(targets)) {
+    // apply_lora_to_output: LoRA inside the fused loss (a tied head: attach_lora refuses it first, as on the CPU)
+    if (module == "lm_head") {
+      s.lora_on_output = true;
+      continue;
+    }
     bool known = false;
     for (int p = 0; p < cuda::kNumProjections; ++p)
       if (module == cuda::projection_name(p)) s.lora_on[p] = known = true;
-    if (!known) gaps.push_back("model.apply_lora_to_output: LoRA on " + module);
+    if (!known) gaps.push_back("LoRA on " + module);
   }
-  s.quantize_base = cfg.model.quantize_base;  // QLoRA: NF4 bases, the CPU quantiser's codes
+  s.quantize_base = cfg.model.quantize_base;  // QLoRA: NF4 bases (lm_head's if adapted), the CPU quantiser's codes
   s.lora_dropout = float(cfg.model.lora_dropout);  // the CPU adapters' mask function (lora_seed: the recipe's)
   s.use_dora = cfg.model.use_dora;  // PEFT's DoRA, the CPU adapter's math (magnitude uploaded by name)
+  if (s.use_dora && s.lora_on_output)
+    gaps.push_back("model.use_dora with model.apply_lora_to_output: DoRA on the output projection (lm_head)");
   return s;
 }
 

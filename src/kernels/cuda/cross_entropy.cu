@@ -111,7 +111,18 @@ size_t linear_cross_entropy_scratch_bytes(int64_t chunk_tokens, int64_t V) {
 double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, int64_t* n_valid, const bf16_t* hidden,
                             const bf16_t* weight, const int32_t* labels, int64_t N, int64_t C, int64_t V,
                             float softcap, float grad_scale, int64_t chunk_tokens, void* scratch, Stream stream) {
+  return linear_cross_entropy(ctx, dhidden, dweight, n_valid, hidden, weight, LoraHead{}, labels, N, C, V, softcap,
+                              grad_scale, chunk_tokens, scratch, stream);
+}
+
+double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, int64_t* n_valid, const bf16_t* hidden,
+                            const bf16_t* weight, const LoraHead& lora, const int32_t* labels, int64_t N, int64_t C,
+                            int64_t V, float softcap, float grad_scale, int64_t chunk_tokens, void* scratch,
+                            Stream stream) {
   check(N >= 0 && C > 0 && V > 0 && chunk_tokens > 0, "cuda cross_entropy", "sizes must be positive");
+  check(lora.rank == 0 || (lora.rank > 0 && lora.b && lora.xa), "cuda cross_entropy",
+        "LoRA on the head needs rank > 0, B and xa");
+  const int64_t r = lora.rank;
   const size_t cv = size_t(chunk_tokens) * size_t(V);
   char* base = static_cast<char*>(scratch);
   float* logits = reinterpret_cast<float*>(base);
@@ -131,6 +142,8 @@ double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, in
     const bf16_t* h = hidden + r0 * C;
     // logits (rows, V) = h (rows, C) @ W^T
     gemm_bf16(ctx, false, true, rows, V, C, 1.0f, h, weight, 0.0f, logits, stream);
+    // LoRA: logits (rows, V) += s · xa (rows, r) @ B^T
+    if (r > 0) gemm_bf16(ctx, false, true, rows, V, r, lora.scale, lora.xa + r0 * r, lora.b, 1.0f, logits, stream);
     cross_entropy_rows_kernel<<<unsigned(rows), kRowThreads, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(dlogits),
                                                                            loss, valid, logits, labels + r0, V, softcap,
                                                                            grad_scale, r0, &totals->bad_row);
@@ -146,6 +159,19 @@ double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, in
     if (dweight) {
       GemmCall g;
       g.trans_a = true, g.M = V, g.N = C, g.K = rows, g.beta = 1.0f, g.A = dlogits, g.B = h, g.C = dweight;
+      ctx.run(g, stream);
+    }
+    // LoRA: dxa (rows, r) = s · dlogits (rows, V) @ B (V, r);  dB (V, r) += s · dlogits^T @ xa (rows, r)
+    if (r > 0 && lora.dxa) {
+      GemmCall g;
+      g.M = rows, g.N = r, g.K = V, g.alpha = lora.scale, g.A = dlogits, g.B = lora.b, g.C = lora.dxa + r0 * r;
+      g.out = DType::BF16;
+      ctx.run(g, stream);
+    }
+    if (r > 0 && lora.db) {
+      GemmCall g;
+      g.trans_a = true, g.M = V, g.N = r, g.K = rows, g.alpha = lora.scale, g.beta = 1.0f, g.A = dlogits,
+      g.B = lora.xa + r0 * r, g.C = lora.db;
       ctx.run(g, stream);
     }
   }

@@ -1,9 +1,10 @@
 // cuda::Decoder: parameters, the memory plan, and the forward, backward and AdamW step on the GPU.
 // See decoder.h. The layer code follows src/model/decoder.cpp's layer_forward/layer_backward line
 // by line (Gemma2's sandwich norms included); the LoRA projection follows LoraAdapter::forward and
-// ::backward without dropout. Everything runs on the default stream but activation offloading's
-// copies (activation_offload.h: a stream of their own, ordered by events); the only synchronisation
-// in a step is the loss's (linear_cross_entropy returns it) and the index-flag check after it.
+// ::backward, LoRA on lm_head LoraAdapter::fused_output_cross_entropy (Impl::loss). Everything runs
+// on the default stream but activation offloading's copies (activation_offload.h: a stream of their
+// own, ordered by events); the only synchronisation in a step is the loss's (linear_cross_entropy
+// returns it) and the index-flag check after it.
 #include "model/cuda/decoder.h"
 
 #include <cuda_bf16.h>
@@ -237,6 +238,9 @@ struct Decoder::Impl {
   IndexFlag flag;
   std::vector<Layer> layers;
   int embed = -1, final_norm = -1, head = -1;  // head == embed when tied
+  // The untied head as a projection ("lm_head", (V, C)): with TrainingSetup::lora_on_output its
+  // lora_a / lora_b are set and the fused loss runs the low-rank term (loss, head_lora_*).
+  Linear output;
   float lora_scale = 0;
   float embed_scale = 1;  // gemma: sqrt(hidden_size) rounded to bf16 (the weights' dtype), as the CPU Decoder
   int64_t ce_chunk = 0;
@@ -261,7 +265,9 @@ struct Decoder::Impl {
   bf16_t *dres = nullptr, *dtmp = nullptr, *dln = nullptr;       // (N, C)
   float* dnormed = nullptr;  // (N, C) f32 from the loss, in dres's and dln's bytes (read before either is written)
   bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
-  bf16_t* lora_g = nullptr;                                      // (N, r)
+  bf16_t* lora_g = nullptr;                                      // (N, r); LoRA on lm_head: the loss's dxa
+  bf16_t* head_xa = nullptr;  // LoRA on lm_head: (N, r) dropout(final_normed) A^T, read by the loss
+  bf16_t* head_weight = nullptr;  // QLoRA on lm_head: (V, C) W dequantised, held through the fused loss
   bf16_t* ones = nullptr;  // (N) 1s when a bias trains: db (1, out) += ones (1, N) @ dy (N, out)
   bf16_t* nf4_weight = nullptr;  // QLoRA: the largest NF4 weight (out * in) dequantised to bf16
   bf16_t* dropped_x = nullptr;   // LoRA dropout: (N, largest adapted in) dropout(x), then its gradient
@@ -338,6 +344,10 @@ struct Decoder::Impl {
   // accumulated; chunked, the rows' forward is run again first (into dln's rows, overwritten after).
   void mlp_rows_backward(const DecoderConfig& c, int64_t l, int64_t first, int64_t rows);
   StepResult loss(const DecoderConfig& c, float grad_scale, bool backward);
+  // LoRA on lm_head around the fused loss: head_xa and the loss's LoraHead before it; dA and
+  // dnormed's low-rank term (from dxa in lora_g) after it.
+  LoraHead head_lora_forward(const LinearRef& w, bool backward);
+  void head_lora_backward(const LinearRef& w);
   void backward(const DecoderConfig& c);  // from dnormed (the loss's gradient) down to the embedding
   std::vector<bool> attention_backward_ran, attention_recompute_ran;  // per layer, for the profile
   void finish_step(const DecoderConfig& c, bool with_backward, Decoder::StepProfile* profile);
@@ -421,7 +431,7 @@ void Decoder::validate() const {
   for (int64_t w : c.sliding_window) check(w >= 0, "cuda decoder", "a sliding window must be >= 0 (0: none)");
   check(c.attention_scale >= 0 && c.attn_logit_softcap >= 0 && c.final_logit_softcap >= 0, "cuda decoder",
         "attention_scale and the soft-caps must be >= 0 (0: the default / off)");
-  bool any_lora = false;
+  bool any_lora = setup.lora_on_output;
   for (bool on : setup.lora_on) any_lora |= on;
   check(!any_lora || (setup.lora_rank > 0 && setup.lora_alpha > 0), "cuda decoder",
         "LoRA needs lora_rank > 0 and lora_alpha > 0");
@@ -431,6 +441,12 @@ void Decoder::validate() const {
   check(setup.lora_dropout >= 0.0f && setup.lora_dropout < 1.0f, "cuda decoder", "lora_dropout must be in [0, 1)");
   check(!setup.use_dora || (any_lora && !setup.full_finetune), "cuda decoder",
         "use_dora (DoRA) needs LoRA and a frozen base (no full_finetune)");
+  // The CPU engine's refusal (model::attach_lora), as torchtune's.
+  check(!setup.lora_on_output || !c.tie_word_embeddings, "cuda decoder: lora_on_output",
+        "this model ties its output layer to the embeddings (tie_word_embeddings), so there is no separate output "
+        "projection for LoRA");
+  check(!setup.lora_on_output || !setup.use_dora, "cuda decoder: lora_on_output",
+        "DoRA on the output projection (lm_head) is not in the GPU step (the CPU engine has it)");
   check(!setup.activation_offloading || setup.activation_checkpointing, "cuda decoder",
         "activation_offloading offloads the layer inputs that activation_checkpointing keeps: it needs "
         "activation_checkpointing");
@@ -494,6 +510,7 @@ void Decoder::allocate(bool on_device) {
   }
   s.final_norm = add("model.norm.weight", {C}, full);
   s.head = c.tie_word_embeddings ? s.embed : add("lm_head.weight", {V, C}, full);
+  s.output.in = C, s.output.out = V, s.output.weight = s.head, s.output.module = "lm_head";
   if (r > 0) {
     for (int64_t l = 0; l < L; ++l) {
       const std::string pre = "base_model.model.model.layers." + std::to_string(l) + ".";
@@ -506,21 +523,27 @@ void Decoder::allocate(bool on_device) {
         if (setup_.use_dora) lin.magnitude = add(module + ".lora_magnitude_vector", {lin.out}, true);
       }
     }
+    if (setup_.lora_on_output) {  // the CPU adapter's names: "base_model.model." + "lm_head"
+      s.output.lora_a = add("base_model.model.lm_head.lora_A.weight", {r, C}, true);
+      s.output.lora_b = add("base_model.model.lm_head.lora_B.weight", {V, r}, true);
+    }
   }
 
   // QLoRA: the base weights of the adapted projections in NF4 (codes + scales instead of bf16 values).
   std::vector<bool> nf4(params_.size(), false);
   int64_t nf4_largest = 0;
   if (setup_.quantize_base) {
+    std::vector<const Impl::Linear*> adapted = {&s.output};  // lm_head's W too when it carries LoRA
     for (const Impl::Layer& layer : s.layers)
-      for (const Impl::Linear& lin : layer.proj) {
-        if (lin.lora_a < 0) continue;
-        const DeviceParameter& w = params_[size_t(lin.weight)];
-        check(w.numel % cpu::kNf4BlockSize == 0, "cuda decoder: parameter " + w.name,
-              "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(w.numel));
-        nf4[size_t(lin.weight)] = true;
-        nf4_largest = std::max(nf4_largest, w.numel);
-      }
+      for (const Impl::Linear& lin : layer.proj) adapted.push_back(&lin);
+    for (const Impl::Linear* lin : adapted) {
+      if (lin->lora_a < 0) continue;
+      const DeviceParameter& w = params_[size_t(lin->weight)];
+      check(w.numel % cpu::kNf4BlockSize == 0, "cuda decoder: parameter " + w.name,
+            "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(w.numel));
+      nf4[size_t(lin->weight)] = true;
+      nf4_largest = std::max(nf4_largest, w.numel);
+    }
   }
 
   // Parameters, gradients, optimizer state: sized, then carved. The gradient buffer is padded to
@@ -598,7 +621,9 @@ void Decoder::allocate(bool on_device) {
     any_flash_attention |= layer.kernel == A::kFlash;
     any_tc_attention |= layer.kernel == A::kTensorCore;
   }
-  int64_t lora_in_largest = 0;  // the widest input an adapter reads (LoRA dropout's scratch rows)
+  // the widest input an adapter reads (LoRA dropout's scratch rows; lm_head's is C)
+  int64_t lora_in_largest = s.output.lora_a >= 0 ? C : 0;
+  const bool head_nf4 = s.output.lora_a >= 0 && nf4[size_t(s.output.weight)];  // QLoRA on lm_head
   int64_t dora_weight_largest = 0, dora_out_largest = 0;  // DoRA's scratch
   for (const Impl::Layer& layer : s.layers)
     for (const Impl::Linear& lin : layer.proj) {
@@ -683,14 +708,18 @@ void Decoder::allocate(bool on_device) {
     s.dk = k.take<bf16_t>(N * KD);
     s.dv = k.take<bf16_t>(N * KD);
     s.lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
+    s.head_xa = s.output.lora_a >= 0 ? k.take<bf16_t>(N * r) : nullptr;
     s.ones = any_bias_grad ? k.take<bf16_t>(N) : nullptr;
     // Phase scratch: the fused loss's chunk (used by the loss, between the forward and the
-    // backward), the attention kernels' (inside one layer's attention) and the projections' (inside
-    // one linear_forward / linear_backward: the NF4 weight dequantised, LoRA dropout's x', DoRA's).
+    // backward; with QLoRA on lm_head also the head's W dequantised, both read by every chunk), the
+    // attention kernels' (inside one layer's attention) and the projections' (inside one
+    // linear_forward / linear_backward: the NF4 weight dequantised, LoRA dropout's x', DoRA's; LoRA
+    // on lm_head uses x' just before the fused loss and just after it, never during it).
     // One stream runs them one after another and none reads what another phase left, so the three
     // overlay one region, as large as the largest of them.
     auto phase_scratch = [&](Overlay& loss, Overlay& attention, Overlay& projection) {
       s.ce_scratch = loss.take<char>(int64_t(s.ce_scratch_bytes));
+      s.head_weight = head_nf4 ? loss.take<bf16_t>(V * C) : nullptr;  // beside the chunk's, through the loss
       s.attn_scratch =
           any_flash_attention ? attention.take<float>(attention_backward_scratch_floats(ashape)) : nullptr;
       s.attn_tc_scratch =
@@ -766,6 +795,7 @@ void Decoder::init_parameters(uint64_t seed) {
     }
   }
   is_norm[size_t(s.final_norm)] = true;
+  if (s.output.lora_a >= 0) is_a[size_t(s.output.lora_a)] = is_b[size_t(s.output.lora_b)] = true;
   for (size_t i = 0; i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
     float bound = normal_bound, fill = 0.0f;
@@ -1226,17 +1256,60 @@ void Decoder::Impl::mlp_rows_backward(const DecoderConfig& c, int64_t l, int64_t
 }
 
 // The output projection fused with cross-entropy over final_normed. backward: dnormed (N, C) f32
-// overwritten with grad_scale * d(sum)/d(final_normed) and the head's gradient accumulated (when it
-// trains); otherwise neither is touched.
+// overwritten with grad_scale * d(sum)/d(final_normed) and the head's gradients accumulated (W's when
+// it trains; A's and B's with LoRA on lm_head); otherwise neither is touched. LoRA on lm_head follows
+// LoraAdapter::fused_output_cross_entropy: xa = x' A^T once for all N rows, the low-rank term inside
+// each chunk (linear_cross_entropy's LoraHead), then through xa after the loss.
 StepResult Decoder::Impl::loss(const DecoderConfig& c, float grad_scale, bool backward) {
   const DeviceParameter& h = P(head);
   StepResult result;
   mark(2);
+  const bool adapted = output.lora_a >= 0;
+  const LinearRef w = adapted ? lin(output) : LinearRef{h.value, h.grad};
+  const LoraHead lora = adapted ? head_lora_forward(w, backward) : LoraHead{};
+  const bf16_t* weight = h.value;
+  if (w.nf4_codes) {  // QLoRA on lm_head: W dequantised once for every chunk (after head_lora_forward's x')
+    nf4_dequantize(head_weight, w.nf4_codes, w.nf4_scales, w.out * w.in);
+    weight = head_weight;
+  }
   result.loss_sum = linear_cross_entropy(gemm, backward ? dnormed : nullptr, backward ? h.grad : nullptr,
-                                         &result.n_valid, final_normed, h.value, labels, N, c.hidden_size,
+                                         &result.n_valid, final_normed, weight, lora, labels, N, c.hidden_size,
                                          c.vocab_size, c.final_logit_softcap, grad_scale, ce_chunk, ce_scratch);
+  if (backward && adapted) head_lora_backward(w);
   mark(3);
   return result;
+}
+
+// xa (N, r) = x' A^T, x' = dropout(final_normed) with LoRA dropout (module "lm_head", element n C + i
+// of the (N, C) rows, the CPU adapter's masks), else final_normed.
+LoraHead Decoder::Impl::head_lora_forward(const LinearRef& w, bool backward) {
+  const bf16_t* x = final_normed;
+  if (w.dropout > 0) {
+    lora_dropout_forward(dropped_x, final_normed, N * w.in, w.dropout_seed, w.dropout);
+    x = dropped_x;
+  }
+  mm(false, true, N, w.r, w.in, 1.0f, x, w.a, 0.0f, head_xa, DType::BF16);
+  LoraHead lora;
+  lora.rank = w.r, lora.scale = w.scale, lora.b = w.b, lora.xa = head_xa;
+  if (backward) lora.dxa = lora_g, lora.db = w.db;  // dxa (N, r) in lora_g, until the layers' backward
+  return lora;
+}
+
+// Undoes xa = x' A^T from the loss's dxa (lora_g): dA += dxa^T x'; dnormed += mask ⊙ (dxa A) / (1 - p)
+// (without dropout x' = final_normed and dnormed += dxa A, in f32).
+void Decoder::Impl::head_lora_backward(const LinearRef& w) {
+  const bf16_t* x = final_normed;
+  if (w.dropout > 0) {  // x' again
+    lora_dropout_forward(dropped_x, final_normed, N * w.in, w.dropout_seed, w.dropout);
+    x = dropped_x;
+  }
+  mm(true, false, w.r, w.in, N, 1.0f, lora_g, x, 1.0f, w.da, DType::F32);
+  if (w.dropout <= 0) {
+    mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, dnormed, DType::F32);
+    return;
+  }
+  mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 0.0f, dropped_x, DType::BF16);  // d x' = dxa A
+  lora_dropout_backward_add(dnormed, dropped_x, N * w.in, w.dropout_seed, w.dropout);
 }
 
 void Decoder::Impl::backward(const DecoderConfig& c) {

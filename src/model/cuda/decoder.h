@@ -2,12 +2,15 @@
 // NVIDIA GPU, everything device-resident: embedding, per layer RMSNorm, q/k/v/o with grouped-query
 // heads, RoPE (HF half-split, the CPU RopeTable's angles), causal attention, the gated MLP, the final
 // norm, the output projection fused with cross-entropy in chunks (tied or untied head), LoRA on any
-// of the seven projections (A, B trainable, the base frozen: no weight-gradient GEMM for it) or full
-// fine-tuning, and the AdamW step. The math mirrors the CPU model::Decoder (src/model/decoder.cpp)
-// and model::LoraAdapter (src/model/adapters/lora_adapter.cpp):
+// of the seven projections (A, B trainable, the base frozen: no weight-gradient GEMM for it) and on
+// the untied output projection (lm_head, inside the fused loss), or full fine-tuning, and the AdamW
+// step. The math mirrors the CPU model::Decoder (src/model/decoder.cpp) and model::LoraAdapter
+// (src/model/adapters/lora_adapter.cpp):
 //   layer: h = x + [post_attn_norm](o(attn(rope(q(n1)), rope(k(n1)), v(n1)))),  n1 = norm1(x)
 //          y = h + [post_ff_norm](down(act(gate(n2)) * up(n2))),               n2 = norm2(h)
 //   LoRA:  proj(x) = x W^T + b + (alpha / r) (x A^T) B^T
+//   lm_head with LoRA (LoraAdapter::fused_output_cross_entropy): logits = h W^T + (alpha / r) (h A^T) B^T,
+//          h A^T once for all rows, the low-rank term added to each chunk's logits, W frozen
 // The families differ only through DecoderConfig's fields (the CPU ModelConfig's): q/k/v biases
 // (qwen2; llama's attention_bias adds o_proj's, mlp_bias the MLP's), sliding windows per layer (mistral: every layer; gemma2: alternate layers), and gemma2's
 // sandwich norms (bracketed above), (1 + w) norm weights, sqrt(hidden)-scaled embeddings, GELU-tanh
@@ -40,9 +43,10 @@
 // roundings, LoRA dropout masks from the same key, NF4 dequantisation, DoRA norms), so the gradients
 // are those without checkpointing; the activation arena shrinks by (num_layers - 1) layers' worth.
 //
-// QLoRA (TrainingSetup::quantize_base): the adapted projections' frozen base weights as NF4. LoRA
-// dropout (TrainingSetup::lora_dropout): the CPU adapter's masks, redrawn on the device. DoRA
-// (TrainingSetup::use_dora): the CPU adapter's math (dora.h).
+// QLoRA (TrainingSetup::quantize_base): the adapted projections' frozen base weights as NF4 (lm_head's
+// too when it carries LoRA, as the CPU adapter does). LoRA dropout (TrainingSetup::lora_dropout): the
+// CPU adapter's masks, redrawn on the device. DoRA (TrainingSetup::use_dora): the CPU adapter's math
+// (dora.h), on the seven projections only (not on lm_head: refused).
 //
 // Packed batches (torchtune's dataset.packed): forward_backward and forward_loss take the step's
 // positions and doc ids ((B, T) host arrays, the CPU data::Batch's), uploaded per step: RoPE turns
@@ -125,6 +129,14 @@ struct TrainingSetup {
   int64_t lora_rank = 0;  // > 0 attaches LoRA to the projections lora_on names
   float lora_alpha = 0;
   bool lora_on[kNumProjections] = {};
+  // LoRA on the output projection (torchtune's apply_lora_to_output; the CPU engine's adapter on
+  // "lm_head", PEFT names base_model.model.lm_head.lora_A.weight / .lora_B.weight): inside the fused
+  // loss, logits = h Wᵀ + s (h' Aᵀ) Bᵀ with h' = dropout(h) (module "lm_head"), W frozen. An untied
+  // head only: a tied one is the embedding table, no projection of its own (refused, as the CPU
+  // engine and torchtune refuse it). With quantize_base its W is NF4 too (the CPU adapter quantises
+  // every base it attaches to, lm_head included). Not with use_dora (the CPU has DoRA on lm_head;
+  // this step does not yet: refused).
+  bool lora_on_output = false;
   // Tokens per chunk of the fused loss (scratch: chunk * vocab * 6 bytes). 0: 512, where the head's
   // GEMMs (512 rows against the whole vocabulary) are still compute-bound on an H200 (0.37 GiB at
   // Llama 3's 128256-token vocabulary).
@@ -136,11 +148,13 @@ struct TrainingSetup {
   // All three take doc ids (packed steps).
   enum class Attention { kGemm, kFlash, kTensorCore } attention = Attention::kGemm;
   // QLoRA (the CPU LoraOptions::quantize_base): the frozen base weight of every projection that
-  // carries LoRA (lora_on; all seven in torchtune's QLoRA recipes) held on the device only as NF4
+  // carries LoRA (lora_on; all seven in torchtune's QLoRA recipes; lm_head with lora_on_output) held
+  // on the device only as NF4
   // (DeviceParameter::nf4_codes / nf4_scales, kernels/cpu/nf4.h's layout: blocks of 64, an f32
   // absmax scale each), quantised on the host when uploaded, with the CPU quantiser's arithmetic
   // (kernels/cpu/nf4_codes.cpp, compiled in), so the codes are the CPU engine's bit for bit. Each GEMM that reads such a weight
-  // dequantises it to bf16 scratch first (one projection at a time). Needs LoRA and no full_finetune.
+  // dequantises it to bf16 scratch first (one projection at a time; lm_head's once per fused loss,
+  // held through it). Needs LoRA and no full_finetune.
   bool quantize_base = false;
   // LoRA dropout (the CPU LoraOptions::dropout, in [0, 1)): PEFT's, on each adapter's input only,
   // kept elements scaled by 1/(1 - p), in forward_backward (not forward_loss). The masks are the CPU
@@ -279,7 +293,7 @@ class Decoder {
   struct MemoryPlan {
     size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, loss_scratch = 0;
     size_t nf4_base = 0;     // of parameters: the NF4 codes and scales (quantize_base)
-    size_t nf4_scratch = 0;  // of activations: one projection's weight dequantised to bf16 (quantize_base)
+    size_t nf4_scratch = 0;  // of activations: the largest NF4 weight dequantised to bf16 (quantize_base)
     size_t host_offload = 0;  // pinned HOST memory for offloaded layer inputs (activation_offloading; not in total())
     size_t total() const { return parameters + gradients + optimizer + activations; }
   };

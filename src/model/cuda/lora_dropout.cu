@@ -35,6 +35,13 @@ __global__ void backward_add_kernel(__nv_bfloat16* dx, const __nv_bfloat16* d, i
   dx[i] = __float2bfloat16_rn(__bfloat162float(dx[i]) + __bfloat162float(d[i]) * keep_scale);
 }
 
+__global__ void backward_add_f32_kernel(float* dx, const __nv_bfloat16* d, int64_t n, uint64_t seed, float p,
+                                        float keep_scale, int64_t first) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n || dropped(seed, uint64_t(first + i), p)) return;
+  dx[i] += __bfloat162float(d[i]) * keep_scale;
+}
+
 }  // namespace
 
 uint64_t lora_dropout_seed(uint64_t lora_seed, uint64_t key, const std::string& module) {
@@ -59,6 +66,13 @@ void lora_dropout_backward_add(bf16_t* dx, const bf16_t* d, int64_t n, uint64_t 
   if (n == 0) return;
   backward_add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dev(dx), dev(d), n, seed, p, 1.0f / (1.0f - p),
                                                               first);
+  KTUNE_CUDA_CHECK_LAUNCH();
+}
+
+void lora_dropout_backward_add(float* dx, const bf16_t* d, int64_t n, uint64_t seed, float p, int64_t first,
+                               Stream stream) {
+  if (n == 0) return;
+  backward_add_f32_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dx, dev(d), n, seed, p, 1.0f / (1.0f - p), first);
   KTUNE_CUDA_CHECK_LAUNCH();
 }
 

@@ -30,5 +30,8 @@ void lora_dropout_forward(bf16_t* xd, const bf16_t* x, int64_t n, uint64_t seed,
 // Undoes it for the input: dx (n) += dropped ? 0 : d * 1/(1 - p) (added in f32, rounded to bf16 once).
 void lora_dropout_backward_add(bf16_t* dx, const bf16_t* d, int64_t n, uint64_t seed, float p, int64_t first = 0,
                                Stream stream = nullptr);
+// The same into an f32 dx (the fused loss's dhidden, LoRA on lm_head): dx (n) += dropped ? 0 : d * 1/(1 - p).
+void lora_dropout_backward_add(float* dx, const bf16_t* d, int64_t n, uint64_t seed, float p, int64_t first = 0,
+                               Stream stream = nullptr);
 
 }  // namespace ktune::cuda

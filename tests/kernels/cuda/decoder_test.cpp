@@ -229,16 +229,73 @@ struct Reference {
   // where the GPU stores it). Returns x itself without dropout.
   uint64_t mask_seed(int64_t l, int proj) const { return cpu_dropout_seed(setup.lora_seed, dropout_key, module(l, proj)); }
   const float* dropout(std::vector<float>& xd, const float* x, int64_t l, int proj) const {
-    if (setup.lora_dropout <= 0) return x;
     int64_t in, out;
     dims(proj, &in, &out);
+    return dropout_of(xd, x, module(l, proj), in);
+  }
+  // The same for the adapter of `module_name` on an (N, in) input.
+  const float* dropout_of(std::vector<float>& xd, const float* x, const std::string& module_name, int64_t in) const {
+    if (setup.lora_dropout <= 0) return x;
     const float keep_scale = 1.0f / (1.0f - setup.lora_dropout);
-    const uint64_t seed = mask_seed(l, proj);
+    const uint64_t seed = cpu_dropout_seed(setup.lora_seed, dropout_key, module_name);
     xd.assign(static_cast<size_t>(N * in), 0.0f);
     for (int64_t i = 0; i < N * in; ++i)
       xd[size_t(i)] = cpu_dropped(seed, uint64_t(i), setup.lora_dropout) ? 0.0f : x[i] * keep_scale;
     R(xd);
     return xd.data();
+  }
+  // LoRA on lm_head, as LoraAdapter::fused_output_cross_entropy (module "lm_head"): xa (N, r) =
+  // x' A^T with x' = dropout(normed), logits = normed W^T + s xa B^T; dB += s dlogits^T xa,
+  // dxa = s dlogits B, dA += dxa^T x', dnormed = dlogits W + mask ⊙ (dxa A) / (1 - p) (+ dxa A without
+  // dropout); W's gradient when the base trains. The loss is the CPU reference's fused loss over
+  // [normed | s xa] (N, C + r) against [W | B] (V, C + r), whose logits are exactly those, so
+  // its hidden gradient holds dlogits W and dlogits B, its weight gradient dW and s dlogits^T xa.
+  bool has_head_lora() const { return r > 0 && setup.lora_on_output; }
+  double head_lora_loss(float* dnormed, const std::vector<float>& normed, const std::vector<int32_t>& labels,
+                        float grad_scale) {
+    const int64_t V = c.vocab_size, K = C + r;
+    const std::string a_name = "base_model.model.lm_head.lora_A.weight";
+    const std::string b_name = "base_model.model.lm_head.lora_B.weight";
+    const float *A = w(a_name), *Bm = w(b_name), *W = w("lm_head.weight");
+    std::vector<float> xd, xa(static_cast<size_t>(N * r));
+    const float* x = dropout_of(xd, normed.data(), "lm_head", C);
+    matmul_wt(xa.data(), x, A, N, C, r, false);
+    R(xa);
+    std::vector<float> hk(static_cast<size_t>(N * K)), wk(static_cast<size_t>(V * K));
+    std::vector<float> dhk(hk.size()), dwk(wk.size(), 0.0f);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        hk[size_t(n * K + k)] = k < C ? normed[size_t(n * C + k)] : s * xa[size_t(n * r + k - C)];
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t k = 0; k < K; ++k) wk[size_t(v * K + k)] = k < C ? W[v * C + k] : Bm[v * r + k - C];
+    const double loss = cpu::linear_cross_entropy_reference(dhk.data(), dwk.data(), nullptr, hk.data(), wk.data(),
+                                                            labels.data(), N, K, V, c.final_logit_softcap, grad_scale);
+    float* dB = g(b_name);
+    float* dW = trainable_base() ? g("lm_head.weight") : nullptr;
+    for (int64_t v = 0; v < V; ++v)
+      for (int64_t k = 0; k < K; ++k) {
+        if (k >= C) dB[v * r + k - C] += dwk[size_t(v * K + k)];
+        else if (dW) dW[v * C + k] += dwk[size_t(v * K + k)];
+      }
+    std::vector<float> dxa(xa.size()), t(static_cast<size_t>(N * C));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        if (k >= C) dxa[size_t(n * r + k - C)] = s * dhk[size_t(n * K + k)];
+        else dnormed[n * C + k] = dhk[size_t(n * K + k)];
+      }
+    R(dxa);
+    matmul_grad(g(a_name), dxa.data(), x, N, C, r, 1.0f);  // dA += dxa^T x'
+    matmul_w(t.data(), dxa.data(), A, N, C, r, false);       // dxa A
+    if (setup.lora_dropout <= 0) {
+      for (int64_t i = 0; i < N * C; ++i) dnormed[i] += t[size_t(i)];
+      return loss;
+    }
+    R(t);
+    const float keep_scale = 1.0f / (1.0f - setup.lora_dropout);
+    const uint64_t seed = cpu_dropout_seed(setup.lora_seed, dropout_key, "lm_head");
+    for (int64_t i = 0; i < N * C; ++i)
+      if (!cpu_dropped(seed, uint64_t(i), setup.lora_dropout)) dnormed[i] += t[size_t(i)] * keep_scale;
+    return loss;
   }
   // y (N, out) = x W^T + b + s (x' A^T) B^T, x' = dropout(x); xa saved
   void linear_forward(std::vector<float>& y, const float* x, int64_t l, int proj, std::vector<float>& xa) {
@@ -487,9 +544,11 @@ struct Reference {
     std::vector<float> normed, rstd, dnormed(static_cast<size_t>(N * C));
     norm_forward(normed, rstd, x.data(), "model.norm.weight");
     const std::string head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    const double loss = cpu::linear_cross_entropy_reference(dnormed.data(), trainable_base() ? g(head) : nullptr,
-                                                            nullptr, normed.data(), w(head), labels.data(), N, C, V,
-                                                            c.final_logit_softcap, grad_scale);
+    const double loss =
+        has_head_lora() ? head_lora_loss(dnormed.data(), normed, labels, grad_scale)
+                        : cpu::linear_cross_entropy_reference(dnormed.data(), trainable_base() ? g(head) : nullptr,
+                                                              nullptr, normed.data(), w(head), labels.data(), N, C, V,
+                                                              c.final_logit_softcap, grad_scale);
     R(dnormed);
     std::vector<float> dres(static_cast<size_t>(N * C)), dtmp(static_cast<size_t>(N * C)), dln(static_cast<size_t>(N * C));
     norm_backward(dres.data(), dnormed.data(), x.data(), rstd, "model.norm.weight");
@@ -590,11 +649,13 @@ struct PackedLayout {
   const int32_t* doc_ids_or_null() const { return doc_ids.empty() ? nullptr : doc_ids.data(); }
 };
 
-void check_step_with(const std::string& what, const cuda::DecoderConfig& config, const cuda::TrainingSetup& setup,
-                     uint64_t dropout_key = 0, const PackedLayout& packed = {}) {
-  cuda::Decoder model(config, setup, 7);
+// One step of `model` (its weights `params`, gradients zero) against the reference's on the same
+// weights: the loss and every trainable gradient (the tolerances of this file's header).
+void compare_step(const std::string& what, cuda::Decoder& model, const Params& params, uint64_t dropout_key = 0,
+                  const PackedLayout& packed = {}) {
+  const cuda::DecoderConfig& config = model.config();
+  const cuda::TrainingSetup& setup = model.setup();
   model.set_dropout_key(dropout_key);
-  const Params params = randomise(model, 1000);
   std::vector<int32_t> tokens, labels;
   const int64_t N = setup.batch * setup.seq_len;
   batch(config, N, &tokens, &labels);
@@ -637,6 +698,13 @@ void check_step_with(const std::string& what, const cuda::DecoderConfig& config,
   CHECK(compared > 0) << what << ": no gradient compared";
   std::printf("     %s: loss %.6f (CPU %.6f), %lld gradient tensors compared\n", what.c_str(), got.loss_sum / double(valid),
               want / double(valid), (long long)compared);
+}
+
+void check_step_with(const std::string& what, const cuda::DecoderConfig& config, const cuda::TrainingSetup& setup,
+                     uint64_t dropout_key = 0, const PackedLayout& packed = {}) {
+  cuda::Decoder model(config, setup, 7);
+  const Params params = randomise(model, 1000);
+  compare_step(what, model, params, dropout_key, packed);
 }
 
 // Both attention paths: the tensor-core GEMMs (the default) and the tiled CUDA-core kernel; windowed
@@ -943,6 +1011,21 @@ KTUNE_CUDA_TEST(LoraDropoutMasksMatchTheCpuAdapter) {
         }
 }
 
+// forward_loss of `model` (set up with LoRA dropout) on randomise's weights against the reference
+// without dropout: evaluation draws no masks.
+void check_forward_loss_draws_no_dropout(const std::string& what, cuda::Decoder& model, uint64_t dropout_key) {
+  model.set_dropout_key(dropout_key);
+  const Params params = randomise(model, 600);
+  std::vector<int32_t> tokens, labels;
+  batch(model.config(), model.setup().batch * model.setup().seq_len, &tokens, &labels);
+  cuda::TrainingSetup no_dropout = model.setup();
+  no_dropout.lora_dropout = 0;
+  const double want = Reference(model.config(), no_dropout, params, false).step(tokens, labels, 1.0f);
+  const cuda::StepResult got = model.forward_loss(tokens.data(), labels.data());
+  CHECK(std::fabs(got.loss_sum - want) <= 1e-2 * std::fabs(want))
+      << what << ": forward_loss " << got.loss_sum << " vs the CPU reference without dropout " << want;
+}
+
 // A LoRA step with dropout against the reference drawing the CPU adapter's masks (p = 0.1, and 0.5),
 // with its key and seed; forward_loss draws none (the reference without dropout). The reference's
 // masks were checked against the CPU engine's model::Decoder + LoraAdapter with dropout (and NF4
@@ -964,17 +1047,7 @@ KTUNE_CUDA_TEST(DecoderLoraDropoutStepMatchesCpuReference) {
                   99);
 
   cuda::Decoder model(tiny_config(true), setup, 7);
-  model.set_dropout_key(7);
-  const Params params = randomise(model, 600);
-  std::vector<int32_t> tokens, labels;
-  batch(model.config(), setup.batch * setup.seq_len, &tokens, &labels);
-  cuda::TrainingSetup no_dropout = setup;
-  no_dropout.lora_dropout = 0;
-  Reference ref(model.config(), no_dropout, params, false);
-  const double want = ref.step(tokens, labels, 1.0f);
-  const cuda::StepResult got = model.forward_loss(tokens.data(), labels.data());
-  CHECK(std::fabs(got.loss_sum - want) <= 1e-2 * std::fabs(want))
-      << "forward_loss with lora_dropout 0.5: " << got.loss_sum << " vs the CPU reference without dropout " << want;
+  check_forward_loss_draws_no_dropout("lora_dropout 0.5", model, 7);
 }
 
 // DoRA against the reference's DoRA (checked against the CPU engine's LoraAdapter with use_dora, with
@@ -1296,6 +1369,181 @@ KTUNE_CUDA_TEST(DecoderProfileTimesRegionsInsideTheStep) {
           << (checkpointing ? "checkpointed" : "plain") << ": step " << p.step_ms << " ms, attention "
           << p.attention_ms << " ms, loss " << p.loss_ms << " ms";
     }
+}
+
+// ---- LoRA on the output projection (TrainingSetup::lora_on_output) ----
+
+// LoRA (rank 8, alpha 16) on `lora` and on lm_head, two rows of 40 tokens, the loss in chunks of 24
+// (four chunks, the last one partial).
+cuda::TrainingSetup head_lora_setup(std::initializer_list<int> lora, bool full = false) {
+  cuda::TrainingSetup setup = family_setup(full, lora);
+  setup.lora_rank = 8, setup.lora_alpha = 16;
+  setup.lora_on_output = true;
+  return setup;
+}
+
+// Every parameter's value as the GPU's GEMMs read it (bf16; an NF4 base dequantised, then rounded).
+Params current_values(cuda::Decoder& model) {
+  Params params;
+  for (auto& p : model.parameters()) params[p.name] = cuda_test::rounded_to_bf16(model.download_value(p.name));
+  return params;
+}
+
+// The step with LoRA on lm_head against the reference's (LoraAdapter::fused_output_cross_entropy's
+// math): the loss, lm_head's A and B gradients and every other adapter's (the low-rank term's
+// gradient reaches the layers through dnormed); the head's adapter alone (the layers' backward
+// skipped) with a final soft-cap and the loss in one chunk; full fine-tuning of an untied model
+// plus LoRA on lm_head (W's gradient beside A's and B's); Qwen2's biases with the step's other
+// attention path.
+KTUNE_CUDA_TEST(DecoderLoraOnOutputStepMatchesCpuReference) {
+  check_step_with("lora v,o,mlp + lm_head untied [gemm attention]", tiny_config(false),
+                  head_lora_setup(kValueOutputMlp));
+  cuda::DecoderConfig capped = tiny_config(false);
+  capped.final_logit_softcap = 3.0f;
+  cuda::TrainingSetup head_only = head_lora_setup({});
+  head_only.ce_chunk_tokens = 0;  // 512: all 80 tokens in one chunk
+  check_step_with("lora lm_head only, final soft-cap 3, one loss chunk [gemm attention]", capped, head_only);
+  check_step_with("full + lora lm_head untied [gemm attention]", tiny_config(false), head_lora_setup({}, true));
+  cuda::TrainingSetup flash = head_lora_setup(kAllButKey);
+  flash.attention = cuda::TrainingSetup::Attention::kFlash;
+  check_step_with("qwen2 lora q,v,o,mlp + lm_head [flash attention]", tiny_qwen2_config(false), flash);
+}
+
+// With LoRA dropout (the masks of module "lm_head" over the final norm's (N, C) output, the CPU
+// adapter's), with QLoRA (lm_head's W in NF4, as the CPU adapter quantises it: the codes of what was
+// uploaded, no bf16 copy), both together, and forward_loss without dropout.
+KTUNE_CUDA_TEST(DecoderLoraOnOutputWithDropoutAndQloraMatchesCpuReference) {
+  cuda::TrainingSetup dropout = head_lora_setup(kValueOutputMlp);
+  dropout.lora_dropout = 0.1f, dropout.lora_seed = 42;
+  check_step_with("lora v,o,mlp + lm_head dropout 0.1 [gemm attention]", tiny_config(false), dropout, 12345);
+  cuda::TrainingSetup heavy = head_lora_setup({});
+  heavy.lora_dropout = 0.5f, heavy.lora_seed = 7;
+  check_step_with("lora lm_head only dropout 0.5 [gemm attention]", tiny_config(false), heavy, 3);
+  cuda::TrainingSetup qlora = head_lora_setup(kAllButKey);
+  qlora.quantize_base = true;
+  check_step_with("qwen2 qlora q,v,o,mlp + lm_head [gemm attention]", tiny_qwen2_config(false), qlora);
+  qlora.lora_dropout = 0.1f, qlora.lora_seed = 3;
+  check_step_with("qwen2 qlora q,v,o,mlp + lm_head dropout 0.1 [gemm attention]", tiny_qwen2_config(false), qlora, 99);
+
+  cuda::Decoder model(tiny_qwen2_config(false), qlora, 9);
+  const cuda::DeviceParameter& head = model.parameter("lm_head.weight");
+  CHECK(head.nf4_codes && head.nf4_scales && !head.value && !head.grad)
+      << "QLoRA on lm_head: W must be frozen NF4 only";
+  const std::vector<float> w = cuda_test::random_floats(size_t(head.numel), 31, -0.2f, 0.2f);
+  std::vector<uint8_t> codes(size_t(head.numel / 2)), want_codes(codes.size());
+  std::vector<float> want_scales(size_t(head.numel / cpu::kNf4BlockSize));
+  cpu::nf4_quantize(want_codes.data(), want_scales.data(), w.data(), head.numel);  // the CPU adapter's codes
+  for (int upload = 0; upload < 2; ++upload) {  // the values, then what download_value gives back (the trainer's path)
+    model.upload("lm_head.weight", upload == 0 ? w : model.download_value("lm_head.weight"));
+    cuda::copy_to_host(codes.data(), head.nf4_codes, codes.size());
+    CHECK(codes == want_codes) << "lm_head's NF4 codes are not the CPU quantiser's" << (upload ? " after a round trip" : "");
+  }
+  check_forward_loss_draws_no_dropout("qlora q,v,o,mlp + lm_head dropout 0.1", model, 99);
+}
+
+// Activation checkpointing recomputes the layers, not the head: the same gradients with and without
+// it (LoRA on lm_head with dropout; QLoRA), and the checkpointed step against the reference.
+KTUNE_CUDA_TEST(DecoderLoraOnOutputWithCheckpointingMatchesCpuReference) {
+  cuda::TrainingSetup setup = head_lora_setup(kValueOutputMlp);
+  setup.lora_dropout = 0.1f, setup.lora_seed = 5;
+  check_checkpointing("llama lora v,o,mlp + lm_head dropout 0.1", three_layers(tiny_config(false)), setup, 17);
+  cuda::TrainingSetup qlora = head_lora_setup(kValueOutputMlp);  // three layers: layer 0's q adapters cancel more
+  qlora.quantize_base = true;
+  qlora.activation_checkpointing = true;
+  check_step_with("qwen2 qlora v,o,mlp + lm_head, checkpointed [gemm attention]", three_layers(tiny_qwen2_config(false)),
+                  qlora);
+}
+
+// Three AdamW steps train lm_head's A and B (the loss falls; W stays), then the next step's
+// gradients on the weights the steps left are still the reference's.
+KTUNE_CUDA_TEST(DecoderLoraOnOutputAfterAdamWStepsMatchesCpuReference) {
+  cuda::TrainingSetup setup = head_lora_setup(kValueOutputMlp);
+  setup.lora_dropout = 0.1f, setup.lora_seed = 11;
+  cuda::Decoder model(tiny_config(false), setup, 7);
+  model.set_dropout_key(21);
+  randomise(model, 1000);
+  std::vector<int32_t> tokens, labels;
+  batch(model.config(), setup.batch * setup.seq_len, &tokens, &labels);
+  const Params before = current_values(model);
+  double first = 0, last = 0;
+  for (int step = 1; step <= 4; ++step) {
+    model.zero_grad();
+    const cuda::StepResult r = model.forward_backward(tokens.data(), labels.data(), 1.0f / 64);
+    (step == 1 ? first : last) = r.loss_sum / double(r.n_valid);
+    if (step == 4) break;
+    cpu::AdamWStep st{1e-2f};
+    st.step = step;
+    model.adamw_step(st, 50 + uint64_t(step));
+  }
+  CHECK(std::isfinite(last) && last < first) << "lora + lm_head: loss " << first << " -> " << last << " over 3 AdamW steps";
+  const Params after = current_values(model);
+  for (const char* name : {"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight"})
+    CHECK(after.at(name) != before.at(name)) << name << " did not move";
+  CHECK(after.at("lm_head.weight") == before.at("lm_head.weight")) << "lm_head.weight is frozen but moved";
+  model.zero_grad();
+  compare_step("lora v,o,mlp + lm_head dropout 0.1, after 3 AdamW steps", model, after, 21);
+}
+
+// The refusals (the CPU engine's: a tied head has no projection of its own; DoRA on lm_head is not in
+// this step) and the plan: one (N, r) buffer more (xa), the adapter's A and B, QLoRA's NF4 head in
+// place of its bf16 copy; what the decoder allocates is what plan() says.
+KTUNE_CUDA_TEST(DecoderLoraOnOutputPlanAndRefusals) {
+  auto refused = [](const cuda::DecoderConfig& config, const cuda::TrainingSetup& setup, const std::string& part) {
+    try {
+      cuda::Decoder::plan(config, setup);
+      return std::string("accepted");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      return what.find(part) != std::string::npos ? std::string() : what;
+    }
+  };
+  const std::string tied = refused(tiny_config(true), head_lora_setup(kAllButKey), "ties its output layer");
+  CHECK(tied.empty()) << "LoRA on a tied lm_head: " << tied;
+  cuda::TrainingSetup dora = head_lora_setup(kAllButKey);
+  dora.use_dora = true;
+  const std::string dora_refused = refused(tiny_config(false), dora, "DoRA on the output projection");
+  CHECK(dora_refused.empty()) << "DoRA on lm_head: " << dora_refused;
+
+  const cuda::DecoderConfig config = tiny_config(false);
+  {  // PEFT's start, as the CPU adapter's: B = 0, A kaiming-uniform within 1/sqrt(C)
+    cuda::Decoder fresh(config, head_lora_setup({}), 5);
+    const std::vector<float> a = fresh.download_value("base_model.model.lm_head.lora_A.weight");
+    const std::vector<float> b = fresh.download_value("base_model.model.lm_head.lora_B.weight");
+    const float bound = 1.0f / std::sqrt(float(config.hidden_size));
+    float a_max = 0;
+    for (float v : a) a_max = std::max(a_max, std::fabs(v));
+    CHECK(std::all_of(b.begin(), b.end(), [](float v) { return v == 0.0f; })) << "lm_head's lora_B must start at 0";
+    CHECK(a_max > 0.5f * bound && a_max <= bound * 1.01f) << "lm_head's lora_A: max |a| " << a_max << ", bound " << bound;
+    CHECK(fresh.parameter_count(true) == int64_t(a.size() + b.size()))
+        << "LoRA on lm_head alone: " << fresh.parameter_count(true) << " trainable values, its A and B hold "
+        << a.size() + b.size();
+  }
+  auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t N = 80, C = config.hidden_size, V = config.vocab_size, r = 8;
+  cuda::TrainingSetup plain = family_setup(false, kValueOutputMlp);
+  const cuda::Decoder::MemoryPlan without = cuda::Decoder::plan(config, plain);
+  const cuda::Decoder::MemoryPlan with = cuda::Decoder::plan(config, head_lora_setup(kValueOutputMlp));
+  CHECK(with.activations - without.activations == aligned(size_t(N * r) * 2))
+      << "LoRA on lm_head planned " << with.activations - without.activations << " bytes of activations more";
+  CHECK(with.parameters - without.parameters == aligned(size_t(r * C) * 2) + aligned(size_t(V * r) * 2))
+      << "LoRA on lm_head: parameters " << with.parameters - without.parameters << " bytes more";
+  CHECK(with.gradients > without.gradients && with.optimizer > without.optimizer)
+      << "LoRA on lm_head: no gradient or AdamW state for its A and B";
+  cuda::TrainingSetup qlora_plain = plain, qlora_head = head_lora_setup(kValueOutputMlp);
+  qlora_plain.quantize_base = qlora_head.quantize_base = true;
+  const cuda::Decoder::MemoryPlan q0 = cuda::Decoder::plan(config, qlora_plain), q1 = cuda::Decoder::plan(config, qlora_head);
+  CHECK(q1.nf4_base - q0.nf4_base == aligned(size_t(V * C) / 2) + aligned(size_t(V * C) / 64 * 4))
+      << "QLoRA on lm_head: NF4 bytes " << q1.nf4_base - q0.nf4_base << " more";
+  for (cuda::TrainingSetup setup : {head_lora_setup(kValueOutputMlp), qlora_head}) {
+    setup.lora_dropout = 0.1f;
+    for (bool checkpointing : {false, true}) {
+      setup.activation_checkpointing = checkpointing;
+      cuda::Decoder model(config, setup, 1);
+      const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(config, setup), allocated = model.memory_plan();
+      CHECK(allocated.activations == planned.activations && allocated.total() == planned.total())
+          << "plan " << planned.total() << " bytes, allocated " << allocated.total();
+    }
+  }
 }
 
 // ---- the MLP in chunks of rows (checkpointing) ----

@@ -4,7 +4,8 @@
 // back across the plugin boundary as a ktune::Error naming the CUDA call.
 // With a GPU: a tiny Llama host model's loss on the GPU is the CPU engine's on the same bf16 weights
 // (within bf16 activations), a step trains what it should (all of a full fine-tune, only LoRA under
-// LoRA) and comes back into the host model, and the AdamW moments round-trip by name.
+// LoRA) and comes back into the host model, and the AdamW moments round-trip by name; with LoRA on
+// lm_head (and QLoRA's NF4 lm_head) the loss and the gradient norm are the CPU engine's.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -46,10 +47,13 @@ struct TinyRun {
   std::vector<int32_t> tokens, labels;  // (2, 16)
 };
 
-TinyRun tiny_run(bool lora) {
+// head_lora: LoRA on lm_head too (apply_lora_to_output; the head untied); qlora: NF4 bases.
+TinyRun tiny_run(bool lora, bool head_lora = false, bool qlora = false) {
   TinyRun r;
   model::ModelConfig mc = model::ModelConfig::llama_like(64, 32, 2, 4, 2, 48);
-  r.host = std::make_unique<model::Decoder>(mc, /*seed=*/11, DType::BF16);
+  if (head_lora) mc.tie_word_embeddings = false;
+  // (QLoRA's host model is f32, as the recipe loads it: the CPU adapter quantises f32 bases)
+  r.host = std::make_unique<model::Decoder>(mc, /*seed=*/11, qlora ? DType::F32 : DType::BF16);
   const std::string recipe = lora ? "lora_finetune_single_device" : "full_finetune_single_device";
   RecipeConfig cfg = prepare_recipe_config(recipe, lora ? "tiny/lora_single_device" : "tiny/full_single_device",
                                            {"dtype=bf16"});
@@ -58,11 +62,14 @@ TinyRun tiny_run(bool lora) {
     options.rank = 4;
     options.alpha = 8;
     options.seed = 5;
-    r.adapters = model::attach_lora(*r.host, model::LoraTargets{{"q_proj", "v_proj"}, true, false}, options);
+    options.quantize_base = qlora;
+    r.adapters = model::attach_lora(*r.host, model::LoraTargets{{"q_proj", "v_proj"}, true, head_lora}, options);
     cfg.model.lora_rank = 4;
     cfg.model.lora_alpha = 8;
     cfg.model.lora_attn_modules = {"q_proj", "v_proj"};
     cfg.model.apply_lora_to_mlp = true;
+    cfg.model.apply_lora_to_output = head_lora;
+    cfg.model.quantize_base = qlora;
     // B starts at zero (PEFT): give it values, so that the adapters shape the loss.
     for (auto& a : r.adapters)
       for (model::Parameter* p : a->parameters())
@@ -120,6 +127,69 @@ TEST(CudaPlugin, WithoutAGpuThePluginLoadsAndItsCudaErrorComesBackAsAKtuneError)
     if (cuda_devices_visible() < 1) GTEST_SKIP() << "no GPU visible: nothing to run";              \
     setenv("KTUNE_CUDA_STEP_PLUGIN", kPlugin.c_str(), 1);                                           \
   }
+
+// What the recipe uploads for a host parameter (finetune_recipe.cpp's value_of): a QLoRA base,
+// which the adapter holds as NF4, dequantised.
+HostValue host_values(TinyRun& r) {
+  return [&r](const model::Parameter& p) {
+    for (const auto& a : r.adapters) {
+      const model::Linear& base = r.host->linear(a->module_name());
+      if (base.weight->name == p.name && a->options().quantize_base) return a->base_weight(base);
+    }
+    return p.value;
+  };
+}
+
+// √(Σ g²) over the host model's trainable gradients.
+double host_gradient_norm(model::Decoder& host) {
+  double sum = 0;
+  for (model::Parameter* p : host.parameters()) {
+    if (!p->trainable) continue;
+    const Tensor g = p->grad.to(DType::F32);
+    for (int64_t i = 0; i < g.numel(); ++i) sum += double(g.f32()[i]) * g.f32()[i];
+  }
+  return std::sqrt(sum);
+}
+
+// LoRA on lm_head (apply_lora_to_output, an untied head), with and without QLoRA (lm_head's base NF4
+// on both sides: uploaded dequantised, quantised again into the same codes): the GPU's loss and its
+// gradient norm are the CPU engine's, and a step moves lm_head's A and B and leaves its W.
+TEST(CudaPlugin, OnAGpuLoraOnTheOutputProjectionIsTheCpuEngines) {
+  SKIP_WITHOUT_GPU();
+  for (bool qlora : {false, true}) {
+    const std::string what = qlora ? "qlora + lm_head" : "lora + lm_head";
+    TinyRun r = tiny_run(true, true, qlora);
+    ASSERT_TRUE(r.plan.setup.lora_on_output);
+    // lm_head's B of O(1), so that s (h Aᵀ) Bᵀ moves the logits by O(1) (tiny_run's 0.05 barely would)
+    Tensor& head_b = r.host->parameter("base_model.model.lm_head.lora_B.weight").value;
+    for (int64_t i = 0; i < head_b.numel(); ++i) head_b.f32()[i] = std::sin(0.37f * float(i + 1));
+    std::unique_ptr<CudaTrainer> gpu = make_cuda_trainer(r.host->parameters(), r.plan, 1, host_values(r));
+    const model::Batch batch{r.tokens.data(), r.labels.data(), nullptr, nullptr, 2, 16};
+    const model::LossResult cpu_loss = r.host->forward_loss(batch);
+    const model::LossResult dev_loss = gpu->forward_loss(FixedShapeBatch{2, 16, r.tokens, r.labels});
+    EXPECT_EQ(dev_loss.n_valid, cpu_loss.n_valid) << what;
+    EXPECT_NEAR(dev_loss.loss_sum, cpu_loss.loss_sum, 1e-2 * cpu_loss.loss_sum) << what;
+    r.host->zero_grad();
+    r.host->forward_backward(batch, 1.0f / 30);
+    const double cpu_norm = host_gradient_norm(*r.host);
+    gpu->zero_grad();
+    gpu->forward_backward(FixedShapeBatch{2, 16, r.tokens, r.labels}, 1.0f / 30);
+    const double dev_norm = gpu->clip_gradient_norm(INFINITY);
+    EXPECT_NEAR(dev_norm, cpu_norm, 0.03 * cpu_norm) << what << ": gradient norm";
+    const std::vector<std::string> names = {"lm_head.weight", "base_model.model.lm_head.lora_A.weight",
+                                            "base_model.model.lm_head.lora_B.weight"};
+    std::vector<Tensor> before;
+    for (const std::string& n : names) before.push_back(host_values(r)(r.host->parameter(n)).to(DType::F32));
+    gpu->optimizer_step(1e-2, AdamWSettings{1e-2, 0.9, 0.999, 1e-8, 0.0});
+    gpu->download_trainable();
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Tensor now = host_values(r)(r.host->parameter(names[i])).to(DType::F32);
+      double moved = 0;
+      for (int64_t j = 0; j < now.numel(); ++j) moved += std::fabs(now.f32()[j] - before[i].f32()[j]);
+      EXPECT_EQ(moved > 0, i > 0) << what << ": " << names[i] << (i > 0 ? " did not move" : " is frozen but moved");
+    }
+  }
+}
 
 TEST(CudaPlugin, OnAGpuTheLossIsTheCpuEnginesOnTheSameBf16Weights) {
   SKIP_WITHOUT_GPU();

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 
 #include "io/safetensors.h"
@@ -192,6 +193,30 @@ TEST_F(CudaRecipeTest, QloraOnTheGpuTracksTheCpuRun) {
   ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 " + sized(8, 8) + " model.quantize_base=True"));
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
   expect_same_layout("adapter_model.safetensors");
+}
+
+// torchtune's apply_lora_to_output (its Mistral LoRA/QLoRA configs) on an untied copy of the tiny
+// model: LoRA on lm_head inside the GPU step's fused loss, its base NF4 under QLoRA as on the CPU.
+TEST_F(CudaRecipeTest, QloraOnTheOutputProjectionOnTheGpuTracksTheCpuRun) {
+  SKIP_WITHOUT_GPUS(1);
+  std::ifstream in(recipe_testing::kSource + "/examples/quickstart/config.json");
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  config = std::regex_replace(config, std::regex("\"tie_word_embeddings\": true"), "\"tie_word_embeddings\": false");
+  ASSERT_NE(config.find("\"tie_word_embeddings\": false"), std::string::npos);
+  const std::string untied = out("untied_model");
+  fs::create_directories(untied);
+  std::ofstream(out("untied_config.json")) << config;
+  const Outcome init = recipe_testing::sh(recipe_testing::kKtune + " init-model --config " + out("untied_config.json") +
+                                          " --output-dir " + untied + " --seed 3");
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  Outcome gpu;
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 " + sized(8, 8) + " checkpointer.checkpoint_dir=" + untied +
+                                                  " model.apply_lora_to_output=True model.quantize_base=True",
+                                      &gpu));
+  EXPECT_NE(gpu.output.find("training on the GPU"), std::string::npos) << gpu.output;
+  expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
+  expect_same_layout("adapter_model.safetensors");
+  EXPECT_EQ(layout(out("gpu") + "/epoch_0/adapter_model.safetensors").count("base_model.model.lm_head.lora_A.weight"), 1u);
 }
 
 TEST_F(CudaRecipeTest, LoraDropoutOnTheGpuTrainsAsTheCpuRunDoesInDistribution) {

@@ -138,9 +138,37 @@ TEST(PlanCudaStep, RecipeSettingsTheGpuStepLacksAreEachAGap) {
   EXPECT_TRUE(gaps({"model.use_dora=True"}).empty());  // DoRA, QLoRA and LoRA dropout: the GPU step has them
   EXPECT_TRUE(gaps({"model.quantize_base=True"}).empty());
   EXPECT_TRUE(gaps({"model.lora_dropout=0.1"}).empty());
-  EXPECT_TRUE(mentions(gaps({"model.apply_lora_to_output=True"}), "lm_head"));
+  EXPECT_TRUE(gaps({"model.apply_lora_to_output=True"}).empty());  // LoRA on lm_head: in the fused loss
+  EXPECT_TRUE(mentions(gaps({"model.apply_lora_to_output=True", "model.use_dora=True"}), "DoRA on the output projection"));
   EXPECT_TRUE(gaps({"dataset.packed=True"}).empty());  // packed datasets: the step masks documents
   EXPECT_TRUE(gaps({}).empty());
+}
+
+// torchtune's Mistral 7B LoRA and QLoRA configs (apply_lora_to_output: True) on Mistral's untied head:
+// no gap; LoRA on lm_head beside the projections, its base NF4 under QLoRA (the step's quantize_base
+// covers every adapted base). DoRA on lm_head is the one gap (the CPU engine has it).
+TEST(PlanCudaStep, LoraOnTheOutputProjectionGoesToTheGpuStep) {
+  const model::ModelConfig mistral = family("mistral");
+  ASSERT_FALSE(mistral.tie_word_embeddings);
+  for (const auto& [recipe, config] : {std::pair{"lora_finetune_single_device", "mistral/7B_lora_single_device"},
+                                       std::pair{"lora_finetune_distributed", "mistral/7B_lora"},
+                                       std::pair{"lora_finetune_distributed", "mistral/7B_qlora"}}) {
+    const RecipeConfig cfg = prepare_recipe_config(recipe, config, {"dtype=bf16"});
+    ASSERT_TRUE(cfg.model.apply_lora_to_output) << config;
+    const CudaStepPlan plan = plan_cuda_step(cfg, *find_recipe(recipe), mistral, 2, 64);
+    EXPECT_TRUE(plan.gaps.empty()) << config << ": " << describe_gaps(plan.gaps);
+    EXPECT_TRUE(plan.setup.lora_on_output) << config;
+    EXPECT_EQ(plan.setup.quantize_base, std::string(config) == "mistral/7B_qlora") << config;
+    const bool expected[cuda::kNumProjections] = {true, false, true, true, true, true, true};  // q, v, o, mlp
+    for (int p = 0; p < cuda::kNumProjections; ++p) EXPECT_EQ(plan.setup.lora_on[p], expected[p]) << config << " " << p;
+  }
+  const RecipeSpec& lora = *find_recipe("lora_finetune_single_device");
+  const CudaStepPlan off = plan_cuda_step(tiny("lora_finetune_single_device"), lora, mistral, 2, 64);
+  EXPECT_FALSE(off.setup.lora_on_output);
+  const CudaStepPlan dora = plan_cuda_step(
+      tiny("lora_finetune_single_device", {"model.apply_lora_to_output=True", "model.use_dora=True"}), lora, mistral, 2, 64);
+  ASSERT_EQ(dora.gaps.size(), 1u) << describe_gaps(dora.gaps);
+  EXPECT_NE(dora.gaps[0].find("lm_head"), std::string::npos) << dora.gaps[0];
 }
 
 TEST(PlanCudaStep, QwenMistralAndGemmaMapFieldForField) {
