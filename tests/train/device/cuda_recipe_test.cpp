@@ -109,6 +109,13 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
     ASSERT_EQ(gpu.size(), steps) << name;
     for (const auto& [step, value] : cpu) EXPECT_NEAR(gpu.at(step), value, relative * value) << name << ", step " << step;
   }
+  // The run of out(`from`) again into out(`to`), resumed from the former's step_2 checkpoint.
+  Outcome resume_from_step_2(const std::string& launcher, const std::string& recipe, const std::string& config,
+                             const std::string& args, const std::string& from, const std::string& to) {
+    fs::create_directories(out(to));
+    fs::copy(out(from) + "/step_2", out(to) + "/step_2", fs::copy_options::recursive);
+    return run(launcher, recipe, config, "cuda", args + " resume_from_checkpoint=True", out(to));
+  }
   // The tensors (names, shapes) of FILE in both runs' epoch_0.
   void expect_same_layout(const std::string& file) {
     EXPECT_EQ(layout(out("gpu") + "/epoch_0/" + file), layout(out("cpu") + "/epoch_0/" + file)) << file;
@@ -256,10 +263,7 @@ TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {
   const std::string args = "epochs=2 " + sized(4, 4) + " save_every_n_steps=2";
   Outcome whole = run("", "lora_finetune_single_device", "lora_single_device", "cuda", args, out("a"));
   ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  fs::create_directories(out("b"));
-  fs::copy(out("a") + "/step_2", out("b") + "/step_2", fs::copy_options::recursive);
-  Outcome resumed = run("", "lora_finetune_single_device", "lora_single_device", "cuda",
-                        args + " resume_from_checkpoint=True", out("b"));
+  Outcome resumed = resume_from_step_2("", "lora_finetune_single_device", "lora_single_device", args, "a", "b");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   auto a = losses(out("a"));
   auto b = losses(out("b"));
@@ -299,10 +303,8 @@ TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplic
   for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 2e-2 * loss) << "step " << step;
   EXPECT_EQ(recipe_testing::logged(out("replicated")), recipe_testing::logged(out("two")));
 
-  fs::create_directories(out("resumed"));
-  fs::copy(out("two") + "/step_2", out("resumed") + "/step_2", fs::copy_options::recursive);
-  Outcome resumed = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
-                        args + " batch_size=2 resume_from_checkpoint=True", out("resumed"));
+  Outcome resumed = resume_from_step_2("--nproc_per_node 2 --standalone", "full_finetune_distributed",
+                                       "full_single_device", args + " batch_size=2", "two", "resumed");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   auto lr = losses(out("resumed"));
   ASSERT_EQ(lr.size(), 2u);  // steps 3 and 4
