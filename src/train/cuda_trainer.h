@@ -20,12 +20,16 @@
 // which every CPU run would otherwise carry. Hence an interface, and a recipe that never sees a
 // CUDA type. The binary itself links only the CUDA runtime (to count and select GPUs).
 // Distributed GPU runs (one GPU a worker, an NCCL group given at creation): the distributed recipes
-// shard the AdamW state (ZeRO-1/2: CudaStepPlan::setup.optimizer_shards = the world size; the
-// gradients reduce-scattered, each GPU steps its slice of the gradient buffer, the updated values
-// all-gathered in bf16), or, with env KTUNE_DATA_PARALLEL=replicate, replicate it (one all-reduce of
-// the gradients, every GPU steps all of them). It deliberately does not shard the weights or the
-// gradients during the backward (FSDP's ZeRO-3, what the CPU engine does): every GPU holds the bf16
-// weights and the f32 gradient buffer whole.
+// shard the AdamW state (CudaStepPlan::setup.optimizer_shards = the world size; each GPU steps its
+// shard, the updated values all-gathered in bf16), or, with env KTUNE_DATA_PARALLEL=replicate,
+// replicate it (one all-reduce of the gradients, every GPU steps all of them). A sharded full
+// fine-tune shards the gradients too (ZeRO-2, setup.shard_gradients): each gradient unit (the
+// embedding, each layer, the final norm + an untied head) is reduce-scattered as soon as the
+// backward has finished it and its piece added into this GPU's f32 accumulator, so a GPU holds 4/W
+// bytes of gradient a parameter plus one layer's, the embedding's and the head's whole gradients.
+// LoRA, QLoRA and DoRA runs shard the AdamW state only (ZeRO-1: their gradients are small; one
+// buffer, reduce-scattered after the backward). It deliberately does not shard the weights (FSDP's
+// ZeRO-3, what the CPU engine does): every GPU holds the bf16 weights whole.
 #pragma once
 
 #include <cstdint>
@@ -64,7 +68,8 @@ class CudaTrainer {
   // The LoRA dropout masks' key for the following micro-batch (as LoraAdapter::set_dropout_key).
   virtual void set_dropout_key(uint64_t key) = 0;
   // Σ over the GPUs of every gradient, where this GPU's optimizer step reads it: the whole buffer
-  // (replicated: an all-reduce) or this GPU's shard (sharded: a reduce-scatter). One GPU: nothing.
+  // (replicated: an all-reduce) or this GPU's shard (sharded: a reduce-scatter). One GPU, or the
+  // gradients sharded (ZeRO-2: forward_backward reduced each unit already): nothing.
   virtual void reduce_gradients() = 0;
   // torch.nn.utils.clip_grad_norm_ over every gradient (sharded: the shards' squares summed over the
   // GPUs); returns the norm before clipping (+inf max_norm only measures). After reduce_gradients.
@@ -75,7 +80,8 @@ class CudaTrainer {
   virtual void optimizer_step(double lr, const AdamWSettings& settings) = 0;
   virtual int64_t optimizer_steps() const = 0;
   // The moments by the CPU optimizer's names. Sharded, a collective: every GPU calls it (it gathers
-  // the shards through the gradient buffer, so between an optimizer step and the next zero_grad),
+  // the shards through the gradient buffer (ZeRO-2: unit by unit through the units' buffers), so
+  // between an optimizer step and the next zero_grad),
   // and only where keep is true does it return them (elsewhere an empty map).
   virtual std::map<std::string, Tensor> optimizer_state(bool keep = true) = 0;
   // A state as optimizer_state() (or the CPU AdamW::state()) wrote it, whole: each GPU takes its

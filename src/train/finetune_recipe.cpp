@@ -470,6 +470,9 @@ void FinetuneRecipe::setup_gpu_training() {
   if (sharded) {
     plan.setup.optimizer_shards = group_.size();
     plan.setup.optimizer_shard = group_.rank();
+    // A full fine-tune shards the gradients too (ZeRO-2: each layer's reduced as its backward ends);
+    // LoRA's gradients are small and stay in one buffer (ZeRO-1).
+    plan.setup.shard_gradients = plan.setup.full_finetune;
   }
   if (group_.size() > 1) {
     check(devices_.store != nullptr, "device=cuda", "a distributed run needs its rendezvous store to join NCCL");
@@ -494,8 +497,13 @@ void FinetuneRecipe::setup_gpu_training() {
            ", its longest sample rounded up to a multiple of " + std::to_string(kGpuSeqLenMultiple) +
            "), memory planned for (" + std::to_string(cfg_.batch_size) + ", " + std::to_string(gpu_seq_len_) + ")" +
            (sharded ? "; data parallel over " + std::to_string(group_.size()) +
-                          " GPUs with the AdamW state sharded (ZeRO-1/2: gradients reduce-scattered over NCCL, each "
-                          "GPU steps its slice, the updated weights all-gathered in bf16)"
+                          " GPUs with the AdamW state sharded" +
+                          (plan.setup.shard_gradients
+                               ? std::string(" and the gradients too (ZeRO-2: each layer's gradients reduce-scattered "
+                                             "over NCCL as its backward ends, each GPU accumulates and steps its "
+                                             "pieces, the updated weights all-gathered in bf16)")
+                               : std::string(" (ZeRO-1: the gradients reduce-scattered over NCCL after the backward, "
+                                             "each GPU steps its slice, the updated weights all-gathered in bf16)"))
             : group_.size() > 1 ? "; replicated over " + std::to_string(group_.size()) +
                                       " GPUs (KTUNE_DATA_PARALLEL=replicate), gradients summed over NCCL"
                                 : std::string()));

@@ -109,6 +109,11 @@ __global__ void scale_kernel(float* x, int64_t n, float factor) {
   if (i < n) x[i] *= factor;
 }
 
+__global__ void accumulate_kernel(float* y, const float* x, int64_t n) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+
 }  // namespace
 
 int64_t sum_of_squares_scratch_doubles() { return 1 + kSumBlocks; }
@@ -123,6 +128,12 @@ void sum_of_squares(double* scratch, const float* x, int64_t n, Stream stream) {
 void scale_inplace(float* x, int64_t n, float factor, Stream stream) {
   if (n == 0) return;
   scale_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, factor);
+  KTUNE_CUDA_CHECK_LAUNCH();
+}
+
+void accumulate_inplace(float* y, const float* x, int64_t n, Stream stream) {
+  if (n == 0) return;
+  accumulate_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
   KTUNE_CUDA_CHECK_LAUNCH();
 }
 

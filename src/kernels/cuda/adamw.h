@@ -30,5 +30,7 @@ void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int
 int64_t sum_of_squares_scratch_doubles();
 void sum_of_squares(double* scratch, const float* x, int64_t n, Stream stream = nullptr);
 void scale_inplace(float* x, int64_t n, float factor, Stream stream = nullptr);
+// y += x, (n) f32 each: a sharded gradient's reduced piece added into its accumulator (ZeRO-2).
+void accumulate_inplace(float* y, const float* x, int64_t n, Stream stream = nullptr);
 
 }  // namespace ktune::cuda

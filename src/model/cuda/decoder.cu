@@ -263,6 +263,11 @@ struct Decoder::Impl {
   std::vector<int32_t> host_first_key, host_last_query;
   // backward scratch
   bf16_t *dres = nullptr, *dtmp = nullptr, *dln = nullptr;       // (N, C)
+  // shard_gradients: the one layer slot every layer's gradients are written into (zeroed before each
+  // layer's backward), and the hook that reduces a finished unit out of its buffer.
+  float* grad_slot = nullptr;
+  size_t grad_slot_bytes = 0;
+  const std::function<void(int64_t)>* unit_done = nullptr;
   float* dnormed = nullptr;  // (N, C) f32 from the loss, in dres's and dln's bytes (read before either is written)
   bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   bf16_t* lora_g = nullptr;                                      // (N, r); LoRA on lm_head: the loss's dxa
@@ -453,6 +458,8 @@ void Decoder::validate() const {
   check(setup.optimizer_shards >= 1 && setup.optimizer_shard >= 0 && setup.optimizer_shard < setup.optimizer_shards,
         "cuda decoder", "optimizer_shard must be in [0, optimizer_shards) and optimizer_shards >= 1, got shard " +
                             std::to_string(setup.optimizer_shard) + " of " + std::to_string(setup.optimizer_shards));
+  check(!setup.shard_gradients || (setup.optimizer_shards > 1 && setup.full_finetune && !any_lora), "cuda decoder",
+        "shard_gradients (ZeRO-2) needs a full fine-tune without LoRA over optimizer_shards > 1");
 }
 
 Decoder::~Decoder() = default;
@@ -473,6 +480,8 @@ void Decoder::allocate(bool on_device) {
 
   // Parameter metadata in HF order, then the LoRA matrices in PEFT's names.
   std::vector<bool> trainable;
+  std::vector<int64_t> unit_of;  // each parameter's gradient unit (shard_gradients: 0, 1 + layer, L + 1)
+  int64_t unit = 0;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, bool train) {
     DeviceParameter p;
     p.name = name;
@@ -481,6 +490,7 @@ void Decoder::allocate(bool on_device) {
     p.shape = std::move(shape);
     params_.push_back(std::move(p));
     trainable.push_back(train);
+    unit_of.push_back(setup_.shard_gradients ? unit : 0);
     return int(params_.size() - 1);
   };
   const bool full = setup_.full_finetune;
@@ -490,6 +500,7 @@ void Decoder::allocate(bool on_device) {
   for (int64_t l = 0; l < L; ++l) {
     Impl::Layer& layer = s.layers[size_t(l)];
     const std::string pre = "model.layers." + std::to_string(l) + ".";
+    unit = 1 + l;
     for (int p = 0; p < kNumProjections; ++p) {
       const std::string module = pre + (p <= kO ? "self_attn." : "mlp.") + projection_name(p);
       layer.proj[p].module = module;
@@ -508,6 +519,7 @@ void Decoder::allocate(bool on_device) {
       layer.norm_mlp = add(pre + "post_attention_layernorm.weight", {C}, full);
     }
   }
+  unit = L + 1;
   s.final_norm = add("model.norm.weight", {C}, full);
   s.head = c.tie_word_embeddings ? s.embed : add("lm_head.weight", {V, C}, full);
   s.output.in = C, s.output.out = V, s.output.weight = s.head, s.output.module = "lm_head";
@@ -546,28 +558,66 @@ void Decoder::allocate(bool on_device) {
     }
   }
 
-  // Parameters, gradients, optimizer state: sized, then carved. The gradient buffer is padded to
-  // whole shards of 64-float multiples; the optimizer state is m and v for this rank's shard.
-  size_t pbytes = 0, gbytes = 0, nf4_bytes = 0;
+  // Parameters, gradients, optimizer state: sized, then carved.
+  size_t pbytes = 0, nf4_bytes = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const size_t n = size_t(params_[i].numel);
     if (nf4[i]) nf4_bytes += aligned(n / 2) + aligned(n / size_t(cpu::kNf4BlockSize) * sizeof(float));
     else pbytes += aligned(n * 2);
-    if (trainable[i]) gbytes += aligned(size_t(params_[i].numel) * 4);
   }
   pbytes += nf4_bytes;
-  const int64_t shards = setup_.optimizer_shards;
-  const int64_t shard_floats = ceil_div(int64_t(gbytes / 4), shards * kShardMultiple) * kShardMultiple;
-  gbytes = size_t(shard_floats * shards) * 4;
-  const size_t obytes = 2 * aligned(size_t(shard_floats) * 2);
-  shard_.begin = setup_.optimizer_shard * shard_floats;
-  shard_.size = shard_floats;
+  // The gradient units (one, the whole buffer, without shard_gradients): each parameter's gradient at
+  // an aligned offset in its unit, each unit padded to whole shards of 64-float multiples.
+  const int64_t shards = setup_.optimizer_shards, rank = setup_.optimizer_shard;
+  const int64_t n_units = setup_.shard_gradients ? L + 2 : 1;
+  std::vector<int64_t> unit_floats(size_t(n_units), 0), offset_in_unit(params_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!trainable[i]) continue;
+    offset_in_unit[i] = unit_floats[size_t(unit_of[i])];
+    unit_floats[size_t(unit_of[i])] += int64_t(aligned(size_t(params_[i].numel) * 4) / 4);
+  }
+  units_.assign(size_t(n_units), GradientUnit{});
+  shard_ = OptimizerShard{};
+  for (int64_t u = 0, begin = 0; u < n_units; ++u) {
+    GradientUnit& unit_u = units_[size_t(u)];
+    unit_u.begin = begin;
+    unit_u.size = ceil_div(unit_floats[size_t(u)], shards * kShardMultiple) * shards * kShardMultiple;
+    unit_u.piece = unit_u.size / shards;
+    unit_u.shard_offset = shard_.size;
+    shard_.size += unit_u.piece;
+    begin += unit_u.size;
+  }
+  // The arena: the one buffer (the shard a slice of it), or the shard's accumulators, units 0 and
+  // L + 1 whole and the one layer slot.
+  size_t gbytes = 0;
+  if (setup_.shard_gradients) {
+    plan_bytes_.grad_accumulators = aligned(size_t(shard_.size) * 4);
+    plan_bytes_.grad_whole_units = aligned(size_t(units_[0].size) * 4) + aligned(size_t(units_[size_t(L + 1)].size) * 4);
+    for (int64_t l = 0; l < L; ++l)
+      plan_bytes_.grad_layer_slot = std::max(plan_bytes_.grad_layer_slot, aligned(size_t(units_[size_t(1 + l)].size) * 4));
+    gbytes = plan_bytes_.grad_accumulators + plan_bytes_.grad_whole_units + plan_bytes_.grad_layer_slot;
+  } else {
+    shard_.begin = rank * units_[0].piece;
+    gbytes = size_t(units_[0].size) * 4;
+  }
+  const size_t obytes = 2 * aligned(size_t(shard_.size) * 2);
   if (on_device) {
     s.param_arena = std::make_unique<DeviceArena>("cuda decoder parameters", pbytes);
     s.grad_arena = std::make_unique<DeviceArena>("cuda decoder gradients", gbytes);
     s.optim_arena = std::make_unique<DeviceArena>("cuda decoder AdamW state", obytes);
-    shard_.m = s.optim_arena->allocate_n<bf16_t>(size_t(shard_floats));
-    shard_.v = s.optim_arena->allocate_n<bf16_t>(size_t(shard_floats));
+    shard_.m = s.optim_arena->allocate_n<bf16_t>(size_t(shard_.size));
+    shard_.v = s.optim_arena->allocate_n<bf16_t>(size_t(shard_.size));
+    if (setup_.shard_gradients) {
+      shard_.grad = s.grad_arena->allocate_n<float>(size_t(shard_.size));
+      units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
+      units_[size_t(L + 1)].grads = s.grad_arena->allocate_n<float>(size_t(units_[size_t(L + 1)].size));
+      s.grad_slot_bytes = plan_bytes_.grad_layer_slot;
+      s.grad_slot = static_cast<float*>(s.grad_arena->allocate(s.grad_slot_bytes));
+      for (int64_t l = 0; l < L; ++l) units_[size_t(1 + l)].grads = s.grad_slot;
+    } else {
+      units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
+      shard_.grad = units_[0].grads + shard_.begin;
+    }
   }
   for (size_t i = 0; on_device && i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
@@ -578,13 +628,20 @@ void Decoder::allocate(bool on_device) {
       p.value = s.param_arena->allocate_n<bf16_t>(size_t(p.numel));
     }
     if (trainable[i]) {
-      p.grad = s.grad_arena->allocate_n<float>(size_t(p.numel));
-      p.grad_offset = p.grad - static_cast<float*>(s.grad_arena->data());
-      p.shard_begin = std::clamp<int64_t>(shard_.begin - p.grad_offset, 0, p.numel);
-      p.shard_end = std::clamp<int64_t>(shard_.begin + shard_.size - p.grad_offset, 0, p.numel);
+      // This rank's piece of the unit: layout elements [piece_begin, piece_begin + piece), at
+      // unit.shard_offset in the shard's accumulator and moments.
+      const GradientUnit& unit_p = units_[size_t(unit_of[i])];
+      const int64_t piece_begin = unit_p.begin + rank * unit_p.piece;
+      p.unit = unit_of[i];
+      p.grad = unit_p.grads + offset_in_unit[i];
+      p.grad_offset = unit_p.begin + offset_in_unit[i];
+      p.shard_begin = std::clamp<int64_t>(piece_begin - p.grad_offset, 0, p.numel);
+      p.shard_end = std::clamp<int64_t>(piece_begin + unit_p.piece - p.grad_offset, 0, p.numel);
       if (p.shard_begin < p.shard_end) {
-        p.m = shard_.m + (p.grad_offset + p.shard_begin - shard_.begin);
-        p.v = shard_.v + (p.grad_offset + p.shard_begin - shard_.begin);
+        const int64_t k = unit_p.shard_offset + (p.grad_offset + p.shard_begin - piece_begin);
+        p.m = shard_.m + k;
+        p.v = shard_.v + k;
+        p.shard_grad = shard_.grad + k;
       }
     }
   }
@@ -879,6 +936,8 @@ std::vector<float> Decoder::download_value(const std::string& name) {
 std::vector<float> Decoder::download_grad(const std::string& name) {
   DeviceParameter& p = parameter(name);
   check(p.grad != nullptr, "cuda decoder: parameter " + name, "is frozen: it has no gradient");
+  check(!setup_.shard_gradients, "cuda decoder: parameter " + name,
+        "its gradient is sharded (shard_gradients): this rank holds the reduced sums of its piece only");
   std::vector<float> out(size_t(p.numel));
   synchronize();
   copy_to_host(out.data(), p.grad, out.size() * sizeof(float));
@@ -887,6 +946,8 @@ std::vector<float> Decoder::download_grad(const std::string& name) {
 
 // The whole arena: the gradients, the gaps between them and the padding to whole shards.
 float* Decoder::gradient_buffer(int64_t* count) {
+  check(!setup_.shard_gradients, "cuda decoder",
+        "with shard_gradients no buffer holds every gradient (gradient_units(), optimizer_shard().grad)");
   DeviceArena& grads = *impl_->grad_arena;
   *count = int64_t(grads.capacity() / sizeof(float));
   return static_cast<float*>(grads.data());
@@ -902,7 +963,7 @@ void Decoder::adamw_step(const cpu::AdamWStep& st, uint64_t seed) {
     DeviceParameter& p = params_[i];
     if (!p.m) continue;  // frozen, or none of it in this rank's shard
     const int64_t first = p.shard_begin;
-    cuda::adamw_step_bf16(p.value + first, p.grad + first, p.m, p.v, p.shard_end - first, st,
+    cuda::adamw_step_bf16(p.value + first, p.shard_grad, p.m, p.v, p.shard_end - first, st,
                           splitmix64(seed ^ splitmix64(i + 1)), nullptr, first);
   }
 }
@@ -923,6 +984,10 @@ std::string Decoder::memory_report() const {
   if (setup_.optimizer_shards > 1)
     os << "; AdamW state sharded: this GPU's " << shard_.size << " of " << shard_.size * setup_.optimizer_shards
        << " gradient elements (shard " << setup_.optimizer_shard << " of " << setup_.optimizer_shards << ")";
+  if (setup_.shard_gradients)
+    os << "; gradients sharded (ZeRO-2): this GPU's f32 accumulators " << gib(m.grad_accumulators)
+       << ", one layer's slot " << gib(m.grad_layer_slot) << ", the embedding's and the final norm + head's whole "
+       << gib(m.grad_whole_units);
   if (setup_.activation_offloading) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
   if (m.nf4_base > 0)
     os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)
@@ -1342,8 +1407,10 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
   convert_to_bf16(dtmp, dnormed, N * C);
   if (offloading) offload.acquire(L);  // the final norm's input never left its slot
   rmsnorm_backward(dres, fnorm.grad, dtmp, resid[size_t(L)], fnorm.value, final_rstd, N, C, off);
+  if (unit_done) (*unit_done)(L + 1);  // the final norm's and an untied head's gradients are complete
   for (int64_t l = L - 1; l >= 0; --l) {
     if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
+    if (grad_slot) KTUNE_CUDA_CHECK(cudaMemsetAsync(grad_slot, 0, grad_slot_bytes, nullptr));  // layer l's gradients
     // Offloading: input l back in its slot (its trip began a layer ago), and input l - 1's trip
     // begun now, behind this layer's work, if the loop goes on to layer l - 1.
     if (offloading) offload.acquire(l);
@@ -1391,9 +1458,11 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
       rmsnorm_backward(dtmp, P(layer.norm_attn).grad, dln, x_in, P(layer.norm_attn).value, a.rstd1, N, C, off);
       add_inplace(dres, dtmp, N * C);  // dres = d x
     }
+    if (unit_done) (*unit_done)(1 + l);  // layer l's gradients are complete (reduced out of the slot)
   }
   const DeviceParameter& e = P(embed);
   if (e.grad) embedding_backward(e.grad, dres, tokens, N, C, V, embed_scale, flag.data());
+  if (unit_done) (*unit_done)(0);
 }
 
 // The end of a pass: the index flag's check (synchronises) and, when profiling, the times.
@@ -1422,6 +1491,15 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   s.dropping = setup_.lora_dropout > 0;
   s.mark(0);
   s.forward(config_, true);
+  // shard_gradients: the whole units hold this micro-batch's gradients only (the accumulators sum
+  // the micro-batches), so they start at zero; each layer zeroes the slot before its backward.
+  s.unit_done = nullptr;
+  if (setup_.shard_gradients) {
+    check(bool(unit_hook_), "cuda decoder", "shard_gradients: no unit hook set (set_unit_hook) to reduce the gradients");
+    for (int64_t u : {int64_t(0), config_.num_layers + 1})
+      KTUNE_CUDA_CHECK(cudaMemsetAsync(units_[size_t(u)].grads, 0, size_t(units_[size_t(u)].size) * 4, nullptr));
+    s.unit_done = &unit_hook_;
+  }
   const StepResult result = s.loss(config_, grad_scale, true);
   s.backward(config_);
   s.finish_step(config_, true, &profile_);

@@ -67,6 +67,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -192,6 +193,18 @@ struct TrainingSetup {
   // stochastic rounding's random bits go by element index within each parameter, as unsharded, so
   // the step does not depend on the number of shards. 1: everything (one GPU, or replicas).
   int64_t optimizer_shards = 1, optimizer_shard = 0;
+  // ZeRO-2 (a full fine-tune with optimizer_shards > 1 only; LoRA's gradients are small and keep the
+  // one buffer): the GRADIENTS sharded too. The trainable parameters fall into gradient units, unit 0
+  // the embedding (with a tied head the loss's head gradient too), unit 1 + l layer l's parameters,
+  // unit L + 1 the final norm and an untied lm_head; each unit is padded to a multiple of
+  // optimizer_shards * 64 floats and rank r owns the piece [r S_u, (r + 1) S_u) of unit u. The device
+  // holds units 0 and L + 1 whole, ONE layer's slot (the largest layer unit) that every layer's
+  // gradients are written into in turn, and this rank's f32 accumulator of its pieces (the shard,
+  // OptimizerShard::grad). forward_backward calls the unit hook (set_unit_hook) as soon as a unit's
+  // gradients of the micro-batch are complete (after the final norm's backward, after each layer's,
+  // after the embedding's); the trainer reduce-scatters the unit and adds its piece into the
+  // accumulator there, before the next layer's backward overwrites the slot.
+  bool shard_gradients = false;
 };
 
 // One named parameter on the device. grad is nullptr when frozen; m, v when frozen or when none
@@ -201,13 +214,19 @@ struct DeviceParameter {
   std::vector<int64_t> shape;
   int64_t numel = 0;
   bf16_t* value = nullptr;  // bf16; nullptr for an NF4 (QLoRA) base weight, held in nf4_codes / nf4_scales
-  float* grad = nullptr;    // f32, accumulates; gradient_buffer() + grad_offset
-  int64_t grad_offset = 0;  // trainable: its gradient's first element in gradient_buffer()
+  // f32, accumulates; gradient_buffer() + grad_offset. With shard_gradients: in its unit's buffer
+  // (gradient_units()), this micro-batch's gradient until the unit hook has reduced it.
+  float* grad = nullptr;
+  int64_t grad_offset = 0;  // trainable: its gradient's first element in gradient_buffer() (the units' layout)
   // Trainable: its elements [shard_begin, shard_end) lie in this rank's optimizer shard (all of them
   // unsharded; an empty range when none do).
   int64_t shard_begin = 0, shard_end = 0;
   bf16_t* m = nullptr;  // bf16 AdamW state of elements [shard_begin, shard_end)
   bf16_t* v = nullptr;
+  // The f32 gradient AdamW reads for element shard_begin (shard_grad[k]: element shard_begin + k's):
+  // grad + shard_begin, or with shard_gradients the reduced sums in the shard's accumulator.
+  float* shard_grad = nullptr;
+  int64_t unit = 0;  // trainable: its gradient unit (gradient_units(); unit 0 unless shard_gradients)
   uint8_t* nf4_codes = nullptr;  // TrainingSetup::quantize_base: (numel / 2) bytes, two codes a byte
   float* nf4_scales = nullptr;   // (numel / 64) f32 absmax scales
 };
@@ -260,23 +279,44 @@ class Decoder {
   // The LoRA dropout masks' key for the following steps (the CPU LoraAdapter::set_dropout_key; the
   // trainer sets a new one per micro-batch). 0 until set.
   void set_dropout_key(uint64_t key);
-  void zero_grad();  // the whole gradient buffer (gaps between parameters included)
+  // The whole gradient arena (gaps between parameters included; with shard_gradients the units, the
+  // layer slot and the accumulators).
+  void zero_grad();
   // Every trainable parameter's gradient lies in one contiguous f32 buffer of *count floats (the
   // alignment gaps between them zeroed by zero_grad): what a data-parallel all-reduce, the gradient
   // norm and clipping's scaling each take in one call.
   // The count is padded to a multiple of optimizer_shards * 64 (the padding zeroed too).
+  // Not with shard_gradients (no such buffer: throws ktune::Error).
   float* gradient_buffer(int64_t* count);
-  // This rank's slice of the gradient buffer, [begin, begin + size), and its AdamW moments, laid out
-  // as that slice (m[k] is the moment of gradient element begin + k; gaps and padding included).
+  // The gradient units (TrainingSetup::shard_gradients), in the layout that a parameter's grad_offset
+  // indexes: unit u holds elements [begin, begin + size) of it, size a multiple of optimizer_shards *
+  // 64, written during the backward at grads (grads[e - begin] is element e; units 0 and L + 1 a
+  // buffer each, every layer the one slot). piece = size / optimizer_shards; this rank's piece of the
+  // unit is elements [begin + shard * piece, + piece), at shard_offset in the OptimizerShard.
+  // Without shard_gradients: one unit, the whole gradient buffer (grads == gradient_buffer()).
+  struct GradientUnit {
+    int64_t begin = 0, size = 0, piece = 0, shard_offset = 0;
+    float* grads = nullptr;
+  };
+  const std::vector<GradientUnit>& gradient_units() const { return units_; }
+  // Called by forward_backward with a unit's index once the unit's gradients of this micro-batch are
+  // complete (shard_gradients only; the device not synchronised). Must have reduced the unit out of
+  // its buffer when it returns: the next layer's backward zeroes and rewrites the slot.
+  void set_unit_hook(std::function<void(int64_t unit)> hook) { unit_hook_ = std::move(hook); }
+  // This rank's shard: [begin, begin + size) of the gradient layout (its pieces of every unit,
+  // concatenated: a slice of the gradient buffer without shard_gradients), its f32 gradients grad
+  // (the buffer's slice itself, or with shard_gradients the accumulator of the reduced pieces) and
+  // its AdamW moments, all laid out alike (m[k] is the moment of grad[k]; gaps and padding included).
   // Unsharded: the whole buffer.
   struct OptimizerShard {
     int64_t begin = 0, size = 0;
+    float* grad = nullptr;
     bf16_t* m = nullptr;
     bf16_t* v = nullptr;
   };
   const OptimizerShard& optimizer_shard() const { return shard_; }
   // AdamW over every trainable parameter's elements in this rank's shard (all of them unsharded),
-  // from the gradients in the shard's slice of the buffer; s.step is 1-based. Asynchronous.
+  // from the shard's gradients (shard_grad); s.step is 1-based. Asynchronous.
   void adamw_step(const cpu::AdamWStep& s, uint64_t seed);
 
   // Where a step's time goes, timed with CUDA events when profiling is on (off by default: the
@@ -295,6 +335,9 @@ class Decoder {
     size_t nf4_base = 0;     // of parameters: the NF4 codes and scales (quantize_base)
     size_t nf4_scratch = 0;  // of activations: the largest NF4 weight dequantised to bf16 (quantize_base)
     size_t host_offload = 0;  // pinned HOST memory for offloaded layer inputs (activation_offloading; not in total())
+    // Of gradients, with shard_gradients: this rank's accumulators, the one layer slot, and the two
+    // whole units (the embedding's; the final norm's and an untied lm_head's).
+    size_t grad_accumulators = 0, grad_layer_slot = 0, grad_whole_units = 0;
     size_t total() const { return parameters + gradients + optimizer + activations; }
   };
   MemoryPlan memory_plan() const { return plan_bytes_; }
@@ -315,6 +358,8 @@ class Decoder {
   TrainingSetup setup_;
   std::vector<DeviceParameter> params_;
   OptimizerShard shard_;
+  std::vector<GradientUnit> units_;
+  std::function<void(int64_t)> unit_hook_;
   MemoryPlan plan_bytes_;
   StepProfile profile_;
   std::unique_ptr<Impl> impl_;

@@ -29,9 +29,12 @@ std::vector<float> to_f32_vector(const Tensor& t) {
 // Data parallelism over gpus_ (cuda_trainer.h): replicated (optimizer_shards 1: the gradients
 // all-reduced, every GPU steps everything) or sharded (optimizer_shards = the group's size: the
 // gradients reduce-scattered into each GPU's slice of the buffer, each GPU steps its slice, the
-// updated values all-gathered). The group's collectives run on a stream of their own, so the device
-// is synchronised before each (what they read was written on the default stream); each returns
-// when its own stream is done.
+// updated values all-gathered). With the gradients sharded too (TrainingSetup::shard_gradients,
+// ZeRO-2: a full fine-tune) each gradient unit is reduce-scattered as soon as the decoder's backward
+// has finished it (the unit hook), its piece added into this GPU's accumulator; the values and the
+// moments are gathered unit by unit through the units' buffers. The group's collectives run on a
+// stream of their own, so the device is synchronised before each (what they read was written on the
+// default stream); each returns when its own stream is done.
 class CudaDecoderTrainer final : public CudaTrainer {
  public:
   CudaDecoderTrainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan, uint64_t seed,
@@ -64,6 +67,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
         if (!on_device.count(name)) throw Error("device=cuda: parameter " + name, "the host model has it; the GPU step does not");
     }
     norm_scratch_ = cuda::DeviceBuffer(size_t(cuda::sum_of_squares_scratch_doubles()) * sizeof(double));
+    if (setup.shard_gradients) device_.set_unit_hook([this](int64_t unit) { reduce_unit(unit); });
     device_.zero_grad();  // the whole gradient buffer, gaps included, before anything sums it
   }
 
@@ -100,8 +104,9 @@ class CudaDecoderTrainer final : public CudaTrainer {
   void set_dropout_key(uint64_t key) override { device_.set_dropout_key(key); }
 
   // Every gradient lies in one buffer (its gaps and padding zero): one collective over the GPUs.
+  // With the gradients sharded the backward has reduced each unit already (reduce_unit).
   void reduce_gradients() override {
-    if (!gpus_) return;
+    if (!gpus_ || device_.setup().shard_gradients) return;
     int64_t n = 0;
     float* grads = device_.gradient_buffer(&n);
     cuda::synchronize();
@@ -116,12 +121,8 @@ class CudaDecoderTrainer final : public CudaTrainer {
   // Σ g² over the gradients this GPU steps in one reduction (fixed order: the same on every run),
   // summed over the GPUs when sharded, and the clip as one scaling of them.
   double clip_gradient_norm(double max_norm) override {
-    int64_t n = 0;
-    float* grads = device_.gradient_buffer(&n);
-    if (sharded()) {
-      grads += device_.optimizer_shard().begin;
-      n = device_.optimizer_shard().size;
-    }
+    int64_t n = device_.optimizer_shard().size;
+    float* grads = device_.optimizer_shard().grad;  // unsharded: the whole buffer
     cuda::sum_of_squares(norm_scratch_.as<double>(), grads, n);
     if (sharded()) {
       cuda::synchronize();
@@ -148,15 +149,19 @@ class CudaDecoderTrainer final : public CudaTrainer {
     std::map<std::string, Tensor> state;
     if (!keep && !sharded()) return state;
     const cuda::Decoder::OptimizerShard& shard = device_.optimizer_shard();
+    const std::vector<cuda::Decoder::GradientUnit>& units = device_.gradient_units();
     for (const auto& [prefix, moment] : {std::pair{std::string("exp_avg."), shard.m}, std::pair{std::string("exp_avg_sq."), shard.v}}) {
-      // The moments of every gradient element: the shard itself (unsharded) or all shards gathered.
-      const bf16_t* whole = sharded() ? gather_shards(moment) : moment;
-      cuda::synchronize();
-      for (const cuda::DeviceParameter& d : device_.parameters()) {
-        if (!d.grad || !keep) continue;
-        Tensor t = Tensor::empty(Shape(d.shape), DType::BF16);
-        cuda::copy_to_host(t.bf16(), whole + d.grad_offset, size_t(d.numel) * sizeof(bf16_t));
-        state[prefix + d.name] = std::move(t);
+      // The moments of every gradient element, unit by unit: the shard itself (unsharded, one unit)
+      // or all GPUs' pieces of the unit gathered in its buffer.
+      for (size_t u = 0; u < units.size(); ++u) {
+        const bf16_t* whole = sharded() ? gather_pieces(units[u], moment + units[u].shard_offset) : moment;
+        cuda::synchronize();
+        for (const cuda::DeviceParameter& d : device_.parameters()) {
+          if (!d.grad || !keep || d.unit != int64_t(u)) continue;
+          Tensor t = Tensor::empty(Shape(d.shape), DType::BF16);
+          cuda::copy_to_host(t.bf16(), whole + (d.grad_offset - units[u].begin), size_t(d.numel) * sizeof(bf16_t));
+          state[prefix + d.name] = std::move(t);
+        }
       }
     }
     return state;
@@ -205,39 +210,52 @@ class CudaDecoderTrainer final : public CudaTrainer {
 
   bool sharded() const { return device_.setup().optimizer_shards > 1; }
 
-  // The gradient buffer's bytes as bf16 laid out like the gradients (element e at staging[e]): the
-  // scratch of the gathers below, which overwrite the gradients (spent once AdamW has read them;
-  // the recipe zeroes the buffer before each step). It holds shards * shard.size bf16 in half the
-  // buffer's bytes.
-  bf16_t* staging() {
-    int64_t n = 0;
-    return reinterpret_cast<bf16_t*>(device_.gradient_buffer(&n));
+  // A unit's gradient buffer as bf16 laid out like its gradients (unit element e at staging[e -
+  // begin]): the scratch of the gathers below, which overwrite the gradients (spent once AdamW has
+  // read them; the recipe zeroes the buffer before each step, and with shard_gradients the backward
+  // zeroes each unit before writing it). It holds the unit's size bf16 in half its bytes; the layer
+  // units share one slot, so each unit is gathered and copied out before the next.
+  static bf16_t* staging(const cuda::Decoder::GradientUnit& unit) { return reinterpret_cast<bf16_t*>(unit.grads); }
+
+  // With shard_gradients, when the backward has finished `unit` for this micro-batch: the GPUs' sums
+  // of it reduce-scattered in place (this GPU's piece lands in its piece of the unit's buffer), and
+  // the piece added into this GPU's accumulator (micro-batches accumulate there).
+  void reduce_unit(int64_t u) {
+    const cuda::Decoder::GradientUnit& unit = device_.gradient_units()[size_t(u)];
+    float* piece = unit.grads + gpus_->rank() * unit.piece;
+    cuda::synchronize();
+    gpus_->reduce_scatter_sum(piece, unit.grads, unit.piece);
+    cuda::accumulate_inplace(device_.optimizer_shard().grad + unit.shard_offset, piece, unit.piece);
   }
 
-  // All GPUs' shards of bf16 values laid out like the gradient buffer: this GPU's `own` (shard.size)
-  // goes into its slot of the staging, and the group gathers the slots in place. Returns the staging.
-  const bf16_t* gather_shards(const bf16_t* own) {
-    const cuda::Decoder::OptimizerShard& shard = device_.optimizer_shard();
-    bf16_t* all = staging();
-    cuda::copy_on_device(all + shard.begin, own, size_t(shard.size) * sizeof(bf16_t));
+  // All GPUs' pieces of a unit of bf16 values laid out like its gradients: this GPU's `own`
+  // (unit.piece) goes into its piece of the staging, and the group gathers the pieces in place.
+  // Returns the staging.
+  const bf16_t* gather_pieces(const cuda::Decoder::GradientUnit& unit, const bf16_t* own) {
+    bf16_t* all = staging(unit);
+    cuda::copy_on_device(all + gpus_->rank() * unit.piece, own, size_t(unit.piece) * sizeof(bf16_t));
     cuda::synchronize();
-    gpus_->all_gather_bytes(all, all + shard.begin, shard.size * int64_t(sizeof(bf16_t)));
+    gpus_->all_gather_bytes(all, all + gpus_->rank() * unit.piece, unit.piece * int64_t(sizeof(bf16_t)));
     return all;
   }
 
-  // After a sharded AdamW step: each GPU's updated values (its shard's elements of each parameter)
-  // into its slot of the staging, gathered, and every parameter's values copied out of it.
+  // After a sharded AdamW step, unit by unit: each GPU's updated values (its piece's elements of each
+  // parameter) into its piece of the staging, gathered, and every parameter's values copied out.
   void gather_values() {
-    const cuda::Decoder::OptimizerShard& shard = device_.optimizer_shard();
-    bf16_t* all = staging();
-    for (const cuda::DeviceParameter& d : device_.parameters())
-      if (d.m)
-        cuda::copy_on_device(all + d.grad_offset + d.shard_begin, d.value + d.shard_begin,
-                             size_t(d.shard_end - d.shard_begin) * sizeof(bf16_t));
-    cuda::synchronize();
-    gpus_->all_gather_bytes(all, all + shard.begin, shard.size * int64_t(sizeof(bf16_t)));
-    for (const cuda::DeviceParameter& d : device_.parameters())
-      if (d.grad) cuda::copy_on_device(d.value, all + d.grad_offset, size_t(d.numel) * sizeof(bf16_t));
+    const std::vector<cuda::Decoder::GradientUnit>& units = device_.gradient_units();
+    for (size_t u = 0; u < units.size(); ++u) {
+      bf16_t* all = staging(units[u]);
+      for (const cuda::DeviceParameter& d : device_.parameters())
+        if (d.m && d.unit == int64_t(u))
+          cuda::copy_on_device(all + (d.grad_offset - units[u].begin) + d.shard_begin, d.value + d.shard_begin,
+                               size_t(d.shard_end - d.shard_begin) * sizeof(bf16_t));
+      const int64_t mine = gpus_->rank() * units[u].piece;
+      cuda::synchronize();
+      gpus_->all_gather_bytes(all, all + mine, units[u].piece * int64_t(sizeof(bf16_t)));
+      for (const cuda::DeviceParameter& d : device_.parameters())
+        if (d.grad && d.unit == int64_t(u))
+          cuda::copy_on_device(d.value, all + (d.grad_offset - units[u].begin), size_t(d.numel) * sizeof(bf16_t));
+    }
   }
 
   cuda::Decoder device_;

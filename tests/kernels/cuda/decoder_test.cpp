@@ -1210,6 +1210,150 @@ KTUNE_CUDA_TEST(DecoderGradientBufferHoldsEveryGradientAndZerosBetween) {
   }
 }
 
+// ---- the gradients sharded (TrainingSetup::shard_gradients, ZeRO-2) ----
+
+// A full fine-tune over W ranks with its gradients sharded.
+cuda::TrainingSetup zero2_setup(int64_t world, int64_t rank) {
+  cuda::TrainingSetup setup = family_setup(true);
+  setup.optimizer_shards = world, setup.optimizer_shard = rank, setup.shard_gradients = true;
+  return setup;
+}
+
+// The gradient memory of a ZeRO-2 plan, from the config alone: the embedding's unit and the top unit
+// (final norm + untied lm_head) whole, one layer's slot, and this rank's accumulators (1/W of every
+// padded unit). Every tensor at 256-byte alignment, every unit padded to W * 64 floats.
+struct Zero2Bytes {
+  size_t accumulators = 0, slot = 0, whole = 0, shard_floats = 0;
+};
+Zero2Bytes zero2_bytes(const cuda::DecoderConfig& c, int64_t world) {
+  auto floats = [](int64_t n) { return (n * 4 + 255) / 256 * 64; };  // an aligned f32 tensor, in floats
+  auto padded = [&](int64_t n) { return (n + world * 64 - 1) / (world * 64) * (world * 64); };
+  auto bytes = [](int64_t n) { return size_t((n * 4 + 255) / 256 * 256); };
+  const int64_t C = c.hidden_size, I = c.intermediate_size, QD = c.num_heads * c.head_dim,
+                KD = c.num_kv_heads * c.head_dim;
+  int64_t layer = floats(C * QD) + 2 * floats(C * KD) + floats(QD * C) + 3 * floats(C * I);  // q k v o gate up down
+  if (c.qkv_bias) layer += floats(QD) + 2 * floats(KD);
+  if (c.o_bias) layer += floats(C);
+  if (c.mlp_bias) layer += 2 * floats(I) + floats(C);
+  layer += (c.sandwich_norms ? 4 : 2) * floats(C);
+  const int64_t embed = padded(floats(c.vocab_size * C));
+  const int64_t top = padded(floats(C) + (c.tie_word_embeddings ? 0 : floats(c.vocab_size * C)));
+  layer = padded(layer);
+  Zero2Bytes z;
+  z.shard_floats = size_t((embed + c.num_layers * layer + top) / world);
+  z.accumulators = bytes(int64_t(z.shard_floats));
+  z.slot = bytes(layer);
+  z.whole = bytes(embed) + bytes(top);
+  return z;
+}
+
+// The plan (== what the decoder allocates) holds the accumulators, one layer slot and the two whole
+// units, counted from the config; the AdamW state is this rank's 1/W of the padded units; the rest
+// of the plan is the unsharded one's. And the figures for a Llama-3.2-1B full fine-tune (printed).
+KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsOneLayerSlotAndTwoWholeUnits) {
+  const struct {
+    const char* what;
+    cuda::DecoderConfig config;
+  } shapes[] = {{"llama untied", tiny_config(false)},
+                {"llama tied", tiny_config(true)},
+                {"biased llama", tiny_biased_llama_config(false)},
+                {"gemma2", tiny_gemma2_config()}};
+  for (const auto& shape : shapes)
+    for (int64_t world : {2, 3, 8}) {
+      const std::string what = std::string(shape.what) + " over " + std::to_string(world);
+      const cuda::TrainingSetup setup = zero2_setup(world, world - 1);
+      const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(shape.config, setup);
+      const cuda::Decoder::MemoryPlan unsharded = cuda::Decoder::plan(shape.config, family_setup(true));
+      const Zero2Bytes want = zero2_bytes(shape.config, world);
+      CHECK(planned.grad_accumulators == want.accumulators && planned.grad_layer_slot == want.slot &&
+            planned.grad_whole_units == want.whole &&
+            planned.gradients == want.accumulators + want.slot + want.whole)
+          << what << ": gradients " << planned.gradients << " (accumulators " << planned.grad_accumulators << ", slot "
+          << planned.grad_layer_slot << ", whole " << planned.grad_whole_units << "), want " << want.accumulators
+          << " + " << want.slot << " + " << want.whole;
+      CHECK(planned.optimizer == 2 * ((want.shard_floats * 2 + 255) / 256 * 256))
+          << what << ": AdamW state " << planned.optimizer << " for a shard of " << want.shard_floats;
+      CHECK(planned.parameters == unsharded.parameters && planned.activations == unsharded.activations)
+          << what << ": sharding the gradients changed more than the gradients and the AdamW state";
+      cuda::Decoder model(shape.config, setup, 1);
+      const cuda::Decoder::MemoryPlan allocated = model.memory_plan();
+      CHECK(allocated.total() == planned.total() && allocated.gradients == planned.gradients)
+          << what << ": Decoder::plan " << planned.total() << " bytes, the decoder allocated " << allocated.total();
+      // Every layer's gradients in the one slot; every other unit a buffer of its own.
+      const auto& units = model.gradient_units();
+      CHECK(int64_t(units.size()) == shape.config.num_layers + 2) << what << ": " << units.size() << " units";
+      for (const auto& p : model.parameters()) {
+        const auto& unit = units[size_t(p.unit)];
+        CHECK(p.grad >= unit.grads && p.grad + p.numel <= unit.grads + unit.size &&
+              p.grad - unit.grads == p.grad_offset - unit.begin)
+            << what << ": " << p.name << "'s gradient outside its unit " << p.unit;
+        if (p.unit >= 1 && p.unit <= shape.config.num_layers) {
+          CHECK(unit.grads == units[1].grads) << what << ": " << p.name << " not in the layer slot";
+        }
+      }
+    }
+  // A 1B full fine-tune (batch 2 x 2048, checkpointing): W = 1 (no sharding), 2 and 8.
+  const double gib = double(1ull << 30);
+  const cuda::DecoderConfig llama1b = cuda::DecoderConfig::llama3_2_1b();
+  for (int64_t world : {1, 2, 8}) {
+    cuda::TrainingSetup s = world == 1 ? family_setup(true) : zero2_setup(world, 0);
+    s.batch = 2, s.seq_len = 2048, s.ce_chunk_tokens = 0, s.activation_checkpointing = true;
+    const cuda::Decoder::MemoryPlan m = cuda::Decoder::plan(llama1b, s);
+    if (world > 1) {
+      const Zero2Bytes want = zero2_bytes(llama1b, world);
+      CHECK(m.gradients == want.accumulators + want.slot + want.whole) << "Llama-3.2-1B over " << world;
+    }
+    std::printf("     Llama-3.2-1B full, batch 2 x 2048, checkpointing, W=%lld: gradients %.3f GiB (accumulators "
+                "%.3f, layer slot %.3f, embedding + head %.3f), AdamW state %.3f GiB, parameters %.3f GiB, "
+                "activations %.3f GiB, total %.3f GiB\n",
+                (long long)world, m.gradients / gib, m.grad_accumulators / gib, m.grad_layer_slot / gib,
+                m.grad_whole_units / gib, m.optimizer / gib, m.parameters / gib, m.activations / gib, m.total() / gib);
+  }
+}
+
+// The step with the gradients sharded calls the unit hook once a unit, from the top down, when the
+// unit's gradients are complete: what each unit holds then is the unsharded step's gradient bit for
+// bit (the slot zeroed before each layer, the whole units before the step), twice in a row.
+KTUNE_CUDA_TEST(DecoderShardedGradientsHookSeesEachUnitsFinishedGradients) {
+  for (bool tied : {false, true}) {
+    const cuda::DecoderConfig config = tiny_config(tied);
+    const char* what = tied ? "tied" : "untied";
+    cuda::Decoder plain(config, family_setup(true), 5), sharded(config, zero2_setup(2, 1), 5);
+    randomise(plain, 301);
+    randomise(sharded, 301);
+    std::vector<int32_t> tokens, labels;
+    batch(config, 2 * 40, &tokens, &labels);
+    plain.zero_grad();
+    plain.forward_backward(tokens.data(), labels.data(), 0.01f);
+    std::vector<int64_t> order;
+    std::map<std::string, std::vector<float>> seen;
+    sharded.set_unit_hook([&](int64_t u) {
+      order.push_back(u);
+      cuda::synchronize();
+      for (const auto& p : sharded.parameters()) {
+        if (p.unit != u) continue;
+        std::vector<float> g(size_t(p.numel));
+        cuda::copy_to_host(g.data(), p.grad, g.size() * sizeof(float));
+        seen[p.name] = g;
+      }
+      // as the trainer's reduce-scatter does: the unit's buffer is not left as the backward wrote it
+      std::vector<float> ones(size_t(sharded.gradient_units()[size_t(u)].size), 1.0f);
+      cuda::copy_to_device(sharded.gradient_units()[size_t(u)].grads, ones.data(), ones.size() * 4);
+    });
+    sharded.zero_grad();
+    for (int pass = 0; pass < 2; ++pass) {
+      order.clear(), seen.clear();
+      sharded.forward_backward(tokens.data(), labels.data(), 0.01f);
+      std::vector<int64_t> want_order;
+      for (int64_t u = config.num_layers + 1; u >= 0; --u) want_order.push_back(u);
+      CHECK(order == want_order) << what << " pass " << pass << ": the hook's units out of order";
+      for (const auto& p : plain.parameters())
+        CHECK(seen.count(p.name) && seen[p.name] == plain.download_grad(p.name))
+            << what << " pass " << pass << ": " << p.name << " is not the unsharded step's gradient";
+    }
+  }
+}
+
 // ---- activation checkpointing (TrainingSetup::activation_checkpointing) ----
 
 // One step's loss and every trainable gradient, from zeroed gradients.

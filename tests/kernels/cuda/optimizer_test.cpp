@@ -137,5 +137,19 @@ KTUNE_CUDA_TEST(SumOfSquaresAndScaleMatchCpuForGradientClipping) {
   CHECK_CLOSE(scaled.data(), x.data(), n, 0.0, 0.0);
 }
 
+// The ZeRO-2 accumulator's y += x: each element the f32 sum of its own pair, exactly; a length
+// that is no multiple of a block, and y's neighbours (outside n) untouched.
+KTUNE_CUDA_TEST(AccumulateInplaceAddsEachElementOnce) {
+  const int64_t n = 70001;
+  auto y = random_floats(static_cast<size_t>(n + 1), 31), x = random_floats(static_cast<size_t>(n), 32);
+  auto d_y = to_device(y), d_x = to_device(x);
+  cuda::accumulate_inplace(d_y.as<float>(), d_x.as<float>(), n);
+  cuda::accumulate_inplace(d_y.as<float>(), d_x.as<float>(), n);  // twice: += accumulates
+  auto got = from_device<float>(d_y, y.size());
+  std::vector<float> want = y;
+  for (int64_t i = 0; i < n; ++i) want[size_t(i)] = (y[size_t(i)] + x[size_t(i)]) + x[size_t(i)];
+  CHECK_CLOSE(got.data(), want.data(), n + 1, 0.0, 0.0);
+}
+
 }  // namespace
 }  // namespace ktune

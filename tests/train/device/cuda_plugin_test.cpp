@@ -47,10 +47,12 @@ struct TinyRun {
   std::vector<int32_t> tokens, labels;  // (2, 16)
 };
 
-// head_lora: LoRA on lm_head too (apply_lora_to_output; the head untied); qlora: NF4 bases.
-TinyRun tiny_run(bool lora, bool head_lora = false, bool qlora = false) {
+// head_lora: LoRA on lm_head too (apply_lora_to_output; the head untied); qlora: NF4 bases;
+// tied: the head tied to the embedding (llama_like's is untied).
+TinyRun tiny_run(bool lora, bool head_lora = false, bool qlora = false, bool tied = false) {
   TinyRun r;
   model::ModelConfig mc = model::ModelConfig::llama_like(64, 32, 2, 4, 2, 48);
+  if (tied) mc.tie_word_embeddings = true;
   if (head_lora) mc.tie_word_embeddings = false;
   // (QLoRA's host model is f32, as the recipe loads it: the CPU adapter quantises f32 bases)
   r.host = std::make_unique<model::Decoder>(mc, /*seed=*/11, qlora ? DType::F32 : DType::BF16);
@@ -291,37 +293,50 @@ void add_bits(Bits& bits, const std::string& name, const Tensor& t) {
   bits[name] = std::vector<uint16_t>(narrow.bf16(), narrow.bf16() + narrow.numel());
 }
 
-// One optimizer step of the world's batches: one GPU accumulates all W (the reference), or rank r
-// runs its own and the group does the rest. Returns the norm before clipping.
-double train_step(CudaTrainer& gpu, const TinyRun& r, int world, int rank, bool distributed, int step) {
+// One optimizer step of the world's batches, `micro` micro-batches a rank: one GPU accumulates all
+// W * micro (the reference), or rank r runs its own and the group does the rest. Returns the norm
+// before clipping.
+double train_step(CudaTrainer& gpu, const TinyRun& r, int world, int rank, bool distributed, int step, int micro) {
   gpu.zero_grad();
-  for (int k = 0; k < world; ++k)
-    if (!distributed || k == rank) gpu.forward_backward(rank_batch(r, k + world * step), 1.0f / 90);
+  for (int j = 0; j < micro; ++j)
+    for (int k = 0; k < world; ++k)
+      if (!distributed || k == rank) gpu.forward_backward(rank_batch(r, k + world * (j + micro * step)), 1.0f / 90);
   gpu.reduce_gradients();
   const double norm = gpu.clip_gradient_norm(0.02);  // small enough to clip
   gpu.optimizer_step(1e-2, AdamWSettings{1e-2, 0.9, 0.999, 1e-8, 0.01});
   return norm;
 }
 
+// How the sharded run is set up: LoRA (ZeRO-1) or a full fine-tune with its gradients sharded too
+// (ZeRO-2), micro-batches a rank and a step, an untied or tied head.
+struct ShardedCase {
+  bool lora = false;
+  int micro = 1;
+  bool tied = false;
+};
+
 // In each rank's process: the sharded run and the one-GPU reference, three steps each with a
 // reload of the reference's moments before the third; writes what it saw to `out` (name, then the
 // bits: "value.<name>" after the steps, "state.<name>" from rank 0's gathered moments) and the norms.
-void sharded_rank(int world, int rank, int port, bool lora, const std::string& out) {
+void sharded_rank(int world, int rank, int port, const ShardedCase& how, const std::string& out) {
   dist::TcpStore store("127.0.0.1", port, std::chrono::seconds(60));
   auto group = dist::make_gloo_process_group(store, "gpu", rank, world, "127.0.0.1", std::chrono::seconds(60));
-  TinyRun ref = tiny_run(lora), shard = tiny_run(lora);
+  const bool lora = how.lora;
+  TinyRun ref = tiny_run(lora, false, false, how.tied), shard = tiny_run(lora, false, false, how.tied);
   shard.plan.setup.optimizer_shards = world;
   shard.plan.setup.optimizer_shard = rank;
+  shard.plan.setup.shard_gradients = !lora;  // as the recipe sets it
   std::unique_ptr<CudaTrainer> one = make_cuda_trainer(ref.host->parameters(), ref.plan, 1);
   std::unique_ptr<CudaTrainer> many = make_cuda_trainer(shard.host->parameters(), shard.plan, 1, nullptr, group.get());
+  EXPECT_EQ(many->memory_report().find("gradients sharded (ZeRO-2)") != std::string::npos, !lora) << many->memory_report();
   std::ofstream os(out);
   for (int step = 0; step < 3; ++step) {
     if (step == 2) {  // a resume: the reference's moments, whole, into every rank's shard
       const std::map<std::string, Tensor> state = one->optimizer_state();
       many->load_optimizer_state(state, one->optimizer_steps(), "test");
     }
-    const double a = train_step(*one, ref, world, rank, false, step);
-    const double b = train_step(*many, shard, world, rank, true, step);
+    const double a = train_step(*one, ref, world, rank, false, step, how.micro);
+    const double b = train_step(*many, shard, world, rank, true, step, how.micro);
     os << "norm " << step << " " << a << " " << b << "\n";
   }
   Bits bits;
@@ -353,7 +368,7 @@ int bf16_ulps(uint16_t a, uint16_t b) {
 // (the f32 sums of the gradients may associate differently, and a stochastic rounding then differ by
 // one bf16 step), the same gradient norm, every rank the same weights bit for bit; rank 0 gets the
 // whole moments, a reload into the shards resumes the same.
-void expect_sharded_equals_one_gpu(int world, bool lora) {
+void expect_sharded_equals_one_gpu(int world, const ShardedCase& how) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("ktune_sharded_gpu_" + std::to_string(getpid()) + "_" + std::to_string(world));
   std::filesystem::create_directories(dir);
@@ -364,7 +379,7 @@ void expect_sharded_equals_one_gpu(int world, bool lora) {
     if (pid == 0) {
       int code = 0;
       try {
-        sharded_rank(world, rank, server.port(), lora, (dir / ("rank" + std::to_string(rank))).string());
+        sharded_rank(world, rank, server.port(), how, (dir / ("rank" + std::to_string(rank))).string());
         code = ::testing::Test::HasFailure() ? 1 : 0;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
@@ -443,14 +458,26 @@ void expect_sharded_equals_one_gpu(int world, bool lora) {
     GTEST_SKIP() << "needs the emulated GPU step (host memory for a Gloo group); on GPUs it runs over NCCL"; \
   }
 
+// ZeRO-2: the gradients reduce-scattered unit by unit as the backward goes, accumulated over two
+// micro-batches a rank; the head untied (lm_head in the top unit with the final norm) and tied (the
+// embedding's unit takes the loss's head gradient too).
 TEST(CudaPlugin, OnAGpuShardedAdamWOverTwoRanksEqualsOneGpuFullFinetune) {
   SKIP_WITHOUT_EMULATED_STEP();
-  expect_sharded_equals_one_gpu(2, /*lora=*/false);
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied head" : "untied head");
+    expect_sharded_equals_one_gpu(2, ShardedCase{/*lora=*/false, /*micro=*/2, tied});
+  }
+}
+
+// ZeRO-1 (LoRA keeps one gradient buffer): two ranks, two micro-batches each, bit for bit; three ranks.
+TEST(CudaPlugin, OnAGpuShardedAdamWOverTwoRanksEqualsOneGpuLora) {
+  SKIP_WITHOUT_EMULATED_STEP();
+  expect_sharded_equals_one_gpu(2, ShardedCase{/*lora=*/true, /*micro=*/2});
 }
 
 TEST(CudaPlugin, OnAGpuShardedAdamWOverThreeRanksEqualsOneGpuLora) {
   SKIP_WITHOUT_EMULATED_STEP();
-  expect_sharded_equals_one_gpu(3, /*lora=*/true);
+  expect_sharded_equals_one_gpu(3, ShardedCase{/*lora=*/true});
 }
 
 // A plan sharded for a group it is not given is refused before anything trains.

@@ -275,7 +275,7 @@ TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {
 }
 
 // Two GPUs (a worker each, over NCCL; on the emulated step each worker its own emulated device and
-// fake/nccl.h between them) with the AdamW state sharded, the default: every step's loss that of one
+// fake/nccl.h between them) with the AdamW state and the gradients sharded (ZeRO-2), the default: every step's loss that of one
 // GPU with the doubled batch. Replicated (KTUNE_DATA_PARALLEL=replicate) gives the same losses digit
 // for digit: two gradients sum alike either way, and the sharded step rounds as the whole one does.
 // A sharded run resumed from its step-2 checkpoint (the moments gathered to rank 0 under the
@@ -295,6 +295,9 @@ TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplic
   ASSERT_EQ(two.exit_code, 0) << two.output;
   ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
   EXPECT_NE(two.output.find("AdamW state sharded"), std::string::npos) << two.output;
+  // A full fine-tune shards its gradients too (ZeRO-2): reduced layer by layer as the backward goes.
+  EXPECT_NE(two.output.find("and the gradients too (ZeRO-2"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("gradients sharded (ZeRO-2)"), std::string::npos) << two.output;
   EXPECT_NE(replicated.output.find("replicated over 2 GPUs"), std::string::npos) << replicated.output;
   auto l1 = losses(out("one"));
   auto l2 = losses(out("two"));
