@@ -382,7 +382,8 @@ struct Decoder::Impl {
 namespace {
 
 // Refuses a plan larger than the device's free memory (less 64 MiB for cuBLASLt's workspace and the
-// rotary table) before anything is allocated: what it holds, and what would shrink it.
+// rotary table) before any arena is allocated (Decoder::allocate, once sized): what it holds, and
+// what would shrink it.
 void refuse_if_larger_than_free_memory(const Decoder::MemoryPlan& plan, const TrainingSetup& setup) {
   size_t used = 0, total = 0;
   device_memory_info(&used, &total);
@@ -407,7 +408,6 @@ void refuse_if_larger_than_free_memory(const Decoder::MemoryPlan& plan, const Tr
 Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64_t seed)
     : config_(config), setup_(setup), impl_(std::make_unique<Impl>()) {
   validate();
-  refuse_if_larger_than_free_memory(plan(config, setup), setup);
   allocate(true);
   init_parameters(seed);
 }
@@ -601,51 +601,6 @@ void Decoder::allocate(bool on_device) {
     gbytes = size_t(units_[0].size) * 4;
   }
   const size_t obytes = 2 * aligned(size_t(shard_.size) * 2);
-  if (on_device) {
-    s.param_arena = std::make_unique<DeviceArena>("cuda decoder parameters", pbytes);
-    s.grad_arena = std::make_unique<DeviceArena>("cuda decoder gradients", gbytes);
-    s.optim_arena = std::make_unique<DeviceArena>("cuda decoder AdamW state", obytes);
-    shard_.m = s.optim_arena->allocate_n<bf16_t>(size_t(shard_.size));
-    shard_.v = s.optim_arena->allocate_n<bf16_t>(size_t(shard_.size));
-    if (setup_.shard_gradients) {
-      shard_.grad = s.grad_arena->allocate_n<float>(size_t(shard_.size));
-      units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
-      units_[size_t(L + 1)].grads = s.grad_arena->allocate_n<float>(size_t(units_[size_t(L + 1)].size));
-      s.grad_slot_bytes = plan_bytes_.grad_layer_slot;
-      s.grad_slot = static_cast<float*>(s.grad_arena->allocate(s.grad_slot_bytes));
-      for (int64_t l = 0; l < L; ++l) units_[size_t(1 + l)].grads = s.grad_slot;
-    } else {
-      units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
-      shard_.grad = units_[0].grads + shard_.begin;
-    }
-  }
-  for (size_t i = 0; on_device && i < params_.size(); ++i) {
-    DeviceParameter& p = params_[i];
-    if (nf4[i]) {
-      p.nf4_codes = s.param_arena->allocate_n<uint8_t>(size_t(p.numel / 2));
-      p.nf4_scales = s.param_arena->allocate_n<float>(size_t(p.numel / cpu::kNf4BlockSize));
-    } else {
-      p.value = s.param_arena->allocate_n<bf16_t>(size_t(p.numel));
-    }
-    if (trainable[i]) {
-      // This rank's piece of the unit: layout elements [piece_begin, piece_begin + piece), at
-      // unit.shard_offset in the shard's accumulator and moments.
-      const GradientUnit& unit_p = units_[size_t(unit_of[i])];
-      const int64_t piece_begin = unit_p.begin + rank * unit_p.piece;
-      p.unit = unit_of[i];
-      p.grad = unit_p.grads + offset_in_unit[i];
-      p.grad_offset = unit_p.begin + offset_in_unit[i];
-      p.shard_begin = std::clamp<int64_t>(piece_begin - p.grad_offset, 0, p.numel);
-      p.shard_end = std::clamp<int64_t>(piece_begin + unit_p.piece - p.grad_offset, 0, p.numel);
-      if (p.shard_begin < p.shard_end) {
-        const int64_t k = unit_p.shard_offset + (p.grad_offset + p.shard_begin - piece_begin);
-        p.m = shard_.m + k;
-        p.v = shard_.v + k;
-        p.shard_grad = shard_.grad + k;
-      }
-    }
-  }
-
   // Activations: one layout function, run to count and then to carve.
   s.B = setup_.batch;
   s.T = s.T_max = setup_.seq_len;
@@ -809,6 +764,50 @@ void Decoder::allocate(bool on_device) {
   plan_bytes_.loss_scratch = aligned(s.ce_scratch_bytes);
   plan_bytes_.host_offload = s.offloading ? ActivationOffload::host_bytes(L + 1, N * C) : 0;
   if (!on_device) return;
+  // Sized: refused here when larger than the device, before any arena is allocated.
+  refuse_if_larger_than_free_memory(plan_bytes_, setup_);
+  s.param_arena = std::make_unique<DeviceArena>("cuda decoder parameters", pbytes);
+  s.grad_arena = std::make_unique<DeviceArena>("cuda decoder gradients", gbytes);
+  s.optim_arena = std::make_unique<DeviceArena>("cuda decoder AdamW state", obytes);
+  shard_.m = s.optim_arena->allocate_n<bf16_t>(size_t(shard_.size));
+  shard_.v = s.optim_arena->allocate_n<bf16_t>(size_t(shard_.size));
+  if (setup_.shard_gradients) {
+    shard_.grad = s.grad_arena->allocate_n<float>(size_t(shard_.size));
+    units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
+    units_[size_t(L + 1)].grads = s.grad_arena->allocate_n<float>(size_t(units_[size_t(L + 1)].size));
+    s.grad_slot_bytes = plan_bytes_.grad_layer_slot;
+    s.grad_slot = static_cast<float*>(s.grad_arena->allocate(s.grad_slot_bytes));
+    for (int64_t l = 0; l < L; ++l) units_[size_t(1 + l)].grads = s.grad_slot;
+  } else {
+    units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
+    shard_.grad = units_[0].grads + shard_.begin;
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    DeviceParameter& p = params_[i];
+    if (nf4[i]) {
+      p.nf4_codes = s.param_arena->allocate_n<uint8_t>(size_t(p.numel / 2));
+      p.nf4_scales = s.param_arena->allocate_n<float>(size_t(p.numel / cpu::kNf4BlockSize));
+    } else {
+      p.value = s.param_arena->allocate_n<bf16_t>(size_t(p.numel));
+    }
+    if (trainable[i]) {
+      // This rank's piece of the unit: layout elements [piece_begin, piece_begin + piece), at
+      // unit.shard_offset in the shard's accumulator and moments.
+      const GradientUnit& unit_p = units_[size_t(unit_of[i])];
+      const int64_t piece_begin = unit_p.begin + rank * unit_p.piece;
+      p.unit = unit_of[i];
+      p.grad = unit_p.grads + offset_in_unit[i];
+      p.grad_offset = unit_p.begin + offset_in_unit[i];
+      p.shard_begin = std::clamp<int64_t>(piece_begin - p.grad_offset, 0, p.numel);
+      p.shard_end = std::clamp<int64_t>(piece_begin + unit_p.piece - p.grad_offset, 0, p.numel);
+      if (p.shard_begin < p.shard_end) {
+        const int64_t k = unit_p.shard_offset + (p.grad_offset + p.shard_begin - piece_begin);
+        p.m = shard_.m + k;
+        p.v = shard_.v + k;
+        p.shard_grad = shard_.grad + k;
+      }
+    }
+  }
   s.act_arena = std::make_unique<DeviceArena>("cuda decoder activations", count.bytes);
   Carver carve{s.act_arena.get()};
   layout(carve);
