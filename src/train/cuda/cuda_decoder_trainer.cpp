@@ -234,9 +234,15 @@ class CudaDecoderTrainer final : public CudaTrainer {
   const bf16_t* gather_pieces(const cuda::Decoder::GradientUnit& unit, const bf16_t* own) {
     bf16_t* all = staging(unit);
     cuda::copy_on_device(all + gpus_->rank() * unit.piece, own, size_t(unit.piece) * sizeof(bf16_t));
+    gather_staging(unit);
+    return all;
+  }
+
+  // Every GPU's piece of the unit's staging (bf16) to every GPU, in place.
+  void gather_staging(const cuda::Decoder::GradientUnit& unit) {
+    bf16_t* all = staging(unit);
     cuda::synchronize();
     gpus_->all_gather_bytes(all, all + gpus_->rank() * unit.piece, unit.piece * int64_t(sizeof(bf16_t)));
-    return all;
   }
 
   // After a sharded AdamW step, unit by unit: each GPU's updated values (its piece's elements of each
@@ -249,9 +255,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
         if (d.m && d.unit == int64_t(u))
           cuda::copy_on_device(all + (d.grad_offset - units[u].begin) + d.shard_begin, d.value + d.shard_begin,
                                size_t(d.shard_end - d.shard_begin) * sizeof(bf16_t));
-      const int64_t mine = gpus_->rank() * units[u].piece;
-      cuda::synchronize();
-      gpus_->all_gather_bytes(all, all + mine, units[u].piece * int64_t(sizeof(bf16_t)));
+      gather_staging(units[u]);
       for (const cuda::DeviceParameter& d : device_.parameters())
         if (d.grad && d.unit == int64_t(u))
           cuda::copy_on_device(d.value, all + (d.grad_offset - units[u].begin), size_t(d.numel) * sizeof(bf16_t));
