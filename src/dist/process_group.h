@@ -1,6 +1,7 @@
 // Process groups: the collectives that data parallelism needs, behind one interface.
 // GlooProcessGroup runs them over Gloo's TCP transport on the CPU (rendezvous through TcpStore);
-// NcclProcessGroup (process_group_nccl.cpp, built with the CUDA backend) runs them over NCCL on GPUs. SingleProcessGroup is the
+// NcclProcessGroup (cuda/process_group_nccl.h, the CUDA backend's part of this layer) runs them over
+// NCCL on GPUs. SingleProcessGroup is the
 // world of one, where every collective is the identity, so recipes need no special case.
 // Sums are element-wise over ranks; buffers are f32 unless the name says otherwise.
 #pragma once
@@ -52,12 +53,5 @@ class SingleProcessGroup final : public ProcessGroup {
 std::unique_ptr<ProcessGroup> make_gloo_process_group(TcpStore& store, const std::string& prefix, int rank, int size,
                                                       const std::string& hostname,
                                                       std::chrono::milliseconds timeout = std::chrono::seconds(300));
-
-// The same interface over NCCL for the CUDA backend: buffers are device pointers on the GPU this
-// process selected (cudaSetDevice) before the call. Throws an Error naming the build when it was
-// configured without NCCL (KTUNE_CUDA / KTUNE_NCCL); nccl_available() says which.
-std::unique_ptr<ProcessGroup> make_nccl_process_group(TcpStore& store, const std::string& prefix, int rank, int size,
-                                                      std::chrono::milliseconds timeout = std::chrono::seconds(300));
-bool nccl_available();
 
 }  // namespace ktune::dist

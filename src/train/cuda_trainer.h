@@ -112,7 +112,7 @@ std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Paramete
 
 // The GPUs' group of a distributed GPU run: NCCL over the workers' GPUs (each worker selected its own
 // first, select_cuda_device), joined through the launcher's store under `prefix`. The plugin makes
-// it (dist/process_group_nccl.cpp is compiled into it), so that the emulated step
+// it (dist/cuda/process_group_nccl.cpp is compiled into it, not into ktune_dist), so that the emulated step
 // (tests/kernels/cuda/emulator) brings its fake NCCL along and a distributed GPU run is tested in CI
 // without GPUs. Throws ktune::Error as make_nccl_process_group does (a build without NCCL, a peer
 // that never joins).

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/process_group.h"
+#include "dist/cuda/process_group_nccl.h"
 #include "dist/tcp_store.h"
 
 #ifdef KTUNE_HAS_NCCL

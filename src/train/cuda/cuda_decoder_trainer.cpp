@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/random_bits.h"
+#include "dist/cuda/process_group_nccl.h"
 #include "dist/tcp_store.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/device_memory.h"

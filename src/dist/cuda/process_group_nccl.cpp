@@ -6,8 +6,9 @@
 // semantics); the wait polls ncclCommGetAsyncError and aborts the communicator on a peer's failure
 // or after the timeout, so a dead peer ends in an Error, not a hang (what torch's watchdog does).
 //
-// Built with the CUDA backend (KTUNE_CUDA resolved ON) or -DKTUNE_NCCL=ON, where CUDA and NCCL
-// are found (KTUNE_HAS_NCCL); otherwise make_nccl_process_group says the build has none. UNTESTED on a GPU: none was available when it was
+// Compiled by its users, not into ktune_dist (process_group_nccl.h): with KTUNE_HAS_NCCL where the
+// CUDA toolkit and NCCL are found (the `ktune_nccl` target), otherwise make_nccl_process_group says
+// the build has none. UNTESTED on a GPU: none was available when it was
 // written; it compiles and links against CUDA 13's NCCL 2.28. CI runs it, 2 and 3 ranks, over the
 // host emulator's fake NCCL (tests/kernels/cuda/emulator/fake/nccl.h, ktune_nccl_emulated_tests).
 #include <chrono>
@@ -17,8 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/process_group.h"
-#include "dist/tcp_store.h"
+#include "dist/cuda/process_group_nccl.h"
 
 #ifdef KTUNE_HAS_NCCL
 #include <cuda_runtime.h>
