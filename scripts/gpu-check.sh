@@ -5,7 +5,8 @@
 # their tests, bench/gpu), then run, each part on its own so that one failing leaves the others running:
 #   1. the CUDA tests: every kernel and the GPU decoder step against the CPU references (three
 #      processes: the kernels, the GEMM attention path, the decoder step)
-#   2. the GEMM benchmark beside torch.matmul (and attention fwd+bwd beside torch sdpa)
+#   2. the GEMM benchmark beside torch.matmul (and attention fwd+bwd beside torch sdpa; QLoRA's NF4
+#      GEMMs dequantised into scratch or fused)
 #   3. the training-step benchmark: Llama-3.2-1B shape, seq 2048, LoRA and full fine-tune (LoRA once
 #      more on the fused tensor-core attention), beside
 #      PyTorch (+PEFT) on the same GPU: tokens/s, MFU (990 TFLOP/s bf16 peak), peak memory, ratios
@@ -59,7 +60,7 @@ summary() {
   [ -f "$LOG_DIR/tests.log" ] && grep -E "^FAIL " "$LOG_DIR/tests.log" | sed 's/^/         /'
   [ -f "$LOG_DIR/tests.log" ] && grep -m1 -E "^SKIP " "$LOG_DIR/tests.log" | sed 's/^SKIP [^:]*: /         skipped because: /'
   echo "gemm:    $GEMM_STATUS"
-  [ -f "$LOG_DIR/gemm.log" ] && grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ \||^attention |^ERROR" "$LOG_DIR/gemm.log" | sed 's/^/         /'
+  [ -f "$LOG_DIR/gemm.log" ] && grep -E "^ *[0-9]+ +[0-9]+ +[0-9]+ \||^attention |^nf4 gemm |^ERROR" "$LOG_DIR/gemm.log" | sed 's/^/         /'
   echo "step:    $STEP_STATUS"
   [ -f "$LOG_DIR/step.log" ] && grep -E "^SUMMARY |^FAILED parts|^(lora|full) +(ktune|torch)|^ +ERROR |^ +profile " "$LOG_DIR/step.log" | sed 's/^/         /'
   echo "memory:  $MEMORY_STATUS"

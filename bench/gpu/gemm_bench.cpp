@@ -9,6 +9,10 @@
 //   ktune_attention_gemm B T Hq Hkv D FWD_MS BWD_MS TFLOPS
 // and for the fused tensor-core flash attention (kernels/cuda/flash_attention_tc.h):
 //   ktune_attention_tc B T Hq Hkv D FWD_MS BWD_MS TFLOPS
+// then QLoRA's NF4 GEMMs at Llama-3.2-3B's gate_proj (8192 tokens, W 8192 x 3072), a linear's forward
+// y = x W^T and input gradient dx = dy W, each the plain way (nf4_dequantize into scratch, then
+// cuBLASLt) and fused (kernels/cuda/nf4_gemm.h), bf16 out:
+//   ktune_nf4 M OUT IN PLAIN_FWD_MS FUSED_FWD_MS PLAIN_BWD_MS FUSED_BWD_MS
 // bench/gpu/gemm_compare.py puts torch.matmul and torch's scaled_dot_product_attention beside them.
 // Exit 77 without a GPU. It deliberately measures kernels only (no step, no model).
 #include <cstdio>
@@ -24,6 +28,8 @@
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/flash_attention_tc.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/nf4.h"
+#include "kernels/cuda/nf4_gemm.h"
 
 namespace {
 
@@ -114,6 +120,44 @@ void bench_attention(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
   }
 }
 
+// QLoRA's two GEMMs on an NF4 W (out, in) at M tokens, plain and fused (see the top of the file).
+void bench_nf4(int64_t M, int64_t out, int64_t in) {
+  using ktune::bf16_t;
+  try {
+    ktune::cuda::GemmContext ctx;
+    ktune::cuda::DeviceBuffer x(size_t(M * in) * 2), y(size_t(M * out) * 2), dy(size_t(M * out) * 2),
+        dx(size_t(M * in) * 2), codes(size_t(out * in / 2)), scales(size_t(out * in / 64) * 4),
+        scratch(size_t(out * in) * 2);
+    for (auto* b : {&x, &dy}) cudaMemset(b->data(), 0x3c, b->bytes());  // 0.0115 everywhere
+    cudaMemset(codes.data(), 0x9e, codes.bytes());                     // small nonzero codes
+    const std::vector<float> scale(size_t(out * in / 64), 0.05f);
+    scales.upload(scale.data(), scale.size() * 4);
+    auto plain_fwd = [&] {
+      ktune::cuda::nf4_dequantize(scratch.as<bf16_t>(), codes.as<uint8_t>(), scales.as<float>(), out * in);
+      ktune::cuda::gemm_bf16_out_bf16(ctx, false, true, M, out, in, 1.0f, x.as<bf16_t>(), scratch.as<bf16_t>(), 0.0f,
+                                      y.as<bf16_t>());
+    };
+    auto plain_bwd = [&] {
+      ktune::cuda::nf4_dequantize(scratch.as<bf16_t>(), codes.as<uint8_t>(), scales.as<float>(), out * in);
+      ktune::cuda::gemm_bf16_out_bf16(ctx, false, false, M, in, out, 1.0f, dy.as<bf16_t>(), scratch.as<bf16_t>(), 0.0f,
+                                      dx.as<bf16_t>());
+    };
+    ktune::cuda::Nf4GemmCall f;
+    f.M = M, f.N = out, f.K = in, f.A = x.as<bf16_t>(), f.codes = codes.as<uint8_t>(), f.scales = scales.as<float>();
+    f.w_transposed = true, f.C = y.as<bf16_t>(), f.out = ktune::DType::BF16;
+    ktune::cuda::Nf4GemmCall b = f;
+    b.N = in, b.K = out, b.A = dy.as<bf16_t>(), b.w_transposed = false, b.C = dx.as<bf16_t>();
+    const double pf = time_ms(plain_fwd, 5), ff = time_ms([&] { ktune::cuda::nf4_gemm(f); }, 5);
+    const double pb = time_ms(plain_bwd, 5), fb = time_ms([&] { ktune::cuda::nf4_gemm(b); }, 5);
+    ktune::cuda::synchronize();  // surfaces a kernel fault as ktune::Error
+    std::printf("ktune_nf4 %lld %lld %lld %.3f %.3f %.3f %.3f\n", (long long)M, (long long)out, (long long)in, pf, ff, pb,
+                fb);
+  } catch (const std::exception& e) {
+    std::printf("ERROR nf4 gemm: %s\n", e.what());
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,6 +192,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   bench_attention(4, 2048, 32, 8, 64);
+  bench_nf4(8192, 8192, 3072);
   } catch (const std::exception& e) {
     std::printf("ERROR %s\n", e.what());
     return 1;

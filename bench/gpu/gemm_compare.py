@@ -58,7 +58,7 @@ def ktune_rates(binary, seconds):
         if line.startswith("ERROR"):
             print(line)
             FAILED = True
-    rates, attention, attention_gemm, attention_tc = {}, None, None, None
+    rates, attention, attention_gemm, attention_tc, nf4 = {}, None, None, None, None
     for line in proc.stdout.splitlines():
         if line.startswith("device:"):
             print(line)
@@ -71,7 +71,9 @@ def ktune_rates(binary, seconds):
             attention_gemm = (float(parts[6]), float(parts[7]), float(parts[8]))
         if len(parts) == 9 and parts[0] == "ktune_attention_tc":
             attention_tc = (float(parts[6]), float(parts[7]), float(parts[8]))
-    return rates, attention, attention_gemm, attention_tc
+        if len(parts) == 8 and parts[0] == "ktune_nf4":
+            nf4 = tuple(int(p) for p in parts[1:4]) + tuple(float(p) for p in parts[4:8])
+    return rates, attention, attention_gemm, attention_tc, nf4
 
 
 def torch_rate(torch, M, N, K, seconds):
@@ -107,7 +109,7 @@ def main():
     if result is None:
         print("SKIP gpu gemm benchmark: no CUDA device")
         return 0
-    rates, attention, attention_gemm, attention_tc = result
+    rates, attention, attention_gemm, attention_tc, nf4 = result
     try:
         import torch
         have_torch = torch.cuda.is_available()
@@ -146,6 +148,13 @@ def main():
             except Exception as e:  # an older torch without enable_gqa, say
                 line += f"; torch sdpa failed: {e}"
         print(line)
+    if nf4:  # QLoRA's GEMMs on an NF4 W: dequantise + cuBLASLt, or fused (the decoder's KTUNE_CUDA_NF4_GEMM)
+        M, out, inp, pf, ff, pb, fb = nf4
+        flops = 2.0 * M * out * inp
+        print(f"nf4 gemm M={M} W {out}x{inp} bf16 out: dequantise+cuBLASLt fwd {pf:.3f} ms bwd {pb:.3f} ms "
+              f"({flops / (pf * 1e-3) / 1e12:.0f}/{flops / (pb * 1e-3) / 1e12:.0f} TFLOP/s); fused fwd {ff:.3f} ms "
+              f"bwd {fb:.3f} ms ({flops / (ff * 1e-3) / 1e12:.0f}/{flops / (fb * 1e-3) / 1e12:.0f} TFLOP/s); "
+              f"fused/plain time fwd {ff / pf:.2f}x bwd {fb / pb:.2f}x (< 1: KTUNE_CUDA_NF4_GEMM=fused pays)")
     return 1 if FAILED else 0
 
 

@@ -46,18 +46,13 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/wmma_bf16.cuh"
 #include "kernels/cuda/document_bounds.cuh"
 
 namespace ktune::cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
-using bf16 = __nv_bfloat16;
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragAColumns = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major>;  // A(m, k) = p[k*ld + m]
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBColumns = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;  // B(k, n) = p[n*ld + k]
-using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+using namespace wmma_bf16;  // wmma, bf16, FragA, FragAColumns, FragB, FragBColumns, Acc
 
 constexpr int kTile = 64;           // queries per forward block, keys per forward tile, queries per backward tile
 constexpr int kForwardWarps = kTile / 16;

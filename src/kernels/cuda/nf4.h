@@ -3,7 +3,8 @@
 // high nibble. Dequantisation to bf16 (for the tensor-core GEMM) or f32, and the frozen-base linear
 // y = x @ dequant(W)^T that dequantises W into caller scratch and runs one cuBLASLt GEMM.
 // It deliberately does not quantise on the GPU (weights are quantised once, on load, by the CPU
-// code) nor fuse the dequantisation into the GEMM's main loop (a later step: the scratch then goes).
+// code). The GEMM with the dequantisation fused into its main loop is nf4_gemm.h; this path is its
+// reference, and the decoder's default.
 #pragma once
 
 #include <cstdint>
