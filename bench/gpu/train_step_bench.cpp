@@ -20,6 +20,8 @@
 //          --ce-chunk=512 (tokens per chunk of the fused loss; 0, the default, is the decoder's own)
 //          --attention=gemm (tensor-core GEMMs, the default) | tensor_core (the fused FlashAttention-2,
 //          flash_attention_tc.h) | flash (the tiled CUDA-core kernel).
+//          --nf4-gemm=dequantize (qlora: W into bf16 scratch, then cuBLASLt; the default) | fused
+//          (kernels/cuda/nf4_gemm.h, TrainingSetup::nf4_fused_gemm)
 // It deliberately has no data loading, no checkpointing, no gradient accumulation: the step only.
 #include <algorithm>
 #include <chrono>
@@ -117,17 +119,24 @@ int run(int argc, char** argv) {
   setup.attention = attention == "gemm"          ? cuda::TrainingSetup::Attention::kGemm
                     : attention == "tensor_core" ? cuda::TrainingSetup::Attention::kTensorCore
                                                  : cuda::TrainingSetup::Attention::kFlash;
+  const std::string nf4_gemm = arg_s(argc, argv, "nf4-gemm", "dequantize");
+  if (nf4_gemm != "dequantize" && nf4_gemm != "fused") {
+    std::fprintf(stderr, "--nf4-gemm must be dequantize or fused, not %s\n", nf4_gemm.c_str());
+    return 2;
+  }
+  setup.nf4_fused_gemm = nf4_gemm == "fused";
   const int64_t steps = arg(argc, argv, "steps", 6), warmup = arg(argc, argv, "warmup", 2);
   const double max_seconds = double(arg(argc, argv, "max-seconds", 20));
   std::printf("device: %s\n", cuda::device_description().c_str());
   std::printf("config: Llama-3.2-%s shape (vocab %lld, dim %lld, %lld layers, %lld/%lld heads, hidden %lld, tied), "
-              "batch %lld x seq %lld, mode %s%s%s%s, attention %s\n",
+              "batch %lld x seq %lld, mode %s%s%s%s%s, attention %s\n",
               model_name == "3b" ? "3B" : "1B", (long long)config.vocab_size, (long long)config.hidden_size, (long long)config.num_layers,
               (long long)config.num_heads, (long long)config.num_kv_heads, (long long)config.intermediate_size,
               (long long)setup.batch, (long long)setup.seq_len, mode.c_str(),
               mode == "full" ? "" : " (rank 64, alpha 128 on q,v,o,gate,up,down)",
               setup.activation_checkpointing ? ", activation checkpointing" : "",
               setup.activation_offloading ? " and offloading" : "",
+              setup.quantize_base && setup.nf4_fused_gemm ? ", NF4 dequantised inside the GEMMs (nf4_gemm.h)" : "",
               attention == "gemm"          ? "tensor-core GEMMs (attention_gemm.h)"
               : attention == "tensor_core" ? "fused tensor-core FlashAttention-2 (flash_attention_tc.h)"
                                            : "tiled CUDA-core kernel (attention.h)");

@@ -119,6 +119,17 @@ cuda::TrainingSetup::Attention cuda_attention_mode() {
   throw Error("env KTUNE_CUDA_ATTENTION", "is '" + mode + "'; expected gemm (the default), tensor_core or flash");
 }
 
+// QLoRA's NF4 GEMMs on the GPU (cuda::TrainingSetup::nf4_fused_gemm): env KTUNE_CUDA_NF4_GEMM =
+// dequantize (the default: W dequantised into bf16 scratch, then cuBLASLt) or fused (the GEMM that
+// dequantises W tile by tile, kernels/cuda/nf4_gemm.h). Until a GPU has measured them, the user's.
+bool cuda_nf4_fused_gemm() {
+  const char* v = std::getenv("KTUNE_CUDA_NF4_GEMM");
+  const std::string mode = v ? v : "";
+  if (mode.empty() || mode == "dequantize") return false;
+  if (mode == "fused") return true;
+  throw Error("env KTUNE_CUDA_NF4_GEMM", "is '" + mode + "'; expected dequantize (the default) or fused");
+}
+
 int64_t longest_sample(const TokenizedDataset& dataset) {
   int64_t longest = 1;
   for (int64_t i = 0; i < dataset.size(); ++i) longest = std::max(longest, dataset.length(i));
@@ -465,6 +476,7 @@ void FinetuneRecipe::setup_gpu_training() {
   if (!plan.gaps.empty()) throw Error("device=" + cfg_.device, describe_gaps(plan.gaps));
   plan.setup.lora_seed = seed_;  // the adapters' LoraOptions::seed (the masks' function is the CPU adapter's)
   plan.setup.attention = cuda_attention_mode();
+  plan.setup.nf4_fused_gemm = cuda_nf4_fused_gemm();
   select_cuda_device(devices_.local_rank);
   const bool sharded = group_.size() > 1 && shard_parameters(recipe_);  // else one GPU, or replicas
   if (sharded) {
@@ -514,6 +526,12 @@ void FinetuneRecipe::setup_gpu_training() {
     log_info("enable_activation_offloading: the GPU step sends the layer inputs that checkpointing keeps (but the "
              "last layer's) to pinned host memory during the forward and brings each back one layer ahead of the "
              "backward, on a copy stream of its own (two device slots planned below)");
+  if (plan.setup.quantize_base)
+    log_info(plan.setup.nf4_fused_gemm
+                 ? "QLoRA: the layers' NF4 weights are dequantised inside their GEMMs, tile by tile "
+                   "(KTUNE_CUDA_NF4_GEMM=fused; DoRA's and shapes off the 64 grid through bf16 scratch)"
+                 : "QLoRA: each NF4 weight is dequantised into bf16 scratch before its GEMM "
+                   "(KTUNE_CUDA_NF4_GEMM=dequantize, the default)");
   log_info(gpu_->memory_report());
 }
 

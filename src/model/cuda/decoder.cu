@@ -30,6 +30,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/nf4.h"
+#include "kernels/cuda/nf4_gemm.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "kernels/cuda/rope.h"
 #include "model/cuda/activation_offload.h"
@@ -274,7 +275,8 @@ struct Decoder::Impl {
   bf16_t* head_xa = nullptr;  // LoRA on lm_head: (N, r) dropout(final_normed) A^T, read by the loss
   bf16_t* head_weight = nullptr;  // QLoRA on lm_head: (V, C) W dequantised, held through the fused loss
   bf16_t* ones = nullptr;  // (N) 1s when a bias trains: db (1, out) += ones (1, N) @ dy (N, out)
-  bf16_t* nf4_weight = nullptr;  // QLoRA: the largest NF4 weight (out * in) dequantised to bf16
+  bf16_t* nf4_weight = nullptr;  // QLoRA: the largest NF4 weight that goes through scratch, in bf16
+  bool nf4_fused = false;        // TrainingSetup::nf4_fused_gemm
   bf16_t* dropped_x = nullptr;   // LoRA dropout: (N, largest adapted in) dropout(x), then its gradient
   float* dora_w = nullptr;       // DoRA: the largest adapted W + s B A (out * in) in f32
   bf16_t* dora_d = nullptr;      // DoRA: (N, largest adapted out) dy ⊙ c, then dy ⊙ (c - 1)
@@ -318,6 +320,9 @@ struct Decoder::Impl {
   DeviceParameter& P(int i) { return (*params)[size_t(i)]; }
   LinearRef lin(const Linear& l);
   const bf16_t* base_weight(const LinearRef& w);  // w.w, or the NF4 weight dequantised into nf4_weight
+  bool fused_nf4(const LinearRef& w) const;       // an NF4 w whose GEMMs dequantise inside (nf4_gemm.h)
+  void base_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, float beta);
+  void base_backward_input(bf16_t* dx, const bf16_t* dy, const LinearRef& w, float beta);
   void linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta);
   void dora_norms(const LinearRef& w, const bf16_t* weight);  // w.norm, w.c from W + s B A
   void dora_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta);
@@ -476,6 +481,7 @@ void Decoder::allocate(bool on_device) {
   s.dropout_p = setup_.lora_dropout;
   s.lora_seed = setup_.lora_seed;
   s.checkpointing = setup_.activation_checkpointing;
+  s.nf4_fused = setup_.nf4_fused_gemm;
   s.offloading = setup_.activation_offloading;
 
   // Parameter metadata in HF order, then the LoRA matrices in PEFT's names.
@@ -554,7 +560,10 @@ void Decoder::allocate(bool on_device) {
       check(w.numel % cpu::kNf4BlockSize == 0, "cuda decoder: parameter " + w.name,
             "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(w.numel));
       nf4[size_t(lin->weight)] = true;
-      nf4_largest = std::max(nf4_largest, w.numel);
+      // Through the scratch unless the fused GEMM takes it (a layer's projection without DoRA).
+      const bool fused = setup_.nf4_fused_gemm && !setup_.use_dora && lin != &s.output &&
+                         nf4_gemm_supports(w.shape[0], w.shape[1]) && nf4_gemm_supports(w.shape[1], w.shape[0]);
+      if (!fused) nf4_largest = std::max(nf4_largest, w.numel);
     }
   }
 
@@ -859,8 +868,12 @@ void Decoder::init_parameters(uint64_t seed) {
     if (is_bias[i]) bound = 0.0f, fill = 0.0f;
     if (is_a[i]) bound = 1.0f / std::sqrt(float(p.shape[1]));
     if (is_b[i]) bound = 0.0f, fill = 0.0f;
-    // An NF4 base: drawn into the dequantisation scratch, then quantised on the host as an upload.
-    bf16_t* target = p.nf4_codes ? s.nf4_weight : p.value;
+    // An NF4 base: drawn into the dequantisation scratch (into a buffer of its own where the fused
+    // GEMM left the scratch smaller than this weight, or none), then quantised on the host as an upload.
+    const bool in_scratch = p.nf4_codes && plan_bytes_.nf4_scratch >= size_t(p.numel) * sizeof(bf16_t);
+    DeviceBuffer drawn_nf4;
+    if (p.nf4_codes && !in_scratch) drawn_nf4 = DeviceBuffer(size_t(p.numel) * sizeof(bf16_t));
+    bf16_t* target = p.nf4_codes ? (in_scratch ? s.nf4_weight : drawn_nf4.as<bf16_t>()) : p.value;
     init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(target), p.numel, splitmix64(seed ^ splitmix64(i)), bound,
                                                    fill);
     KTUNE_CUDA_CHECK_LAUNCH();
@@ -1046,11 +1059,36 @@ const bf16_t* Decoder::Impl::base_weight(const LinearRef& w) {
   return nf4_weight;
 }
 
+// With TrainingSetup::nf4_fused_gemm, an NF4 base of shapes the fused kernel takes (DoRA's read the
+// whole W for their norms and keep the scratch).
+bool Decoder::Impl::fused_nf4(const LinearRef& w) const {
+  return nf4_fused && w.nf4_codes && !w.m && nf4_gemm_supports(w.out, w.in) && nf4_gemm_supports(w.in, w.out);
+}
+
+// y (N, out) = beta * y + x W^T [+ b]: cuBLASLt on W (bf16, or NF4 dequantised into the scratch), or
+// the GEMM that dequantises NF4 tile by tile.
+void Decoder::Impl::base_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, float beta) {
+  if (!fused_nf4(w)) return mm(false, true, N, w.out, w.in, 1.0f, x, base_weight(w), beta, y, DType::BF16, w.bias);
+  Nf4GemmCall g;
+  g.M = N, g.N = w.out, g.K = w.in, g.beta = beta, g.A = x, g.codes = w.nf4_codes, g.scales = w.nf4_scales;
+  g.w_transposed = true, g.C = y, g.out = DType::BF16, g.bias = w.bias;
+  nf4_gemm(g);
+}
+
+// dx (N, in) = beta * dx + dy W, as base_forward.
+void Decoder::Impl::base_backward_input(bf16_t* dx, const bf16_t* dy, const LinearRef& w, float beta) {
+  if (!fused_nf4(w)) return mm(false, false, N, w.in, w.out, 1.0f, dy, base_weight(w), beta, dx, DType::BF16);
+  Nf4GemmCall g;
+  g.M = N, g.N = w.in, g.K = w.out, g.beta = beta, g.A = dy, g.codes = w.nf4_codes, g.scales = w.nf4_scales;
+  g.w_transposed = false, g.C = dx, g.out = DType::BF16;
+  nf4_gemm(g);
+}
+
 // y (N, out) = beta * y + x W^T [+ b] [+ s (x' A^T) B^T];  xa = x' A^T (N, r) saved; x' = dropout(x)
 // with LoRA dropout, else x
 void Decoder::Impl::linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta) {
   if (w.m) return dora_forward(y, x, w, xa, beta);
-  mm(false, true, N, w.out, w.in, 1.0f, x, base_weight(w), beta, y, DType::BF16, w.bias);
+  base_forward(y, x, w, beta);
   if (w.a) {
     const bf16_t* xd = x;
     if (w.dropout > 0) {
@@ -1081,7 +1119,7 @@ void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* d
     mm(true, false, w.r, w.in, N, 1.0f, lora_g, w.dropout > 0 ? dropped_x : x, 1.0f, w.da, DType::F32);
   }
   if (!dx) return;  // x is read no more
-  mm(false, false, N, w.in, w.out, 1.0f, dy, base_weight(w), accumulate ? 1.0f : 0.0f, dx, DType::BF16);
+  base_backward_input(dx, dy, w, accumulate ? 1.0f : 0.0f);
   if (!w.a) return;
   if (w.dropout > 0) {
     mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 0.0f, dropped_x, DType::BF16);  // d x' = g A

@@ -157,6 +157,12 @@ struct TrainingSetup {
   // dequantises it to bf16 scratch first (one projection at a time; lm_head's once per fused loss,
   // held through it). Needs LoRA and no full_finetune.
   bool quantize_base = false;
+  // QLoRA: the layers' NF4 projections (without DoRA, of shapes kernels/cuda/nf4_gemm.h takes) run
+  // the GEMM that dequantises W tile by tile in shared memory (forward and input gradient) instead of
+  // dequantising W into bf16 scratch for cuBLASLt; the scratch is then planned only for the weights
+  // that still need it. Same bf16 values, another order of the f32 sums. Which is faster is
+  // bench/gpu's to measure: off by default (env KTUNE_CUDA_NF4_GEMM=fused in the recipes).
+  bool nf4_fused_gemm = false;
   // LoRA dropout (the CPU LoraOptions::dropout, in [0, 1)): PEFT's, on each adapter's input only,
   // kept elements scaled by 1/(1 - p), in forward_backward (not forward_loss). The masks are the CPU
   // LoraAdapter's for the same (lora_seed, key, module name, element index) (lora_dropout.h), the key

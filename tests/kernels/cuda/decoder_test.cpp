@@ -954,6 +954,32 @@ KTUNE_CUDA_TEST(DecoderQloraStepMatchesCpuReference) {
                   qlora_setup({cuda::kQ, cuda::kV, cuda::kDown}));
 }
 
+// TrainingSetup::nf4_fused_gemm: the NF4 projections the fused GEMM takes (kernels/cuda/nf4_gemm.h:
+// q, o and the MLP here) dequantise inside it, the others (v's 32 rows) through the scratch, in one
+// step against the CPU reference, also with dropout and checkpointing; the plan keeps the scratch
+// for v's weight alone, and for every weight under DoRA (whose norms read the whole W).
+KTUNE_CUDA_TEST(DecoderQloraFusedNf4GemmMatchesCpuReference) {
+  cuda::TrainingSetup fused = qlora_setup(kAllButKey);
+  fused.nf4_fused_gemm = true;
+  check_step("qlora fused nf4 q,v,o,mlp tied", tiny_config(true), fused);
+  cuda::TrainingSetup dropout = fused;
+  dropout.lora_dropout = 0.1f, dropout.lora_seed = 3, dropout.activation_checkpointing = true;
+  check_step_with("qwen2 qlora fused nf4 dropout 0.1 checkpointed [gemm attention]", tiny_qwen2_config(false),
+                  dropout, 99);
+
+  const cuda::DecoderConfig config = tiny_config(true);
+  const size_t v_weight = size_t(config.num_kv_heads * config.head_dim * config.hidden_size) * 2;
+  const size_t mlp_weight = size_t(config.intermediate_size * config.hidden_size) * 2;
+  const size_t fused_scratch = cuda::Decoder(config, fused, 7).memory_plan().nf4_scratch;
+  CHECK(fused_scratch >= v_weight && fused_scratch < mlp_weight)
+      << "the fused plan's NF4 scratch " << fused_scratch << " must hold v's weight (" << v_weight << ") only";
+  cuda::TrainingSetup plain = fused, dora = fused;
+  plain.nf4_fused_gemm = false;
+  dora.use_dora = true;
+  CHECK(cuda::Decoder(config, plain, 7).memory_plan().nf4_scratch >= mlp_weight) << "the plain path's scratch";
+  CHECK(cuda::Decoder(config, dora, 7).memory_plan().nf4_scratch >= mlp_weight) << "DoRA keeps the scratch";
+}
+
 // The device's LoRA dropout masks are the CPU LoraAdapter's, element for element: the per-module
 // seed on the host, the mask, the forward's scaled copy and the backward's masked add, over a few
 // (seed, key, module, p), on a length that is no multiple of the block.
