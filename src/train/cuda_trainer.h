@@ -28,8 +28,10 @@
 // backward has finished it and its piece added into this GPU's f32 accumulator, so a GPU holds 4/W
 // bytes of gradient a parameter plus one layer's, the embedding's and the head's whole gradients.
 // LoRA, QLoRA and DoRA runs shard the AdamW state only (ZeRO-1: their gradients are small; one
-// buffer, reduce-scattered after the backward). It deliberately does not shard the weights (FSDP's
-// ZeRO-3, what the CPU engine does): every GPU holds the bf16 weights whole.
+// buffer, reduce-scattered after the backward). A sharded full fine-tune shards the layers' bf16
+// weights as well (ZeRO-3, setup.shard_weights; env KTUNE_DATA_PARALLEL=zero2 keeps them whole):
+// each GPU stores and updates its pieces of each layer, and the decoder all-gathers a layer into
+// one slot before its forward and its backward; the embedding and the head stay whole on every GPU.
 #pragma once
 
 #include <cstdint>
@@ -55,8 +57,10 @@ class CudaTrainer {
 
   // host → device: the trainable parameters (after a resume has loaded the host's values).
   virtual void upload_trainable() = 0;
-  // device → host: the trainable parameters, into the host model's tensors (their dtype kept).
-  virtual void download_trainable() = 0;
+  // device → host: the trainable parameters, into the host model's tensors (their dtype kept). With
+  // the layers' weights sharded (ZeRO-3) a collective: every GPU calls it (the layers are gathered unit
+  // by unit), and only where keep is true are the host tensors written.
+  virtual void download_trainable(bool keep = true) = 0;
 
   virtual void zero_grad() = 0;
   // One micro-batch of (B, T), T at most the planned one (the step runs on (B, T) only); gradients

@@ -96,14 +96,18 @@ model::Batch model_batch(Batch& batch, bool packed, PaddingFree mode) {
 }
 
 // The distributed recipes shard (FSDP) unless KTUNE_DATA_PARALLEL=replicate asks for the DDP
-// baseline (benchmarks compare the two); single-device recipes never shard.
-bool shard_parameters(const RecipeSpec& recipe) {
-  if (!recipe.distributed) return false;
+// baseline (benchmarks compare the two); single-device recipes never shard. KTUNE_DATA_PARALLEL=zero2
+// shards too, but a GPU full fine-tune then keeps its layers' weights whole on every GPU (ZeRO-2, to
+// compare against the default ZeRO-3); the CPU engine shards as with shard.
+std::string data_parallel_mode() {
   const char* v = std::getenv("KTUNE_DATA_PARALLEL");
-  const std::string mode = v ? v : "";
-  if (mode.empty() || mode == "shard") return true;
-  if (mode == "replicate") return false;
-  throw Error("env KTUNE_DATA_PARALLEL", "is '" + mode + "'; expected shard (the default) or replicate");
+  const std::string mode = v && *v ? v : "shard";
+  if (mode == "shard" || mode == "replicate" || mode == "zero2") return mode;
+  throw Error("env KTUNE_DATA_PARALLEL", "is '" + mode + "'; expected shard (the default), zero2 or replicate");
+}
+
+bool shard_parameters(const RecipeSpec& recipe) {
+  return recipe.distributed && data_parallel_mode() != "replicate";
 }
 
 // The GPU step's attention kernels (cuda::TrainingSetup::Attention): env KTUNE_CUDA_ATTENTION = gemm
@@ -482,9 +486,11 @@ void FinetuneRecipe::setup_gpu_training() {
   if (sharded) {
     plan.setup.optimizer_shards = group_.size();
     plan.setup.optimizer_shard = group_.rank();
-    // A full fine-tune shards the gradients too (ZeRO-2: each layer's reduced as its backward ends);
-    // LoRA's gradients are small and stay in one buffer (ZeRO-1).
+    // A full fine-tune shards the gradients too (ZeRO-2: each layer's reduced as its backward ends)
+    // and, unless KTUNE_DATA_PARALLEL=zero2, the layers' weights (ZeRO-3: each gathered before its
+    // forward and backward); LoRA's gradients are small and stay in one buffer (ZeRO-1).
     plan.setup.shard_gradients = plan.setup.full_finetune;
+    plan.setup.shard_weights = plan.setup.full_finetune && data_parallel_mode() != "zero2";
   }
   if (group_.size() > 1) {
     check(devices_.store != nullptr, "device=cuda", "a distributed run needs its rendezvous store to join NCCL");
@@ -510,7 +516,13 @@ void FinetuneRecipe::setup_gpu_training() {
            "), memory planned for (" + std::to_string(cfg_.batch_size) + ", " + std::to_string(gpu_seq_len_) + ")" +
            (sharded ? "; data parallel over " + std::to_string(group_.size()) +
                           " GPUs with the AdamW state sharded" +
-                          (plan.setup.shard_gradients
+                          (plan.setup.shard_weights
+                               ? std::string(", the gradients and the layers' weights (ZeRO-3: each layer's bf16 "
+                                             "weights all-gathered over NCCL before its forward and its backward, "
+                                             "its gradients reduce-scattered as its backward ends, each GPU "
+                                             "accumulates and steps its pieces; the embedding and the head whole, "
+                                             "their updated values all-gathered)")
+                           : plan.setup.shard_gradients
                                ? std::string(" and the gradients too (ZeRO-2: each layer's gradients reduce-scattered "
                                              "over NCCL as its backward ends, each GPU accumulates and steps its "
                                              "pieces, the updated weights all-gathered in bf16)")
@@ -581,9 +593,9 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
     sharded_->gather_full_parameters(/*keep=*/rank0_);
     optimizer_state = sharded_->gather_optimizer_state(*optimizer_, /*keep=*/rank0_);
   }
-  if (gpu_) {  // every GPU holds the same weights: rank 0 brings them back to write them; sharded
-              // moments are gathered by all GPUs together, for rank 0
-    if (rank0_) gpu_->download_trainable();
+  if (gpu_) {  // rank 0 brings the weights back to write them (sharded layers, ZeRO-3: gathered by all
+              // GPUs together); sharded moments are gathered by all GPUs together, for rank 0
+    gpu_->download_trainable(/*keep=*/rank0_);
     optimizer_state = gpu_->optimizer_state(/*keep=*/rank0_);
   }
   if (rank0_) {

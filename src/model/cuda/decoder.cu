@@ -269,6 +269,11 @@ struct Decoder::Impl {
   float* grad_slot = nullptr;
   size_t grad_slot_bytes = 0;
   const std::function<void(int64_t)>* unit_done = nullptr;
+  // shard_weights: the one weight slot every layer's weights are gathered into, the layer it holds
+  // (-1: none, or stale after an update), and the gather (Decoder::gather_weights of unit 1 + layer).
+  bf16_t* weight_slot = nullptr;
+  int64_t slot_layer = -1;
+  std::function<void(int64_t layer)> gather_layer;
   float* dnormed = nullptr;  // (N, C) f32 from the loss, in dres's and dln's bytes (read before either is written)
   bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   bf16_t* lora_g = nullptr;                                      // (N, r); LoRA on lm_head: the loss's dxa
@@ -401,7 +406,9 @@ void refuse_if_larger_than_free_memory(const Decoder::MemoryPlan& plan, const Tr
   add("a smaller batch_size or max_seq_len");
   if (setup.full_finetune) add("LoRA instead of a full fine-tune");
   if (!setup.full_finetune && !setup.quantize_base) add("QLoRA (model.quantize_base=True)");
-  if (setup.optimizer_shards == 1) add("a distributed recipe over several GPUs (it shards the AdamW state)");
+  if (setup.optimizer_shards == 1)
+    add("a distributed recipe over several GPUs (it shards the AdamW state; a full fine-tune's gradients and "
+        "layer weights too)");
   throw Error("device=cuda", "the GPU step needs " + gib(plan.total()) + " of device memory (parameters " +
                                  gib(plan.parameters) + ", gradients " + gib(plan.gradients) + ", AdamW state " +
                                  gib(plan.optimizer) + ", activations " + gib(plan.activations) + ") but the GPU has " +
@@ -465,6 +472,8 @@ void Decoder::validate() const {
                             std::to_string(setup.optimizer_shard) + " of " + std::to_string(setup.optimizer_shards));
   check(!setup.shard_gradients || (setup.optimizer_shards > 1 && setup.full_finetune && !any_lora), "cuda decoder",
         "shard_gradients (ZeRO-2) needs a full fine-tune without LoRA over optimizer_shards > 1");
+  check(!setup.shard_weights || setup.shard_gradients, "cuda decoder",
+        "shard_weights (ZeRO-3) shards the weights in the gradient units' layout: it needs shard_gradients");
 }
 
 Decoder::~Decoder() = default;
@@ -568,13 +577,6 @@ void Decoder::allocate(bool on_device) {
   }
 
   // Parameters, gradients, optimizer state: sized, then carved.
-  size_t pbytes = 0, nf4_bytes = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const size_t n = size_t(params_[i].numel);
-    if (nf4[i]) nf4_bytes += aligned(n / 2) + aligned(n / size_t(cpu::kNf4BlockSize) * sizeof(float));
-    else pbytes += aligned(n * 2);
-  }
-  pbytes += nf4_bytes;
   // The gradient units (one, the whole buffer, without shard_gradients): each parameter's gradient at
   // an aligned offset in its unit, each unit padded to whole shards of 64-float multiples.
   const int64_t shards = setup_.optimizer_shards, rank = setup_.optimizer_shard;
@@ -610,6 +612,23 @@ void Decoder::allocate(bool on_device) {
     gbytes = size_t(units_[0].size) * 4;
   }
   const size_t obytes = 2 * aligned(size_t(shard_.size) * 2);
+  // The parameters: each whole (bf16, or NF4 codes and scales), except with shard_weights the layers':
+  // this rank's piece of each layer unit's values and the one weight slot, as large as the largest.
+  auto layer_weight_sharded = [&](size_t i) { return setup_.shard_weights && unit_of[i] >= 1 && unit_of[i] <= L; };
+  size_t pbytes = 0, nf4_bytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const size_t n = size_t(params_[i].numel);
+    if (nf4[i]) nf4_bytes += aligned(n / 2) + aligned(n / size_t(cpu::kNf4BlockSize) * sizeof(float));
+    else if (!layer_weight_sharded(i)) pbytes += aligned(n * 2);
+  }
+  pbytes += nf4_bytes;
+  if (setup_.shard_weights) {
+    for (int64_t l = 0; l < L; ++l) {
+      plan_bytes_.weight_pieces += aligned(size_t(units_[size_t(1 + l)].piece) * 2);
+      plan_bytes_.weight_slot = std::max(plan_bytes_.weight_slot, aligned(size_t(units_[size_t(1 + l)].size) * 2));
+    }
+    pbytes += plan_bytes_.weight_pieces + plan_bytes_.weight_slot;
+  }
   // Activations: one layout function, run to count and then to carve.
   s.B = setup_.batch;
   s.T = s.T_max = setup_.seq_len;
@@ -791,9 +810,20 @@ void Decoder::allocate(bool on_device) {
     units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
     shard_.grad = units_[0].grads + shard_.begin;
   }
+  if (setup_.shard_weights) {  // the pieces zeroed: the gaps and the padding between parameters stay 0
+    s.weight_slot = static_cast<bf16_t*>(s.param_arena->allocate(plan_bytes_.weight_slot));
+    for (int64_t l = 0; l < L; ++l) {
+      GradientUnit& unit_l = units_[size_t(1 + l)];
+      unit_l.value_piece = s.param_arena->allocate_n<bf16_t>(size_t(unit_l.piece));
+      KTUNE_CUDA_CHECK(cudaMemsetAsync(unit_l.value_piece, 0, size_t(unit_l.piece) * 2, nullptr));
+    }
+    s.gather_layer = [this](int64_t l) { gather_weights(1 + l); };
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
-    if (nf4[i]) {
+    if (layer_weight_sharded(i)) {  // in the slot, at its gradient's place in the unit
+      p.value = s.weight_slot + offset_in_unit[i];
+    } else if (nf4[i]) {
       p.nf4_codes = s.param_arena->allocate_n<uint8_t>(size_t(p.numel / 2));
       p.nf4_scales = s.param_arena->allocate_n<float>(size_t(p.numel / cpu::kNf4BlockSize));
     } else {
@@ -814,6 +844,8 @@ void Decoder::allocate(bool on_device) {
         p.m = shard_.m + k;
         p.v = shard_.v + k;
         p.shard_grad = shard_.grad + k;
+        p.shard_value = layer_weight_sharded(i) ? unit_p.value_piece + (p.grad_offset + p.shard_begin - piece_begin)
+                                                : p.value + p.shard_begin;
       }
     }
   }
@@ -877,6 +909,8 @@ void Decoder::init_parameters(uint64_t seed) {
     init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(target), p.numel, splitmix64(seed ^ splitmix64(i)), bound,
                                                    fill);
     KTUNE_CUDA_CHECK_LAUNCH();
+    if (weights_sharded(p) && p.shard_value)  // drawn whole into the slot, this rank's elements kept
+      copy_on_device(p.shard_value, p.value + p.shard_begin, size_t(p.shard_end - p.shard_begin) * sizeof(bf16_t));
     if (p.nf4_codes) {
       std::vector<bf16_t> drawn(size_t(p.numel));
       copy_to_host(drawn.data(), target, drawn.size() * sizeof(bf16_t));  // synchronous
@@ -893,6 +927,7 @@ void Decoder::init_parameters(uint64_t seed) {
       s.dora_norms(w, s.base_weight(w));
       convert_to_bf16(params_[size_t(lin.magnitude)].value, w.norm, lin.out);
     }
+  s.slot_layer = -1;  // the slot holds the last layer's drawn values, not a gathered layer
   zero_grad();
   KTUNE_CUDA_CHECK(cudaMemsetAsync(impl_->optim_arena->data(), 0, impl_->optim_arena->used(), nullptr));
   synchronize();
@@ -924,7 +959,31 @@ void Decoder::upload(const std::string& name, const std::vector<float>& values) 
   }
   std::vector<bf16_t> host(values.size());
   for (size_t i = 0; i < values.size(); ++i) host[i] = ktune::f32_to_bf16(values[i]);
-  copy_to_device(p.value, host.data(), host.size() * sizeof(bf16_t));
+  if (!weights_sharded(p)) {
+    copy_to_device(p.value, host.data(), host.size() * sizeof(bf16_t));
+    return;
+  }
+  // ZeRO-3: this rank's elements into its piece; a slot holding this layer is stale now.
+  if (p.shard_value)
+    copy_to_device(p.shard_value, host.data() + p.shard_begin, size_t(p.shard_end - p.shard_begin) * sizeof(bf16_t));
+  if (impl_->slot_layer == p.unit - 1) impl_->slot_layer = -1;
+}
+
+bool Decoder::weights_sharded(const DeviceParameter& p) const {
+  return setup_.shard_weights && p.grad && p.unit >= 1 && p.unit <= config_.num_layers;
+}
+
+void Decoder::gather_weights(int64_t u) {
+  Impl& s = *impl_;
+  check(setup_.shard_weights && u >= 1 && u <= config_.num_layers, "cuda decoder",
+        "gather_weights(" + std::to_string(u) + "): only a layer unit's weights are sharded (shard_weights)");
+  check(bool(weight_gather_), "cuda decoder", "shard_weights: no weight gather set (set_weight_gather)");
+  const GradientUnit& unit = units_[size_t(u)];
+  copy_on_device(s.weight_slot + setup_.optimizer_shard * unit.piece, unit.value_piece,
+                 size_t(unit.piece) * sizeof(bf16_t));
+  s.slot_layer = -1;  // while the gather runs (a throw leaves no layer in the slot)
+  weight_gather_(u, s.weight_slot);
+  s.slot_layer = u - 1;
 }
 
 std::vector<float> Decoder::download_value(const std::string& name) {
@@ -938,6 +997,9 @@ std::vector<float> Decoder::download_value(const std::string& name) {
     cpu::nf4_dequantize(out.data(), codes.data(), scales.data(), p.numel);
     return out;
   }
+  check(!weights_sharded(p) || impl_->slot_layer == p.unit - 1, "cuda decoder: parameter " + name,
+        "its layer's weights are sharded (shard_weights) and not gathered: gather_weights(" +
+            std::to_string(p.unit) + ") first, on every rank");
   std::vector<bf16_t> host(size_t(p.numel));
   copy_to_host(host.data(), p.value, host.size() * sizeof(bf16_t));
   std::vector<float> out(host.size());
@@ -975,9 +1037,10 @@ void Decoder::adamw_step(const cpu::AdamWStep& st, uint64_t seed) {
     DeviceParameter& p = params_[i];
     if (!p.m) continue;  // frozen, or none of it in this rank's shard
     const int64_t first = p.shard_begin;
-    cuda::adamw_step_bf16(p.value + first, p.shard_grad, p.m, p.v, p.shard_end - first, st,
+    cuda::adamw_step_bf16(p.shard_value, p.shard_grad, p.m, p.v, p.shard_end - first, st,
                           splitmix64(seed ^ splitmix64(i + 1)), nullptr, first);
   }
+  impl_->slot_layer = -1;  // ZeRO-3: the pieces moved on; a gathered layer is stale
 }
 
 std::string Decoder::memory_report() const {
@@ -1000,6 +1063,10 @@ std::string Decoder::memory_report() const {
     os << "; gradients sharded (ZeRO-2): this GPU's f32 accumulators " << gib(m.grad_accumulators)
        << ", one layer's slot " << gib(m.grad_layer_slot) << ", the embedding's and the final norm + head's whole "
        << gib(m.grad_whole_units);
+  if (setup_.shard_weights)
+    os << "; weights sharded (ZeRO-3): this GPU's pieces of the layers' bf16 weights " << gib(m.weight_pieces)
+       << " (in parameters), one layer's gather slot " << gib(m.weight_slot)
+       << ", the embedding and the final norm + head whole";
   if (setup_.activation_offloading) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
   if (m.nf4_base > 0)
     os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)
@@ -1239,6 +1306,7 @@ void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
   embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, flag.data());
   if (offloading) offload.stored(0, N * C, for_backward);
   for (int64_t l = 0; l < L; ++l) {
+    if (gather_layer) gather_layer(l);  // ZeRO-3: layer l's weights into the slot
     if (offloading) offload.claim(l + 1);
     layer_forward(c, l, resid[size_t(l)], resid[size_t(l) + 1]);
     if (offloading) offload.stored(l + 1, N * C, for_backward);
@@ -1448,6 +1516,9 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
   for (int64_t l = L - 1; l >= 0; --l) {
     if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
     if (grad_slot) KTUNE_CUDA_CHECK(cudaMemsetAsync(grad_slot, 0, grad_slot_bytes, nullptr));  // layer l's gradients
+    // ZeRO-3: layer l's weights into the slot (the last layer's are still there from the forward),
+    // for checkpointing's recompute and the backward both.
+    if (gather_layer && slot_layer != l) gather_layer(l);
     // Offloading: input l back in its slot (its trip began a layer ago), and input l - 1's trip
     // begun now, behind this layer's work, if the loop goes on to layer l - 1.
     if (offloading) offload.acquire(l);

@@ -61,6 +61,11 @@
 // host memory and come back one layer ahead of the backward, overlapping the compute on a stream of
 // their own (activation_offload.h).
 //
+// Data-parallel sharding over optimizer_shards ranks (the collectives are the caller's, through
+// hooks: this file does not depend on dist/): the AdamW state (ZeRO-1), a full fine-tune's gradients
+// unit by unit (shard_gradients, ZeRO-2) and its layers' weights, gathered into one layer's slot
+// before each layer's forward and backward (shard_weights, ZeRO-3).
+//
 // It deliberately does not do gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). The recipes drive it through train/cuda_trainer.h (device=cuda), which loads
 // and saves checkpoints through the CPU engine's host model and clips over gradient_buffer().
@@ -211,6 +216,17 @@ struct TrainingSetup {
   // after the embedding's); the trainer reduce-scatters the unit and adds its piece into the
   // accumulator there, before the next layer's backward overwrites the slot.
   bool shard_gradients = false;
+  // ZeRO-3 (FSDP's weight sharding; needs shard_gradients): the LAYERS' bf16 weights sharded too, in
+  // the gradient units' layout. Rank r stores only its piece [r S_u, (r + 1) S_u) of each layer unit's
+  // values (GradientUnit::value_piece; bf16 element e of the unit where its gradient's element e
+  // lies), AdamW updates that piece in place, and no values are gathered after the step. Every
+  // layer's parameters' `value` points into ONE device weight slot (the largest layer unit, bf16):
+  // the forward gathers layer l's weights into it right before layer l's forward, the backward again
+  // before layer l's backward (before checkpointing's recompute, which shares that gather; the last
+  // layer's are still there from the forward), through the weight gather hook (set_weight_gather).
+  // The embedding and the top unit (final norm + an untied lm_head) stay whole on every rank, their
+  // updated values all-gathered after the step as under ZeRO-2.
+  bool shard_weights = false;
 };
 
 // One named parameter on the device. grad is nullptr when frozen; m, v when frozen or when none
@@ -219,7 +235,10 @@ struct DeviceParameter {
   std::string name;   // HF (base) or PEFT (LoRA) name
   std::vector<int64_t> shape;
   int64_t numel = 0;
-  bf16_t* value = nullptr;  // bf16; nullptr for an NF4 (QLoRA) base weight, held in nf4_codes / nf4_scales
+  // bf16; nullptr for an NF4 (QLoRA) base weight, held in nf4_codes / nf4_scales. With shard_weights a
+  // layer's parameter's value lies in the one weight slot: valid only while its layer is gathered
+  // there (Decoder::gather_weights, or inside forward_backward / forward_loss).
+  bf16_t* value = nullptr;
   // f32, accumulates; gradient_buffer() + grad_offset. With shard_gradients: in its unit's buffer
   // (gradient_units()), this micro-batch's gradient until the unit hook has reduced it.
   float* grad = nullptr;
@@ -232,6 +251,9 @@ struct DeviceParameter {
   // The f32 gradient AdamW reads for element shard_begin (shard_grad[k]: element shard_begin + k's):
   // grad + shard_begin, or with shard_gradients the reduced sums in the shard's accumulator.
   float* shard_grad = nullptr;
+  // The bf16 value AdamW updates for element shard_begin: value + shard_begin, or with shard_weights
+  // (a layer's parameter) its place in this rank's piece of the unit's values (GradientUnit::value_piece).
+  bf16_t* shard_value = nullptr;
   int64_t unit = 0;  // trainable: its gradient unit (gradient_units(); unit 0 unless shard_gradients)
   uint8_t* nf4_codes = nullptr;  // TrainingSetup::quantize_base: (numel / 2) bytes, two codes a byte
   float* nf4_scales = nullptr;   // (numel / 64) f32 absmax scales
@@ -262,6 +284,8 @@ class Decoder {
   // base weight (quantize_base) is quantised on the way in (cpu::nf4_quantize) and dequantised on the way
   // out (code value * block scale, f32): uploading what download_value returned gives the same codes.
   void upload(const std::string& name, const std::vector<float>& values);
+  // With shard_weights, a layer's parameter: upload writes this rank's piece only; download_value
+  // reads the weight slot and throws unless its layer is gathered there (gather_weights).
   std::vector<float> download_value(const std::string& name);
   std::vector<float> download_grad(const std::string& name);  // throws when frozen
 
@@ -300,15 +324,31 @@ class Decoder {
   // buffer each, every layer the one slot). piece = size / optimizer_shards; this rank's piece of the
   // unit is elements [begin + shard * piece, + piece), at shard_offset in the OptimizerShard.
   // Without shard_gradients: one unit, the whole gradient buffer (grads == gradient_buffer()).
+  // With shard_weights, a layer unit's value_piece: this rank's piece of the unit's bf16 values (piece
+  // elements: unit element begin + shard * piece + k at value_piece[k]); nullptr for a unit held whole.
   struct GradientUnit {
     int64_t begin = 0, size = 0, piece = 0, shard_offset = 0;
     float* grads = nullptr;
+    bf16_t* value_piece = nullptr;
   };
   const std::vector<GradientUnit>& gradient_units() const { return units_; }
   // Called by forward_backward with a unit's index once the unit's gradients of this micro-batch are
   // complete (shard_gradients only; the device not synchronised). Must have reduced the unit out of
   // its buffer when it returns: the next layer's backward zeroes and rewrites the slot.
   void set_unit_hook(std::function<void(int64_t unit)> hook) { unit_hook_ = std::move(hook); }
+  // shard_weights: the collective that assembles a layer unit's weights. Called with the unit and the
+  // weight slot (bf16, laid out like the unit's gradients: element e at slot[e - begin]) once this
+  // rank's piece is in its place in the slot ([shard * piece, (shard + 1) * piece), enqueued on the
+  // default stream); it must fill in the other ranks' pieces (an in-place all-gather) after the
+  // device's earlier work is done (that work may still read the slot's previous layer) and return
+  // when the slot is whole. Every rank calls it in the same order (the steps' layers, gather_weights).
+  void set_weight_gather(std::function<void(int64_t unit, bf16_t* slot)> gather) { weight_gather_ = std::move(gather); }
+  // shard_weights: layer unit `unit`'s weights gathered into the slot (a collective: every rank calls
+  // it), so that download_value can read its parameters. The next step's gathers overwrite the slot.
+  void gather_weights(int64_t unit);
+  // Whether p's bf16 value is sharded (shard_weights and p in a layer unit): its value in the slot,
+  // this rank's elements in shard_value.
+  bool weights_sharded(const DeviceParameter& p) const;
   // This rank's shard: [begin, begin + size) of the gradient layout (its pieces of every unit,
   // concatenated: a slice of the gradient buffer without shard_gradients), its f32 gradients grad
   // (the buffer's slice itself, or with shard_gradients the accumulator of the reduced pieces) and
@@ -344,6 +384,9 @@ class Decoder {
     // Of gradients, with shard_gradients: this rank's accumulators, the one layer slot, and the two
     // whole units (the embedding's; the final norm's and an untied lm_head's).
     size_t grad_accumulators = 0, grad_layer_slot = 0, grad_whole_units = 0;
+    // Of parameters, with shard_weights: this rank's pieces of the layers' bf16 values and the one
+    // weight slot (the embedding, final norm and an untied lm_head are the rest, whole).
+    size_t weight_pieces = 0, weight_slot = 0;
     size_t total() const { return parameters + gradients + optimizer + activations; }
   };
   MemoryPlan memory_plan() const { return plan_bytes_; }
@@ -366,6 +409,7 @@ class Decoder {
   OptimizerShard shard_;
   std::vector<GradientUnit> units_;
   std::function<void(int64_t)> unit_hook_;
+  std::function<void(int64_t, bf16_t*)> weight_gather_;
   MemoryPlan plan_bytes_;
   StepProfile profile_;
   std::unique_ptr<Impl> impl_;

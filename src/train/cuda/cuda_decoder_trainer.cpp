@@ -33,7 +33,11 @@ std::vector<float> to_f32_vector(const Tensor& t) {
 // updated values all-gathered). With the gradients sharded too (TrainingSetup::shard_gradients,
 // ZeRO-2: a full fine-tune) each gradient unit is reduce-scattered as soon as the decoder's backward
 // has finished it (the unit hook), its piece added into this GPU's accumulator; the values and the
-// moments are gathered unit by unit through the units' buffers. The group's collectives run on a
+// moments are gathered unit by unit through the units' buffers. With the layers' weights sharded too
+// (TrainingSetup::shard_weights, ZeRO-3) each GPU updates its pieces of them in place and the decoder
+// gathers a layer's weights into its weight slot through the weight gather hook (gather_slot) before
+// the layer's forward and backward; only the embedding's and the top unit's values are gathered
+// after a step, and a checkpoint's download gathers the layers unit by unit. The group's collectives run on a
 // stream of their own, so the device is synchronised before each (what they read was written on the
 // default stream); each returns when its own stream is done.
 class CudaDecoderTrainer final : public CudaTrainer {
@@ -69,6 +73,8 @@ class CudaDecoderTrainer final : public CudaTrainer {
     }
     norm_scratch_ = cuda::DeviceBuffer(size_t(cuda::sum_of_squares_scratch_doubles()) * sizeof(double));
     if (setup.shard_gradients) device_.set_unit_hook([this](int64_t unit) { reduce_unit(unit); });
+    if (setup.shard_weights)
+      device_.set_weight_gather([this](int64_t unit, bf16_t* slot) { gather_in_place(slot, device_.gradient_units()[size_t(unit)]); });
     device_.zero_grad();  // the whole gradient buffer, gaps included, before anything sums it
   }
 
@@ -77,12 +83,18 @@ class CudaDecoderTrainer final : public CudaTrainer {
       if (d.grad) device_.upload(d.name, to_f32_vector(host_.at(d.name)->value));
   }
 
-  void download_trainable() override {
-    for (const cuda::DeviceParameter& d : device_.parameters()) {
-      if (!d.grad) continue;
-      std::vector<float> values = device_.download_value(d.name);
-      model::Parameter& p = *host_.at(d.name);
-      p.value.copy_from(Tensor::view(values.data(), p.value.shape(), DType::F32));
+  // Unit by unit: a layer whose weights are sharded gathered into the slot first (every GPU takes
+  // part), then its parameters copied out where keep is true.
+  void download_trainable(bool keep) override {
+    const std::vector<cuda::Decoder::GradientUnit>& units = device_.gradient_units();
+    for (size_t u = 0; u < units.size(); ++u) {
+      if (units[u].value_piece) device_.gather_weights(int64_t(u));
+      for (const cuda::DeviceParameter& d : device_.parameters()) {
+        if (!d.grad || !keep || d.unit != int64_t(u)) continue;
+        std::vector<float> values = device_.download_value(d.name);
+        model::Parameter& p = *host_.at(d.name);
+        p.value.copy_from(Tensor::view(values.data(), p.value.shape(), DType::F32));
+      }
     }
   }
 
@@ -235,28 +247,31 @@ class CudaDecoderTrainer final : public CudaTrainer {
   const bf16_t* gather_pieces(const cuda::Decoder::GradientUnit& unit, const bf16_t* own) {
     bf16_t* all = staging(unit);
     cuda::copy_on_device(all + gpus_->rank() * unit.piece, own, size_t(unit.piece) * sizeof(bf16_t));
-    gather_staging(unit);
+    gather_in_place(all, unit);
     return all;
   }
 
-  // Every GPU's piece of the unit's staging (bf16) to every GPU, in place.
-  void gather_staging(const cuda::Decoder::GradientUnit& unit) {
-    bf16_t* all = staging(unit);
+  // Every GPU's piece of a unit's bf16 values (`all`: the unit's size, this GPU's piece at its place)
+  // to every GPU, in place, once the device's earlier work (which may still read `all`) is done: the
+  // staging's gathers, and the decoder's weight gather into its slot (ZeRO-3).
+  void gather_in_place(bf16_t* all, const cuda::Decoder::GradientUnit& unit) {
     cuda::synchronize();
     gpus_->all_gather_bytes(all, all + gpus_->rank() * unit.piece, unit.piece * int64_t(sizeof(bf16_t)));
   }
 
   // After a sharded AdamW step, unit by unit: each GPU's updated values (its piece's elements of each
-  // parameter) into its piece of the staging, gathered, and every parameter's values copied out.
+  // parameter) into its piece of the staging, gathered, and every parameter's values copied out. Not
+  // the layer units whose weights are sharded (ZeRO-3): each GPU keeps its updated piece only.
   void gather_values() {
     const std::vector<cuda::Decoder::GradientUnit>& units = device_.gradient_units();
     for (size_t u = 0; u < units.size(); ++u) {
+      if (units[u].value_piece) continue;
       bf16_t* all = staging(units[u]);
       for (const cuda::DeviceParameter& d : device_.parameters())
         if (d.m && d.unit == int64_t(u))
           cuda::copy_on_device(all + (d.grad_offset - units[u].begin) + d.shard_begin, d.value + d.shard_begin,
                                size_t(d.shard_end - d.shard_begin) * sizeof(bf16_t));
-      gather_staging(units[u]);
+      gather_in_place(all, units[u]);
       for (const cuda::DeviceParameter& d : device_.parameters())
         if (d.grad && d.unit == int64_t(u))
           cuda::copy_on_device(d.value, all + (d.grad_offset - units[u].begin), size_t(d.numel) * sizeof(bf16_t));

@@ -18,8 +18,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -1250,6 +1252,7 @@ cuda::TrainingSetup zero2_setup(int64_t world, int64_t rank) {
 // padded unit). Every tensor at 256-byte alignment, every unit padded to W * 64 floats.
 struct Zero2Bytes {
   size_t accumulators = 0, slot = 0, whole = 0, shard_floats = 0;
+  int64_t layer_unit = 0;  // a layer unit's floats, padded
 };
 Zero2Bytes zero2_bytes(const cuda::DecoderConfig& c, int64_t world) {
   auto floats = [](int64_t n) { return (n * 4 + 255) / 256 * 64; };  // an aligned f32 tensor, in floats
@@ -1266,6 +1269,7 @@ Zero2Bytes zero2_bytes(const cuda::DecoderConfig& c, int64_t world) {
   const int64_t top = padded(floats(C) + (c.tie_word_embeddings ? 0 : floats(c.vocab_size * C)));
   layer = padded(layer);
   Zero2Bytes z;
+  z.layer_unit = layer;
   z.shard_floats = size_t((embed + c.num_layers * layer + top) / world);
   z.accumulators = bytes(int64_t(z.shard_floats));
   z.slot = bytes(layer);
@@ -1273,10 +1277,9 @@ Zero2Bytes zero2_bytes(const cuda::DecoderConfig& c, int64_t world) {
   return z;
 }
 
-// The plan (== what the decoder allocates) holds the accumulators, one layer slot and the two whole
-// units, counted from the config; the AdamW state is this rank's 1/W of the padded units; the rest
-// of the plan is the unsharded one's. And the figures for a Llama-3.2-1B full fine-tune (printed).
-KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsOneLayerSlotAndTwoWholeUnits) {
+// Each shape the sharded plans are checked on, over 2, 3 and 8 ranks (planned as the last rank):
+// f(what, config, world).
+void for_each_sharded_shape(const std::function<void(const std::string&, const cuda::DecoderConfig&, int64_t)>& f) {
   const struct {
     const char* what;
     cuda::DecoderConfig config;
@@ -1285,39 +1288,55 @@ KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsOneLayerSlotAndTwoWholeUn
                 {"biased llama", tiny_biased_llama_config(false)},
                 {"gemma2", tiny_gemma2_config()}};
   for (const auto& shape : shapes)
-    for (int64_t world : {2, 3, 8}) {
-      const std::string what = std::string(shape.what) + " over " + std::to_string(world);
-      const cuda::TrainingSetup setup = zero2_setup(world, world - 1);
-      const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(shape.config, setup);
-      const cuda::Decoder::MemoryPlan unsharded = cuda::Decoder::plan(shape.config, family_setup(true));
-      const Zero2Bytes want = zero2_bytes(shape.config, world);
-      CHECK(planned.grad_accumulators == want.accumulators && planned.grad_layer_slot == want.slot &&
-            planned.grad_whole_units == want.whole &&
-            planned.gradients == want.accumulators + want.slot + want.whole)
-          << what << ": gradients " << planned.gradients << " (accumulators " << planned.grad_accumulators << ", slot "
-          << planned.grad_layer_slot << ", whole " << planned.grad_whole_units << "), want " << want.accumulators
-          << " + " << want.slot << " + " << want.whole;
-      CHECK(planned.optimizer == 2 * ((want.shard_floats * 2 + 255) / 256 * 256))
-          << what << ": AdamW state " << planned.optimizer << " for a shard of " << want.shard_floats;
-      CHECK(planned.parameters == unsharded.parameters && planned.activations == unsharded.activations)
-          << what << ": sharding the gradients changed more than the gradients and the AdamW state";
-      cuda::Decoder model(shape.config, setup, 1);
-      const cuda::Decoder::MemoryPlan allocated = model.memory_plan();
-      CHECK(allocated.total() == planned.total() && allocated.gradients == planned.gradients)
-          << what << ": Decoder::plan " << planned.total() << " bytes, the decoder allocated " << allocated.total();
-      // Every layer's gradients in the one slot; every other unit a buffer of its own.
-      const auto& units = model.gradient_units();
-      CHECK(int64_t(units.size()) == shape.config.num_layers + 2) << what << ": " << units.size() << " units";
-      for (const auto& p : model.parameters()) {
-        const auto& unit = units[size_t(p.unit)];
-        CHECK(p.grad >= unit.grads && p.grad + p.numel <= unit.grads + unit.size &&
-              p.grad - unit.grads == p.grad_offset - unit.begin)
-            << what << ": " << p.name << "'s gradient outside its unit " << p.unit;
-        if (p.unit >= 1 && p.unit <= shape.config.num_layers) {
-          CHECK(unit.grads == units[1].grads) << what << ": " << p.name << " not in the layer slot";
-        }
+    for (int64_t world : {2, 3, 8}) f(std::string(shape.what) + " over " + std::to_string(world), shape.config, world);
+}
+
+// A decoder for (config, setup), checked to allocate what Decoder::plan said, arena by arena.
+std::unique_ptr<cuda::Decoder> decoder_as_planned(const std::string& what, const cuda::DecoderConfig& config,
+                                                  const cuda::TrainingSetup& setup,
+                                                  const cuda::Decoder::MemoryPlan& planned) {
+  auto model = std::make_unique<cuda::Decoder>(config, setup, 1);
+  const cuda::Decoder::MemoryPlan allocated = model->memory_plan();
+  CHECK(allocated.total() == planned.total() && allocated.parameters == planned.parameters &&
+        allocated.gradients == planned.gradients && allocated.optimizer == planned.optimizer)
+      << what << ": Decoder::plan " << planned.total() << " bytes, the decoder allocated " << allocated.total();
+  return model;
+}
+
+// The plan (== what the decoder allocates) holds the accumulators, one layer slot and the two whole
+// units, counted from the config; the AdamW state is this rank's 1/W of the padded units; the rest
+// of the plan is the unsharded one's. And the figures for a Llama-3.2-1B full fine-tune (printed).
+KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsOneLayerSlotAndTwoWholeUnits) {
+  for_each_sharded_shape([&](const std::string& what, const cuda::DecoderConfig& config, int64_t world) {
+    const cuda::TrainingSetup setup = zero2_setup(world, world - 1);
+    const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(config, setup);
+    const cuda::Decoder::MemoryPlan unsharded = cuda::Decoder::plan(config, family_setup(true));
+    const Zero2Bytes want = zero2_bytes(config, world);
+    CHECK(planned.grad_accumulators == want.accumulators && planned.grad_layer_slot == want.slot &&
+          planned.grad_whole_units == want.whole &&
+          planned.gradients == want.accumulators + want.slot + want.whole)
+        << what << ": gradients " << planned.gradients << " (accumulators " << planned.grad_accumulators << ", slot "
+        << planned.grad_layer_slot << ", whole " << planned.grad_whole_units << "), want " << want.accumulators
+        << " + " << want.slot << " + " << want.whole;
+    CHECK(planned.optimizer == 2 * ((want.shard_floats * 2 + 255) / 256 * 256))
+        << what << ": AdamW state " << planned.optimizer << " for a shard of " << want.shard_floats;
+    CHECK(planned.parameters == unsharded.parameters && planned.activations == unsharded.activations)
+        << what << ": sharding the gradients changed more than the gradients and the AdamW state";
+    const std::unique_ptr<cuda::Decoder> built = decoder_as_planned(what, config, setup, planned);
+    cuda::Decoder& model = *built;
+    // Every layer's gradients in the one slot; every other unit a buffer of its own.
+    const auto& units = model.gradient_units();
+    CHECK(int64_t(units.size()) == config.num_layers + 2) << what << ": " << units.size() << " units";
+    for (const auto& p : model.parameters()) {
+      const auto& unit = units[size_t(p.unit)];
+      CHECK(p.grad >= unit.grads && p.grad + p.numel <= unit.grads + unit.size &&
+            p.grad - unit.grads == p.grad_offset - unit.begin)
+          << what << ": " << p.name << "'s gradient outside its unit " << p.unit;
+      if (p.unit >= 1 && p.unit <= config.num_layers) {
+        CHECK(unit.grads == units[1].grads) << what << ": " << p.name << " not in the layer slot";
       }
     }
+  });
   // A 1B full fine-tune (batch 2 x 2048, checkpointing): W = 1 (no sharding), 2 and 8.
   const double gib = double(1ull << 30);
   const cuda::DecoderConfig llama1b = cuda::DecoderConfig::llama3_2_1b();
@@ -1334,6 +1353,17 @@ KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsOneLayerSlotAndTwoWholeUn
                 "activations %.3f GiB, total %.3f GiB\n",
                 (long long)world, m.gradients / gib, m.grad_accumulators / gib, m.grad_layer_slot / gib,
                 m.grad_whole_units / gib, m.optimizer / gib, m.parameters / gib, m.activations / gib, m.total() / gib);
+  }
+}
+
+// What unit u's buffer holds of each of its parameters' gradients now (inside the unit hook), by name.
+void record_unit_gradients(cuda::Decoder& model, int64_t u, std::map<std::string, std::vector<float>>* seen) {
+  cuda::synchronize();
+  for (const auto& p : model.parameters()) {
+    if (p.unit != u) continue;
+    std::vector<float> g(size_t(p.numel));
+    cuda::copy_to_host(g.data(), p.grad, g.size() * sizeof(float));
+    (*seen)[p.name] = g;
   }
 }
 
@@ -1355,13 +1385,7 @@ KTUNE_CUDA_TEST(DecoderShardedGradientsHookSeesEachUnitsFinishedGradients) {
     std::map<std::string, std::vector<float>> seen;
     sharded.set_unit_hook([&](int64_t u) {
       order.push_back(u);
-      cuda::synchronize();
-      for (const auto& p : sharded.parameters()) {
-        if (p.unit != u) continue;
-        std::vector<float> g(size_t(p.numel));
-        cuda::copy_to_host(g.data(), p.grad, g.size() * sizeof(float));
-        seen[p.name] = g;
-      }
+      record_unit_gradients(sharded, u, &seen);
       // as the trainer's reduce-scatter does: the unit's buffer is not left as the backward wrote it
       std::vector<float> ones(size_t(sharded.gradient_units()[size_t(u)].size), 1.0f);
       cuda::copy_to_device(sharded.gradient_units()[size_t(u)].grads, ones.data(), ones.size() * 4);
@@ -1377,6 +1401,195 @@ KTUNE_CUDA_TEST(DecoderShardedGradientsHookSeesEachUnitsFinishedGradients) {
         CHECK(seen.count(p.name) && seen[p.name] == plain.download_grad(p.name))
             << what << " pass " << pass << ": " << p.name << " is not the unsharded step's gradient";
     }
+  }
+}
+
+// ---- the layers' weights sharded too (TrainingSetup::shard_weights, ZeRO-3) ----
+
+cuda::TrainingSetup zero3_setup(int64_t world, int64_t rank) {
+  cuda::TrainingSetup setup = zero2_setup(world, rank);
+  setup.shard_weights = true;
+  return setup;
+}
+
+// The parameter memory of a ZeRO-3 plan, from the config alone: the embedding, the final norm and an
+// untied lm_head whole (bf16, 256-byte aligned each), this rank's piece of every layer unit's bf16
+// values (1/W of the padded unit) and one layer unit's slot.
+struct Zero3Bytes {
+  size_t whole = 0, pieces = 0, slot = 0;
+  size_t total() const { return whole + pieces + slot; }
+};
+Zero3Bytes zero3_bytes(const cuda::DecoderConfig& c, int64_t world) {
+  auto bytes = [](int64_t bf16s) { return size_t((bf16s * 2 + 255) / 256 * 256); };
+  const int64_t layer_unit = zero2_bytes(c, world).layer_unit;
+  Zero3Bytes z;
+  z.whole = bytes(c.vocab_size * c.hidden_size) + bytes(c.hidden_size) +
+            (c.tie_word_embeddings ? 0 : bytes(c.vocab_size * c.hidden_size));
+  z.pieces = size_t(c.num_layers) * bytes(layer_unit / world);
+  z.slot = bytes(layer_unit);
+  return z;
+}
+
+// Llama-3.1-8B's config.json (the shape; the rope scaling does not change the plan).
+cuda::DecoderConfig llama3_1_8b() {
+  cuda::DecoderConfig c = cuda::DecoderConfig::llama3_2_1b();
+  c.hidden_size = 4096, c.num_layers = 32, c.num_heads = 32, c.num_kv_heads = 8, c.head_dim = 128;
+  c.intermediate_size = 14336, c.tie_word_embeddings = false;
+  return c;
+}
+
+// The plan (== what the decoder allocates) holds the whole embedding / norm / head, this rank's
+// pieces of the layers and one weight slot, counted from the config; gradients and AdamW state are
+// ZeRO-2's, activations the unsharded plan's. Every layer parameter's value lies in the one slot at
+// its gradient's place in the unit. And the figures for Llama-3.2-1B and Llama-3.1-8B full
+// fine-tunes at W = 2 and 8 (printed).
+KTUNE_CUDA_TEST(DecoderShardedWeightsPlanPiecesAndOneSlot) {
+  for_each_sharded_shape([&](const std::string& what, const cuda::DecoderConfig& config, int64_t world) {
+    const cuda::TrainingSetup setup = zero3_setup(world, world - 1);
+    const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(config, setup);
+    const cuda::Decoder::MemoryPlan zero2 = cuda::Decoder::plan(config, zero2_setup(world, world - 1));
+    const Zero3Bytes want = zero3_bytes(config, world);
+    CHECK(planned.parameters == want.total() && planned.weight_pieces == want.pieces &&
+          planned.weight_slot == want.slot)
+        << what << ": parameters " << planned.parameters << " (pieces " << planned.weight_pieces << ", slot "
+        << planned.weight_slot << "), want " << want.whole << " + " << want.pieces << " + " << want.slot;
+    CHECK(planned.gradients == zero2.gradients && planned.optimizer == zero2.optimizer &&
+          planned.activations == zero2.activations)
+        << what << ": sharding the weights changed more than the parameters";
+    const std::unique_ptr<cuda::Decoder> built = decoder_as_planned(what, config, setup, planned);
+    cuda::Decoder& model = *built;
+    const auto& units = model.gradient_units();
+    const cuda::DeviceParameter& first = model.parameters()[1];  // layer 0's q_proj: the slot's start
+    for (const auto& p : model.parameters()) {
+      const bool layer = p.unit >= 1 && p.unit <= config.num_layers;
+      CHECK(model.weights_sharded(p) == layer) << what << ": " << p.name;
+      CHECK(!layer || p.value - first.value == p.grad_offset - units[size_t(p.unit)].begin)
+          << what << ": " << p.name << "'s value is not at its gradient's place in the one slot";
+      CHECK(!layer == !units[size_t(p.unit)].value_piece) << what << ": unit " << p.unit << "'s piece";
+    }
+  });
+  const double gib = double(1ull << 30);
+  const struct {
+    const char* name;
+    cuda::DecoderConfig config;
+  } models[] = {{"Llama-3.2-1B", cuda::DecoderConfig::llama3_2_1b()}, {"Llama-3.1-8B", llama3_1_8b()}};
+  for (const auto& m : models)
+    for (int64_t world : {2, 8})
+      for (bool zero3 : {false, true}) {
+        cuda::TrainingSetup s = zero3 ? zero3_setup(world, 0) : zero2_setup(world, 0);
+        s.batch = 2, s.seq_len = 2048, s.ce_chunk_tokens = 0, s.activation_checkpointing = true;
+        const cuda::Decoder::MemoryPlan p = cuda::Decoder::plan(m.config, s);
+        if (zero3) {
+          CHECK(p.parameters == zero3_bytes(m.config, world).total()) << m.name << " over " << world;
+        }
+        std::printf("     %s full, batch 2 x 2048, checkpointing, W=%lld, %s: parameters %.3f GiB (layer pieces %.3f, "
+                    "slot %.3f), gradients %.3f GiB, AdamW state %.3f GiB, activations %.3f GiB, total %.3f GiB\n",
+                    m.name, (long long)world, zero3 ? "ZeRO-3" : "ZeRO-2", p.parameters / gib, p.weight_pieces / gib,
+                    p.weight_slot / gib, p.gradients / gib, p.optimizer / gib, p.activations / gib, p.total() / gib);
+      }
+}
+
+// A rank of a ZeRO-3 step: the weights uploaded by name (each rank keeps its piece), every other
+// rank's pieces filled in by the gather from a host copy of the whole units (laid out like the
+// gradients). The gathers come layer by layer, forward then backward (the last layer's reused), the
+// rank's own piece already in place each time; the loss and each unit's finished gradients are the
+// unsharded step's bit for bit; forward_loss gathers too; download_value needs a gathered layer.
+void expect_sharded_weights_step(const std::string& what, const cuda::DecoderConfig& config,
+                                 const cuda::TrainingSetup& plain_setup, int64_t world, int64_t rank) {
+  cuda::TrainingSetup setup = plain_setup;
+  setup.optimizer_shards = world, setup.optimizer_shard = rank, setup.shard_gradients = setup.shard_weights = true;
+  cuda::Decoder plain(config, plain_setup, 5), sharded(config, setup, 5);
+  const Params params = randomise(plain, 301);
+  for (const auto& [name, v] : params) sharded.upload(name, v);
+  const auto& units = sharded.gradient_units();
+  std::vector<std::vector<bf16_t>> whole(units.size());  // each layer unit's values, as all ranks hold them
+  for (const auto& p : sharded.parameters()) {
+    if (!sharded.weights_sharded(p)) continue;
+    std::vector<bf16_t>& unit = whole[size_t(p.unit)];
+    unit.resize(size_t(units[size_t(p.unit)].size), bf16_t{});
+    const std::vector<float>& v = params.at(p.name);
+    for (int64_t k = 0; k < p.numel; ++k)
+      unit[size_t(p.grad_offset - units[size_t(p.unit)].begin + k)] = f32_to_bf16(v[size_t(k)]);
+  }
+  std::vector<int64_t> gathered;
+  bool own_piece_in_place = true;
+  sharded.set_weight_gather([&](int64_t u, bf16_t* slot) {
+    gathered.push_back(u);
+    const int64_t piece = units[size_t(u)].piece;
+    std::vector<bf16_t> mine(static_cast<size_t>(piece));
+    cuda::synchronize();
+    cuda::copy_to_host(mine.data(), slot + rank * piece, mine.size() * sizeof(bf16_t));
+    for (int64_t k = 0; k < piece; ++k)
+      own_piece_in_place = own_piece_in_place && mine[size_t(k)] == whole[size_t(u)][size_t(rank * piece + k)];
+    const std::vector<bf16_t>& all = whole[size_t(u)];  // the other ranks' pieces, around this rank's
+    cuda::copy_to_device(slot, all.data(), size_t(rank * piece) * sizeof(bf16_t));
+    cuda::copy_to_device(slot + (rank + 1) * piece, all.data() + (rank + 1) * piece,
+                         (all.size() - size_t((rank + 1) * piece)) * sizeof(bf16_t));
+  });
+  std::map<std::string, std::vector<float>> seen;
+  sharded.set_unit_hook([&](int64_t u) {  // what the unit holds, and its piece into the accumulator (one rank's sum)
+    record_unit_gradients(sharded, u, &seen);
+    const cuda::Decoder::GradientUnit& unit = units[size_t(u)];
+    std::vector<float> piece(size_t(unit.piece)), acc(size_t(unit.piece));
+    float* accumulator = sharded.optimizer_shard().grad + unit.shard_offset;
+    cuda::copy_to_host(piece.data(), unit.grads + rank * unit.piece, piece.size() * sizeof(float));
+    cuda::copy_to_host(acc.data(), accumulator, acc.size() * sizeof(float));
+    for (size_t k = 0; k < acc.size(); ++k) acc[k] += piece[k];
+    cuda::copy_to_device(accumulator, acc.data(), acc.size() * sizeof(float));
+  });
+  std::vector<int32_t> tokens, labels;
+  batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+  plain.zero_grad(), sharded.zero_grad();
+  const cuda::StepResult want = plain.forward_backward(tokens.data(), labels.data(), 0.01f);
+  const cuda::StepResult got = sharded.forward_backward(tokens.data(), labels.data(), 0.01f);
+  const int64_t L = config.num_layers;
+  std::vector<int64_t> want_order;
+  for (int64_t u = 1; u <= L; ++u) want_order.push_back(u);
+  for (int64_t u = L - 1; u >= 1; --u) want_order.push_back(u);
+  CHECK(gathered == want_order) << what << ": " << gathered.size() << " gathers, not layer by layer forward then backward";
+  CHECK(own_piece_in_place) << what << ": the rank's own piece was not in its place in the slot before a gather";
+  CHECK(got.loss_sum == want.loss_sum && got.n_valid == want.n_valid) << what << ": loss " << got.loss_sum << " vs " << want.loss_sum;
+  for (const auto& p : plain.parameters())
+    CHECK(seen.count(p.name) && seen[p.name] == plain.download_grad(p.name))
+        << what << ": " << p.name << " is not the unsharded step's gradient";
+  gathered.clear();
+  const cuda::StepResult loss = sharded.forward_loss(tokens.data(), labels.data());
+  CHECK(loss.loss_sum == want.loss_sum && int64_t(gathered.size()) == L) << what << ": forward_loss " << loss.loss_sum;
+  // Layer 0 is in the slot after the backward; a step moves the pieces on, and then it is not.
+  const std::string q0 = "model.layers.0.self_attn.q_proj.weight";
+  const int64_t unit0 = sharded.parameter(q0).unit;
+  bool threw = false;
+  try {
+    sharded.adamw_step(cpu::AdamWStep{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1}, 7);
+    sharded.download_value(q0);
+  } catch (const Error&) {
+    threw = true;
+  }
+  CHECK(threw) << what << ": download_value of a sharded layer read a stale slot";
+  plain.adamw_step(cpu::AdamWStep{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1}, 7);
+  // The pieces an update wrote, gathered again (the other ranks' pieces now zero), equal the
+  // unsharded update on this rank's elements.
+  whole[size_t(unit0)].assign(whole[size_t(unit0)].size(), bf16_t{});
+  sharded.gather_weights(unit0);
+  const std::vector<float> stepped = sharded.download_value(q0), want_q0 = plain.download_value(q0);
+  const cuda::DeviceParameter& p0 = sharded.parameter(q0);
+  for (int64_t k = p0.shard_begin; k < p0.shard_end; ++k)
+    CHECK(stepped[size_t(k)] == want_q0[size_t(k)]) << what << ": " << q0 << "[" << k << "] after AdamW";
+}
+
+// Untied and tied heads, without and with activation checkpointing (the recompute reuses the
+// backward's gather), both ranks of two and the last of three.
+KTUNE_CUDA_TEST(DecoderShardedWeightsStepGathersEachLayerAndGivesTheUnshardedGradients) {
+  const struct {
+    bool tied, checkpointing;
+    int64_t world, rank;
+  } cases[] = {{false, false, 2, 0}, {false, true, 2, 1}, {true, false, 3, 2}, {true, true, 2, 1}};
+  for (const auto& k : cases) {
+    cuda::TrainingSetup setup = family_setup(true);
+    setup.activation_checkpointing = k.checkpointing;
+    expect_sharded_weights_step(std::string(k.tied ? "tied" : "untied") + (k.checkpointing ? " checkpointed" : "") +
+                                    " rank " + std::to_string(k.rank) + " of " + std::to_string(k.world),
+                                tiny_config(k.tied), setup, k.world, k.rank);
   }
 }
 

@@ -308,11 +308,13 @@ double train_step(CudaTrainer& gpu, const TinyRun& r, int world, int rank, bool 
 }
 
 // How the sharded run is set up: LoRA (ZeRO-1) or a full fine-tune with its gradients sharded too
-// (ZeRO-2), micro-batches a rank and a step, an untied or tied head.
+// (ZeRO-2) and, with weights, its layers' weights (ZeRO-3), micro-batches a rank and a step, an
+// untied or tied head.
 struct ShardedCase {
   bool lora = false;
   int micro = 1;
   bool tied = false;
+  bool weights = false;
 };
 
 // In each rank's process: the sharded run and the one-GPU reference, three steps each with a
@@ -326,9 +328,12 @@ void sharded_rank(int world, int rank, int port, const ShardedCase& how, const s
   shard.plan.setup.optimizer_shards = world;
   shard.plan.setup.optimizer_shard = rank;
   shard.plan.setup.shard_gradients = !lora;  // as the recipe sets it
+  shard.plan.setup.shard_weights = how.weights;
   std::unique_ptr<CudaTrainer> one = make_cuda_trainer(ref.host->parameters(), ref.plan, 1);
   std::unique_ptr<CudaTrainer> many = make_cuda_trainer(shard.host->parameters(), shard.plan, 1, nullptr, group.get());
   EXPECT_EQ(many->memory_report().find("gradients sharded (ZeRO-2)") != std::string::npos, !lora) << many->memory_report();
+  EXPECT_EQ(many->memory_report().find("weights sharded (ZeRO-3)") != std::string::npos, how.weights)
+      << many->memory_report();
   std::ofstream os(out);
   for (int step = 0; step < 3; ++step) {
     if (step == 2) {  // a resume: the reference's moments, whole, into every rank's shard
@@ -466,6 +471,17 @@ TEST(CudaPlugin, OnAGpuShardedAdamWOverTwoRanksEqualsOneGpuFullFinetune) {
   for (bool tied : {false, true}) {
     SCOPED_TRACE(tied ? "tied head" : "untied head");
     expect_sharded_equals_one_gpu(2, ShardedCase{/*lora=*/false, /*micro=*/2, tied});
+  }
+}
+
+// ZeRO-3: each rank holds and steps its pieces of the layers' weights, gathered before each layer's
+// forward and backward; the checkpoint's download gathers them on every rank. Two ranks, two
+// micro-batches each, bit for bit (values and moments, clipped, moments reloaded); tied and untied.
+TEST(CudaPlugin, OnAGpuShardedAdamWOverTwoRanksEqualsOneGpuFullFinetuneWeightsSharded) {
+  SKIP_WITHOUT_EMULATED_STEP();
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied head" : "untied head");
+    expect_sharded_equals_one_gpu(2, ShardedCase{/*lora=*/false, /*micro=*/2, tied, /*weights=*/true});
   }
 }
 

@@ -84,6 +84,19 @@ std::map<std::string, std::vector<int64_t>> layout(const std::string& path) {
   return result;
 }
 
+// The bytes of every safetensors file under DIR (the model, the recipe state's weights and moments),
+// by path relative to it.
+std::map<std::string, std::string> safetensors_bytes(const std::string& dir) {
+  std::map<std::string, std::string> result;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    result[fs::relative(e.path(), dir).string()] =
+        std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return result;
+}
+
 class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
  protected:
   Outcome run(const std::string& launcher, const std::string& recipe, const std::string& config,
@@ -291,11 +304,14 @@ TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {
 }
 
 // Two GPUs (a worker each, over NCCL; on the emulated step each worker its own emulated device and
-// fake/nccl.h between them) with the AdamW state and the gradients sharded (ZeRO-2), the default: every step's loss that of one
-// GPU with the doubled batch. Replicated (KTUNE_DATA_PARALLEL=replicate) gives the same losses digit
-// for digit: two gradients sum alike either way, and the sharded step rounds as the whole one does.
-// A sharded run resumed from its step-2 checkpoint (the moments gathered to rank 0 under the
-// unsharded names, each GPU taking its slice back) continues as the uninterrupted run.
+// fake/nccl.h between them) with the AdamW state, the gradients and the layers' weights sharded
+// (ZeRO-3), the default: every step's loss that of one GPU with the doubled batch. ZeRO-2
+// (KTUNE_DATA_PARALLEL=zero2: the weights whole) and replicated (KTUNE_DATA_PARALLEL=replicate) give
+// the same losses digit for digit: two gradients sum alike either way, and the sharded step rounds as
+// the whole one does; ZeRO-2 writes the same checkpoints byte for byte (ZeRO-3's layers gathered on
+// every GPU for rank 0 to save). A ZeRO-3 run resumed from its step-2 checkpoint (the weights back
+// into each GPU's pieces, the moments gathered to rank 0 under the unsharded names, each GPU taking
+// its slice back) continues as the uninterrupted run.
 TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplicatedAndResume) {
   SKIP_WITHOUT_GPUS(2);
   // 4 steps even on the emulated step: the resumed run's step 4 is the first that reads the moments.
@@ -306,14 +322,22 @@ TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplic
   setenv("KTUNE_DATA_PARALLEL", "replicate", 1);
   Outcome replicated = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device",
                            "cuda", args + " batch_size=2", out("replicated"));
+  setenv("KTUNE_DATA_PARALLEL", "zero2", 1);
+  Outcome zero2 = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
+                      args + " batch_size=2", out("zero2"));
   unsetenv("KTUNE_DATA_PARALLEL");
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
   ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
+  ASSERT_EQ(zero2.exit_code, 0) << zero2.output;
   EXPECT_NE(two.output.find("AdamW state sharded"), std::string::npos) << two.output;
-  // A full fine-tune shards its gradients too (ZeRO-2): reduced layer by layer as the backward goes.
-  EXPECT_NE(two.output.find("and the gradients too (ZeRO-2"), std::string::npos) << two.output;
+  // A full fine-tune shards its gradients and its layers' weights too (ZeRO-3): the weights gathered
+  // layer by layer, the gradients reduced layer by layer as the backward goes.
+  EXPECT_NE(two.output.find("the gradients and the layers' weights (ZeRO-3"), std::string::npos) << two.output;
   EXPECT_NE(two.output.find("gradients sharded (ZeRO-2)"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("weights sharded (ZeRO-3)"), std::string::npos) << two.output;
+  EXPECT_NE(zero2.output.find("and the gradients too (ZeRO-2"), std::string::npos) << zero2.output;
+  EXPECT_EQ(zero2.output.find("weights sharded (ZeRO-3)"), std::string::npos) << zero2.output;
   EXPECT_NE(replicated.output.find("replicated over 2 GPUs"), std::string::npos) << replicated.output;
   auto l1 = losses(out("one"));
   auto l2 = losses(out("two"));
@@ -321,6 +345,13 @@ TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplic
   ASSERT_EQ(l2.size(), 4u);
   for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 2e-2 * loss) << "step " << step;
   EXPECT_EQ(recipe_testing::logged(out("replicated")), recipe_testing::logged(out("two")));
+  EXPECT_EQ(recipe_testing::logged(out("zero2")), recipe_testing::logged(out("two")));
+  for (const std::string checkpoint : {"/step_2", "/epoch_0"}) {
+    const std::map<std::string, std::string> zero3_files = safetensors_bytes(out("two") + checkpoint);
+    EXPECT_FALSE(zero3_files.empty()) << checkpoint;
+    EXPECT_TRUE(zero3_files == safetensors_bytes(out("zero2") + checkpoint))
+        << checkpoint << ": the ZeRO-3 run's checkpoint is not the ZeRO-2 run's byte for byte";
+  }
 
   Outcome resumed = resume_from_step_2("--nproc_per_node 2 --standalone", "full_finetune_distributed",
                                        "full_single_device", args + " batch_size=2", "two", "resumed");
