@@ -1578,17 +1578,20 @@ void expect_sharded_weights_step(const std::string& what, const cuda::DecoderCon
 }
 
 // Untied and tied heads, without and with activation checkpointing (the recompute reuses the
-// backward's gather), both ranks of two and the last of three.
+// backward's gather) and offloading, both ranks of two and the last of three.
 KTUNE_CUDA_TEST(DecoderShardedWeightsStepGathersEachLayerAndGivesTheUnshardedGradients) {
   const struct {
-    bool tied, checkpointing;
+    bool tied, checkpointing, offloading;
     int64_t world, rank;
-  } cases[] = {{false, false, 2, 0}, {false, true, 2, 1}, {true, false, 3, 2}, {true, true, 2, 1}};
+  } cases[] = {{false, false, false, 2, 0}, {false, true, false, 2, 1}, {true, false, false, 3, 2},
+               {true, true, true, 2, 1}};
   for (const auto& k : cases) {
     cuda::TrainingSetup setup = family_setup(true);
     setup.activation_checkpointing = k.checkpointing;
+    setup.activation_offloading = k.offloading;
     expect_sharded_weights_step(std::string(k.tied ? "tied" : "untied") + (k.checkpointing ? " checkpointed" : "") +
-                                    " rank " + std::to_string(k.rank) + " of " + std::to_string(k.world),
+                                    (k.offloading ? " offloaded" : "") + " rank " + std::to_string(k.rank) + " of " +
+                                    std::to_string(k.world),
                                 tiny_config(k.tied), setup, k.world, k.rank);
   }
 }
