@@ -85,9 +85,7 @@ cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe,
   }
   s.quantize_base = cfg.model.quantize_base;  // QLoRA: NF4 bases (lm_head's if adapted), the CPU quantiser's codes
   s.lora_dropout = float(cfg.model.lora_dropout);  // the CPU adapters' mask function (lora_seed: the recipe's)
-  s.use_dora = cfg.model.use_dora;  // PEFT's DoRA, the CPU adapter's math (magnitude uploaded by name)
-  if (s.use_dora && s.lora_on_output)
-    gaps.push_back("model.use_dora with model.apply_lora_to_output: DoRA on the output projection (lm_head)");
+  s.use_dora = cfg.model.use_dora;  // PEFT's DoRA, the CPU adapter's math (magnitude uploaded by name; lm_head's too)
   return s;
 }
 

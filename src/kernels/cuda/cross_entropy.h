@@ -7,7 +7,13 @@
 // (xa = dropout(hidden) Aᵀ, (N, r), computed once by the caller), and the backward gives
 // dxa = s · dlogits B and dB += s · dlogitsᵀ xa; the caller finishes through xa = x' Aᵀ
 // (dA += dxaᵀ x', dhidden += dxa A), as the CPU LoraAdapter::fused_output_cross_entropy does.
-// Peak scratch: chunk_tokens * V * 6 bytes (f32 logits + bf16 dlogits), flat in N.
+// DoRA on the head (the CPU OutputHead's math, the norm detached): logits = c ⊙ (h Wᵀ + s xa Bᵀ), c per
+// vocabulary row (m / ‖W + sBA‖, computed by the caller); with dropout (PEFT's variant)
+// logits = h Wᵀ − h' Wᵀ + c ⊙ (h' Wᵀ + s xa Bᵀ), h' the dropped rows.
+// QLoRA: W as NF4, dequantised a block of vocabulary rows at a time into the caller's block scratch
+// before each GEMM that reads it (the forward's and the backward's, in every chunk), never whole.
+// Peak scratch: chunk_tokens * V * 6 bytes (f32 logits + bf16 dlogits), flat in N; DoRA with
+// dropout another chunk_tokens * V * 4 (h Wᵀ − h' Wᵀ, then ((c − 1) ⊙ dz) in bf16).
 // It deliberately does not average (returns the sum and the count; the caller scales through
 // grad_scale), and it synchronises once at the end to return the loss (a device-side total for a
 // fully asynchronous step is left to the recipe integration).
@@ -24,7 +30,8 @@ namespace ktune::cuda {
 constexpr int32_t kIgnoreIndex = -100;
 
 // Bytes of device scratch for chunks of chunk_tokens tokens (logits, dlogits, per-row losses).
-size_t linear_cross_entropy_scratch_bytes(int64_t chunk_tokens, int64_t V);
+// dropped_hidden: for a head with LoraHead::dropped_hidden (DoRA with dropout), chunk_tokens * V * 4 more.
+size_t linear_cross_entropy_scratch_bytes(int64_t chunk_tokens, int64_t V, bool dropped_hidden = false);
 
 // LoRA on the head: logits = hidden Wᵀ + scale · xa Bᵀ. rank 0: none.
 struct LoraHead {
@@ -35,6 +42,21 @@ struct LoraHead {
   bf16_t* dxa = nullptr;       // (N, rank) bf16 or nullptr: overwritten with scale · dlogits B (grad_scale
                                // included, 0 on ignored rows)
   float* db = nullptr;         // (V, rank) f32 or nullptr: += scale · dlogitsᵀ xa
+  // DoRA (dora_scale set): logits = c ⊙ (h Wᵀ + s xa Bᵀ), or with dropped_hidden
+  // h Wᵀ − h' Wᵀ + c ⊙ (h' Wᵀ + s xa Bᵀ); the LoRA gradients above then go through dlogits ⊙ c.
+  const float* dora_scale = nullptr;       // (V) c = m / ‖W + s B A‖_row, or nullptr: no DoRA
+  const float* weight_norm = nullptr;      // (V) ‖W + s B A‖_row
+  float* dmagnitude = nullptr;             // (V) f32 or nullptr: += Σ_rows dlogits ⊙ (h' Wᵀ + s xa Bᵀ) / norm
+  const bf16_t* dropped_hidden = nullptr;  // (N, C) h' (DoRA with dropout) or nullptr: h' = h
+  float* ddropped_hidden = nullptr;        // (N, C) f32 or nullptr: overwritten with ((c − 1) ⊙ dlogits) W, the
+                                           // gradient of h' through the base terms (dxa's is the caller's)
+  // QLoRA (weight == nullptr): W (V, C) as NF4 codes (V*C/2) and scales (V*C/64), dequantised
+  // nf4_block_rows vocabulary rows at a time into nf4_block ((nf4_block_rows, C) bf16;
+  // nf4_block_rows * C a multiple of 64).
+  const uint8_t* nf4_codes = nullptr;
+  const float* nf4_scales = nullptr;
+  int64_t nf4_block_rows = 0;
+  bf16_t* nf4_block = nullptr;
 };
 
 // hidden (N, C) bf16   weight (V, C) bf16   labels (N) i32, -100 ignored   softcap: 0 = off
@@ -46,7 +68,8 @@ double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, in
                             const bf16_t* weight, const int32_t* labels, int64_t N, int64_t C, int64_t V,
                             float softcap, float grad_scale, int64_t chunk_tokens, void* scratch,
                             Stream stream = nullptr);
-// The same with LoRA on the head (lora.rank > 0; dweight, when given, is still the base W's).
+// The same with LoRA on the head (lora.rank > 0; dweight, when given, is still the base W's; weight
+// nullptr: the NF4 W of lora, frozen, no dweight).
 double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, int64_t* n_valid, const bf16_t* hidden,
                             const bf16_t* weight, const LoraHead& lora, const int32_t* labels, int64_t N, int64_t C,
                             int64_t V, float softcap, float grad_scale, int64_t chunk_tokens, void* scratch,

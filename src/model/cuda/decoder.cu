@@ -44,6 +44,7 @@ namespace {
 
 constexpr size_t kAlign = 256;  // DeviceArena's slice alignment
 constexpr int64_t kDefaultLossChunkTokens = 512;  // TrainingSetup::ce_chunk_tokens = 0
+constexpr int64_t kDefaultHeadBlockRows = 4096;   // TrainingSetup::head_block_rows = 0
 constexpr int64_t kDefaultMlpChunkTokens = 2048;  // TrainingSetup::mlp_chunk_tokens = 0
 constexpr int64_t kShardMultiple = 64;  // floats: an optimizer shard's size is a multiple (256-byte slices)
 size_t aligned(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; }
@@ -87,15 +88,16 @@ __global__ void f32_to_bf16_kernel(__nv_bfloat16* y, const float* x, int64_t n) 
   if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
-// x[i] = bf16(uniform(-bound, bound)) from (key, i); bound == 0 fills with `fill`.
-__global__ void init_kernel(__nv_bfloat16* x, int64_t n, uint64_t key, float bound, float fill) {
+// x[i] = bf16(uniform(-bound, bound)) from (key, first + i); bound == 0 fills with `fill`. first: the
+// index of x[0] in the whole tensor (an NF4 lm_head is drawn a block of rows at a time).
+__global__ void init_kernel(__nv_bfloat16* x, int64_t n, uint64_t key, float bound, float fill, int64_t first) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   if (bound == 0.0f) {
     x[i] = __float2bfloat16_rn(fill);
     return;
   }
-  const uint64_t bits = splitmix64(key ^ (uint64_t(i) * 0xd1342543de82ef95ull));
+  const uint64_t bits = splitmix64(key ^ (uint64_t(first + i) * 0xd1342543de82ef95ull));
   const float u = float(bits >> 40) * (1.0f / 16777216.0f);  // [0, 1)
   x[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * bound);
 }
@@ -278,7 +280,10 @@ struct Decoder::Impl {
   bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   bf16_t* lora_g = nullptr;                                      // (N, r); LoRA on lm_head: the loss's dxa
   bf16_t* head_xa = nullptr;  // LoRA on lm_head: (N, r) dropout(final_normed) A^T, read by the loss
-  bf16_t* head_weight = nullptr;  // QLoRA on lm_head: (V, C) W dequantised, held through the fused loss
+  bf16_t* head_weight = nullptr;  // QLoRA on lm_head: (head_rows, C) a block of W's rows dequantised, in the fused loss
+  int64_t head_rows = 0;          // lm_head's vocabulary rows per block (TrainingSetup::head_block_rows)
+  bf16_t* head_dropped = nullptr;  // DoRA on lm_head with dropout: (N, C) x' = dropout(final_normed), through the loss
+  float* head_ddropped = nullptr;  // and (N, C) f32 its gradient
   bf16_t* ones = nullptr;  // (N) 1s when a bias trains: db (1, out) += ones (1, N) @ dy (N, out)
   bf16_t* nf4_weight = nullptr;  // QLoRA: the largest NF4 weight that goes through scratch, in bf16
   bool nf4_fused = false;        // TrainingSetup::nf4_fused_gemm
@@ -330,6 +335,7 @@ struct Decoder::Impl {
   void base_backward_input(bf16_t* dx, const bf16_t* dy, const LinearRef& w, float beta);
   void linear_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta);
   void dora_norms(const LinearRef& w, const bf16_t* weight);  // w.norm, w.c from W + s B A
+  void dora_norm_rows(const LinearRef& w, const bf16_t* rows, int64_t o0, int64_t n);  // rows [o0, o0 + n) only
   void dora_forward(bf16_t* y, const bf16_t* x, const LinearRef& w, bf16_t* xa, float beta);
   void dora_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
                      const bf16_t* xa);
@@ -363,6 +369,8 @@ struct Decoder::Impl {
   // dnormed's low-rank term (from dxa in lora_g) after it.
   LoraHead head_lora_forward(const LinearRef& w, bool backward);
   void head_lora_backward(const LinearRef& w);
+  // DoRA on lm_head: w.norm, w.c (V) from W + s B A, head_rows vocabulary rows at a time.
+  void head_dora_norms(const LinearRef& w);
   void backward(const DecoderConfig& c);  // from dnormed (the loss's gradient) down to the embedding
   std::vector<bool> attention_backward_ran, attention_recompute_ran;  // per layer, for the profile
   void finish_step(const DecoderConfig& c, bool with_backward, Decoder::StepProfile* profile);
@@ -462,8 +470,7 @@ void Decoder::validate() const {
   check(!setup.lora_on_output || !c.tie_word_embeddings, "cuda decoder: lora_on_output",
         "this model ties its output layer to the embeddings (tie_word_embeddings), so there is no separate output "
         "projection for LoRA");
-  check(!setup.lora_on_output || !setup.use_dora, "cuda decoder: lora_on_output",
-        "DoRA on the output projection (lm_head) is not in the GPU step (the CPU engine has it)");
+  check(setup.head_block_rows >= 0, "cuda decoder", "head_block_rows must be >= 0 (0: the default)");
   check(!setup.activation_offloading || setup.activation_checkpointing, "cuda decoder",
         "activation_offloading offloads the layer inputs that activation_checkpointing keeps: it needs "
         "activation_checkpointing");
@@ -553,10 +560,13 @@ void Decoder::allocate(bool on_device) {
     if (setup_.lora_on_output) {  // the CPU adapter's names: "base_model.model." + "lm_head"
       s.output.lora_a = add("base_model.model.lm_head.lora_A.weight", {r, C}, true);
       s.output.lora_b = add("base_model.model.lm_head.lora_B.weight", {V, r}, true);
+      if (setup_.use_dora) s.output.magnitude = add("base_model.model.lm_head.lora_magnitude_vector", {V}, true);
     }
   }
 
   // QLoRA: the base weights of the adapted projections in NF4 (codes + scales instead of bf16 values).
+  // lm_head's is dequantised a block of head_rows vocabulary rows at a time (the fused loss, DoRA's norms).
+  s.head_rows = std::min(V, setup_.head_block_rows > 0 ? setup_.head_block_rows : kDefaultHeadBlockRows);
   std::vector<bool> nf4(params_.size(), false);
   int64_t nf4_largest = 0;
   if (setup_.quantize_base) {
@@ -569,11 +579,15 @@ void Decoder::allocate(bool on_device) {
       check(w.numel % cpu::kNf4BlockSize == 0, "cuda decoder: parameter " + w.name,
             "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(w.numel));
       nf4[size_t(lin->weight)] = true;
-      // Through the scratch unless the fused GEMM takes it (a layer's projection without DoRA).
+      // Through the scratch unless the fused GEMM takes it (a layer's projection without DoRA);
+      // lm_head's a block of head_rows vocabulary rows at a time.
       const bool fused = setup_.nf4_fused_gemm && !setup_.use_dora && lin != &s.output &&
                          nf4_gemm_supports(w.shape[0], w.shape[1]) && nf4_gemm_supports(w.shape[1], w.shape[0]);
-      if (!fused) nf4_largest = std::max(nf4_largest, w.numel);
+      if (!fused) nf4_largest = std::max(nf4_largest, lin == &s.output ? s.head_rows * C : w.numel);
     }
+    check(s.output.lora_a < 0 || s.head_rows * C % cpu::kNf4BlockSize == 0, "cuda decoder: lm_head",
+          "QLoRA dequantises lm_head in blocks of head_block_rows rows: rows * hidden_size must be a multiple of 64, "
+          "got " + std::to_string(s.head_rows) + " * " + std::to_string(C));
   }
 
   // Parameters, gradients, optimizer state: sized, then carved.
@@ -641,7 +655,9 @@ void Decoder::allocate(bool on_device) {
   s.ce_chunk = setup_.ce_chunk_tokens > 0 ? setup_.ce_chunk_tokens : kDefaultLossChunkTokens;
   if (s.ce_chunk > 128) s.ce_chunk = s.ce_chunk / 128 * 128;
   s.ce_chunk = std::min(s.ce_chunk, N);
-  s.ce_scratch_bytes = linear_cross_entropy_scratch_bytes(s.ce_chunk, V);
+  const bool head_dora = s.output.magnitude >= 0;  // DoRA on lm_head
+  const bool head_dora_dropout = head_dora && setup_.lora_dropout > 0;
+  s.ce_scratch_bytes = linear_cross_entropy_scratch_bytes(s.ce_chunk, V, head_dora_dropout);
   AttentionShape ashape{s.B, s.T, c.num_heads, c.num_kv_heads, c.head_dim, 1.0f, 0, 0.0f};
   // Each layer's attention: a window reaching back over the whole row (>= T) masks nothing and is
   // dropped; what remains of a window, and a soft-cap, run on whichever path the layer takes (the
@@ -664,7 +680,8 @@ void Decoder::allocate(bool on_device) {
   // the widest input an adapter reads (LoRA dropout's scratch rows; lm_head's is C)
   int64_t lora_in_largest = s.output.lora_a >= 0 ? C : 0;
   const bool head_nf4 = s.output.lora_a >= 0 && nf4[size_t(s.output.weight)];  // QLoRA on lm_head
-  int64_t dora_weight_largest = 0, dora_out_largest = 0;  // DoRA's scratch
+  // DoRA's scratch (lm_head's norms: a block of head_rows rows of W + s B A in f32)
+  int64_t dora_weight_largest = head_dora ? s.head_rows * C : 0, dora_out_largest = 0;
   for (const Impl::Layer& layer : s.layers)
     for (const Impl::Linear& lin : layer.proj) {
       if (lin.lora_a >= 0) lora_in_largest = std::max(lora_in_largest, lin.in);
@@ -677,6 +694,7 @@ void Decoder::allocate(bool on_device) {
   for (const Impl::Layer& layer : s.layers)
     for (const Impl::Linear& lin : layer.proj) any_bias_grad |= lin.bias >= 0 && trainable[size_t(lin.bias)];
   std::vector<bf16_t*> offload_slots;  // activation offloading's device slots (layout fills them)
+  size_t loss_bytes = 0;               // the loss's phase scratch (layout sets it)
   auto layout = [&](Carver& k) {
     s.resid.assign(size_t(L + 1), nullptr);
     if (s.offloading) {  // the L + 1 share the two slots: resid[j] in slot j % kSlots
@@ -749,17 +767,22 @@ void Decoder::allocate(bool on_device) {
     s.dv = k.take<bf16_t>(N * KD);
     s.lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
     s.head_xa = s.output.lora_a >= 0 ? k.take<bf16_t>(N * r) : nullptr;
+    s.output.dora_norm = head_dora ? k.take<float>(V) : nullptr;  // (V) from before the loss to its end
+    s.output.dora_scale = head_dora ? k.take<float>(V) : nullptr;
     s.ones = any_bias_grad ? k.take<bf16_t>(N) : nullptr;
     // Phase scratch: the fused loss's chunk (used by the loss, between the forward and the
-    // backward; with QLoRA on lm_head also the head's W dequantised, both read by every chunk), the
-    // attention kernels' (inside one layer's attention) and the projections' (inside one
-    // linear_forward / linear_backward: the NF4 weight dequantised, LoRA dropout's x', DoRA's; LoRA
-    // on lm_head uses x' just before the fused loss and just after it, never during it).
+    // backward; with QLoRA on lm_head also a block of the head's W dequantised, with DoRA on lm_head
+    // and dropout x' and its gradient, all read during the loss), the attention kernels' (inside one
+    // layer's attention) and the projections' (inside one linear_forward / linear_backward: the NF4
+    // weight dequantised, LoRA dropout's x', DoRA's; LoRA on lm_head uses x' just before the fused
+    // loss and just after it, never during it, and DoRA's norms of lm_head just before it).
     // One stream runs them one after another and none reads what another phase left, so the three
     // overlay one region, as large as the largest of them.
     auto phase_scratch = [&](Overlay& loss, Overlay& attention, Overlay& projection) {
       s.ce_scratch = loss.take<char>(int64_t(s.ce_scratch_bytes));
-      s.head_weight = head_nf4 ? loss.take<bf16_t>(V * C) : nullptr;  // beside the chunk's, through the loss
+      s.head_weight = head_nf4 ? loss.take<bf16_t>(s.head_rows * C) : nullptr;  // beside the chunk's
+      s.head_dropped = head_dora_dropout ? loss.take<bf16_t>(N * C) : nullptr;
+      s.head_ddropped = head_dora_dropout ? loss.take<float>(N * C) : nullptr;
       s.attn_scratch =
           any_flash_attention ? attention.take<float>(attention_backward_scratch_floats(ashape)) : nullptr;
       s.attn_tc_scratch =
@@ -776,6 +799,7 @@ void Decoder::allocate(bool on_device) {
     };
     Overlay loss, attention, projection;  // sizes first
     phase_scratch(loss, attention, projection);
+    loss_bytes = loss.bytes;
     char* phase = k.take<char>(int64_t(std::max({loss.bytes, attention.bytes, projection.bytes})));
     Overlay loss_at{phase}, attention_at{phase}, projection_at{phase};
     phase_scratch(loss_at, attention_at, projection_at);
@@ -789,7 +813,7 @@ void Decoder::allocate(bool on_device) {
   plan_bytes_.gradients = gbytes;
   plan_bytes_.optimizer = obytes;
   plan_bytes_.activations = count.bytes;
-  plan_bytes_.loss_scratch = aligned(s.ce_scratch_bytes);
+  plan_bytes_.loss_scratch = loss_bytes;
   plan_bytes_.host_offload = s.offloading ? ActivationOffload::host_bytes(L + 1, N * C) : 0;
   if (!on_device) return;
   // Sized: refused here when larger than the device, before any arena is allocated.
@@ -854,7 +878,7 @@ void Decoder::allocate(bool on_device) {
   layout(carve);
   if (s.offloading) s.offload.init(L + 1, N * C, offload_slots);
   if (s.ones) {
-    init_kernel<<<blocks_for(N, 256), 256>>>(dev(s.ones), N, 0, 0.0f, 1.0f);
+    init_kernel<<<blocks_for(N, 256), 256>>>(dev(s.ones), N, 0, 0.0f, 1.0f, 0);
     KTUNE_CUDA_CHECK_LAUNCH();
   }
   // Gemma: sqrt(hidden) in the weights' dtype (bf16), as HF's embed_scale.to(weight.dtype).
@@ -900,20 +924,32 @@ void Decoder::init_parameters(uint64_t seed) {
     if (is_bias[i]) bound = 0.0f, fill = 0.0f;
     if (is_a[i]) bound = 1.0f / std::sqrt(float(p.shape[1]));
     if (is_b[i]) bound = 0.0f, fill = 0.0f;
-    // An NF4 base: drawn into the dequantisation scratch (into a buffer of its own where the fused
-    // GEMM left the scratch smaller than this weight, or none), then quantised on the host as an upload.
-    const bool in_scratch = p.nf4_codes && plan_bytes_.nf4_scratch >= size_t(p.numel) * sizeof(bf16_t);
-    DeviceBuffer drawn_nf4;
-    if (p.nf4_codes && !in_scratch) drawn_nf4 = DeviceBuffer(size_t(p.numel) * sizeof(bf16_t));
-    bf16_t* target = p.nf4_codes ? (in_scratch ? s.nf4_weight : drawn_nf4.as<bf16_t>()) : p.value;
-    init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(target), p.numel, splitmix64(seed ^ splitmix64(i)), bound,
-                                                   fill);
-    KTUNE_CUDA_CHECK_LAUNCH();
-    if (weights_sharded(p) && p.shard_value)  // drawn whole into the slot, this rank's elements kept
-      copy_on_device(p.shard_value, p.value + p.shard_begin, size_t(p.shard_end - p.shard_begin) * sizeof(bf16_t));
-    if (p.nf4_codes) {
-      std::vector<bf16_t> drawn(size_t(p.numel));
-      copy_to_host(drawn.data(), target, drawn.size() * sizeof(bf16_t));  // synchronous
+    const uint64_t key = splitmix64(seed ^ splitmix64(i));
+    if (!p.nf4_codes) {
+      init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(p.value), p.numel, key, bound, fill, 0);
+      KTUNE_CUDA_CHECK_LAUNCH();
+      if (weights_sharded(p) && p.shard_value)  // drawn whole into the slot, this rank's elements kept
+        copy_on_device(p.shard_value, p.value + p.shard_begin, size_t(p.shard_end - p.shard_begin) * sizeof(bf16_t));
+      continue;
+    }
+    // An NF4 base: drawn into the dequantisation scratch (lm_head's a block of rows at a time; into a
+    // buffer of its own where the fused GEMM left the scratch smaller than the block, or none), then
+    // quantised on the host as an upload.
+    std::vector<bf16_t> drawn(size_t(p.numel));
+    const int64_t block = int(i) == s.output.weight ? s.head_rows * p.shape[1] : p.numel;
+    DeviceBuffer own_scratch;
+    bf16_t* scratch = s.nf4_weight;
+    if (plan_bytes_.nf4_scratch < size_t(block) * sizeof(bf16_t)) {
+      own_scratch = DeviceBuffer(size_t(block) * sizeof(bf16_t));
+      scratch = own_scratch.as<bf16_t>();
+    }
+    for (int64_t first = 0; first < p.numel; first += block) {
+      const int64_t n = std::min(block, p.numel - first);
+      init_kernel<<<blocks_for(n, 256), 256>>>(dev(scratch), n, key, bound, fill, first);
+      KTUNE_CUDA_CHECK_LAUNCH();
+      copy_to_host(drawn.data() + first, scratch, size_t(n) * sizeof(bf16_t));  // synchronous
+    }
+    {
       std::vector<float> x(drawn.size());
       for (size_t j = 0; j < x.size(); ++j) x[j] = bf16_to_f32(drawn[j]);
       upload_nf4(p, x.data());
@@ -927,6 +963,11 @@ void Decoder::init_parameters(uint64_t seed) {
       s.dora_norms(w, s.base_weight(w));
       convert_to_bf16(params_[size_t(lin.magnitude)].value, w.norm, lin.out);
     }
+  if (s.output.magnitude >= 0) {
+    const LinearRef w = s.lin(s.output);
+    s.head_dora_norms(w);
+    convert_to_bf16(params_[size_t(s.output.magnitude)].value, w.norm, w.out);
+  }
   s.slot_layer = -1;  // the slot holds the last layer's drawn values, not a gathered layer
   zero_grad();
   KTUNE_CUDA_CHECK(cudaMemsetAsync(impl_->optim_arena->data(), 0, impl_->optim_arena->used(), nullptr));
@@ -1198,10 +1239,13 @@ void Decoder::Impl::linear_backward(bf16_t* dx, bool accumulate, const bf16_t* d
 
 // DoRA (LoraAdapter's, PEFT's): norm (out) = ‖W + s B A‖ per row, c = m / norm. weight: W (out, in)
 // bf16 (base_weight's).
-void Decoder::Impl::dora_norms(const LinearRef& w, const bf16_t* weight) {
-  dora_widen(dora_w, weight, w.out * w.in);
-  mm(false, false, w.out, w.in, w.r, w.scale, w.b, w.a, 1.0f, dora_w, DType::F32);  // += s B (out, r) @ A (r, in)
-  dora_weight_norm(w.norm, w.c, dora_w, w.m, w.out, w.in);
+void Decoder::Impl::dora_norms(const LinearRef& w, const bf16_t* weight) { dora_norm_rows(w, weight, 0, w.out); }
+
+// The same for W's rows [o0, o0 + rows) (rows: their bf16 values, (rows, in)).
+void Decoder::Impl::dora_norm_rows(const LinearRef& w, const bf16_t* rows, int64_t o0, int64_t n) {
+  dora_widen(dora_w, rows, n * w.in);
+  mm(false, false, n, w.in, w.r, w.scale, w.b + o0 * w.r, w.a, 1.0f, dora_w, DType::F32);  // += s B[rows] @ A
+  dora_weight_norm(w.norm + o0, w.c + o0, dora_w, w.m + o0, n, w.in);
 }
 
 // y (N, out) = beta * y + c ⊙ pre + b, pre = x W^T + s xa B^T, xa = x A^T (no dropout);
@@ -1436,39 +1480,72 @@ StepResult Decoder::Impl::loss(const DecoderConfig& c, float grad_scale, bool ba
   mark(2);
   const bool adapted = output.lora_a >= 0;
   const LinearRef w = adapted ? lin(output) : LinearRef{h.value, h.grad};
-  const LoraHead lora = adapted ? head_lora_forward(w, backward) : LoraHead{};
-  const bf16_t* weight = h.value;
-  if (w.nf4_codes) {  // QLoRA on lm_head: W dequantised once for every chunk (after head_lora_forward's x')
-    nf4_dequantize(head_weight, w.nf4_codes, w.nf4_scales, w.out * w.in);
-    weight = head_weight;
+  if (w.m) head_dora_norms(w);  // before x' (head_lora_forward): both use the projections' scratch
+  LoraHead lora = adapted ? head_lora_forward(w, backward) : LoraHead{};
+  if (w.nf4_codes) {  // QLoRA on lm_head: W dequantised a block of rows at a time inside the loss
+    lora.nf4_codes = w.nf4_codes, lora.nf4_scales = w.nf4_scales;
+    lora.nf4_block_rows = head_rows, lora.nf4_block = head_weight;
   }
   result.loss_sum = linear_cross_entropy(gemm, backward ? dnormed : nullptr, backward ? h.grad : nullptr,
-                                         &result.n_valid, final_normed, weight, lora, labels, N, c.hidden_size,
-                                         c.vocab_size, c.final_logit_softcap, grad_scale, ce_chunk, ce_scratch);
+                                         &result.n_valid, final_normed, w.nf4_codes ? nullptr : h.value, lora, labels,
+                                         N, c.hidden_size, c.vocab_size, c.final_logit_softcap, grad_scale, ce_chunk,
+                                         ce_scratch);
   if (backward && adapted) head_lora_backward(w);
   mark(3);
   return result;
 }
 
 // xa (N, r) = x' A^T, x' = dropout(final_normed) with LoRA dropout (module "lm_head", element n C + i
-// of the (N, C) rows, the CPU adapter's masks), else final_normed.
+// of the (N, C) rows, the CPU adapter's masks), else final_normed. DoRA: c and the norms; with
+// dropout x' stays through the loss (head_dropped), for PEFT's base terms h W^T − x' W^T + c ⊙ x' W^T.
 LoraHead Decoder::Impl::head_lora_forward(const LinearRef& w, bool backward) {
   const bf16_t* x = final_normed;
+  const bool dora_dropout = w.m && w.dropout > 0;
   if (w.dropout > 0) {
-    lora_dropout_forward(dropped_x, final_normed, N * w.in, w.dropout_seed, w.dropout);
-    x = dropped_x;
+    bf16_t* xd = dora_dropout ? head_dropped : dropped_x;
+    lora_dropout_forward(xd, final_normed, N * w.in, w.dropout_seed, w.dropout);
+    x = xd;
   }
   mm(false, true, N, w.r, w.in, 1.0f, x, w.a, 0.0f, head_xa, DType::BF16);
   LoraHead lora;
   lora.rank = w.r, lora.scale = w.scale, lora.b = w.b, lora.xa = head_xa;
   if (backward) lora.dxa = lora_g, lora.db = w.db;  // dxa (N, r) in lora_g, until the layers' backward
+  if (w.m) {
+    lora.dora_scale = w.c, lora.weight_norm = w.norm;
+    if (backward) lora.dmagnitude = w.dm;
+  }
+  if (dora_dropout) {
+    lora.dropped_hidden = head_dropped;
+    if (backward) lora.ddropped_hidden = head_ddropped;
+  }
   return lora;
+}
+
+// DoRA on lm_head (the CPU adapter's compute_dora_scale): ‖W + s B A‖ per vocabulary row and
+// c = m / that into w.norm, w.c (V), head_rows rows at a time (an NF4 W's rows dequantised first).
+void Decoder::Impl::head_dora_norms(const LinearRef& w) {
+  for (int64_t v0 = 0; v0 < w.out; v0 += head_rows) {
+    const int64_t n = std::min(head_rows, w.out - v0);
+    const bf16_t* rows = nf4_weight;
+    if (w.nf4_codes)
+      nf4_dequantize(nf4_weight, w.nf4_codes + v0 * w.in / 2, w.nf4_scales + v0 * w.in / cpu::kNf4BlockSize,
+                     n * w.in);
+    else
+      rows = w.w + v0 * w.in;
+    dora_norm_rows(w, rows, v0, n);
+  }
 }
 
 // Undoes xa = x' A^T from the loss's dxa (lora_g): dA += dxa^T x'; dnormed += mask ⊙ (dxa A) / (1 - p)
 // (without dropout x' = final_normed and dnormed += dxa A, in f32).
 void Decoder::Impl::head_lora_backward(const LinearRef& w) {
   const bf16_t* x = final_normed;
+  if (w.m && w.dropout > 0) {  // DoRA: x' kept; dnormed += mask ⊙ (the loss's ((c − 1) ⊙ dz) W + dxa A) / (1 - p)
+    mm(true, false, w.r, w.in, N, 1.0f, lora_g, head_dropped, 1.0f, w.da, DType::F32);
+    mm(false, false, N, w.in, w.r, 1.0f, lora_g, w.a, 1.0f, head_ddropped, DType::F32);
+    lora_dropout_backward_add(dnormed, head_ddropped, N * w.in, w.dropout_seed, w.dropout);
+    return;
+  }
   if (w.dropout > 0) {  // x' again
     lora_dropout_forward(dropped_x, final_normed, N * w.in, w.dropout_seed, w.dropout);
     x = dropped_x;

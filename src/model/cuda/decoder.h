@@ -46,7 +46,7 @@
 // QLoRA (TrainingSetup::quantize_base): the adapted projections' frozen base weights as NF4 (lm_head's
 // too when it carries LoRA, as the CPU adapter does). LoRA dropout (TrainingSetup::lora_dropout): the
 // CPU adapter's masks, redrawn on the device. DoRA (TrainingSetup::use_dora): the CPU adapter's math
-// (dora.h), on the seven projections only (not on lm_head: refused).
+// (dora.h), on lm_head too (inside the fused loss, cross_entropy.h's LoraHead).
 //
 // Packed batches (torchtune's dataset.packed): forward_backward and forward_loss take the step's
 // positions and doc ids ((B, T) host arrays, the CPU data::Batch's), uploaded per step: RoPE turns
@@ -140,9 +140,16 @@ struct TrainingSetup {
   // loss, logits = h Wᵀ + s (h' Aᵀ) Bᵀ with h' = dropout(h) (module "lm_head"), W frozen. An untied
   // head only: a tied one is the embedding table, no projection of its own (refused, as the CPU
   // engine and torchtune refuse it). With quantize_base its W is NF4 too (the CPU adapter quantises
-  // every base it attaches to, lm_head included). Not with use_dora (the CPU has DoRA on lm_head;
-  // this step does not yet: refused).
+  // every base it attaches to, lm_head included). With use_dora, DoRA on lm_head as the CPU adapter's
+  // fused loss: logits = c ⊙ (h Wᵀ + s (h Aᵀ) Bᵀ), c = m / ‖W + s B A‖ per vocabulary row (the norm
+  // detached; `base_model.model.lm_head.lora_magnitude_vector`, (V)); the norms are computed
+  // head_block_rows rows at a time into two (V) f32 buffers before the loss.
   bool lora_on_output = false;
+  // lm_head's vocabulary rows per block (0: 4096) where its W is read a block at a time: QLoRA's NF4
+  // W dequantised per block before each of the fused loss's GEMMs that read it (scratch: a block of
+  // (rows, hidden) bf16, not (vocab, hidden)), and DoRA's norms. With an NF4 head rows * hidden must be
+  // a multiple of 64.
+  int64_t head_block_rows = 0;
   // Tokens per chunk of the fused loss (scratch: chunk * vocab * 6 bytes). 0: 512, where the head's
   // GEMMs (512 rows against the whole vocabulary) are still compute-bound on an H200 (0.37 GiB at
   // Llama 3's 128256-token vocabulary).
@@ -159,8 +166,8 @@ struct TrainingSetup {
   // (DeviceParameter::nf4_codes / nf4_scales, kernels/cpu/nf4.h's layout: blocks of 64, an f32
   // absmax scale each), quantised on the host when uploaded, with the CPU quantiser's arithmetic
   // (kernels/cpu/nf4_codes.cpp, compiled in), so the codes are the CPU engine's bit for bit. Each GEMM that reads such a weight
-  // dequantises it to bf16 scratch first (one projection at a time; lm_head's once per fused loss,
-  // held through it). Needs LoRA and no full_finetune.
+  // dequantises it to bf16 scratch first (one projection at a time; lm_head's a block of
+  // head_block_rows vocabulary rows at a time, inside the fused loss). Needs LoRA and no full_finetune.
   bool quantize_base = false;
   // QLoRA: the layers' NF4 projections (without DoRA, of shapes kernels/cuda/nf4_gemm.h takes) run
   // the GEMM that dequantises W tile by tile in shared memory (forward and input gradient) instead of
@@ -377,9 +384,12 @@ class Decoder {
 
   // Bytes planned in each arena, their sum, and what the driver reports in use now.
   struct MemoryPlan {
-    size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, loss_scratch = 0;
+    size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0;
+    size_t loss_scratch = 0;  // of activations: the fused loss's phase scratch (its chunk; with QLoRA on
+                              // lm_head a block of W's rows, with DoRA on it and dropout x' and its gradient)
     size_t nf4_base = 0;     // of parameters: the NF4 codes and scales (quantize_base)
-    size_t nf4_scratch = 0;  // of activations: the largest NF4 weight dequantised to bf16 (quantize_base)
+    size_t nf4_scratch = 0;  // of activations: the largest NF4 weight dequantised to bf16 (quantize_base; lm_head's
+                             // a block of head_block_rows rows)
     size_t host_offload = 0;  // pinned HOST memory for offloaded layer inputs (activation_offloading; not in total())
     // Of gradients, with shard_gradients: this rank's accumulators, the one layer slot, and the two
     // whole units (the embedding's; the final norm's and an untied lm_head's).

@@ -35,11 +35,13 @@ __global__ void backward_add_kernel(__nv_bfloat16* dx, const __nv_bfloat16* d, i
   dx[i] = __float2bfloat16_rn(__bfloat162float(dx[i]) + __bfloat162float(d[i]) * keep_scale);
 }
 
-__global__ void backward_add_f32_kernel(float* dx, const __nv_bfloat16* d, int64_t n, uint64_t seed, float p,
-                                        float keep_scale, int64_t first) {
+// d bf16 or f32
+template <typename D>
+__global__ void backward_add_f32_kernel(float* dx, const D* d, int64_t n, uint64_t seed, float p, float keep_scale,
+                                        int64_t first) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n || dropped(seed, uint64_t(first + i), p)) return;
-  dx[i] += __bfloat162float(d[i]) * keep_scale;
+  dx[i] += load_f32(d, i) * keep_scale;
 }
 
 }  // namespace
@@ -73,6 +75,13 @@ void lora_dropout_backward_add(float* dx, const bf16_t* d, int64_t n, uint64_t s
                                Stream stream) {
   if (n == 0) return;
   backward_add_f32_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dx, dev(d), n, seed, p, 1.0f / (1.0f - p), first);
+  KTUNE_CUDA_CHECK_LAUNCH();
+}
+
+void lora_dropout_backward_add(float* dx, const float* d, int64_t n, uint64_t seed, float p, int64_t first,
+                               Stream stream) {
+  if (n == 0) return;
+  backward_add_f32_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dx, d, n, seed, p, 1.0f / (1.0f - p), first);
   KTUNE_CUDA_CHECK_LAUNCH();
 }
 

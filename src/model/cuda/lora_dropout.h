@@ -33,5 +33,8 @@ void lora_dropout_backward_add(bf16_t* dx, const bf16_t* d, int64_t n, uint64_t 
 // The same into an f32 dx (the fused loss's dhidden, LoRA on lm_head): dx (n) += dropped ? 0 : d * 1/(1 - p).
 void lora_dropout_backward_add(float* dx, const bf16_t* d, int64_t n, uint64_t seed, float p, int64_t first = 0,
                                Stream stream = nullptr);
+// d f32 too (DoRA on lm_head with dropout: the fused loss's f32 gradient of the dropped rows).
+void lora_dropout_backward_add(float* dx, const float* d, int64_t n, uint64_t seed, float p, int64_t first = 0,
+                               Stream stream = nullptr);
 
 }  // namespace ktune::cuda

@@ -252,38 +252,84 @@ struct Reference {
   // dropout); W's gradient when the base trains. The loss is the CPU reference's fused loss over
   // [normed | s xa] (N, C + r) against [W | B] (V, C + r), whose logits are exactly those, so
   // its hidden gradient holds dlogits W and dlogits B, its weight gradient dW and s dlogits^T xa.
+  // DoRA on lm_head (the CPU OutputHead's dora, the norm detached): c = m / ‖W + s B A‖ per vocabulary
+  // row and logits = c ⊙ (normed W^T + s xa B^T): the same loss over [normed | s xa] against
+  // [c W | c B]; with dropout logits = normed W^T − x' W^T + c ⊙ (x' W^T + s xa B^T), over
+  // [normed − x' | x' | s xa] against [W | c W | c B]. Then dB = c ⊙ the B block's weight gradient,
+  // dm = (the pre blocks' weight gradients · [W | B]) / norm, d x' = the x' block's hidden gradient
+  // minus the first block's.
   bool has_head_lora() const { return r > 0 && setup.lora_on_output; }
   double head_lora_loss(float* dnormed, const std::vector<float>& normed, const std::vector<int32_t>& labels,
                         float grad_scale) {
-    const int64_t V = c.vocab_size, K = C + r;
+    const int64_t V = c.vocab_size;
     const std::string a_name = "base_model.model.lm_head.lora_A.weight";
     const std::string b_name = "base_model.model.lm_head.lora_B.weight";
+    const std::string m_name = "base_model.model.lm_head.lora_magnitude_vector";
     const float *A = w(a_name), *Bm = w(b_name), *W = w("lm_head.weight");
     std::vector<float> xd, xa(static_cast<size_t>(N * r));
     const float* x = dropout_of(xd, normed.data(), "lm_head", C);
     matmul_wt(xa.data(), x, A, N, C, r, false);
     R(xa);
+    const bool dora = setup.use_dora, split = dora && setup.lora_dropout > 0;
+    std::vector<float> cs(static_cast<size_t>(V), 1.0f), norm(static_cast<size_t>(V), 1.0f);
+    if (dora)
+      for (int64_t v = 0; v < V; ++v) {
+        double sum = 0;
+        for (int64_t i = 0; i < C; ++i) {
+          double ba = 0;
+          for (int64_t k = 0; k < r; ++k) ba += double(Bm[v * r + k]) * A[k * C + i];
+          const double e = double(W[v * C + i]) + s * ba;
+          sum += e * e;
+        }
+        norm[size_t(v)] = float(std::sqrt(sum));
+        cs[size_t(v)] = w(m_name)[v] / norm[size_t(v)];
+      }
+    const int64_t P = split ? C : 0;         // the x' block's offset from C (dropout with DoRA)
+    const int64_t Wp = split ? C : 0;        // where the pre term's W block starts
+    const int64_t Kb = C + P, K = Kb + r;  // the B block starts at Kb
     std::vector<float> hk(static_cast<size_t>(N * K)), wk(static_cast<size_t>(V * K));
     std::vector<float> dhk(hk.size()), dwk(wk.size(), 0.0f);
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k)
-        hk[size_t(n * K + k)] = k < C ? normed[size_t(n * C + k)] : s * xa[size_t(n * r + k - C)];
+      for (int64_t k = 0; k < K; ++k) {
+        float v = 0;
+        if (k < C) v = normed[size_t(n * C + k)] - (split ? x[n * C + k] : 0.0f);
+        else if (k < Kb) v = x[n * C + k - C];
+        else v = s * xa[size_t(n * r + k - Kb)];
+        hk[size_t(n * K + k)] = v;
+      }
     for (int64_t v = 0; v < V; ++v)
-      for (int64_t k = 0; k < K; ++k) wk[size_t(v * K + k)] = k < C ? W[v * C + k] : Bm[v * r + k - C];
+      for (int64_t k = 0; k < K; ++k) {
+        const float cv = cs[size_t(v)];
+        float e = 0;
+        if (k < C) e = split ? W[v * C + k] : cv * W[v * C + k];
+        else if (k < Kb) e = cv * W[v * C + k - C];
+        else e = cv * Bm[v * r + k - Kb];
+        wk[size_t(v * K + k)] = e;
+      }
     const double loss = cpu::linear_cross_entropy_reference(dhk.data(), dwk.data(), nullptr, hk.data(), wk.data(),
                                                             labels.data(), N, K, V, c.final_logit_softcap, grad_scale);
     float* dB = g(b_name);
     float* dW = trainable_base() ? g("lm_head.weight") : nullptr;
-    for (int64_t v = 0; v < V; ++v)
+    for (int64_t v = 0; v < V; ++v) {
+      double dm = 0;  // Σ_n dz pre / norm, pre's weights [W | B]
       for (int64_t k = 0; k < K; ++k) {
-        if (k >= C) dB[v * r + k - C] += dwk[size_t(v * K + k)];
-        else if (dW) dW[v * C + k] += dwk[size_t(v * K + k)];
+        const float d = dwk[size_t(v * K + k)];
+        if (k >= Kb) {
+          dB[v * r + k - Kb] += cs[size_t(v)] * d;
+          dm += double(d) * Bm[v * r + k - Kb];
+        } else if (k >= Wp && k - Wp < C) {
+          dm += double(d) * W[v * C + k - Wp];
+          if (dW) dW[v * C + k] += d;
+        }
       }
+      if (dora) g(m_name)[v] += float(dm / norm[size_t(v)]);
+    }
     std::vector<float> dxa(xa.size()), t(static_cast<size_t>(N * C));
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < K; ++k) {
-        if (k >= C) dxa[size_t(n * r + k - C)] = s * dhk[size_t(n * K + k)];
-        else dnormed[n * C + k] = dhk[size_t(n * K + k)];
+        const float d = dhk[size_t(n * K + k)];
+        if (k >= Kb) dxa[size_t(n * r + k - Kb)] = s * d;
+        else if (k < C) dnormed[n * C + k] = d;
       }
     R(dxa);
     matmul_grad(g(a_name), dxa.data(), x, N, C, r, 1.0f);  // dA += dxa^T x'
@@ -292,7 +338,12 @@ struct Reference {
       for (int64_t i = 0; i < N * C; ++i) dnormed[i] += t[size_t(i)];
       return loss;
     }
-    R(t);
+    if (split)  // d x' += the x' block's gradient − the first block's (normed − x')
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < C; ++k)
+          t[size_t(n * C + k)] += dhk[size_t(n * K + C + k)] - dhk[size_t(n * K + k)];
+    else
+      R(t);
     const float keep_scale = 1.0f / (1.0f - setup.lora_dropout);
     const uint64_t seed = cpu_dropout_seed(setup.lora_seed, dropout_key, "lm_head");
     for (int64_t i = 0; i < N * C; ++i)
@@ -1827,6 +1878,69 @@ KTUNE_CUDA_TEST(DecoderLoraOnOutputWithDropoutAndQloraMatchesCpuReference) {
   check_forward_loss_draws_no_dropout("qlora q,v,o,mlp + lm_head dropout 0.1", model, 99);
 }
 
+cuda::DecoderConfig tiny_gemma2_untied() {
+  cuda::DecoderConfig c = tiny_gemma2_config();
+  c.tie_word_embeddings = false;  // Gemma2 ties its head (refused with LoRA on it); untied, to check the soft-cap
+  return c;
+}
+
+// DoRA on lm_head (use_dora with lora_on_output) against the reference's (the CPU adapter's fused
+// loss with OutputHead::dora: c = m / ‖W + s B A‖ per vocabulary row, the norm detached): the loss,
+// lm_head's magnitude, A and B gradients and the layers' (their own DoRA too); with dropout (PEFT's
+// variant: h W^T − x' W^T + c ⊙ (x' W^T + s xa B^T), x' kept through the loss); QLoRA (the norms and
+// the logits from the NF4 W dequantised in blocks of 40 vocabulary rows: 40, 40, 16) with and without
+// dropout; an untied Gemma2-like model (final soft-cap 3, sandwich norms) with the head alone.
+KTUNE_CUDA_TEST(DecoderDoraOnOutputMatchesCpuReference) {
+  cuda::TrainingSetup dora = head_lora_setup(kValueOutputMlp);
+  dora.use_dora = true;
+  check_step_with("dora v,o,mlp + lm_head [gemm attention]", tiny_config(false), dora);
+  dora.lora_dropout = 0.1f, dora.lora_seed = 42;
+  check_step_with("dora v,o,mlp + lm_head dropout 0.1 [gemm attention]", tiny_config(false), dora, 12345);
+  cuda::TrainingSetup qdora = head_lora_setup(kAllButKey);
+  qdora.use_dora = qdora.quantize_base = true, qdora.head_block_rows = 40;
+  check_step_with("qwen2 qlora+dora q,v,o,mlp + lm_head, head in blocks of 40 rows [gemm attention]",
+                  tiny_qwen2_config(false), qdora);
+  qdora.lora_dropout = 0.2f, qdora.lora_seed = 3;
+  check_step_with("qwen2 qlora+dora q,v,o,mlp + lm_head dropout 0.2, head in blocks of 40 rows [gemm attention]",
+                  tiny_qwen2_config(false), qdora, 99);
+  cuda::TrainingSetup head_only = head_lora_setup({});
+  head_only.use_dora = true;
+  check_step_with("gemma2-like untied, dora lm_head only, final soft-cap 3 [gemm attention]", tiny_gemma2_untied(),
+                  head_only);
+}
+
+// QLoRA on lm_head dequantises W a block of head_block_rows vocabulary rows at a time: blocks of 40
+// rows (40, 40, 16) give the loss and lm_head's adapter gradients of the whole W in one block bit for
+// bit (each logit's GEMM reads the same bf16 values over the same hidden dimension), and the other
+// gradients to f32 rounding (dnormed's sum over the vocabulary runs block by block); with LoRA
+// dropout, and with DoRA (its norms block by block too).
+KTUNE_CUDA_TEST(DecoderQloraHeadInBlocksEqualsTheWholeHead) {
+  const cuda::DecoderConfig config = tiny_config(false);
+  for (bool dora : {false, true}) {
+    cuda::TrainingSetup whole = head_lora_setup(kValueOutputMlp);
+    whole.quantize_base = true, whole.use_dora = dora, whole.lora_dropout = 0.1f, whole.lora_seed = 3;
+    cuda::TrainingSetup blocks = whole;
+    blocks.head_block_rows = 40;
+    cuda::Decoder a(config, whole, 7), b(config, blocks, 7);
+    same_weights({&a, &b}, 5);
+    std::vector<int32_t> tokens, labels;
+    batch(config, whole.batch * whole.seq_len, &tokens, &labels);
+    const std::string what = std::string("qlora") + (dora ? "+dora" : "") + " + lm_head dropout 0.1, blocks of 40 rows";
+    const StepGradients want = step_gradients(a, tokens, labels, 0.01f);
+    const StepGradients again = step_gradients(a, tokens, labels, 0.01f);
+    const StepGradients got = step_gradients(b, tokens, labels, 0.01f);
+    CHECK(got.result.loss_sum == want.result.loss_sum)
+        << what << ": loss " << got.result.loss_sum << ", the whole head's " << want.result.loss_sum;
+    for (const char* name : {"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight",
+                             "base_model.model.lm_head.lora_magnitude_vector"})
+      if (want.grads.count(name))
+        CHECK(got.grads.at(name) == want.grads.at(name)) << what << ": " << name << "'s gradient is not the whole head's";
+    expect_same_step(what, want, again, got);
+    CHECK(b.forward_loss(tokens.data(), labels.data()).loss_sum == a.forward_loss(tokens.data(), labels.data()).loss_sum)
+        << what << ": forward_loss differs from the whole head's";
+  }
+}
+
 // Activation checkpointing recomputes the layers, not the head: the same gradients with and without
 // it (LoRA on lm_head with dropout; QLoRA), and the checkpointed step against the reference.
 KTUNE_CUDA_TEST(DecoderLoraOnOutputWithCheckpointingMatchesCpuReference) {
@@ -1885,10 +1999,12 @@ KTUNE_CUDA_TEST(DecoderLoraOnOutputPlanAndRefusals) {
   };
   const std::string tied = refused(tiny_config(true), head_lora_setup(kAllButKey), "ties its output layer");
   CHECK(tied.empty()) << "LoRA on a tied lm_head: " << tied;
-  cuda::TrainingSetup dora = head_lora_setup(kAllButKey);
-  dora.use_dora = true;
-  const std::string dora_refused = refused(tiny_config(false), dora, "DoRA on the output projection");
-  CHECK(dora_refused.empty()) << "DoRA on lm_head: " << dora_refused;
+  cuda::TrainingSetup odd_blocks = head_lora_setup(kAllButKey);
+  odd_blocks.quantize_base = true, odd_blocks.head_block_rows = 3;  // 3 * 64 = 192: whole NF4 blocks
+  CHECK(refused(tiny_config(false), odd_blocks, "").find("accepted") == 0) << "QLoRA lm_head in blocks of 3 rows";
+  odd_blocks.head_block_rows = 5;  // 5 * 48: not
+  const std::string odd = refused(tiny_gemma2_untied(), odd_blocks, "rows * hidden_size must be a multiple of 64");
+  CHECK(odd.empty()) << "QLoRA lm_head in blocks of 5 rows of 48: " << odd;
 
   const cuda::DecoderConfig config = tiny_config(false);
   {  // PEFT's start, as the CPU adapter's: B = 0, A kaiming-uniform within 1/sqrt(C)
@@ -1920,7 +2036,25 @@ KTUNE_CUDA_TEST(DecoderLoraOnOutputPlanAndRefusals) {
   const cuda::Decoder::MemoryPlan q0 = cuda::Decoder::plan(config, qlora_plain), q1 = cuda::Decoder::plan(config, qlora_head);
   CHECK(q1.nf4_base - q0.nf4_base == aligned(size_t(V * C) / 2) + aligned(size_t(V * C) / 64 * 4))
       << "QLoRA on lm_head: NF4 bytes " << q1.nf4_base - q0.nf4_base << " more";
-  for (cuda::TrainingSetup setup : {head_lora_setup(kValueOutputMlp), qlora_head}) {
+  // DoRA on lm_head: its magnitude (V) and two (V) f32 buffers (norms, c); QLoRA in blocks of 40 rows:
+  // one block of the head's W dequantised in the loss's scratch, and in the projections' for the norms.
+  cuda::TrainingSetup dora_layers = plain, dora_head = head_lora_setup(kValueOutputMlp);
+  dora_layers.use_dora = dora_head.use_dora = true;
+  const cuda::Decoder::MemoryPlan d0 = cuda::Decoder::plan(config, dora_layers), d1 = cuda::Decoder::plan(config, dora_head);
+  CHECK(d1.activations - d0.activations == aligned(size_t(N * r) * 2) + 2 * aligned(size_t(V) * 4) &&
+        d1.parameters - d0.parameters == aligned(size_t(r * C) * 2) + aligned(size_t(V * r) * 2) + aligned(size_t(V) * 2))
+      << "DoRA on lm_head: activations " << d1.activations - d0.activations << ", parameters "
+      << d1.parameters - d0.parameters << " bytes more";
+  cuda::TrainingSetup qlora_blocks = qlora_head;
+  qlora_blocks.head_block_rows = 40;
+  const cuda::Decoder::MemoryPlan qb = cuda::Decoder::plan(config, qlora_blocks);
+  CHECK(q1.loss_scratch - q0.loss_scratch == aligned(size_t(V * C) * 2) &&
+        qb.loss_scratch - q0.loss_scratch == aligned(size_t(40 * C) * 2))
+      << "QLoRA on lm_head: the loss's scratch holds " << q1.loss_scratch - q0.loss_scratch << " bytes of W (96 rows), "
+      << qb.loss_scratch - q0.loss_scratch << " (blocks of 40 rows)";
+  cuda::TrainingSetup qdora_blocks = qlora_blocks;
+  qdora_blocks.use_dora = true;
+  for (cuda::TrainingSetup setup : {head_lora_setup(kValueOutputMlp), qlora_head, qdora_blocks}) {
     setup.lora_dropout = 0.1f;
     for (bool checkpointing : {false, true}) {
       setup.activation_checkpointing = checkpointing;
@@ -2152,6 +2286,18 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
                   m.parameters / gib, (m.gradients + m.optimizer) / gib, m.activations / gib, m.loss_scratch / gib,
                   qlora ? 4.6 : 8.5);
     }
+  // Llama-3.1-8B (untied 128256-token head) QLoRA, torchtune's llama3_1/8B_qlora_single_device
+  // (rank 8, alpha 16 on q, k, v, o and the MLP, checkpointing) with apply_lora_to_output, batch 2 x 4096.
+  cuda::DecoderConfig llama8b = cuda::DecoderConfig::llama3_2_1b();
+  llama8b.hidden_size = 4096, llama8b.num_layers = 32, llama8b.head_dim = 128, llama8b.intermediate_size = 14336;
+  llama8b.tie_word_embeddings = false;
+  cuda::TrainingSetup q8 = recipe_lora(2, 4096);
+  q8.lora_rank = 8, q8.lora_alpha = 16, q8.lora_on[cuda::kK] = true, q8.lora_on_output = true;
+  q8.quantize_base = q8.activation_checkpointing = true;
+  const cuda::Decoder::MemoryPlan m8 = cuda::Decoder::plan(llama8b, q8);
+  std::printf("     Llama-3.1-8B qlora + lm_head, batch 2 x 4096, checkpointing: total %.3f GiB (parameters %.3f, "
+              "activations %.3f of which loss scratch %.3f, NF4 dequantisation scratch %.3f)\n",
+              m8.total() / gib, m8.parameters / gib, m8.activations / gib, m8.loss_scratch / gib, m8.nf4_scratch / gib);
 }
 
 // ---- a step shorter than the plan (forward_backward / forward_loss's seq_len) ----
