@@ -1088,8 +1088,8 @@ std::string Decoder::memory_report() const {
   std::ostringstream os;
   const MemoryPlan& m = plan_bytes_;
   os << "planned device memory: parameters " << gib(m.parameters) << ", gradients " << gib(m.gradients)
-     << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations) << " (of which loss chunk "
-     << gib(m.loss_scratch) << ", " << impl_->ce_chunk << " tokens"
+     << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations) << " (of which the loss's scratch "
+     << gib(m.loss_scratch) << ", chunks of " << impl_->ce_chunk << " tokens"
      << (setup_.activation_checkpointing
              ? "; checkpointed: each layer's input kept, one layer's recomputed, the MLP " +
                    std::to_string(impl_->mlp_rows) + " tokens at a time"
@@ -1111,7 +1111,10 @@ std::string Decoder::memory_report() const {
   if (setup_.activation_offloading) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
   if (m.nf4_base > 0)
     os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)
-       << " (in activations)";
+       << " (in activations" << (impl_->output.lora_a >= 0 ? "; lm_head's in blocks of " + std::to_string(impl_->head_rows) +
+                                                           " rows, in the loss's scratch"
+                                                     : std::string())
+       << ")";
   size_t used = 0, total = 0;
   device_memory_info(&used, &total);
   os << "; device in use (driver, incl. context and cuBLASLt workspace) " << gib(used) << " of " << gib(total)

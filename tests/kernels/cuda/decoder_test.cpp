@@ -1984,9 +1984,10 @@ KTUNE_CUDA_TEST(DecoderLoraOnOutputAfterAdamWStepsMatchesCpuReference) {
   compare_step("lora v,o,mlp + lm_head dropout 0.1, after 3 AdamW steps", model, after, 21);
 }
 
-// The refusals (the CPU engine's: a tied head has no projection of its own; DoRA on lm_head is not in
-// this step) and the plan: one (N, r) buffer more (xa), the adapter's A and B, QLoRA's NF4 head in
-// place of its bf16 copy; what the decoder allocates is what plan() says.
+// The refusals (the CPU engine's: a tied head has no projection of its own; QLoRA's head blocks must
+// be whole NF4 blocks) and the plan: one (N, r) buffer more (xa), the adapter's A and B, QLoRA's NF4
+// head in place of its bf16 copy and one block of its rows in the loss's scratch, DoRA's magnitude and
+// two (V) buffers; what the decoder allocates is what plan() says.
 KTUNE_CUDA_TEST(DecoderLoraOnOutputPlanAndRefusals) {
   auto refused = [](const cuda::DecoderConfig& config, const cuda::TrainingSetup& setup, const std::string& part) {
     try {

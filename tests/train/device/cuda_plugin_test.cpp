@@ -48,14 +48,15 @@ struct TinyRun {
 };
 
 // head_lora: LoRA on lm_head too (apply_lora_to_output; the head untied); qlora: NF4 bases;
-// tied: the head tied to the embedding (llama_like's is untied).
-TinyRun tiny_run(bool lora, bool head_lora = false, bool qlora = false, bool tied = false) {
+// tied: the head tied to the embedding (llama_like's is untied); dora: DoRA on every adapter (lm_head's too).
+TinyRun tiny_run(bool lora, bool head_lora = false, bool qlora = false, bool tied = false, bool dora = false) {
   TinyRun r;
   model::ModelConfig mc = model::ModelConfig::llama_like(64, 32, 2, 4, 2, 48);
   if (tied) mc.tie_word_embeddings = true;
   if (head_lora) mc.tie_word_embeddings = false;
-  // (QLoRA's host model is f32, as the recipe loads it: the CPU adapter quantises f32 bases)
-  r.host = std::make_unique<model::Decoder>(mc, /*seed=*/11, qlora ? DType::F32 : DType::BF16);
+  // (QLoRA's and DoRA's host model is f32, as the recipe loads it: the CPU adapter quantises f32 bases,
+  // and DoRA's bases stay f32)
+  r.host = std::make_unique<model::Decoder>(mc, /*seed=*/11, qlora || dora ? DType::F32 : DType::BF16);
   const std::string recipe = lora ? "lora_finetune_single_device" : "full_finetune_single_device";
   RecipeConfig cfg = prepare_recipe_config(recipe, lora ? "tiny/lora_single_device" : "tiny/full_single_device",
                                            {"dtype=bf16"});
@@ -65,6 +66,7 @@ TinyRun tiny_run(bool lora, bool head_lora = false, bool qlora = false, bool tie
     options.alpha = 8;
     options.seed = 5;
     options.quantize_base = qlora;
+    options.use_dora = dora;
     r.adapters = model::attach_lora(*r.host, model::LoraTargets{{"q_proj", "v_proj"}, true, head_lora}, options);
     cfg.model.lora_rank = 4;
     cfg.model.lora_alpha = 8;
@@ -72,10 +74,13 @@ TinyRun tiny_run(bool lora, bool head_lora = false, bool qlora = false, bool tie
     cfg.model.apply_lora_to_mlp = true;
     cfg.model.apply_lora_to_output = head_lora;
     cfg.model.quantize_base = qlora;
-    // B starts at zero (PEFT): give it values, so that the adapters shape the loss.
+    cfg.model.use_dora = dora;
+    // B starts at zero (PEFT): give it values, so that the adapters shape the loss (DoRA's magnitude
+    // keeps its start, the row norms of W, so that c = m / ‖W + s B A‖ moves away from 1 with B).
     for (auto& a : r.adapters)
       for (model::Parameter* p : a->parameters())
-        for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] = 0.05f * std::sin(0.37f * float(i + 1));
+        if (p->name.find("lora_magnitude_vector") == std::string::npos)
+          for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] = 0.05f * std::sin(0.37f * float(i + 1));
   } else {
     r.host->set_trainable([](const std::string&) { return true; });
   }
@@ -154,14 +159,16 @@ double host_gradient_norm(model::Decoder& host) {
 }
 
 // LoRA on lm_head (apply_lora_to_output, an untied head), with and without QLoRA (lm_head's base NF4
-// on both sides: uploaded dequantised, quantised again into the same codes): the GPU's loss and its
-// gradient norm are the CPU engine's, and a step moves lm_head's A and B and leaves its W.
+// on both sides: uploaded dequantised, quantised again into the same codes), and with DoRA (lm_head's
+// magnitude uploaded by name): the GPU's loss and its gradient norm are the CPU engine's, and a step
+// moves lm_head's A and B (and m) and leaves its W.
 TEST(CudaPlugin, OnAGpuLoraOnTheOutputProjectionIsTheCpuEngines) {
   SKIP_WITHOUT_GPU();
+  for (bool dora : {false, true})
   for (bool qlora : {false, true}) {
-    const std::string what = qlora ? "qlora + lm_head" : "lora + lm_head";
-    TinyRun r = tiny_run(true, true, qlora);
-    ASSERT_TRUE(r.plan.setup.lora_on_output);
+    const std::string what = std::string(qlora ? "qlora" : "lora") + (dora ? "+dora" : "") + " + lm_head";
+    TinyRun r = tiny_run(true, true, qlora, false, dora);
+    ASSERT_TRUE(r.plan.setup.lora_on_output && r.plan.setup.use_dora == dora);
     // lm_head's B of O(1), so that s (h Aᵀ) Bᵀ moves the logits by O(1) (tiny_run's 0.05 barely would)
     Tensor& head_b = r.host->parameter("base_model.model.lm_head.lora_B.weight").value;
     for (int64_t i = 0; i < head_b.numel(); ++i) head_b.f32()[i] = std::sin(0.37f * float(i + 1));
@@ -178,8 +185,9 @@ TEST(CudaPlugin, OnAGpuLoraOnTheOutputProjectionIsTheCpuEngines) {
     gpu->forward_backward(FixedShapeBatch{2, 16, r.tokens, r.labels}, 1.0f / 30);
     const double dev_norm = gpu->clip_gradient_norm(INFINITY);
     EXPECT_NEAR(dev_norm, cpu_norm, 0.03 * cpu_norm) << what << ": gradient norm";
-    const std::vector<std::string> names = {"lm_head.weight", "base_model.model.lm_head.lora_A.weight",
-                                            "base_model.model.lm_head.lora_B.weight"};
+    std::vector<std::string> names = {"lm_head.weight", "base_model.model.lm_head.lora_A.weight",
+                                      "base_model.model.lm_head.lora_B.weight"};
+    if (dora) names.push_back("base_model.model.lm_head.lora_magnitude_vector");
     std::vector<Tensor> before;
     for (const std::string& n : names) before.push_back(host_values(r)(r.host->parameter(n)).to(DType::F32));
     gpu->optimizer_step(1e-2, AdamWSettings{1e-2, 0.9, 0.999, 1e-8, 0.0});
