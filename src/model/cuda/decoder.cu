@@ -949,11 +949,9 @@ void Decoder::init_parameters(uint64_t seed) {
       KTUNE_CUDA_CHECK_LAUNCH();
       copy_to_host(drawn.data() + first, scratch, size_t(n) * sizeof(bf16_t));  // synchronous
     }
-    {
-      std::vector<float> x(drawn.size());
-      for (size_t j = 0; j < x.size(); ++j) x[j] = bf16_to_f32(drawn[j]);
-      upload_nf4(p, x.data());
-    }
+    std::vector<float> x(drawn.size());
+    for (size_t j = 0; j < x.size(); ++j) x[j] = bf16_to_f32(drawn[j]);
+    upload_nf4(p, x.data());
   }
   // DoRA: m starts at the row norms of W (B = 0, so ‖W + s B A‖ = ‖W‖), as PEFT.
   for (const Impl::Layer& layer : s.layers)

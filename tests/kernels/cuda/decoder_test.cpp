@@ -259,6 +259,23 @@ struct Reference {
   // dm = (the pre blocks' weight gradients · [W | B]) / norm, d x' = the x' block's hidden gradient
   // minus the first block's.
   bool has_head_lora() const { return r > 0 && setup.lora_on_output; }
+  // DoRA's norm (out) = ‖W + s B A‖ per row and c = m / norm (W (out, in), A (r, in), B (out, r)).
+  void dora_row_norms(std::vector<float>& norm, std::vector<float>& c, const float* W, const float* A, const float* Bm,
+                      const float* m, int64_t out, int64_t in) const {
+    norm.assign(size_t(out), 0.0f);
+    c.assign(size_t(out), 0.0f);
+    for (int64_t o = 0; o < out; ++o) {
+      double sum = 0;
+      for (int64_t i = 0; i < in; ++i) {
+        double ba = 0;
+        for (int64_t k = 0; k < r; ++k) ba += double(Bm[o * r + k]) * A[k * in + i];
+        const double v = double(W[o * in + i]) + s * ba;
+        sum += v * v;
+      }
+      norm[size_t(o)] = float(std::sqrt(sum));
+      c[size_t(o)] = m[o] / norm[size_t(o)];
+    }
+  }
   double head_lora_loss(float* dnormed, const std::vector<float>& normed, const std::vector<int32_t>& labels,
                         float grad_scale) {
     const int64_t V = c.vocab_size;
@@ -272,18 +289,7 @@ struct Reference {
     R(xa);
     const bool dora = setup.use_dora, split = dora && setup.lora_dropout > 0;
     std::vector<float> cs(static_cast<size_t>(V), 1.0f), norm(static_cast<size_t>(V), 1.0f);
-    if (dora)
-      for (int64_t v = 0; v < V; ++v) {
-        double sum = 0;
-        for (int64_t i = 0; i < C; ++i) {
-          double ba = 0;
-          for (int64_t k = 0; k < r; ++k) ba += double(Bm[v * r + k]) * A[k * C + i];
-          const double e = double(W[v * C + i]) + s * ba;
-          sum += e * e;
-        }
-        norm[size_t(v)] = float(std::sqrt(sum));
-        cs[size_t(v)] = w(m_name)[v] / norm[size_t(v)];
-      }
+    if (dora) dora_row_norms(norm, cs, W, A, Bm, w(m_name), V, C);
     const int64_t P = split ? C : 0;         // the x' block's offset from C (dropout with DoRA)
     const int64_t Wp = split ? C : 0;        // where the pre term's W block starts
     const int64_t Kb = C + P, K = Kb + r;  // the B block starts at Kb
@@ -431,19 +437,7 @@ struct Reference {
     const float* A = w(lora(l, proj, "A"));
     const float* Bm = w(lora(l, proj, "B"));
     const float* m = w(magnitude(l, proj));
-    d.norm.assign(size_t(out), 0.0f);
-    d.c.assign(size_t(out), 0.0f);
-    for (int64_t o = 0; o < out; ++o) {
-      double sum = 0;
-      for (int64_t i = 0; i < in; ++i) {
-        double ba = 0;
-        for (int64_t k = 0; k < r; ++k) ba += double(Bm[o * r + k]) * A[k * in + i];
-        const double v = double(W[o * in + i]) + s * ba;
-        sum += v * v;
-      }
-      d.norm[size_t(o)] = float(std::sqrt(sum));
-      d.c[size_t(o)] = m[o] / d.norm[size_t(o)];
-    }
+    dora_row_norms(d.norm, d.c, W, A, Bm, m, out, in);
     std::vector<float> xd;
     const float* x_in = dropout(xd, x, l, proj);
     xa.assign(static_cast<size_t>(N * r), 0.0f);
