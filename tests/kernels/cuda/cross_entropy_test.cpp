@@ -13,6 +13,8 @@
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/nf4.h"
 #include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/nf4.h"
 
 namespace ktune {
 namespace {
@@ -220,8 +222,22 @@ void check_fused_loss_with_dora(float softcap, bool dropped) {
   CHECK_CLOSE(got.dxa.data(), want_dxa.data(), int64_t(want_dxa.size()), 1e-2, 0.0) << "dxa, " << what;
   CHECK_CLOSE(got.db.data(), want_db.data(), int64_t(want_db.size()), 1e-2, 0.0) << "dB, " << what;
   CHECK_CLOSE(got.dm.data(), want_dm.data(), int64_t(want_dm.size()), 1e-2, 0.0) << "dm, " << what;
-  CHECK(got.loss == whole.loss && got.dxa == whole.dxa && got.db == whole.db && got.dm == whole.dm)
-      << "NF4 in blocks of " << block << " rows against W whole: not the same bits, " << what;
+  // On a GPU cuBLASLt may pick another algorithm for a block's narrower GEMM: the same bits on the emulator only.
+  if (cuda::device_description().find("emulator") != std::string::npos)
+    CHECK(got.loss == whole.loss && got.dxa == whole.dxa && got.db == whole.db && got.dm == whole.dm)
+        << "NF4 in blocks of " << block << " rows against W whole: not the same bits, " << what;
+  // The blocks' dequantisation itself is exact anywhere: block by block equals whole.
+  cuda::DeviceBuffer d_whole(weight.size() * 2);
+  cuda::nf4_dequantize(d_whole.as<bf16_t>(), d_codes.as<uint8_t>(), d_scales.as<float>(), V * C);
+  std::vector<bf16_t> blocks(weight.size());
+  for (int64_t v0 = 0; v0 < V; v0 += block) {
+    const int64_t rows = std::min(block, V - v0);
+    cuda::nf4_dequantize(d_block.as<bf16_t>(), d_codes.as<uint8_t>() + v0 * C / 2, d_scales.as<float>() + v0 * C / 64,
+                         rows * C);
+    const std::vector<bf16_t> part = from_device<bf16_t>(d_block, size_t(rows * C));
+    std::copy(part.begin(), part.end(), blocks.begin() + v0 * C);
+  }
+  CHECK(blocks == from_device<bf16_t>(d_whole, weight.size())) << "NF4 dequantised in blocks of " << block << " rows";
 }
 
 KTUNE_CUDA_TEST(FusedLinearCrossEntropyWithDoraHeadMatchesCpuReference) {

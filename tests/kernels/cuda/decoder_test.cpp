@@ -1905,11 +1905,13 @@ KTUNE_CUDA_TEST(DecoderDoraOnOutputMatchesCpuReference) {
 
 // QLoRA on lm_head dequantises W a block of head_block_rows vocabulary rows at a time: blocks of 40
 // rows (40, 40, 16) give the loss and lm_head's adapter gradients of the whole W in one block bit for
-// bit (each logit's GEMM reads the same bf16 values over the same hidden dimension), and the other
-// gradients to f32 rounding (dnormed's sum over the vocabulary runs block by block); with LoRA
-// dropout, and with DoRA (its norms block by block too).
+// bit on the emulator (each logit's GEMM reads the same bf16 values over the same hidden dimension),
+// and the other gradients to f32 rounding (dnormed's sum over the vocabulary runs block by block);
+// with LoRA dropout, and with DoRA (its norms block by block too). On a GPU cuBLASLt may pick another
+// algorithm for a block's narrower GEMM, so there: within 1e-6 (loss) and 1e-2 (gradients) relative.
 KTUNE_CUDA_TEST(DecoderQloraHeadInBlocksEqualsTheWholeHead) {
   const cuda::DecoderConfig config = tiny_config(false);
+  const bool emulated = cuda::device_description().find("emulator") != std::string::npos;
   for (bool dora : {false, true}) {
     cuda::TrainingSetup whole = head_lora_setup(kValueOutputMlp);
     whole.quantize_base = true, whole.use_dora = dora, whole.lora_dropout = 0.1f, whole.lora_seed = 3;
@@ -1923,15 +1925,24 @@ KTUNE_CUDA_TEST(DecoderQloraHeadInBlocksEqualsTheWholeHead) {
     const StepGradients want = step_gradients(a, tokens, labels, 0.01f);
     const StepGradients again = step_gradients(a, tokens, labels, 0.01f);
     const StepGradients got = step_gradients(b, tokens, labels, 0.01f);
-    CHECK(got.result.loss_sum == want.result.loss_sum)
-        << what << ": loss " << got.result.loss_sum << ", the whole head's " << want.result.loss_sum;
+    const double loss_b = b.forward_loss(tokens.data(), labels.data()).loss_sum;
+    const double loss_a = a.forward_loss(tokens.data(), labels.data()).loss_sum;
+    if (!emulated) {
+      CHECK(std::fabs(got.result.loss_sum - want.result.loss_sum) <= 1e-6 * std::fabs(want.result.loss_sum) &&
+            std::fabs(loss_b - loss_a) <= 1e-6 * std::fabs(loss_a))
+          << what << ": loss " << got.result.loss_sum << ", the whole head's " << want.result.loss_sum;
+      for (const auto& [name, g] : want.grads)
+        CHECK(relative_error(got.grads.at(name), g) <= 1e-2) << what << ": " << name << "'s gradient";
+      continue;
+    }
+    CHECK(got.result.loss_sum == want.result.loss_sum && loss_b == loss_a)
+        << what << ": loss " << got.result.loss_sum << " (forward_loss " << loss_b << "), the whole head's "
+        << want.result.loss_sum << " (" << loss_a << ")";
     for (const char* name : {"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight",
                              "base_model.model.lm_head.lora_magnitude_vector"})
       if (want.grads.count(name))
         CHECK(got.grads.at(name) == want.grads.at(name)) << what << ": " << name << "'s gradient is not the whole head's";
     expect_same_step(what, want, again, got);
-    CHECK(b.forward_loss(tokens.data(), labels.data()).loss_sum == a.forward_loss(tokens.data(), labels.data()).loss_sum)
-        << what << ": forward_loss differs from the whole head's";
   }
 }
 
