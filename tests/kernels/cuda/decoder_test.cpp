@@ -2304,6 +2304,10 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
   std::printf("     Llama-3.1-8B qlora + lm_head, batch 2 x 4096, checkpointing: total %.3f GiB (parameters %.3f, "
               "activations %.3f of which loss scratch %.3f, NF4 dequantisation scratch %.3f)\n",
               m8.total() / gib, m8.parameters / gib, m8.activations / gib, m8.loss_scratch / gib, m8.nf4_scratch / gib);
+  q8.use_dora = true, q8.lora_dropout = 0.05f;  // DoRA on every adapter, lm_head's with dropout: x' kept through the loss
+  const cuda::Decoder::MemoryPlan d8 = cuda::Decoder::plan(llama8b, q8);
+  std::printf("     the same with DoRA and dropout 0.05: total %.3f GiB (activations %.3f of which loss scratch %.3f)\n",
+              d8.total() / gib, d8.activations / gib, d8.loss_scratch / gib);
 }
 
 // ---- a step shorter than the plan (forward_backward / forward_loss's seq_len) ----
