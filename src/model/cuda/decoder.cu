@@ -264,6 +264,7 @@ struct Decoder::Impl {
   int32_t *doc_first_key = nullptr, *doc_last_query = nullptr;
   DocumentBounds step_bounds;
   std::vector<int32_t> host_first_key, host_last_query;
+  HostDocumentBounds step_host_bounds;  // the same on the host, for the GEMM attention's shapes; {} otherwise
   // backward scratch
   bf16_t *dres = nullptr, *dtmp = nullptr, *dln = nullptr;       // (N, C)
   // shard_gradients: the one layer slot every layer's gradients are written into (zeroed before each
@@ -1316,6 +1317,7 @@ void Decoder::Impl::upload_batch(const DecoderConfig& c, const int32_t* tokens_h
   copy_to_device(labels, labels_host, size_t(N) * sizeof(int32_t));
   step_docs = nullptr;
   step_bounds = DocumentBounds{};
+  step_host_bounds = HostDocumentBounds{};
   if (doc_ids_host) {
     copy_to_device(doc_ids, doc_ids_host, size_t(N) * sizeof(int32_t));
     step_docs = doc_ids;
@@ -1325,6 +1327,7 @@ void Decoder::Impl::upload_batch(const DecoderConfig& c, const int32_t* tokens_h
     copy_to_device(doc_first_key, host_first_key.data(), size_t(N) * sizeof(int32_t));
     copy_to_device(doc_last_query, host_last_query.data(), size_t(N) * sizeof(int32_t));
     step_bounds = DocumentBounds{doc_first_key, doc_last_query};
+    step_host_bounds = HostDocumentBounds{host_first_key.data(), host_last_query.data()};
   }
   if (positions_host) {
     // A sample split across packs continues its count past T: the table grows as the CPU one does
@@ -1389,7 +1392,8 @@ void Decoder::Impl::attention_half(const DecoderConfig& c, int64_t l, const bf16
   if (layer.kernel == TrainingSetup::Attention::kTensorCore)
     flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention, nullptr, step_docs, step_bounds);
   else if (layer.kernel == TrainingSetup::Attention::kGemm)
-    attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch, nullptr, step_docs);
+    attention_gemm_forward(gemm, a.att, a.lse, a.q, a.k, a.v, layer.attention, attn_gemm_scratch, nullptr, step_docs,
+                           step_host_bounds);
   else
     attention_forward(a.att, a.lse, a.q, a.k, a.v, step_docs, step_bounds, layer.attention);
   mark(attn_event(l, recompute ? 5 : 1));
@@ -1627,7 +1631,7 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
                                   nullptr, step_docs, step_bounds);
     else if (layer.kernel == TrainingSetup::Attention::kGemm)
       attention_gemm_backward(gemm, dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, layer.attention,
-                              attn_gemm_scratch, nullptr, step_docs);
+                              attn_gemm_scratch, nullptr, step_docs, step_host_bounds);
     else
       attention_backward(dq, dk, dv, datt, a.q, a.k, a.v, a.att, a.lse, step_docs, step_bounds, layer.attention,
                          attn_scratch);

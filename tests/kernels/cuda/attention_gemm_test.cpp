@@ -24,12 +24,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "cuda_test_harness.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cuda/attention_gemm.h"
+#include "kernels/cuda/document_bounds.h"
 
 namespace ktune {
 namespace {
@@ -87,9 +90,14 @@ struct GpuRun {
   std::vector<float> forward_S, backward_S, backward_dP;
 };
 
-GpuRun run_on_gpu(const cpu::AttentionShape& s, const Inputs& in, uint8_t fill) {
+// bounded: the doc ids' HostDocumentBounds passed too (document_bounds.h), so the GEMMs skip other documents.
+GpuRun run_on_gpu(const cpu::AttentionShape& s, const Inputs& in, uint8_t fill, bool bounded = false) {
   const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
   const size_t tt = size_t(s.B * s.T * s.T), dp_offset = (tt * 4 + 255) / 256 * 256;
+  std::vector<int32_t> first_key(in.docs.size()), last_query(in.docs.size());
+  if (bounded) cuda::document_bounds(first_key.data(), last_query.data(), in.docs.data(), s.B, s.T);
+  const cuda::HostDocumentBounds bounds =
+      bounded ? cuda::HostDocumentBounds{first_key.data(), last_query.data()} : cuda::HostDocumentBounds{};
   cuda::GemmContext ctx;
   cuda::DeviceBuffer d_docs = in.docs.empty() ? cuda::DeviceBuffer() : to_device(in.docs);
   const int32_t* d_doc_ptr = in.docs.empty() ? nullptr : d_docs.as<int32_t>();
@@ -105,12 +113,12 @@ GpuRun run_on_gpu(const cpu::AttentionShape& s, const Inputs& in, uint8_t fill) 
   };
   GpuRun r;
   cuda::attention_gemm_forward(ctx, d_out.as<bf16_t>(), d_lse.as<float>(), d_q.as<bf16_t>(), d_k.as<bf16_t>(),
-                               d_v.as<bf16_t>(), s, scratch.data(), nullptr, d_doc_ptr);
+                               d_v.as<bf16_t>(), s, scratch.data(), nullptr, d_doc_ptr, bounds);
   r.forward_S = slice(0);
   scratch.upload(filled.data(), filled.size());
   cuda::attention_gemm_backward(ctx, d_dq.as<bf16_t>(), d_dk.as<bf16_t>(), d_dv.as<bf16_t>(), d_dout.as<bf16_t>(),
                                 d_q.as<bf16_t>(), d_k.as<bf16_t>(), d_v.as<bf16_t>(), d_out.as<bf16_t>(),
-                                d_lse.as<float>(), s, scratch.data(), nullptr, d_doc_ptr);
+                                d_lse.as<float>(), s, scratch.data(), nullptr, d_doc_ptr, bounds);
   r.backward_S = slice(0), r.backward_dP = slice(dp_offset);
   r.got = Outputs{from_bf16(from_device<bf16_t>(d_out, nq)), from_device<float>(d_lse, size_t(s.B * s.Hq * s.T)),
                   from_bf16(from_device<bf16_t>(d_dq, nq)), from_bf16(from_device<bf16_t>(d_dk, nkv)),
@@ -191,16 +199,22 @@ KTUNE_CUDA_TEST(AttentionGemmRowBlocksPartitionT) {
 }
 
 // Row i of the block [i0, i1) gets S / dP in key columns [k0, i1) (k0 = max(0, i0 - window + 1) rounded
-// down to a multiple of 8, 0 without a window): those must be computed (finite), every other entry
-// must still hold the NaN the scratch was filled with — the GEMMs did not compute it.
+// down to a multiple of 8, 0 without a window; given the doc ids' first_key (B, T), at least the
+// block's smallest first key in that batch row, before the rounding): those must be computed (finite),
+// every other entry must still hold the NaN the scratch was filled with — the GEMMs did not compute it.
 void check_written_in_blocks_only(const char* name, const char* what, const cpu::AttentionShape& s,
-                                  const std::vector<float>& S) {
+                                  const std::vector<float>& S, const std::vector<int32_t>& first_key = {}) {
   const int64_t T = s.T, n = cuda::attention_gemm_block_rows(T);
   int64_t outside = 0, missing = 0;
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t i = 0; i < T; ++i) {
-      const int64_t i0 = i / n * n, i1 = std::min(T, i0 + n);
-      const int64_t w = s.sliding_window, k0 = w > 0 ? std::max<int64_t>(0, i0 - w + 1) / 8 * 8 : 0;
+      const int64_t i0 = i / n * n, i1 = std::min(T, i0 + n), w = s.sliding_window;
+      int64_t k0 = w > 0 ? std::max<int64_t>(0, i0 - w + 1) : 0;
+      if (!first_key.empty()) {
+        const auto row = first_key.begin() + b * T;
+        k0 = std::max<int64_t>(k0, *std::min_element(row + i0, row + i1));
+      }
+      k0 = k0 / 8 * 8;
       for (int64_t j = 0; j < T; ++j) {
         const float x = S[size_t((b * T + i) * T + j)];
         if (k0 <= j && j < i1)
@@ -250,6 +264,127 @@ KTUNE_CUDA_TEST(AttentionGemmRowBlocksSkipMaskedScoresOnNanScratch) {
   check_nan_scratch("gemm blocks softcap 50 docs mqa 4:1 D48 T260", softcapped(shape(2, 260, 4, 1, 48), 50.0f, 0.25f),
                     true);
   check_nan_scratch("gemm one block causal gqa 4:2 D64 T77", shape(2, 77, 4, 2, 64));
+}
+
+// Doc ids (B, T) from each batch row's document lengths, in order; the rest of the row is padding (-1).
+std::vector<int32_t> doc_ids_of_lengths(int64_t T, const std::vector<std::vector<int64_t>>& lengths) {
+  std::vector<int32_t> docs;
+  for (const std::vector<int64_t>& row : lengths) {
+    int32_t id = 0;
+    for (int64_t n : row) docs.insert(docs.end(), size_t(n), id++);
+    docs.resize(size_t(int64_t(docs.size() + T - 1) / T * T), -1);
+  }
+  return docs;
+}
+
+// attention_gemm_blocks by hand at T = 300 (blocks [0, 128), [128, 256), [256, 300)): the window's k0
+// and q1, the documents' (k0: the block's smallest first key, rounded down to 8; q1: its keys' largest
+// last query + 1), and both (the later k0, the earlier q1).
+KTUNE_CUDA_TEST(AttentionGemmBlocksFollowDocumentBounds) {
+  const int64_t T = 300;
+  auto blocks = [&](int64_t window, const std::vector<int32_t>& docs) {
+    std::vector<int32_t> first_key(docs.size()), last_query(docs.size());
+    if (!docs.empty()) cuda::document_bounds(first_key.data(), last_query.data(), docs.data(), 1, T);
+    std::vector<int64_t> k0, q1;
+    for (const cuda::AttentionGemmBlock& r : cuda::attention_gemm_blocks(
+             T, window, docs.empty() ? nullptr : first_key.data(), docs.empty() ? nullptr : last_query.data()))
+      k0.push_back(r.k0), q1.push_back(r.q1);
+    return std::make_pair(k0, q1);
+  };
+  using V = std::vector<int64_t>;
+  const std::vector<int32_t> two = doc_ids_of_lengths(T, {{130, 170}}), three = doc_ids_of_lengths(T, {{5, 135, 150}});
+  CHECK(blocks(0, {}) == std::make_pair(V{0, 0, 0}, V{300, 300, 300})) << "causal";
+  CHECK(blocks(50, {}) == std::make_pair(V{0, 72, 200}, V{177, 300, 300})) << "window 50";
+  CHECK(blocks(0, two) == std::make_pair(V{0, 0, 128}, V{130, 300, 300})) << "documents [0, 130), [130, 300)";
+  CHECK(blocks(50, two) == std::make_pair(V{0, 72, 200}, V{130, 300, 300})) << "both, window 50";
+  CHECK(blocks(0, three) == std::make_pair(V{0, 0, 136}, V{140, 290, 300})) << "[0, 5), [5, 140), [140, 290), pad";
+  CHECK(blocks(100, three) == std::make_pair(V{0, 24, 152}, V{140, 290, 300})) << "the same, window 100";
+}
+
+// With the doc ids' bounds against without them and the CPU reference, on NaN scratch: on the
+// emulator the same bits (the skipped keys and queries only add P = 0 and dS = 0 terms: its GEMMs sum
+// in order from 0, and +0 + 0 * x = +0), on a GPU within the reference's tolerances (cuBLASLt may pick
+// another algorithm for the narrower products); S and dP computed in the bounded blocks only.
+void check_bounded(const char* name, const cpu::AttentionShape& s, const std::vector<int32_t>& docs) {
+  Inputs in = case_inputs(s, false);
+  in.docs = docs;
+  const GpuRun plain = run_on_gpu(s, in, 0xFF), bounded = run_on_gpu(s, in, 0xFF, true);
+  check_against_reference(name, bounded.got, cpu_reference(s, in));
+  if (cuda::device_description().find("emulator") != std::string::npos) {
+    check_equal_and_finite(name, "bounded out", bounded.got.out, plain.got.out);
+    check_equal_and_finite(name, "bounded lse", bounded.got.lse, plain.got.lse);
+    check_equal_and_finite(name, "bounded dq", bounded.got.dq, plain.got.dq);
+    check_equal_and_finite(name, "bounded dk", bounded.got.dk, plain.got.dk);
+    check_equal_and_finite(name, "bounded dv", bounded.got.dv, plain.got.dv);
+  }
+  std::vector<int32_t> first_key(docs.size()), last_query(docs.size());
+  cuda::document_bounds(first_key.data(), last_query.data(), docs.data(), s.B, s.T);
+  check_written_in_blocks_only(name, "the bounded forward's S", s, bounded.forward_S, first_key);
+  check_written_in_blocks_only(name, "the bounded backward's S", s, bounded.backward_S, first_key);
+  check_written_in_blocks_only(name, "the bounded backward's dP", s, bounded.backward_dP, first_key);
+}
+
+// Several documents of different lengths per row; rows 1 and 2 alike (one strided-batched call from
+// row 1), row 0 not; a window and a soft-cap; blocks of 192 at T = 600.
+KTUNE_CUDA_TEST(AttentionGemmDocumentBoundsSkipOtherDocumentsExactly) {
+  const std::vector<int64_t> row_a{5, 123, 60, 40, 72}, row_b{130, 17, 1, 100, 40};  // row_b: 12 padding
+  const std::vector<int32_t> docs = doc_ids_of_lengths(300, {row_a, row_b, row_b});
+  check_bounded("gemm bounds causal gqa 4:2 D64 T300", shape(3, 300, 4, 2, 64), docs);
+  check_bounded("gemm bounds window 50 softcap 2 gqa 4:2 D64 T300",
+                windowed(softcapped(shape(3, 300, 4, 2, 64), 2.0f, 0.5f), 50), docs);
+  check_bounded("gemm bounds window 200 mqa 2:1 D32 T600", windowed(shape(2, 600, 2, 1, 32), 200),
+                doc_ids_of_lengths(600, {{200, 200, 200}, {1, 399, 150}}));
+}
+
+// got equals want (and is finite) at the tokens [from, to) of every batch row: (B, T, width) values,
+// or lse's (B, Hq, T).
+void check_tokens_equal(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
+                        const cpu::AttentionShape& s, bool lse, int64_t from, int64_t to) {
+  const int64_t T = s.T, width = int64_t(got.size()) / (s.B * T);
+  int64_t differ = 0;
+  for (size_t x = 0; x < got.size(); ++x) {
+    const int64_t i = lse ? int64_t(x) % T : int64_t(x) / width % T;
+    if (from <= i && i < to) differ += !(std::isfinite(got[x]) && got[x] == want[x]);
+  }
+  CHECK(differ == 0) << what << " differs from the clean run (or is not finite) at " << differ << " values";
+}
+
+// Every row holds documents before `split` and others from it on, split a block boundary and a
+// multiple of 8. NaN in k, v of the tokens before split must not reach the later tokens' out, lse, dq,
+// dk, dv (their row blocks' keys start at split); NaN in q, dout from split on must not reach the
+// earlier tokens' (their key block's queries end at split). Without the bounds each is 0 * NaN = NaN.
+void check_other_documents_unread(const char* name, const cpu::AttentionShape& s, const std::vector<int32_t>& docs,
+                                  int64_t split) {
+  Inputs in = case_inputs(s, false);
+  in.docs = docs;
+  const GpuRun clean = run_on_gpu(s, in, 0, true);
+  auto poisoned = [&](std::vector<float> x, int64_t H, int64_t from, int64_t to) {
+    for (int64_t b = 0; b < s.B; ++b)
+      std::fill(x.begin() + (b * s.T + from) * H * s.D, x.begin() + (b * s.T + to) * H * s.D,
+                std::numeric_limits<float>::quiet_NaN());
+    return x;
+  };
+  auto check_outputs = [&](const char* poison, const Outputs& got, int64_t from, int64_t to) {
+    const std::string what = std::string(name) + ", NaN " + poison + ": ";
+    check_tokens_equal(what + "out", got.out, clean.got.out, s, false, from, to);
+    check_tokens_equal(what + "lse", got.lse, clean.got.lse, s, true, from, to);
+    check_tokens_equal(what + "dq", got.dq, clean.got.dq, s, false, from, to);
+    check_tokens_equal(what + "dk", got.dk, clean.got.dk, s, false, from, to);
+    check_tokens_equal(what + "dv", got.dv, clean.got.dv, s, false, from, to);
+  };
+  Inputs early = in;
+  early.k = poisoned(in.k, s.Hkv, 0, split), early.v = poisoned(in.v, s.Hkv, 0, split);
+  check_outputs("in k, v before the split", run_on_gpu(s, early, 0, true).got, split, s.T);
+  Inputs late = in;
+  late.q = poisoned(in.q, s.Hq, split, s.T), late.dout = poisoned(in.dout, s.Hq, split, s.T);
+  check_outputs("in q, dout from the split on", run_on_gpu(s, late, 0, true).got, 0, split);
+}
+
+KTUNE_CUDA_TEST(AttentionGemmDocumentBoundsLeaveNanInOtherDocumentsUnread) {
+  const std::vector<int32_t> docs = doc_ids_of_lengths(300, {{40, 88, 72, 100}, {40, 88, 72, 87}});
+  check_other_documents_unread("gemm bounds causal gqa 4:2 D64 T300", shape(2, 300, 4, 2, 64), docs, 128);
+  check_other_documents_unread("gemm bounds window 50 softcap 2 gqa 4:2 D64 T300",
+                               windowed(softcapped(shape(2, 300, 4, 2, 64), 2.0f, 0.5f), 50), docs, 128);
 }
 
 // What the path still refuses: heads that do not group, a negative window or soft-cap.
