@@ -235,9 +235,11 @@ std::vector<AttentionGemmBlock> attention_gemm_blocks(int64_t T, int64_t window,
     int64_t k0 = window > 0 ? std::max<int64_t>(0, i0 - window + 1) : 0;
     int64_t q1 = window > 0 ? std::min(T, i1 + window - 1) : T;
     if (first_key) {
-      // clipped to [.., i0] and [i1, ..]: a token's own document holds it
+      // clipped to [.., i0] and [i1, ..] (a token's own document holds it); the documents' q1 rounded up
+      // to a multiple of 8 as k0 is down, so that packed steps bring fewer GEMM shapes (plans) to cache
       k0 = std::max<int64_t>(k0, std::min<int64_t>(i0, *std::min_element(first_key + i0, first_key + i1)));
-      q1 = std::min<int64_t>(q1, std::max<int64_t>(i1, *std::max_element(last_query + i0, last_query + i1) + 1));
+      const int64_t last = std::max<int64_t>(i1, *std::max_element(last_query + i0, last_query + i1) + 1);
+      q1 = std::min(q1, std::min(T, (last + 7) / 8 * 8));
     }
     blocks.push_back(AttentionGemmBlock{i0, i1, k0 / 8 * 8, q1});  // k0: the pointers 16-byte aligned as the rows
   }

@@ -52,8 +52,8 @@ struct AttentionGemmBlock {
 };
 
 // The blocks of one batch row: k0 = max(i0 - window + 1 (window > 0), min first_key[i0:i1], 0)
-// rounded down to a multiple of 8, q1 = min(i1 + window - 1 (window > 0), max last_query[i0:i1] + 1,
-// T). first_key, last_query: that row's (T) bounds, or both null.
+// rounded down to a multiple of 8, q1 = min(i1 + window - 1 (window > 0), max last_query[i0:i1] + 1
+// rounded up to a multiple of 8, T). first_key, last_query: that row's (T) bounds, or both null.
 std::vector<AttentionGemmBlock> attention_gemm_blocks(int64_t T, int64_t window, const int32_t* first_key,
                                                       const int32_t* last_query);
 

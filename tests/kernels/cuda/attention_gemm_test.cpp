@@ -279,7 +279,7 @@ std::vector<int32_t> doc_ids_of_lengths(int64_t T, const std::vector<std::vector
 
 // attention_gemm_blocks by hand at T = 300 (blocks [0, 128), [128, 256), [256, 300)): the window's k0
 // and q1, the documents' (k0: the block's smallest first key, rounded down to 8; q1: its keys' largest
-// last query + 1), and both (the later k0, the earlier q1).
+// last query + 1, rounded up to 8), and both (the later k0, the earlier q1).
 KTUNE_CUDA_TEST(AttentionGemmBlocksFollowDocumentBounds) {
   const int64_t T = 300;
   auto blocks = [&](int64_t window, const std::vector<int32_t>& docs) {
@@ -295,10 +295,10 @@ KTUNE_CUDA_TEST(AttentionGemmBlocksFollowDocumentBounds) {
   const std::vector<int32_t> two = doc_ids_of_lengths(T, {{130, 170}}), three = doc_ids_of_lengths(T, {{5, 135, 150}});
   CHECK(blocks(0, {}) == std::make_pair(V{0, 0, 0}, V{300, 300, 300})) << "causal";
   CHECK(blocks(50, {}) == std::make_pair(V{0, 72, 200}, V{177, 300, 300})) << "window 50";
-  CHECK(blocks(0, two) == std::make_pair(V{0, 0, 128}, V{130, 300, 300})) << "documents [0, 130), [130, 300)";
-  CHECK(blocks(50, two) == std::make_pair(V{0, 72, 200}, V{130, 300, 300})) << "both, window 50";
-  CHECK(blocks(0, three) == std::make_pair(V{0, 0, 136}, V{140, 290, 300})) << "[0, 5), [5, 140), [140, 290), pad";
-  CHECK(blocks(100, three) == std::make_pair(V{0, 24, 152}, V{140, 290, 300})) << "the same, window 100";
+  CHECK(blocks(0, two) == std::make_pair(V{0, 0, 128}, V{136, 300, 300})) << "documents [0, 130), [130, 300)";
+  CHECK(blocks(50, two) == std::make_pair(V{0, 72, 200}, V{136, 300, 300})) << "both, window 50";
+  CHECK(blocks(0, three) == std::make_pair(V{0, 0, 136}, V{144, 296, 300})) << "[0, 5), [5, 140), [140, 290), pad";
+  CHECK(blocks(100, three) == std::make_pair(V{0, 24, 152}, V{144, 296, 300})) << "the same, window 100";
 }
 
 // With the doc ids' bounds against without them and the CPU reference, on NaN scratch: on the
@@ -325,9 +325,10 @@ void check_bounded(const char* name, const cpu::AttentionShape& s, const std::ve
 }
 
 // Several documents of different lengths per row; rows 1 and 2 alike (one strided-batched call from
-// row 1), row 0 not; a window and a soft-cap.
+// row 1), row 0 not; a window and a soft-cap. Row 1's keys [128, 256) are last seen by query 288, so
+// their queries end at 296 (289 rounded up to 8): one query short of it misses 288.
 KTUNE_CUDA_TEST(AttentionGemmDocumentBoundsSkipOtherDocumentsExactly) {
-  const std::vector<int64_t> row_a{5, 123, 60, 40, 72}, row_b{130, 17, 1, 100, 40};  // row_b: 12 padding
+  const std::vector<int64_t> row_a{5, 123, 60, 40, 72}, row_b{130, 17, 1, 100, 41};  // row_b: 11 padding
   const std::vector<int32_t> docs = doc_ids_of_lengths(300, {row_a, row_b, row_b});
   check_bounded("gemm bounds causal mqa 2:1 D32 T300", shape(3, 300, 2, 1, 32), docs);
   check_bounded("gemm bounds window 50 softcap 2 gqa 4:2 D32 T300",
