@@ -231,7 +231,8 @@ void check_equal_and_finite(const char* name, const char* what, const std::vecto
                             const std::vector<float>& b) {
   int64_t differ = 0;
   for (size_t i = 0; i < a.size(); ++i) differ += !(std::isfinite(a[i]) && a[i] == b[i]);
-  CHECK(differ == 0) << name << ": " << what << " differs from the zero-scratch run (or is not finite) at " << differ;
+  CHECK(differ == 0) << name << ": " << what << " differs from the run it is checked against (zero scratch, or no"
+                     << " bounds) or is not finite at " << differ;
 }
 
 // The scratch filled with NaN before each call: the outputs equal (bit for bit) the run on a zeroed
