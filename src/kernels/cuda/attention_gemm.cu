@@ -6,9 +6,11 @@
 // a multiple of 8, 0 without a window), and dK, dV of key rows [j0, j1) sum over query rows [j0, q1)
 // only (q1 = min(T, j1 + window - 1), T without one); every S and dP entry outside its row's block
 // keeps whatever was in the scratch. With HostDocumentBounds each batch row has its own k0 and q1
-// (attention_gemm_blocks), so a block's GEMM runs once per run of consecutive rows whose ranges agree
-// (without bounds: once for all B rows, as before); the keys before a row's k0 and the queries from its
-// q1 on are in other documents than all of the block's queries / keys, so what they skip is masked.
+// (attention_gemm_blocks); a block's GEMM still runs once for all B rows, over the union of the rows'
+// ranges (the smallest k0, the largest q1): as many calls as without bounds (at training sizes these
+// per-head GEMMs are short, so splitting them per row would trade FLOPs for launches); the keys before
+// every row's k0 and the queries from every row's q1 on are in other documents than all of the
+// block's queries / keys, so what they skip is masked.
 // The row kernels take one block per (b, i) row of the head at hand; they apply the soft-cap to the
 // scaled scores the GEMM left in S and the mask, and read S and dP only where the mask lets the key
 // through (always inside the row's block: bounds no narrower than the doc ids' ensure it); they write every entry of the row of P and dS, masked
@@ -156,10 +158,9 @@ __global__ void to_bf16_kernel(__nv_bfloat16* y, const float* x, int64_t n) {
   if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
-// One block's GEMM over a run of consecutive batch rows [b0, b0 + rows) that share its extent: the
-// block's rows, keys and queries, and the batch rows the strided-batched call covers.
+// One block's GEMMs over the B rows: its rows, keys and queries.
 struct Run {
-  int64_t b0, batch;
+  int64_t batch;
   AttentionGemmBlock block;
   int64_t i0() const { return block.i0; }
   int64_t k0() const { return block.k0; }
@@ -168,41 +169,31 @@ struct Run {
   int64_t queries() const { return block.q1 - block.i0; }
 };
 
-// The runs of every block: for the query-row GEMMs (S, O, dP, dQ) consecutive batch rows with the same
-// k0 share a run, for the key-row GEMMs (dV, dK) those with the same q1. Without bounds one run of all
-// B rows per block: the calls of the path without documents.
-struct Runs {
-  std::vector<Run> query_rows, key_rows;
-};
-
-Runs gemm_runs(const AttentionShape& s, HostDocumentBounds bounds) {
-  const bool per_row = bounds.first_key != nullptr;
-  std::vector<std::vector<AttentionGemmBlock>> rows;  // (B) lists of blocks, or one for every row
-  for (int64_t b = 0; b < (per_row ? s.B : 1); ++b)
-    rows.push_back(attention_gemm_blocks(s.T, s.sliding_window, per_row ? bounds.first_key + b * s.T : nullptr,
-                                         per_row ? bounds.last_query + b * s.T : nullptr));
-  auto block_of = [&](int64_t b, size_t n) { return rows[per_row ? size_t(b) : 0][n]; };
-  Runs runs;
-  for (size_t n = 0; n < rows[0].size(); ++n)
-    for (int64_t b = 0, bq = 0, bk = 0; b < s.B; ++b) {  // bq, bk: where the open runs began
-      const bool last = b + 1 == s.B;
-      if (last || block_of(b + 1, n).k0 != block_of(bq, n).k0)
-        runs.query_rows.push_back(Run{bq, b + 1 - bq, block_of(bq, n)}), bq = b + 1;
-      if (last || block_of(b + 1, n).q1 != block_of(bk, n).q1)
-        runs.key_rows.push_back(Run{bk, b + 1 - bk, block_of(bk, n)}), bk = b + 1;
+// One run of all B rows per block, over the union of the rows' blocks (the smallest k0, the largest
+// q1; without bounds every row's blocks are causality's and the window's alone, the calls as before).
+std::vector<Run> gemm_runs(const AttentionShape& s, HostDocumentBounds bounds) {
+  std::vector<AttentionGemmBlock> blocks = attention_gemm_blocks(s.T, s.sliding_window, nullptr, nullptr);
+  if (bounds.first_key) {
+    for (AttentionGemmBlock& u : blocks) u.k0 = u.i0, u.q1 = u.i1;  // widened to each row's below
+    for (int64_t b = 0; b < s.B; ++b) {
+      const std::vector<AttentionGemmBlock> row =
+          attention_gemm_blocks(s.T, s.sliding_window, bounds.first_key + b * s.T, bounds.last_query + b * s.T);
+      for (size_t n = 0; n < blocks.size(); ++n)
+        blocks[n].k0 = std::min(blocks[n].k0, row[n].k0), blocks[n].q1 = std::max(blocks[n].q1, row[n].q1);
     }
+  }
+  std::vector<Run> runs;
+  for (const AttentionGemmBlock& block : blocks) runs.push_back(Run{s.B, block});
   return runs;
 }
 
-// One strided-batched product over the batch rows of a run (A, B bf16; C f32 or bf16, `out`): the
-// pointers are those of batch row 0, moved here to the run's first row b0.
+// One strided-batched product over the batch rows of a run (A, B bf16; C f32 or bf16, `out`).
 void batched(GemmContext& ctx, const Run& run, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
              const bf16_t* A, int64_t lda, int64_t sa, const bf16_t* Bm, int64_t ldb, int64_t sb, float beta, void* C,
              int64_t ldc, int64_t sc, DType out, Stream stream) {
   GemmCall g;
   g.trans_a = ta, g.trans_b = tb, g.M = M, g.N = N, g.K = K, g.alpha = alpha, g.beta = beta;
-  g.A = A + run.b0 * sa, g.lda = lda, g.B = Bm + run.b0 * sb, g.ldb = ldb;
-  g.C = static_cast<char*>(C) + run.b0 * sc * (out == DType::F32 ? 4 : 2), g.ldc = ldc;
+  g.A = A, g.lda = lda, g.B = Bm, g.ldb = ldb, g.C = C, g.ldc = ldc;
   g.in = DType::BF16, g.out = out;
   g.batch = run.batch, g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
   ctx.run(g, stream);
@@ -264,14 +255,14 @@ void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf1
   const Scratch w = carve(s, scratch);
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
   const RowMask mask{doc_ids, T, s.sliding_window, s.softcap};
-  const Runs runs = gemm_runs(s, bounds);
+  const std::vector<Run> runs = gemm_runs(s, bounds);
   for (int64_t h = 0; h < s.Hq; ++h) {
     const int64_t g = h / group;
-    scores(ctx, w.S, q, k, s, runs.query_rows, h, g, stream);
+    scores(ctx, w.S, q, k, s, runs, h, g, stream);
     softmax_rows_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), lse, w.S, mask, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
     // O_h[i0:i1](b) = P[i0:i1, k0:i1](b) V_g[k0:i1](b)   bf16 into the strided head columns
-    for (const Run& r : runs.query_rows)
+    for (const Run& r : runs)
       batched(ctx, r, false, false, r.rows(), D, r.keys(), 1.0f, w.P + r.i0() * T + r.k0(), T, T * T,
               v + r.k0() * KD + g * D, KD, T * KD, 0.0f, out + r.i0() * QD + h * D, QD, T * QD, DType::BF16, stream);
   }
@@ -286,7 +277,7 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
   const Scratch w = carve(s, scratch);
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
   const RowMask mask{doc_ids, T, s.sliding_window, s.softcap};
-  const Runs runs = gemm_runs(s, bounds);
+  const std::vector<Run> runs = gemm_runs(s, bounds);
   const int64_t kv = s.B * T * KD;
   KTUNE_CUDA_CHECK(cudaMemsetAsync(w.dk, 0, size_t(kv) * 4, stream));
   KTUNE_CUDA_CHECK(cudaMemsetAsync(w.dv, 0, size_t(kv) * 4, stream));
@@ -296,17 +287,17 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
   for (int64_t h = 0; h < s.Hq; ++h) {
     const int64_t g = h / group;
     // S = scale Q K^T again over the row blocks, P = exp(cap(S) - lse) over whole rows
-    scores(ctx, w.S, q, k, s, runs.query_rows, h, g, stream);
+    scores(ctx, w.S, q, k, s, runs, h, g, stream);
     probabilities_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, lse, mask, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
     // dV_g[j0:j1] += P[j0:q1, j0:j1]^T dO_h[j0:q1]   f32, per key block: every query that sees a key of
     // the block, in one product, so each key gets one beta = 1 addition per head as with the full square
     // (the rows above j0 and from q1 on only hold zeros in these columns)
-    for (const Run& c : runs.key_rows)
+    for (const Run& c : runs)
       batched(ctx, c, true, false, c.rows(), D, c.queries(), 1.0f, w.P + c.i0() * T + c.i0(), T, T * T,
               dout + c.i0() * QD + h * D, QD, T * QD, 1.0f, w.dv + c.i0() * KD + g * D, KD, T * KD, DType::F32, stream);
     // dP[i0:i1, k0:i1] = dO_h[i0:i1] V_g[k0:i1]^T   f32, per row block
-    for (const Run& r : runs.query_rows)
+    for (const Run& r : runs)
       batched(ctx, r, false, true, r.rows(), r.keys(), D, 1.0f, dout + r.i0() * QD + h * D, QD, T * QD,
               v + r.k0() * KD + g * D, KD, T * KD, 0.0f, w.dP + r.i0() * T + r.k0(), T, T * T, DType::F32, stream);
     // dS = P (dP - delta) cap'(S) scale   (T, T) bf16 over whole rows, over P (its dV use is queued before this)
@@ -314,11 +305,11 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
                                                                          h, s.scale);
     KTUNE_CUDA_CHECK_LAUNCH();
     // dQ_h[i0:i1] = dS[i0:i1, k0:i1] K_g[k0:i1]   bf16, per row block
-    for (const Run& r : runs.query_rows)
+    for (const Run& r : runs)
       batched(ctx, r, false, false, r.rows(), D, r.keys(), 1.0f, w.P + r.i0() * T + r.k0(), T, T * T,
               k + r.k0() * KD + g * D, KD, T * KD, 0.0f, dq + r.i0() * QD + h * D, QD, T * QD, DType::BF16, stream);
     // dK_g[j0:j1] += dS[j0:q1, j0:j1]^T Q_h[j0:q1]   f32, per key block
-    for (const Run& c : runs.key_rows)
+    for (const Run& c : runs)
       batched(ctx, c, true, false, c.rows(), D, c.queries(), 1.0f, w.P + c.i0() * T + c.i0(), T, T * T,
               q + c.i0() * QD + h * D, QD, T * QD, 1.0f, w.dk + c.i0() * KD + g * D, KD, T * KD, DType::F32, stream);
   }

@@ -10,10 +10,11 @@
 // keys [k0, i1) only, k0 = max(0, i0 - window + 1) rounded down to a multiple of 8 (dK, dV per block
 // of keys against the queries that see them): ~62% of the full square's FLOPs with 4 causal blocks.
 // Packed rows given their HostDocumentBounds start each block's keys at its queries' first document
-// start too, and end each key block's queries at its keys' last document end, per batch row (rows
-// whose ranges agree share a strided-batched call): at T = 2048 with 8 documents of 256 tokens a row,
-// 40% of the causal blocks' FLOPs. The masked entries inside a block are still computed, and zeroed by
-// the row kernels.
+// start too, and end each key block's queries at its keys' last document end; one strided-batched
+// call still covers the B rows, over the union of their ranges (as many calls as without bounds): at
+// T = 2048 with 8 documents of 256 tokens in every row, 40% of the causal blocks' FLOPs; rows whose
+// documents fall elsewhere save what their earliest start allows. The masked entries inside a block
+// are still computed, and zeroed by the row kernels.
 // The mask and the cap are kernels/cpu/attention.h's: key j is visible to query i iff j <= i, and
 // i - sliding_window < j when sliding_window > 0, and doc_ids[b, j] == doc_ids[b, i] when doc ids
 // (packed samples) are given; with softcap > 0 the softmax sees s' = softcap tanh(s / softcap) of the

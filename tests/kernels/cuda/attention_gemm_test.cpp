@@ -210,9 +210,13 @@ void check_written_in_blocks_only(const char* name, const char* what, const cpu:
     for (int64_t i = 0; i < T; ++i) {
       const int64_t i0 = i / n * n, i1 = std::min(T, i0 + n), w = s.sliding_window;
       int64_t k0 = w > 0 ? std::max<int64_t>(0, i0 - w + 1) : 0;
-      if (!first_key.empty()) {
-        const auto row = first_key.begin() + b * T;
-        k0 = std::max<int64_t>(k0, *std::min_element(row + i0, row + i1));
+      if (!first_key.empty()) {  // one call covers the B rows: the smallest of their blocks' starts
+        int64_t doc_k0 = i0;
+        for (int64_t r = 0; r < s.B; ++r) {
+          const auto row = first_key.begin() + r * T;
+          doc_k0 = std::min<int64_t>(doc_k0, std::max<int64_t>(k0, *std::min_element(row + i0, row + i1)) / 8 * 8);
+        }
+        k0 = doc_k0;
       }
       k0 = k0 / 8 * 8;
       for (int64_t j = 0; j < T; ++j) {
@@ -325,8 +329,8 @@ void check_bounded(const char* name, const cpu::AttentionShape& s, const std::ve
   check_written_in_blocks_only(name, "the bounded backward's dP", s, bounded.backward_dP, first_key);
 }
 
-// Several documents of different lengths per row; rows 1 and 2 alike (one strided-batched call from
-// row 1), row 0 not; a window and a soft-cap. Row 1's keys [128, 256) are last seen by query 288, so
+// Several documents of different lengths per row; rows 1 and 2 alike, row 0 not (one call over the
+// union of their blocks); a window and a soft-cap. Row 1's keys [128, 256) are last seen by query 288, so
 // their queries end at 296 (289 rounded up to 8): one query short of it misses 288.
 KTUNE_CUDA_TEST(AttentionGemmDocumentBoundsSkipOtherDocumentsExactly) {
   const std::vector<int64_t> row_a{5, 123, 60, 40, 72}, row_b{130, 17, 1, 100, 41};  // row_b: 11 padding
