@@ -32,6 +32,8 @@
 // weights as well (ZeRO-3, setup.shard_weights; env KTUNE_DATA_PARALLEL=zero2 keeps them whole):
 // each GPU stores and updates its pieces of each layer, and the decoder all-gathers a layer into
 // one slot before its forward and its backward; the embedding and the head stay whole on every GPU.
+// Sharded LoRA, DoRA and QLoRA runs shard the layers' frozen bf16 base the same way (each GPU stores
+// its piece, gathered before each layer's forward and backward; QLoRA's NF4 codes stay whole).
 #pragma once
 
 #include <cstdint>

@@ -488,9 +488,10 @@ void FinetuneRecipe::setup_gpu_training() {
     plan.setup.optimizer_shard = group_.rank();
     // A full fine-tune shards the gradients too (ZeRO-2: each layer's reduced as its backward ends)
     // and, unless KTUNE_DATA_PARALLEL=zero2, the layers' weights (ZeRO-3: each gathered before its
-    // forward and backward); LoRA's gradients are small and stay in one buffer (ZeRO-1).
+    // forward and backward); LoRA's gradients are small and stay in one buffer (ZeRO-1), and LoRA /
+    // DoRA / QLoRA shard the layers' frozen bf16 base the same way unless zero2 (QLoRA's NF4 codes whole).
     plan.setup.shard_gradients = plan.setup.full_finetune;
-    plan.setup.shard_weights = plan.setup.full_finetune && data_parallel_mode() != "zero2";
+    plan.setup.shard_weights = data_parallel_mode() != "zero2";
   }
   if (group_.size() > 1) {
     check(devices_.store != nullptr, "device=cuda", "a distributed run needs its rendezvous store to join NCCL");
@@ -516,7 +517,14 @@ void FinetuneRecipe::setup_gpu_training() {
            "), memory planned for (" + std::to_string(cfg_.batch_size) + ", " + std::to_string(gpu_seq_len_) + ")" +
            (sharded ? "; data parallel over " + std::to_string(group_.size()) +
                           " GPUs with the AdamW state sharded" +
-                          (plan.setup.shard_weights
+                          (plan.setup.shard_weights && !plan.setup.full_finetune
+                               ? std::string(" (ZeRO-1: the adapters' gradients reduce-scattered over NCCL after the "
+                                             "backward, each GPU steps its slice, the updated adapters all-gathered) "
+                                             "and the layers' frozen bf16 base weights (ZeRO-3: each GPU stores its "
+                                             "piece of each layer's, all-gathered over NCCL before the layer's forward "
+                                             "and its backward; the embedding, the final norm, the head and any NF4 "
+                                             "base codes whole)")
+                           : plan.setup.shard_weights
                                ? std::string(", the gradients and the layers' weights (ZeRO-3: each layer's bf16 "
                                              "weights all-gathered over NCCL before its forward and its backward, "
                                              "its gradients reduce-scattered as its backward ends, each GPU "

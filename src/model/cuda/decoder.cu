@@ -273,7 +273,7 @@ struct Decoder::Impl {
   size_t grad_slot_bytes = 0;
   const std::function<void(int64_t)>* unit_done = nullptr;
   // shard_weights: the one weight slot every layer's weights are gathered into, the layer it holds
-  // (-1: none, or stale after an update), and the gather (Decoder::gather_weights of unit 1 + layer).
+  // (-1: none, or stale after an update), and the gather (Decoder::gather_weights).
   bf16_t* weight_slot = nullptr;
   int64_t slot_layer = -1;
   std::function<void(int64_t layer)> gather_layer;
@@ -416,8 +416,8 @@ void refuse_if_larger_than_free_memory(const Decoder::MemoryPlan& plan, const Tr
   if (setup.full_finetune) add("LoRA instead of a full fine-tune");
   if (!setup.full_finetune && !setup.quantize_base) add("QLoRA (model.quantize_base=True)");
   if (setup.optimizer_shards == 1)
-    add("a distributed recipe over several GPUs (it shards the AdamW state; a full fine-tune's gradients and "
-        "layer weights too)");
+    add("a distributed recipe over several GPUs (it shards the AdamW state and the layers' weights, LoRA's frozen "
+        "base included; a full fine-tune's gradients too)");
   throw Error("device=cuda", "the GPU step needs " + gib(plan.total()) + " of device memory (parameters " +
                                  gib(plan.parameters) + ", gradients " + gib(plan.gradients) + ", AdamW state " +
                                  gib(plan.optimizer) + ", activations " + gib(plan.activations) + ") but the GPU has " +
@@ -480,8 +480,10 @@ void Decoder::validate() const {
                             std::to_string(setup.optimizer_shard) + " of " + std::to_string(setup.optimizer_shards));
   check(!setup.shard_gradients || (setup.optimizer_shards > 1 && setup.full_finetune && !any_lora), "cuda decoder",
         "shard_gradients (ZeRO-2) needs a full fine-tune without LoRA over optimizer_shards > 1");
-  check(!setup.shard_weights || setup.shard_gradients, "cuda decoder",
-        "shard_weights (ZeRO-3) shards the weights in the gradient units' layout: it needs shard_gradients");
+  check(!setup.shard_weights || (setup.optimizer_shards > 1 && (!setup.full_finetune || setup.shard_gradients)),
+        "cuda decoder",
+        "shard_weights (ZeRO-3) needs optimizer_shards > 1, and a full fine-tune shards the weights in the gradient "
+        "units' layout: shard_gradients");
 }
 
 Decoder::~Decoder() = default;
@@ -503,7 +505,8 @@ void Decoder::allocate(bool on_device) {
 
   // Parameter metadata in HF order, then the LoRA matrices in PEFT's names.
   std::vector<bool> trainable;
-  std::vector<int64_t> unit_of;  // each parameter's gradient unit (shard_gradients: 0, 1 + layer, L + 1)
+  std::vector<int64_t> unit_of;   // each parameter's gradient unit (shard_gradients: 0, 1 + layer, L + 1)
+  std::vector<int64_t> layer_of;  // the layer a base parameter belongs to (-1: none, or a LoRA matrix)
   int64_t unit = 0;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, bool train) {
     DeviceParameter p;
@@ -514,6 +517,7 @@ void Decoder::allocate(bool on_device) {
     params_.push_back(std::move(p));
     trainable.push_back(train);
     unit_of.push_back(setup_.shard_gradients ? unit : 0);
+    layer_of.push_back(unit >= 1 && unit <= L ? unit - 1 : -1);  // the LoRA matrices come after unit L + 1's
     return int(params_.size() - 1);
   };
   const bool full = setup_.full_finetune;
@@ -627,9 +631,11 @@ void Decoder::allocate(bool on_device) {
     gbytes = size_t(units_[0].size) * 4;
   }
   const size_t obytes = 2 * aligned(size_t(shard_.size) * 2);
-  // The parameters: each whole (bf16, or NF4 codes and scales), except with shard_weights the layers':
-  // this rank's piece of each layer unit's values and the one weight slot, as large as the largest.
-  auto layer_weight_sharded = [&](size_t i) { return setup_.shard_weights && unit_of[i] >= 1 && unit_of[i] <= L; };
+  // The parameters: each whole (bf16, or NF4 codes and scales), except with shard_weights the layers'
+  // sharded ones: this rank's piece of each layer's weight unit and the one weight slot, as large as
+  // the largest unit.
+  const std::vector<int64_t> weight_offset = weight_unit_layout(layer_of, trainable, nf4, offset_in_unit);
+  auto layer_weight_sharded = [&](size_t i) { return weight_offset[i] >= 0; };
   size_t pbytes = 0, nf4_bytes = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const size_t n = size_t(params_[i].numel);
@@ -637,13 +643,11 @@ void Decoder::allocate(bool on_device) {
     else if (!layer_weight_sharded(i)) pbytes += aligned(n * 2);
   }
   pbytes += nf4_bytes;
-  if (setup_.shard_weights) {
-    for (int64_t l = 0; l < L; ++l) {
-      plan_bytes_.weight_pieces += aligned(size_t(units_[size_t(1 + l)].piece) * 2);
-      plan_bytes_.weight_slot = std::max(plan_bytes_.weight_slot, aligned(size_t(units_[size_t(1 + l)].size) * 2));
-    }
-    pbytes += plan_bytes_.weight_pieces + plan_bytes_.weight_slot;
+  for (const WeightUnit& unit_l : weight_units_) {
+    plan_bytes_.weight_pieces += aligned(size_t(unit_l.piece) * 2);
+    plan_bytes_.weight_slot = std::max(plan_bytes_.weight_slot, aligned(size_t(unit_l.size) * 2));
   }
+  pbytes += plan_bytes_.weight_pieces + plan_bytes_.weight_slot;
   // Activations: one layout function, run to count and then to carve.
   s.B = setup_.batch;
   s.T = s.T_max = setup_.seq_len;
@@ -837,17 +841,18 @@ void Decoder::allocate(bool on_device) {
   }
   if (setup_.shard_weights) {  // the pieces zeroed: the gaps and the padding between parameters stay 0
     s.weight_slot = static_cast<bf16_t*>(s.param_arena->allocate(plan_bytes_.weight_slot));
-    for (int64_t l = 0; l < L; ++l) {
-      GradientUnit& unit_l = units_[size_t(1 + l)];
-      unit_l.value_piece = s.param_arena->allocate_n<bf16_t>(size_t(unit_l.piece));
-      KTUNE_CUDA_CHECK(cudaMemsetAsync(unit_l.value_piece, 0, size_t(unit_l.piece) * 2, nullptr));
+    for (WeightUnit& unit_l : weight_units_) {
+      unit_l.piece_values = s.param_arena->allocate_n<bf16_t>(size_t(unit_l.piece));
+      KTUNE_CUDA_CHECK(cudaMemsetAsync(unit_l.piece_values, 0, size_t(unit_l.piece) * 2, nullptr));
     }
-    s.gather_layer = [this](int64_t l) { gather_weights(1 + l); };
+    s.gather_layer = [this](int64_t l) { gather_weights(l); };
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
-    if (layer_weight_sharded(i)) {  // in the slot, at its gradient's place in the unit
-      p.value = s.weight_slot + offset_in_unit[i];
+    if (layer_weight_sharded(i)) {  // in the slot, at its place in its layer's weight unit
+      p.weight_layer = layer_of[i];
+      p.weight_offset = weight_offset[i];
+      p.value = s.weight_slot + p.weight_offset;
     } else if (nf4[i]) {
       p.nf4_codes = s.param_arena->allocate_n<uint8_t>(size_t(p.numel / 2));
       p.nf4_scales = s.param_arena->allocate_n<float>(size_t(p.numel / cpu::kNf4BlockSize));
@@ -869,8 +874,8 @@ void Decoder::allocate(bool on_device) {
         p.m = shard_.m + k;
         p.v = shard_.v + k;
         p.shard_grad = shard_.grad + k;
-        p.shard_value = layer_weight_sharded(i) ? unit_p.value_piece + (p.grad_offset + p.shard_begin - piece_begin)
-                                                : p.value + p.shard_begin;
+        // A full fine-tune's weight unit is its gradient unit's layout: the same piece.
+        p.shard_value = layer_weight_sharded(i) ? piece_value(p, p.shard_begin) : p.value + p.shard_begin;
       }
     }
   }
@@ -918,6 +923,11 @@ void Decoder::init_parameters(uint64_t seed) {
   }
   is_norm[size_t(s.final_norm)] = true;
   if (s.output.lora_a >= 0) is_a[size_t(s.output.lora_a)] = is_b[size_t(s.output.lora_b)] = true;
+  auto draw = [&](size_t i, bf16_t* target, float bound, float fill) {
+    init_kernel<<<blocks_for(params_[i].numel, 256), 256>>>(dev(target), params_[i].numel,
+                                                            splitmix64(seed ^ splitmix64(i)), bound, fill, 0);
+    KTUNE_CUDA_CHECK_LAUNCH();
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
     float bound = normal_bound, fill = 0.0f;
@@ -927,10 +937,12 @@ void Decoder::init_parameters(uint64_t seed) {
     if (is_b[i]) bound = 0.0f, fill = 0.0f;
     const uint64_t key = splitmix64(seed ^ splitmix64(i));
     if (!p.nf4_codes) {
-      init_kernel<<<blocks_for(p.numel, 256), 256>>>(dev(p.value), p.numel, key, bound, fill, 0);
-      KTUNE_CUDA_CHECK_LAUNCH();
-      if (weights_sharded(p) && p.shard_value)  // drawn whole into the slot, this rank's elements kept
-        copy_on_device(p.shard_value, p.value + p.shard_begin, size_t(p.shard_end - p.shard_begin) * sizeof(bf16_t));
+      draw(i, p.value, bound, fill);
+      if (weights_sharded(p)) {  // drawn whole into the slot, this rank's elements kept
+        const WeightRange mine = weight_piece_range(p);
+        if (mine.begin < mine.end)
+          copy_on_device(piece_value(p, mine.begin), p.value + mine.begin, size_t(mine.end - mine.begin) * sizeof(bf16_t));
+      }
       continue;
     }
     // An NF4 base: drawn into the dequantisation scratch (lm_head's a block of rows at a time; into a
@@ -958,6 +970,9 @@ void Decoder::init_parameters(uint64_t seed) {
   for (const Impl::Layer& layer : s.layers)
     for (const Impl::Linear& lin : layer.proj) {
       if (lin.magnitude < 0) continue;
+      // shard_weights: the slot holds another layer's weights now; this W drawn into it again.
+      const DeviceParameter& base = params_[size_t(lin.weight)];
+      if (weights_sharded(base)) draw(size_t(lin.weight), base.value, normal_bound, 0.0f);
       const LinearRef w = s.lin(lin);
       s.dora_norms(w, s.base_weight(w));
       convert_to_bf16(params_[size_t(lin.magnitude)].value, w.norm, lin.out);
@@ -1004,26 +1019,67 @@ void Decoder::upload(const std::string& name, const std::vector<float>& values) 
     return;
   }
   // ZeRO-3: this rank's elements into its piece; a slot holding this layer is stale now.
-  if (p.shard_value)
-    copy_to_device(p.shard_value, host.data() + p.shard_begin, size_t(p.shard_end - p.shard_begin) * sizeof(bf16_t));
-  if (impl_->slot_layer == p.unit - 1) impl_->slot_layer = -1;
+  const WeightRange mine = weight_piece_range(p);
+  if (mine.begin < mine.end)
+    copy_to_device(piece_value(p, mine.begin), host.data() + mine.begin, size_t(mine.end - mine.begin) * sizeof(bf16_t));
+  if (impl_->slot_layer == p.weight_layer) impl_->slot_layer = -1;
 }
 
-bool Decoder::weights_sharded(const DeviceParameter& p) const {
-  return setup_.shard_weights && p.grad && p.unit >= 1 && p.unit <= config_.num_layers;
+// Layer l's weight unit: a full fine-tune's every layer parameter at its gradient's place in gradient
+// unit 1 + l (AdamW's pieces are the gradients' pieces); LoRA's the layer's frozen bf16 parameters (not
+// the NF4 codes), each at a 256-byte aligned place. Each unit padded to optimizer_shards * 64 elements.
+std::vector<int64_t> Decoder::weight_unit_layout(const std::vector<int64_t>& layer_of, const std::vector<bool>& trainable,
+                                                 const std::vector<bool>& nf4,
+                                                 const std::vector<int64_t>& offset_in_unit) {
+  std::vector<int64_t> offset(params_.size(), -1);
+  weight_units_.clear();
+  if (!setup_.shard_weights) return offset;
+  const int64_t shards = setup_.optimizer_shards, L = config_.num_layers;
+  weight_units_.assign(size_t(L), WeightUnit{});
+  std::vector<int64_t> used(size_t(L), 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t l = layer_of[i];
+    if (l < 0 || nf4[i] || trainable[i] != setup_.full_finetune) continue;
+    if (setup_.full_finetune) {
+      offset[i] = offset_in_unit[i];
+    } else {
+      offset[i] = used[size_t(l)];
+      used[size_t(l)] += int64_t(aligned(size_t(params_[i].numel) * 2) / 2);
+    }
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    WeightUnit& unit_l = weight_units_[size_t(l)];
+    unit_l.size = setup_.full_finetune ? units_[size_t(1 + l)].size
+                                       : ceil_div(used[size_t(l)], shards * kShardMultiple) * shards * kShardMultiple;
+    unit_l.piece = unit_l.size / shards;
+  }
+  return offset;
 }
 
-void Decoder::gather_weights(int64_t u) {
+// The elements of p that lie in this rank's piece of its weight unit (an empty range when none do).
+Decoder::WeightRange Decoder::weight_piece_range(const DeviceParameter& p) const {
+  const int64_t piece = weight_units_[size_t(p.weight_layer)].piece, first = setup_.optimizer_shard * piece;
+  return {std::clamp<int64_t>(first - p.weight_offset, 0, p.numel),
+          std::clamp<int64_t>(first + piece - p.weight_offset, 0, p.numel)};
+}
+
+// Where element k of p (in this rank's piece: weight_piece_range) lies in the piece.
+bf16_t* Decoder::piece_value(const DeviceParameter& p, int64_t k) const {
+  const WeightUnit& unit = weight_units_[size_t(p.weight_layer)];
+  return unit.piece_values + (p.weight_offset + k - setup_.optimizer_shard * unit.piece);
+}
+
+void Decoder::gather_weights(int64_t layer) {
   Impl& s = *impl_;
-  check(setup_.shard_weights && u >= 1 && u <= config_.num_layers, "cuda decoder",
-        "gather_weights(" + std::to_string(u) + "): only a layer unit's weights are sharded (shard_weights)");
+  check(setup_.shard_weights && layer >= 0 && layer < config_.num_layers, "cuda decoder",
+        "gather_weights(" + std::to_string(layer) + "): only the layers' weights are sharded (shard_weights)");
   check(bool(weight_gather_), "cuda decoder", "shard_weights: no weight gather set (set_weight_gather)");
-  const GradientUnit& unit = units_[size_t(u)];
-  copy_on_device(s.weight_slot + setup_.optimizer_shard * unit.piece, unit.value_piece,
+  const WeightUnit& unit = weight_units_[size_t(layer)];
+  copy_on_device(s.weight_slot + setup_.optimizer_shard * unit.piece, unit.piece_values,
                  size_t(unit.piece) * sizeof(bf16_t));
   s.slot_layer = -1;  // while the gather runs (a throw leaves no layer in the slot)
-  weight_gather_(u, s.weight_slot);
-  s.slot_layer = u - 1;
+  weight_gather_(layer, s.weight_slot);
+  s.slot_layer = layer;
 }
 
 std::vector<float> Decoder::download_value(const std::string& name) {
@@ -1037,9 +1093,9 @@ std::vector<float> Decoder::download_value(const std::string& name) {
     cpu::nf4_dequantize(out.data(), codes.data(), scales.data(), p.numel);
     return out;
   }
-  check(!weights_sharded(p) || impl_->slot_layer == p.unit - 1, "cuda decoder: parameter " + name,
+  check(!weights_sharded(p) || impl_->slot_layer == p.weight_layer, "cuda decoder: parameter " + name,
         "its layer's weights are sharded (shard_weights) and not gathered: gather_weights(" +
-            std::to_string(p.unit) + ") first, on every rank");
+            std::to_string(p.weight_layer) + ") first, on every rank");
   std::vector<bf16_t> host(size_t(p.numel));
   copy_to_host(host.data(), p.value, host.size() * sizeof(bf16_t));
   std::vector<float> out(host.size());
@@ -1104,9 +1160,11 @@ std::string Decoder::memory_report() const {
        << ", one layer's slot " << gib(m.grad_layer_slot) << ", the embedding's and the final norm + head's whole "
        << gib(m.grad_whole_units);
   if (setup_.shard_weights)
-    os << "; weights sharded (ZeRO-3): this GPU's pieces of the layers' bf16 weights " << gib(m.weight_pieces)
+    os << "; weights sharded (ZeRO-3): this GPU's pieces of the layers' "
+       << (setup_.full_finetune ? "bf16 weights " : "frozen bf16 base weights ") << gib(m.weight_pieces)
        << " (in parameters), one layer's gather slot " << gib(m.weight_slot)
-       << ", the embedding and the final norm + head whole";
+       << (setup_.full_finetune ? ", the embedding and the final norm + head whole"
+                                : ", the embedding, the final norm, the head, the adapters and any NF4 codes whole");
   if (setup_.activation_offloading) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
   if (m.nf4_base > 0)
     os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)

@@ -63,8 +63,8 @@
 //
 // Data-parallel sharding over optimizer_shards ranks (the collectives are the caller's, through
 // hooks: this file does not depend on dist/): the AdamW state (ZeRO-1), a full fine-tune's gradients
-// unit by unit (shard_gradients, ZeRO-2) and its layers' weights, gathered into one layer's slot
-// before each layer's forward and backward (shard_weights, ZeRO-3).
+// unit by unit (shard_gradients, ZeRO-2) and the layers' weights (a full fine-tune's, or LoRA's frozen
+// base), gathered into one layer's slot before each layer's forward and backward (shard_weights, ZeRO-3).
 //
 // It deliberately does not do gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). The recipes drive it through train/cuda_trainer.h (device=cuda), which loads
@@ -223,16 +223,19 @@ struct TrainingSetup {
   // after the embedding's); the trainer reduce-scatters the unit and adds its piece into the
   // accumulator there, before the next layer's backward overwrites the slot.
   bool shard_gradients = false;
-  // ZeRO-3 (FSDP's weight sharding; needs shard_gradients): the LAYERS' bf16 weights sharded too, in
-  // the gradient units' layout. Rank r stores only its piece [r S_u, (r + 1) S_u) of each layer unit's
-  // values (GradientUnit::value_piece; bf16 element e of the unit where its gradient's element e
-  // lies), AdamW updates that piece in place, and no values are gathered after the step. Every
-  // layer's parameters' `value` points into ONE device weight slot (the largest layer unit, bf16):
-  // the forward gathers layer l's weights into it right before layer l's forward, the backward again
-  // before layer l's backward (before checkpointing's recompute, which shares that gather; the last
-  // layer's are still there from the forward), through the weight gather hook (set_weight_gather).
-  // The embedding and the top unit (final norm + an untied lm_head) stay whole on every rank, their
-  // updated values all-gathered after the step as under ZeRO-2.
+  // ZeRO-3 (FSDP's weight sharding, optimizer_shards > 1): the LAYERS' bf16 weights that a rank would
+  // otherwise hold whole are sharded in per-layer weight units (Decoder::weight_units(): rank r stores
+  // only its piece [r S_l, (r + 1) S_l) of layer l's unit). A full fine-tune (needs shard_gradients)
+  // shards every layer parameter, in its gradient unit's layout (weight unit l = gradient unit 1 + l,
+  // element e where the gradient's element e lies), and AdamW updates the piece in place: no values
+  // are gathered after the step. LoRA / DoRA / QLoRA shard the layers' FROZEN bf16 weights (the base
+  // projections and norms; not QLoRA's NF4 codes, held whole; the adapters, magnitudes and anything
+  // trainable keep ZeRO-1), each at a 256-byte aligned place in its layer's unit, padded to a multiple
+  // of optimizer_shards * 64. Every sharded parameter's `value` points into ONE device weight slot
+  // (the largest unit, bf16): the forward gathers layer l's weights into it right before layer l's
+  // forward, the backward again before layer l's backward (before checkpointing's recompute, which
+  // shares that gather; the last layer's are still there from the forward), through the weight
+  // gather hook (set_weight_gather). The embedding, the final norm and the head stay whole on every rank.
   bool shard_weights = false;
 };
 
@@ -243,8 +246,8 @@ struct DeviceParameter {
   std::vector<int64_t> shape;
   int64_t numel = 0;
   // bf16; nullptr for an NF4 (QLoRA) base weight, held in nf4_codes / nf4_scales. With shard_weights a
-  // layer's parameter's value lies in the one weight slot: valid only while its layer is gathered
-  // there (Decoder::gather_weights, or inside forward_backward / forward_loss).
+  // sharded parameter's value (weight_layer >= 0) lies in the one weight slot: valid only while its
+  // layer is gathered there (Decoder::gather_weights, or inside forward_backward / forward_loss).
   bf16_t* value = nullptr;
   // f32, accumulates; gradient_buffer() + grad_offset. With shard_gradients: in its unit's buffer
   // (gradient_units()), this micro-batch's gradient until the unit hook has reduced it.
@@ -259,8 +262,11 @@ struct DeviceParameter {
   // grad + shard_begin, or with shard_gradients the reduced sums in the shard's accumulator.
   float* shard_grad = nullptr;
   // The bf16 value AdamW updates for element shard_begin: value + shard_begin, or with shard_weights
-  // (a layer's parameter) its place in this rank's piece of the unit's values (GradientUnit::value_piece).
+  // (a full fine-tune's layer parameter) its place in this rank's piece of its weight unit.
   bf16_t* shard_value = nullptr;
+  // shard_weights: the layer whose weight unit holds this parameter's bf16 value (-1: held whole) and
+  // its first element's place in that unit (and in the weight slot).
+  int64_t weight_layer = -1, weight_offset = 0;
   int64_t unit = 0;  // trainable: its gradient unit (gradient_units(); unit 0 unless shard_gradients)
   uint8_t* nf4_codes = nullptr;  // TrainingSetup::quantize_base: (numel / 2) bytes, two codes a byte
   float* nf4_scales = nullptr;   // (numel / 64) f32 absmax scales
@@ -331,31 +337,38 @@ class Decoder {
   // buffer each, every layer the one slot). piece = size / optimizer_shards; this rank's piece of the
   // unit is elements [begin + shard * piece, + piece), at shard_offset in the OptimizerShard.
   // Without shard_gradients: one unit, the whole gradient buffer (grads == gradient_buffer()).
-  // With shard_weights, a layer unit's value_piece: this rank's piece of the unit's bf16 values (piece
-  // elements: unit element begin + shard * piece + k at value_piece[k]); nullptr for a unit held whole.
   struct GradientUnit {
     int64_t begin = 0, size = 0, piece = 0, shard_offset = 0;
     float* grads = nullptr;
-    bf16_t* value_piece = nullptr;
   };
   const std::vector<GradientUnit>& gradient_units() const { return units_; }
+  // shard_weights: layer l's weight unit, weight_units()[l]: the bf16 values of the layer's sharded
+  // parameters (each at its weight_offset), size elements (a multiple of optimizer_shards * 64; gaps
+  // and padding zero), piece = size / optimizer_shards; this rank's piece, elements [shard * piece,
+  // (shard + 1) * piece), at piece_values. A full fine-tune's is its gradient unit's layout (1 + l).
+  // Empty without shard_weights.
+  struct WeightUnit {
+    int64_t size = 0, piece = 0;
+    bf16_t* piece_values = nullptr;
+  };
+  const std::vector<WeightUnit>& weight_units() const { return weight_units_; }
   // Called by forward_backward with a unit's index once the unit's gradients of this micro-batch are
   // complete (shard_gradients only; the device not synchronised). Must have reduced the unit out of
   // its buffer when it returns: the next layer's backward zeroes and rewrites the slot.
   void set_unit_hook(std::function<void(int64_t unit)> hook) { unit_hook_ = std::move(hook); }
-  // shard_weights: the collective that assembles a layer unit's weights. Called with the unit and the
-  // weight slot (bf16, laid out like the unit's gradients: element e at slot[e - begin]) once this
-  // rank's piece is in its place in the slot ([shard * piece, (shard + 1) * piece), enqueued on the
-  // default stream); it must fill in the other ranks' pieces (an in-place all-gather) after the
-  // device's earlier work is done (that work may still read the slot's previous layer) and return
-  // when the slot is whole. Every rank calls it in the same order (the steps' layers, gather_weights).
-  void set_weight_gather(std::function<void(int64_t unit, bf16_t* slot)> gather) { weight_gather_ = std::move(gather); }
-  // shard_weights: layer unit `unit`'s weights gathered into the slot (a collective: every rank calls
+  // shard_weights: the collective that assembles a layer's weight unit. Called with the layer and the
+  // weight slot (bf16, laid out like the weight unit) once this rank's piece is in its place in the
+  // slot ([shard * piece, (shard + 1) * piece), enqueued on the default stream); it must fill in the
+  // other ranks' pieces (an in-place all-gather) after the device's earlier work is done (that work
+  // may still read the slot's previous layer) and return when the slot is whole. Every rank calls it
+  // in the same order (the steps' layers, gather_weights).
+  void set_weight_gather(std::function<void(int64_t layer, bf16_t* slot)> gather) { weight_gather_ = std::move(gather); }
+  // shard_weights: layer `layer`'s weight unit gathered into the slot (a collective: every rank calls
   // it), so that download_value can read its parameters. The next step's gathers overwrite the slot.
-  void gather_weights(int64_t unit);
-  // Whether p's bf16 value is sharded (shard_weights and p in a layer unit): its value in the slot,
-  // this rank's elements in shard_value.
-  bool weights_sharded(const DeviceParameter& p) const;
+  void gather_weights(int64_t layer);
+  // Whether p's bf16 value is sharded (p.weight_layer >= 0): its value in the slot, this rank's
+  // elements in its layer's weight unit piece.
+  bool weights_sharded(const DeviceParameter& p) const { return p.weight_layer >= 0; }
   // This rank's shard: [begin, begin + size) of the gradient layout (its pieces of every unit,
   // concatenated: a slice of the gradient buffer without shard_gradients), its f32 gradients grad
   // (the buffer's slice itself, or with shard_gradients the accumulator of the reduced pieces) and
@@ -394,8 +407,9 @@ class Decoder {
     // Of gradients, with shard_gradients: this rank's accumulators, the one layer slot, and the two
     // whole units (the embedding's; the final norm's and an untied lm_head's).
     size_t grad_accumulators = 0, grad_layer_slot = 0, grad_whole_units = 0;
-    // Of parameters, with shard_weights: this rank's pieces of the layers' bf16 values and the one
-    // weight slot (the embedding, final norm and an untied lm_head are the rest, whole).
+    // Of parameters, with shard_weights: this rank's pieces of the layers' weight units (bf16) and
+    // the one weight slot (the rest is whole: the embedding, the final norm, an untied lm_head, and
+    // under LoRA the adapters, the magnitudes and QLoRA's NF4 codes).
     size_t weight_pieces = 0, weight_slot = 0;
     size_t total() const { return parameters + gradients + optimizer + activations; }
   };
@@ -412,12 +426,21 @@ class Decoder {
   void validate() const;
   void allocate(bool on_device);  // false: only plan_bytes_ (Decoder::plan)
   void init_parameters(uint64_t seed);
+  // shard_weights: each parameter's place in its layer's weight unit (-1: held whole), weight_units_ sized.
+  std::vector<int64_t> weight_unit_layout(const std::vector<int64_t>& layer_of, const std::vector<bool>& trainable,
+                                          const std::vector<bool>& nf4, const std::vector<int64_t>& offset_in_unit);
+  struct WeightRange {
+    int64_t begin = 0, end = 0;
+  };
+  WeightRange weight_piece_range(const DeviceParameter& p) const;
+  bf16_t* piece_value(const DeviceParameter& p, int64_t k) const;
 
   DecoderConfig config_;
   TrainingSetup setup_;
   std::vector<DeviceParameter> params_;
   OptimizerShard shard_;
   std::vector<GradientUnit> units_;
+  std::vector<WeightUnit> weight_units_;
   std::function<void(int64_t)> unit_hook_;
   std::function<void(int64_t, bf16_t*)> weight_gather_;
   MemoryPlan plan_bytes_;

@@ -37,7 +37,8 @@ std::vector<float> to_f32_vector(const Tensor& t) {
 // (TrainingSetup::shard_weights, ZeRO-3) each GPU updates its pieces of them in place and the decoder
 // gathers a layer's weights into its weight slot through the weight gather hook (gather_slot) before
 // the layer's forward and backward; only the embedding's and the top unit's values are gathered
-// after a step, and a checkpoint's download gathers the layers unit by unit. The group's collectives run on a
+// after a step, and a checkpoint's download gathers the layers unit by unit (a LoRA run's sharded
+// weights are its frozen base: the same gathers, nothing to update or download). The group's collectives run on a
 // stream of their own, so the device is synchronised before each (what they read was written on the
 // default stream); each returns when its own stream is done.
 class CudaDecoderTrainer final : public CudaTrainer {
@@ -74,7 +75,8 @@ class CudaDecoderTrainer final : public CudaTrainer {
     norm_scratch_ = cuda::DeviceBuffer(size_t(cuda::sum_of_squares_scratch_doubles()) * sizeof(double));
     if (setup.shard_gradients) device_.set_unit_hook([this](int64_t unit) { reduce_unit(unit); });
     if (setup.shard_weights)
-      device_.set_weight_gather([this](int64_t unit, bf16_t* slot) { gather_in_place(slot, device_.gradient_units()[size_t(unit)]); });
+      device_.set_weight_gather(
+          [this](int64_t layer, bf16_t* slot) { gather_in_place(slot, device_.weight_units()[size_t(layer)].piece); });
     device_.zero_grad();  // the whole gradient buffer, gaps included, before anything sums it
   }
 
@@ -83,14 +85,17 @@ class CudaDecoderTrainer final : public CudaTrainer {
       if (d.grad) device_.upload(d.name, to_f32_vector(host_.at(d.name)->value));
   }
 
-  // Unit by unit: a layer whose weights are sharded gathered into the slot first (every GPU takes
-  // part), then its parameters copied out where keep is true.
+  // Unit by unit: a layer whose weights are sharded (a full fine-tune's, ZeRO-3) gathered into the
+  // slot first (every GPU takes part), then its parameters copied out where keep is true. LoRA's
+  // sharded weights are frozen: nothing to gather.
   void download_trainable(bool keep) override {
     const std::vector<cuda::Decoder::GradientUnit>& units = device_.gradient_units();
     for (size_t u = 0; u < units.size(); ++u) {
-      if (units[u].value_piece) device_.gather_weights(int64_t(u));
+      int64_t gathered = -1;
       for (const cuda::DeviceParameter& d : device_.parameters()) {
-        if (!d.grad || !keep || d.unit != int64_t(u)) continue;
+        if (!d.grad || d.unit != int64_t(u)) continue;
+        if (device_.weights_sharded(d) && d.weight_layer != gathered) device_.gather_weights(gathered = d.weight_layer);
+        if (!keep) continue;
         std::vector<float> values = device_.download_value(d.name);
         model::Parameter& p = *host_.at(d.name);
         p.value.copy_from(Tensor::view(values.data(), p.value.shape(), DType::F32));
@@ -247,31 +252,34 @@ class CudaDecoderTrainer final : public CudaTrainer {
   const bf16_t* gather_pieces(const cuda::Decoder::GradientUnit& unit, const bf16_t* own) {
     bf16_t* all = staging(unit);
     cuda::copy_on_device(all + gpus_->rank() * unit.piece, own, size_t(unit.piece) * sizeof(bf16_t));
-    gather_in_place(all, unit);
+    gather_in_place(all, unit.piece);
     return all;
   }
 
   // Every GPU's piece of a unit's bf16 values (`all`: the unit's size, this GPU's piece at its place)
   // to every GPU, in place, once the device's earlier work (which may still read `all`) is done: the
   // staging's gathers, and the decoder's weight gather into its slot (ZeRO-3).
-  void gather_in_place(bf16_t* all, const cuda::Decoder::GradientUnit& unit) {
+  void gather_in_place(bf16_t* all, int64_t piece) {
     cuda::synchronize();
-    gpus_->all_gather_bytes(all, all + gpus_->rank() * unit.piece, unit.piece * int64_t(sizeof(bf16_t)));
+    gpus_->all_gather_bytes(all, all + gpus_->rank() * piece, piece * int64_t(sizeof(bf16_t)));
   }
 
   // After a sharded AdamW step, unit by unit: each GPU's updated values (its piece's elements of each
   // parameter) into its piece of the staging, gathered, and every parameter's values copied out. Not
-  // the layer units whose weights are sharded (ZeRO-3): each GPU keeps its updated piece only.
+  // a full fine-tune's layer units, whose weights are sharded (ZeRO-3): each GPU keeps its updated piece only.
   void gather_values() {
     const std::vector<cuda::Decoder::GradientUnit>& units = device_.gradient_units();
     for (size_t u = 0; u < units.size(); ++u) {
-      if (units[u].value_piece) continue;
+      bool any_whole = false;
+      for (const cuda::DeviceParameter& d : device_.parameters())
+        any_whole = any_whole || (d.grad && d.unit == int64_t(u) && !device_.weights_sharded(d));
+      if (!any_whole) continue;
       bf16_t* all = staging(units[u]);
       for (const cuda::DeviceParameter& d : device_.parameters())
         if (d.m && d.unit == int64_t(u))
           cuda::copy_on_device(all + (d.grad_offset - units[u].begin) + d.shard_begin, d.value + d.shard_begin,
                                size_t(d.shard_end - d.shard_begin) * sizeof(bf16_t));
-      gather_in_place(all, units[u]);
+      gather_in_place(all, units[u].piece);
       for (const cuda::DeviceParameter& d : device_.parameters())
         if (d.grad && d.unit == int64_t(u))
           cuda::copy_on_device(d.value, all + (d.grad_offset - units[u].begin), size_t(d.numel) * sizeof(bf16_t));

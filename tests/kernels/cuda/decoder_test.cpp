@@ -1508,10 +1508,16 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsPlanPiecesAndOneSlot) {
     for (const auto& p : model.parameters()) {
       const bool layer = p.unit >= 1 && p.unit <= config.num_layers;
       CHECK(model.weights_sharded(p) == layer) << what << ": " << p.name;
-      CHECK(!layer || p.value - first.value == p.grad_offset - units[size_t(p.unit)].begin)
+      CHECK(!layer || (p.value - first.value == p.grad_offset - units[size_t(p.unit)].begin &&
+                       p.weight_offset == p.grad_offset - units[size_t(p.unit)].begin && p.weight_layer == p.unit - 1))
           << what << ": " << p.name << "'s value is not at its gradient's place in the one slot";
-      CHECK(!layer == !units[size_t(p.unit)].value_piece) << what << ": unit " << p.unit << "'s piece";
     }
+    CHECK(int64_t(model.weight_units().size()) == config.num_layers) << what << ": one weight unit a layer";
+    for (int64_t l = 0; l < config.num_layers; ++l)
+      CHECK(model.weight_units()[size_t(l)].size == units[size_t(1 + l)].size &&
+            model.weight_units()[size_t(l)].piece == units[size_t(1 + l)].piece &&
+            model.weight_units()[size_t(l)].piece_values != nullptr)
+          << what << ": layer " << l << "'s weight unit is not its gradient unit's layout";
   });
   const double gib = double(1ull << 30);
   const struct {
@@ -1534,75 +1540,218 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsPlanPiecesAndOneSlot) {
       }
 }
 
+// ---- LoRA's frozen base sharded (shard_weights without a full fine-tune) ----
+
+// A LoRA / DoRA / QLoRA setup over W ranks (ZeRO-1) with its layers' frozen base sharded.
+cuda::TrainingSetup lora_zero3_setup(cuda::TrainingSetup setup, int64_t world, int64_t rank) {
+  setup.optimizer_shards = world, setup.optimizer_shard = rank, setup.shard_weights = true;
+  return setup;
+}
+
+// The parameter memory of a LoRA plan with the base sharded, from the config and the setup alone:
+// each layer's frozen bf16 weights (the projections that are not NF4, biases, norms; 256-byte
+// aligned each) padded to W * 64 elements, this rank's 1/W of that a layer, one layer's slot; whole:
+// the embedding, the final norm, an untied lm_head, the adapters (+ DoRA's magnitudes) and NF4 codes
+// and scales.
+Zero3Bytes lora_zero3_bytes(const cuda::DecoderConfig& c, const cuda::TrainingSetup& s, int64_t world) {
+  auto bytes = [](int64_t bf16s) { return size_t((bf16s * 2 + 255) / 256 * 256); };
+  auto elements = [](int64_t bf16s) { return (bf16s * 2 + 255) / 256 * 128; };  // an aligned bf16 tensor
+  auto raw = [](int64_t n) { return size_t((n + 255) / 256 * 256); };
+  const int64_t C = c.hidden_size, I = c.intermediate_size, QD = c.num_heads * c.head_dim,
+                KD = c.num_kv_heads * c.head_dim, r = s.lora_rank;
+  const int64_t dims[cuda::kNumProjections][2] = {{C, QD}, {C, KD}, {C, KD}, {QD, C}, {C, I}, {C, I}, {I, C}};
+  int64_t layer = (c.sandwich_norms ? 4 : 2) * elements(C);
+  size_t whole_a_layer = 0;
+  for (int p = 0; p < cuda::kNumProjections; ++p) {
+    const int64_t in = dims[p][0], out = dims[p][1];
+    const bool biased = (c.qkv_bias && p <= cuda::kV) || (c.o_bias && p == cuda::kO) || (c.mlp_bias && p >= cuda::kGate);
+    if (biased) layer += elements(out);
+    if (s.lora_on[p] && s.quantize_base) whole_a_layer += raw(in * out / 2) + raw(in * out / 64 * 4);
+    else layer += elements(in * out);
+    if (s.lora_on[p]) whole_a_layer += bytes(r * in) + bytes(out * r) + (s.use_dora ? bytes(out) : 0);
+  }
+  layer = (layer + world * 64 - 1) / (world * 64) * (world * 64);
+  Zero3Bytes z;
+  z.whole = bytes(c.vocab_size * C) + bytes(C) + (c.tie_word_embeddings ? 0 : bytes(c.vocab_size * C)) +
+            size_t(c.num_layers) * whole_a_layer;
+  z.pieces = size_t(c.num_layers) * bytes(layer / world);
+  z.slot = bytes(layer);
+  return z;
+}
+
+// Llama-3.1-70B's shape (config.json: hidden 8192, 80 layers, 64 heads of 128, 8 KV heads, MLP 28672).
+cuda::DecoderConfig llama3_1_70b() {
+  cuda::DecoderConfig c = llama3_1_8b();
+  c.hidden_size = 8192, c.num_layers = 80, c.num_heads = 64, c.num_kv_heads = 8, c.head_dim = 128;
+  c.intermediate_size = 28672;
+  return c;
+}
+
+// LoRA (q, v), DoRA with every projection but k, QLoRA (q, v, o, MLP: the rest of the base bf16) with
+// the base sharded: the plan (== what the decoder allocates) holds the whole tensors, this rank's
+// pieces and one slot, counted from the config; gradients, AdamW state and activations are ZeRO-1's
+// (the base whole); every frozen bf16 layer parameter lies in the slot at its place in its layer's
+// unit, nothing trainable and no NF4 weight is sharded. And the figures for Llama-3.1-8B and a
+// Llama-3.1-70B-shaped LoRA (rank 8 on q, v: torchtune's 70B LoRA config) at W = 2 and 8 (printed).
+KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBasePlanPiecesAndOneSlot) {
+  const struct {
+    const char* what;
+    cuda::TrainingSetup setup;
+  } setups[] = {{"lora q,v", family_setup(false, {cuda::kQ, cuda::kV})},
+                {"dora all but k", [] {
+                   cuda::TrainingSetup s = family_setup(false, kAllButKey);
+                   s.use_dora = true;
+                   return s;
+                 }()},
+                {"qlora q,v,o,mlp", qlora_setup(kAllButKey)}};
+  for (const auto& k : setups)
+    for_each_sharded_shape([&](const std::string& shape, const cuda::DecoderConfig& config, int64_t world) {
+      const std::string what = std::string(k.what) + " " + shape;
+      const cuda::TrainingSetup setup = lora_zero3_setup(k.setup, world, world - 1);
+      cuda::TrainingSetup zero1 = setup;
+      zero1.shard_weights = false;
+      const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(config, setup);
+      const cuda::Decoder::MemoryPlan whole = cuda::Decoder::plan(config, zero1);
+      const Zero3Bytes want = lora_zero3_bytes(config, setup, world);
+      CHECK(planned.parameters == want.total() && planned.weight_pieces == want.pieces &&
+            planned.weight_slot == want.slot)
+          << what << ": parameters " << planned.parameters << " (pieces " << planned.weight_pieces << ", slot "
+          << planned.weight_slot << "), want " << want.whole << " + " << want.pieces << " + " << want.slot;
+      CHECK(planned.gradients == whole.gradients && planned.optimizer == whole.optimizer &&
+            planned.activations == whole.activations && planned.nf4_base == whole.nf4_base)
+          << what << ": sharding the base changed more than the parameters";
+      const std::unique_ptr<cuda::Decoder> built = decoder_as_planned(what, config, setup, planned);
+      cuda::Decoder& model = *built;
+      const bf16_t* slot = nullptr;  // the one slot's start, from the first sharded parameter
+      int64_t sharded = 0;
+      for (const auto& p : model.parameters()) {
+        const bool layer_base = p.name.rfind("model.layers.", 0) == 0 && !p.nf4_codes;
+        CHECK(model.weights_sharded(p) == layer_base && (!layer_base || !p.grad)) << what << ": " << p.name;
+        if (!layer_base) continue;
+        ++sharded;
+        if (!slot) slot = p.value - p.weight_offset;
+        const cuda::Decoder::WeightUnit& unit = model.weight_units()[size_t(p.weight_layer)];
+        CHECK(p.value == slot + p.weight_offset && p.weight_offset % 128 == 0 && p.weight_offset + p.numel <= unit.size &&
+              p.name.rfind("model.layers." + std::to_string(p.weight_layer) + ".", 0) == 0)
+            << what << ": " << p.name << " is not at its place in its layer's unit in the one slot";
+      }
+      CHECK(sharded > 0 && int64_t(model.weight_units().size()) == config.num_layers) << what;
+      if (setup.use_dora && world == 2) {  // DoRA's m starts at the row norms of W: drawn alike with the base sharded
+        cuda::Decoder unsharded(config, zero1, 1);
+        for (const auto& p : model.parameters())
+          if (p.name.find("lora_magnitude_vector") != std::string::npos)
+            CHECK(model.download_value(p.name) == unsharded.download_value(p.name)) << what << ": " << p.name;
+      }
+      for (const auto& unit : model.weight_units())
+        CHECK(unit.size % (world * 64) == 0 && unit.piece * world == unit.size && unit.piece_values) << what;
+    });
+  const double gib = double(1ull << 30);
+  const struct {
+    const char* name;
+    cuda::DecoderConfig config;
+  } models[] = {{"Llama-3.1-8B", llama3_1_8b()}, {"Llama-3.1-70B", llama3_1_70b()}};
+  for (const auto& m : models)
+    for (int64_t world : {2, 8})
+      for (bool sharded : {false, true}) {
+        cuda::TrainingSetup s = lora_zero3_setup(family_setup(false, {cuda::kQ, cuda::kV}), world, 0);
+        s.shard_weights = sharded;
+        s.batch = 2, s.seq_len = 2048, s.ce_chunk_tokens = 0, s.activation_checkpointing = true;
+        const cuda::Decoder::MemoryPlan p = cuda::Decoder::plan(m.config, s);
+        if (sharded) {
+          CHECK(p.parameters == lora_zero3_bytes(m.config, s, world).total()) << m.name << " over " << world;
+        }
+        std::printf("     %s LoRA q,v rank 8, batch 2 x 2048, checkpointing, W=%lld, base %s: parameters %.3f GiB "
+                    "(layer pieces %.3f, slot %.3f), gradients %.3f GiB, AdamW state %.3f GiB, activations %.3f GiB, "
+                    "total %.3f GiB\n",
+                    m.name, (long long)world, sharded ? "sharded" : "whole", p.parameters / gib, p.weight_pieces / gib,
+                    p.weight_slot / gib, p.gradients / gib, p.optimizer / gib, p.activations / gib, p.total() / gib);
+      }
+}
+
 // A rank of a ZeRO-3 step: the weights uploaded by name (each rank keeps its piece), every other
-// rank's pieces filled in by the gather from a host copy of the whole units (laid out like the
-// gradients). The gathers come layer by layer, forward then backward (the last layer's reused), the
-// rank's own piece already in place each time; the loss and each unit's finished gradients are the
-// unsharded step's bit for bit; forward_loss gathers too; download_value needs a gathered layer.
+// rank's pieces filled in by the gather from a host copy of the whole weight units. The gathers come
+// layer by layer, forward then backward (the last layer's reused), the rank's own piece already in
+// place each time; the loss and the gradients are the unsharded step's bit for bit (a full
+// fine-tune's each unit's as its hook sees it, LoRA's after the step); forward_loss gathers too and
+// equals the unsharded one; download_value needs a gathered layer. plain_setup: a full fine-tune
+// (its gradients sharded too, ZeRO-2) or LoRA / DoRA / QLoRA (ZeRO-1, the frozen base sharded).
 void expect_sharded_weights_step(const std::string& what, const cuda::DecoderConfig& config,
                                  const cuda::TrainingSetup& plain_setup, int64_t world, int64_t rank) {
   cuda::TrainingSetup setup = plain_setup;
-  setup.optimizer_shards = world, setup.optimizer_shard = rank, setup.shard_gradients = setup.shard_weights = true;
+  const bool full = plain_setup.full_finetune;
+  setup.optimizer_shards = world, setup.optimizer_shard = rank, setup.shard_weights = true;
+  setup.shard_gradients = full;
   cuda::Decoder plain(config, plain_setup, 5), sharded(config, setup, 5);
   const Params params = randomise(plain, 301);
-  for (const auto& [name, v] : params) sharded.upload(name, v);
+  for (const auto& [name, v] : params)  // an NF4 base as download_value gives it (the same codes), not rounded
+    sharded.upload(name, plain.parameter(name).nf4_codes ? plain.download_value(name) : v);
+  plain.set_dropout_key(77), sharded.set_dropout_key(77);
   const auto& units = sharded.gradient_units();
-  std::vector<std::vector<bf16_t>> whole(units.size());  // each layer unit's values, as all ranks hold them
+  const auto& weight_units = sharded.weight_units();
+  std::vector<std::vector<bf16_t>> whole(weight_units.size());  // each layer's weight unit, as all ranks hold it
+  for (size_t l = 0; l < whole.size(); ++l) whole[l].assign(size_t(weight_units[l].size), bf16_t{});
+  int64_t n_sharded = 0;
   for (const auto& p : sharded.parameters()) {
     if (!sharded.weights_sharded(p)) continue;
-    std::vector<bf16_t>& unit = whole[size_t(p.unit)];
-    unit.resize(size_t(units[size_t(p.unit)].size), bf16_t{});
+    ++n_sharded;
     const std::vector<float>& v = params.at(p.name);
     for (int64_t k = 0; k < p.numel; ++k)
-      unit[size_t(p.grad_offset - units[size_t(p.unit)].begin + k)] = f32_to_bf16(v[size_t(k)]);
+      whole[size_t(p.weight_layer)][size_t(p.weight_offset + k)] = f32_to_bf16(v[size_t(k)]);
   }
+  CHECK(n_sharded > 0) << what << ": nothing sharded";
   std::vector<int64_t> gathered;
   bool own_piece_in_place = true;
-  sharded.set_weight_gather([&](int64_t u, bf16_t* slot) {
-    gathered.push_back(u);
-    const int64_t piece = units[size_t(u)].piece;
+  sharded.set_weight_gather([&](int64_t l, bf16_t* slot) {
+    gathered.push_back(l);
+    const int64_t piece = weight_units[size_t(l)].piece;
     std::vector<bf16_t> mine(static_cast<size_t>(piece));
     cuda::synchronize();
     cuda::copy_to_host(mine.data(), slot + rank * piece, mine.size() * sizeof(bf16_t));
     for (int64_t k = 0; k < piece; ++k)
-      own_piece_in_place = own_piece_in_place && mine[size_t(k)] == whole[size_t(u)][size_t(rank * piece + k)];
-    const std::vector<bf16_t>& all = whole[size_t(u)];  // the other ranks' pieces, around this rank's
+      own_piece_in_place = own_piece_in_place && mine[size_t(k)] == whole[size_t(l)][size_t(rank * piece + k)];
+    const std::vector<bf16_t>& all = whole[size_t(l)];  // the other ranks' pieces, around this rank's
     cuda::copy_to_device(slot, all.data(), size_t(rank * piece) * sizeof(bf16_t));
     cuda::copy_to_device(slot + (rank + 1) * piece, all.data() + (rank + 1) * piece,
                          (all.size() - size_t((rank + 1) * piece)) * sizeof(bf16_t));
   });
   std::map<std::string, std::vector<float>> seen;
-  sharded.set_unit_hook([&](int64_t u) {  // what the unit holds, and its piece into the accumulator (one rank's sum)
-    record_unit_gradients(sharded, u, &seen);
-    const cuda::Decoder::GradientUnit& unit = units[size_t(u)];
-    std::vector<float> piece(size_t(unit.piece)), acc(size_t(unit.piece));
-    float* accumulator = sharded.optimizer_shard().grad + unit.shard_offset;
-    cuda::copy_to_host(piece.data(), unit.grads + rank * unit.piece, piece.size() * sizeof(float));
-    cuda::copy_to_host(acc.data(), accumulator, acc.size() * sizeof(float));
-    for (size_t k = 0; k < acc.size(); ++k) acc[k] += piece[k];
-    cuda::copy_to_device(accumulator, acc.data(), acc.size() * sizeof(float));
-  });
+  if (full)
+    sharded.set_unit_hook([&](int64_t u) {  // what the unit holds, and its piece into the accumulator (one rank's sum)
+      record_unit_gradients(sharded, u, &seen);
+      const cuda::Decoder::GradientUnit& unit = units[size_t(u)];
+      std::vector<float> piece(size_t(unit.piece)), acc(size_t(unit.piece));
+      float* accumulator = sharded.optimizer_shard().grad + unit.shard_offset;
+      cuda::copy_to_host(piece.data(), unit.grads + rank * unit.piece, piece.size() * sizeof(float));
+      cuda::copy_to_host(acc.data(), accumulator, acc.size() * sizeof(float));
+      for (size_t k = 0; k < acc.size(); ++k) acc[k] += piece[k];
+      cuda::copy_to_device(accumulator, acc.data(), acc.size() * sizeof(float));
+    });
   std::vector<int32_t> tokens, labels;
   batch(config, setup.batch * setup.seq_len, &tokens, &labels);
   plain.zero_grad(), sharded.zero_grad();
   const cuda::StepResult want = plain.forward_backward(tokens.data(), labels.data(), 0.01f);
   const cuda::StepResult got = sharded.forward_backward(tokens.data(), labels.data(), 0.01f);
+  if (!full)  // ZeRO-1: the gradients whole in the one buffer
+    for (const auto& p : sharded.parameters())
+      if (p.grad) seen[p.name] = sharded.download_grad(p.name);
   const int64_t L = config.num_layers;
   std::vector<int64_t> want_order;
-  for (int64_t u = 1; u <= L; ++u) want_order.push_back(u);
-  for (int64_t u = L - 1; u >= 1; --u) want_order.push_back(u);
+  for (int64_t l = 0; l < L; ++l) want_order.push_back(l);
+  for (int64_t l = L - 2; l >= 0; --l) want_order.push_back(l);
   CHECK(gathered == want_order) << what << ": " << gathered.size() << " gathers, not layer by layer forward then backward";
   CHECK(own_piece_in_place) << what << ": the rank's own piece was not in its place in the slot before a gather";
   CHECK(got.loss_sum == want.loss_sum && got.n_valid == want.n_valid) << what << ": loss " << got.loss_sum << " vs " << want.loss_sum;
-  for (const auto& p : plain.parameters())
+  for (const auto& p : plain.parameters()) {
+    if (!p.grad) continue;
     CHECK(seen.count(p.name) && seen[p.name] == plain.download_grad(p.name))
         << what << ": " << p.name << " is not the unsharded step's gradient";
+  }
   gathered.clear();
   const cuda::StepResult loss = sharded.forward_loss(tokens.data(), labels.data());
-  CHECK(loss.loss_sum == want.loss_sum && int64_t(gathered.size()) == L) << what << ": forward_loss " << loss.loss_sum;
+  const cuda::StepResult want_loss = plain.forward_loss(tokens.data(), labels.data());
+  CHECK(loss.loss_sum == want_loss.loss_sum && int64_t(gathered.size()) == L) << what << ": forward_loss " << loss.loss_sum;
   // Layer 0 is in the slot after the backward; a step moves the pieces on, and then it is not.
-  const std::string q0 = "model.layers.0.self_attn.q_proj.weight";
-  const int64_t unit0 = sharded.parameter(q0).unit;
+  const std::string q0 = "model.layers.0.self_attn.o_proj.weight";  // bf16 in every case (QLoRA: unadapted)
   bool threw = false;
   try {
     sharded.adamw_step(cpu::AdamWStep{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1}, 7);
@@ -1612,14 +1761,19 @@ void expect_sharded_weights_step(const std::string& what, const cuda::DecoderCon
   }
   CHECK(threw) << what << ": download_value of a sharded layer read a stale slot";
   plain.adamw_step(cpu::AdamWStep{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1}, 7);
-  // The pieces an update wrote, gathered again (the other ranks' pieces now zero), equal the
-  // unsharded update on this rank's elements.
-  whole[size_t(unit0)].assign(whole[size_t(unit0)].size(), bf16_t{});
-  sharded.gather_weights(unit0);
-  const std::vector<float> stepped = sharded.download_value(q0), want_q0 = plain.download_value(q0);
+  // This rank's piece, gathered again (the other ranks' pieces now zero), equals the unsharded
+  // value on this rank's elements: updated (a full fine-tune), or as uploaded (LoRA's frozen base).
   const cuda::DeviceParameter& p0 = sharded.parameter(q0);
-  for (int64_t k = p0.shard_begin; k < p0.shard_end; ++k)
-    CHECK(stepped[size_t(k)] == want_q0[size_t(k)]) << what << ": " << q0 << "[" << k << "] after AdamW";
+  whole[size_t(p0.weight_layer)].assign(whole[size_t(p0.weight_layer)].size(), bf16_t{});
+  sharded.gather_weights(p0.weight_layer);
+  const std::vector<float> stepped = sharded.download_value(q0), want_q0 = plain.download_value(q0);
+  const int64_t piece = weight_units[size_t(p0.weight_layer)].piece;
+  const int64_t begin = std::clamp<int64_t>(rank * piece - p0.weight_offset, 0, p0.numel),
+                end = std::clamp<int64_t>((rank + 1) * piece - p0.weight_offset, 0, p0.numel);
+  CHECK(!full || (begin == p0.shard_begin && end == p0.shard_end)) << what << ": the weight piece is not the optimizer's";
+  for (int64_t k = 0; k < p0.numel; ++k)
+    CHECK(stepped[size_t(k)] == (k >= begin && k < end ? want_q0[size_t(k)] : 0.0f))
+        << what << ": " << q0 << "[" << k << "] after AdamW";
 }
 
 // Untied and tied heads, without and with activation checkpointing (the recompute reuses the
@@ -1639,6 +1793,27 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsStepGathersEachLayerAndGivesTheUnshardedGra
                                     std::to_string(k.world),
                                 tiny_config(k.tied), setup, k.world, k.rank);
   }
+}
+
+// LoRA's frozen base sharded: LoRA q,v untied; every projection but k, checkpointed and offloaded,
+// tied; DoRA with dropout, checkpointed, the last of three; QLoRA (biased Qwen2, the adapted projections
+// NF4 and whole, the rest sharded) with dropout.
+KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBaseStepGathersEachLayerAndGivesTheUnshardedGradients) {
+  auto with = [](cuda::TrainingSetup s, bool checkpointing, bool dora, float dropout) {
+    s.activation_checkpointing = checkpointing;
+    s.activation_offloading = checkpointing && !dora;
+    s.use_dora = dora;
+    s.lora_dropout = dropout, s.lora_seed = 42;
+    return s;
+  };
+  expect_sharded_weights_step("lora q,v rank 0 of 2", tiny_config(false),
+                              with(family_setup(false, {cuda::kQ, cuda::kV}), false, false, 0.0f), 2, 0);
+  expect_sharded_weights_step("lora all but k checkpointed offloaded tied rank 1 of 2", tiny_config(true),
+                              with(family_setup(false, kAllButKey), true, false, 0.0f), 2, 1);
+  expect_sharded_weights_step("dora dropout 0.1 checkpointed rank 2 of 3", tiny_config(true),
+                              with(family_setup(false, kAllButKey), true, true, 0.1f), 3, 2);
+  expect_sharded_weights_step("qwen2 qlora q,v dropout 0.1 rank 1 of 2", tiny_qwen2_config(false),
+                              with(qlora_setup({cuda::kQ, cuda::kV}), false, false, 0.1f), 2, 1);
 }
 
 // ---- activation checkpointing (TrainingSetup::activation_checkpointing) ----

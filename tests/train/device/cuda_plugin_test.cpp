@@ -316,13 +316,14 @@ double train_step(CudaTrainer& gpu, const TinyRun& r, int world, int rank, bool 
 }
 
 // How the sharded run is set up: LoRA (ZeRO-1) or a full fine-tune with its gradients sharded too
-// (ZeRO-2) and, with weights, its layers' weights (ZeRO-3), micro-batches a rank and a step, an
-// untied or tied head.
+// (ZeRO-2) and, with weights, its layers' weights (ZeRO-3; LoRA: its layers' frozen base),
+// micro-batches a rank and a step, an untied or tied head, QLoRA (NF4 bases, whole; the rest sharded).
 struct ShardedCase {
   bool lora = false;
   int micro = 1;
   bool tied = false;
   bool weights = false;
+  bool qlora = false;
 };
 
 // In each rank's process: the sharded run and the one-GPU reference, three steps each with a
@@ -332,15 +333,18 @@ void sharded_rank(int world, int rank, int port, const ShardedCase& how, const s
   dist::TcpStore store("127.0.0.1", port, std::chrono::seconds(60));
   auto group = dist::make_gloo_process_group(store, "gpu", rank, world, "127.0.0.1", std::chrono::seconds(60));
   const bool lora = how.lora;
-  TinyRun ref = tiny_run(lora, false, false, how.tied), shard = tiny_run(lora, false, false, how.tied);
+  TinyRun ref = tiny_run(lora, false, how.qlora, how.tied), shard = tiny_run(lora, false, how.qlora, how.tied);
   shard.plan.setup.optimizer_shards = world;
   shard.plan.setup.optimizer_shard = rank;
   shard.plan.setup.shard_gradients = !lora;  // as the recipe sets it
   shard.plan.setup.shard_weights = how.weights;
-  std::unique_ptr<CudaTrainer> one = make_cuda_trainer(ref.host->parameters(), ref.plan, 1);
-  std::unique_ptr<CudaTrainer> many = make_cuda_trainer(shard.host->parameters(), shard.plan, 1, nullptr, group.get());
+  std::unique_ptr<CudaTrainer> one = make_cuda_trainer(ref.host->parameters(), ref.plan, 1, host_values(ref));
+  std::unique_ptr<CudaTrainer> many =
+      make_cuda_trainer(shard.host->parameters(), shard.plan, 1, host_values(shard), group.get());
   EXPECT_EQ(many->memory_report().find("gradients sharded (ZeRO-2)") != std::string::npos, !lora) << many->memory_report();
   EXPECT_EQ(many->memory_report().find("weights sharded (ZeRO-3)") != std::string::npos, how.weights)
+      << many->memory_report();
+  EXPECT_EQ(many->memory_report().find("frozen bf16 base weights") != std::string::npos, how.weights && lora)
       << many->memory_report();
   std::ofstream os(out);
   for (int step = 0; step < 3; ++step) {
@@ -497,6 +501,18 @@ TEST(CudaPlugin, OnAGpuShardedAdamWOverTwoRanksEqualsOneGpuFullFinetuneWeightsSh
 TEST(CudaPlugin, OnAGpuShardedAdamWOverTwoRanksEqualsOneGpuLora) {
   SKIP_WITHOUT_EMULATED_STEP();
   expect_sharded_equals_one_gpu(2, ShardedCase{/*lora=*/true, /*micro=*/2});
+}
+
+// LoRA with its layers' frozen base sharded too (ZeRO-3 of the base): each rank stores its piece of
+// each layer's frozen weights, gathered before the layer's forward and backward; the adapters (and
+// their moments) equal one GPU's bit for bit, two ranks of two micro-batches each; and QLoRA (the
+// NF4 bases whole, the norms and any unadapted projection sharded).
+TEST(CudaPlugin, OnAGpuShardedAdamWOverTwoRanksEqualsOneGpuLoraBaseSharded) {
+  SKIP_WITHOUT_EMULATED_STEP();
+  for (bool qlora : {false, true}) {
+    SCOPED_TRACE(qlora ? "qlora" : "lora");
+    expect_sharded_equals_one_gpu(2, ShardedCase{/*lora=*/true, /*micro=*/2, /*tied=*/false, /*weights=*/true, qlora});
+  }
 }
 
 TEST(CudaPlugin, OnAGpuShardedAdamWOverThreeRanksEqualsOneGpuLora) {

@@ -303,6 +303,34 @@ TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {
   for (const auto& [step, loss] : b) EXPECT_NEAR(loss, a.at(step), 1e-2 * a.at(step)) << "step " << step;
 }
 
+// LoRA on two GPUs (lora_finetune_distributed): by default the AdamW state sharded (ZeRO-1) and the
+// layers' frozen bf16 base too (each GPU stores its piece of each layer's, gathered before the
+// layer's forward and backward), against replicated GPUs (KTUNE_DATA_PARALLEL=replicate: the base
+// whole on each): the same losses digit for digit and the same checkpoint byte for byte. Two steps.
+TEST_F(CudaRecipeTest, TwoGpusLoraShardTheFrozenBaseAndEqualReplicated) {
+  SKIP_WITHOUT_GPUS(2);
+  const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
+  Outcome sharded = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", "cuda",
+                        args, out("sharded"));
+  setenv("KTUNE_DATA_PARALLEL", "replicate", 1);
+  Outcome replicated = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device",
+                           "cuda", args, out("replicated"));
+  unsetenv("KTUNE_DATA_PARALLEL");
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
+  EXPECT_NE(sharded.output.find("the layers' frozen bf16 base weights (ZeRO-3"), std::string::npos) << sharded.output;
+  EXPECT_NE(sharded.output.find("weights sharded (ZeRO-3): this GPU's pieces of the layers' frozen bf16 base"),
+            std::string::npos)
+      << sharded.output;
+  EXPECT_EQ(replicated.output.find("weights sharded (ZeRO-3)"), std::string::npos) << replicated.output;
+  ASSERT_EQ(losses(out("sharded")).size(), 2u);
+  EXPECT_EQ(recipe_testing::logged(out("sharded")), recipe_testing::logged(out("replicated")));
+  const std::map<std::string, std::string> files = safetensors_bytes(out("sharded") + "/epoch_0");
+  EXPECT_FALSE(files.empty());
+  EXPECT_TRUE(files == safetensors_bytes(out("replicated") + "/epoch_0"))
+      << "the base-sharded run's checkpoint is not the replicated run's byte for byte";
+}
+
 // Two GPUs (a worker each, over NCCL; on the emulated step each worker its own emulated device and
 // fake/nccl.h between them) with the AdamW state, the gradients and the layers' weights sharded
 // (ZeRO-3), the default: every step's loss that of one GPU with the doubled batch. ZeRO-2
