@@ -180,7 +180,8 @@ bool nccl_available() { return true; }
 std::unique_ptr<ProcessGroup> make_nccl_process_group(TcpStore&, const std::string& prefix, int rank, int,
                                                       std::chrono::milliseconds) {
   throw Error("NCCL process group '" + prefix + "' rank " + std::to_string(rank),
-              "this build has no NCCL (configure with -DKTUNE_CUDA=ON or -DKTUNE_NCCL=ON where the CUDA toolkit and NCCL are installed)");
+              "this build has no NCCL (configure with -DKTUNE_CUDA=ON or -DKTUNE_NCCL=ON where the CUDA toolkit and "
+              "NCCL are installed)");
 }
 
 bool nccl_available() { return false; }

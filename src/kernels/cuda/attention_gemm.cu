@@ -13,9 +13,9 @@
 // block's queries / keys, so what they skip is masked.
 // The row kernels take one block per (b, i) row of the head at hand; they apply the soft-cap to the
 // scaled scores the GEMM left in S and the mask, and read S and dP only where the mask lets the key
-// through (always inside the row's block: bounds no narrower than the doc ids' ensure it); they write every entry of the row of P and dS, masked
-// entries (j > i, j <= i - window, or another document: doc_ids[b, j] != doc_ids[b, i]) as 0, so the
-// dK, dV GEMMs may read any of them (a key block's columns of later rows) and the masked ones add nothing.
+// through (always inside the row's block: bounds no narrower than the doc ids' ensure it); they write every entry of
+// the row of P and dS, masked entries (j > i, j <= i - window, or another document: doc_ids[b, j] != doc_ids[b, i]) as
+// 0, so the dK, dV GEMMs may read any of them (a key block's columns of later rows) and the masked ones add nothing.
 #include "kernels/cuda/attention_gemm.h"
 
 #include <cuda_bf16.h>

@@ -147,11 +147,11 @@ void launch(const Nf4GemmCall& g, Stream stream) {
   const auto* bias = static_cast<const TC*>(g.bias);
   const auto* A = reinterpret_cast<const bf16*>(g.A);
   if (g.w_transposed)
-    nf4_gemm_kernel<TC, true><<<grid, kThreads, kSharedBytes, stream>>>(C, A, g.codes, g.scales, bias, g.M, g.N, g.K, g.alpha,
-                                                             g.beta);
+    nf4_gemm_kernel<TC, true><<<grid, kThreads, kSharedBytes, stream>>>(C, A, g.codes, g.scales, bias, g.M, g.N,
+                                                                     g.K, g.alpha, g.beta);
   else
-    nf4_gemm_kernel<TC, false><<<grid, kThreads, kSharedBytes, stream>>>(C, A, g.codes, g.scales, bias, g.M, g.N, g.K, g.alpha,
-                                                              g.beta);
+    nf4_gemm_kernel<TC, false><<<grid, kThreads, kSharedBytes, stream>>>(C, A, g.codes, g.scales, bias, g.M, g.N,
+                                                                     g.K, g.alpha, g.beta);
   KTUNE_CUDA_CHECK_LAUNCH();
 }
 

@@ -622,9 +622,11 @@ void Decoder::allocate(bool on_device) {
   size_t gbytes = 0;
   if (setup_.shard_gradients) {
     plan_bytes_.grad_accumulators = aligned(size_t(shard_.size) * 4);
-    plan_bytes_.grad_whole_units = aligned(size_t(units_[0].size) * 4) + aligned(size_t(units_[size_t(L + 1)].size) * 4);
+    plan_bytes_.grad_whole_units =
+        aligned(size_t(units_[0].size) * 4) + aligned(size_t(units_[size_t(L + 1)].size) * 4);
     for (int64_t l = 0; l < L; ++l)
-      plan_bytes_.grad_layer_slot = std::max(plan_bytes_.grad_layer_slot, aligned(size_t(units_[size_t(1 + l)].size) * 4));
+      plan_bytes_.grad_layer_slot =
+          std::max(plan_bytes_.grad_layer_slot, aligned(size_t(units_[size_t(1 + l)].size) * 4));
     gbytes = plan_bytes_.grad_accumulators + plan_bytes_.grad_whole_units + plan_bytes_.grad_layer_slot;
   } else {
     shard_.begin = rank * units_[0].piece;
@@ -941,7 +943,8 @@ void Decoder::init_parameters(uint64_t seed) {
       if (weights_sharded(p)) {  // drawn whole into the slot, this rank's elements kept
         const WeightRange mine = weight_piece_range(p);
         if (mine.begin < mine.end)
-          copy_on_device(piece_value(p, mine.begin), p.value + mine.begin, size_t(mine.end - mine.begin) * sizeof(bf16_t));
+          copy_on_device(piece_value(p, mine.begin), p.value + mine.begin,
+                         size_t(mine.end - mine.begin) * sizeof(bf16_t));
       }
       continue;
     }
@@ -1021,15 +1024,16 @@ void Decoder::upload(const std::string& name, const std::vector<float>& values) 
   // ZeRO-3: this rank's elements into its piece; a slot holding this layer is stale now.
   const WeightRange mine = weight_piece_range(p);
   if (mine.begin < mine.end)
-    copy_to_device(piece_value(p, mine.begin), host.data() + mine.begin, size_t(mine.end - mine.begin) * sizeof(bf16_t));
+    copy_to_device(piece_value(p, mine.begin), host.data() + mine.begin,
+                   size_t(mine.end - mine.begin) * sizeof(bf16_t));
   if (impl_->slot_layer == p.weight_layer) impl_->slot_layer = -1;
 }
 
 // Layer l's weight unit: a full fine-tune's every layer parameter at its gradient's place in gradient
 // unit 1 + l (AdamW's pieces are the gradients' pieces); LoRA's the layer's frozen bf16 parameters (not
 // the NF4 codes), each at a 256-byte aligned place. Each unit padded to optimizer_shards * 64 elements.
-std::vector<int64_t> Decoder::weight_unit_layout(const std::vector<int64_t>& layer_of, const std::vector<bool>& trainable,
-                                                 const std::vector<bool>& nf4,
+std::vector<int64_t> Decoder::weight_unit_layout(const std::vector<int64_t>& layer_of,
+                                                 const std::vector<bool>& trainable, const std::vector<bool>& nf4,
                                                  const std::vector<int64_t>& offset_in_unit) {
   std::vector<int64_t> offset(params_.size(), -1);
   weight_units_.clear();
@@ -1143,14 +1147,13 @@ std::string Decoder::memory_report() const {
   std::ostringstream os;
   const MemoryPlan& m = plan_bytes_;
   os << "planned device memory: parameters " << gib(m.parameters) << ", gradients " << gib(m.gradients)
-     << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations) << " (of which the loss's scratch "
-     << gib(m.loss_scratch) << ", chunks of " << impl_->ce_chunk << " tokens"
-     << (setup_.activation_checkpointing
-             ? "; checkpointed: each layer's input kept, one layer's recomputed, the MLP " +
-                   std::to_string(impl_->mlp_rows) + " tokens at a time"
-             : std::string())
+     << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations)
+     << " (of which the loss's scratch " << gib(m.loss_scratch) << ", chunks of " << impl_->ce_chunk << " tokens"
+     << (setup_.activation_checkpointing ? "; checkpointed: each layer's input kept, one layer's recomputed, the MLP " +
+                                               std::to_string(impl_->mlp_rows) + " tokens at a time"
+                                         : std::string())
      << (setup_.activation_offloading ? "; offloaded: the layer inputs in two slots, the rest in pinned host memory"
-                                       : "")
+                                      : "")
      << "), total " << gib(m.total());
   if (setup_.optimizer_shards > 1)
     os << "; AdamW state sharded: this GPU's " << shard_.size << " of " << shard_.size * setup_.optimizer_shards
@@ -1168,9 +1171,10 @@ std::string Decoder::memory_report() const {
   if (setup_.activation_offloading) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
   if (m.nf4_base > 0)
     os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)
-       << " (in activations" << (impl_->output.lora_a >= 0 ? "; lm_head's in blocks of " + std::to_string(impl_->head_rows) +
-                                                           " rows, in the loss's scratch"
-                                                     : std::string())
+       << " (in activations"
+       << (impl_->output.lora_a >= 0
+               ? "; lm_head's in blocks of " + std::to_string(impl_->head_rows) + " rows, in the loss's scratch"
+               : std::string())
        << ")";
   size_t used = 0, total = 0;
   device_memory_info(&used, &total);
@@ -1743,7 +1747,8 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   // the micro-batches), so they start at zero; each layer zeroes the slot before its backward.
   s.unit_done = nullptr;
   if (setup_.shard_gradients) {
-    check(bool(unit_hook_), "cuda decoder", "shard_gradients: no unit hook set (set_unit_hook) to reduce the gradients");
+    check(bool(unit_hook_), "cuda decoder",
+          "shard_gradients: no unit hook set (set_unit_hook) to reduce the gradients");
     for (int64_t u : {int64_t(0), config_.num_layers + 1})
       KTUNE_CUDA_CHECK(cudaMemsetAsync(units_[size_t(u)].grads, 0, size_t(units_[size_t(u)].size) * 4, nullptr));
     s.unit_done = &unit_hook_;

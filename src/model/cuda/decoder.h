@@ -165,9 +165,9 @@ struct TrainingSetup {
   // on the device only as NF4
   // (DeviceParameter::nf4_codes / nf4_scales, kernels/cpu/nf4.h's layout: blocks of 64, an f32
   // absmax scale each), quantised on the host when uploaded, with the CPU quantiser's arithmetic
-  // (kernels/cpu/nf4_codes.cpp, compiled in), so the codes are the CPU engine's bit for bit. Each GEMM that reads such a weight
-  // dequantises it to bf16 scratch first (one projection at a time; lm_head's a block of
-  // head_block_rows vocabulary rows at a time, inside the fused loss). Needs LoRA and no full_finetune.
+  // (kernels/cpu/nf4_codes.cpp, compiled in), so the codes are the CPU engine's bit for bit. Each GEMM that reads such
+  // a weight dequantises it to bf16 scratch first (one projection at a time; lm_head's a block of head_block_rows
+  // vocabulary rows at a time, inside the fused loss). Needs LoRA and no full_finetune.
   bool quantize_base = false;
   // QLoRA: the layers' NF4 projections (without DoRA, of shapes kernels/cuda/nf4_gemm.h takes) run
   // the GEMM that dequantises W tile by tile in shared memory (forward and input gradient) instead of
@@ -362,7 +362,9 @@ class Decoder {
   // other ranks' pieces (an in-place all-gather) after the device's earlier work is done (that work
   // may still read the slot's previous layer) and return when the slot is whole. Every rank calls it
   // in the same order (the steps' layers, gather_weights).
-  void set_weight_gather(std::function<void(int64_t layer, bf16_t* slot)> gather) { weight_gather_ = std::move(gather); }
+  void set_weight_gather(std::function<void(int64_t layer, bf16_t* slot)> gather) {
+    weight_gather_ = std::move(gather);
+  }
   // shard_weights: layer `layer`'s weight unit gathered into the slot (a collective: every rank calls
   // it), so that download_value can read its parameters. The next step's gathers overwrite the slot.
   void gather_weights(int64_t layer);
