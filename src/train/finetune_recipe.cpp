@@ -9,6 +9,8 @@
 #include <ctime>
 #include <filesystem>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -71,14 +73,21 @@ DatasetOptions dataset_options(const DatasetConfig& d) {
 // on it; padding_free.h), or padded as collated. env KTUNE_PADDING_FREE = 1 (default), one_row, 0.
 enum class PaddingFree { kRowsOfT, kOneRow, kOff };
 
+// The value of env `name`, one of `choices` (unset or empty: the first, the default); anything else
+// throws an Error naming the variable, its value and `expected`.
+std::string env_choice(const char* name, const std::vector<std::string>& choices, const std::string& expected) {
+  const char* v = std::getenv(name);
+  const std::string mode = v && *v ? v : choices.front();
+  if (std::find(choices.begin(), choices.end(), mode) == choices.end())
+    throw Error(std::string("env ") + name, "is '" + mode + "'; expected " + expected);
+  return mode;
+}
+
 PaddingFree padding_free_mode() {
-  const char* v = std::getenv("KTUNE_PADDING_FREE");
-  const std::string mode = v ? v : "";
-  if (mode.empty() || mode == "1") return PaddingFree::kRowsOfT;
-  if (mode == "one_row") return PaddingFree::kOneRow;
-  if (mode == "0") return PaddingFree::kOff;
-  throw Error("env KTUNE_PADDING_FREE", "is '" + mode + "'; expected 1 (the default: rows of at most the padded "
-                                        "length), one_row or 0 (keep the padding)");
+  const std::string mode =
+      env_choice("KTUNE_PADDING_FREE", {"1", "one_row", "0"},
+                 "1 (the default: rows of at most the padded length), one_row or 0 (keep the padding)");
+  return mode == "1" ? PaddingFree::kRowsOfT : mode == "one_row" ? PaddingFree::kOneRow : PaddingFree::kOff;
 }
 
 // Readies a loader batch for the model, in place: labels shifted per row (torchtune's shift,
@@ -100,10 +109,8 @@ model::Batch model_batch(Batch& batch, bool packed, PaddingFree mode) {
 // shards too, but a GPU full fine-tune then keeps its layers' weights whole on every GPU (ZeRO-2, to
 // compare against the default ZeRO-3); the CPU engine shards as with shard.
 std::string data_parallel_mode() {
-  const char* v = std::getenv("KTUNE_DATA_PARALLEL");
-  const std::string mode = v && *v ? v : "shard";
-  if (mode == "shard" || mode == "replicate" || mode == "zero2") return mode;
-  throw Error("env KTUNE_DATA_PARALLEL", "is '" + mode + "'; expected shard (the default), zero2 or replicate");
+  return env_choice("KTUNE_DATA_PARALLEL", {"shard", "replicate", "zero2"},
+                    "shard (the default), zero2 or replicate");
 }
 
 bool shard_parameters(const RecipeSpec& recipe) {
@@ -115,23 +122,18 @@ bool shard_parameters(const RecipeSpec& recipe) {
 // tensor cores, head_dim 64/128) or flash (tiled, on the CUDA cores). Until they are measured on a
 // GPU, the choice stays with the user.
 cuda::TrainingSetup::Attention cuda_attention_mode() {
-  const char* v = std::getenv("KTUNE_CUDA_ATTENTION");
-  const std::string mode = v ? v : "";
-  if (mode.empty() || mode == "gemm") return cuda::TrainingSetup::Attention::kGemm;
-  if (mode == "tensor_core") return cuda::TrainingSetup::Attention::kTensorCore;
-  if (mode == "flash") return cuda::TrainingSetup::Attention::kFlash;
-  throw Error("env KTUNE_CUDA_ATTENTION", "is '" + mode + "'; expected gemm (the default), tensor_core or flash");
+  const std::string mode = env_choice("KTUNE_CUDA_ATTENTION", {"gemm", "tensor_core", "flash"},
+                                      "gemm (the default), tensor_core or flash");
+  return mode == "gemm"          ? cuda::TrainingSetup::Attention::kGemm
+         : mode == "tensor_core" ? cuda::TrainingSetup::Attention::kTensorCore
+                                 : cuda::TrainingSetup::Attention::kFlash;
 }
 
 // QLoRA's NF4 GEMMs on the GPU (cuda::TrainingSetup::nf4_fused_gemm): env KTUNE_CUDA_NF4_GEMM =
 // dequantize (the default: W dequantised into bf16 scratch, then cuBLASLt) or fused (the GEMM that
 // dequantises W tile by tile, kernels/cuda/nf4_gemm.h). Until a GPU has measured them, the user's.
 bool cuda_nf4_fused_gemm() {
-  const char* v = std::getenv("KTUNE_CUDA_NF4_GEMM");
-  const std::string mode = v ? v : "";
-  if (mode.empty() || mode == "dequantize") return false;
-  if (mode == "fused") return true;
-  throw Error("env KTUNE_CUDA_NF4_GEMM", "is '" + mode + "'; expected dequantize (the default) or fused");
+  return env_choice("KTUNE_CUDA_NF4_GEMM", {"dequantize", "fused"}, "dequantize (the default) or fused") == "fused";
 }
 
 int64_t longest_sample(const TokenizedDataset& dataset) {
