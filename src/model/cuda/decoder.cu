@@ -48,6 +48,13 @@ constexpr int64_t kDefaultHeadBlockRows = 4096;   // TrainingSetup::head_block_r
 constexpr int64_t kDefaultMlpChunkTokens = 2048;  // TrainingSetup::mlp_chunk_tokens = 0
 constexpr int64_t kShardMultiple = 64;  // floats: an optimizer shard's size is a multiple (256-byte slices)
 size_t aligned(size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; }
+
+// Whether an NF4 projection (out, in) runs its GEMMs with the dequantisation fused in (nf4_gemm.h)
+// under TrainingSetup::nf4_fused_gemm (`fused`): not DoRA's, whose norms read the whole W, and of a
+// shape the kernel takes (the same in either orientation: both dims multiples of 64).
+bool nf4_gemm_fused(bool fused, bool dora, int64_t out, int64_t in) {
+  return fused && !dora && nf4_gemm_supports(out, in);
+}
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Carves typed slices out of an arena, or (arena == nullptr) only adds up their aligned bytes.
@@ -586,8 +593,8 @@ void Decoder::allocate(bool on_device) {
       nf4[size_t(lin->weight)] = true;
       // Through the scratch unless the fused GEMM takes it (a layer's projection without DoRA);
       // lm_head's a block of head_rows vocabulary rows at a time.
-      const bool fused = setup_.nf4_fused_gemm && !setup_.use_dora && lin != &s.output &&
-                         nf4_gemm_supports(w.shape[0], w.shape[1]) && nf4_gemm_supports(w.shape[1], w.shape[0]);
+      const bool fused = lin != &s.output &&
+                         nf4_gemm_fused(setup_.nf4_fused_gemm, lin->magnitude >= 0, w.shape[0], w.shape[1]);
       if (!fused) nf4_largest = std::max(nf4_largest, lin == &s.output ? s.head_rows * C : w.numel);
     }
     check(s.output.lora_a < 0 || s.head_rows * C % cpu::kNf4BlockSize == 0, "cuda decoder: lm_head",
@@ -1234,7 +1241,7 @@ const bf16_t* Decoder::Impl::base_weight(const LinearRef& w) {
 // With TrainingSetup::nf4_fused_gemm, an NF4 base of shapes the fused kernel takes (DoRA's read the
 // whole W for their norms and keep the scratch).
 bool Decoder::Impl::fused_nf4(const LinearRef& w) const {
-  return nf4_fused && w.nf4_codes && !w.m && nf4_gemm_supports(w.out, w.in) && nf4_gemm_supports(w.in, w.out);
+  return w.nf4_codes && nf4_gemm_fused(nf4_fused, w.m != nullptr, w.out, w.in);
 }
 
 // y (N, out) = beta * y + x W^T [+ b]: cuBLASLt on W (bf16, or NF4 dequantised into the scratch), or
