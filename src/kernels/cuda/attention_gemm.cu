@@ -158,20 +158,10 @@ __global__ void to_bf16_kernel(__nv_bfloat16* y, const float* x, int64_t n) {
   if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
-// One block's GEMMs over the B rows: its rows, keys and queries.
-struct Run {
-  int64_t batch;
-  AttentionGemmBlock block;
-  int64_t i0() const { return block.i0; }
-  int64_t k0() const { return block.k0; }
-  int64_t rows() const { return block.i1 - block.i0; }
-  int64_t keys() const { return block.i1 - block.k0; }
-  int64_t queries() const { return block.q1 - block.i0; }
-};
-
-// One run of all B rows per block, over the union of the rows' blocks (the smallest k0, the largest
-// q1; without bounds every row's blocks are causality's and the window's alone, the calls as before).
-std::vector<Run> gemm_runs(const AttentionShape& s, HostDocumentBounds bounds) {
+// The blocks every GEMM runs on, one strided-batched call over the B rows each: the union of the
+// rows' blocks (the smallest k0, the largest q1); without bounds every row's blocks are causality's
+// and the window's alone, the calls as before.
+std::vector<AttentionGemmBlock> gemm_blocks(const AttentionShape& s, HostDocumentBounds bounds) {
   std::vector<AttentionGemmBlock> blocks = attention_gemm_blocks(s.T, s.sliding_window, nullptr, nullptr);
   if (bounds.first_key) {
     for (AttentionGemmBlock& u : blocks) u.k0 = u.i0, u.q1 = u.i1;  // widened to each row's below
@@ -182,31 +172,29 @@ std::vector<Run> gemm_runs(const AttentionShape& s, HostDocumentBounds bounds) {
         blocks[n].k0 = std::min(blocks[n].k0, row[n].k0), blocks[n].q1 = std::max(blocks[n].q1, row[n].q1);
     }
   }
-  std::vector<Run> runs;
-  for (const AttentionGemmBlock& block : blocks) runs.push_back(Run{s.B, block});
-  return runs;
+  return blocks;
 }
 
-// One strided-batched product over the batch rows of a run (A, B bf16; C f32 or bf16, `out`).
-void batched(GemmContext& ctx, const Run& run, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+// One strided-batched product over the B rows of the batch (A, B bf16; C f32 or bf16, `out`).
+void batched(GemmContext& ctx, int64_t batch, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
              const bf16_t* A, int64_t lda, int64_t sa, const bf16_t* Bm, int64_t ldb, int64_t sb, float beta, void* C,
              int64_t ldc, int64_t sc, DType out, Stream stream) {
   GemmCall g;
   g.trans_a = ta, g.trans_b = tb, g.M = M, g.N = N, g.K = K, g.alpha = alpha, g.beta = beta;
   g.A = A, g.lda = lda, g.B = Bm, g.ldb = ldb, g.C = C, g.ldc = ldc;
   g.in = DType::BF16, g.out = out;
-  g.batch = run.batch, g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
+  g.batch = batch, g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
   ctx.run(g, stream);
 }
 
 // S[i0:i1, k0:i1] (b) = scale Q_h[i0:i1](b) K_g[k0:i1](b)^T   f32, per row block: query head h of
 // group g, the forward's scores and the backward's again.
 void scores(GemmContext& ctx, float* S, const bf16_t* q, const bf16_t* k, const AttentionShape& s,
-            const std::vector<Run>& runs, int64_t h, int64_t g, Stream stream) {
+            const std::vector<AttentionGemmBlock>& blocks, int64_t h, int64_t g, Stream stream) {
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D;
-  for (const Run& r : runs)
-    batched(ctx, r, false, true, r.rows(), r.keys(), D, s.scale, q + r.i0() * QD + h * D, QD, T * QD,
-            k + r.k0() * KD + g * D, KD, T * KD, 0.0f, S + r.i0() * T + r.k0(), T, T * T, DType::F32, stream);
+  for (const AttentionGemmBlock& r : blocks)
+    batched(ctx, s.B, false, true, r.rows(), r.keys(), D, s.scale, q + r.i0 * QD + h * D, QD, T * QD,
+            k + r.k0 * KD + g * D, KD, T * KD, 0.0f, S + r.i0 * T + r.k0, T, T * T, DType::F32, stream);
 }
 
 void check_bounds(const int32_t* doc_ids, HostDocumentBounds bounds) {
@@ -255,16 +243,16 @@ void attention_gemm_forward(GemmContext& ctx, bf16_t* out, float* lse, const bf1
   const Scratch w = carve(s, scratch);
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
   const RowMask mask{doc_ids, T, s.sliding_window, s.softcap};
-  const std::vector<Run> runs = gemm_runs(s, bounds);
+  const std::vector<AttentionGemmBlock> blocks = gemm_blocks(s, bounds);
   for (int64_t h = 0; h < s.Hq; ++h) {
     const int64_t g = h / group;
-    scores(ctx, w.S, q, k, s, runs, h, g, stream);
+    scores(ctx, w.S, q, k, s, blocks, h, g, stream);
     softmax_rows_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), lse, w.S, mask, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
     // O_h[i0:i1](b) = P[i0:i1, k0:i1](b) V_g[k0:i1](b)   bf16 into the strided head columns
-    for (const Run& r : runs)
-      batched(ctx, r, false, false, r.rows(), D, r.keys(), 1.0f, w.P + r.i0() * T + r.k0(), T, T * T,
-              v + r.k0() * KD + g * D, KD, T * KD, 0.0f, out + r.i0() * QD + h * D, QD, T * QD, DType::BF16, stream);
+    for (const AttentionGemmBlock& r : blocks)
+      batched(ctx, s.B, false, false, r.rows(), D, r.keys(), 1.0f, w.P + r.i0 * T + r.k0, T, T * T,
+              v + r.k0 * KD + g * D, KD, T * KD, 0.0f, out + r.i0 * QD + h * D, QD, T * QD, DType::BF16, stream);
   }
 }
 
@@ -277,7 +265,7 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
   const Scratch w = carve(s, scratch);
   const int64_t T = s.T, D = s.D, QD = s.Hq * s.D, KD = s.Hkv * s.D, group = s.Hq / s.Hkv;
   const RowMask mask{doc_ids, T, s.sliding_window, s.softcap};
-  const std::vector<Run> runs = gemm_runs(s, bounds);
+  const std::vector<AttentionGemmBlock> blocks = gemm_blocks(s, bounds);
   const int64_t kv = s.B * T * KD;
   KTUNE_CUDA_CHECK(cudaMemsetAsync(w.dk, 0, size_t(kv) * 4, stream));
   KTUNE_CUDA_CHECK(cudaMemsetAsync(w.dv, 0, size_t(kv) * 4, stream));
@@ -287,31 +275,31 @@ void attention_gemm_backward(GemmContext& ctx, bf16_t* dq, bf16_t* dk, bf16_t* d
   for (int64_t h = 0; h < s.Hq; ++h) {
     const int64_t g = h / group;
     // S = scale Q K^T again over the row blocks, P = exp(cap(S) - lse) over whole rows
-    scores(ctx, w.S, q, k, s, runs, h, g, stream);
+    scores(ctx, w.S, q, k, s, blocks, h, g, stream);
     probabilities_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, lse, mask, s.Hq, h);
     KTUNE_CUDA_CHECK_LAUNCH();
     // dV_g[j0:j1] += P[j0:q1, j0:j1]^T dO_h[j0:q1]   f32, per key block: every query that sees a key of
     // the block, in one product, so each key gets one beta = 1 addition per head as with the full square
     // (the rows above j0 and from q1 on only hold zeros in these columns)
-    for (const Run& c : runs)
-      batched(ctx, c, true, false, c.rows(), D, c.queries(), 1.0f, w.P + c.i0() * T + c.i0(), T, T * T,
-              dout + c.i0() * QD + h * D, QD, T * QD, 1.0f, w.dv + c.i0() * KD + g * D, KD, T * KD, DType::F32, stream);
+    for (const AttentionGemmBlock& c : blocks)
+      batched(ctx, s.B, true, false, c.rows(), D, c.queries(), 1.0f, w.P + c.i0 * T + c.i0, T, T * T,
+              dout + c.i0 * QD + h * D, QD, T * QD, 1.0f, w.dv + c.i0 * KD + g * D, KD, T * KD, DType::F32, stream);
     // dP[i0:i1, k0:i1] = dO_h[i0:i1] V_g[k0:i1]^T   f32, per row block
-    for (const Run& r : runs)
-      batched(ctx, r, false, true, r.rows(), r.keys(), D, 1.0f, dout + r.i0() * QD + h * D, QD, T * QD,
-              v + r.k0() * KD + g * D, KD, T * KD, 0.0f, w.dP + r.i0() * T + r.k0(), T, T * T, DType::F32, stream);
+    for (const AttentionGemmBlock& r : blocks)
+      batched(ctx, s.B, false, true, r.rows(), r.keys(), D, 1.0f, dout + r.i0 * QD + h * D, QD, T * QD,
+              v + r.k0 * KD + g * D, KD, T * KD, 0.0f, w.dP + r.i0 * T + r.k0, T, T * T, DType::F32, stream);
     // dS = P (dP - delta) cap'(S) scale   (T, T) bf16 over whole rows, over P (its dV use is queued before this)
     score_gradient_kernel<<<unsigned(s.B * T), kRowThreads, 0, stream>>>(dev(w.P), w.S, w.dP, lse, w.delta, mask, s.Hq,
                                                                          h, s.scale);
     KTUNE_CUDA_CHECK_LAUNCH();
     // dQ_h[i0:i1] = dS[i0:i1, k0:i1] K_g[k0:i1]   bf16, per row block
-    for (const Run& r : runs)
-      batched(ctx, r, false, false, r.rows(), D, r.keys(), 1.0f, w.P + r.i0() * T + r.k0(), T, T * T,
-              k + r.k0() * KD + g * D, KD, T * KD, 0.0f, dq + r.i0() * QD + h * D, QD, T * QD, DType::BF16, stream);
+    for (const AttentionGemmBlock& r : blocks)
+      batched(ctx, s.B, false, false, r.rows(), D, r.keys(), 1.0f, w.P + r.i0 * T + r.k0, T, T * T,
+              k + r.k0 * KD + g * D, KD, T * KD, 0.0f, dq + r.i0 * QD + h * D, QD, T * QD, DType::BF16, stream);
     // dK_g[j0:j1] += dS[j0:q1, j0:j1]^T Q_h[j0:q1]   f32, per key block
-    for (const Run& c : runs)
-      batched(ctx, c, true, false, c.rows(), D, c.queries(), 1.0f, w.P + c.i0() * T + c.i0(), T, T * T,
-              q + c.i0() * QD + h * D, QD, T * QD, 1.0f, w.dk + c.i0() * KD + g * D, KD, T * KD, DType::F32, stream);
+    for (const AttentionGemmBlock& c : blocks)
+      batched(ctx, s.B, true, false, c.rows(), D, c.queries(), 1.0f, w.P + c.i0 * T + c.i0, T, T * T,
+              q + c.i0 * QD + h * D, QD, T * QD, 1.0f, w.dk + c.i0 * KD + g * D, KD, T * KD, DType::F32, stream);
   }
   to_bf16_kernel<<<blocks_for(kv, 256), 256, 0, stream>>>(dev(dk), w.dk, kv);
   KTUNE_CUDA_CHECK_LAUNCH();

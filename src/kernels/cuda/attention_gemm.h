@@ -50,6 +50,9 @@ struct HostDocumentBounds {
 // [k0, i1); as a block of keys [i0, i1), the queries [i0, q1) (dK, dV).
 struct AttentionGemmBlock {
   int64_t i0, i1, k0, q1;
+  int64_t rows() const { return i1 - i0; }
+  int64_t keys() const { return i1 - k0; }
+  int64_t queries() const { return q1 - i0; }
 };
 
 // The blocks of one batch row: k0 = max(i0 - window + 1 (window > 0), min first_key[i0:i1], 0)
