@@ -932,9 +932,10 @@ void Decoder::init_parameters(uint64_t seed) {
   }
   is_norm[size_t(s.final_norm)] = true;
   if (s.output.lora_a >= 0) is_a[size_t(s.output.lora_a)] = is_b[size_t(s.output.lora_b)] = true;
-  auto draw = [&](size_t i, bf16_t* target, float bound, float fill) {
-    init_kernel<<<blocks_for(params_[i].numel, 256), 256>>>(dev(target), params_[i].numel,
-                                                            splitmix64(seed ^ splitmix64(i)), bound, fill, 0);
+  // Parameter i's elements [first, first + n) (n < 0: all of them) drawn into target.
+  auto draw = [&](size_t i, bf16_t* target, float bound, float fill, int64_t first = 0, int64_t n = -1) {
+    if (n < 0) n = params_[i].numel;
+    init_kernel<<<blocks_for(n, 256), 256>>>(dev(target), n, splitmix64(seed ^ splitmix64(i)), bound, fill, first);
     KTUNE_CUDA_CHECK_LAUNCH();
   };
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -944,7 +945,6 @@ void Decoder::init_parameters(uint64_t seed) {
     if (is_bias[i]) bound = 0.0f, fill = 0.0f;
     if (is_a[i]) bound = 1.0f / std::sqrt(float(p.shape[1]));
     if (is_b[i]) bound = 0.0f, fill = 0.0f;
-    const uint64_t key = splitmix64(seed ^ splitmix64(i));
     if (!p.nf4_codes) {
       draw(i, p.value, bound, fill);
       if (weights_sharded(p)) {  // drawn whole into the slot, this rank's elements kept
@@ -968,8 +968,7 @@ void Decoder::init_parameters(uint64_t seed) {
     }
     for (int64_t first = 0; first < p.numel; first += block) {
       const int64_t n = std::min(block, p.numel - first);
-      init_kernel<<<blocks_for(n, 256), 256>>>(dev(scratch), n, key, bound, fill, first);
-      KTUNE_CUDA_CHECK_LAUNCH();
+      draw(i, scratch, bound, fill, first, n);
       copy_to_host(drawn.data() + first, scratch, size_t(n) * sizeof(bf16_t));  // synchronous
     }
     std::vector<float> x(drawn.size());
