@@ -2,9 +2,12 @@
 // backend. Buffers are DEVICE pointers (cudaMalloc'd or managed memory) on the device this process
 // selected with cudaSetDevice before make_nccl_process_group — one GPU per rank, as NCCL requires.
 // Rank 0 makes the NCCL unique id and shares it through the launcher's TcpStore. Every collective
-// is enqueued on the group's stream and waited for before returning (the Gloo group's blocking
-// semantics); the wait polls ncclCommGetAsyncError and aborts the communicator on a peer's failure
-// or after the timeout, so a dead peer ends in an Error, not a hang (what torch's watchdog does).
+// of the ProcessGroup interface is enqueued on the group's stream and waited for before returning
+// (the Gloo group's blocking semantics); the wait polls ncclCommGetAsyncError and aborts the
+// communicator on a peer's failure or after the timeout, so a dead peer ends in an Error, not a hang
+// (what torch's watchdog does). The StreamCollectives side (stream_collectives.h) enqueues on the
+// same stream behind the caller's event and returns at once; wait_enqueued() is the same poll, and
+// every blocking collective waits for what was enqueued before it too (one stream, in order).
 //
 // Compiled by its users, not into ktune_dist (process_group_nccl.h): with KTUNE_HAS_NCCL where the
 // CUDA toolkit and NCCL are found (the `ktune_nccl` target), otherwise make_nccl_process_group says
@@ -19,6 +22,7 @@
 
 #include "core/error.h"
 #include "dist/cuda/process_group_nccl.h"
+#include "dist/cuda/stream_collectives.h"
 
 #ifdef KTUNE_HAS_NCCL
 #include <cuda_runtime.h>
@@ -30,7 +34,7 @@ namespace ktune::dist {
 #ifdef KTUNE_HAS_NCCL
 namespace {
 
-class NcclProcessGroup final : public ProcessGroup {
+class NcclProcessGroup final : public ProcessGroup, public StreamCollectives {
  public:
   NcclProcessGroup(TcpStore& store, const std::string& prefix, int rank, int size, std::chrono::milliseconds timeout)
       : rank_(rank), size_(size), timeout_(timeout) {
@@ -108,6 +112,25 @@ class NcclProcessGroup final : public ProcessGroup {
     run("barrier", ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_));
   }
 
+  // Streams: the caller recorded `ready` on its stream; the group's stream waits for it, runs the
+  // all-gather and records `done`, which the caller's stream waits for. The host waits only until
+  // NCCL has put the collective on the stream (a non-blocking communicator may still be enqueuing
+  // it when ncclAllGather returns: `done` must be recorded behind it, not before it).
+  void enqueue_all_gather_bytes_in_place(void* data, int64_t bytes_per_rank, CUevent_st* ready,
+                                         CUevent_st* done) override {
+    const char* what = "all_gather (prefetched)";
+    cuda(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    const void* own = static_cast<const char*>(data) + int64_t(rank_) * bytes_per_rank;
+    nccl(ncclAllGather(own, data, size_t(bytes_per_rank), ncclUint8, comm_, stream_), what);
+    wait_comm_ready(what);
+    cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
+    enqueued_ = what;
+  }
+
+  void wait_enqueued() override {
+    if (enqueued_) wait(enqueued_);
+  }
+
  private:
   void cuda(cudaError_t e, const char* what) {
     if (e != cudaSuccess) throw Error(where_, std::string(what) + ": " + cudaGetErrorString(e));
@@ -137,11 +160,15 @@ class NcclProcessGroup final : public ProcessGroup {
     wait(what);
   }
 
+  // The stream idle: everything enqueued on it (this collective and any before it) has completed.
   void wait(const char* what) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
       cudaError_t e = cudaStreamQuery(stream_);
-      if (e == cudaSuccess) return;
+      if (e == cudaSuccess) {
+        enqueued_ = nullptr;
+        return;
+      }
       if (e != cudaErrorNotReady) throw Error(where_, std::string(what) + ": " + cudaGetErrorString(e));
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm_, &state);
@@ -164,6 +191,7 @@ class NcclProcessGroup final : public ProcessGroup {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;
+  const char* enqueued_ = nullptr;  // the last stream-ordered collective not yet waited for (nullptr: none)
 };
 
 }  // namespace

@@ -3,8 +3,10 @@
 // by line (Gemma2's sandwich norms included); the LoRA projection follows LoraAdapter::forward and
 // ::backward, LoRA on lm_head LoraAdapter::fused_output_cross_entropy (Impl::loss). Everything runs
 // on the default stream but activation offloading's copies (activation_offload.h: a stream of their
-// own, ordered by events); the only synchronisation in a step is the loss's (linear_cross_entropy
-// returns it) and the index-flag check after it.
+// own, ordered by events) and ZeRO-3's weight gathers (the gather hook's stream, ordered by events:
+// "The ZeRO-3 weight slots"); the only synchronisation in a step is the loss's (linear_cross_entropy
+// returns it) and the index-flag check after it, each behind a poll of the gathers (and, with
+// shard_gradients, whatever the unit hook does).
 #include "model/cuda/decoder.h"
 
 #include <cuda_bf16.h>
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <sstream>
 
 #include "core/error.h"
@@ -279,11 +282,24 @@ struct Decoder::Impl {
   float* grad_slot = nullptr;
   size_t grad_slot_bytes = 0;
   const std::function<void(int64_t)>* unit_done = nullptr;
-  // shard_weights: the one weight slot every layer's weights are gathered into, the layer it holds
-  // (-1: none, or stale after an update), and the gather (Decoder::gather_weights).
-  bf16_t* weight_slot = nullptr;
-  int64_t slot_layer = -1;
-  std::function<void(int64_t layer)> gather_layer;
+  // shard_weights: the two weight slots (layer l's weights gathered into slot l % kWeightSlots), the
+  // layer each holds (-1: none, or stale after an update) and its events (ready: recorded on the
+  // default stream behind the slot's own piece; gathered: recorded by the gather hook on its stream
+  // behind the gather), Decoder::weight_units_, the gather hook and this rank's shard. "The ZeRO-3
+  // weight slots" below says which stream runs what and who waits on whom.
+  static constexpr int kWeightSlots = 2;
+  bf16_t* weight_slot[kWeightSlots] = {};
+  int64_t slot_layer[kWeightSlots] = {-1, -1};
+  cudaEvent_t slot_ready[kWeightSlots] = {}, slot_gathered[kWeightSlots] = {};
+  const std::vector<Decoder::WeightUnit>* weight_units = nullptr;  // nullptr: nothing sharded
+  const Decoder::WeightGather* weight_gather = nullptr;
+  int64_t weight_shard = 0;
+  bool sharded_weights() const { return weight_units != nullptr; }
+  static int slot_of(int64_t layer) { return int(layer % kWeightSlots); }
+  void prefetch_weights(int64_t layer);
+  void use_weights(int64_t layer);
+  void wait_for_gathers();
+  void forget_slots() { std::fill(std::begin(slot_layer), std::end(slot_layer), int64_t(-1)); }
   float* dnormed = nullptr;  // (N, C) f32 from the loss, in dres's and dln's bytes (read before either is written)
   bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
   bf16_t* lora_g = nullptr;                                      // (N, r); LoRA on lm_head: the loss's dxa
@@ -330,6 +346,10 @@ struct Decoder::Impl {
   ActivationOffload offload;
   ~Impl() {
     for (cudaEvent_t e : events) cudaEventDestroy(e);
+    for (int k = 0; k < kWeightSlots; ++k) {
+      if (slot_ready[k]) cudaEventDestroy(slot_ready[k]);
+      if (slot_gathered[k]) cudaEventDestroy(slot_gathered[k]);
+    }
   }
 
   // The step's pieces (decoder.cu, "The step"): params points at Decoder::params_.
@@ -641,8 +661,8 @@ void Decoder::allocate(bool on_device) {
   }
   const size_t obytes = 2 * aligned(size_t(shard_.size) * 2);
   // The parameters: each whole (bf16, or NF4 codes and scales), except with shard_weights the layers'
-  // sharded ones: this rank's piece of each layer's weight unit and the one weight slot, as large as
-  // the largest unit.
+  // sharded ones: this rank's piece of each layer's weight unit and the two weight slots, each as large
+  // as the largest unit (one holds the layer that computes, the other takes the next layer's gather).
   const std::vector<int64_t> weight_offset = weight_unit_layout(layer_of, trainable, nf4, offset_in_unit);
   auto layer_weight_sharded = [&](size_t i) { return weight_offset[i] >= 0; };
   size_t pbytes = 0, nf4_bytes = 0;
@@ -652,11 +672,13 @@ void Decoder::allocate(bool on_device) {
     else if (!layer_weight_sharded(i)) pbytes += aligned(n * 2);
   }
   pbytes += nf4_bytes;
+  size_t slot_bytes = 0;
   for (const WeightUnit& unit_l : weight_units_) {
     plan_bytes_.weight_pieces += aligned(size_t(unit_l.piece) * 2);
-    plan_bytes_.weight_slot = std::max(plan_bytes_.weight_slot, aligned(size_t(unit_l.size) * 2));
+    slot_bytes = std::max(slot_bytes, aligned(size_t(unit_l.size) * 2));
   }
-  pbytes += plan_bytes_.weight_pieces + plan_bytes_.weight_slot;
+  plan_bytes_.weight_slots = Impl::kWeightSlots * slot_bytes;
+  pbytes += plan_bytes_.weight_pieces + plan_bytes_.weight_slots;
   // Activations: one layout function, run to count and then to carve.
   s.B = setup_.batch;
   s.T = s.T_max = setup_.seq_len;
@@ -849,19 +871,25 @@ void Decoder::allocate(bool on_device) {
     shard_.grad = units_[0].grads + shard_.begin;
   }
   if (setup_.shard_weights) {  // the pieces zeroed: the gaps and the padding between parameters stay 0
-    s.weight_slot = static_cast<bf16_t*>(s.param_arena->allocate(plan_bytes_.weight_slot));
+    for (int k = 0; k < Impl::kWeightSlots; ++k) {
+      s.weight_slot[k] = static_cast<bf16_t*>(s.param_arena->allocate(slot_bytes));
+      KTUNE_CUDA_CHECK(cudaEventCreateWithFlags(&s.slot_ready[k], cudaEventDisableTiming));
+      KTUNE_CUDA_CHECK(cudaEventCreateWithFlags(&s.slot_gathered[k], cudaEventDisableTiming));
+    }
     for (WeightUnit& unit_l : weight_units_) {
       unit_l.piece_values = s.param_arena->allocate_n<bf16_t>(size_t(unit_l.piece));
       KTUNE_CUDA_CHECK(cudaMemsetAsync(unit_l.piece_values, 0, size_t(unit_l.piece) * 2, nullptr));
     }
-    s.gather_layer = [this](int64_t l) { gather_weights(l); };
+    s.weight_units = &weight_units_;
+    s.weight_gather = &weight_gather_;
+    s.weight_shard = setup_.optimizer_shard;
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     DeviceParameter& p = params_[i];
-    if (layer_weight_sharded(i)) {  // in the slot, at its place in its layer's weight unit
+    if (layer_weight_sharded(i)) {  // in its layer's slot, at its place in the layer's weight unit
       p.weight_layer = layer_of[i];
       p.weight_offset = weight_offset[i];
-      p.value = s.weight_slot + p.weight_offset;
+      p.value = s.weight_slot[Impl::slot_of(p.weight_layer)] + p.weight_offset;
     } else if (nf4[i]) {
       p.nf4_codes = s.param_arena->allocate_n<uint8_t>(size_t(p.numel / 2));
       p.nf4_scales = s.param_arena->allocate_n<float>(size_t(p.numel / cpu::kNf4BlockSize));
@@ -991,7 +1019,7 @@ void Decoder::init_parameters(uint64_t seed) {
     s.head_dora_norms(w);
     convert_to_bf16(params_[size_t(s.output.magnitude)].value, w.norm, w.out);
   }
-  s.slot_layer = -1;  // the slot holds the last layer's drawn values, not a gathered layer
+  s.forget_slots();  // the slots hold the last layers' drawn values, not gathered layers
   zero_grad();
   KTUNE_CUDA_CHECK(cudaMemsetAsync(impl_->optim_arena->data(), 0, impl_->optim_arena->used(), nullptr));
   synchronize();
@@ -1032,7 +1060,8 @@ void Decoder::upload(const std::string& name, const std::vector<float>& values) 
   if (mine.begin < mine.end)
     copy_to_device(piece_value(p, mine.begin), host.data() + mine.begin,
                    size_t(mine.end - mine.begin) * sizeof(bf16_t));
-  if (impl_->slot_layer == p.weight_layer) impl_->slot_layer = -1;
+  int64_t& in_slot = impl_->slot_layer[Impl::slot_of(p.weight_layer)];
+  if (in_slot == p.weight_layer) in_slot = -1;
 }
 
 // Layer l's weight unit: a full fine-tune's every layer parameter at its gradient's place in gradient
@@ -1083,13 +1112,52 @@ void Decoder::gather_weights(int64_t layer) {
   Impl& s = *impl_;
   check(setup_.shard_weights && layer >= 0 && layer < config_.num_layers, "cuda decoder",
         "gather_weights(" + std::to_string(layer) + "): only the layers' weights are sharded (shard_weights)");
-  check(bool(weight_gather_), "cuda decoder", "shard_weights: no weight gather set (set_weight_gather)");
-  const WeightUnit& unit = weight_units_[size_t(layer)];
-  copy_on_device(s.weight_slot + setup_.optimizer_shard * unit.piece, unit.piece_values,
-                 size_t(unit.piece) * sizeof(bf16_t));
-  s.slot_layer = -1;  // while the gather runs (a throw leaves no layer in the slot)
-  weight_gather_(layer, s.weight_slot);
-  s.slot_layer = layer;
+  s.use_weights(layer);
+  s.wait_for_gathers();
+}
+
+// ---- The ZeRO-3 weight slots (shard_weights) ----
+// Two streams touch a slot: the DEFAULT stream (this rank's piece copied into the slot, then the
+// layer's kernels that read it) and the gather hook's own stream (the all-gather of the other ranks'
+// pieces into it, WeightGather::enqueue). Who waits on whom, for slot k:
+//   - the gather into slot k waits (on its stream) for slot_ready[k], recorded on the default stream
+//     right behind the own piece's copy; in issue order that is also behind every kernel that read
+//     the slot's previous layer (the layer two before in the forward, two after in the backward);
+//   - the default stream waits for slot_gathered[k] (recorded behind the gather on the hook's
+//     stream) before the first kernel of a layer that reads slot k (use_weights), and before it
+//     copies a new piece into slot k (the previous gather into k may not have landed when nothing
+//     read it yet).
+// No host synchronisation: the host enqueues and goes on. wait_for_gathers polls the hook
+// (WeightGather::wait_all) before each host synchronisation of a step, so a dead peer ends in the
+// collective's Error there, not in a hang inside cudaDeviceSynchronize.
+
+// Layer `layer`'s gather into its slot enqueued behind the default stream's work so far (the layer's
+// weights are needed soon: the next layer's forward, the previous layer's backward); nothing when
+// the slot holds that layer already.
+void Decoder::Impl::prefetch_weights(int64_t layer) {
+  const int k = slot_of(layer);
+  if (slot_layer[k] == layer) return;
+  check(bool(weight_gather->enqueue) && bool(weight_gather->wait_all), "cuda decoder",
+        "shard_weights: no weight gather set (set_weight_gather)");
+  const Decoder::WeightUnit& unit = (*weight_units)[size_t(layer)];
+  KTUNE_CUDA_CHECK(cudaStreamWaitEvent(nullptr, slot_gathered[k], 0));  // the slot's previous gather has landed
+  copy_on_device(weight_slot[k] + weight_shard * unit.piece, unit.piece_values, size_t(unit.piece) * sizeof(bf16_t));
+  KTUNE_CUDA_CHECK(cudaEventRecord(slot_ready[k], nullptr));
+  slot_layer[k] = -1;  // while the hook runs (a throw leaves no layer in the slot)
+  weight_gather->enqueue(layer, weight_slot[k], slot_ready[k], slot_gathered[k]);
+  slot_layer[k] = layer;
+}
+
+// Layer `layer`'s weights for the default stream's next kernels: gathered into its slot if no
+// prefetch brought them there, and the default stream made to wait for that gather.
+void Decoder::Impl::use_weights(int64_t layer) {
+  prefetch_weights(layer);
+  KTUNE_CUDA_CHECK(cudaStreamWaitEvent(nullptr, slot_gathered[slot_of(layer)], 0));
+}
+
+// Every gather enqueued so far has landed (or its collective's Error thrown): before a host sync.
+void Decoder::Impl::wait_for_gathers() {
+  if (sharded_weights() && weight_gather->wait_all) weight_gather->wait_all();
 }
 
 std::vector<float> Decoder::download_value(const std::string& name) {
@@ -1103,7 +1171,8 @@ std::vector<float> Decoder::download_value(const std::string& name) {
     cpu::nf4_dequantize(out.data(), codes.data(), scales.data(), p.numel);
     return out;
   }
-  check(!weights_sharded(p) || impl_->slot_layer == p.weight_layer, "cuda decoder: parameter " + name,
+  check(!weights_sharded(p) || impl_->slot_layer[Impl::slot_of(p.weight_layer)] == p.weight_layer,
+        "cuda decoder: parameter " + name,
         "its layer's weights are sharded (shard_weights) and not gathered: gather_weights(" +
             std::to_string(p.weight_layer) + ") first, on every rank");
   std::vector<bf16_t> host(size_t(p.numel));
@@ -1146,7 +1215,9 @@ void Decoder::adamw_step(const cpu::AdamWStep& st, uint64_t seed) {
     cuda::adamw_step_bf16(p.shard_value, p.shard_grad, p.m, p.v, p.shard_end - first, st,
                           splitmix64(seed ^ splitmix64(i + 1)), nullptr, first);
   }
-  impl_->slot_layer = -1;  // ZeRO-3: the pieces moved on; a gathered layer is stale
+  // ZeRO-3: a full fine-tune's pieces moved on, so the gathered layers are stale; LoRA's sharded base
+  // is frozen (its pieces unchanged), so the slots still hold the layers they hold.
+  if (setup_.full_finetune) impl_->forget_slots();
 }
 
 std::string Decoder::memory_report() const {
@@ -1171,7 +1242,7 @@ std::string Decoder::memory_report() const {
   if (setup_.shard_weights)
     os << "; weights sharded (ZeRO-3): this GPU's pieces of the layers' "
        << (setup_.full_finetune ? "bf16 weights " : "frozen bf16 base weights ") << gib(m.weight_pieces)
-       << " (in parameters), one layer's gather slot " << gib(m.weight_slot)
+       << " (in parameters), two layers' gather slots (one computes, one prefetches) " << gib(m.weight_slots)
        << (setup_.full_finetune ? ", the embedding and the final norm + head whole"
                                 : ", the embedding, the final norm, the head, the adapters and any NF4 codes whole");
   if (setup_.activation_offloading) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
@@ -1422,13 +1493,19 @@ void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
   embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, flag.data());
   if (offloading) offload.stored(0, N * C, for_backward);
   for (int64_t l = 0; l < L; ++l) {
-    if (gather_layer) gather_layer(l);  // ZeRO-3: layer l's weights into the slot
+    // ZeRO-3: layer l's weights in their slot (gathered now only where no prefetch brought them), and
+    // layer l + 1's gather enqueued into the other slot, to run while layer l computes.
+    if (sharded_weights()) {
+      use_weights(l);
+      if (l + 1 < L) prefetch_weights(l + 1);
+    }
     if (offloading) offload.claim(l + 1);
     layer_forward(c, l, resid[size_t(l)], resid[size_t(l) + 1]);
     if (offloading) offload.stored(l + 1, N * C, for_backward);
   }
   rmsnorm_forward(final_normed, final_rstd, resid[size_t(L)], P(final_norm).value, N, C, c.rms_norm_eps,
                   c.norm_weight_offset);
+  wait_for_gathers();  // before the loss's host synchronisation (all of them read already)
 }
 
 // Layer l from x_in to x_out, saving into acts[l]. With activation checkpointing the backward runs
@@ -1666,9 +1743,13 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
   for (int64_t l = L - 1; l >= 0; --l) {
     if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
     if (grad_slot) KTUNE_CUDA_CHECK(cudaMemsetAsync(grad_slot, 0, grad_slot_bytes, nullptr));  // layer l's gradients
-    // ZeRO-3: layer l's weights into the slot (the last layer's are still there from the forward),
-    // for checkpointing's recompute and the backward both.
-    if (gather_layer && slot_layer != l) gather_layer(l);
+    // ZeRO-3: layer l's weights in their slot for checkpointing's recompute and the backward both (the
+    // forward's last two layers are still there), and layer l - 1's gather enqueued into the other
+    // slot, to run while layer l computes, if the loop goes on to layer l - 1.
+    if (sharded_weights()) {
+      use_weights(l);
+      if (l > 0 && below[size_t(l)]) prefetch_weights(l - 1);
+    }
     // Offloading: input l back in its slot (its trip began a layer ago), and input l - 1's trip
     // begun now, behind this layer's work, if the loop goes on to layer l - 1.
     if (offloading) offload.acquire(l);
@@ -1761,6 +1842,7 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   }
   const StepResult result = s.loss(config_, grad_scale, true);
   s.backward(config_);
+  s.wait_for_gathers();  // before finish_step's host synchronisation
   s.finish_step(config_, true, &profile_);
   return result;
 }

@@ -64,7 +64,8 @@
 // Data-parallel sharding over optimizer_shards ranks (the collectives are the caller's, through
 // hooks: this file does not depend on dist/): the AdamW state (ZeRO-1), a full fine-tune's gradients
 // unit by unit (shard_gradients, ZeRO-2) and the layers' weights (a full fine-tune's, or LoRA's frozen
-// base), gathered into one layer's slot before each layer's forward and backward (shard_weights, ZeRO-3).
+// base), gathered into two layer slots, the next layer's gather on the hook's stream while a layer
+// computes (shard_weights, ZeRO-3).
 //
 // It deliberately does not do gradient clipping or loading checkpoints (weights are random or
 // uploaded by name). The recipes drive it through train/cuda_trainer.h (device=cuda), which loads
@@ -80,6 +81,8 @@
 #include "core/dtype.h"
 #include "kernels/cpu/adamw.h"  // AdamWStep (a plain struct)
 #include "kernels/cpu/rope.h"   // RopeScaling, RopeTable (plain C++, compiled into this library)
+
+struct CUevent_st;  // cudaEvent_t's pointee (the weight gather's events), without the CUDA runtime's header
 
 namespace ktune::cuda {
 
@@ -231,11 +234,14 @@ struct TrainingSetup {
   // are gathered after the step. LoRA / DoRA / QLoRA shard the layers' FROZEN bf16 weights (the base
   // projections and norms; not QLoRA's NF4 codes, held whole; the adapters, magnitudes and anything
   // trainable keep ZeRO-1), each at a 256-byte aligned place in its layer's unit, padded to a multiple
-  // of optimizer_shards * 64. Every sharded parameter's `value` points into ONE device weight slot
-  // (the largest unit, bf16): the forward gathers layer l's weights into it right before layer l's
-  // forward, the backward again before layer l's backward (before checkpointing's recompute, which
-  // shares that gather; the last layer's are still there from the forward), through the weight
-  // gather hook (set_weight_gather). The embedding, the final norm and the head stay whole on every rank.
+  // of optimizer_shards * 64. Every sharded parameter's `value` points into one of TWO device weight
+  // slots (each the largest unit, bf16; layer l's in slot l % 2), so that the next layer's gather
+  // (FSDP's prefetch) runs on the collectives' stream while this layer computes: the forward gathers
+  // layer l + 1 while layer l runs, the backward layer l - 1 while layer l runs (checkpointing's
+  // recompute shares the backward's gather), each ordered by CUDA events (set_weight_gather). A layer
+  // still in its slot is not gathered again: the backward starts on the forward's last two layers,
+  // and the next micro-batch's forward on the backward's first two (until AdamW moves a full
+  // fine-tune's pieces on). The embedding, the final norm and the head stay whole on every rank.
   bool shard_weights = false;
 };
 
@@ -246,8 +252,9 @@ struct DeviceParameter {
   std::vector<int64_t> shape;
   int64_t numel = 0;
   // bf16; nullptr for an NF4 (QLoRA) base weight, held in nf4_codes / nf4_scales. With shard_weights a
-  // sharded parameter's value (weight_layer >= 0) lies in the one weight slot: valid only while its
-  // layer is gathered there (Decoder::gather_weights, or inside forward_backward / forward_loss).
+  // sharded parameter's value (weight_layer >= 0) lies in its layer's weight slot (slot weight_layer % 2):
+  // valid only while its layer is gathered there (Decoder::gather_weights, or inside forward_backward /
+  // forward_loss).
   bf16_t* value = nullptr;
   // f32, accumulates; gradient_buffer() + grad_offset. With shard_gradients: in its unit's buffer
   // (gradient_units()), this micro-batch's gradient until the unit hook has reduced it.
@@ -265,7 +272,7 @@ struct DeviceParameter {
   // (a full fine-tune's layer parameter) its place in this rank's piece of its weight unit.
   bf16_t* shard_value = nullptr;
   // shard_weights: the layer whose weight unit holds this parameter's bf16 value (-1: held whole) and
-  // its first element's place in that unit (and in the weight slot).
+  // its first element's place in that unit (and in its weight slot).
   int64_t weight_layer = -1, weight_offset = 0;
   int64_t unit = 0;  // trainable: its gradient unit (gradient_units(); unit 0 unless shard_gradients)
   uint8_t* nf4_codes = nullptr;  // TrainingSetup::quantize_base: (numel / 2) bytes, two codes a byte
@@ -298,7 +305,7 @@ class Decoder {
   // out (code value * block scale, f32): uploading what download_value returned gives the same codes.
   void upload(const std::string& name, const std::vector<float>& values);
   // With shard_weights, a layer's parameter: upload writes this rank's piece only; download_value
-  // reads the weight slot and throws unless its layer is gathered there (gather_weights).
+  // reads the layer's weight slot and throws unless its layer is gathered there (gather_weights).
   std::vector<float> download_value(const std::string& name);
   std::vector<float> download_grad(const std::string& name);  // throws when frozen
 
@@ -356,19 +363,31 @@ class Decoder {
   // complete (shard_gradients only; the device not synchronised). Must have reduced the unit out of
   // its buffer when it returns: the next layer's backward zeroes and rewrites the slot.
   void set_unit_hook(std::function<void(int64_t unit)> hook) { unit_hook_ = std::move(hook); }
-  // shard_weights: the collective that assembles a layer's weight unit. Called with the layer and the
-  // weight slot (bf16, laid out like the weight unit) once this rank's piece is in its place in the
-  // slot ([shard * piece, (shard + 1) * piece), enqueued on the default stream); it must fill in the
-  // other ranks' pieces (an in-place all-gather) after the device's earlier work is done (that work
-  // may still read the slot's previous layer) and return when the slot is whole. Every rank calls it
-  // in the same order (the steps' layers, gather_weights).
-  void set_weight_gather(std::function<void(int64_t layer, bf16_t* slot)> gather) {
-    weight_gather_ = std::move(gather);
-  }
-  // shard_weights: layer `layer`'s weight unit gathered into the slot (a collective: every rank calls
-  // it), so that download_value can read its parameters. The next step's gathers overwrite the slot.
+  // shard_weights: the collective that assembles a layer's weight unit in its weight slot, stream-ordered
+  // (the caller's: this file does not depend on dist/). Every rank enqueues the same gathers in the
+  // same order (the steps' layers, gather_weights).
+  //   enqueue(layer, slot, ready, done): `slot` (bf16, laid out like the weight unit) holds this rank's
+  //     piece at [shard * piece, (shard + 1) * piece) once `ready` has completed (an event the decoder
+  //     recorded on the default stream behind the piece's copy into the slot and behind every kernel
+  //     that read the slot's previous layer). It enqueues the in-place all-gather of the other ranks'
+  //     pieces on a stream of its own, behind `ready` (cudaStreamWaitEvent), records `done` behind it
+  //     there, and returns at once; the decoder's default stream waits for `done` right before the
+  //     first kernel that reads the slot, and before anything overwrites the slot again. (A blocking
+  //     implementation may synchronise on `ready`, gather, and record `done` on the default stream.)
+  //   wait_all(): returns once every gather enqueued so far has completed, or throws the collective's
+  //     Error (a dead peer, a timeout) — by polling, never by a host wait that a dead peer could hang.
+  //     The decoder calls it before every host synchronisation that may depend on a gather (the
+  //     loss's, the end of the step, gather_weights), so that no cudaDeviceSynchronize waits on one.
+  struct WeightGather {
+    std::function<void(int64_t layer, bf16_t* slot, CUevent_st* ready, CUevent_st* done)> enqueue;
+    std::function<void()> wait_all;
+  };
+  void set_weight_gather(WeightGather gather) { weight_gather_ = std::move(gather); }
+  // shard_weights: layer `layer`'s weight unit gathered into its slot (a collective: every rank calls
+  // it; nothing to gather when it is there already), complete when it returns, so that download_value
+  // can read its parameters. The next step's gathers overwrite the slot.
   void gather_weights(int64_t layer);
-  // Whether p's bf16 value is sharded (p.weight_layer >= 0): its value in the slot, this rank's
+  // Whether p's bf16 value is sharded (p.weight_layer >= 0): its value in its layer's slot, this rank's
   // elements in its layer's weight unit piece.
   bool weights_sharded(const DeviceParameter& p) const { return p.weight_layer >= 0; }
   // This rank's shard: [begin, begin + size) of the gradient layout (its pieces of every unit,
@@ -410,9 +429,9 @@ class Decoder {
     // whole units (the embedding's; the final norm's and an untied lm_head's).
     size_t grad_accumulators = 0, grad_layer_slot = 0, grad_whole_units = 0;
     // Of parameters, with shard_weights: this rank's pieces of the layers' weight units (bf16) and
-    // the one weight slot (the rest is whole: the embedding, the final norm, an untied lm_head, and
+    // the two weight slots, each as large as the largest unit (the rest is whole: the embedding, the final norm, an untied lm_head, and
     // under LoRA the adapters, the magnitudes and QLoRA's NF4 codes).
-    size_t weight_pieces = 0, weight_slot = 0;
+    size_t weight_pieces = 0, weight_slots = 0;
     size_t total() const { return parameters + gradients + optimizer + activations; }
   };
   MemoryPlan memory_plan() const { return plan_bytes_; }
@@ -444,7 +463,7 @@ class Decoder {
   std::vector<GradientUnit> units_;
   std::vector<WeightUnit> weight_units_;
   std::function<void(int64_t)> unit_hook_;
-  std::function<void(int64_t, bf16_t*)> weight_gather_;
+  WeightGather weight_gather_;
   MemoryPlan plan_bytes_;
   StepProfile profile_;
   std::unique_ptr<Impl> impl_;

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/random_bits.h"
 #include "dist/cuda/process_group_nccl.h"
+#include "dist/cuda/stream_collectives.h"
 #include "dist/tcp_store.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/device_memory.h"
@@ -35,17 +36,25 @@ std::vector<float> to_f32_vector(const Tensor& t) {
 // has finished it (the unit hook), its piece added into this GPU's accumulator; the values and the
 // moments are gathered unit by unit through the units' buffers. With the layers' weights sharded too
 // (TrainingSetup::shard_weights, ZeRO-3) each GPU updates its pieces of them in place and the decoder
-// gathers a layer's weights into its weight slot through the weight gather hook (gather_slot) before
-// the layer's forward and backward; only the embedding's and the top unit's values are gathered
-// after a step, and a checkpoint's download gathers the layers unit by unit (a LoRA run's sharded
-// weights are its frozen base: the same gathers, nothing to update or download). The group's collectives run on a
-// stream of their own, so the device is synchronised before each (what they read was written on the
-// default stream); each returns when its own stream is done.
+// gathers a layer's weights into one of its two weight slots through the weight gather hook
+// (weight_gather) before the layer's forward and backward, the next layer's while this one computes;
+// only the embedding's and the top unit's values are gathered after a step, and a checkpoint's
+// download gathers the layers unit by unit (a LoRA run's sharded weights are its frozen base: the
+// same gathers, nothing to update or download). The group's collectives run on a stream of their
+// own. The weight gathers are stream-ordered where the group has that side (NCCL's,
+// dist/cuda/stream_collectives.h): enqueued behind the decoder's event, waited for by the decoder's
+// stream through another, never by the host. Every other collective is blocking, so the device is
+// synchronised before each (what they read was written on the default stream) and each returns when
+// its own stream is done; that synchronisation first polls the enqueued gathers (synchronize()), so
+// that a dead peer ends in the group's Error, not in a cudaDeviceSynchronize that never returns.
 class CudaDecoderTrainer final : public CudaTrainer {
  public:
   CudaDecoderTrainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan, uint64_t seed,
                      const HostValue& value_of, dist::ProcessGroup* gpus)
-      : device_(plan.model, plan.setup, seed), seed_(seed), gpus_(gpus && gpus->size() > 1 ? gpus : nullptr) {
+      : device_(plan.model, plan.setup, seed),
+        seed_(seed),
+        gpus_(gpus && gpus->size() > 1 ? gpus : nullptr),
+        collectives_(dist::stream_collectives(gpus_)) {
     const cuda::TrainingSetup& setup = plan.setup;
     check(setup.optimizer_shards == 1 || (gpus_ && gpus_->size() == setup.optimizer_shards &&
                                           gpus_->rank() == setup.optimizer_shard),
@@ -74,9 +83,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
     }
     norm_scratch_ = cuda::DeviceBuffer(size_t(cuda::sum_of_squares_scratch_doubles()) * sizeof(double));
     if (setup.shard_gradients) device_.set_unit_hook([this](int64_t unit) { reduce_unit(unit); });
-    if (setup.shard_weights)
-      device_.set_weight_gather(
-          [this](int64_t layer, bf16_t* slot) { gather_in_place(slot, device_.weight_units()[size_t(layer)].piece); });
+    if (setup.shard_weights) device_.set_weight_gather(weight_gather());
     device_.zero_grad();  // the whole gradient buffer, gaps included, before anything sums it
   }
 
@@ -127,7 +134,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
     if (!gpus_ || device_.setup().shard_gradients) return;
     int64_t n = 0;
     float* grads = device_.gradient_buffer(&n);
-    cuda::synchronize();
+    synchronize();
     if (sharded()) {  // in place: this GPU's sums land in its own slice of the buffer
       const cuda::Decoder::OptimizerShard& shard = device_.optimizer_shard();
       gpus_->reduce_scatter_sum(grads + shard.begin, grads, shard.size);
@@ -143,7 +150,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
     float* grads = device_.optimizer_shard().grad;  // unsharded: the whole buffer
     cuda::sum_of_squares(norm_scratch_.as<double>(), grads, n);
     if (sharded()) {
-      cuda::synchronize();
+      synchronize();
       gpus_->allreduce_sum(norm_scratch_.as<double>(), 1);
     }
     double total = 0;
@@ -173,7 +180,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
       // or all GPUs' pieces of the unit gathered in its buffer.
       for (size_t u = 0; u < units.size(); ++u) {
         const bf16_t* whole = sharded() ? gather_pieces(units[u], moment + units[u].shard_offset) : moment;
-        cuda::synchronize();
+        synchronize();
         for (const cuda::DeviceParameter& d : device_.parameters()) {
           if (!d.grad || !keep || d.unit != int64_t(u)) continue;
           Tensor t = Tensor::empty(Shape(d.shape), DType::BF16);
@@ -228,6 +235,33 @@ class CudaDecoderTrainer final : public CudaTrainer {
 
   bool sharded() const { return device_.setup().optimizer_shards > 1; }
 
+  // The device synchronised, once every collective enqueued on the group's stream (ZeRO-3's weight
+  // gathers) has completed: the group polls those with its timeout first, so that a dead peer ends in
+  // its Error here and cudaDeviceSynchronize never waits on a collective that cannot finish.
+  void synchronize() {
+    if (collectives_) collectives_->wait_enqueued();
+    cuda::synchronize();
+  }
+
+  // ZeRO-3's weight gathers for the decoder (Decoder::WeightGather). With the group's stream-ordered
+  // side (NCCL): the in-place all-gather enqueued on the group's stream behind the decoder's `ready`
+  // (recorded on the default stream), `done` recorded behind it there for the default stream to wait
+  // for; nothing waits on the host until wait_all, the group's poll. Otherwise (a group of the
+  // blocking interface only): synchronised and gathered before returning, `done` left unrecorded (a
+  // wait for an unrecorded event is no wait: the slot is whole already).
+  cuda::Decoder::WeightGather weight_gather() {
+    if (collectives_)
+      return {[this](int64_t layer, bf16_t* slot, CUevent_st* ready, CUevent_st* done) {
+                const int64_t piece = device_.weight_units()[size_t(layer)].piece;
+                collectives_->enqueue_all_gather_bytes_in_place(slot, piece * int64_t(sizeof(bf16_t)), ready, done);
+              },
+              [this] { collectives_->wait_enqueued(); }};
+    return {[this](int64_t layer, bf16_t* slot, CUevent_st*, CUevent_st*) {
+              gather_in_place(slot, device_.weight_units()[size_t(layer)].piece);
+            },
+            [] {}};
+  }
+
   // A unit's gradient buffer as bf16 laid out like its gradients (unit element e at staging[e -
   // begin]): the scratch of the gathers below, which overwrite the gradients (spent once AdamW has
   // read them; the recipe zeroes the buffer before each step, and with shard_gradients the backward
@@ -241,7 +275,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
   void reduce_unit(int64_t u) {
     const cuda::Decoder::GradientUnit& unit = device_.gradient_units()[size_t(u)];
     float* piece = unit.grads + gpus_->rank() * unit.piece;
-    cuda::synchronize();
+    synchronize();  // the prefetched gather of the next layer's weights polled first (synchronize())
     gpus_->reduce_scatter_sum(piece, unit.grads, unit.piece);
     cuda::accumulate_inplace(device_.optimizer_shard().grad + unit.shard_offset, piece, unit.piece);
   }
@@ -258,9 +292,9 @@ class CudaDecoderTrainer final : public CudaTrainer {
 
   // Every GPU's piece of a unit's bf16 values (`all`: the unit's size, this GPU's piece at its place)
   // to every GPU, in place, once the device's earlier work (which may still read `all`) is done: the
-  // staging's gathers, and the decoder's weight gather into its slot (ZeRO-3).
+  // staging's gathers, and without the group's stream-ordered side the decoder's weight gathers.
   void gather_in_place(bf16_t* all, int64_t piece) {
-    cuda::synchronize();
+    synchronize();
     gpus_->all_gather_bytes(all, all + gpus_->rank() * piece, piece * int64_t(sizeof(bf16_t)));
   }
 
@@ -289,6 +323,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
   cuda::Decoder device_;
   uint64_t seed_;
   dist::ProcessGroup* gpus_;  // nullptr: one GPU
+  dist::StreamCollectives* collectives_;  // gpus_'s stream-ordered side (NCCL's); nullptr: none, or one GPU
   std::map<std::string, model::Parameter*> host_;
   cuda::DeviceBuffer norm_scratch_;
   int64_t steps_ = 0;

@@ -39,6 +39,8 @@
 #include "model/cuda/lora_dropout.h"
 #include "kernels/cpu/nf4.h"
 
+#include <cuda_runtime.h>  // the stand-in weight gather's stream and events
+
 namespace ktune {
 namespace {
 
@@ -1461,8 +1463,8 @@ cuda::TrainingSetup zero3_setup(int64_t world, int64_t rank) {
 // untied lm_head whole (bf16, 256-byte aligned each), this rank's piece of every layer unit's bf16
 // values (1/W of the padded unit) and one layer unit's slot.
 struct Zero3Bytes {
-  size_t whole = 0, pieces = 0, slot = 0;
-  size_t total() const { return whole + pieces + slot; }
+  size_t whole = 0, pieces = 0, slots = 0;
+  size_t total() const { return whole + pieces + slots; }
 };
 Zero3Bytes zero3_bytes(const cuda::DecoderConfig& c, int64_t world) {
   auto bytes = [](int64_t bf16s) { return size_t((bf16s * 2 + 255) / 256 * 256); };
@@ -1471,7 +1473,7 @@ Zero3Bytes zero3_bytes(const cuda::DecoderConfig& c, int64_t world) {
   z.whole = bytes(c.vocab_size * c.hidden_size) + bytes(c.hidden_size) +
             (c.tie_word_embeddings ? 0 : bytes(c.vocab_size * c.hidden_size));
   z.pieces = size_t(c.num_layers) * bytes(layer_unit / world);
-  z.slot = bytes(layer_unit);
+  z.slots = 2 * bytes(layer_unit);  // one computes, the other takes the next layer's gather
   return z;
 }
 
@@ -1483,35 +1485,51 @@ cuda::DecoderConfig llama3_1_8b() {
   return c;
 }
 
+// Every sharded parameter's value lies in its layer's slot (slot l % 2) at its place in the layer's
+// weight unit: the even layers share one slot, the odd ones the other, and the two do not overlap.
+void check_two_slots(const std::string& what, cuda::Decoder& model) {
+  const bf16_t* slot[2] = {nullptr, nullptr};  // each slot's start, from its first parameter
+  int64_t largest = 0;
+  for (const auto& unit : model.weight_units()) largest = std::max(largest, unit.size);
+  for (const auto& p : model.parameters()) {
+    if (!model.weights_sharded(p)) continue;
+    const bf16_t*& start = slot[p.weight_layer % 2];
+    if (!start) start = p.value - p.weight_offset;
+    CHECK(p.value == start + p.weight_offset) << what << ": " << p.name << " is not in its layer's slot";
+  }
+  const bool two_layers = model.weight_units().size() >= 2;
+  CHECK(slot[0] && (!two_layers || (slot[1] && (slot[1] - slot[0] >= largest || slot[0] - slot[1] >= largest))))
+      << what << ": the two weight slots are missing or overlap";
+}
+
 // The plan (== what the decoder allocates) holds the whole embedding / norm / head, this rank's
-// pieces of the layers and one weight slot, counted from the config; gradients and AdamW state are
-// ZeRO-2's, activations the unsharded plan's. Every layer parameter's value lies in the one slot at
-// its gradient's place in the unit. And the figures for Llama-3.2-1B and Llama-3.1-8B full
+// pieces of the layers and two weight slots, counted from the config; gradients and AdamW state are
+// ZeRO-2's, activations the unsharded plan's. Every layer parameter's value lies in its layer's slot
+// at its gradient's place in the unit. And the figures for Llama-3.2-1B and Llama-3.1-8B full
 // fine-tunes at W = 2 and 8 (printed).
-KTUNE_CUDA_TEST(DecoderShardedWeightsPlanPiecesAndOneSlot) {
+KTUNE_CUDA_TEST(DecoderShardedWeightsPlanPiecesAndTwoSlots) {
   for_each_sharded_shape([&](const std::string& what, const cuda::DecoderConfig& config, int64_t world) {
     const cuda::TrainingSetup setup = zero3_setup(world, world - 1);
     const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(config, setup);
     const cuda::Decoder::MemoryPlan zero2 = cuda::Decoder::plan(config, zero2_setup(world, world - 1));
     const Zero3Bytes want = zero3_bytes(config, world);
     CHECK(planned.parameters == want.total() && planned.weight_pieces == want.pieces &&
-          planned.weight_slot == want.slot)
-        << what << ": parameters " << planned.parameters << " (pieces " << planned.weight_pieces << ", slot "
-        << planned.weight_slot << "), want " << want.whole << " + " << want.pieces << " + " << want.slot;
+          planned.weight_slots == want.slots)
+        << what << ": parameters " << planned.parameters << " (pieces " << planned.weight_pieces << ", slots "
+        << planned.weight_slots << "), want " << want.whole << " + " << want.pieces << " + " << want.slots;
     CHECK(planned.gradients == zero2.gradients && planned.optimizer == zero2.optimizer &&
           planned.activations == zero2.activations)
         << what << ": sharding the weights changed more than the parameters";
     const std::unique_ptr<cuda::Decoder> built = decoder_as_planned(what, config, setup, planned);
     cuda::Decoder& model = *built;
     const auto& units = model.gradient_units();
-    const cuda::DeviceParameter& first = model.parameters()[1];  // layer 0's q_proj: the slot's start
     for (const auto& p : model.parameters()) {
       const bool layer = p.unit >= 1 && p.unit <= config.num_layers;
       CHECK(model.weights_sharded(p) == layer) << what << ": " << p.name;
-      CHECK(!layer || (p.value - first.value == p.grad_offset - units[size_t(p.unit)].begin &&
-                       p.weight_offset == p.grad_offset - units[size_t(p.unit)].begin && p.weight_layer == p.unit - 1))
-          << what << ": " << p.name << "'s value is not at its gradient's place in the one slot";
+      CHECK(!layer || (p.weight_offset == p.grad_offset - units[size_t(p.unit)].begin && p.weight_layer == p.unit - 1))
+          << what << ": " << p.name << "'s value is not at its gradient's place in its layer's unit";
     }
+    check_two_slots(what, model);
     CHECK(int64_t(model.weight_units().size()) == config.num_layers) << what << ": one weight unit a layer";
     for (int64_t l = 0; l < config.num_layers; ++l)
       CHECK(model.weight_units()[size_t(l)].size == units[size_t(1 + l)].size &&
@@ -1534,9 +1552,9 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsPlanPiecesAndOneSlot) {
           CHECK(p.parameters == zero3_bytes(m.config, world).total()) << m.name << " over " << world;
         }
         std::printf("     %s full, batch 2 x 2048, checkpointing, W=%lld, %s: parameters %.3f GiB (layer pieces %.3f, "
-                    "slot %.3f), gradients %.3f GiB, AdamW state %.3f GiB, activations %.3f GiB, total %.3f GiB\n",
+                    "slots %.3f), gradients %.3f GiB, AdamW state %.3f GiB, activations %.3f GiB, total %.3f GiB\n",
                     m.name, (long long)world, zero3 ? "ZeRO-3" : "ZeRO-2", p.parameters / gib, p.weight_pieces / gib,
-                    p.weight_slot / gib, p.gradients / gib, p.optimizer / gib, p.activations / gib, p.total() / gib);
+                    p.weight_slots / gib, p.gradients / gib, p.optimizer / gib, p.activations / gib, p.total() / gib);
       }
 }
 
@@ -1550,7 +1568,7 @@ cuda::TrainingSetup lora_zero3_setup(cuda::TrainingSetup setup, int64_t world, i
 
 // The parameter memory of a LoRA plan with the base sharded, from the config and the setup alone:
 // each layer's frozen bf16 weights (the projections that are not NF4, biases, norms; 256-byte
-// aligned each) padded to W * 64 elements, this rank's 1/W of that a layer, one layer's slot; whole:
+// aligned each) padded to W * 64 elements, this rank's 1/W of that a layer, two layers' slots; whole:
 // the embedding, the final norm, an untied lm_head, the adapters (+ DoRA's magnitudes) and NF4 codes
 // and scales.
 Zero3Bytes lora_zero3_bytes(const cuda::DecoderConfig& c, const cuda::TrainingSetup& s, int64_t world) {
@@ -1575,7 +1593,7 @@ Zero3Bytes lora_zero3_bytes(const cuda::DecoderConfig& c, const cuda::TrainingSe
   z.whole = bytes(c.vocab_size * C) + bytes(C) + (c.tie_word_embeddings ? 0 : bytes(c.vocab_size * C)) +
             size_t(c.num_layers) * whole_a_layer;
   z.pieces = size_t(c.num_layers) * bytes(layer / world);
-  z.slot = bytes(layer);
+  z.slots = 2 * bytes(layer);  // one computes, the other takes the next layer's gather
   return z;
 }
 
@@ -1589,11 +1607,11 @@ cuda::DecoderConfig llama3_1_70b() {
 
 // LoRA (q, v), DoRA with every projection but k, QLoRA (q, v, o, MLP: the rest of the base bf16) with
 // the base sharded: the plan (== what the decoder allocates) holds the whole tensors, this rank's
-// pieces and one slot, counted from the config; gradients, AdamW state and activations are ZeRO-1's
-// (the base whole); every frozen bf16 layer parameter lies in the slot at its place in its layer's
-// unit, nothing trainable and no NF4 weight is sharded. And the figures for Llama-3.1-8B and a
+// pieces and two slots, counted from the config; gradients, AdamW state and activations are ZeRO-1's
+// (the base whole); every frozen bf16 layer parameter lies in its layer's slot at its place in its
+// layer's unit, nothing trainable and no NF4 weight is sharded. And the figures for Llama-3.1-8B and a
 // Llama-3.1-70B-shaped LoRA (rank 8 on q, v: torchtune's 70B LoRA config) at W = 2 and 8 (printed).
-KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBasePlanPiecesAndOneSlot) {
+KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBasePlanPiecesAndTwoSlots) {
   const struct {
     const char* what;
     cuda::TrainingSetup setup;
@@ -1614,27 +1632,26 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBasePlanPiecesAndOneSlot) {
       const cuda::Decoder::MemoryPlan whole = cuda::Decoder::plan(config, zero1);
       const Zero3Bytes want = lora_zero3_bytes(config, setup, world);
       CHECK(planned.parameters == want.total() && planned.weight_pieces == want.pieces &&
-            planned.weight_slot == want.slot)
-          << what << ": parameters " << planned.parameters << " (pieces " << planned.weight_pieces << ", slot "
-          << planned.weight_slot << "), want " << want.whole << " + " << want.pieces << " + " << want.slot;
+            planned.weight_slots == want.slots)
+          << what << ": parameters " << planned.parameters << " (pieces " << planned.weight_pieces << ", slots "
+          << planned.weight_slots << "), want " << want.whole << " + " << want.pieces << " + " << want.slots;
       CHECK(planned.gradients == whole.gradients && planned.optimizer == whole.optimizer &&
             planned.activations == whole.activations && planned.nf4_base == whole.nf4_base)
           << what << ": sharding the base changed more than the parameters";
       const std::unique_ptr<cuda::Decoder> built = decoder_as_planned(what, config, setup, planned);
       cuda::Decoder& model = *built;
-      const bf16_t* slot = nullptr;  // the one slot's start, from the first sharded parameter
       int64_t sharded = 0;
       for (const auto& p : model.parameters()) {
         const bool layer_base = p.name.rfind("model.layers.", 0) == 0 && !p.nf4_codes;
         CHECK(model.weights_sharded(p) == layer_base && (!layer_base || !p.grad)) << what << ": " << p.name;
         if (!layer_base) continue;
         ++sharded;
-        if (!slot) slot = p.value - p.weight_offset;
         const cuda::Decoder::WeightUnit& unit = model.weight_units()[size_t(p.weight_layer)];
-        CHECK(p.value == slot + p.weight_offset && p.weight_offset % 128 == 0 && p.weight_offset + p.numel <= unit.size &&
+        CHECK(p.weight_offset % 128 == 0 && p.weight_offset + p.numel <= unit.size &&
               p.name.rfind("model.layers." + std::to_string(p.weight_layer) + ".", 0) == 0)
-            << what << ": " << p.name << " is not at its place in its layer's unit in the one slot";
+            << what << ": " << p.name << " is not at its place in its layer's unit";
       }
+      check_two_slots(what, model);
       CHECK(sharded > 0 && int64_t(model.weight_units().size()) == config.num_layers) << what;
       if (setup.use_dora && world == 2) {  // DoRA's m starts at the row norms of W: drawn alike with the base sharded
         cuda::Decoder unsharded(config, zero1, 1);
@@ -1661,22 +1678,104 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBasePlanPiecesAndOneSlot) {
           CHECK(p.parameters == lora_zero3_bytes(m.config, s, world).total()) << m.name << " over " << world;
         }
         std::printf("     %s LoRA q,v rank 8, batch 2 x 2048, checkpointing, W=%lld, base %s: parameters %.3f GiB "
-                    "(layer pieces %.3f, slot %.3f), gradients %.3f GiB, AdamW state %.3f GiB, activations %.3f GiB, "
+                    "(layer pieces %.3f, slots %.3f), gradients %.3f GiB, AdamW state %.3f GiB, activations %.3f GiB, "
                     "total %.3f GiB\n",
                     m.name, (long long)world, sharded ? "sharded" : "whole", p.parameters / gib, p.weight_pieces / gib,
-                    p.weight_slot / gib, p.gradients / gib, p.optimizer / gib, p.activations / gib, p.total() / gib);
+                    p.weight_slots / gib, p.gradients / gib, p.optimizer / gib, p.activations / gib, p.total() / gib);
       }
 }
 
-// A rank of a ZeRO-3 step: the weights uploaded by name (each rank keeps its piece), every other
-// rank's pieces filled in by the gather from a host copy of the whole weight units. The gathers come
-// layer by layer, forward then backward (the last layer's reused), the rank's own piece already in
-// place each time; the loss and the gradients are the unsharded step's bit for bit (a full
-// fine-tune's each unit's as its hook sees it, LoRA's after the step); forward_loss gathers too and
-// equals the unsharded one; download_value needs a gathered layer. plain_setup: a full fine-tune
-// (its gradients sharded too, ZeRO-2) or LoRA / DoRA / QLoRA (ZeRO-1, the frozen base sharded).
-void expect_sharded_weights_step(const std::string& what, const cuda::DecoderConfig& config,
-                                 const cuda::TrainingSetup& plain_setup, int64_t world, int64_t rank) {
+// A stand-in for the trainer's stream-ordered weight gather (Decoder::WeightGather) on one rank of
+// `world`: the other ranks' pieces of layer l come from a host copy of the whole units (`whole`),
+// copied into the slot on a non-blocking stream of its own behind `ready`, `done` recorded behind
+// them; the rank's own piece is read back there too, to check it was in place. `schedule` is the
+// emulator's (KTUNE_EMU_STREAMS, read when the stream is made; on a GPU it means nothing): "late"
+// holds the copies back until something waits for `done`, so a kernel that reads a slot the default
+// stream did not wait for reads the slot's previous layer; "eager" runs them when enqueued, so a
+// gather enqueued into the slot a layer is still to read overwrites it first. wait_all synchronises
+// the stream (the test's own poll) and counts what it waited for.
+class StreamGatherStandIn {
+ public:
+  StreamGatherStandIn(const std::vector<std::vector<bf16_t>>& whole, const std::vector<cuda::Decoder::WeightUnit>& units,
+                      int64_t rank, const char* schedule)
+      : whole_(whole), units_(units), rank_(rank) {
+    setenv("KTUNE_EMU_STREAMS", schedule, 1);
+    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    unsetenv("KTUNE_EMU_STREAMS");
+  }
+  ~StreamGatherStandIn() {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  StreamGatherStandIn(const StreamGatherStandIn&) = delete;
+  StreamGatherStandIn& operator=(const StreamGatherStandIn&) = delete;
+
+  cuda::Decoder::WeightGather hook() {
+    return {[this](int64_t l, bf16_t* slot, CUevent_st* ready, CUevent_st* done) { enqueue(l, slot, ready, done); },
+            [this] { wait_all(); }};
+  }
+  std::vector<int64_t> gathered;  // the layers, in the order enqueued
+  int64_t unwaited = 0;           // gathers enqueued since the last wait_all
+  bool own_piece_in_place = true;
+
+ private:
+  void enqueue(int64_t l, bf16_t* slot, cudaEvent_t ready, cudaEvent_t done) {
+    gathered.push_back(l);
+    ++unwaited;
+    const int64_t piece = units_[size_t(l)].piece;
+    const std::vector<bf16_t>& all = whole_[size_t(l)];  // the other ranks' pieces, around this rank's
+    mine_.push_back({l, std::vector<bf16_t>(size_t(piece))});
+    cudaStreamWaitEvent(stream_, ready, 0);
+    cudaMemcpyAsync(mine_.back().second.data(), slot + rank_ * piece, size_t(piece) * sizeof(bf16_t),
+                    cudaMemcpyDeviceToHost, stream_);
+    cudaMemcpyAsync(slot, all.data(), size_t(rank_ * piece) * sizeof(bf16_t), cudaMemcpyHostToDevice, stream_);
+    cudaMemcpyAsync(slot + (rank_ + 1) * piece, all.data() + (rank_ + 1) * piece,
+                    (all.size() - size_t((rank_ + 1) * piece)) * sizeof(bf16_t), cudaMemcpyHostToDevice, stream_);
+    cudaEventRecord(done, stream_);
+  }
+  void wait_all() {
+    cudaStreamSynchronize(stream_);
+    unwaited = 0;
+    for (const auto& [l, mine] : mine_)
+      for (size_t k = 0; k < mine.size(); ++k)
+        own_piece_in_place = own_piece_in_place && mine[k] == whole_[size_t(l)][size_t(rank_) * mine.size() + k];
+    mine_.clear();
+  }
+
+  const std::vector<std::vector<bf16_t>>& whole_;
+  const std::vector<cuda::Decoder::WeightUnit>& units_;
+  int64_t rank_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<std::pair<int64_t, std::vector<bf16_t>>> mine_;  // the own pieces read back, by layer
+};
+
+// The layers a ZeRO-3 pass gathers: `first` .. L - 1 forward (those not left in their slots), then,
+// with a backward, L - 3 down to 0 (the forward's last two layers are still in their slots).
+std::vector<int64_t> expected_gathers(int64_t L, int64_t first, bool backward) {
+  std::vector<int64_t> order;
+  for (int64_t l = first; l < L; ++l) order.push_back(l);
+  if (backward)
+    for (int64_t l = L - 3; l >= 0; --l) order.push_back(l);
+  return order;
+}
+
+// A rank of a ZeRO-3 step on a 4-layer model: the weights uploaded by name (each rank keeps its
+// piece), every other rank's pieces filled in by the stream-ordered stand-in gather from a host copy
+// of the whole weight units, under the emulator's `schedule`. The gathers come forward then backward,
+// the next layer's enqueued while a layer computes, none of a layer still in its slot (2L - 2 the
+// first micro-batch, 2L - 4 the next: layers 0 and 1 stay from the backward), the rank's own piece in
+// place each time, every gather waited for (polled) before the loss and before the step returns;
+// the loss and the gradients are the unsharded step's bit for bit (a full fine-tune's each unit's as
+// its hook sees it, LoRA's after the step), over both micro-batches; forward_loss gathers the layers
+// not in their slots and equals the unsharded one; download_value needs a gathered layer, and AdamW
+// makes a full fine-tune's gathered layers stale, not LoRA's frozen base. plain_setup: a full
+// fine-tune (its gradients sharded too, ZeRO-2) or LoRA / DoRA / QLoRA (ZeRO-1, the frozen base sharded).
+void expect_sharded_weights_step(const std::string& case_name, const cuda::DecoderConfig& two_layers,
+                                 const cuda::TrainingSetup& plain_setup, int64_t world, int64_t rank,
+                                 const char* schedule) {
+  const std::string what = case_name + " [" + schedule + " gathers]";
+  cuda::DecoderConfig config = two_layers;
+  config.num_layers = 4;  // so that the backward prefetches (the forward leaves the last two in the slots)
   cuda::TrainingSetup setup = plain_setup;
   const bool full = plain_setup.full_finetune;
   setup.optimizer_shards = world, setup.optimizer_shard = rank, setup.shard_weights = true;
@@ -1699,24 +1798,14 @@ void expect_sharded_weights_step(const std::string& what, const cuda::DecoderCon
       whole[size_t(p.weight_layer)][size_t(p.weight_offset + k)] = f32_to_bf16(v[size_t(k)]);
   }
   CHECK(n_sharded > 0) << what << ": nothing sharded";
-  std::vector<int64_t> gathered;
-  bool own_piece_in_place = true;
-  sharded.set_weight_gather([&](int64_t l, bf16_t* slot) {
-    gathered.push_back(l);
-    const int64_t piece = weight_units[size_t(l)].piece;
-    std::vector<bf16_t> mine(static_cast<size_t>(piece));
-    cuda::synchronize();
-    cuda::copy_to_host(mine.data(), slot + rank * piece, mine.size() * sizeof(bf16_t));
-    for (int64_t k = 0; k < piece; ++k)
-      own_piece_in_place = own_piece_in_place && mine[size_t(k)] == whole[size_t(l)][size_t(rank * piece + k)];
-    const std::vector<bf16_t>& all = whole[size_t(l)];  // the other ranks' pieces, around this rank's
-    cuda::copy_to_device(slot, all.data(), size_t(rank * piece) * sizeof(bf16_t));
-    cuda::copy_to_device(slot + (rank + 1) * piece, all.data() + (rank + 1) * piece,
-                         (all.size() - size_t((rank + 1) * piece)) * sizeof(bf16_t));
-  });
+  StreamGatherStandIn gather(whole, weight_units, rank, schedule);
+  sharded.set_weight_gather(gather.hook());
+  const int64_t L = config.num_layers;
   std::map<std::string, std::vector<float>> seen;
+  bool waited_before_loss = true;
   if (full)
     sharded.set_unit_hook([&](int64_t u) {  // what the unit holds, and its piece into the accumulator (one rank's sum)
+      if (u == L + 1) waited_before_loss = waited_before_loss && gather.unwaited == 0;  // the first, after the loss
       record_unit_gradients(sharded, u, &seen);
       const cuda::Decoder::GradientUnit& unit = units[size_t(u)];
       std::vector<float> piece(size_t(unit.piece)), acc(size_t(unit.piece));
@@ -1729,43 +1818,58 @@ void expect_sharded_weights_step(const std::string& what, const cuda::DecoderCon
   std::vector<int32_t> tokens, labels;
   batch(config, setup.batch * setup.seq_len, &tokens, &labels);
   plain.zero_grad(), sharded.zero_grad();
-  const cuda::StepResult want = plain.forward_backward(tokens.data(), labels.data(), 0.01f);
-  const cuda::StepResult got = sharded.forward_backward(tokens.data(), labels.data(), 0.01f);
-  if (!full)  // ZeRO-1: the gradients whole in the one buffer
-    for (const auto& p : sharded.parameters())
-      if (p.grad) seen[p.name] = sharded.download_grad(p.name);
-  const int64_t L = config.num_layers;
-  std::vector<int64_t> want_order;
-  for (int64_t l = 0; l < L; ++l) want_order.push_back(l);
-  for (int64_t l = L - 2; l >= 0; --l) want_order.push_back(l);
-  CHECK(gathered == want_order) << what << ": " << gathered.size() << " gathers, not layer by layer forward then backward";
-  CHECK(own_piece_in_place) << what << ": the rank's own piece was not in its place in the slot before a gather";
-  CHECK(got.loss_sum == want.loss_sum && got.n_valid == want.n_valid) << what << ": loss " << got.loss_sum << " vs " << want.loss_sum;
-  for (const auto& p : plain.parameters()) {
-    if (!p.grad) continue;
-    CHECK(seen.count(p.name) && seen[p.name] == plain.download_grad(p.name))
-        << what << ": " << p.name << " is not the unsharded step's gradient";
+  // Two micro-batches of the same batch: the second starts with layers 0 and 1 in their slots.
+  Params seen_first;  // the unsharded gradients of the first micro-batch
+  for (int micro = 0; micro < 2; ++micro) {
+    const std::string step = what + " micro-batch " + std::to_string(micro);
+    gather.gathered.clear();
+    seen.clear();
+    const cuda::StepResult want = plain.forward_backward(tokens.data(), labels.data(), 0.01f);
+    Params want_grads;  // a full fine-tune's unit hook sees this micro-batch's; LoRA's buffer sums both
+    for (const auto& p : plain.parameters())
+      if (p.grad) want_grads[p.name] = full && micro == 1 ? seen_first[p.name] : plain.download_grad(p.name);
+    const cuda::StepResult got = sharded.forward_backward(tokens.data(), labels.data(), 0.01f);
+    if (!full)  // ZeRO-1: the gradients whole in the one buffer
+      for (const auto& p : sharded.parameters())
+        if (p.grad) seen[p.name] = sharded.download_grad(p.name);
+    const std::vector<int64_t> want_order = expected_gathers(L, micro == 0 ? 0 : 2, true);
+    CHECK(gather.gathered == want_order) << step << ": " << gather.gathered.size() << " gathers, want " << want_order.size();
+    CHECK(gather.unwaited == 0 && waited_before_loss) << step << ": a gather not polled before a host synchronisation";
+    CHECK(gather.own_piece_in_place) << step << ": the rank's own piece was not in its place in the slot before a gather";
+    CHECK(got.loss_sum == want.loss_sum && got.n_valid == want.n_valid) << step << ": loss " << got.loss_sum << " vs " << want.loss_sum;
+    for (const auto& [name, g] : want_grads)
+      CHECK(seen.count(name) && seen[name] == g) << step << ": " << name << " is not the unsharded step's gradient";
+    if (micro == 0) seen_first = want_grads;
   }
-  gathered.clear();
+  gather.gathered.clear();
   const cuda::StepResult loss = sharded.forward_loss(tokens.data(), labels.data());
   const cuda::StepResult want_loss = plain.forward_loss(tokens.data(), labels.data());
-  CHECK(loss.loss_sum == want_loss.loss_sum && int64_t(gathered.size()) == L) << what << ": forward_loss " << loss.loss_sum;
-  // Layer 0 is in the slot after the backward; a step moves the pieces on, and then it is not.
+  CHECK(loss.loss_sum == want_loss.loss_sum && gather.gathered == expected_gathers(L, 2, false) && gather.unwaited == 0)
+      << what << ": forward_loss " << loss.loss_sum << " vs " << want_loss.loss_sum << ", " << gather.gathered.size()
+      << " gathers";
+  // The last layer is in its slot after forward_loss, layer 0 is not; AdamW moves a full fine-tune's
+  // pieces on, and then no layer is (LoRA's frozen base stays).
   const std::string q0 = "model.layers.0.self_attn.o_proj.weight";  // bf16 in every case (QLoRA: unadapted)
-  bool threw = false;
-  try {
-    sharded.adamw_step(cpu::AdamWStep{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1}, 7);
-    sharded.download_value(q0);
-  } catch (const Error&) {
-    threw = true;
-  }
-  CHECK(threw) << what << ": download_value of a sharded layer read a stale slot";
+  const std::string q_last = "model.layers." + std::to_string(L - 1) + ".self_attn.o_proj.weight";
+  CHECK(sharded.download_value(q_last) == plain.download_value(q_last)) << what << ": " << q_last << " in its slot";
+  auto reads = [&](const std::string& name) {
+    try {
+      sharded.download_value(name);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  CHECK(!reads(q0)) << what << ": download_value of a layer not in its slot read it";
+  sharded.adamw_step(cpu::AdamWStep{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1}, 7);
+  CHECK(reads(q_last) == !full) << what << ": after AdamW the last layer's slot should be " << (full ? "stale" : "valid");
   plain.adamw_step(cpu::AdamWStep{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1}, 7);
   // This rank's piece, gathered again (the other ranks' pieces now zero), equals the unsharded
   // value on this rank's elements: updated (a full fine-tune), or as uploaded (LoRA's frozen base).
   const cuda::DeviceParameter& p0 = sharded.parameter(q0);
   whole[size_t(p0.weight_layer)].assign(whole[size_t(p0.weight_layer)].size(), bf16_t{});
   sharded.gather_weights(p0.weight_layer);
+  CHECK(gather.unwaited == 0) << what << ": gather_weights returned before its gather was waited for";
   const std::vector<float> stepped = sharded.download_value(q0), want_q0 = plain.download_value(q0);
   const int64_t piece = weight_units[size_t(p0.weight_layer)].piece;
   const int64_t begin = std::clamp<int64_t>(rank * piece - p0.weight_offset, 0, p0.numel),
@@ -1777,13 +1881,16 @@ void expect_sharded_weights_step(const std::string& what, const cuda::DecoderCon
 }
 
 // Untied and tied heads, without and with activation checkpointing (the recompute reuses the
-// backward's gather) and offloading, both ranks of two and the last of three.
-KTUNE_CUDA_TEST(DecoderShardedWeightsStepGathersEachLayerAndGivesTheUnshardedGradients) {
+// backward's gather) and offloading, both ranks of two and the last of three; the gathers held back
+// until waited for (late) or run when enqueued (eager).
+KTUNE_CUDA_TEST(DecoderShardedWeightsStepPrefetchesEachLayerAndGivesTheUnshardedGradients) {
   const struct {
     bool tied, checkpointing, offloading;
     int64_t world, rank;
-  } cases[] = {{false, false, false, 2, 0}, {false, true, false, 2, 1}, {true, false, false, 3, 2},
-               {true, true, true, 2, 1}};
+    const char* schedule;
+  } cases[] = {{false, false, false, 2, 0, "late"}, {false, true, false, 2, 1, "late"},
+               {true, false, false, 3, 2, "eager"}, {true, true, true, 2, 1, "late"},
+               {false, true, false, 2, 0, "eager"}};
   for (const auto& k : cases) {
     cuda::TrainingSetup setup = family_setup(true);
     setup.activation_checkpointing = k.checkpointing;
@@ -1791,14 +1898,14 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsStepGathersEachLayerAndGivesTheUnshardedGra
     expect_sharded_weights_step(std::string(k.tied ? "tied" : "untied") + (k.checkpointing ? " checkpointed" : "") +
                                     (k.offloading ? " offloaded" : "") + " rank " + std::to_string(k.rank) + " of " +
                                     std::to_string(k.world),
-                                tiny_config(k.tied), setup, k.world, k.rank);
+                                tiny_config(k.tied), setup, k.world, k.rank, k.schedule);
   }
 }
 
 // LoRA's frozen base sharded: LoRA q,v untied; every projection but k, checkpointed and offloaded,
 // tied; DoRA with dropout, checkpointed, the last of three; QLoRA (biased Qwen2, the adapted projections
-// NF4 and whole, the rest sharded) with dropout.
-KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBaseStepGathersEachLayerAndGivesTheUnshardedGradients) {
+// NF4 and whole, the rest sharded) with dropout; the gathers late but for the checkpointed LoRA's.
+KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBaseStepPrefetchesEachLayerAndGivesTheUnshardedGradients) {
   auto with = [](cuda::TrainingSetup s, bool checkpointing, bool dora, float dropout) {
     s.activation_checkpointing = checkpointing;
     s.activation_offloading = checkpointing && !dora;
@@ -1807,13 +1914,13 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBaseStepGathersEachLayerAndGivesTheUnsh
     return s;
   };
   expect_sharded_weights_step("lora q,v rank 0 of 2", tiny_config(false),
-                              with(family_setup(false, {cuda::kQ, cuda::kV}), false, false, 0.0f), 2, 0);
+                              with(family_setup(false, {cuda::kQ, cuda::kV}), false, false, 0.0f), 2, 0, "late");
   expect_sharded_weights_step("lora all but k checkpointed offloaded tied rank 1 of 2", tiny_config(true),
-                              with(family_setup(false, kAllButKey), true, false, 0.0f), 2, 1);
+                              with(family_setup(false, kAllButKey), true, false, 0.0f), 2, 1, "eager");
   expect_sharded_weights_step("dora dropout 0.1 checkpointed rank 2 of 3", tiny_config(true),
-                              with(family_setup(false, kAllButKey), true, true, 0.1f), 3, 2);
+                              with(family_setup(false, kAllButKey), true, true, 0.1f), 3, 2, "late");
   expect_sharded_weights_step("qwen2 qlora q,v dropout 0.1 rank 1 of 2", tiny_qwen2_config(false),
-                              with(qlora_setup({cuda::kQ, cuda::kV}), false, false, 0.1f), 2, 1);
+                              with(qlora_setup({cuda::kQ, cuda::kV}), false, false, 0.1f), 2, 1, "late");
 }
 
 // ---- activation checkpointing (TrainingSetup::activation_checkpointing) ----
