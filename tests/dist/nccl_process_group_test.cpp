@@ -1,8 +1,9 @@
 // The NCCL process group: without NCCL in the build it says so; with NCCL but no GPU it fails with
 // an Error (not a crash); with a GPU, a world of one gives each collective's identity on device
 // buffers. Worlds of 2 and 3 (NcclProcessGroupRanks) run each collective against its host reference
-// (in place, overlapping, large), and a peer that never joins, leaves, or calls another collective
-// ends in an Error naming the group, not a hang. Each rank is a process of its own: this binary
+// (in place, overlapping, large; the stream-ordered all-gather behind and before events, between
+// blocking collectives), and a peer that never joins, leaves (also under an enqueued all-gather, found
+// by the poll), or calls another collective ends in an Error naming the group, not a hang. Each rank is a process of its own: this binary
 // again, running only NcclProcessGroupRank.RunsTheCaseItsParentNames (a fresh process, as CUDA and
 // NCCL need; never a fork of one that used CUDA). They need a GPU per rank, or the host emulator
 // (KTUNE_EMULATED_NCCL: tests/kernels/cuda/emulator's fake cuda_runtime.h and nccl.h, each process
@@ -19,6 +20,7 @@
 
 #include "core/error.h"
 #include "dist/cuda/process_group_nccl.h"
+#include "dist/cuda/stream_collectives.h"
 #include "dist/tcp_store.h"
 
 #ifdef KTUNE_HAS_NCCL
@@ -218,6 +220,40 @@ void check_broadcast(ProcessGroup& g, int64_t n, int root) {
   EXPECT_EQ(x.download(), values(root, n)) << "broadcast of " << n << " from " << root;
 }
 
+// The stream-ordered in-place all-gather (StreamCollectives): two enqueued back to back behind the
+// default stream's events, the default stream made to wait for each before it reads the result (no
+// host wait), then a blocking all-gather behind them on the group's stream, and the poll.
+void check_stream_all_gather(ProcessGroup& g, int64_t bytes) {
+  StreamCollectives* c = stream_collectives(&g);
+  ASSERT_NE(c, nullptr) << "the NCCL group has no stream-ordered side";
+  const int w = g.size(), r = g.rank();
+  auto byte_of = [](int rank, int64_t i, int round) { return uint8_t((i * 13 + rank * 71 + round * 5 + 3) & 0xff); };
+  std::vector<std::vector<uint8_t>> want(2, std::vector<uint8_t>(size_t(w * bytes)));
+  std::vector<std::unique_ptr<DeviceArray<uint8_t>>> data;
+  cudaEvent_t ready[2], done[2];
+  for (int round = 0; round < 2; ++round) {
+    for (int q = 0; q < w; ++q)
+      for (int64_t i = 0; i < bytes; ++i) want[size_t(round)][size_t(q * bytes + i)] = byte_of(q, i, round);
+    std::vector<uint8_t> mine(size_t(w * bytes), 0xee);  // the other ranks' places: garbage until gathered
+    for (int64_t i = 0; i < bytes; ++i) mine[size_t(r * bytes + i)] = byte_of(r, i, round);
+    data.push_back(std::make_unique<DeviceArray<uint8_t>>(mine));
+    ASSERT_EQ(cudaEventCreate(&ready[round]), cudaSuccess);
+    ASSERT_EQ(cudaEventCreate(&done[round]), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(ready[round], nullptr), cudaSuccess);
+    c->enqueue_all_gather_bytes_in_place(data.back()->data(), bytes, ready[round], done[round]);
+  }
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(cudaStreamWaitEvent(nullptr, done[round], 0), cudaSuccess);
+    EXPECT_EQ(data[size_t(round)]->download(), want[size_t(round)]) << "enqueued all-gather " << round << " of " << bytes;
+  }
+  check_all_gather_bytes(g, bytes + 1);  // a blocking one behind them, on the same stream
+  c->wait_enqueued();
+  for (int round = 0; round < 2; ++round) {
+    cudaEventDestroy(ready[round]);
+    cudaEventDestroy(done[round]);
+  }
+}
+
 std::unique_ptr<ProcessGroup> join(TcpStore& store, const RankSetup& s) {
   return make_nccl_process_group(store, "ranks-" + s.name, s.rank, s.world, s.timeout);
 }
@@ -267,6 +303,13 @@ const std::map<std::string, std::function<void(TcpStore&, const RankSetup&)>>& r
          check_all_gather(*g, 5);
          check_all_gather_bytes(*g, 13);
        }},
+      {"stream_all_gather",
+       [](TcpStore& store, const RankSetup& s) {
+         auto g = join(store, s);
+         check_stream_all_gather(*g, 37);
+         check_stream_all_gather(*g, (int64_t(1) << 20) + 3);  // beyond the emulator's 1 MiB chunks
+         stream_collectives(g.get())->wait_enqueued();            // nothing enqueued: returns at once
+       }},
       {"broadcast",
        [](TcpStore& store, const RankSetup& s) {
          auto g = join(store, s);
@@ -297,6 +340,22 @@ const std::map<std::string, std::function<void(TcpStore&, const RankSetup&)>>& r
          auto g = join(store, s);
          if (s.rank == 1) return;
          expect_group_error([&] { check_allreduce(*g, 10); }, s, "allreduce: timed out waiting for the peers");
+       }},
+      // Rank 1 joins, then leaves: rank 0's enqueued all-gather returns at once (nothing waits on the
+      // host), and the poll before a host synchronisation ends it in the timeout Error naming it.
+      {"peer_leaves_enqueued",
+       [](TcpStore& store, const RankSetup& s) {
+         auto g = join(store, s);
+         if (s.rank == 1) return;
+         DeviceArray<uint8_t> data(std::vector<uint8_t>(64, 1));
+         cudaEvent_t ready, done;
+         ASSERT_EQ(cudaEventCreate(&ready), cudaSuccess);
+         ASSERT_EQ(cudaEventCreate(&done), cudaSuccess);
+         ASSERT_EQ(cudaEventRecord(ready, nullptr), cudaSuccess);
+         StreamCollectives* c = stream_collectives(g.get());
+         ASSERT_NE(c, nullptr);
+         c->enqueue_all_gather_bytes_in_place(data.data(), 32, ready, done);
+         expect_group_error([&] { c->wait_enqueued(); }, s, "all_gather (prefetched): timed out waiting for the peers");
        }},
       // Rank 1 (a 1 s timeout) gives up on an allreduce rank 0 has not started and aborts; then
       // rank 0 starts it: an Error, not a result (the emulator reports rank 1's abort as NCCL's
@@ -450,6 +509,7 @@ TEST(NcclProcessGroupRanks, AllreduceSumsF32AndF64) { run_worlds("allreduce"); }
 TEST(NcclProcessGroupRanks, ReduceScatterApartInPlaceAndOverlapping) { run_worlds("reduce_scatter"); }
 TEST(NcclProcessGroupRanks, AllGatherAndAllGatherBytesApartAndInPlace) { run_worlds("all_gather"); }
 TEST(NcclProcessGroupRanks, BroadcastFromEitherEndAndBarriers) { run_worlds("broadcast"); }
+TEST(NcclProcessGroupRanks, StreamOrderedAllGatherBehindAndBeforeEvents) { run_worlds("stream_all_gather"); }
 TEST(NcclProcessGroupRanks, LargeCountsOfEveryCollective) { run_worlds("large"); }
 
 TEST(NcclProcessGroupRanks, APeerThatNeverJoinsEndsInTheTimeoutError) {
@@ -460,6 +520,11 @@ TEST(NcclProcessGroupRanks, APeerThatNeverJoinsEndsInTheTimeoutError) {
 TEST(NcclProcessGroupRanks, APeerThatLeavesEndsTheNextCollectiveInTheTimeoutError) {
   if (!ranks_fit(2)) GTEST_SKIP() << "needs 2 GPUs, or the emulator";
   run_ranks("peer_leaves", 2, 2, std::chrono::milliseconds(1500));
+}
+
+TEST(NcclProcessGroupRanks, APeerThatLeavesEndsAnEnqueuedAllGatherInThePollsTimeoutError) {
+  if (!ranks_fit(2)) GTEST_SKIP() << "needs 2 GPUs, or the emulator";
+  run_ranks("peer_leaves_enqueued", 2, 2, std::chrono::milliseconds(1500));
 }
 
 TEST(NcclProcessGroupRanks, APeerThatAbortsEndsItsPeersCollectiveInAnError) {

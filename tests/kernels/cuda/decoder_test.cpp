@@ -1404,8 +1404,10 @@ KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsOneLayerSlotAndTwoWholeUn
 }
 
 // What unit u's buffer holds of each of its parameters' gradients now (inside the unit hook), by name.
+// It waits for the default stream only: a device-wide synchronisation would also land a ZeRO-3
+// gather prefetched on another stream, and hide a missing wait for it.
 void record_unit_gradients(cuda::Decoder& model, int64_t u, std::map<std::string, std::vector<float>>* seen) {
-  cuda::synchronize();
+  cudaStreamSynchronize(nullptr);
   for (const auto& p : model.parameters()) {
     if (p.unit != u) continue;
     std::vector<float> g(size_t(p.numel));
