@@ -373,7 +373,8 @@ class Decoder {
   //     pieces on a stream of its own, behind `ready` (cudaStreamWaitEvent), records `done` behind it
   //     there, and returns at once; the decoder's default stream waits for `done` right before the
   //     first kernel that reads the slot, and before anything overwrites the slot again. (A blocking
-  //     implementation may synchronise on `ready`, gather, and record `done` on the default stream.)
+  //     implementation may synchronise the device, gather, and leave `done` unrecorded: a wait for an
+  //     event never recorded is no wait.)
   //   wait_all(): returns once every gather enqueued so far has completed, or throws the collective's
   //     Error (a dead peer, a timeout) — by polling, never by a host wait that a dead peer could hang.
   //     The decoder calls it before every host synchronisation that may depend on a gather (the
