@@ -165,13 +165,21 @@ T* offset(T* p, int64_t n) {
   return p ? p + n : nullptr;
 }
 
-// Quantises x (p.numel) on the host into p's NF4 codes and scales on the device.
-void upload_nf4(const DeviceParameter& p, const float* x) {
-  std::vector<uint8_t> codes(size_t(p.numel / 2));
-  std::vector<float> scales(size_t(p.numel / cpu::kNf4BlockSize));
-  cpu::nf4_quantize(codes.data(), scales.data(), x, p.numel);
-  copy_to_device(p.nf4_codes, codes.data(), codes.size());
-  copy_to_device(p.nf4_scales, scales.data(), scales.size() * sizeof(float));
+// x (numel) quantised on the host (the CPU quantiser): codes (numel / 2) bytes, scales (numel / 64) f32.
+struct Nf4OnHost {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+};
+Nf4OnHost quantize_on_host(const float* x, int64_t numel) {
+  Nf4OnHost q{std::vector<uint8_t>(size_t(numel / 2)), std::vector<float>(size_t(numel / cpu::kNf4BlockSize))};
+  cpu::nf4_quantize(q.codes.data(), q.scales.data(), x, numel);
+  return q;
+}
+
+// The whole of q into codes and scales on the device (p's own, or its layer's slot).
+void copy_nf4_to_device(uint8_t* codes, float* scales, const Nf4OnHost& q) {
+  copy_to_device(codes, q.codes.data(), q.codes.size());
+  copy_to_device(scales, q.scales.data(), q.scales.size() * sizeof(float));
 }
 
 }  // namespace
@@ -663,13 +671,17 @@ void Decoder::allocate(bool on_device) {
   // The parameters: each whole (bf16, or NF4 codes and scales), except with shard_weights the layers'
   // sharded ones: this rank's piece of each layer's weight unit and the two weight slots, each as large
   // as the largest unit (one holds the layer that computes, the other takes the next layer's gather).
-  const std::vector<int64_t> weight_offset = weight_unit_layout(layer_of, trainable, nf4, offset_in_unit);
+  // QLoRA's layer NF4 codes and scales are in the units like the bf16 weights; lm_head's stay whole.
+  std::vector<int64_t> nf4_scales_offset;
+  const std::vector<int64_t> weight_offset =
+      weight_unit_layout(layer_of, trainable, nf4, offset_in_unit, &nf4_scales_offset);
   auto layer_weight_sharded = [&](size_t i) { return weight_offset[i] >= 0; };
   size_t pbytes = 0, nf4_bytes = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     const size_t n = size_t(params_[i].numel);
+    if (layer_weight_sharded(i)) continue;
     if (nf4[i]) nf4_bytes += aligned(n / 2) + aligned(n / size_t(cpu::kNf4BlockSize) * sizeof(float));
-    else if (!layer_weight_sharded(i)) pbytes += aligned(n * 2);
+    else pbytes += aligned(n * 2);
   }
   pbytes += nf4_bytes;
   size_t slot_bytes = 0;
@@ -889,7 +901,14 @@ void Decoder::allocate(bool on_device) {
     if (layer_weight_sharded(i)) {  // in its layer's slot, at its place in the layer's weight unit
       p.weight_layer = layer_of[i];
       p.weight_offset = weight_offset[i];
-      p.value = s.weight_slot[Impl::slot_of(p.weight_layer)] + p.weight_offset;
+      bf16_t* slot = s.weight_slot[Impl::slot_of(p.weight_layer)];
+      if (nf4[i]) {  // the codes' and the scales' bytes at their places (256-byte aligned)
+        p.nf4_scales_offset = nf4_scales_offset[i];
+        p.nf4_codes = reinterpret_cast<uint8_t*>(slot + p.weight_offset);
+        p.nf4_scales = reinterpret_cast<float*>(slot + p.nf4_scales_offset);
+      } else {
+        p.value = slot + p.weight_offset;
+      }
     } else if (nf4[i]) {
       p.nf4_codes = s.param_arena->allocate_n<uint8_t>(size_t(p.numel / 2));
       p.nf4_scales = s.param_arena->allocate_n<float>(size_t(p.numel / cpu::kNf4BlockSize));
@@ -912,7 +931,8 @@ void Decoder::allocate(bool on_device) {
         p.v = shard_.v + k;
         p.shard_grad = shard_.grad + k;
         // A full fine-tune's weight unit is its gradient unit's layout: the same piece.
-        p.shard_value = layer_weight_sharded(i) ? piece_value(p, p.shard_begin) : p.value + p.shard_begin;
+        p.shard_value = layer_weight_sharded(i) ? piece_value(p.weight_layer, p.weight_offset + p.shard_begin)
+                                                : p.value + p.shard_begin;
       }
     }
   }
@@ -966,26 +986,11 @@ void Decoder::init_parameters(uint64_t seed) {
     init_kernel<<<blocks_for(n, 256), 256>>>(dev(target), n, splitmix64(seed ^ splitmix64(i)), bound, fill, first);
     KTUNE_CUDA_CHECK_LAUNCH();
   };
-  for (size_t i = 0; i < params_.size(); ++i) {
-    DeviceParameter& p = params_[i];
-    float bound = normal_bound, fill = 0.0f;
-    if (is_norm[i]) bound = 0.0f, fill = 1.0f - config_.norm_weight_offset;  // the identity: (offset + w) = 1
-    if (is_bias[i]) bound = 0.0f, fill = 0.0f;
-    if (is_a[i]) bound = 1.0f / std::sqrt(float(p.shape[1]));
-    if (is_b[i]) bound = 0.0f, fill = 0.0f;
-    if (!p.nf4_codes) {
-      draw(i, p.value, bound, fill);
-      if (weights_sharded(p)) {  // drawn whole into the slot, this rank's elements kept
-        const WeightRange mine = weight_piece_range(p);
-        if (mine.begin < mine.end)
-          copy_on_device(piece_value(p, mine.begin), p.value + mine.begin,
-                         size_t(mine.end - mine.begin) * sizeof(bf16_t));
-      }
-      continue;
-    }
-    // An NF4 base: drawn into the dequantisation scratch (lm_head's a block of rows at a time; into a
-    // buffer of its own where the fused GEMM left the scratch smaller than the block, or none), then
-    // quantised on the host as an upload.
+  // An NF4 base's values (host f32): drawn into the dequantisation scratch (lm_head's a block of rows at
+  // a time; into a buffer of its own where the fused GEMM left the scratch smaller than the block, or
+  // none), to be quantised on the host as an upload.
+  auto nf4_drawn = [&](size_t i, float bound, float fill) {
+    const DeviceParameter& p = params_[i];
     std::vector<bf16_t> drawn(size_t(p.numel));
     const int64_t block = int(i) == s.output.weight ? s.head_rows * p.shape[1] : p.numel;
     DeviceBuffer own_scratch;
@@ -1001,15 +1006,39 @@ void Decoder::init_parameters(uint64_t seed) {
     }
     std::vector<float> x(drawn.size());
     for (size_t j = 0; j < x.size(); ++j) x[j] = bf16_to_f32(drawn[j]);
-    upload_nf4(p, x.data());
+    return x;
+  };
+  for (size_t i = 0; i < params_.size(); ++i) {
+    DeviceParameter& p = params_[i];
+    float bound = normal_bound, fill = 0.0f;
+    if (is_norm[i]) bound = 0.0f, fill = 1.0f - config_.norm_weight_offset;  // the identity: (offset + w) = 1
+    if (is_bias[i]) bound = 0.0f, fill = 0.0f;
+    if (is_a[i]) bound = 1.0f / std::sqrt(float(p.shape[1]));
+    if (is_b[i]) bound = 0.0f, fill = 0.0f;
+    if (p.nf4_codes) {  // sharded: this rank's piece of the codes and scales only
+      upload_nf4(p, nf4_drawn(i, bound, fill).data());
+      continue;
+    }
+    draw(i, p.value, bound, fill);
+    if (weights_sharded(p)) {  // drawn whole into the slot, this rank's elements kept
+      const WeightRange mine = weight_piece_range(p.weight_layer, p.weight_offset, p.numel);
+      if (mine.begin < mine.end)
+        copy_on_device(piece_value(p.weight_layer, p.weight_offset + mine.begin), p.value + mine.begin,
+                       size_t(mine.end - mine.begin) * sizeof(bf16_t));
+    }
   }
   // DoRA: m starts at the row norms of W (B = 0, so ‖W + s B A‖ = ‖W‖), as PEFT.
   for (const Impl::Layer& layer : s.layers)
     for (const Impl::Linear& lin : layer.proj) {
       if (lin.magnitude < 0) continue;
-      // shard_weights: the slot holds another layer's weights now; this W drawn into it again.
+      // shard_weights: the slot holds another layer's weights now; this W drawn into it again (NF4:
+      // drawn, quantised and copied whole into the slot).
       const DeviceParameter& base = params_[size_t(lin.weight)];
-      if (weights_sharded(base)) draw(size_t(lin.weight), base.value, normal_bound, 0.0f);
+      if (weights_sharded(base) && base.nf4_codes)
+        copy_nf4_to_device(base.nf4_codes, base.nf4_scales,
+                           quantize_on_host(nf4_drawn(size_t(lin.weight), normal_bound, 0.0f).data(), base.numel));
+      else if (weights_sharded(base))
+        draw(size_t(lin.weight), base.value, normal_bound, 0.0f);
       const LinearRef w = s.lin(lin);
       s.dora_norms(w, s.base_weight(w));
       convert_to_bf16(params_[size_t(lin.magnitude)].value, w.norm, lin.out);
@@ -1055,35 +1084,58 @@ void Decoder::upload(const std::string& name, const std::vector<float>& values) 
     copy_to_device(p.value, host.data(), host.size() * sizeof(bf16_t));
     return;
   }
-  // ZeRO-3: this rank's elements into its piece; a slot holding this layer is stale now.
-  const WeightRange mine = weight_piece_range(p);
+  write_piece(p.weight_layer, p.weight_offset, host.data(), p.numel);  // ZeRO-3: this rank's elements
+}
+
+void Decoder::upload_nf4(const DeviceParameter& p, const float* x) {
+  const Nf4OnHost q = quantize_on_host(x, p.numel);
+  if (!weights_sharded(p)) return copy_nf4_to_device(p.nf4_codes, p.nf4_scales, q);
+  // ZeRO-3: this rank's part of the codes' and the scales' bytes, counted in bf16 elements as the unit is.
+  write_piece(p.weight_layer, p.weight_offset, q.codes.data(), int64_t(q.codes.size() / sizeof(bf16_t)));
+  write_piece(p.weight_layer, p.nf4_scales_offset, q.scales.data(),
+              int64_t(q.scales.size() * sizeof(float) / sizeof(bf16_t)));
+}
+
+void Decoder::write_piece(int64_t layer, int64_t offset, const void* host, int64_t n) {
+  const WeightRange mine = weight_piece_range(layer, offset, n);
   if (mine.begin < mine.end)
-    copy_to_device(piece_value(p, mine.begin), host.data() + mine.begin,
+    copy_to_device(piece_value(layer, offset + mine.begin), static_cast<const bf16_t*>(host) + mine.begin,
                    size_t(mine.end - mine.begin) * sizeof(bf16_t));
-  int64_t& in_slot = impl_->slot_layer[Impl::slot_of(p.weight_layer)];
-  if (in_slot == p.weight_layer) in_slot = -1;
+  int64_t& in_slot = impl_->slot_layer[Impl::slot_of(layer)];
+  if (in_slot == layer) in_slot = -1;
 }
 
 // Layer l's weight unit: a full fine-tune's every layer parameter at its gradient's place in gradient
-// unit 1 + l (AdamW's pieces are the gradients' pieces); LoRA's the layer's frozen bf16 parameters (not
-// the NF4 codes), each at a 256-byte aligned place. Each unit padded to optimizer_shards * 64 elements.
+// unit 1 + l (AdamW's pieces are the gradients' pieces); LoRA's the layer's frozen parameters, each at
+// a 256-byte aligned place: a bf16 one's values, an NF4 one's codes (numel / 2 bytes) and then its
+// scales (numel / 64 f32). Each unit padded to optimizer_shards * 64 elements.
 std::vector<int64_t> Decoder::weight_unit_layout(const std::vector<int64_t>& layer_of,
                                                  const std::vector<bool>& trainable, const std::vector<bool>& nf4,
-                                                 const std::vector<int64_t>& offset_in_unit) {
+                                                 const std::vector<int64_t>& offset_in_unit,
+                                                 std::vector<int64_t>* nf4_scales_offset) {
   std::vector<int64_t> offset(params_.size(), -1);
+  nf4_scales_offset->assign(params_.size(), -1);
   weight_units_.clear();
   if (!setup_.shard_weights) return offset;
   const int64_t shards = setup_.optimizer_shards, L = config_.num_layers;
   weight_units_.assign(size_t(L), WeightUnit{});
   std::vector<int64_t> used(size_t(L), 0);
+  auto place = [&](int64_t l, size_t bytes) {  // the next aligned place in layer l's unit, in bf16 elements
+    const int64_t at = used[size_t(l)];
+    used[size_t(l)] += int64_t(aligned(bytes) / sizeof(bf16_t));
+    return at;
+  };
   for (size_t i = 0; i < params_.size(); ++i) {
     const int64_t l = layer_of[i];
-    if (l < 0 || nf4[i] || trainable[i] != setup_.full_finetune) continue;
+    const size_t n = size_t(params_[i].numel);
+    if (l < 0 || trainable[i] != setup_.full_finetune) continue;
     if (setup_.full_finetune) {
       offset[i] = offset_in_unit[i];
+    } else if (nf4[i]) {
+      offset[i] = place(l, n / 2);
+      (*nf4_scales_offset)[i] = place(l, n / size_t(cpu::kNf4BlockSize) * sizeof(float));
     } else {
-      offset[i] = used[size_t(l)];
-      used[size_t(l)] += int64_t(aligned(size_t(params_[i].numel) * 2) / 2);
+      offset[i] = place(l, n * sizeof(bf16_t));
     }
   }
   for (int64_t l = 0; l < L; ++l) {
@@ -1095,17 +1147,14 @@ std::vector<int64_t> Decoder::weight_unit_layout(const std::vector<int64_t>& lay
   return offset;
 }
 
-// The elements of p that lie in this rank's piece of its weight unit (an empty range when none do).
-Decoder::WeightRange Decoder::weight_piece_range(const DeviceParameter& p) const {
-  const int64_t piece = weight_units_[size_t(p.weight_layer)].piece, first = setup_.optimizer_shard * piece;
-  return {std::clamp<int64_t>(first - p.weight_offset, 0, p.numel),
-          std::clamp<int64_t>(first + piece - p.weight_offset, 0, p.numel)};
+Decoder::WeightRange Decoder::weight_piece_range(int64_t layer, int64_t offset, int64_t n) const {
+  const int64_t piece = weight_units_[size_t(layer)].piece, first = setup_.optimizer_shard * piece;
+  return {std::clamp<int64_t>(first - offset, 0, n), std::clamp<int64_t>(first + piece - offset, 0, n)};
 }
 
-// Where element k of p (in this rank's piece: weight_piece_range) lies in the piece.
-bf16_t* Decoder::piece_value(const DeviceParameter& p, int64_t k) const {
-  const WeightUnit& unit = weight_units_[size_t(p.weight_layer)];
-  return unit.piece_values + (p.weight_offset + k - setup_.optimizer_shard * unit.piece);
+bf16_t* Decoder::piece_value(int64_t layer, int64_t element) const {
+  const WeightUnit& unit = weight_units_[size_t(layer)];
+  return unit.piece_values + (element - setup_.optimizer_shard * unit.piece);
 }
 
 void Decoder::gather_weights(int64_t layer) {
@@ -1163,6 +1212,10 @@ void Decoder::Impl::wait_for_gathers() {
 std::vector<float> Decoder::download_value(const std::string& name) {
   DeviceParameter& p = parameter(name);
   synchronize();
+  check(!weights_sharded(p) || impl_->slot_layer[Impl::slot_of(p.weight_layer)] == p.weight_layer,
+        "cuda decoder: parameter " + name,
+        "its layer's weights are sharded (shard_weights) and not gathered: gather_weights(" +
+            std::to_string(p.weight_layer) + ") first, on every rank");
   if (p.nf4_codes) {
     std::vector<uint8_t> codes(size_t(p.numel / 2));
     std::vector<float> scales(size_t(p.numel / cpu::kNf4BlockSize)), out(size_t(p.numel));
@@ -1171,10 +1224,6 @@ std::vector<float> Decoder::download_value(const std::string& name) {
     cpu::nf4_dequantize(out.data(), codes.data(), scales.data(), p.numel);
     return out;
   }
-  check(!weights_sharded(p) || impl_->slot_layer[Impl::slot_of(p.weight_layer)] == p.weight_layer,
-        "cuda decoder: parameter " + name,
-        "its layer's weights are sharded (shard_weights) and not gathered: gather_weights(" +
-            std::to_string(p.weight_layer) + ") first, on every rank");
   std::vector<bf16_t> host(size_t(p.numel));
   copy_to_host(host.data(), p.value, host.size() * sizeof(bf16_t));
   std::vector<float> out(host.size());
@@ -1241,13 +1290,17 @@ std::string Decoder::memory_report() const {
        << gib(m.grad_whole_units);
   if (setup_.shard_weights)
     os << "; weights sharded (ZeRO-3): this GPU's pieces of the layers' "
-       << (setup_.full_finetune ? "bf16 weights " : "frozen bf16 base weights ") << gib(m.weight_pieces)
-       << " (in parameters), two layers' gather slots (one computes, one prefetches) " << gib(m.weight_slots)
+       << (setup_.full_finetune       ? "bf16 weights "
+           : setup_.quantize_base ? "frozen base weights (bf16, and the NF4 codes and scales) "
+                                  : "frozen bf16 base weights ")
+       << gib(m.weight_pieces) << " (in parameters), two layers' gather slots (one computes, one prefetches) "
+       << gib(m.weight_slots)
        << (setup_.full_finetune ? ", the embedding and the final norm + head whole"
-                                : ", the embedding, the final norm, the head, the adapters and any NF4 codes whole");
+                                : ", the embedding, the final norm, the head (NF4 or not) and the adapters whole");
   if (setup_.activation_offloading) os << "; pinned host memory for offloaded layer inputs " << gib(m.host_offload);
-  if (m.nf4_base > 0)
-    os << "; QLoRA: NF4 base " << gib(m.nf4_base) << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)
+  if (setup_.quantize_base)
+    os << "; QLoRA: NF4 base " << (setup_.shard_weights ? "held whole (lm_head's) " : "") << gib(m.nf4_base)
+       << " (in parameters), dequantisation scratch " << gib(m.nf4_scratch)
        << " (in activations"
        << (impl_->output.lora_a >= 0
                ? "; lm_head's in blocks of " + std::to_string(impl_->head_rows) + " rows, in the loss's scratch"

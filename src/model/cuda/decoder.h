@@ -231,11 +231,12 @@ struct TrainingSetup {
   // only its piece [r S_l, (r + 1) S_l) of layer l's unit). A full fine-tune (needs shard_gradients)
   // shards every layer parameter, in its gradient unit's layout (weight unit l = gradient unit 1 + l,
   // element e where the gradient's element e lies), and AdamW updates the piece in place: no values
-  // are gathered after the step. LoRA / DoRA / QLoRA shard the layers' FROZEN bf16 weights (the base
-  // projections and norms; not QLoRA's NF4 codes, held whole; the adapters, magnitudes and anything
-  // trainable keep ZeRO-1), each at a 256-byte aligned place in its layer's unit, padded to a multiple
-  // of optimizer_shards * 64. Every sharded parameter's `value` points into one of TWO device weight
-  // slots (each the largest unit, bf16; layer l's in slot l % 2), so that the next layer's gather
+  // are gathered after the step. LoRA / DoRA / QLoRA shard the layers' FROZEN weights (the base
+  // projections and norms in bf16, QLoRA's NF4 codes and scales as bytes in the same unit, a unit
+  // counted in bf16 elements; the adapters, magnitudes and anything trainable keep ZeRO-1), each at a
+  // 256-byte aligned place in its layer's unit, padded to a multiple of optimizer_shards * 64. Every
+  // sharded parameter's `value` (an NF4 one's nf4_codes and nf4_scales) points into one of TWO device
+  // weight slots (each the largest unit, bf16; layer l's in slot l % 2), so that the next layer's gather
   // (FSDP's prefetch) runs on the collectives' stream while this layer computes: the forward gathers
   // layer l + 1 while layer l runs, the backward layer l - 1 while layer l runs (checkpointing's
   // recompute shares the backward's gather), each ordered by CUDA events (set_weight_gather). A layer
@@ -252,9 +253,9 @@ struct DeviceParameter {
   std::vector<int64_t> shape;
   int64_t numel = 0;
   // bf16; nullptr for an NF4 (QLoRA) base weight, held in nf4_codes / nf4_scales. With shard_weights a
-  // sharded parameter's value (weight_layer >= 0) lies in its layer's weight slot (slot weight_layer % 2):
-  // valid only while its layer is gathered there (Decoder::gather_weights, or inside forward_backward /
-  // forward_loss).
+  // sharded parameter's value (weight_layer >= 0; an NF4 one's codes and scales) lies in its layer's
+  // weight slot (slot weight_layer % 2): valid only while its layer is gathered there
+  // (Decoder::gather_weights, or inside forward_backward / forward_loss).
   bf16_t* value = nullptr;
   // f32, accumulates; gradient_buffer() + grad_offset. With shard_gradients: in its unit's buffer
   // (gradient_units()), this micro-batch's gradient until the unit hook has reduced it.
@@ -272,11 +273,12 @@ struct DeviceParameter {
   // (a full fine-tune's layer parameter) its place in this rank's piece of its weight unit.
   bf16_t* shard_value = nullptr;
   // shard_weights: the layer whose weight unit holds this parameter's bf16 value (-1: held whole) and
-  // its first element's place in that unit (and in its weight slot).
-  int64_t weight_layer = -1, weight_offset = 0;
+  // its first element's place in that unit (and in its weight slot); an NF4 parameter's codes are
+  // there (numel / 4 bf16 elements' bytes) and its scales at nf4_scales_offset (numel / 32).
+  int64_t weight_layer = -1, weight_offset = 0, nf4_scales_offset = 0;
   int64_t unit = 0;  // trainable: its gradient unit (gradient_units(); unit 0 unless shard_gradients)
   uint8_t* nf4_codes = nullptr;  // TrainingSetup::quantize_base: (numel / 2) bytes, two codes a byte
-  float* nf4_scales = nullptr;   // (numel / 64) f32 absmax scales
+  float* nf4_scales = nullptr;   // (numel / 64) f32 absmax scales (both in the slot when sharded, as value)
 };
 
 struct StepResult {
@@ -350,7 +352,8 @@ class Decoder {
   };
   const std::vector<GradientUnit>& gradient_units() const { return units_; }
   // shard_weights: layer l's weight unit, weight_units()[l]: the bf16 values of the layer's sharded
-  // parameters (each at its weight_offset), size elements (a multiple of optimizer_shards * 64; gaps
+  // parameters (each at its weight_offset; an NF4 one's codes there and its scales at
+  // nf4_scales_offset, as bytes), size elements (a multiple of optimizer_shards * 64; gaps
   // and padding zero), piece = size / optimizer_shards; this rank's piece, elements [shard * piece,
   // (shard + 1) * piece), at piece_values. A full fine-tune's is its gradient unit's layout (1 + l).
   // Empty without shard_weights.
@@ -422,16 +425,18 @@ class Decoder {
     size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0;
     size_t loss_scratch = 0;  // of activations: the fused loss's phase scratch (its chunk; with QLoRA on
                               // lm_head a block of W's rows, with DoRA on it and dropout x' and its gradient)
-    size_t nf4_base = 0;     // of parameters: the NF4 codes and scales (quantize_base)
+    size_t nf4_base = 0;     // of parameters: the NF4 codes and scales held whole (quantize_base; with
+                             // shard_weights lm_head's only, the layers' in weight_pieces and the slots)
     size_t nf4_scratch = 0;  // of activations: the largest NF4 weight dequantised to bf16 (quantize_base; lm_head's
                              // a block of head_block_rows rows)
     size_t host_offload = 0;  // pinned HOST memory for offloaded layer inputs (activation_offloading; not in total())
     // Of gradients, with shard_gradients: this rank's accumulators, the one layer slot, and the two
     // whole units (the embedding's; the final norm's and an untied lm_head's).
     size_t grad_accumulators = 0, grad_layer_slot = 0, grad_whole_units = 0;
-    // Of parameters, with shard_weights: this rank's pieces of the layers' weight units (bf16) and
-    // the two weight slots, each as large as the largest unit (the rest is whole: the embedding, the final norm, an untied lm_head, and
-    // under LoRA the adapters, the magnitudes and QLoRA's NF4 codes).
+    // Of parameters, with shard_weights: this rank's pieces of the layers' weight units (bf16, QLoRA's
+    // NF4 codes and scales included) and the two weight slots, each as large as the largest unit (the
+    // rest is whole: the embedding, the final norm, an untied lm_head (NF4 or not), and under LoRA the
+    // adapters and the magnitudes).
     size_t weight_pieces = 0, weight_slots = 0;
     size_t total() const { return parameters + gradients + optimizer + activations; }
   };
@@ -448,14 +453,23 @@ class Decoder {
   void validate() const;
   void allocate(bool on_device);  // false: only plan_bytes_ (Decoder::plan)
   void init_parameters(uint64_t seed);
-  // shard_weights: each parameter's place in its layer's weight unit (-1: held whole), weight_units_ sized.
+  // shard_weights: each parameter's place in its layer's weight unit (-1: held whole; an NF4 one's
+  // codes, its scales' in *nf4_scales_offset), weight_units_ sized.
   std::vector<int64_t> weight_unit_layout(const std::vector<int64_t>& layer_of, const std::vector<bool>& trainable,
-                                          const std::vector<bool>& nf4, const std::vector<int64_t>& offset_in_unit);
+                                          const std::vector<bool>& nf4, const std::vector<int64_t>& offset_in_unit,
+                                          std::vector<int64_t>* nf4_scales_offset);
   struct WeightRange {
     int64_t begin = 0, end = 0;
   };
-  WeightRange weight_piece_range(const DeviceParameter& p) const;
-  bf16_t* piece_value(const DeviceParameter& p, int64_t k) const;
+  // Of the n elements at `offset` in layer `layer`'s weight unit, those in this rank's piece (an empty
+  // range when none are), and where element `element` of the unit (in this rank's piece) lies.
+  WeightRange weight_piece_range(int64_t layer, int64_t offset, int64_t n) const;
+  bf16_t* piece_value(int64_t layer, int64_t element) const;
+  // The n elements at `offset` in layer `layer`'s unit, from host (n bf16 elements' bytes): this
+  // rank's part of them into its piece; a slot holding the layer is stale then.
+  void write_piece(int64_t layer, int64_t offset, const void* host, int64_t n);
+  // x (p.numel) quantised on the host into p's NF4 codes and scales (sharded: this rank's piece of them).
+  void upload_nf4(const DeviceParameter& p, const float* x);
 
   DecoderConfig config_;
   TrainingSetup setup_;

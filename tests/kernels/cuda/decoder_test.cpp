@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -1466,6 +1467,7 @@ cuda::TrainingSetup zero3_setup(int64_t world, int64_t rank) {
 // values (1/W of the padded unit) and one layer unit's slot.
 struct Zero3Bytes {
   size_t whole = 0, pieces = 0, slots = 0;
+  size_t nf4_whole = 0;  // of whole: NF4 codes and scales (QLoRA; lm_head's, or every one left out of the units)
   size_t total() const { return whole + pieces + slots; }
 };
 Zero3Bytes zero3_bytes(const cuda::DecoderConfig& c, int64_t world) {
@@ -1496,8 +1498,13 @@ void check_two_slots(const std::string& what, cuda::Decoder& model) {
   for (const auto& p : model.parameters()) {
     if (!model.weights_sharded(p)) continue;
     const bf16_t*& start = slot[p.weight_layer % 2];
-    if (!start) start = p.value - p.weight_offset;
-    CHECK(p.value == start + p.weight_offset) << what << ": " << p.name << " is not in its layer's slot";
+    if (!start) start = (p.nf4_codes ? reinterpret_cast<const bf16_t*>(p.nf4_codes) : p.value) - p.weight_offset;
+    if (p.nf4_codes)  // QLoRA: the codes at weight_offset, the scales at nf4_scales_offset, no bf16 value
+      CHECK(!p.value && p.nf4_codes == reinterpret_cast<const uint8_t*>(start + p.weight_offset) &&
+            p.nf4_scales == reinterpret_cast<const float*>(start + p.nf4_scales_offset))
+          << what << ": " << p.name << "'s NF4 codes and scales are not in its layer's slot";
+    else
+      CHECK(p.value == start + p.weight_offset) << what << ": " << p.name << " is not in its layer's slot";
   }
   const bool two_layers = model.weight_units().size() >= 2;
   CHECK(slot[0] && (!two_layers || (slot[1] && (slot[1] - slot[0] >= largest || slot[0] - slot[1] >= largest))))
@@ -1569,31 +1576,38 @@ cuda::TrainingSetup lora_zero3_setup(cuda::TrainingSetup setup, int64_t world, i
 }
 
 // The parameter memory of a LoRA plan with the base sharded, from the config and the setup alone:
-// each layer's frozen bf16 weights (the projections that are not NF4, biases, norms; 256-byte
-// aligned each) padded to W * 64 elements, this rank's 1/W of that a layer, two layers' slots; whole:
-// the embedding, the final norm, an untied lm_head, the adapters (+ DoRA's magnitudes) and NF4 codes
-// and scales.
-Zero3Bytes lora_zero3_bytes(const cuda::DecoderConfig& c, const cuda::TrainingSetup& s, int64_t world) {
+// each layer's frozen weights (bf16: the projections that are not NF4, biases, norms; QLoRA's NF4
+// codes and scales, bytes counted as bf16 elements; 256-byte aligned each) padded to W * 64 elements,
+// this rank's 1/W of that a layer, two layers' slots; whole: the embedding, the final norm, an untied
+// lm_head (NF4 under QLoRA with LoRA on it), the adapters (+ DoRA's magnitudes). nf4_in_units = false
+// counts the layout before the NF4 codes were sharded (them whole on every GPU): the "before" figures.
+Zero3Bytes lora_zero3_bytes(const cuda::DecoderConfig& c, const cuda::TrainingSetup& s, int64_t world,
+                            bool nf4_in_units = true) {
   auto bytes = [](int64_t bf16s) { return size_t((bf16s * 2 + 255) / 256 * 256); };
   auto elements = [](int64_t bf16s) { return (bf16s * 2 + 255) / 256 * 128; };  // an aligned bf16 tensor
   auto raw = [](int64_t n) { return size_t((n + 255) / 256 * 256); };
+  auto nf4 = [&](int64_t n) { return raw(n / 2) + raw(n / 64 * 4); };  // codes + scales, each aligned
   const int64_t C = c.hidden_size, I = c.intermediate_size, QD = c.num_heads * c.head_dim,
-                KD = c.num_kv_heads * c.head_dim, r = s.lora_rank;
+                KD = c.num_kv_heads * c.head_dim, r = s.lora_rank, V = c.vocab_size;
   const int64_t dims[cuda::kNumProjections][2] = {{C, QD}, {C, KD}, {C, KD}, {QD, C}, {C, I}, {C, I}, {I, C}};
   int64_t layer = (c.sandwich_norms ? 4 : 2) * elements(C);
-  size_t whole_a_layer = 0;
+  size_t whole_a_layer = 0, nf4_a_layer = 0;
   for (int p = 0; p < cuda::kNumProjections; ++p) {
     const int64_t in = dims[p][0], out = dims[p][1];
     const bool biased = (c.qkv_bias && p <= cuda::kV) || (c.o_bias && p == cuda::kO) || (c.mlp_bias && p >= cuda::kGate);
     if (biased) layer += elements(out);
-    if (s.lora_on[p] && s.quantize_base) whole_a_layer += raw(in * out / 2) + raw(in * out / 64 * 4);
+    if (s.lora_on[p] && s.quantize_base && nf4_in_units) layer += int64_t(nf4(in * out) / 2);
+    else if (s.lora_on[p] && s.quantize_base) nf4_a_layer += nf4(in * out);
     else layer += elements(in * out);
     if (s.lora_on[p]) whole_a_layer += bytes(r * in) + bytes(out * r) + (s.use_dora ? bytes(out) : 0);
   }
   layer = (layer + world * 64 - 1) / (world * 64) * (world * 64);
   Zero3Bytes z;
-  z.whole = bytes(c.vocab_size * C) + bytes(C) + (c.tie_word_embeddings ? 0 : bytes(c.vocab_size * C)) +
-            size_t(c.num_layers) * whole_a_layer;
+  const bool head_nf4 = s.lora_on_output && s.quantize_base;
+  z.nf4_whole = size_t(c.num_layers) * nf4_a_layer + (head_nf4 ? nf4(V * C) : 0);
+  z.whole = bytes(V * C) + bytes(C) + (c.tie_word_embeddings || head_nf4 ? 0 : bytes(V * C)) +
+            size_t(c.num_layers) * (whole_a_layer + nf4_a_layer) + (head_nf4 ? nf4(V * C) : 0) +
+            (s.lora_on_output ? bytes(r * C) + bytes(V * r) + (s.use_dora ? bytes(V) : 0) : 0);
   z.pieces = size_t(c.num_layers) * bytes(layer / world);
   z.slots = 2 * bytes(layer);  // one computes, the other takes the next layer's gather
   return z;
@@ -1607,25 +1621,79 @@ cuda::DecoderConfig llama3_1_70b() {
   return c;
 }
 
-// LoRA (q, v), DoRA with every projection but k, QLoRA (q, v, o, MLP: the rest of the base bf16) with
-// the base sharded: the plan (== what the decoder allocates) holds the whole tensors, this rank's
-// pieces and two slots, counted from the config; gradients, AdamW state and activations are ZeRO-1's
-// (the base whole); every frozen bf16 layer parameter lies in its layer's slot at its place in its
-// layer's unit, nothing trainable and no NF4 weight is sharded. And the figures for Llama-3.1-8B and a
-// Llama-3.1-70B-shaped LoRA (rank 8 on q, v: torchtune's 70B LoRA config) at W = 2 and 8 (printed).
+// Each layer's weight unit as every rank together holds it, from `from`'s device memory (an unsharded
+// decoder of the same config: its bf16 values, NF4 codes and scales), laid out as `sharded` places
+// them (weight_offset, nf4_scales_offset); gaps and padding zero.
+std::vector<std::vector<bf16_t>> whole_weight_units(cuda::Decoder& sharded, cuda::Decoder& from) {
+  std::vector<std::vector<bf16_t>> whole;
+  for (const auto& unit : sharded.weight_units()) whole.emplace_back(size_t(unit.size), bf16_t{});
+  cuda::synchronize();
+  for (const auto& p : sharded.parameters()) {
+    if (!sharded.weights_sharded(p)) continue;
+    const cuda::DeviceParameter& q = from.parameter(p.name);
+    bf16_t* unit = whole[size_t(p.weight_layer)].data();
+    if (p.nf4_codes) {
+      cuda::copy_to_host(unit + p.weight_offset, q.nf4_codes, size_t(p.numel / 2));
+      cuda::copy_to_host(unit + p.nf4_scales_offset, q.nf4_scales, size_t(p.numel / 64) * sizeof(float));
+    } else {
+      cuda::copy_to_host(unit + p.weight_offset, q.value, size_t(p.numel) * sizeof(bf16_t));
+    }
+  }
+  return whole;
+}
+
+// The unit regions (bf16 elements) of layer `layer`'s sharded parameters (an NF4 one's codes and
+// scales each) are 256-byte aligned, inside the unit and pairwise disjoint.
+void check_unit_regions(const std::string& what, cuda::Decoder& model, int64_t layer) {
+  std::vector<std::pair<int64_t, int64_t>> regions;  // [begin, end)
+  for (const auto& p : model.parameters()) {
+    if (!model.weights_sharded(p) || p.weight_layer != layer) continue;
+    if (p.nf4_codes) {
+      regions.push_back({p.weight_offset, p.weight_offset + p.numel / 4});            // numel / 2 bytes
+      regions.push_back({p.nf4_scales_offset, p.nf4_scales_offset + p.numel / 32});  // numel / 64 f32
+    } else {
+      regions.push_back({p.weight_offset, p.weight_offset + p.numel});
+    }
+  }
+  std::sort(regions.begin(), regions.end());
+  const int64_t size = model.weight_units()[size_t(layer)].size;
+  for (size_t k = 0; k < regions.size(); ++k)
+    CHECK(regions[k].first % 128 == 0 && regions[k].second <= size &&
+          (k == 0 || regions[k - 1].second <= regions[k].first))
+        << what << ": layer " << layer << "'s region [" << regions[k].first << ", " << regions[k].second
+        << ") is misaligned, outside the unit (" << size << ") or overlaps the one before";
+}
+
+// LoRA (q, v), DoRA with every projection but k, QLoRA (q, v, o, MLP: the rest of the base bf16; with
+// DoRA; on every projection and lm_head) with the base sharded: the plan (== what the decoder
+// allocates) holds the whole tensors, this rank's pieces and two slots, counted from the config;
+// gradients, AdamW state and activations are ZeRO-1's (the base whole); every frozen layer parameter
+// (bf16, or QLoRA's NF4 codes and scales) lies in its layer's slot at its place in its layer's unit,
+// nothing trainable and no lm_head is sharded, the NF4 bytes held whole are lm_head's only. The init's
+// pieces are the unsharded decoder's values at their places (QLoRA), DoRA's fresh magnitudes its. And
+// the figures (printed) for Llama-3.1-8B and a Llama-3.1-70B-shaped LoRA (rank 8 on q, v: torchtune's
+// 70B LoRA config) at W = 2 and 8, and for QLoRA (rank 8 on all seven) at 70B W = 2, 8 and Llama-3.2-3B
+// W = 2: the base whole, the NF4 codes whole (the layout before they were sharded, counted) and sharded.
 KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBasePlanPiecesAndTwoSlots) {
+  auto dora = [](cuda::TrainingSetup s) {
+    s.use_dora = true;
+    return s;
+  };
+  auto with_head = [](cuda::TrainingSetup s) {
+    s.lora_on_output = true;
+    return s;
+  };
   const struct {
     const char* what;
     cuda::TrainingSetup setup;
   } setups[] = {{"lora q,v", family_setup(false, {cuda::kQ, cuda::kV})},
-                {"dora all but k", [] {
-                   cuda::TrainingSetup s = family_setup(false, kAllButKey);
-                   s.use_dora = true;
-                   return s;
-                 }()},
-                {"qlora q,v,o,mlp", qlora_setup(kAllButKey)}};
+                {"dora all but k", dora(family_setup(false, kAllButKey))},
+                {"qlora q,v,o,mlp", qlora_setup(kAllButKey)},
+                {"qlora dora all but k", dora(qlora_setup(kAllButKey))},
+                {"qlora all + lm_head", with_head(qlora_setup(kAllProjections))}};
   for (const auto& k : setups)
     for_each_sharded_shape([&](const std::string& shape, const cuda::DecoderConfig& config, int64_t world) {
+      if (k.setup.lora_on_output && config.tie_word_embeddings) return;  // a tied head carries no LoRA
       const std::string what = std::string(k.what) + " " + shape;
       const cuda::TrainingSetup setup = lora_zero3_setup(k.setup, world, world - 1);
       cuda::TrainingSetup zero1 = setup;
@@ -1638,28 +1706,43 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBasePlanPiecesAndTwoSlots) {
           << what << ": parameters " << planned.parameters << " (pieces " << planned.weight_pieces << ", slots "
           << planned.weight_slots << "), want " << want.whole << " + " << want.pieces << " + " << want.slots;
       CHECK(planned.gradients == whole.gradients && planned.optimizer == whole.optimizer &&
-            planned.activations == whole.activations && planned.nf4_base == whole.nf4_base)
+            planned.activations == whole.activations)
           << what << ": sharding the base changed more than the parameters";
+      CHECK(planned.nf4_base == want.nf4_whole && whole.nf4_base == lora_zero3_bytes(config, setup, world, false).nf4_whole)
+          << what << ": NF4 held whole " << planned.nf4_base << " (want lm_head's " << want.nf4_whole << "), unsharded "
+          << whole.nf4_base;
       const std::unique_ptr<cuda::Decoder> built = decoder_as_planned(what, config, setup, planned);
       cuda::Decoder& model = *built;
-      int64_t sharded = 0;
+      int64_t sharded = 0, sharded_nf4 = 0;
       for (const auto& p : model.parameters()) {
-        const bool layer_base = p.name.rfind("model.layers.", 0) == 0 && !p.nf4_codes;
+        const bool layer_base = p.name.rfind("model.layers.", 0) == 0;
         CHECK(model.weights_sharded(p) == layer_base && (!layer_base || !p.grad)) << what << ": " << p.name;
         if (!layer_base) continue;
-        ++sharded;
-        const cuda::Decoder::WeightUnit& unit = model.weight_units()[size_t(p.weight_layer)];
-        CHECK(p.weight_offset % 128 == 0 && p.weight_offset + p.numel <= unit.size &&
-              p.name.rfind("model.layers." + std::to_string(p.weight_layer) + ".", 0) == 0)
-            << what << ": " << p.name << " is not at its place in its layer's unit";
+        ++sharded, sharded_nf4 += p.nf4_codes != nullptr;
+        CHECK(p.name.rfind("model.layers." + std::to_string(p.weight_layer) + ".", 0) == 0)
+            << what << ": " << p.name << " is in layer " << p.weight_layer << "'s unit";
       }
+      for (int64_t l = 0; l < config.num_layers; ++l) check_unit_regions(what, model, l);
       check_two_slots(what, model);
       CHECK(sharded > 0 && int64_t(model.weight_units().size()) == config.num_layers) << what;
-      if (setup.use_dora && world == 2) {  // DoRA's m starts at the row norms of W: drawn alike with the base sharded
+      CHECK((sharded_nf4 > 0) == setup.quantize_base) << what << ": " << sharded_nf4 << " NF4 weights sharded";
+      if (world <= 3 && (setup.use_dora || setup.quantize_base)) {
         cuda::Decoder unsharded(config, zero1, 1);
-        for (const auto& p : model.parameters())
-          if (p.name.find("lora_magnitude_vector") != std::string::npos)
+        // DoRA's m starts at the row norms of W: drawn alike with the base sharded (NF4: in the slot).
+        for (const auto& p : model.parameters()) {
+          if (p.name.find("lora_magnitude_vector") != std::string::npos) {
             CHECK(model.download_value(p.name) == unsharded.download_value(p.name)) << what << ": " << p.name;
+          }
+        }
+        // The init wrote this rank's piece of each unit (NF4 codes and scales included), nothing else.
+        const std::vector<std::vector<bf16_t>> units = whole_weight_units(model, unsharded);
+        for (size_t l = 0; l < units.size(); ++l) {
+          const cuda::Decoder::WeightUnit& unit = model.weight_units()[l];
+          std::vector<bf16_t> piece(size_t(unit.piece));
+          cuda::copy_to_host(piece.data(), unit.piece_values, piece.size() * sizeof(bf16_t));
+          CHECK(std::equal(piece.begin(), piece.end(), units[l].begin() + (world - 1) * unit.piece))
+              << what << ": layer " << l << "'s piece after init is not the unsharded decoder's values";
+        }
       }
       for (const auto& unit : model.weight_units())
         CHECK(unit.size % (world * 64) == 0 && unit.piece * world == unit.size && unit.piece_values) << what;
@@ -1685,6 +1768,35 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBasePlanPiecesAndTwoSlots) {
                     m.name, (long long)world, sharded ? "sharded" : "whole", p.parameters / gib, p.weight_pieces / gib,
                     p.weight_slots / gib, p.gradients / gib, p.optimizer / gib, p.activations / gib, p.total() / gib);
       }
+  // QLoRA, rank 8 on q, k, v, o and the MLP: the base whole (Decoder::plan), the NF4 codes whole and
+  // the rest sharded (the layout before: counted, the rest of the plan as sharded) and all sharded.
+  cuda::DecoderConfig llama3b = cuda::DecoderConfig::llama3_2_1b();
+  llama3b.hidden_size = 3072, llama3b.num_layers = 28, llama3b.num_heads = 24, llama3b.head_dim = 128;
+  const struct {
+    const char* name;
+    cuda::DecoderConfig config;
+    int64_t world;
+  } qlora_models[] = {{"Llama-3.1-70B", llama3_1_70b(), 2}, {"Llama-3.1-70B", llama3_1_70b(), 8},
+                      {"Llama-3.2-3B", llama3b, 2}};
+  for (const auto& m : qlora_models) {
+    cuda::TrainingSetup s = lora_zero3_setup(qlora_setup(kAllProjections), m.world, 0);
+    s.batch = 2, s.seq_len = 2048, s.ce_chunk_tokens = 0, s.activation_checkpointing = true;
+    cuda::TrainingSetup whole_setup = s;
+    whole_setup.shard_weights = false;
+    const cuda::Decoder::MemoryPlan whole = cuda::Decoder::plan(m.config, whole_setup), p = cuda::Decoder::plan(m.config, s);
+    const Zero3Bytes before = lora_zero3_bytes(m.config, s, m.world, false), after = lora_zero3_bytes(m.config, s, m.world);
+    CHECK(p.parameters == after.total() && p.weight_pieces == after.pieces && p.weight_slots == after.slots)
+        << m.name << " QLoRA over " << m.world;
+    const size_t rest = p.total() - p.parameters;  // gradients, AdamW state, activations: as sharded
+    std::printf("     %s QLoRA all seven rank 8, batch 2 x 2048, checkpointing, W=%lld: base whole parameters %.3f GiB "
+                "(NF4 %.3f), total %.3f GiB; NF4 whole, the rest sharded: parameters %.3f GiB (NF4 %.3f, pieces %.3f, "
+                "slots %.3f), total %.3f GiB; all sharded: parameters %.3f GiB (NF4 whole %.3f, pieces %.3f, slots "
+                "%.3f), total %.3f GiB (gradients %.3f, AdamW state %.3f, activations %.3f)\n",
+                m.name, (long long)m.world, whole.parameters / gib, whole.nf4_base / gib, whole.total() / gib,
+                before.total() / gib, before.nf4_whole / gib, before.pieces / gib, before.slots / gib,
+                (before.total() + rest) / gib, p.parameters / gib, p.nf4_base / gib, p.weight_pieces / gib,
+                p.weight_slots / gib, p.total() / gib, p.gradients / gib, p.optimizer / gib, p.activations / gib);
+  }
 }
 
 // A stand-in for the trainer's stream-ordered weight gather (Decoder::WeightGather) on one rank of
@@ -1789,16 +1901,11 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
   plain.set_dropout_key(77), sharded.set_dropout_key(77);
   const auto& units = sharded.gradient_units();
   const auto& weight_units = sharded.weight_units();
-  std::vector<std::vector<bf16_t>> whole(weight_units.size());  // each layer's weight unit, as all ranks hold it
-  for (size_t l = 0; l < whole.size(); ++l) whole[l].assign(size_t(weight_units[l].size), bf16_t{});
-  int64_t n_sharded = 0;
-  for (const auto& p : sharded.parameters()) {
-    if (!sharded.weights_sharded(p)) continue;
-    ++n_sharded;
-    const std::vector<float>& v = params.at(p.name);
-    for (int64_t k = 0; k < p.numel; ++k)
-      whole[size_t(p.weight_layer)][size_t(p.weight_offset + k)] = f32_to_bf16(v[size_t(k)]);
-  }
+  // Each layer's weight unit, as all ranks hold it: the unsharded decoder's bf16 values and NF4 codes
+  // and scales at their places.
+  std::vector<std::vector<bf16_t>> whole = whole_weight_units(sharded, plain);
+  int64_t n_sharded = 0, n_nf4 = 0;
+  for (const auto& p : sharded.parameters()) n_sharded += sharded.weights_sharded(p), n_nf4 += p.nf4_codes != nullptr;
   CHECK(n_sharded > 0) << what << ": nothing sharded";
   StreamGatherStandIn gather(whole, weight_units, rank, schedule);
   sharded.set_weight_gather(gather.hook());
@@ -1850,9 +1957,13 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
       << what << ": forward_loss " << loss.loss_sum << " vs " << want_loss.loss_sum << ", " << gather.gathered.size()
       << " gathers";
   // The last layer is in its slot after forward_loss, layer 0 is not; AdamW moves a full fine-tune's
-  // pieces on, and then no layer is (LoRA's frozen base stays).
-  const std::string q0 = "model.layers.0.self_attn.o_proj.weight";  // bf16 in every case (QLoRA: unadapted)
-  const std::string q_last = "model.layers." + std::to_string(L - 1) + ".self_attn.o_proj.weight";
+  // pieces on, and then no layer is (LoRA's frozen base stays). o_proj's weight where it is bf16, else
+  // (QLoRA on o) the input norm's; QLoRA's NF4 weights likewise (v_proj's: adapted in every QLoRA case).
+  const bool o_nf4 = setup.quantize_base && setup.lora_on[cuda::kO];
+  const std::string tensor = o_nf4 ? "input_layernorm.weight" : "self_attn.o_proj.weight";
+  const std::string q0 = "model.layers.0." + tensor, q_last = "model.layers." + std::to_string(L - 1) + "." + tensor;
+  const std::string v0 = "model.layers.0.self_attn.v_proj.weight",
+                    v_last = "model.layers." + std::to_string(L - 1) + ".self_attn.v_proj.weight";
   CHECK(sharded.download_value(q_last) == plain.download_value(q_last)) << what << ": " << q_last << " in its slot";
   auto reads = [&](const std::string& name) {
     try {
@@ -1863,6 +1974,12 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
     }
   };
   CHECK(!reads(q0)) << what << ": download_value of a layer not in its slot read it";
+  CHECK((n_nf4 > 0) == setup.quantize_base && (n_nf4 == 0 || sharded.parameter(v0).nf4_codes))
+      << what << ": " << n_nf4 << " NF4 weights";
+  if (n_nf4 > 0) {  // an NF4 weight reads (dequantised) from its gathered slot, and refuses when not there
+    CHECK(sharded.download_value(v_last) == plain.download_value(v_last)) << what << ": " << v_last << " in its slot";
+    CHECK(!reads(v0)) << what << ": download_value of an NF4 weight of a layer not in its slot read it";
+  }
   sharded.adamw_step(cpu::AdamWStep{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1}, 7);
   CHECK(reads(q_last) == !full) << what << ": after AdamW the last layer's slot should be " << (full ? "stale" : "valid");
   plain.adamw_step(cpu::AdamWStep{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1}, 7);
@@ -1880,6 +1997,24 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
   for (int64_t k = 0; k < p0.numel; ++k)
     CHECK(stepped[size_t(k)] == (k >= begin && k < end ? want_q0[size_t(k)] : 0.0f))
         << what << ": " << q0 << "[" << k << "] after AdamW";
+  if (n_nf4 == 0) return;
+  // QLoRA: the slot (the other ranks' pieces zero) holds this rank's bytes of v's codes and scales,
+  // the unsharded decoder's, and zero elsewhere.
+  const cuda::DeviceParameter &v = sharded.parameter(v0), &v_plain = plain.parameter(v0);
+  const std::tuple<const void*, const void*, int64_t, int64_t> regions[] = {  // device, reference, bytes, unit offset
+      {v.nf4_codes, v_plain.nf4_codes, v.numel / 2, v.weight_offset},
+      {v.nf4_scales, v_plain.nf4_scales, v.numel / 64 * 4, v.nf4_scales_offset}};
+  for (const auto& [mine, theirs, bytes, offset] : regions) {
+    std::vector<uint8_t> got(static_cast<size_t>(bytes)), want(static_cast<size_t>(bytes));
+    cuda::copy_to_host(got.data(), mine, got.size());
+    cuda::copy_to_host(want.data(), theirs, want.size());
+    const int64_t first = 2 * std::clamp<int64_t>(rank * piece - offset, 0, bytes / 2),
+                  last = 2 * std::clamp<int64_t>((rank + 1) * piece - offset, 0, bytes / 2);
+    for (int64_t k = 0; k < bytes; ++k)
+      CHECK(got[size_t(k)] == (k >= first && k < last ? want[size_t(k)] : 0))
+          << what << ": " << v0 << "'s NF4 byte " << k << " at unit element " << offset << " + " << k / 2
+          << " in the slot (this rank's piece: bytes [" << first << ", " << last << "))";
+  }
 }
 
 // Untied and tied heads, without and with activation checkpointing (the recompute reuses the
@@ -1905,8 +2040,10 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsStepPrefetchesEachLayerAndGivesTheUnsharded
 }
 
 // LoRA's frozen base sharded: LoRA q,v untied; every projection but k, checkpointed and offloaded,
-// tied; DoRA with dropout, checkpointed, the last of three; QLoRA (biased Qwen2, the adapted projections
-// NF4 and whole, the rest sharded) with dropout; the gathers late but for the checkpointed LoRA's.
+// tied; DoRA with dropout, checkpointed, the last of three; QLoRA (biased Qwen2, the adapted projections'
+// NF4 codes and scales sharded with the rest) with dropout; QLoRA on every projection but k, ranks 0
+// and 1 of 2, and with DoRA, dropout and checkpointing the last of three; QLoRA with the fused NF4 GEMM
+// and LoRA on lm_head (its NF4 W whole); the gathers late but for the checkpointed LoRA's and one QLoRA's.
 KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBaseStepPrefetchesEachLayerAndGivesTheUnshardedGradients) {
   auto with = [](cuda::TrainingSetup s, bool checkpointing, bool dora, float dropout) {
     s.activation_checkpointing = checkpointing;
@@ -1923,6 +2060,16 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBaseStepPrefetchesEachLayerAndGivesTheU
                               with(family_setup(false, kAllButKey), true, true, 0.1f), 3, 2, "late");
   expect_sharded_weights_step("qwen2 qlora q,v dropout 0.1 rank 1 of 2", tiny_qwen2_config(false),
                               with(qlora_setup({cuda::kQ, cuda::kV}), false, false, 0.1f), 2, 1, "late");
+  expect_sharded_weights_step("qlora all but k rank 0 of 2", tiny_config(false),
+                              with(qlora_setup(kAllButKey), false, false, 0.0f), 2, 0, "late");
+  expect_sharded_weights_step("qlora all but k rank 1 of 2", tiny_config(true),
+                              with(qlora_setup(kAllButKey), false, false, 0.0f), 2, 1, "eager");
+  expect_sharded_weights_step("qlora dora dropout 0.1 checkpointed rank 2 of 3", tiny_config(true),
+                              with(qlora_setup(kAllButKey), true, true, 0.1f), 3, 2, "late");
+  cuda::TrainingSetup fused = with(qlora_setup(kAllButKey), true, false, 0.0f);
+  fused.nf4_fused_gemm = true, fused.lora_on_output = true;
+  expect_sharded_weights_step("qlora fused nf4 gemm + lm_head checkpointed offloaded rank 1 of 2", tiny_config(false),
+                              fused, 2, 1, "late");
 }
 
 // ---- activation checkpointing (TrainingSetup::activation_checkpointing) ----
