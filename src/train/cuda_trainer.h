@@ -33,7 +33,7 @@
 // each GPU stores and updates its pieces of each layer, and the decoder all-gathers a layer into
 // one slot before its forward and its backward; the embedding and the head stay whole on every GPU.
 // Sharded LoRA, DoRA and QLoRA runs shard the layers' frozen bf16 base the same way (each GPU stores
-// its piece, gathered before each layer's forward and backward; QLoRA's NF4 codes stay whole).
+// its piece, gathered before each layer's forward and backward; QLoRA's NF4 codes and scales too).
 #pragma once
 
 #include <cstdint>

@@ -491,7 +491,7 @@ void FinetuneRecipe::setup_gpu_training() {
     // A full fine-tune shards the gradients too (ZeRO-2: each layer's reduced as its backward ends)
     // and, unless KTUNE_DATA_PARALLEL=zero2, the layers' weights (ZeRO-3: each gathered before its
     // forward and backward); LoRA's gradients are small and stay in one buffer (ZeRO-1), and LoRA /
-    // DoRA / QLoRA shard the layers' frozen bf16 base the same way unless zero2 (QLoRA's NF4 codes whole).
+    // DoRA / QLoRA shard the layers' frozen base the same way unless zero2 (QLoRA's NF4 codes and scales too).
     plan.setup.shard_gradients = plan.setup.full_finetune;
     plan.setup.shard_weights = data_parallel_mode() != "zero2";
   }
@@ -524,8 +524,8 @@ void FinetuneRecipe::setup_gpu_training() {
                                              "backward, each GPU steps its slice, the updated adapters all-gathered) "
                                              "and the layers' frozen bf16 base weights (ZeRO-3: each GPU stores its "
                                              "piece of each layer's, all-gathered over NCCL before the layer's forward "
-                                             "and its backward; the embedding, the final norm, the head and any NF4 "
-                                             "base codes whole)")
+                                             "and its backward, QLoRA's NF4 codes and scales with them; the "
+                                             "embedding, the final norm and the head whole)")
                            : plan.setup.shard_weights
                                ? std::string(", the gradients and the layers' weights (ZeRO-3: each layer's bf16 "
                                              "weights all-gathered over NCCL before its forward and its backward, "

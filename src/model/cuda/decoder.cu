@@ -1291,7 +1291,7 @@ std::string Decoder::memory_report() const {
   if (setup_.shard_weights)
     os << "; weights sharded (ZeRO-3): this GPU's pieces of the layers' "
        << (setup_.full_finetune       ? "bf16 weights "
-           : setup_.quantize_base ? "frozen base weights (bf16, and the NF4 codes and scales) "
+           : setup_.quantize_base ? "frozen bf16 base weights and NF4 codes and scales "
                                   : "frozen bf16 base weights ")
        << gib(m.weight_pieces) << " (in parameters), two layers' gather slots (one computes, one prefetches) "
        << gib(m.weight_slots)

@@ -317,7 +317,8 @@ double train_step(CudaTrainer& gpu, const TinyRun& r, int world, int rank, bool 
 
 // How the sharded run is set up: LoRA (ZeRO-1) or a full fine-tune with its gradients sharded too
 // (ZeRO-2) and, with weights, its layers' weights (ZeRO-3; LoRA: its layers' frozen base),
-// micro-batches a rank and a step, an untied or tied head, QLoRA (NF4 bases, whole; the rest sharded).
+// micro-batches a rank and a step, an untied or tied head, QLoRA (NF4 bases, their codes and scales
+// sharded with the rest).
 struct ShardedCase {
   bool lora = false;
   int micro = 1;
@@ -345,6 +346,9 @@ void sharded_rank(int world, int rank, int port, const ShardedCase& how, const s
   EXPECT_EQ(many->memory_report().find("weights sharded (ZeRO-3)") != std::string::npos, how.weights)
       << many->memory_report();
   EXPECT_EQ(many->memory_report().find("frozen bf16 base weights") != std::string::npos, how.weights && lora)
+      << many->memory_report();
+  EXPECT_EQ(many->memory_report().find("base weights and NF4 codes and scales") != std::string::npos,
+            how.weights && how.qlora)
       << many->memory_report();
   std::ofstream os(out);
   for (int step = 0; step < 3; ++step) {
@@ -506,7 +510,7 @@ TEST(CudaPlugin, OnAGpuShardedAdamWOverTwoRanksEqualsOneGpuLora) {
 // LoRA with its layers' frozen base sharded too (ZeRO-3 of the base): each rank stores its piece of
 // each layer's frozen weights, gathered before the layer's forward and backward; the adapters (and
 // their moments) equal one GPU's bit for bit, two ranks of two micro-batches each; and QLoRA (the
-// NF4 bases whole, the norms and any unadapted projection sharded).
+// NF4 bases' codes and scales sharded and gathered with the norms and any unadapted projection).
 TEST(CudaPlugin, OnAGpuShardedAdamWOverTwoRanksEqualsOneGpuLoraBaseSharded) {
   SKIP_WITHOUT_EMULATED_STEP();
   for (bool qlora : {false, true}) {

@@ -129,6 +129,8 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
     fs::copy(out(from) + "/step_2", out(to) + "/step_2", fs::copy_options::recursive);
     return run(launcher, recipe, config, "cuda", args + " resume_from_checkpoint=True", out(to));
   }
+  // lora_finetune_distributed on two GPUs, its frozen base sharded, against replicated (below).
+  void expect_base_sharded_equals_replicated(const std::string& overrides, const std::string& pieces);
   // The tensors (names, shapes) of FILE in both runs' epoch_0.
   void expect_same_layout(const std::string& file) {
     EXPECT_EQ(layout(out("gpu") + "/epoch_0/" + file), layout(out("cpu") + "/epoch_0/" + file)) << file;
@@ -304,12 +306,13 @@ TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {
 }
 
 // LoRA on two GPUs (lora_finetune_distributed): by default the AdamW state sharded (ZeRO-1) and the
-// layers' frozen bf16 base too (each GPU stores its piece of each layer's, gathered before the
-// layer's forward and backward), against replicated GPUs (KTUNE_DATA_PARALLEL=replicate: the base
-// whole on each): the same losses digit for digit and the same checkpoint byte for byte. Two steps.
-TEST_F(CudaRecipeTest, TwoGpusLoraShardTheFrozenBaseAndEqualReplicated) {
-  SKIP_WITHOUT_GPUS(2);
-  const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
+// layers' frozen base too (each GPU stores its piece of each layer's, gathered before the layer's
+// forward and backward; under QLoRA the NF4 codes and scales with it), against replicated GPUs
+// (KTUNE_DATA_PARALLEL=replicate: the base whole on each): the same losses digit for digit and the
+// same checkpoint byte for byte. Two steps. `overrides` adds to the run's (QLoRA's quantize_base);
+// `pieces` is what the decoder's memory report says the pieces hold.
+void CudaRecipeTest::expect_base_sharded_equals_replicated(const std::string& overrides, const std::string& pieces) {
+  const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2" + overrides;
   Outcome sharded = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", "cuda",
                         args, out("sharded"));
   setenv("KTUNE_DATA_PARALLEL", "replicate", 1);
@@ -319,7 +322,7 @@ TEST_F(CudaRecipeTest, TwoGpusLoraShardTheFrozenBaseAndEqualReplicated) {
   ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
   ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
   EXPECT_NE(sharded.output.find("the layers' frozen bf16 base weights (ZeRO-3"), std::string::npos) << sharded.output;
-  EXPECT_NE(sharded.output.find("weights sharded (ZeRO-3): this GPU's pieces of the layers' frozen bf16 base"),
+  EXPECT_NE(sharded.output.find("weights sharded (ZeRO-3): this GPU's pieces of the layers' " + pieces),
             std::string::npos)
       << sharded.output;
   EXPECT_EQ(replicated.output.find("weights sharded (ZeRO-3)"), std::string::npos) << replicated.output;
@@ -329,6 +332,16 @@ TEST_F(CudaRecipeTest, TwoGpusLoraShardTheFrozenBaseAndEqualReplicated) {
   EXPECT_FALSE(files.empty());
   EXPECT_TRUE(files == safetensors_bytes(out("replicated") + "/epoch_0"))
       << "the base-sharded run's checkpoint is not the replicated run's byte for byte";
+}
+
+TEST_F(CudaRecipeTest, TwoGpusLoraShardTheFrozenBaseAndEqualReplicated) {
+  SKIP_WITHOUT_GPUS(2);
+  expect_base_sharded_equals_replicated("", "frozen bf16 base");
+}
+
+TEST_F(CudaRecipeTest, TwoGpusQloraShardTheFrozenBaseWithItsNf4CodesAndEqualReplicated) {
+  SKIP_WITHOUT_GPUS(2);
+  expect_base_sharded_equals_replicated(" model.quantize_base=True", "frozen bf16 base weights and NF4 codes and scales");
 }
 
 // Two GPUs (a worker each, over NCCL; on the emulated step each worker its own emulated device and
