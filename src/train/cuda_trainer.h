@@ -29,9 +29,10 @@
 // bytes of gradient a parameter plus one layer's, the embedding's and the head's whole gradients.
 // LoRA, QLoRA and DoRA runs shard the AdamW state only (ZeRO-1: their gradients are small; one
 // buffer, reduce-scattered after the backward). A sharded full fine-tune shards the layers' bf16
-// weights as well (ZeRO-3, setup.shard_weights; env KTUNE_DATA_PARALLEL=zero2 keeps them whole):
-// each GPU stores and updates its pieces of each layer, and the decoder all-gathers a layer into
-// one slot before its forward and its backward; the embedding and the head stay whole on every GPU.
+// weights as well (ZeRO-3, setup.shard_weights; fsdp_reshard_after_forward=False or env
+// KTUNE_DATA_PARALLEL=zero2 keeps them whole): each GPU stores and updates its pieces of each layer,
+// and the decoder all-gathers a layer into one of two slots before its forward and its backward (the
+// next layer's while this one computes); the embedding and the head stay whole on every GPU.
 // Sharded LoRA, DoRA and QLoRA runs shard the layers' frozen bf16 base the same way (each GPU stores
 // its piece, gathered before each layer's forward and backward; QLoRA's NF4 codes and scales too).
 #pragma once

@@ -117,6 +117,15 @@ bool shard_parameters(const RecipeSpec& recipe) {
   return recipe.distributed && data_parallel_mode() != "replicate";
 }
 
+// Whether a sharded GPU run shards its layers' weights too (ZeRO-3) or keeps them whole on every GPU
+// (ZeRO-2). fsdp_reshard_after_forward=False asks FSDP to keep every layer gathered from its forward
+// to its backward: at the step's peak all the layers' weights are whole on every GPU, which is what
+// ZeRO-2 holds throughout, with one all-gather of the updated values an optimizer step instead of
+// one a micro-batch. So it selects ZeRO-2, as KTUNE_DATA_PARALLEL=zero2 does.
+bool cuda_shards_layer_weights(const RecipeConfig& cfg) {
+  return data_parallel_mode() != "zero2" && cfg.fsdp_reshard_after_forward;
+}
+
 // The GPU step's attention kernels (cuda::TrainingSetup::Attention): env KTUNE_CUDA_ATTENTION = gemm
 // (the default: cuBLASLt GEMMs over one head's scores), tensor_core (the fused FlashAttention-2 on the
 // tensor cores, head_dim 64/128) or flash (tiled, on the CUDA cores). Until they are measured on a
@@ -489,11 +498,11 @@ void FinetuneRecipe::setup_gpu_training() {
     plan.setup.optimizer_shards = group_.size();
     plan.setup.optimizer_shard = group_.rank();
     // A full fine-tune shards the gradients too (ZeRO-2: each layer's reduced as its backward ends)
-    // and, unless KTUNE_DATA_PARALLEL=zero2, the layers' weights (ZeRO-3: each gathered before its
-    // forward and backward); LoRA's gradients are small and stay in one buffer (ZeRO-1), and LoRA /
-    // DoRA / QLoRA shard the layers' frozen base the same way unless zero2 (QLoRA's NF4 codes and scales too).
+    // and the layers' weights (ZeRO-3: each gathered before its forward and backward) unless
+    // cuda_shards_layer_weights says no; LoRA's gradients are small and stay in one buffer (ZeRO-1),
+    // and LoRA / DoRA / QLoRA shard the layers' frozen base the same way (QLoRA's NF4 codes and scales too).
     plan.setup.shard_gradients = plan.setup.full_finetune;
-    plan.setup.shard_weights = data_parallel_mode() != "zero2";
+    plan.setup.shard_weights = cuda_shards_layer_weights(cfg_);
   }
   if (group_.size() > 1) {
     check(devices_.store != nullptr, "device=cuda", "a distributed run needs its rendezvous store to join NCCL");
@@ -541,6 +550,9 @@ void FinetuneRecipe::setup_gpu_training() {
             : group_.size() > 1 ? "; replicated over " + std::to_string(group_.size()) +
                                       " GPUs (KTUNE_DATA_PARALLEL=replicate), gradients summed over NCCL"
                                 : std::string()));
+  if (sharded && !plan.setup.shard_weights && !cfg_.fsdp_reshard_after_forward)
+    log_info("fsdp_reshard_after_forward=False: the layers' weights stay whole on every GPU from step to step "
+             "(ZeRO-2; FSDP would hold them all gathered from the forward to the backward, the same peak)");
   if (cfg_.enable_activation_checkpointing)
     log_info("enable_activation_checkpointing: the GPU step keeps each layer's input and recomputes the layer's "
              "forward before its backward (one layer's activations planned below)");

@@ -7,7 +7,8 @@
 // frozen LoRA base is sharded too). env KTUNE_DATA_PARALLEL=replicate runs them with replicated
 // weights and all-reduced gradients instead (DDP: the benchmark's baseline).
 // device=cuda runs the steps on a GPU where this build has the CUDA backend and a GPU is visible
-// (train/cuda_trainer.h; replicated over NCCL when distributed), and on the CPU otherwise, saying so.
+// (train/cuda_trainer.h; sharded over NCCL when distributed: ZeRO-3, or ZeRO-2 with
+// fsdp_reshard_after_forward=False), and on the CPU otherwise, saying so.
 #pragma once
 
 #include "dist/process_group.h"

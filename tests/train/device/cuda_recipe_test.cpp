@@ -347,7 +347,7 @@ TEST_F(CudaRecipeTest, TwoGpusQloraShardTheFrozenBaseWithItsNf4CodesAndEqualRepl
 // Two GPUs (a worker each, over NCCL; on the emulated step each worker its own emulated device and
 // fake/nccl.h between them) with the AdamW state, the gradients and the layers' weights sharded
 // (ZeRO-3), the default: every step's loss that of one GPU with the doubled batch. ZeRO-2
-// (KTUNE_DATA_PARALLEL=zero2: the weights whole) and replicated (KTUNE_DATA_PARALLEL=replicate) give
+// (fsdp_reshard_after_forward=False, like KTUNE_DATA_PARALLEL=zero2: the weights whole) and replicated (KTUNE_DATA_PARALLEL=replicate) give
 // the same losses digit for digit: two gradients sum alike either way, and the sharded step rounds as
 // the whole one does; ZeRO-2 writes the same checkpoints byte for byte (ZeRO-3's layers gathered on
 // every GPU for rank 0 to save). A ZeRO-3 run resumed from its step-2 checkpoint (the weights back
@@ -363,10 +363,9 @@ TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplic
   setenv("KTUNE_DATA_PARALLEL", "replicate", 1);
   Outcome replicated = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device",
                            "cuda", args + " batch_size=2", out("replicated"));
-  setenv("KTUNE_DATA_PARALLEL", "zero2", 1);
-  Outcome zero2 = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
-                      args + " batch_size=2", out("zero2"));
   unsetenv("KTUNE_DATA_PARALLEL");
+  Outcome zero2 = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
+                      args + " batch_size=2 fsdp_reshard_after_forward=False", out("zero2"));
   ASSERT_EQ(one.exit_code, 0) << one.output;
   ASSERT_EQ(two.exit_code, 0) << two.output;
   ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
@@ -378,6 +377,8 @@ TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplic
   EXPECT_NE(two.output.find("gradients sharded (ZeRO-2)"), std::string::npos) << two.output;
   EXPECT_NE(two.output.find("weights sharded (ZeRO-3)"), std::string::npos) << two.output;
   EXPECT_NE(zero2.output.find("and the gradients too (ZeRO-2"), std::string::npos) << zero2.output;
+  EXPECT_NE(zero2.output.find("fsdp_reshard_after_forward=False: the layers' weights stay whole"), std::string::npos)
+      << zero2.output;
   EXPECT_EQ(zero2.output.find("weights sharded (ZeRO-3)"), std::string::npos) << zero2.output;
   EXPECT_NE(replicated.output.find("replicated over 2 GPUs"), std::string::npos) << replicated.output;
   auto l1 = losses(out("one"));
