@@ -1,9 +1,10 @@
 // The NCCL process group: without NCCL in the build it says so; with NCCL but no GPU it fails with
 // an Error (not a crash); with a GPU, a world of one gives each collective's identity on device
 // buffers. Worlds of 2 and 3 (NcclProcessGroupRanks) run each collective against its host reference
-// (in place, overlapping, large; the stream-ordered all-gather behind and before events, between
-// blocking collectives), and a peer that never joins, leaves (also under an enqueued all-gather, found
-// by the poll), or calls another collective ends in an Error naming the group, not a hang. Each rank is a process of its own: this binary
+// (in place, overlapping, large; the stream-ordered all-gather and reduce-scatter behind and before
+// events, between blocking collectives), and a peer that never joins, leaves (also under an enqueued
+// all-gather or reduce-scatter, found by the poll), or calls another collective ends in an Error
+// naming the group, not a hang. Each rank is a process of its own: this binary
 // again, running only NcclProcessGroupRank.RunsTheCaseItsParentNames (a fresh process, as CUDA and
 // NCCL need; never a fork of one that used CUDA). They need a GPU per rank, or the host emulator
 // (KTUNE_EMULATED_NCCL: tests/kernels/cuda/emulator's fake cuda_runtime.h and nccl.h, each process
@@ -254,6 +255,56 @@ void check_stream_all_gather(ProcessGroup& g, int64_t bytes) {
   }
 }
 
+// The stream-ordered in-place f32 sum reduce-scatter (StreamCollectives): behind a blocking
+// allreduce, two enqueued back to back behind the default stream's events with a stream-ordered
+// all-gather between them (ZeRO-3's backward issues them so), the default stream made to wait for
+// each before it reads the rank's summed piece (no host wait), then a blocking reduce-scatter behind
+// them on the group's stream, and the poll.
+void check_stream_reduce_scatter(ProcessGroup& g, int64_t n) {
+  StreamCollectives* c = stream_collectives(&g);
+  ASSERT_NE(c, nullptr) << "the NCCL group has no stream-ordered side";
+  const int w = g.size(), r = g.rank();
+  check_allreduce(g, n + 2);  // a blocking one before them
+  auto summed_round = [&](int round) {  // Σ_q values(q + 7 round) over this rank's piece
+    std::vector<float> v(static_cast<size_t>(n), 0.0f);
+    for (int q = 0; q < w; ++q)
+      for (int64_t i = 0; i < n; ++i) v[size_t(i)] += value(q + 7 * round, int64_t(r) * n + i);
+    return v;
+  };
+  std::vector<std::unique_ptr<DeviceArray<float>>> data;
+  std::vector<uint8_t> bytes(size_t(w) * 5, 0xee), want_bytes(size_t(w) * 5);
+  for (int q = 0; q < w; ++q)
+    for (int i = 0; i < 5; ++i) want_bytes[size_t(q * 5 + i)] = uint8_t(q * 16 + i);
+  for (int i = 0; i < 5; ++i) bytes[size_t(r * 5 + i)] = want_bytes[size_t(r * 5 + i)];
+  DeviceArray<uint8_t> gathered(bytes);
+  cudaEvent_t ready[3], done[3];
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_EQ(cudaEventCreate(&ready[k]), cudaSuccess);
+    ASSERT_EQ(cudaEventCreate(&done[k]), cudaSuccess);
+  }
+  for (int round = 0; round < 2; ++round) {
+    data.push_back(std::make_unique<DeviceArray<float>>(values(r + 7 * round, int64_t(w) * n)));
+    ASSERT_EQ(cudaEventRecord(ready[round], nullptr), cudaSuccess);
+    c->enqueue_reduce_scatter_sum_in_place(data.back()->data(), n, ready[round], done[round]);
+    if (round > 0) continue;
+    ASSERT_EQ(cudaEventRecord(ready[2], nullptr), cudaSuccess);
+    c->enqueue_all_gather_bytes_in_place(gathered.data(), 5, ready[2], done[2]);
+  }
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(cudaStreamWaitEvent(nullptr, done[round], 0), cudaSuccess);
+    EXPECT_EQ(slice(data[size_t(round)]->download(), int64_t(r) * n, n), summed_round(round))
+        << "enqueued reduce-scatter " << round << " of " << n << " a rank";
+  }
+  ASSERT_EQ(cudaStreamWaitEvent(nullptr, done[2], 0), cudaSuccess);
+  EXPECT_EQ(gathered.download(), want_bytes) << "the all-gather enqueued between them";
+  check_reduce_scatter(g, n + 1, 0);  // a blocking one behind them, on the same stream
+  c->wait_enqueued();
+  for (int k = 0; k < 3; ++k) {
+    cudaEventDestroy(ready[k]);
+    cudaEventDestroy(done[k]);
+  }
+}
+
 std::unique_ptr<ProcessGroup> join(TcpStore& store, const RankSetup& s) {
   return make_nccl_process_group(store, "ranks-" + s.name, s.rank, s.world, s.timeout);
 }
@@ -310,6 +361,13 @@ const std::map<std::string, std::function<void(TcpStore&, const RankSetup&)>>& r
          check_stream_all_gather(*g, (int64_t(1) << 20) + 3);  // beyond the emulator's 1 MiB chunks
          stream_collectives(g.get())->wait_enqueued();            // nothing enqueued: returns at once
        }},
+      {"stream_reduce_scatter",
+       [](TcpStore& store, const RankSetup& s) {
+         auto g = join(store, s);
+         check_stream_reduce_scatter(*g, 37);
+         check_stream_reduce_scatter(*g, (int64_t(1) << 18) + 3);  // beyond the emulator's 1 MiB chunks
+         stream_collectives(g.get())->wait_enqueued();              // nothing enqueued: returns at once
+       }},
       {"broadcast",
        [](TcpStore& store, const RankSetup& s) {
          auto g = join(store, s);
@@ -356,6 +414,39 @@ const std::map<std::string, std::function<void(TcpStore&, const RankSetup&)>>& r
          ASSERT_NE(c, nullptr);
          c->enqueue_all_gather_bytes_in_place(data.data(), 32, ready, done);
          expect_group_error([&] { c->wait_enqueued(); }, s, "all_gather (prefetched): timed out waiting for the peers");
+       }},
+      // The last rank joins, then leaves: the others' enqueued reduce-scatter returns at once, and
+      // the poll ends it in the group's Error naming it: the timeout (with three ranks the second
+      // may instead see the first one's abort, a peer's failure).
+      {"peer_leaves_enqueued_reduce_scatter",
+       [](TcpStore& store, const RankSetup& s) {
+         auto g = join(store, s);
+         if (s.rank == s.world - 1) return;
+         DeviceArray<float> data(values(s.rank, 16 * int64_t(s.world)));
+         cudaEvent_t ready, done;
+         ASSERT_EQ(cudaEventCreate(&ready), cudaSuccess);
+         ASSERT_EQ(cudaEventCreate(&done), cudaSuccess);
+         ASSERT_EQ(cudaEventRecord(ready, nullptr), cudaSuccess);
+         StreamCollectives* c = stream_collectives(g.get());
+         ASSERT_NE(c, nullptr);
+         c->enqueue_reduce_scatter_sum_in_place(data.data(), 16, ready, done);
+         if (s.world == 2) {
+           expect_group_error([&] { c->wait_enqueued(); }, s,
+                              "reduce_scatter (stream-ordered): timed out waiting for the peers");
+           return;
+         }
+         try {
+           c->wait_enqueued();
+           ADD_FAILURE() << "rank " << s.rank << "'s poll returned; a peer left under its reduce-scatter";
+         } catch (const Error& e) {
+           const std::string said = e.what();
+           EXPECT_NE(said.find("NCCL process group 'ranks-" + s.name + "' rank " + std::to_string(s.rank) + " of 3"),
+                     std::string::npos)
+               << said;
+           EXPECT_TRUE(said.find("reduce_scatter (stream-ordered): timed out waiting for the peers") != std::string::npos ||
+                       said.find("reduce_scatter (stream-ordered): a peer failed") != std::string::npos)
+               << said;
+         }
        }},
       // Rank 1 (a 1 s timeout) gives up on an allreduce rank 0 has not started and aborts; then
       // rank 0 starts it: an Error, not a result (the emulator reports rank 1's abort as NCCL's
@@ -510,6 +601,9 @@ TEST(NcclProcessGroupRanks, ReduceScatterApartInPlaceAndOverlapping) { run_world
 TEST(NcclProcessGroupRanks, AllGatherAndAllGatherBytesApartAndInPlace) { run_worlds("all_gather"); }
 TEST(NcclProcessGroupRanks, BroadcastFromEitherEndAndBarriers) { run_worlds("broadcast"); }
 TEST(NcclProcessGroupRanks, StreamOrderedAllGatherBehindAndBeforeEvents) { run_worlds("stream_all_gather"); }
+TEST(NcclProcessGroupRanks, StreamOrderedReduceScatterBetweenBlockingCollectives) {
+  run_worlds("stream_reduce_scatter");
+}
 TEST(NcclProcessGroupRanks, LargeCountsOfEveryCollective) { run_worlds("large"); }
 
 TEST(NcclProcessGroupRanks, APeerThatNeverJoinsEndsInTheTimeoutError) {
@@ -525,6 +619,12 @@ TEST(NcclProcessGroupRanks, APeerThatLeavesEndsTheNextCollectiveInTheTimeoutErro
 TEST(NcclProcessGroupRanks, APeerThatLeavesEndsAnEnqueuedAllGatherInThePollsTimeoutError) {
   if (!ranks_fit(2)) GTEST_SKIP() << "needs 2 GPUs, or the emulator";
   run_ranks("peer_leaves_enqueued", 2, 2, std::chrono::milliseconds(1500));
+}
+
+TEST(NcclProcessGroupRanks, APeerThatLeavesEndsAnEnqueuedReduceScatterInThePollsError) {
+  if (!ranks_fit(3)) GTEST_SKIP() << "needs 3 GPUs, or the emulator";
+  run_ranks("peer_leaves_enqueued_reduce_scatter", 2, 2, std::chrono::milliseconds(1500));
+  run_ranks("peer_leaves_enqueued_reduce_scatter", 3, 3, std::chrono::milliseconds(1500), {"KTUNE_EMU_STREAMS=late"});
 }
 
 TEST(NcclProcessGroupRanks, APeerThatAbortsEndsItsPeersCollectiveInAnError) {

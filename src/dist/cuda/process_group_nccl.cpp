@@ -5,8 +5,9 @@
 // of the ProcessGroup interface is enqueued on the group's stream and waited for before returning
 // (the Gloo group's blocking semantics); the wait polls ncclCommGetAsyncError and aborts the
 // communicator on a peer's failure or after the timeout, so a dead peer ends in an Error, not a hang
-// (what torch's watchdog does). The StreamCollectives side (stream_collectives.h) enqueues on the
-// same stream behind the caller's event and returns at once; wait_enqueued() is the same poll, and
+// (what torch's watchdog does). The StreamCollectives side (stream_collectives.h: the in-place
+// all-gather and the in-place f32 sum reduce-scatter) enqueues on the same stream behind the
+// caller's event and returns at once; wait_enqueued() is the same poll, and
 // every blocking collective waits for what was enqueued before it too (one stream, in order).
 //
 // Compiled by its users, not into ktune_dist (process_group_nccl.h): with KTUNE_HAS_NCCL where the
@@ -127,6 +128,19 @@ class NcclProcessGroup final : public ProcessGroup, public StreamCollectives {
     enqueued_ = what;
   }
 
+  // The same for the in-place reduce-scatter (NCCL's in-place layout: recv = send + rank * count).
+  void enqueue_reduce_scatter_sum_in_place(float* data, int64_t n_per_rank, CUevent_st* ready,
+                                           CUevent_st* done) override {
+    const char* what = "reduce_scatter (stream-ordered)";
+    cuda(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    nccl(ncclReduceScatter(data, data + int64_t(rank_) * n_per_rank, size_t(n_per_rank), ncclFloat, ncclSum, comm_,
+                           stream_),
+         what);
+    wait_comm_ready(what);
+    cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
+    enqueued_ = what;
+  }
+
   void wait_enqueued() override {
     if (enqueued_) wait(enqueued_);
   }
@@ -191,7 +205,8 @@ class NcclProcessGroup final : public ProcessGroup, public StreamCollectives {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;
-  const char* enqueued_ = nullptr;  // the last stream-ordered collective not yet waited for (nullptr: none)
+  const char* enqueued_ = nullptr;  // the last stream-ordered collective not yet waited for (nullptr: none;
+                                    // a poll's Error names it, though an earlier one may be what hangs)
 };
 
 }  // namespace

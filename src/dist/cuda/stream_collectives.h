@@ -1,5 +1,6 @@
 // Stream-ordered collectives: the CUDA side of a GPU process group, for work that overlaps the
-// collectives with the compute (ZeRO-3's prefetched weight gathers, src/train/cuda). A collective is
+// collectives with the compute (ZeRO-3's prefetched weight gathers, ZeRO-2's gradient reduce-scatters
+// during the backward, src/train/cuda). A collective is
 // enqueued on the group's own stream behind an event the caller recorded on its stream, and records
 // an event behind itself that the caller's stream waits for (cudaStreamWaitEvent) before it reads the
 // result: the host never waits for it. Kept out of dist::ProcessGroup, which the CPU's Gloo group
@@ -28,6 +29,12 @@ class StreamCollectives {
   // for bit); then `done` recorded there. Returns once it is enqueued, not done.
   virtual void enqueue_all_gather_bytes_in_place(void* data, int64_t bytes_per_rank, CUevent_st* ready,
                                                  CUevent_st* done) = 0;
+  // On the group's stream, behind `ready`: data[rank * n_per_rank, (rank + 1) * n_per_rank) ← the sum
+  // over the ranks of each rank's data at those elements (an in-place f32 sum reduce-scatter of
+  // size * n_per_rank floats, NCCL's in-place layout; the rest of data is left as NCCL leaves it);
+  // then `done` recorded there. Returns once it is enqueued, not done.
+  virtual void enqueue_reduce_scatter_sum_in_place(float* data, int64_t n_per_rank, CUevent_st* ready,
+                                                   CUevent_st* done) = 0;
   // Returns once everything enqueued on the group's stream has completed; throws an Error naming the
   // group and the pending collective (and aborts the communicator) on a peer's failure or after the
   // group's timeout.

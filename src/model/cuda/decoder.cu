@@ -3,10 +3,10 @@
 // by line (Gemma2's sandwich norms included); the LoRA projection follows LoraAdapter::forward and
 // ::backward, LoRA on lm_head LoraAdapter::fused_output_cross_entropy (Impl::loss). Everything runs
 // on the default stream but activation offloading's copies (activation_offload.h: a stream of their
-// own, ordered by events) and ZeRO-3's weight gathers (the gather hook's stream, ordered by events:
-// "The ZeRO-3 weight slots"); the only synchronisation in a step is the loss's (linear_cross_entropy
-// returns it) and the index-flag check after it, each behind a poll of the gathers (and, with
-// shard_gradients, whatever the unit hook does).
+// own, ordered by events), ZeRO-3's weight gathers and ZeRO-2's gradient reduce-scatters (the hooks'
+// stream, ordered by events: "The ZeRO-3 weight slots", "The ZeRO-2 gradient slots"); the only
+// synchronisation in a step is the loss's (linear_cross_entropy returns it) and the index-flag check
+// after it, each behind a poll of the enqueued collectives.
 #include "model/cuda/decoder.h"
 
 #include <cuda_bf16.h>
@@ -285,11 +285,27 @@ struct Decoder::Impl {
   HostDocumentBounds step_host_bounds;  // the same on the host, for the GEMM attention's shapes; {} otherwise
   // backward scratch
   bf16_t *dres = nullptr, *dtmp = nullptr, *dln = nullptr;       // (N, C)
-  // shard_gradients: the one layer slot every layer's gradients are written into (zeroed before each
-  // layer's backward), and the hook that reduces a finished unit out of its buffer.
-  float* grad_slot = nullptr;
+  // shard_gradients: the two layer gradient slots (layer l's gradients written into slot l % 2,
+  // zeroed before each layer's backward writes them), and the gradient reduce's channels: each of the
+  // two slots and the whole units 0 and L + 1 (channel_of), with its events (ready: recorded on the
+  // default stream behind the unit's backward; reduced: recorded by the hook on its stream behind the
+  // reduce-scatter) and the unit whose reduce-scatter it has enqueued and whose piece is not yet in
+  // the accumulator (-1: none). "The ZeRO-2 gradient slots" below says who waits on whom.
+  static constexpr int kGradSlots = 2, kReduceChannels = kGradSlots + 2;
+  float* grad_slot[kGradSlots] = {};
   size_t grad_slot_bytes = 0;
-  const std::function<void(int64_t)>* unit_done = nullptr;
+  cudaEvent_t grad_ready[kReduceChannels] = {}, grad_reduced[kReduceChannels] = {};
+  int64_t reducing[kReduceChannels] = {-1, -1, -1, -1};
+  const std::vector<Decoder::GradientUnit>* grad_units = nullptr;  // nullptr: the gradients not sharded
+  const Decoder::GradientReduce* gradient_reduce = nullptr;
+  float* grad_accumulator = nullptr;  // OptimizerShard::grad
+  int64_t grad_shard = 0;
+  bool reducing_units = false;  // inside forward_backward with shard_gradients (not forward_loss)
+  int channel_of(int64_t unit) const;
+  void reduce_unit(int64_t unit);
+  void settle(int channel);
+  void settle_all();
+  void forget_reduces() { std::fill(std::begin(reducing), std::end(reducing), int64_t(-1)); }
   // shard_weights: the two weight slots (layer l's weights gathered into slot l % kWeightSlots), the
   // layer each holds (-1: none, or stale after an update) and its events (ready: recorded on the
   // default stream behind the slot's own piece; gathered: recorded by the gather hook on its stream
@@ -306,7 +322,7 @@ struct Decoder::Impl {
   static int slot_of(int64_t layer) { return int(layer % kWeightSlots); }
   void prefetch_weights(int64_t layer);
   void use_weights(int64_t layer);
-  void wait_for_gathers();
+  void wait_for_collectives();
   void forget_slots() { std::fill(std::begin(slot_layer), std::end(slot_layer), int64_t(-1)); }
   float* dnormed = nullptr;  // (N, C) f32 from the loss, in dres's and dln's bytes (read before either is written)
   bf16_t *datt = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
@@ -357,6 +373,10 @@ struct Decoder::Impl {
     for (int k = 0; k < kWeightSlots; ++k) {
       if (slot_ready[k]) cudaEventDestroy(slot_ready[k]);
       if (slot_gathered[k]) cudaEventDestroy(slot_gathered[k]);
+    }
+    for (int k = 0; k < kReduceChannels; ++k) {
+      if (grad_ready[k]) cudaEventDestroy(grad_ready[k]);
+      if (grad_reduced[k]) cudaEventDestroy(grad_reduced[k]);
     }
   }
 
@@ -653,16 +673,17 @@ void Decoder::allocate(bool on_device) {
     begin += unit_u.size;
   }
   // The arena: the one buffer (the shard a slice of it), or the shard's accumulators, units 0 and
-  // L + 1 whole and the one layer slot.
+  // L + 1 whole and the two layer slots (each the largest layer unit).
   size_t gbytes = 0;
+  size_t grad_slot_bytes = 0;
   if (setup_.shard_gradients) {
     plan_bytes_.grad_accumulators = aligned(size_t(shard_.size) * 4);
     plan_bytes_.grad_whole_units =
         aligned(size_t(units_[0].size) * 4) + aligned(size_t(units_[size_t(L + 1)].size) * 4);
     for (int64_t l = 0; l < L; ++l)
-      plan_bytes_.grad_layer_slot =
-          std::max(plan_bytes_.grad_layer_slot, aligned(size_t(units_[size_t(1 + l)].size) * 4));
-    gbytes = plan_bytes_.grad_accumulators + plan_bytes_.grad_whole_units + plan_bytes_.grad_layer_slot;
+      grad_slot_bytes = std::max(grad_slot_bytes, aligned(size_t(units_[size_t(1 + l)].size) * 4));
+    plan_bytes_.grad_layer_slots = Impl::kGradSlots * grad_slot_bytes;
+    gbytes = plan_bytes_.grad_accumulators + plan_bytes_.grad_whole_units + plan_bytes_.grad_layer_slots;
   } else {
     shard_.begin = rank * units_[0].piece;
     gbytes = size_t(units_[0].size) * 4;
@@ -875,9 +896,18 @@ void Decoder::allocate(bool on_device) {
     shard_.grad = s.grad_arena->allocate_n<float>(size_t(shard_.size));
     units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
     units_[size_t(L + 1)].grads = s.grad_arena->allocate_n<float>(size_t(units_[size_t(L + 1)].size));
-    s.grad_slot_bytes = plan_bytes_.grad_layer_slot;
-    s.grad_slot = static_cast<float*>(s.grad_arena->allocate(s.grad_slot_bytes));
-    for (int64_t l = 0; l < L; ++l) units_[size_t(1 + l)].grads = s.grad_slot;
+    s.grad_slot_bytes = grad_slot_bytes;
+    for (int k = 0; k < Impl::kGradSlots; ++k)
+      s.grad_slot[k] = static_cast<float*>(s.grad_arena->allocate(s.grad_slot_bytes));
+    for (int64_t l = 0; l < L; ++l) units_[size_t(1 + l)].grads = s.grad_slot[l % Impl::kGradSlots];
+    for (int k = 0; k < Impl::kReduceChannels; ++k) {
+      KTUNE_CUDA_CHECK(cudaEventCreateWithFlags(&s.grad_ready[k], cudaEventDisableTiming));
+      KTUNE_CUDA_CHECK(cudaEventCreateWithFlags(&s.grad_reduced[k], cudaEventDisableTiming));
+    }
+    s.grad_units = &units_;
+    s.gradient_reduce = &gradient_reduce_;
+    s.grad_accumulator = shard_.grad;
+    s.grad_shard = setup_.optimizer_shard;
   } else {
     units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
     shard_.grad = units_[0].grads + shard_.begin;
@@ -1162,7 +1192,7 @@ void Decoder::gather_weights(int64_t layer) {
   check(setup_.shard_weights && layer >= 0 && layer < config_.num_layers, "cuda decoder",
         "gather_weights(" + std::to_string(layer) + "): only the layers' weights are sharded (shard_weights)");
   s.use_weights(layer);
-  s.wait_for_gathers();
+  s.wait_for_collectives();
 }
 
 // ---- The ZeRO-3 weight slots (shard_weights) ----
@@ -1176,7 +1206,7 @@ void Decoder::gather_weights(int64_t layer) {
 //     stream) before the first kernel of a layer that reads slot k (use_weights), and before it
 //     copies a new piece into slot k (the previous gather into k may not have landed when nothing
 //     read it yet).
-// No host synchronisation: the host enqueues and goes on. wait_for_gathers polls the hook
+// No host synchronisation: the host enqueues and goes on. wait_for_collectives polls the hook
 // (WeightGather::wait_all) before each host synchronisation of a step, so a dead peer ends in the
 // collective's Error there, not in a hang inside cudaDeviceSynchronize.
 
@@ -1204,9 +1234,73 @@ void Decoder::Impl::use_weights(int64_t layer) {
   KTUNE_CUDA_CHECK(cudaStreamWaitEvent(nullptr, slot_gathered[slot_of(layer)], 0));
 }
 
-// Every gather enqueued so far has landed (or its collective's Error thrown): before a host sync.
-void Decoder::Impl::wait_for_gathers() {
+// ---- The ZeRO-2 gradient slots (shard_gradients) ----
+// Layer l's gradients are written into gradient slot l % 2; units 0 (the embedding) and L + 1 (the
+// final norm, an untied lm_head) have buffers of their own. Two streams touch them: the DEFAULT
+// stream (the slot zeroed, the layer's backward kernels that write it, then this rank's reduced
+// piece added into its accumulator) and the reduce hook's stream (the in-place reduce-scatter,
+// GradientReduce::enqueue). Who waits on whom, for the channel of a unit (the slot, or the unit's own
+// buffer, channel_of):
+//   - the reduce-scatter of unit u waits (on the hook's stream) for grad_ready[channel], recorded on
+//     the default stream right behind u's last backward kernel (reduce_unit);
+//   - the default stream waits for grad_reduced[channel] (recorded behind the reduce-scatter on the
+//     hook's stream) before it adds the piece into the accumulator (settle), and it settles a slot
+//     before it zeroes the slot for the layer two below: the slot is rewritten only once its
+//     reduce-scatter is done and its piece read. So layer l's backward (slot l % 2) runs while layer
+//     l + 1's reduce-scatter (the other slot) runs on the hook's stream; layer l - 1's waits for it.
+//   - what is still pending when the backward ends (the last two layers' slots, unit L + 1's, unit
+//     0's: the embedding's is the backward's last and nothing overlaps it) is settled then
+//     (settle_all), before the poll and the step's host synchronisation.
+// One stream for all the group's collectives (NCCL runs one communicator's collectives in the order
+// they are issued anyway): with ZeRO-3 the backward issues, per layer l, the gather of layer l - 1
+// (at the start of layer l) and the reduce-scatter of layer l (at its end), so the gather of layer
+// l - 1 queues behind the reduce-scatter of layer l + 1. It costs nothing: layer l - 1's backward
+// needs both before it starts (its weights, and its gradient slot, which is layer l + 1's), so each
+// layer's backward hides one reduce-scatter and one gather, and the step is held up only where
+// those two take longer than a layer's backward (communication-bound). The forward issues gathers
+// only (the reduce-scatters are all settled by the end of the previous forward_backward).
+// No host synchronisation: wait_for_collectives polls both hooks before each host sync of a step.
+
+// The reduce channel of unit u: its layer's gradient slot (0, 1), or unit 0's or unit L + 1's buffer.
+int Decoder::Impl::channel_of(int64_t unit) const {
+  const int64_t L = int64_t(grad_units->size()) - 2;
+  if (unit == 0) return kGradSlots;
+  if (unit == L + 1) return kGradSlots + 1;
+  return int((unit - 1) % kGradSlots);
+}
+
+// Unit u's gradients of this micro-batch are complete on the default stream: its reduce-scatter
+// enqueued behind them; its piece is added into the accumulator later (settle).
+void Decoder::Impl::reduce_unit(int64_t unit) {
+  if (!reducing_units) return;
+  const int k = channel_of(unit);
+  check(reducing[k] < 0, "cuda decoder", "gradient unit " + std::to_string(unit) + "'s buffer still reducing");
+  KTUNE_CUDA_CHECK(cudaEventRecord(grad_ready[k], nullptr));
+  gradient_reduce->enqueue(unit, grad_ready[k], grad_reduced[k]);
+  reducing[k] = unit;
+}
+
+// The channel's enqueued reduce-scatter waited for on the default stream, and this rank's summed
+// piece added into its accumulator there; the buffer is free for the next unit then.
+void Decoder::Impl::settle(int channel) {
+  const int64_t unit = reducing[channel];
+  if (unit < 0) return;
+  const Decoder::GradientUnit& u = (*grad_units)[size_t(unit)];
+  KTUNE_CUDA_CHECK(cudaStreamWaitEvent(nullptr, grad_reduced[channel], 0));
+  accumulate_inplace(grad_accumulator + u.shard_offset, u.grads + grad_shard * u.piece, u.piece);
+  reducing[channel] = -1;
+}
+
+// Every pending unit's piece in the accumulator (the end of a backward).
+void Decoder::Impl::settle_all() {
+  for (int k = 0; k < kReduceChannels; ++k) settle(k);
+}
+
+// Every gather and reduce-scatter enqueued so far has landed (or its collective's Error thrown):
+// before a host sync.
+void Decoder::Impl::wait_for_collectives() {
   if (sharded_weights() && weight_gather->wait_all) weight_gather->wait_all();
+  if (grad_units && gradient_reduce->wait_all) gradient_reduce->wait_all();
 }
 
 std::vector<float> Decoder::download_value(const std::string& name) {
@@ -1286,7 +1380,8 @@ std::string Decoder::memory_report() const {
        << " gradient elements (shard " << setup_.optimizer_shard << " of " << setup_.optimizer_shards << ")";
   if (setup_.shard_gradients)
     os << "; gradients sharded (ZeRO-2): this GPU's f32 accumulators " << gib(m.grad_accumulators)
-       << ", one layer's slot " << gib(m.grad_layer_slot) << ", the embedding's and the final norm + head's whole "
+       << ", two layers' slots (one written, one reduce-scattering) " << gib(m.grad_layer_slots)
+       << ", the embedding's and the final norm + head's whole "
        << gib(m.grad_whole_units);
   if (setup_.shard_weights)
     os << "; weights sharded (ZeRO-3): this GPU's pieces of the layers' "
@@ -1558,7 +1653,7 @@ void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
   }
   rmsnorm_forward(final_normed, final_rstd, resid[size_t(L)], P(final_norm).value, N, C, c.rms_norm_eps,
                   c.norm_weight_offset);
-  wait_for_gathers();  // before the loss's host synchronisation (all of them read already)
+  wait_for_collectives();  // before the loss's host synchronisation (all the gathers read already)
 }
 
 // Layer l from x_in to x_out, saving into acts[l]. With activation checkpointing the backward runs
@@ -1792,10 +1887,9 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
   convert_to_bf16(dtmp, dnormed, N * C);
   if (offloading) offload.acquire(L);  // the final norm's input never left its slot
   rmsnorm_backward(dres, fnorm.grad, dtmp, resid[size_t(L)], fnorm.value, final_rstd, N, C, off);
-  if (unit_done) (*unit_done)(L + 1);  // the final norm's and an untied head's gradients are complete
+  reduce_unit(L + 1);  // the final norm's and an untied head's gradients are complete
   for (int64_t l = L - 1; l >= 0; --l) {
     if (!below[size_t(l) + 1]) break;  // nothing trainable in this layer or below
-    if (grad_slot) KTUNE_CUDA_CHECK(cudaMemsetAsync(grad_slot, 0, grad_slot_bytes, nullptr));  // layer l's gradients
     // ZeRO-3: layer l's weights in their slot for checkpointing's recompute and the backward both (the
     // forward's last two layers are still there), and layer l - 1's gather enqueued into the other
     // slot, to run while layer l computes, if the loop goes on to layer l - 1.
@@ -1811,6 +1905,14 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
     // chunk by chunk in mlp_rows_backward). The last layer's is still there from the forward (the
     // loss and the final norm's backward use scratch of their own).
     if (checkpointing && l < L - 1) attention_half(c, l, resid[size_t(l)], true);
+    // ZeRO-2: layer l's gradient slot (layer l + 2's until now) free once layer l + 2's reduce-scatter
+    // is done and its piece added into the accumulator, then zeroed for layer l's gradients (as late
+    // as this: the recompute above writes no gradient, and runs while that reduce-scatter does).
+    if (reducing_units) {
+      const int k = int(l % kGradSlots);
+      settle(k);
+      KTUNE_CUDA_CHECK(cudaMemsetAsync(grad_slot[k], 0, grad_slot_bytes, nullptr));
+    }
     const Layer& layer = layers[size_t(l)];
     const Acts& a = acts[size_t(l)];
     const bf16_t* x_in = resid[size_t(l)];
@@ -1850,11 +1952,11 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
       rmsnorm_backward(dtmp, P(layer.norm_attn).grad, dln, x_in, P(layer.norm_attn).value, a.rstd1, N, C, off);
       add_inplace(dres, dtmp, N * C);  // dres = d x
     }
-    if (unit_done) (*unit_done)(1 + l);  // layer l's gradients are complete (reduced out of the slot)
+    reduce_unit(1 + l);  // layer l's gradients are complete: its slot's reduce-scatter enqueued
   }
   const DeviceParameter& e = P(embed);
   if (e.grad) embedding_backward(e.grad, dres, tokens, N, C, V, embed_scale, flag.data());
-  if (unit_done) (*unit_done)(0);
+  reduce_unit(0);  // the last: its piece is added by settle_all once the backward returns
 }
 
 // The end of a pass: the index flag's check (synchronises) and, when profiling, the times.
@@ -1884,18 +1986,21 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   s.mark(0);
   s.forward(config_, true);
   // shard_gradients: the whole units hold this micro-batch's gradients only (the accumulators sum
-  // the micro-batches), so they start at zero; each layer zeroes the slot before its backward.
-  s.unit_done = nullptr;
+  // the micro-batches), so they start at zero; each layer zeroes its slot before its backward.
+  s.reducing_units = false;
+  s.forget_reduces();  // nothing pending (settled at the end of each pass, or a throw's leftovers)
   if (setup_.shard_gradients) {
-    check(bool(unit_hook_), "cuda decoder",
-          "shard_gradients: no unit hook set (set_unit_hook) to reduce the gradients");
+    check(bool(gradient_reduce_.enqueue) && bool(gradient_reduce_.wait_all), "cuda decoder",
+          "shard_gradients: no gradient reduce set (set_gradient_reduce) to reduce the gradients");
     for (int64_t u : {int64_t(0), config_.num_layers + 1})
       KTUNE_CUDA_CHECK(cudaMemsetAsync(units_[size_t(u)].grads, 0, size_t(units_[size_t(u)].size) * 4, nullptr));
-    s.unit_done = &unit_hook_;
+    s.reducing_units = true;
   }
   const StepResult result = s.loss(config_, grad_scale, true);
   s.backward(config_);
-  s.wait_for_gathers();  // before finish_step's host synchronisation
+  s.settle_all();            // the pieces still pending (the last layers', units L + 1's and 0's)
+  s.reducing_units = false;
+  s.wait_for_collectives();  // before finish_step's host synchronisation
   s.finish_step(config_, true, &profile_);
   return result;
 }

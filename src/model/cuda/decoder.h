@@ -63,7 +63,8 @@
 //
 // Data-parallel sharding over optimizer_shards ranks (the collectives are the caller's, through
 // hooks: this file does not depend on dist/): the AdamW state (ZeRO-1), a full fine-tune's gradients
-// unit by unit (shard_gradients, ZeRO-2) and the layers' weights (a full fine-tune's, or LoRA's frozen
+// unit by unit, each unit's reduce-scatter on the hook's stream while the next layer's backward runs
+// (shard_gradients, ZeRO-2) and the layers' weights (a full fine-tune's, or LoRA's frozen
 // base), gathered into two layer slots, the next layer's gather on the hook's stream while a layer
 // computes (shard_weights, ZeRO-3).
 //
@@ -82,7 +83,7 @@
 #include "kernels/cpu/adamw.h"  // AdamWStep (a plain struct)
 #include "kernels/cpu/rope.h"   // RopeScaling, RopeTable (plain C++, compiled into this library)
 
-struct CUevent_st;  // cudaEvent_t's pointee (the weight gather's events), without the CUDA runtime's header
+struct CUevent_st;  // cudaEvent_t's pointee (the collectives' events), without the CUDA runtime's header
 
 namespace ktune::cuda {
 
@@ -219,12 +220,15 @@ struct TrainingSetup {
   // the embedding (with a tied head the loss's head gradient too), unit 1 + l layer l's parameters,
   // unit L + 1 the final norm and an untied lm_head; each unit is padded to a multiple of
   // optimizer_shards * 64 floats and rank r owns the piece [r S_u, (r + 1) S_u) of unit u. The device
-  // holds units 0 and L + 1 whole, ONE layer's slot (the largest layer unit) that every layer's
-  // gradients are written into in turn, and this rank's f32 accumulator of its pieces (the shard,
-  // OptimizerShard::grad). forward_backward calls the unit hook (set_unit_hook) as soon as a unit's
-  // gradients of the micro-batch are complete (after the final norm's backward, after each layer's,
-  // after the embedding's); the trainer reduce-scatters the unit and adds its piece into the
-  // accumulator there, before the next layer's backward overwrites the slot.
+  // holds units 0 and L + 1 whole, TWO layer slots (each the largest layer unit; layer l's gradients
+  // are written into slot l % 2) and this rank's f32 accumulator of its pieces (the shard,
+  // OptimizerShard::grad). As soon as a unit's gradients of the micro-batch are complete (after the
+  // final norm's backward, after each layer's, after the embedding's) forward_backward hands the unit
+  // to the gradient reduce (set_gradient_reduce), which enqueues its in-place reduce-scatter on the
+  // collectives' stream while the next layer's backward runs into the other slot (FSDP's overlap);
+  // the decoder adds this rank's reduced piece into the accumulator on the default stream once that
+  // reduce-scatter is done, right before the slot is zeroed for the layer two below, and at the end
+  // of the backward for whatever is still pending.
   bool shard_gradients = false;
   // ZeRO-3 (FSDP's weight sharding, optimizer_shards > 1): the LAYERS' bf16 weights that a rank would
   // otherwise hold whole are sharded in per-layer weight units (Decoder::weight_units(): rank r stores
@@ -258,7 +262,7 @@ struct DeviceParameter {
   // (Decoder::gather_weights, or inside forward_backward / forward_loss).
   bf16_t* value = nullptr;
   // f32, accumulates; gradient_buffer() + grad_offset. With shard_gradients: in its unit's buffer
-  // (gradient_units()), this micro-batch's gradient until the unit hook has reduced it.
+  // (gradient_units()), this micro-batch's gradient until its reduce-scatter (set_gradient_reduce) runs.
   float* grad = nullptr;
   int64_t grad_offset = 0;  // trainable: its gradient's first element in gradient_buffer() (the units' layout)
   // Trainable: its elements [shard_begin, shard_end) lie in this rank's optimizer shard (all of them
@@ -332,7 +336,7 @@ class Decoder {
   // trainer sets a new one per micro-batch). 0 until set.
   void set_dropout_key(uint64_t key);
   // The whole gradient arena (gaps between parameters included; with shard_gradients the units, the
-  // layer slot and the accumulators).
+  // two layer slots and the accumulators).
   void zero_grad();
   // Every trainable parameter's gradient lies in one contiguous f32 buffer of *count floats (the
   // alignment gaps between them zeroed by zero_grad): what a data-parallel all-reduce, the gradient
@@ -343,7 +347,7 @@ class Decoder {
   // The gradient units (TrainingSetup::shard_gradients), in the layout that a parameter's grad_offset
   // indexes: unit u holds elements [begin, begin + size) of it, size a multiple of optimizer_shards *
   // 64, written during the backward at grads (grads[e - begin] is element e; units 0 and L + 1 a
-  // buffer each, every layer the one slot). piece = size / optimizer_shards; this rank's piece of the
+  // buffer each, layer l's unit 1 + l the gradient slot l % 2). piece = size / optimizer_shards; this rank's piece of the
   // unit is elements [begin + shard * piece, + piece), at shard_offset in the OptimizerShard.
   // Without shard_gradients: one unit, the whole gradient buffer (grads == gradient_buffer()).
   struct GradientUnit {
@@ -362,10 +366,28 @@ class Decoder {
     bf16_t* piece_values = nullptr;
   };
   const std::vector<WeightUnit>& weight_units() const { return weight_units_; }
-  // Called by forward_backward with a unit's index once the unit's gradients of this micro-batch are
-  // complete (shard_gradients only; the device not synchronised). Must have reduced the unit out of
-  // its buffer when it returns: the next layer's backward zeroes and rewrites the slot.
-  void set_unit_hook(std::function<void(int64_t unit)> hook) { unit_hook_ = std::move(hook); }
+  // shard_gradients: the collective that sums a gradient unit over the ranks, stream-ordered (the
+  // caller's, like WeightGather). Every rank enqueues the same reduce-scatters in the same order
+  // (units L + 1, L, ..., 1, 0, once per micro-batch).
+  //   enqueue(unit, ready, done): gradient_units()[unit].grads holds this micro-batch's gradients of
+  //     the unit once `ready` has completed (an event the decoder recorded on the default stream
+  //     behind the unit's last backward kernel). It enqueues the in-place f32 sum reduce-scatter of
+  //     the buffer (this rank's summed piece lands at grads + shard * piece) on a stream of its own,
+  //     behind `ready`, records `done` behind it there, and returns at once. The decoder's default
+  //     stream waits for `done` before it reads the piece (adding it into this rank's accumulator,
+  //     OptimizerShard::grad + shard_offset) and before anything rewrites the buffer. (A blocking
+  //     implementation may synchronise the device, reduce, and leave `done` unrecorded, as
+  //     WeightGather's may.)
+  //   wait_all(): returns once every reduce-scatter enqueued so far has completed, or throws the
+  //     collective's Error, by polling. The decoder calls it before every host synchronisation of a
+  //     step (with WeightGather::wait_all), so that no cudaDeviceSynchronize waits on one.
+  // The backward never waits on the host for a reduce-scatter; forward_backward returns with every
+  // unit's piece added into the accumulator and every reduce-scatter polled.
+  struct GradientReduce {
+    std::function<void(int64_t unit, CUevent_st* ready, CUevent_st* done)> enqueue;
+    std::function<void()> wait_all;
+  };
+  void set_gradient_reduce(GradientReduce reduce) { gradient_reduce_ = std::move(reduce); }
   // shard_weights: the collective that assembles a layer's weight unit in its weight slot, stream-ordered
   // (the caller's: this file does not depend on dist/). Every rank enqueues the same gathers in the
   // same order (the steps' layers, gather_weights).
@@ -430,9 +452,10 @@ class Decoder {
     size_t nf4_scratch = 0;  // of activations: the largest NF4 weight dequantised to bf16 (quantize_base; lm_head's
                              // a block of head_block_rows rows)
     size_t host_offload = 0;  // pinned HOST memory for offloaded layer inputs (activation_offloading; not in total())
-    // Of gradients, with shard_gradients: this rank's accumulators, the one layer slot, and the two
-    // whole units (the embedding's; the final norm's and an untied lm_head's).
-    size_t grad_accumulators = 0, grad_layer_slot = 0, grad_whole_units = 0;
+    // Of gradients, with shard_gradients: this rank's accumulators, the two layer slots (each the
+    // largest layer unit: one is written by a layer's backward while the other's reduce-scatter
+    // runs), and the two whole units (the embedding's; the final norm's and an untied lm_head's).
+    size_t grad_accumulators = 0, grad_layer_slots = 0, grad_whole_units = 0;
     // Of parameters, with shard_weights: this rank's pieces of the layers' weight units (bf16, QLoRA's
     // NF4 codes and scales included) and the two weight slots, each as large as the largest unit (the
     // rest is whole: the embedding, the final norm, an untied lm_head (NF4 or not), and under LoRA the
@@ -477,7 +500,7 @@ class Decoder {
   OptimizerShard shard_;
   std::vector<GradientUnit> units_;
   std::vector<WeightUnit> weight_units_;
-  std::function<void(int64_t)> unit_hook_;
+  GradientReduce gradient_reduce_;
   WeightGather weight_gather_;
   MemoryPlan plan_bytes_;
   StepProfile profile_;

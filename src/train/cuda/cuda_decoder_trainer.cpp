@@ -33,20 +33,24 @@ std::vector<float> to_f32_vector(const Tensor& t) {
 // gradients reduce-scattered into each GPU's slice of the buffer, each GPU steps its slice, the
 // updated values all-gathered). With the gradients sharded too (TrainingSetup::shard_gradients,
 // ZeRO-2: a full fine-tune) each gradient unit is reduce-scattered as soon as the decoder's backward
-// has finished it (the unit hook), its piece added into this GPU's accumulator; the values and the
-// moments are gathered unit by unit through the units' buffers. With the layers' weights sharded too
+// has finished it (gradient_reduce), while the next layer's backward runs into the decoder's other
+// gradient slot, and the decoder adds this GPU's piece into its accumulator on its own stream once
+// the reduce-scatter is done; the values and the moments are gathered unit by unit through the
+// units' buffers. With the layers' weights sharded too
 // (TrainingSetup::shard_weights, ZeRO-3) each GPU updates its pieces of them in place and the decoder
 // gathers a layer's weights into one of its two weight slots through the weight gather hook
 // (weight_gather) before the layer's forward and backward, the next layer's while this one computes;
 // only the embedding's and the top unit's values are gathered after a step, and a checkpoint's
 // download gathers the layers unit by unit (a LoRA run's sharded weights are its frozen base: the
 // same gathers, nothing to update or download). The group's collectives run on a stream of their
-// own. The weight gathers are stream-ordered where the group has that side (NCCL's,
-// dist/cuda/stream_collectives.h): enqueued behind the decoder's event, waited for by the decoder's
-// stream through another, never by the host. Every other collective is blocking, so the device is
-// synchronised before each (what they read was written on the default stream) and each returns when
-// its own stream is done; that synchronisation first polls the enqueued gathers (synchronize()), so
-// that a dead peer ends in the group's Error, not in a cudaDeviceSynchronize that never returns.
+// own. The weight gathers and the gradient reduce-scatters are stream-ordered where the group has
+// that side (NCCL's, dist/cuda/stream_collectives.h): enqueued behind the decoder's event, waited for
+// by the decoder's stream through another, never by the host (a Gloo group's fall back to blocking
+// ones). Every other collective is blocking, so the device is synchronised before each (what they
+// read was written on the default stream) and each returns when its own stream is done; that
+// synchronisation first polls the enqueued collectives (synchronize()), so that a dead peer ends in
+// the group's Error, not in a cudaDeviceSynchronize that never returns; so does the decoder before
+// each host synchronisation of its step.
 class CudaDecoderTrainer final : public CudaTrainer {
  public:
   CudaDecoderTrainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan, uint64_t seed,
@@ -82,7 +86,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
         if (!on_device.count(name)) throw Error("device=cuda: parameter " + name, "the host model has it; the GPU step does not");
     }
     norm_scratch_ = cuda::DeviceBuffer(size_t(cuda::sum_of_squares_scratch_doubles()) * sizeof(double));
-    if (setup.shard_gradients) device_.set_unit_hook([this](int64_t unit) { reduce_unit(unit); });
+    if (setup.shard_gradients) device_.set_gradient_reduce(gradient_reduce());
     if (setup.shard_weights) device_.set_weight_gather(weight_gather());
     device_.zero_grad();  // the whole gradient buffer, gaps included, before anything sums it
   }
@@ -129,7 +133,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
   void set_dropout_key(uint64_t key) override { device_.set_dropout_key(key); }
 
   // Every gradient lies in one buffer (its gaps and padding zero): one collective over the GPUs.
-  // With the gradients sharded the backward has reduced each unit already (reduce_unit).
+  // With the gradients sharded the backward has reduced each unit already (gradient_reduce).
   void reduce_gradients() override {
     if (!gpus_ || device_.setup().shard_gradients) return;
     int64_t n = 0;
@@ -149,10 +153,8 @@ class CudaDecoderTrainer final : public CudaTrainer {
     int64_t n = device_.optimizer_shard().size;
     float* grads = device_.optimizer_shard().grad;  // unsharded: the whole buffer
     cuda::sum_of_squares(norm_scratch_.as<double>(), grads, n);
-    if (sharded()) {
-      synchronize();
-      gpus_->allreduce_sum(norm_scratch_.as<double>(), 1);
-    }
+    synchronize();  // the download below is a host synchronisation: the collectives polled first
+    if (sharded()) gpus_->allreduce_sum(norm_scratch_.as<double>(), 1);
     double total = 0;
     norm_scratch_.download(&total, sizeof(double));
     const double norm = std::sqrt(total);
@@ -236,7 +238,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
   bool sharded() const { return device_.setup().optimizer_shards > 1; }
 
   // The device synchronised, once every collective enqueued on the group's stream (ZeRO-3's weight
-  // gathers) has completed: the group polls those with its timeout first, so that a dead peer ends in
+  // gathers, ZeRO-2's reduce-scatters) has completed: the group polls those with its timeout first, so that a dead peer ends in
   // its Error here and cudaDeviceSynchronize never waits on a collective that cannot finish.
   void synchronize() {
     if (collectives_) collectives_->wait_enqueued();
@@ -266,18 +268,27 @@ class CudaDecoderTrainer final : public CudaTrainer {
   // begin]): the scratch of the gathers below, which overwrite the gradients (spent once AdamW has
   // read them; the recipe zeroes the buffer before each step, and with shard_gradients the backward
   // zeroes each unit before writing it). It holds the unit's size bf16 in half its bytes; the layer
-  // units share one slot, so each unit is gathered and copied out before the next.
+  // units share two slots, so each unit is gathered and copied out before the next.
   static bf16_t* staging(const cuda::Decoder::GradientUnit& unit) { return reinterpret_cast<bf16_t*>(unit.grads); }
 
-  // With shard_gradients, when the backward has finished `unit` for this micro-batch: the GPUs' sums
-  // of it reduce-scattered in place (this GPU's piece lands in its piece of the unit's buffer), and
-  // the piece added into this GPU's accumulator (micro-batches accumulate there).
-  void reduce_unit(int64_t u) {
-    const cuda::Decoder::GradientUnit& unit = device_.gradient_units()[size_t(u)];
-    float* piece = unit.grads + gpus_->rank() * unit.piece;
-    synchronize();  // the prefetched gather of the next layer's weights polled first (synchronize())
-    gpus_->reduce_scatter_sum(piece, unit.grads, unit.piece);
-    cuda::accumulate_inplace(device_.optimizer_shard().grad + unit.shard_offset, piece, unit.piece);
+  // ZeRO-2's reduce-scatters for the decoder (Decoder::GradientReduce), as weight_gather's: with the
+  // group's stream-ordered side, a unit's in-place reduce-scatter enqueued on the group's stream
+  // behind the decoder's `ready`, `done` recorded behind it (the decoder's default stream waits for it
+  // and adds this GPU's piece into its accumulator); otherwise synchronised and reduced before
+  // returning, `done` left unrecorded.
+  cuda::Decoder::GradientReduce gradient_reduce() {
+    if (collectives_)
+      return {[this](int64_t u, CUevent_st* ready, CUevent_st* done) {
+                const cuda::Decoder::GradientUnit& unit = device_.gradient_units()[size_t(u)];
+                collectives_->enqueue_reduce_scatter_sum_in_place(unit.grads, unit.piece, ready, done);
+              },
+              [this] { collectives_->wait_enqueued(); }};
+    return {[this](int64_t u, CUevent_st*, CUevent_st*) {
+              const cuda::Decoder::GradientUnit& unit = device_.gradient_units()[size_t(u)];
+              synchronize();
+              gpus_->reduce_scatter_sum(unit.grads + gpus_->rank() * unit.piece, unit.grads, unit.piece);
+            },
+            [] {}};
   }
 
   // All GPUs' pieces of a unit of bf16 values laid out like its gradients: this GPU's `own`

@@ -1288,6 +1288,17 @@ KTUNE_CUDA_TEST(DecoderGradientBufferHoldsEveryGradientAndZerosBetween) {
 
 // ---- the gradients sharded (TrainingSetup::shard_gradients, ZeRO-2) ----
 
+// n layers (gemma2 keeps its alternate windows). Offloading's two slots take the n + 1 inputs in
+// turn (the layers' and the final norm's): inputs 0 .. n-2 leave for the host and come back.
+cuda::DecoderConfig with_layers(cuda::DecoderConfig c, int64_t n) {
+  c.num_layers = n;
+  if (!c.sliding_window.empty()) {
+    c.sliding_window.assign(size_t(n), 0);
+    for (int64_t l = 0; l < n; l += 2) c.sliding_window[size_t(l)] = 12;
+  }
+  return c;
+}
+
 // A full fine-tune over W ranks with its gradients sharded.
 cuda::TrainingSetup zero2_setup(int64_t world, int64_t rank) {
   cuda::TrainingSetup setup = family_setup(true);
@@ -1296,10 +1307,11 @@ cuda::TrainingSetup zero2_setup(int64_t world, int64_t rank) {
 }
 
 // The gradient memory of a ZeRO-2 plan, from the config alone: the embedding's unit and the top unit
-// (final norm + untied lm_head) whole, one layer's slot, and this rank's accumulators (1/W of every
-// padded unit). Every tensor at 256-byte alignment, every unit padded to W * 64 floats.
+// (final norm + untied lm_head) whole, two layers' slots (one written while the other's reduce-scatter
+// runs), and this rank's accumulators (1/W of every padded unit). Every tensor at 256-byte alignment,
+// every unit padded to W * 64 floats.
 struct Zero2Bytes {
-  size_t accumulators = 0, slot = 0, whole = 0, shard_floats = 0;
+  size_t accumulators = 0, slots = 0, whole = 0, shard_floats = 0;
   int64_t layer_unit = 0;  // a layer unit's floats, padded
 };
 Zero2Bytes zero2_bytes(const cuda::DecoderConfig& c, int64_t world) {
@@ -1320,7 +1332,7 @@ Zero2Bytes zero2_bytes(const cuda::DecoderConfig& c, int64_t world) {
   z.layer_unit = layer;
   z.shard_floats = size_t((embed + c.num_layers * layer + top) / world);
   z.accumulators = bytes(int64_t(z.shard_floats));
-  z.slot = bytes(layer);
+  z.slots = 2 * bytes(layer);
   z.whole = bytes(embed) + bytes(top);
   return z;
 }
@@ -1351,28 +1363,31 @@ std::unique_ptr<cuda::Decoder> decoder_as_planned(const std::string& what, const
   return model;
 }
 
-// The plan (== what the decoder allocates) holds the accumulators, one layer slot and the two whole
+// The plan (== what the decoder allocates) holds the accumulators, two layer slots and the two whole
 // units, counted from the config; the AdamW state is this rank's 1/W of the padded units; the rest
-// of the plan is the unsharded one's. And the figures for a Llama-3.2-1B full fine-tune (printed).
-KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsOneLayerSlotAndTwoWholeUnits) {
-  for_each_sharded_shape([&](const std::string& what, const cuda::DecoderConfig& config, int64_t world) {
+// of the plan is the unsharded one's. Layer l's gradients lie in slot l % 2 (three layers: slot 0
+// holds layers 0 and 2), the two slots apart. And the figures for a Llama-3.2-1B full fine-tune
+// (printed).
+KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsTwoLayerSlotsAndTwoWholeUnits) {
+  for_each_sharded_shape([&](const std::string& what, const cuda::DecoderConfig& two_layers, int64_t world) {
+    const cuda::DecoderConfig config = with_layers(two_layers, 3);
     const cuda::TrainingSetup setup = zero2_setup(world, world - 1);
     const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(config, setup);
     const cuda::Decoder::MemoryPlan unsharded = cuda::Decoder::plan(config, family_setup(true));
     const Zero2Bytes want = zero2_bytes(config, world);
-    CHECK(planned.grad_accumulators == want.accumulators && planned.grad_layer_slot == want.slot &&
+    CHECK(planned.grad_accumulators == want.accumulators && planned.grad_layer_slots == want.slots &&
           planned.grad_whole_units == want.whole &&
-          planned.gradients == want.accumulators + want.slot + want.whole)
-        << what << ": gradients " << planned.gradients << " (accumulators " << planned.grad_accumulators << ", slot "
-        << planned.grad_layer_slot << ", whole " << planned.grad_whole_units << "), want " << want.accumulators
-        << " + " << want.slot << " + " << want.whole;
+          planned.gradients == want.accumulators + want.slots + want.whole)
+        << what << ": gradients " << planned.gradients << " (accumulators " << planned.grad_accumulators << ", slots "
+        << planned.grad_layer_slots << ", whole " << planned.grad_whole_units << "), want " << want.accumulators
+        << " + " << want.slots << " + " << want.whole;
     CHECK(planned.optimizer == 2 * ((want.shard_floats * 2 + 255) / 256 * 256))
         << what << ": AdamW state " << planned.optimizer << " for a shard of " << want.shard_floats;
     CHECK(planned.parameters == unsharded.parameters && planned.activations == unsharded.activations)
         << what << ": sharding the gradients changed more than the gradients and the AdamW state";
     const std::unique_ptr<cuda::Decoder> built = decoder_as_planned(what, config, setup, planned);
     cuda::Decoder& model = *built;
-    // Every layer's gradients in the one slot; every other unit a buffer of its own.
+    // Layer l's gradients in slot l % 2 (unit 1 + l's buffer); every other unit a buffer of its own.
     const auto& units = model.gradient_units();
     CHECK(int64_t(units.size()) == config.num_layers + 2) << what << ": " << units.size() << " units";
     for (const auto& p : model.parameters()) {
@@ -1381,9 +1396,14 @@ KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsOneLayerSlotAndTwoWholeUn
             p.grad - unit.grads == p.grad_offset - unit.begin)
           << what << ": " << p.name << "'s gradient outside its unit " << p.unit;
       if (p.unit >= 1 && p.unit <= config.num_layers) {
-        CHECK(unit.grads == units[1].grads) << what << ": " << p.name << " not in the layer slot";
+        CHECK(unit.grads == units[size_t(1 + (p.unit - 1) % 2)].grads)
+            << what << ": " << p.name << " not in its layer's slot " << (p.unit - 1) % 2;
       }
     }
+    const int64_t slot_floats = int64_t(want.slots / 2 / sizeof(float));
+    CHECK(units[1].grads != units[2].grads && (units[2].grads - units[1].grads >= slot_floats ||
+                                               units[1].grads - units[2].grads >= slot_floats))
+        << what << ": the two layer slots are one, or overlap";
   });
   // A 1B full fine-tune (batch 2 x 2048, checkpointing): W = 1 (no sharding), 2 and 8.
   const double gib = double(1ull << 30);
@@ -1394,63 +1414,238 @@ KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsOneLayerSlotAndTwoWholeUn
     const cuda::Decoder::MemoryPlan m = cuda::Decoder::plan(llama1b, s);
     if (world > 1) {
       const Zero2Bytes want = zero2_bytes(llama1b, world);
-      CHECK(m.gradients == want.accumulators + want.slot + want.whole) << "Llama-3.2-1B over " << world;
+      CHECK(m.gradients == want.accumulators + want.slots + want.whole) << "Llama-3.2-1B over " << world;
     }
     std::printf("     Llama-3.2-1B full, batch 2 x 2048, checkpointing, W=%lld: gradients %.3f GiB (accumulators "
-                "%.3f, layer slot %.3f, embedding + head %.3f), AdamW state %.3f GiB, parameters %.3f GiB, "
+                "%.3f, layer slots %.3f, embedding + head %.3f), AdamW state %.3f GiB, parameters %.3f GiB, "
                 "activations %.3f GiB, total %.3f GiB\n",
-                (long long)world, m.gradients / gib, m.grad_accumulators / gib, m.grad_layer_slot / gib,
+                (long long)world, m.gradients / gib, m.grad_accumulators / gib, m.grad_layer_slots / gib,
                 m.grad_whole_units / gib, m.optimizer / gib, m.parameters / gib, m.activations / gib, m.total() / gib);
   }
 }
 
-// What unit u's buffer holds of each of its parameters' gradients now (inside the unit hook), by name.
-// It waits for the default stream only: a device-wide synchronisation would also land a ZeRO-3
-// gather prefetched on another stream, and hide a missing wait for it.
-void record_unit_gradients(cuda::Decoder& model, int64_t u, std::map<std::string, std::vector<float>>* seen) {
-  cudaStreamSynchronize(nullptr);
+// A stand-in for the trainer's gradient reduce (Decoder::GradientReduce) on rank `rank` of a group
+// whose other ranks' sum of element k of a unit's piece is other_ranks(unit, k), so that the reduced
+// piece differs from this rank's gradients (a piece read before its reduce-scatter is done reads
+// the wrong values). The reduce: the unit's buffer copied to pinned host memory behind `ready` (what
+// it held then: `seen`), this rank's piece summed with the others' there by a host function, the
+// buffer copied back (the other ranks' pieces NaN: what NCCL leaves there is no one's to read), and
+// `done` recorded behind it. `schedule`: "late" or "eager" (the emulator's KTUNE_EMU_STREAMS for its
+// stream, as StreamGatherStandIn's: late holds the reduce back until something waits for `done`, so a
+// buffer rewritten, or a piece read, before the default stream waited for it shows; on a GPU it means
+// nothing), or "blocking" (the trainer's fallback over a group without the stream-ordered side: the
+// device synchronised, reduced before returning, `done` left unrecorded). wait_all synchronises the
+// stream (the test's own poll) and counts what it waited for.
+class StreamReduceStandIn {
+ public:
+  StreamReduceStandIn(const std::vector<cuda::Decoder::GradientUnit>& units, int64_t rank, const char* schedule)
+      : units_(units), rank_(rank), blocking_(std::string(schedule) == "blocking") {
+    if (blocking_) return;
+    setenv("KTUNE_EMU_STREAMS", schedule, 1);
+    cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    unsetenv("KTUNE_EMU_STREAMS");
+  }
+  ~StreamReduceStandIn() {
+    if (stream_) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+    }
+    for (auto& job : jobs_) cudaFreeHost(job->host);
+  }
+  StreamReduceStandIn(const StreamReduceStandIn&) = delete;
+  StreamReduceStandIn& operator=(const StreamReduceStandIn&) = delete;
+
+  cuda::Decoder::GradientReduce hook() {
+    return {[this](int64_t u, CUevent_st* ready, CUevent_st* done) { enqueue(u, ready, done); },
+            [this] { wait_all(); }};
+  }
+  static float other_ranks(int64_t unit, int64_t k) { return 0.25f * float((3 * unit + k) % 5 + 1); }
+  std::vector<int64_t> reduced;                // the units, in the order enqueued
+  std::map<int64_t, std::vector<float>> seen;  // what each unit's buffer held when its reduce ran (the latest)
+  int64_t unwaited = 0;                        // reduce-scatters enqueued since the last wait_all
+  std::function<void(int64_t unit)> on_enqueue;  // the test's checks, first thing in each enqueue
+
+ private:
+  struct Job {
+    const StreamReduceStandIn* self = nullptr;
+    int64_t unit = 0;
+    float* host = nullptr;  // pinned: the unit's size floats
+    std::vector<float> seen;
+  };
+  static void reduce_on_host(void* p) {
+    Job& job = *static_cast<Job*>(p);
+    const cuda::Decoder::GradientUnit& unit = job.self->units_[size_t(job.unit)];
+    job.seen.assign(job.host, job.host + unit.size);
+    const int64_t first = job.self->rank_ * unit.piece;
+    for (int64_t e = 0; e < unit.size; ++e)
+      job.host[e] = e >= first && e < first + unit.piece ? job.host[e] + other_ranks(job.unit, e - first) : NAN;
+  }
+  void enqueue(int64_t u, cudaEvent_t ready, cudaEvent_t done) {
+    if (on_enqueue) on_enqueue(u);
+    reduced.push_back(u);
+    ++unwaited;
+    const cuda::Decoder::GradientUnit& unit = units_[size_t(u)];
+    const size_t bytes = size_t(unit.size) * sizeof(float);
+    jobs_.push_back(std::make_unique<Job>());
+    Job& job = *jobs_.back();
+    job.self = this, job.unit = u;
+    cudaMallocHost(reinterpret_cast<void**>(&job.host), bytes);
+    if (blocking_) {
+      cudaDeviceSynchronize();
+      cudaMemcpy(job.host, unit.grads, bytes, cudaMemcpyDeviceToHost);
+      reduce_on_host(&job);
+      cudaMemcpy(unit.grads, job.host, bytes, cudaMemcpyHostToDevice);
+      return;  // `done` left unrecorded: a wait for it is no wait
+    }
+    cudaStreamWaitEvent(stream_, ready, 0);
+    cudaMemcpyAsync(job.host, unit.grads, bytes, cudaMemcpyDeviceToHost, stream_);
+    cudaLaunchHostFunc(stream_, reduce_on_host, &job);
+    cudaMemcpyAsync(unit.grads, job.host, bytes, cudaMemcpyHostToDevice, stream_);
+    cudaEventRecord(done, stream_);
+  }
+  void wait_all() {
+    if (stream_) cudaStreamSynchronize(stream_);
+    unwaited = 0;
+    for (auto& job : jobs_) {
+      seen[job->unit] = std::move(job->seen);
+      cudaFreeHost(job->host);
+    }
+    jobs_.clear();
+  }
+
+  const std::vector<cuda::Decoder::GradientUnit>& units_;
+  int64_t rank_;
+  bool blocking_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<std::unique_ptr<Job>> jobs_;
+};
+
+// Each gradient unit as `model`'s units lay out the gradients `grads` (by name; gaps and padding 0).
+std::vector<std::vector<float>> unit_images(cuda::Decoder& model, const Params& grads) {
+  const auto& units = model.gradient_units();
+  std::vector<std::vector<float>> images(units.size());
+  for (size_t u = 0; u < units.size(); ++u) images[u].assign(size_t(units[u].size), 0.0f);
   for (const auto& p : model.parameters()) {
-    if (p.unit != u) continue;
-    std::vector<float> g(size_t(p.numel));
-    cuda::copy_to_host(g.data(), p.grad, g.size() * sizeof(float));
-    (*seen)[p.name] = g;
+    if (!p.grad) continue;
+    const std::vector<float>& g = grads.at(p.name);
+    std::copy(g.begin(), g.end(), images[size_t(p.unit)].begin() + (p.grad_offset - units[size_t(p.unit)].begin));
+  }
+  return images;
+}
+
+// The accumulator after one more micro-batch whose units held `images`: each element of this rank's
+// pieces += (its gradient + the other ranks'), in f32, as the stand-in and the decoder add them.
+void add_reduced(std::vector<float>* acc, cuda::Decoder& model, const std::vector<std::vector<float>>& images,
+                 int64_t rank) {
+  const auto& units = model.gradient_units();
+  for (size_t u = 0; u < units.size(); ++u)
+    for (int64_t k = 0; k < units[u].piece; ++k)
+      (*acc)[size_t(units[u].shard_offset + k)] +=
+          images[u][size_t(rank * units[u].piece + k)] + StreamReduceStandIn::other_ranks(int64_t(u), k);
+}
+
+// What each unit held when its reduce-scatter ran is `images` (bit for bit), and the accumulator is `want`.
+void expect_reduced(const std::string& step, cuda::Decoder& model, const StreamReduceStandIn& reduce,
+                    const std::vector<std::vector<float>>& images, const std::vector<float>& want) {
+  for (size_t u = 0; u < images.size(); ++u) {
+    const auto it = reduce.seen.find(int64_t(u));
+    CHECK(it != reduce.seen.end() && it->second == images[u])
+        << step << ": unit " << u << "'s buffer did not hold the unsharded step's gradients when its reduce-scatter ran";
+  }
+  std::vector<float> acc(want.size());
+  cuda::copy_to_host(acc.data(), model.optimizer_shard().grad, acc.size() * sizeof(float));
+  size_t first = 0;
+  while (first < acc.size() && acc[first] == want[first]) ++first;
+  CHECK(first == acc.size()) << step << ": the accumulator's element " << first << " is "
+                             << (first < acc.size() ? acc[first] : 0.0f) << ", want "
+                             << (first < want.size() ? want[first] : 0.0f);
+}
+
+// The unit indices a backward reduces, in order: the top unit (L + 1), the layers' from the last
+// down, the embedding's (0).
+std::vector<int64_t> expected_reduces(int64_t L) {
+  std::vector<int64_t> order;
+  for (int64_t u = L + 1; u >= 0; --u) order.push_back(u);
+  return order;
+}
+
+// A ZeRO-2 step (a full fine-tune, its gradients sharded: rank `rank` of `world`) on a 4-layer model
+// over `micro_batches` micro-batches (different tokens each), with the stand-in reduce under
+// `schedule`: L + 2 reduce-scatters per micro-batch, from the top unit down to the embedding's; each
+// unit's buffer holds the unsharded step's gradients of that micro-batch, bit for bit, when its
+// reduce-scatter runs (so the slot was not rewritten under it: two slots); the accumulator holds the
+// sum over the micro-batches of this rank's pieces plus the other ranks', bit for bit (each piece
+// added once its reduce-scatter was done, none left out at the end); the loss is the unsharded
+// step's; every reduce-scatter is polled before forward_backward returns, and those of the previous
+// micro-batch before the next one's loss (the first enqueue of a micro-batch finds none unpolled).
+void expect_sharded_gradients_step(const std::string& case_name, const cuda::DecoderConfig& two_layers,
+                                   const cuda::TrainingSetup& plain_setup, int64_t world, int64_t rank,
+                                   const char* schedule, int micro_batches) {
+  const std::string what = case_name + " [" + schedule + " reduce-scatters]";
+  const cuda::DecoderConfig config = with_layers(two_layers, 4);
+  cuda::TrainingSetup setup = plain_setup;
+  setup.optimizer_shards = world, setup.optimizer_shard = rank, setup.shard_gradients = true;
+  cuda::Decoder plain(config, plain_setup, 5), sharded(config, setup, 5);
+  for (const auto& [name, v] : randomise(plain, 301)) sharded.upload(name, v);
+  const int64_t L = config.num_layers;
+  StreamReduceStandIn reduce(sharded.gradient_units(), rank, schedule);
+  bool polled_before_loss = true;
+  reduce.on_enqueue = [&](int64_t u) {
+    if (u == L + 1) polled_before_loss = polled_before_loss && reduce.unwaited == 0;
+  };
+  sharded.set_gradient_reduce(reduce.hook());
+  sharded.zero_grad();
+  std::vector<float> want_acc(size_t(sharded.optimizer_shard().size), 0.0f);
+  std::vector<int32_t> tokens, labels;
+  batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+  for (int micro = 0; micro < micro_batches; ++micro) {
+    const std::string step = what + " micro-batch " + std::to_string(micro);
+    std::rotate(tokens.begin(), tokens.begin() + 5, tokens.end());  // another micro-batch
+    plain.zero_grad();
+    const cuda::StepResult want = plain.forward_backward(tokens.data(), labels.data(), 0.01f);
+    Params grads;
+    for (const auto& p : plain.parameters())
+      if (p.grad) grads[p.name] = plain.download_grad(p.name);
+    const std::vector<std::vector<float>> images = unit_images(sharded, grads);
+    add_reduced(&want_acc, sharded, images, rank);
+    reduce.reduced.clear();
+    reduce.seen.clear();
+    const cuda::StepResult got = sharded.forward_backward(tokens.data(), labels.data(), 0.01f);
+    CHECK(reduce.reduced == expected_reduces(L))
+        << step << ": " << reduce.reduced.size() << " reduce-scatters, want " << L + 2 << " from the top unit down";
+    CHECK(reduce.unwaited == 0 && polled_before_loss)
+        << step << ": a reduce-scatter not polled before a host synchronisation";
+    CHECK(got.loss_sum == want.loss_sum && got.n_valid == want.n_valid)
+        << step << ": loss " << got.loss_sum << " vs " << want.loss_sum;
+    expect_reduced(step, sharded, reduce, images, want_acc);
   }
 }
 
-// The step with the gradients sharded calls the unit hook once a unit, from the top down, when the
-// unit's gradients are complete: what each unit holds then is the unsharded step's gradient bit for
-// bit (the slot zeroed before each layer, the whole units before the step), twice in a row.
-KTUNE_CUDA_TEST(DecoderShardedGradientsHookSeesEachUnitsFinishedGradients) {
-  for (bool tied : {false, true}) {
-    const cuda::DecoderConfig config = tiny_config(tied);
-    const char* what = tied ? "tied" : "untied";
-    cuda::Decoder plain(config, family_setup(true), 5), sharded(config, zero2_setup(2, 1), 5);
-    randomise(plain, 301);
-    randomise(sharded, 301);
-    std::vector<int32_t> tokens, labels;
-    batch(config, 2 * 40, &tokens, &labels);
-    plain.zero_grad();
-    plain.forward_backward(tokens.data(), labels.data(), 0.01f);
-    std::vector<int64_t> order;
-    std::map<std::string, std::vector<float>> seen;
-    sharded.set_unit_hook([&](int64_t u) {
-      order.push_back(u);
-      record_unit_gradients(sharded, u, &seen);
-      // as the trainer's reduce-scatter does: the unit's buffer is not left as the backward wrote it
-      std::vector<float> ones(size_t(sharded.gradient_units()[size_t(u)].size), 1.0f);
-      cuda::copy_to_device(sharded.gradient_units()[size_t(u)].grads, ones.data(), ones.size() * 4);
-    });
-    sharded.zero_grad();
-    for (int pass = 0; pass < 2; ++pass) {
-      order.clear(), seen.clear();
-      sharded.forward_backward(tokens.data(), labels.data(), 0.01f);
-      std::vector<int64_t> want_order;
-      for (int64_t u = config.num_layers + 1; u >= 0; --u) want_order.push_back(u);
-      CHECK(order == want_order) << what << " pass " << pass << ": the hook's units out of order";
-      for (const auto& p : plain.parameters())
-        CHECK(seen.count(p.name) && seen[p.name] == plain.download_grad(p.name))
-            << what << " pass " << pass << ": " << p.name << " is not the unsharded step's gradient";
-    }
+// Untied and tied heads, Gemma2's sandwich norms, with and without activation checkpointing (the
+// recompute runs while the slot's previous reduce-scatter does), ranks of two and three, the
+// reduce-scatters held back until waited for (late), run when enqueued (eager), or blocking (the
+// trainer's fallback): every schedule gives the same accumulator, the unsharded step's sums.
+KTUNE_CUDA_TEST(DecoderShardedGradientsReduceScattersOverlapTheBackwardAndSumTheUnshardedGradients) {
+  const struct {
+    const char* what;
+    cuda::DecoderConfig config;
+    bool checkpointing;
+    int64_t world, rank;
+    const char* schedule;
+    int micro_batches;
+  } cases[] = {{"untied", tiny_config(false), false, 2, 0, "late", 3},
+               {"untied checkpointed", tiny_config(false), true, 2, 1, "late", 2},
+               {"tied", tiny_config(true), false, 3, 2, "eager", 2},
+               {"tied checkpointed", tiny_config(true), true, 2, 0, "eager", 2},
+               {"untied checkpointed", tiny_config(false), true, 3, 1, "blocking", 2},
+               {"untied", tiny_config(false), false, 2, 0, "blocking", 3},
+               {"gemma2", tiny_gemma2_config(), false, 2, 1, "late", 2}};
+  for (const auto& k : cases) {
+    cuda::TrainingSetup setup = family_setup(true);
+    setup.activation_checkpointing = k.checkpointing;
+    expect_sharded_gradients_step(std::string(k.what) + " rank " + std::to_string(k.rank) + " of " +
+                                      std::to_string(k.world),
+                                  k.config, setup, k.world, k.rank, k.schedule, k.micro_batches);
   }
 }
 
@@ -1880,7 +2075,8 @@ std::vector<int64_t> expected_gathers(int64_t L, int64_t first, bool backward) {
 // first micro-batch, 2L - 4 the next: layers 0 and 1 stay from the backward), the rank's own piece in
 // place each time, every gather waited for (polled) before the loss and before the step returns;
 // the loss and the gradients are the unsharded step's bit for bit (a full fine-tune's each unit's as
-// its hook sees it, LoRA's after the step), over both micro-batches; forward_loss gathers the layers
+// its stream-ordered reduce-scatter sees it, under the same schedule, and the accumulator's sums;
+// LoRA's after the step), over both micro-batches; forward_loss gathers the layers
 // not in their slots and equals the unsharded one; download_value needs a gathered layer, and AdamW
 // makes a full fine-tune's gathered layers stale, not LoRA's frozen base. plain_setup: a full
 // fine-tune (its gradients sharded too, ZeRO-2) or LoRA / DoRA / QLoRA (ZeRO-1, the frozen base sharded).
@@ -1910,20 +2106,17 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
   StreamGatherStandIn gather(whole, weight_units, rank, schedule);
   sharded.set_weight_gather(gather.hook());
   const int64_t L = config.num_layers;
-  std::map<std::string, std::vector<float>> seen;
+  // A full fine-tune's gradients (ZeRO-2 under ZeRO-3): the stand-in reduce-scatters on a stream of
+  // their own under the same schedule, sharing the step with the gathers.
+  StreamReduceStandIn reduce(units, rank, schedule);
+  std::vector<float> want_acc(size_t(sharded.optimizer_shard().size), 0.0f);
   bool waited_before_loss = true;
-  if (full)
-    sharded.set_unit_hook([&](int64_t u) {  // what the unit holds, and its piece into the accumulator (one rank's sum)
-      if (u == L + 1) waited_before_loss = waited_before_loss && gather.unwaited == 0;  // the first, after the loss
-      record_unit_gradients(sharded, u, &seen);
-      const cuda::Decoder::GradientUnit& unit = units[size_t(u)];
-      std::vector<float> piece(size_t(unit.piece)), acc(size_t(unit.piece));
-      float* accumulator = sharded.optimizer_shard().grad + unit.shard_offset;
-      cuda::copy_to_host(piece.data(), unit.grads + rank * unit.piece, piece.size() * sizeof(float));
-      cuda::copy_to_host(acc.data(), accumulator, acc.size() * sizeof(float));
-      for (size_t k = 0; k < acc.size(); ++k) acc[k] += piece[k];
-      cuda::copy_to_device(accumulator, acc.data(), acc.size() * sizeof(float));
-    });
+  if (full) {
+    reduce.on_enqueue = [&](int64_t u) {  // the first, after the loss: every collective polled before its sync
+      if (u == L + 1) waited_before_loss = waited_before_loss && gather.unwaited == 0 && reduce.unwaited == 0;
+    };
+    sharded.set_gradient_reduce(reduce.hook());
+  }
   std::vector<int32_t> tokens, labels;
   batch(config, setup.batch * setup.seq_len, &tokens, &labels);
   plain.zero_grad(), sharded.zero_grad();
@@ -1932,23 +2125,39 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
   for (int micro = 0; micro < 2; ++micro) {
     const std::string step = what + " micro-batch " + std::to_string(micro);
     gather.gathered.clear();
-    seen.clear();
+    reduce.reduced.clear();
+    reduce.seen.clear();
     const cuda::StepResult want = plain.forward_backward(tokens.data(), labels.data(), 0.01f);
-    Params want_grads;  // a full fine-tune's unit hook sees this micro-batch's; LoRA's buffer sums both
+    Params want_grads;  // a full fine-tune's units hold this micro-batch's; LoRA's buffer sums both
     for (const auto& p : plain.parameters())
       if (p.grad) want_grads[p.name] = full && micro == 1 ? seen_first[p.name] : plain.download_grad(p.name);
+    const std::vector<std::vector<float>> images = unit_images(sharded, want_grads);
+    if (full) add_reduced(&want_acc, sharded, images, rank);
     const cuda::StepResult got = sharded.forward_backward(tokens.data(), labels.data(), 0.01f);
-    if (!full)  // ZeRO-1: the gradients whole in the one buffer
-      for (const auto& p : sharded.parameters())
-        if (p.grad) seen[p.name] = sharded.download_grad(p.name);
     const std::vector<int64_t> want_order = expected_gathers(L, micro == 0 ? 0 : 2, true);
     CHECK(gather.gathered == want_order) << step << ": " << gather.gathered.size() << " gathers, want " << want_order.size();
     CHECK(gather.unwaited == 0 && waited_before_loss) << step << ": a gather not polled before a host synchronisation";
     CHECK(gather.own_piece_in_place) << step << ": the rank's own piece was not in its place in the slot before a gather";
     CHECK(got.loss_sum == want.loss_sum && got.n_valid == want.n_valid) << step << ": loss " << got.loss_sum << " vs " << want.loss_sum;
-    for (const auto& [name, g] : want_grads)
-      CHECK(seen.count(name) && seen[name] == g) << step << ": " << name << " is not the unsharded step's gradient";
+    if (full) {  // each unit as its reduce-scatter saw it, the accumulator, and the reduce-scatters polled
+      CHECK(reduce.reduced == expected_reduces(L) && reduce.unwaited == 0)
+          << step << ": " << reduce.reduced.size() << " reduce-scatters (want " << L + 2 << "), " << reduce.unwaited
+          << " not polled";
+      expect_reduced(step, sharded, reduce, images, want_acc);
+    } else {  // ZeRO-1: the gradients whole in the one buffer
+      for (const auto& [name, g] : want_grads)
+        CHECK(sharded.download_grad(name) == g) << step << ": " << name << " is not the unsharded step's gradient";
+    }
     if (micro == 0) seen_first = want_grads;
+  }
+  if (full) {  // AdamW's input made the unsharded one's (the stand-in's other ranks added theirs)
+    Params summed;
+    for (const auto& p : plain.parameters())
+      if (p.grad) summed[p.name] = plain.download_grad(p.name);
+    const std::vector<std::vector<float>> sums = unit_images(sharded, summed);
+    for (size_t u = 0; u < units.size(); ++u)
+      cuda::copy_to_device(sharded.optimizer_shard().grad + units[u].shard_offset,
+                           sums[u].data() + rank * units[u].piece, size_t(units[u].piece) * sizeof(float));
   }
   gather.gathered.clear();
   const cuda::StepResult loss = sharded.forward_loss(tokens.data(), labels.data());
@@ -2534,17 +2743,6 @@ KTUNE_CUDA_TEST(DecoderMlpInChunksGivesTheSameGradients) {
 }
 
 // ---- activation offloading ----
-
-// n layers (gemma2 keeps its alternate windows). Offloading's two slots take the n + 1 inputs in
-// turn (the layers' and the final norm's): inputs 0 .. n-2 leave for the host and come back.
-cuda::DecoderConfig with_layers(cuda::DecoderConfig c, int64_t n) {
-  c.num_layers = n;
-  if (!c.sliding_window.empty()) {
-    c.sliding_window.assign(size_t(n), 0);
-    for (int64_t l = 0; l < n; l += 2) c.sliding_window[size_t(l)] = 12;
-  }
-  return c;
-}
 
 // The same step with checkpointing, with and without offloading, on the same weights, batch and
 // dropout key: offloading only moves the layer inputs out and back, so the loss and every gradient

@@ -29,7 +29,8 @@
 // cudaDeviceSynchronize or the stream's destruction. That is the latest a GPU may run them, so a
 // missing wait shows: a copy read before anyone waited for it has not landed, and a buffer
 // overwritten before its outgoing copy was waited for is copied late, with the new contents. Kernels
-// launched on such a stream still run when called (ktune launches none there). Event times are host
+// launched on such a stream still run when called (ktune launches none there); a host function
+// (cudaLaunchHostFunc) is held like a copy. Event times are host
 // clocks. An operation that waits for other processes (fake/nccl.h's collectives) is held on any
 // stream until it completes: it makes progress only when the stream is queried (cudaStreamQuery:
 // cudaErrorNotReady while it waits) or waited for (which blocks until it completes, as on a GPU),
@@ -691,6 +692,13 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned =
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   emu::run_stream_until(e->stream, e->upto);
+  return cudaSuccess;
+}
+// A host function in stream order (a test's stand-in for a collective): run as a copy would be, now
+// or held back with the stream's other operations.
+using cudaHostFn_t = void (*)(void*);
+inline cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  emu::enqueue(s, [=] { fn(data); });
   return cudaSuccess;
 }
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
