@@ -1649,6 +1649,36 @@ KTUNE_CUDA_TEST(DecoderShardedGradientsReduceScattersOverlapTheBackwardAndSumThe
   }
 }
 
+// A peer that dies under an enqueued reduce-scatter: the group's poll (wait_all) throws its Error
+// once something is enqueued. forward_backward enqueues every unit's reduce-scatter without waiting
+// on the host, then ends in that Error at the poll before the step's host synchronisation.
+KTUNE_CUDA_TEST(DecoderShardedGradientsADeadPeerEndsTheStepInThePollsError) {
+  const cuda::DecoderConfig config = with_layers(tiny_config(false), 4);
+  const cuda::TrainingSetup setup = zero2_setup(2, 0);
+  cuda::Decoder model(config, setup, 5);
+  randomise(model, 301);
+  StreamReduceStandIn reduce(model.gradient_units(), 0, "late");
+  const cuda::Decoder::GradientReduce stand_in = reduce.hook();
+  model.set_gradient_reduce({stand_in.enqueue, [&] {
+                               if (reduce.unwaited > 0)
+                                 throw Error("stand-in group", "reduce_scatter: timed out waiting for the peers");
+                               stand_in.wait_all();
+                             }});
+  std::vector<int32_t> tokens, labels;
+  batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+  model.zero_grad();
+  std::string said;
+  try {
+    model.forward_backward(tokens.data(), labels.data(), 0.01f);
+  } catch (const Error& e) {
+    said = e.what();
+  }
+  CHECK(said.find("reduce_scatter: timed out waiting for the peers") != std::string::npos)
+      << "forward_backward under a dead peer: " << (said.empty() ? "returned" : said);
+  CHECK(reduce.reduced == expected_reduces(config.num_layers))
+      << reduce.reduced.size() << " reduce-scatters enqueued before the poll, want every unit's";
+}
+
 // ---- the layers' weights sharded too (TrainingSetup::shard_weights, ZeRO-3) ----
 
 cuda::TrainingSetup zero3_setup(int64_t world, int64_t rank) {
