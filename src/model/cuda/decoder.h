@@ -347,8 +347,9 @@ class Decoder {
   // The gradient units (TrainingSetup::shard_gradients), in the layout that a parameter's grad_offset
   // indexes: unit u holds elements [begin, begin + size) of it, size a multiple of optimizer_shards *
   // 64, written during the backward at grads (grads[e - begin] is element e; units 0 and L + 1 a
-  // buffer each, layer l's unit 1 + l the gradient slot l % 2). piece = size / optimizer_shards; this rank's piece of the
-  // unit is elements [begin + shard * piece, + piece), at shard_offset in the OptimizerShard.
+  // buffer each, layer l's unit 1 + l the gradient slot l % 2). piece = size / optimizer_shards;
+  // this rank's piece of the unit is elements [begin + shard * piece, + piece), at shard_offset in
+  // the OptimizerShard.
   // Without shard_gradients: one unit, the whole gradient buffer (grads == gradient_buffer()).
   struct GradientUnit {
     int64_t begin = 0, size = 0, piece = 0, shard_offset = 0;

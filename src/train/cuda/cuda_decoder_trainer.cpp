@@ -34,8 +34,8 @@ std::vector<float> to_f32_vector(const Tensor& t) {
 // updated values all-gathered). With the gradients sharded too (TrainingSetup::shard_gradients,
 // ZeRO-2: a full fine-tune) each gradient unit is reduce-scattered as soon as the decoder's backward
 // has finished it (gradient_reduce), while the next layer's backward runs into the decoder's other
-// gradient slot, and the decoder adds this GPU's piece into its accumulator on its own stream once
-// the reduce-scatter is done; the values and the moments are gathered unit by unit through the
+// gradient slot, and the decoder adds this GPU's piece into its accumulator on its default stream
+// once the reduce-scatter is done; the values and the moments are gathered unit by unit through the
 // units' buffers. With the layers' weights sharded too
 // (TrainingSetup::shard_weights, ZeRO-3) each GPU updates its pieces of them in place and the decoder
 // gathers a layer's weights into one of its two weight slots through the weight gather hook
@@ -238,8 +238,9 @@ class CudaDecoderTrainer final : public CudaTrainer {
   bool sharded() const { return device_.setup().optimizer_shards > 1; }
 
   // The device synchronised, once every collective enqueued on the group's stream (ZeRO-3's weight
-  // gathers, ZeRO-2's reduce-scatters) has completed: the group polls those with its timeout first, so that a dead peer ends in
-  // its Error here and cudaDeviceSynchronize never waits on a collective that cannot finish.
+  // gathers, ZeRO-2's reduce-scatters) has completed: the group polls those with its timeout first,
+  // so that a dead peer ends in its Error here and cudaDeviceSynchronize never waits on a collective
+  // that cannot finish.
   void synchronize() {
     if (collectives_) collectives_->wait_enqueued();
     cuda::synchronize();

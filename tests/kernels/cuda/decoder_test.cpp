@@ -1550,7 +1550,8 @@ void expect_reduced(const std::string& step, cuda::Decoder& model, const StreamR
   for (size_t u = 0; u < images.size(); ++u) {
     const auto it = reduce.seen.find(int64_t(u));
     CHECK(it != reduce.seen.end() && it->second == images[u])
-        << step << ": unit " << u << "'s buffer did not hold the unsharded step's gradients when its reduce-scatter ran";
+        << step << ": unit " << u
+        << "'s buffer did not hold the unsharded step's gradients when its reduce-scatter ran";
   }
   std::vector<float> acc(want.size());
   cuda::copy_to_host(acc.data(), model.optimizer_shard().grad, acc.size() * sizeof(float));
