@@ -250,7 +250,7 @@ void Decoder::init_random(uint64_t seed) {
 
 void Decoder::allocate_grads() {
   for (Parameter* p : parameters()) {
-    if (p->trainable) {
+    if (p->trainable && host_gradients_) {
       // The gradient in the value's dtype: bf16 weights train in pure bf16.
       const DType dtype = p->value.defined() ? p->value.dtype() : DType::F32;
       if (!p->grad.defined() || p->grad.shape() != p->value.shape() || p->grad.dtype() != dtype)
@@ -317,6 +317,20 @@ void Decoder::set_trainable(const std::function<bool(const std::string&)>& train
   for (Parameter* p : parameters()) p->trainable = trainable(p->name);
   allocate_grads();
   plan_.reset();  // bf16: the gradient scratch depends on what is trainable
+}
+
+void Decoder::set_host_gradients(bool on) {
+  host_gradients_ = on;
+  allocate_grads();
+  plan_.reset();  // bf16: the gradient scratch depends on what gets gradients
+}
+
+void Decoder::release_values(const std::function<bool(const Parameter&)>& release) {
+  for (Parameter* p : parameters()) {
+    if (!p->value.defined() || !release(*p)) continue;
+    p->value = Tensor();
+    if (released_.empty()) released_ = p->name;
+  }
 }
 
 void Decoder::zero_grad() {
@@ -604,6 +618,9 @@ void Decoder::embed_forward(const Batch& batch, Plan& p, float* x) {
 
 LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, float* logits) {
   const ModelConfig& c = config_;
+  check(released_.empty(), "Decoder", "cannot compute: the value of " + released_ +
+                                          " was released (its steps run elsewhere, release_values)");
+  check(!backward || host_gradients_, "Decoder", "no backward: this model keeps no host gradients (set_host_gradients)");
   Plan& p = prepare(batch);
   if (!logits) check(batch.labels != nullptr, "Decoder", "a loss needs labels");
   // Gradients of trainable parameters that have none yet (a no-op once they exist); sharded data

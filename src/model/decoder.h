@@ -86,6 +86,14 @@ class Decoder {
   // Marks each parameter trainable or frozen by name; allocates gradients (zeroed, in the value's
   // dtype) for the trainable ones and frees the others'. All parameters start trainable.
   void set_trainable(const std::function<bool(const std::string& name)>& trainable);
+  // Whether trainable parameters get host gradients (on by default). Off for a model whose steps run
+  // elsewhere (the GPU step holds the weights' gradients): every gradient is freed now, none is
+  // allocated later (set_trainable, attaching adapters), and a backward throws.
+  void set_host_gradients(bool on);
+  // Frees the values of the parameters `release` selects (their tensors become empty), for a model
+  // whose steps run elsewhere once the values went there. A decoder with a released value refuses to
+  // compute (an Error naming the parameter); its parameters keep their names and trainable flags.
+  void release_values(const std::function<bool(const Parameter& p)>& release);
   void zero_grad();
   // The projections, for attaching adapters: names as HF modules ("model.layers.3.self_attn.v_proj"),
   // then the untied output head ("lm_head"; absent when tied).
@@ -142,6 +150,8 @@ class Decoder {
   std::vector<std::unique_ptr<Layer>> layers_;
   float embed_scale_ = 1.0f;
   bool checkpointing_ = false;
+  bool host_gradients_ = true;  // set_host_gradients
+  std::string released_;        // release_values: the first parameter released ("" while none)
   std::unique_ptr<Arena> arena_;
   std::unique_ptr<Plan> plan_;
   // Per call: the batch's document ids, and for each layer l whether anything below it (layers < l,

@@ -1,15 +1,17 @@
 // The recipes' steps on a GPU (device=cuda). A cuda::Decoder (model/cuda/decoder.h) holds the model,
 // its gradients and its AdamW state on the device, planned once for one (B, T_max); the host model
-// that the checkpointer loaded stays the source and the destination of the weights:
+// that the checkpointer loaded is the source of the weights and rank 0's the destination:
 //   setup       every host parameter uploaded by name (HF names for the base, PEFT's for LoRA A/B as
-//               attach_lora initialised them: the same start as a CPU run with the same seed)
+//               attach_lora initialised them: the same start as a CPU run with the same seed); the
+//               recipe then releases the host values that no save reads (all of them but on rank 0)
 //   each step   micro-batches laid into (B, T), T their own longest row rounded up to a multiple of
 //               kGpuSeqLenMultiple, at most T_max (data/fixed_shape_batch.h; packed ones keep their
 //               positions and doc ids), their gradients scaled by
 //               1 / the global batch's label tokens as they accumulate (the count is known on the
 //               host before the forward), summed across GPUs over NCCL, clipped, and one AdamW step
 //               on the device (bf16 weights and moments, stochastically rounded updates)
-//   checkpoint  the trainable parameters downloaded into the host model, whose save writes the
+//   resume      the checkpoint's trainable tensors uploaded by name, past the host model
+//   checkpoint  the trainable parameters downloaded into rank 0's host model, whose save writes the
 //               merged model, the PEFT adapter and the recipe state as a CPU run does; the AdamW
 //               moments come back as "exp_avg.<name>" / "exp_avg_sq.<name>" (bf16), the names the
 //               CPU optimizer uses, so a checkpoint resumes on either engine
@@ -58,8 +60,10 @@ class CudaTrainer {
  public:
   virtual ~CudaTrainer() = default;
 
-  // host → device: the trainable parameters (after a resume has loaded the host's values).
-  virtual void upload_trainable() = 0;
+  // host → device: the trainable parameters' values by name (a resume's checkpoint tensors, any float
+  // dtype), without the host model, whose values may be released. Errors name `where` and a trainable
+  // parameter that `values` lacks or holds with another count of values.
+  virtual void upload_trainable(const std::map<std::string, Tensor>& values, const std::string& where) = 0;
   // device → host: the trainable parameters, into the host model's tensors (their dtype kept). With
   // the layers' weights sharded (ZeRO-3) a collective: every GPU calls it (the layers are gathered unit
   // by unit), and only where keep is true are the host tensors written.

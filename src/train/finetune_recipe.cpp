@@ -1,6 +1,8 @@
 // One fine-tuning loop for the four recipes (see finetune_recipe.h). Read setup() then train().
 #include "train/finetune_recipe.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,6 +34,7 @@
 #include "train/optimizer.h"
 #include "train/progress_bar.h"
 #include "train/sharded_data_parallel.h"
+#include "train/weights_fingerprint.h"
 
 namespace fs = std::filesystem;
 
@@ -171,6 +174,9 @@ class FinetuneRecipe {
   void train();
 
  private:
+  // seed=null: every rank takes the seed rank 0 drew (torchtune's set_seed broadcasts it), so that
+  // the ranks shuffle alike and seed their adapters alike.
+  uint64_t agreed_seed() const;
   void setup_data();
   // Tokenizes every dataset of `configs` into one; says whether any is packed / splits across packs.
   std::shared_ptr<TokenizedDataset> build_datasets(const std::vector<DatasetConfig>& configs, bool* packed, bool* split);
@@ -181,7 +187,12 @@ class FinetuneRecipe {
   void setup_cpu_training(DType storage, int64_t trainable_bytes);
   // device=cuda on a GPU: the GPU step (cuda_trainer.h), planned for (batch_size, gpu_seq_len_), and
   // an NCCL group over the workers' GPUs for the gradients (and, sharded, the AdamW shards' gathers).
+  // The host model then keeps only what rank 0's saves read (release_host_values).
   void setup_gpu_training();
+  // Once the GPU step holds every value: rank 0 keeps the trainable values (a save downloads into
+  // them) and the frozen base a merged checkpoint is made of (not under save_adapter_weights_only);
+  // the other ranks keep none. Logs what each rank's host model then holds.
+  void release_host_values();
   // One optimizer step (gradient_accumulation_steps micro-batches), on either engine.
   struct StepOutcome {
     double loss = 0, tokens = 0, lr = 0;
@@ -252,8 +263,16 @@ class FinetuneRecipe {
   int64_t peak_rss_before_save_ = -1;  // VmHWM when the first checkpoint began (the training steps' peak)
 };
 
+uint64_t FinetuneRecipe::agreed_seed() const {
+  if (cfg_.seed) return *cfg_.seed;
+  const uint64_t mine = std::random_device{}();
+  std::vector<uint64_t> seeds(size_t(group_.size()));
+  group_.all_gather_bytes(seeds.data(), &mine, int64_t(sizeof mine));
+  return seeds[0];
+}
+
 void FinetuneRecipe::setup() {
-  seed_ = cfg_.seed ? *cfg_.seed : std::random_device{}();
+  seed_ = agreed_seed();
   padding_free_ = padding_free_mode();
   const DeviceChoice device = choose_step_device(cfg_.device, cuda_backend_built(), cuda_devices_visible());
   const bool on_gpu = device.device == StepDevice::kCuda;
@@ -391,6 +410,7 @@ DType weight_storage(const RecipeConfig& cfg, const RecipeSpec& recipe) {
 void FinetuneRecipe::setup_model(bool on_gpu) {
   const DType storage = weight_storage(cfg_, recipe_);
   model_ = checkpointer_->load_model(storage);
+  if (on_gpu) model_->set_host_gradients(false);  // the GPU step keeps the gradients; nothing on the host reads them
   const model::ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.vocab_size)
     throw Error("tokenizer.path", "the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
@@ -413,18 +433,9 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   model_->set_activation_checkpointing(cfg_.enable_activation_checkpointing);
   for (model::Parameter* p : model_->parameters())
     if (p->trainable) trainable_.push_back(p);
-  // Every rank starts from rank 0's weights (adapters are seeded alike; this makes it a fact).
-  // The groups move f32: a bf16 value travels widened (exactly) and comes back narrowed.
-  if (group_.size() > 1)
-    for (model::Parameter* p : trainable_) {
-      if (p->value.dtype() == DType::F32) {
-        group_.broadcast(p->value.f32(), p->value.numel(), 0);
-      } else {
-        Tensor wide = p->value.to(DType::F32);
-        group_.broadcast(wide.f32(), wide.numel(), 0);
-        p->value.copy_from(wide);
-      }
-    }
+  // Every rank starts from the same weights: it loaded the same files and seeded its adapters alike.
+  // Checked, not sent: the fingerprints of every parameter held (trainable and frozen) against rank 0's.
+  check_same_parameters(model_->parameters(), group_, "the starting weights");
   int64_t n_trainable = 0, trainable_bytes = 0;
   for (model::Parameter* p : trainable_) {
     n_trainable += p->value.numel();
@@ -521,6 +532,7 @@ void FinetuneRecipe::setup_gpu_training() {
     return it == nf4_bases.end() ? p.value : it->second.first->base_weight(*it->second.second);
   };
   gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, value_of, nccl_.get());
+  release_host_values();
   if (!rank0_) return;
   log_info("GPU step: bf16 weights, activations and AdamW moments, f32 gradients and accumulation, stochastically "
            "rounded updates; every batch laid into (" + std::to_string(cfg_.batch_size) +
@@ -569,6 +581,29 @@ void FinetuneRecipe::setup_gpu_training() {
   log_info(gpu_->memory_report());
 }
 
+void FinetuneRecipe::release_host_values() {
+  const bool merged_saved = !(recipe_.lora && cfg_.save_adapter_weights_only);
+  model_->release_values([&](const model::Parameter& p) { return !rank0_ || (!p.trainable && !merged_saved); });
+  malloc_trim(0);  // the freed values were heap blocks (below glibc's dynamic mmap threshold): back to the OS
+  int64_t value_bytes = 0, grad_bytes = 0, nf4_bytes = 0;
+  for (const model::Parameter* p : model_->parameters()) {
+    value_bytes += p->value.defined() ? int64_t(p->value.bytes()) : 0;
+    grad_bytes += p->grad.defined() ? int64_t(p->grad.bytes()) : 0;
+  }
+  if (cfg_.model.quantize_base)  // QLoRA's bases live in the adapters, as NF4 codes and scales
+    for (const auto& a : adapters_) nf4_bytes += int64_t(a->base_weight_bytes(model_->linear(a->module_name())));
+  const std::string role =
+      !rank0_ ? "rank " + std::to_string(group_.rank()) + ": no values, its GPU holds them and rank 0 writes the checkpoints"
+      : merged_saved ? "rank 0: the trainable values a save downloads into and the frozen base its merged model is made of"
+                     : "rank 0: the trainable values a save downloads into (save_adapter_weights_only: no merged model)";
+  log_info("host model after the upload to the GPU: " + std::to_string(value_bytes) + " bytes of parameter values (" +
+           mib(value_bytes) + ") and " + std::to_string(grad_bytes) + " bytes of gradients held" +
+           (cfg_.model.quantize_base ? ", and the adapters' NF4 bases: " + std::to_string(nf4_bytes) + " bytes (" +
+                                           mib(nf4_bytes) + ")"
+                                     : std::string()) +
+           " (" + role + "); resident now " + mib(read_memory_stats().rss_bytes));
+}
+
 void FinetuneRecipe::resume() {
   std::optional<std::string> latest = checkpointer_->find_latest();
   if (!latest)
@@ -584,18 +619,17 @@ void FinetuneRecipe::resume() {
   if (sharded_) {
     sharded_->load_full_parameters(point.trainable, *latest + " recipe state");
     optimizer_->load_state(sharded_->shard_optimizer_state(point.optimizer_state, *latest), steps_done, *latest);
+  } else if (gpu_) {  // straight to the GPU step (the host values may be released; rank 0's are the
+                      // GPU's again when the next save downloads them), and the moments
+    gpu_->upload_trainable(point.trainable, *latest);
+    gpu_->load_optimizer_state(point.optimizer_state, steps_done, *latest);
   } else {
     for (model::Parameter* p : trainable_) {
       auto it = point.trainable.find(p->name);
       if (it == point.trainable.end()) throw Error(*latest, "recipe state has no weights for " + p->name);
       p->value.copy_from(it->second);
     }
-    if (gpu_) {  // the host model's values up to the GPU step, the moments straight to it
-      gpu_->upload_trainable();
-      gpu_->load_optimizer_state(point.optimizer_state, steps_done, *latest);
-    } else {
-      optimizer_->load_state(point.optimizer_state, steps_done, *latest);
-    }
+    optimizer_->load_state(point.optimizer_state, steps_done, *latest);
   }
   global_step_ = s.at("global_step").get<int64_t>();
   start_epoch_ = s.at("epoch").get<int64_t>();

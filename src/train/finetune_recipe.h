@@ -8,7 +8,10 @@
 // weights and all-reduced gradients instead (DDP: the benchmark's baseline).
 // device=cuda runs the steps on a GPU where this build has the CUDA backend and a GPU is visible
 // (train/cuda_trainer.h; sharded over NCCL when distributed: ZeRO-3, or ZeRO-2 with
-// fsdp_reshard_after_forward=False), and on the CPU otherwise, saying so.
+// fsdp_reshard_after_forward=False), and on the CPU otherwise, saying so; its host model keeps no
+// gradients, and once the GPU holds the values only rank 0 keeps those its saves read.
+// Every rank loads the checkpoint itself; the ranks compare fingerprints of their weights before
+// training (train/weights_fingerprint.h) rather than receive rank 0's.
 #pragma once
 
 #include "dist/process_group.h"

@@ -91,9 +91,16 @@ class CudaDecoderTrainer final : public CudaTrainer {
     device_.zero_grad();  // the whole gradient buffer, gaps included, before anything sums it
   }
 
-  void upload_trainable() override {
-    for (const cuda::DeviceParameter& d : device_.parameters())
-      if (d.grad) device_.upload(d.name, to_f32_vector(host_.at(d.name)->value));
+  void upload_trainable(const std::map<std::string, Tensor>& values, const std::string& where) override {
+    for (const cuda::DeviceParameter& d : device_.parameters()) {
+      if (!d.grad) continue;
+      auto it = values.find(d.name);
+      if (it == values.end()) throw Error(where, "recipe state has no weights for " + d.name);
+      check(it->second.numel() == d.numel, where,
+            "recipe state has " + std::to_string(it->second.numel()) + " values for " + d.name + ", the GPU parameter " +
+                std::to_string(d.numel));
+      device_.upload(d.name, to_f32_vector(it->second));
+    }
   }
 
   // Unit by unit: a layer whose weights are sharded (a full fine-tune's, ZeRO-3) gathered into the

@@ -97,6 +97,38 @@ std::map<std::string, std::string> safetensors_bytes(const std::string& dir) {
   return result;
 }
 
+// What a rank's host model holds once the GPU step has every value, as the run logged it:
+// parameter values, gradients and (QLoRA) the adapters' NF4 bases, in bytes.
+struct HostHeld {
+  int64_t values = -1, gradients = -1, nf4 = 0;
+};
+HostHeld host_held(const std::string& output, int rank) {
+  const std::regex line("\\[rank" + std::to_string(rank) +
+                        "\\] INFO: host model after the upload to the GPU: (\\d+) bytes of parameter values "
+                        "\\([^)]*\\) and (\\d+) bytes of gradients held(, and the adapters' NF4 bases: (\\d+) bytes)?");
+  std::smatch m;
+  HostHeld held;
+  if (!std::regex_search(output, m, line)) return held;
+  held.values = std::stoll(m[1]);
+  held.gradients = std::stoll(m[2]);
+  if (m[4].matched) held.nf4 = std::stoll(m[4]);
+  return held;
+}
+
+// The values of a safetensors file by tensor name, counted from its header.
+std::map<std::string, int64_t> numels(const std::string& path) {
+  io::SafetensorsFile f = io::SafetensorsFile::open(path);
+  std::map<std::string, int64_t> result;
+  for (const std::string& name : f.names()) result[name] = f.info(name).shape.numel();
+  return result;
+}
+
+int64_t total(const std::map<std::string, int64_t>& counts) {
+  int64_t sum = 0;
+  for (const auto& [name, n] : counts) sum += n;
+  return sum;
+}
+
 class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
  protected:
   Outcome run(const std::string& launcher, const std::string& recipe, const std::string& config,
@@ -321,6 +353,30 @@ void CudaRecipeTest::expect_base_sharded_equals_replicated(const std::string& ov
   unsetenv("KTUNE_DATA_PARALLEL");
   ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
   ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
+  // Each rank's host model once the GPUs hold the weights, against the files' counts: rank 0 keeps
+  // the frozen base (bf16; QLoRA's f32 but for the adapted projections, which its adapters hold as
+  // NF4 codes, 4 bits a value, and an f32 scale per 64) and the f32 adapters, for its saves; rank 1
+  // no values (its adapters keep their NF4 bases); no gradients anywhere.
+  const std::map<std::string, int64_t> base = numels(model() + "/model.safetensors");
+  const std::map<std::string, int64_t> adapter = numels(out("sharded") + "/epoch_0/adapter_model.safetensors");
+  const std::string prefix = "base_model.model.", suffix = ".lora_A.weight";
+  int64_t adapted = 0;  // values of the projections that carry an adapter
+  for (const auto& [name, n] : adapter)
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      adapted += base.at(name.substr(prefix.size(), name.size() - prefix.size() - suffix.size()) + ".weight");
+  const bool qlora = overrides.find("model.quantize_base=True") != std::string::npos;
+  const int64_t base_bytes = qlora ? 4 * (total(base) - adapted) : 2 * total(base);
+  const int64_t nf4_bytes = qlora ? adapted / 2 + 4 * (adapted / 64) : 0;
+  ASSERT_GT(adapted, 0);
+  for (const Outcome* r : {&sharded, &replicated}) {
+    const HostHeld rank0 = host_held(r->output, 0), rank1 = host_held(r->output, 1);
+    EXPECT_EQ(rank0.values, base_bytes + 4 * total(adapter)) << r->output;
+    EXPECT_EQ(rank1.values, 0) << r->output;
+    EXPECT_EQ(rank0.gradients, 0) << r->output;
+    EXPECT_EQ(rank1.gradients, 0) << r->output;
+    EXPECT_EQ(rank0.nf4, nf4_bytes) << r->output;
+    EXPECT_EQ(rank1.nf4, nf4_bytes) << r->output;
+  }
   EXPECT_NE(sharded.output.find("the layers' frozen bf16 base weights (ZeRO-3"), std::string::npos) << sharded.output;
   EXPECT_NE(sharded.output.find("weights sharded (ZeRO-3): this GPU's pieces of the layers' " + pieces),
             std::string::npos)
@@ -381,6 +437,16 @@ TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplic
       << zero2.output;
   EXPECT_EQ(zero2.output.find("weights sharded (ZeRO-3)"), std::string::npos) << zero2.output;
   EXPECT_NE(replicated.output.find("replicated over 2 GPUs"), std::string::npos) << replicated.output;
+  // Once the GPUs hold the weights, rank 0's host model keeps their bf16 values (its saves download
+  // into them: the model's values, counted from its file), rank 1's nothing; no host gradients.
+  const int64_t model_bytes = 2 * total(numels(model() + "/model.safetensors"));
+  for (const Outcome* r : {&two, &replicated, &zero2}) {
+    const HostHeld rank0 = host_held(r->output, 0), rank1 = host_held(r->output, 1);
+    EXPECT_EQ(rank0.values, model_bytes) << r->output;
+    EXPECT_EQ(rank1.values, 0) << r->output;
+    EXPECT_EQ(rank0.gradients, 0) << r->output;
+    EXPECT_EQ(rank1.gradients, 0) << r->output;
+  }
   auto l1 = losses(out("one"));
   auto l2 = losses(out("two"));
   ASSERT_EQ(l1.size(), 4u);

@@ -231,6 +231,34 @@ TEST_F(RecipeTest, ResumingWithAnotherWorldSizeIsRefusedNamingBothSizes) {
   EXPECT_NE(one.output.find("was written by 2 ranks; this run has 1"), std::string::npos) << one.output;
 }
 
+// Every rank loads the checkpoint itself and the ranks compare fingerprints of their weights instead
+// of receiving rank 0's: a rank that loaded other weights (here rank 1, through its own
+// checkpoint_dir: model${RANK}) stops the job before any step, every rank naming it and the first
+// parameter that differs, on both recipes. seed=null: the ranks take rank 0's seed, so the LoRA
+// adapters they draw agree and the run trains.
+TEST_F(RecipeTest, RanksThatLoadedDifferentWeightsStopNamingTheRankAndParameter) {
+  fs::create_directory_symlink(model(), dir_ / "model0");
+  Outcome init = sh(kKtune + " init-model --config " + kSource + "/examples/quickstart/config.json --output-dir " +
+                    (dir_ / "model1").string() + " --seed 4");
+  ASSERT_EQ(init.exit_code, 0) << init.output;
+  // The launcher checks the config without RANK (model0); each worker reads its own.
+  const std::string per_rank_model = " 'checkpointer.checkpoint_dir=" + (dir_ / "model").string() + "${oc.env:RANK,0}'";
+  const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
+  for (const std::string kind : {"full", "lora"}) {
+    Outcome r = run("--nproc_per_node 2 --standalone", kind + "_finetune_distributed", kind + "_single_device",
+                    args + per_rank_model, out(kind));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    const std::string error = "error: the starting weights: rank 1 differs from rank 0, first at model.embed_tokens.weight";
+    EXPECT_NE(r.output.find("[rank0]: " + error), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("[rank1]: " + error), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(out(kind) + "/logs")) << "a step ran";
+  }
+  Outcome seedless = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device",
+                         args + " seed=null", out("seedless"));
+  ASSERT_EQ(seedless.exit_code, 0) << seedless.output;
+  EXPECT_EQ(losses(out("seedless")).size(), 2u);
+}
+
 TEST_F(RecipeTest, KillingOneWorkerEndsTheJobWithTheRankNamedAndNoHang) {
   // A long run in the background, its output in a file; its pid is the launcher's (exec).
   const std::string log = (dir_ / "launcher.log").string();
