@@ -400,6 +400,25 @@ TEST_F(CudaRecipeTest, TwoGpusQloraShardTheFrozenBaseWithItsNf4CodesAndEqualRepl
   expect_base_sharded_equals_replicated(" model.quantize_base=True", "frozen bf16 base weights and NF4 codes and scales");
 }
 
+// save_adapter_weights_only: no merged model is written, so rank 0's host model keeps the adapters
+// alone (the file's count of them, f32) once the GPUs hold the weights, rank 1's nothing, and rank 0
+// still saves the adapters it downloads into (two steps, then the epoch's checkpoint).
+TEST_F(CudaRecipeTest, TwoGpusLoraSavingAdapterWeightsOnlyKeepOnlyTheAdaptersOnRankZero) {
+  SKIP_WITHOUT_GPUS(2);
+  Outcome r = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", "cuda",
+                  "epochs=1 max_steps_per_epoch=2 batch_size=2 save_adapter_weights_only=True", out());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(losses(out()).size(), 2u);
+  const std::string adapter_file = out() + "/epoch_0/adapter_model.safetensors";
+  ASSERT_TRUE(fs::exists(adapter_file)) << r.output;
+  EXPECT_FALSE(fs::exists(out() + "/epoch_0/model.safetensors.index.json")) << "a merged model was written";
+  const HostHeld rank0 = host_held(r.output, 0), rank1 = host_held(r.output, 1);
+  EXPECT_EQ(rank0.values, 4 * total(numels(adapter_file))) << r.output;
+  EXPECT_EQ(rank1.values, 0) << r.output;
+  EXPECT_EQ(rank0.gradients, 0) << r.output;
+  EXPECT_EQ(rank1.gradients, 0) << r.output;
+}
+
 // Two GPUs (a worker each, over NCCL; on the emulated step each worker its own emulated device and
 // fake/nccl.h between them) with the AdamW state, the gradients and the layers' weights sharded
 // (ZeRO-3), the default: every step's loss that of one GPU with the doubled batch. ZeRO-2
