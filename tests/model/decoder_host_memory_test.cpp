@@ -30,14 +30,14 @@ int64_t gradient_bytes(Decoder& d) {
   return bytes;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
+// Expects `call` to throw a ktune::Error whose message contains `expected`.
+#define EXPECT_ERROR_CONTAINING(call, expected)                                                     \
+  try {                                                                                             \
+    call;                                                                                           \
+    ADD_FAILURE() << #call << " did not throw";                                                     \
+  } catch (const Error& e) {                                                                        \
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();                 \
   }
-  return "";
-}
 
 }  // namespace
 
@@ -51,8 +51,7 @@ TEST(DecoderHostMemory, WithoutHostGradientsNoneIsAllocatedAndABackwardIsRefused
   EXPECT_EQ(gradient_bytes(run.decoder), 0);
   const LossResult loss = run.decoder.forward_loss(run.batch());  // the forward needs no gradient
   EXPECT_EQ(loss.n_valid, 9);
-  EXPECT_NE(error_of([&] { run.decoder.forward_backward(run.batch(), 1.0f); }).find("keeps no host gradients"),
-            std::string::npos);
+  EXPECT_ERROR_CONTAINING(run.decoder.forward_backward(run.batch(), 1.0f), "keeps no host gradients");
   EXPECT_EQ(gradient_bytes(run.decoder), 0);
   run.decoder.set_host_gradients(true);  // and back: bf16 gradients for every trainable parameter
   int64_t expected = 0;
@@ -71,7 +70,6 @@ TEST(DecoderHostMemory, ReleasedValuesAreFreedAndTheDecoderRefusesToComputeNamin
     released += mlp;
   }
   EXPECT_EQ(released, 6);  // gate, up, down in each of the 2 layers
-  EXPECT_NE(error_of([&] { run.decoder.forward_loss(run.batch()); })
-                .find("the value of model.layers.0.mlp.gate_proj.weight was released"),
-            std::string::npos);
+  EXPECT_ERROR_CONTAINING(run.decoder.forward_loss(run.batch()),
+                          "the value of model.layers.0.mlp.gate_proj.weight was released");
 }
