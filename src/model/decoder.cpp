@@ -269,6 +269,7 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
   io::SafetensorsCheckpoint ckpt = io::SafetensorsCheckpoint::open(dir);
   std::unique_ptr<Decoder> d(new Decoder(config, options.storage, WeightsToLoad{}));
   std::set<std::string> used;
+  int64_t mapped_bytes = 0;  // options.map_values: the values that are views of the files
   for (auto& p : d->params_) {
     if (!ckpt.contains(p->name))
       throw Error(dir + ": tensor " + p->name, "missing from the checkpoint (config.json's " + config.model_type +
@@ -282,10 +283,22 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
     if (src.dtype() != DType::F32 && src.dtype() != DType::BF16 && src.dtype() != DType::F16)
       throw Error(file.path() + ": tensor " + p->name,
                   std::string("dtype ") + info.dtype + " is not a floating-point weight type (F32, BF16, F16)");
+    used.insert(p->name);
+    if (options.map_values && src.dtype() == p->value.dtype()) {
+      p->value = src;  // the mapped bytes themselves (view() copies a tensor the file holds unaligned)
+      mapped_bytes += int64_t(src.bytes());
+      continue;
+    }
     p->value.copy_from(src);
     src = Tensor();
     file.release_pages(p->name);  // copied: the mapped pages need not stay resident beside the copy
-    used.insert(p->name);
+  }
+  if (options.map_values) {
+    int64_t value_bytes = 0;
+    for (const auto& p : d->params_) value_bytes += int64_t(p->value.bytes());
+    log_info(dir + ": values mapped from the checkpoint files, not copied: " + std::to_string(mapped_bytes) + " of " +
+             std::to_string(value_bytes) + " bytes (the rest held in another dtype than " +
+             dtype_name(options.storage) + " there: copied)");
   }
   int64_t ignored = 0;
   for (const std::string& name : ckpt.names()) {

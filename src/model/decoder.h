@@ -61,6 +61,12 @@ struct LoadOptions {
   // them once per micro-batch, or per block of rows (the head's: per chunk); pair with train::AdamW's
   // bf16 path). Checkpoints of any float dtype load.
   DType storage = DType::F32;
+  // Values as read-only views of the mapped checkpoint files wherever a file holds a parameter in
+  // `storage` (no copy: the pages are the page cache's, shared with every process that maps the
+  // file, a node's other ranks among them, and read in as touched); copied elsewhere. Only for a
+  // model whose values are read, then released, never written (a write into a mapped value faults):
+  // a GPU run's ranks other than 0, which upload the values and release them. Logs the bytes mapped.
+  bool map_values = false;
 };
 
 class Decoder {

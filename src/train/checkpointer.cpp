@@ -120,7 +120,7 @@ nlohmann::json peft_adapter_config(const AdapterDescription& adapter, const std:
 HfCheckpointer::HfCheckpointer(std::string checkpoint_dir, std::vector<std::string> checkpoint_files, std::string output_dir)
     : checkpoint_dir_(std::move(checkpoint_dir)), checkpoint_files_(std::move(checkpoint_files)), output_dir_(std::move(output_dir)) {}
 
-std::unique_ptr<model::Decoder> HfCheckpointer::load_model(DType storage) const {
+std::unique_ptr<model::Decoder> HfCheckpointer::load_model(DType storage, bool map_values) const {
   if (!fs::is_directory(checkpoint_dir_))
     throw Error("checkpointer.checkpoint_dir", "'" + checkpoint_dir_ + "' is not a directory");
   for (const std::string& f : checkpoint_files_)
@@ -128,6 +128,7 @@ std::unique_ptr<model::Decoder> HfCheckpointer::load_model(DType storage) const 
       throw Error("checkpointer.checkpoint_files", "'" + f + "' does not exist in " + checkpoint_dir_);
   model::LoadOptions options;
   options.storage = storage;
+  options.map_values = map_values;
   return model::Decoder::from_pretrained(checkpoint_dir_, options);
 }
 

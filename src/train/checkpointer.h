@@ -58,7 +58,8 @@ class HfCheckpointer {
 
   // The base model, its weights stored in `storage` (f32, or bf16 for pure-bf16 training). Errors
   // name a listed checkpoint file that does not exist.
-  std::unique_ptr<model::Decoder> load_model(DType storage = DType::F32) const;
+  // map_values: model::LoadOptions::map_values (values the run only reads, then releases).
+  std::unique_ptr<model::Decoder> load_model(DType storage = DType::F32, bool map_values = false) const;
   // Writes output_dir/<request.name>/ atomically; returns its path.
   std::string save(const SaveRequest& request) const;
   // The newest checkpoint under output_dir that holds a recipe state (by global step), if any.

@@ -409,7 +409,10 @@ DType weight_storage(const RecipeConfig& cfg, const RecipeSpec& recipe) {
 
 void FinetuneRecipe::setup_model(bool on_gpu) {
   const DType storage = weight_storage(cfg_, recipe_);
-  model_ = checkpointer_->load_model(storage);
+  // A GPU run's ranks other than 0 only read their values (the fingerprint, the upload) and then release
+  // them: views of the mapped files where those hold the storage dtype, the page cache's pages shared
+  // by the node's ranks instead of a private copy each.
+  model_ = checkpointer_->load_model(storage, /*map_values=*/on_gpu && !rank0_);
   if (on_gpu) model_->set_host_gradients(false);  // the GPU step keeps the gradients; nothing on the host reads them
   const model::ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.vocab_size)

@@ -400,6 +400,47 @@ TEST_F(CudaRecipeTest, TwoGpusQloraShardTheFrozenBaseWithItsNf4CodesAndEqualRepl
   expect_base_sharded_equals_replicated(" model.quantize_base=True", "frozen bf16 base weights and NF4 codes and scales");
 }
 
+// The ranks other than 0 of a GPU run map the checkpoint's values rather than copy them, where the
+// file holds them in the storage dtype: from a bf16 copy of the tiny model (its f32 values rounded
+// as a bf16 load rounds them) rank 1 maps every byte, from the f32 model it copies every one; rank 0
+// always copies (its saves write into the trainable values). Both runs (a ZeRO-3 full fine-tune, two
+// steps) log the same losses digit for digit and write the same checkpoint byte for byte.
+TEST_F(CudaRecipeTest, TwoGpusRanksOtherThanZeroMapABf16CheckpointAndTrainAsFromACopy) {
+  SKIP_WITHOUT_GPUS(2);
+  const std::string bf16_model = out("bf16_model");
+  fs::create_directories(bf16_model);
+  for (const auto& e : fs::directory_iterator(model()))
+    if (e.path().extension() != ".safetensors") fs::copy_file(e.path(), fs::path(bf16_model) / e.path().filename());
+  io::SafetensorsFile f32 = io::SafetensorsFile::open(model() + "/model.safetensors");
+  std::vector<io::NamedTensor> narrowed;
+  for (const std::string& name : f32.names()) narrowed.push_back({name, f32.to_f32(name).to(DType::BF16)});
+  io::write_safetensors(bf16_model + "/model.safetensors", narrowed, {{"format", "pt"}});
+  const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
+  Outcome copied = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
+                       args, out("copied"));
+  Outcome mapped = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
+                       args + " checkpointer.checkpoint_dir=" + bf16_model, out("mapped"));
+  ASSERT_EQ(copied.exit_code, 0) << copied.output;
+  ASSERT_EQ(mapped.exit_code, 0) << mapped.output;
+  const std::string bytes = std::to_string(2 * total(numels(model() + "/model.safetensors")));
+  EXPECT_NE(mapped.output.find("[rank1] INFO: " + bf16_model + ": values mapped from the checkpoint files, not copied: " +
+                               bytes + " of " + bytes + " bytes"),
+            std::string::npos)
+      << mapped.output;
+  EXPECT_NE(copied.output.find("[rank1] INFO: " + model() + ": values mapped from the checkpoint files, not copied: 0 of " +
+                               bytes + " bytes"),
+            std::string::npos)
+      << copied.output;
+  EXPECT_EQ(mapped.output.find("[rank0] INFO: " + bf16_model + ": values mapped"), std::string::npos) << mapped.output;
+  EXPECT_EQ(host_held(mapped.output, 1).values, 0) << mapped.output;
+  ASSERT_EQ(losses(out("mapped")).size(), 2u);
+  EXPECT_EQ(recipe_testing::logged(out("mapped")), recipe_testing::logged(out("copied")));
+  const std::map<std::string, std::string> files = safetensors_bytes(out("mapped") + "/epoch_0");
+  EXPECT_FALSE(files.empty());
+  EXPECT_TRUE(files == safetensors_bytes(out("copied") + "/epoch_0"))
+      << "the run from the mapped bf16 checkpoint did not write the copied run's checkpoint byte for byte";
+}
+
 // save_adapter_weights_only: no merged model is written, so rank 0's host model keeps the adapters
 // alone (the file's count of them, f32) once the GPUs hold the weights, rank 1's nothing, and rank 0
 // still saves the adapters it downloads into (two steps, then the epoch's checkpoint).
