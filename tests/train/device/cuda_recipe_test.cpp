@@ -163,6 +163,16 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
   }
   // lora_finetune_distributed on two GPUs, its frozen base sharded, against replicated (below).
   void expect_base_sharded_equals_replicated(const std::string& overrides, const std::string& pieces);
+  // out(`a`) and out(`b`) logged the same two losses digit for digit and wrote the same epoch_0
+  // checkpoint byte for byte.
+  void expect_two_step_runs_equal(const std::string& a, const std::string& b) {
+    ASSERT_EQ(losses(out(a)).size(), 2u);
+    EXPECT_EQ(recipe_testing::logged(out(a)), recipe_testing::logged(out(b)));
+    const std::map<std::string, std::string> files = safetensors_bytes(out(a) + "/epoch_0");
+    EXPECT_FALSE(files.empty());
+    EXPECT_TRUE(files == safetensors_bytes(out(b) + "/epoch_0"))
+        << "the " << a << " run's checkpoint is not the " << b << " run's byte for byte";
+  }
   // The tensors (names, shapes) of FILE in both runs' epoch_0.
   void expect_same_layout(const std::string& file) {
     EXPECT_EQ(layout(out("gpu") + "/epoch_0/" + file), layout(out("cpu") + "/epoch_0/" + file)) << file;
@@ -382,12 +392,7 @@ void CudaRecipeTest::expect_base_sharded_equals_replicated(const std::string& ov
             std::string::npos)
       << sharded.output;
   EXPECT_EQ(replicated.output.find("weights sharded (ZeRO-3)"), std::string::npos) << replicated.output;
-  ASSERT_EQ(losses(out("sharded")).size(), 2u);
-  EXPECT_EQ(recipe_testing::logged(out("sharded")), recipe_testing::logged(out("replicated")));
-  const std::map<std::string, std::string> files = safetensors_bytes(out("sharded") + "/epoch_0");
-  EXPECT_FALSE(files.empty());
-  EXPECT_TRUE(files == safetensors_bytes(out("replicated") + "/epoch_0"))
-      << "the base-sharded run's checkpoint is not the replicated run's byte for byte";
+  expect_two_step_runs_equal("sharded", "replicated");
 }
 
 TEST_F(CudaRecipeTest, TwoGpusLoraShardTheFrozenBaseAndEqualReplicated) {
@@ -433,12 +438,7 @@ TEST_F(CudaRecipeTest, TwoGpusRanksOtherThanZeroMapABf16CheckpointAndTrainAsFrom
       << copied.output;
   EXPECT_EQ(mapped.output.find("[rank0] INFO: " + bf16_model + ": values mapped"), std::string::npos) << mapped.output;
   EXPECT_EQ(host_held(mapped.output, 1).values, 0) << mapped.output;
-  ASSERT_EQ(losses(out("mapped")).size(), 2u);
-  EXPECT_EQ(recipe_testing::logged(out("mapped")), recipe_testing::logged(out("copied")));
-  const std::map<std::string, std::string> files = safetensors_bytes(out("mapped") + "/epoch_0");
-  EXPECT_FALSE(files.empty());
-  EXPECT_TRUE(files == safetensors_bytes(out("copied") + "/epoch_0"))
-      << "the run from the mapped bf16 checkpoint did not write the copied run's checkpoint byte for byte";
+  expect_two_step_runs_equal("mapped", "copied");
 }
 
 // save_adapter_weights_only: no merged model is written, so rank 0's host model keeps the adapters
