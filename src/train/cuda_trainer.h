@@ -26,9 +26,11 @@
 // shard, the updated values all-gathered in bf16), or, with env KTUNE_DATA_PARALLEL=replicate,
 // replicate it (one all-reduce of the gradients, every GPU steps all of them). A sharded full
 // fine-tune shards the gradients too (ZeRO-2, setup.shard_gradients): each gradient unit (the
-// embedding, each layer, the final norm + an untied head) is reduce-scattered as soon as the
-// backward has finished it and its piece added into this GPU's f32 accumulator, so a GPU holds 4/W
-// bytes of gradient a parameter plus one layer's, the embedding's and the head's whole gradients.
+// embedding, each layer, the final norm + an untied head) is reduce-scattered on the NCCL stream as
+// soon as the backward has finished it (while the next layers' backward runs) and its piece added
+// into this GPU's f32 accumulator, so a GPU holds 4/W bytes of gradient a parameter plus two
+// layers' (the two slots the reduce-scatters overlap through), the embedding's and the head's whole
+// gradients.
 // LoRA, QLoRA and DoRA runs shard the AdamW state only (ZeRO-1: their gradients are small; one
 // buffer, reduce-scattered after the backward). A sharded full fine-tune shards the layers' bf16
 // weights as well (ZeRO-3, setup.shard_weights; fsdp_reshard_after_forward=False or env
