@@ -190,8 +190,9 @@ class FinetuneRecipe {
   // The host model then keeps only what rank 0's saves read (release_host_values).
   void setup_gpu_training();
   // Once the GPU step holds every value: rank 0 keeps the trainable values (a save downloads into
-  // them) and the frozen base a merged checkpoint is made of (not under save_adapter_weights_only);
-  // the other ranks keep none. Logs what each rank's host model then holds.
+  // them) and the frozen base a merged checkpoint is made of (not under save_adapter_weights_only;
+  // QLoRA's NF4 bases in its adapters alike); the other ranks keep none. Logs what each rank's host
+  // model then holds.
   void release_host_values();
   // One optimizer step (gradient_accumulation_steps micro-batches), on either engine.
   struct StepOutcome {
@@ -587,6 +588,8 @@ void FinetuneRecipe::setup_gpu_training() {
 void FinetuneRecipe::release_host_values() {
   const bool merged_saved = !(recipe_.lora && cfg_.save_adapter_weights_only);
   model_->release_values([&](const model::Parameter& p) { return !rank0_ || (!p.trainable && !merged_saved); });
+  if (!rank0_ || !merged_saved)  // QLoRA's bases live in the adapters, as NF4: the same rule as the frozen base's
+    for (const auto& a : adapters_) a->release_base();
   malloc_trim(0);  // the freed values were heap blocks (below glibc's dynamic mmap threshold): back to the OS
   int64_t value_bytes = 0, grad_bytes = 0, nf4_bytes = 0;
   for (const model::Parameter* p : model_->parameters()) {

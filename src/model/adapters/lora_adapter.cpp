@@ -82,7 +82,20 @@ int64_t LoraAdapter::scratch_floats(int64_t N) const {
   return floats;
 }
 
+void LoraAdapter::release_base() {
+  if (!options_.quantize_base) return;
+  std::vector<uint8_t>().swap(nf4_codes_);
+  std::vector<float>().swap(nf4_scales_);
+  std::vector<float>().swap(nf4_scratch_);
+  base_released_ = true;
+}
+
+void LoraAdapter::check_base_held() const {
+  check(!base_released_, module_, "its NF4 base was released (release_base): this host model no longer computes");
+}
+
 Tensor LoraAdapter::base_weight(const Linear& base) const {
+  check_base_held();
   if (!options_.quantize_base) return base.weight->value;
   Tensor w = Tensor::empty({out_, in_});
   cpu::nf4_dequantize(w.f32(), nf4_codes_.data(), nf4_scales_.data(), out_ * in_);
@@ -95,6 +108,7 @@ size_t LoraAdapter::base_weight_bytes(const Linear& base) const {
 }
 
 void LoraAdapter::base_forward(float* y, const float* x, int64_t N, const Linear& base) {
+  check_base_held();
   if (options_.quantize_base)
     cpu::nf4_linear_forward(y, x, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, nf4_scratch_.data());
   else
@@ -102,6 +116,7 @@ void LoraAdapter::base_forward(float* y, const float* x, int64_t N, const Linear
 }
 
 void LoraAdapter::base_backward_input(float* dx, const float* dy, int64_t N, const Linear& base, float* scratch) {
+  check_base_held();
   if (options_.quantize_base)
     cpu::nf4_linear_backward_input(dx, dy, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, nf4_scratch_.data(), true);
   else
@@ -109,6 +124,7 @@ void LoraAdapter::base_backward_input(float* dx, const float* dy, int64_t N, con
 }
 
 void LoraAdapter::compute_dora_scale(const float* base_weight) {
+  check_base_held();
   // ‖W + s·B·A‖ per row, a block of rows at a time: rows = W[block] + s · B[block] @ A
   const int64_t r = options_.rank;
   std::vector<float>& rows = dropout_rows_;
@@ -264,6 +280,7 @@ double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid,
   const int64_t r = options_.rank, C = in_;
   const bool dropping = options_.dropout > 0.0f && training_;
   check(options_.quantize_base || base_weight != nullptr, module_, "the fused loss needs the f32 base weight");
+  check_base_held();
   // xa (N, r) = dropout(hidden) Aᵀ, once for all rows (ignored rows cost N·C·r, small beside the head).
   head_xa_.resize(size_t(N * r));
   // DoRA with dropout: PEFT's base term (c − 1) ⊙ x' Wᵀ needs the dropped rows x' (N, C) themselves.

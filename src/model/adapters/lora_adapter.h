@@ -65,8 +65,13 @@ class LoraAdapter : public LinearAdapter {
   Tensor base_weight(const Linear& base) const;
   // W' that a plain Linear would need to compute what this adapter computes: (out, in).
   Tensor merged_weight(const Linear& base) const;
-  // Bytes the base weight occupies (NF4 codes + scales for QLoRA, f32 otherwise).
+  // Bytes the base weight occupies (NF4 codes + scales for QLoRA, f32 otherwise; 0 once released).
   size_t base_weight_bytes(const Linear& base) const;
+  // QLoRA: frees the NF4 codes and scales (and their scratch) for a host model that neither computes
+  // nor saves a merged model any more (a GPU run's ranks other than 0: the GPU holds its own codes).
+  // base_weight, merged_weight and every pass refuse afterwards, naming the module. LoRA/DoRA: the
+  // base is the Linear's value, which Decoder::release_values frees; nothing to do here.
+  void release_base();
 
   // The output projection (this adapter on lm_head) fused with cross-entropy, as
   // cpu::linear_cross_entropy: returns the sum of CE over valid labels, *n_valid their count.
@@ -100,6 +105,8 @@ class LoraAdapter : public LinearAdapter {
   std::vector<uint8_t> nf4_codes_;
   std::vector<float> nf4_scales_;
   std::vector<float> nf4_scratch_;
+  bool base_released_ = false;  // release_base
+  void check_base_held() const;
   // DoRA: per output row, ‖W + sBA‖ and m / ‖·‖ (recomputed each forward; the weights do not
   // change between a forward and its backward)
   std::vector<float> weight_norm_, dora_scale_;

@@ -290,6 +290,26 @@ TEST(LoraAdapter, QloraKeepsOnlyNf4AndMatchesLoraOnTheDequantisedBase) {
   expect_matches_finite_differences(loss, f.x.data(), int64_t(f.x.size()), dx.data(), "dx");
 }
 
+// A GPU run's ranks other than 0 free the QLoRA base the GPU holds: nothing left, and every use of it
+// refused, naming the module (not a read of freed codes).
+TEST(LoraAdapter, QloraReleasedBaseFreesTheCodesAndRefusesToCompute) {
+  Fixture f;
+  auto adapter = f.attach({.rank = 4, .alpha = 8.0f, .quantize_base = true});
+  ASSERT_GT(adapter->base_weight_bytes(f.linear), 0u);
+  adapter->release_base();
+  EXPECT_EQ(adapter->base_weight_bytes(f.linear), 0u);
+  for (const auto& use : std::vector<std::function<void()>>{[&] { adapter->base_weight(f.linear); },
+                                                            [&] { adapter->merged_weight(f.linear); },
+                                                            [&] { f.loss(); }}) {
+    try {
+      use();
+      ADD_FAILURE() << "a released base was used";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("NF4 base was released"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(LoraAdapter, RefusesWhatItDoesNotSupport) {
   Fixture f;
   EXPECT_THROW(LoraAdapter(f.linear, {.rank = 0}), Error);
