@@ -67,12 +67,14 @@ TEST(WeightsFingerprint, OneBitAnywhereANameADtypeOrAShapeChangesIt) {
   model::Parameter renamed = copy_of(p);
   renamed.name.assign(1, 'v');
   EXPECT_NE(parameter_fingerprint(renamed), original);
-  model::Parameter as_f16 = copy_of(p);  // the same bytes read as f16
-  as_f16.value = Tensor::view(as_f16.value.raw(), as_f16.value.shape(), DType::F16);
+  const model::Parameter bytes = copy_of(p);  // owns the bytes the views below read
+  model::Parameter as_f16 = copy_of(p);      // the same bytes read as f16
+  as_f16.value = Tensor::view(bytes.value.raw(), bytes.value.shape(), DType::F16);
   EXPECT_NE(parameter_fingerprint(as_f16), original);
   model::Parameter even = bf16_parameter("w", kValues - 1);
+  const model::Parameter even_bytes = copy_of(even);
   model::Parameter reshaped = copy_of(even);  // the same bytes as (2, n/2)
-  reshaped.value = Tensor::view(reshaped.value.raw(), {2, (kValues - 1) / 2}, DType::BF16);
+  reshaped.value = Tensor::view(even_bytes.value.raw(), {2, (kValues - 1) / 2}, DType::BF16);
   EXPECT_NE(parameter_fingerprint(reshaped), parameter_fingerprint(even));
 }
 
