@@ -348,22 +348,33 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  std::vector<PlannedTensor> planned;
+  planned.reserve(tensors.size());
+  for (const NamedTensor& t : tensors) {
+    if (!t.tensor.defined()) throw Error(path + ": tensor " + t.name, "undefined tensor");
+    const Tensor tensor = t.tensor;  // shares the storage: nothing is copied
+    planned.push_back({t.name, tensor.dtype(), tensor.shape(), [tensor] { return tensor; }});
+  }
+  write_safetensors_streamed(path, planned, metadata);
+}
+
+void write_safetensors_streamed(const std::string& path, const std::vector<PlannedTensor>& tensors,
+                                const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> seen;
   uint64_t offset = 0;
-  for (const NamedTensor& t : tensors) {
+  for (const PlannedTensor& t : tensors) {
     const std::string where = path + ": tensor " + t.name;
     if (t.name.empty() || t.name == "__metadata__") throw Error(where, "invalid tensor name");
     if (!seen.insert(t.name).second) throw Error(where, "name given twice");
-    if (!t.tensor.defined()) throw Error(where, "undefined tensor");
-    if (t.tensor.device() != Device::CPU) throw Error(where, "only CPU tensors can be written");
+    const uint64_t bytes = dtype_bytes(t.dtype, size_t(t.shape.numel()));
     json entry;
-    entry["dtype"] = ktune_dtype_to_safetensors(t.tensor.dtype());
-    entry["shape"] = t.tensor.shape().dims;
-    entry["data_offsets"] = {offset, offset + t.tensor.bytes()};
+    entry["dtype"] = ktune_dtype_to_safetensors(t.dtype);
+    entry["shape"] = t.shape.dims;
+    entry["data_offsets"] = {offset, offset + bytes};
     header[t.name] = entry;
-    offset += t.tensor.bytes();
+    offset += bytes;
   }
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');
@@ -372,7 +383,15 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   with_atomic_file(path, [&](int fd) {
     write_all(fd, len, 8, path);
     write_all(fd, text.data(), text.size(), path);
-    for (const NamedTensor& t : tensors) write_all(fd, t.tensor.raw(), t.tensor.bytes(), path + ": tensor " + t.name);
+    for (const PlannedTensor& t : tensors) {
+      const std::string where = path + ": tensor " + t.name;
+      const Tensor tensor = t.produce();
+      if (!tensor.defined()) throw Error(where, "undefined tensor");
+      if (tensor.device() != Device::CPU) throw Error(where, "only CPU tensors can be written");
+      if (tensor.dtype() != t.dtype || tensor.shape() != t.shape)
+        throw Error(where, "produced " + tensor.str() + ", planned " + std::string(dtype_name(t.dtype)) + t.shape.str());
+      write_all(fd, tensor.raw(), tensor.bytes(), where);
+    }
   });
 }
 

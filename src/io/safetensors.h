@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,6 +47,8 @@ class SafetensorsFile {
   // The tensor in its stored dtype, sharing the mapping (copied only when the data is misaligned
   // for its element type). Throws for dtypes core's Tensor lacks.
   Tensor view(const std::string& name) const;
+  // Where the tensor's bytes lie in the mapping (a view() shares it unless it had to copy).
+  const void* address(const std::string& name) const { return data_ + info(name).begin; }
   // A new f32 tensor converted from F32, BF16 or F16.
   Tensor to_f32(const std::string& name) const;
   // Drops the tensor's whole pages from this process's resident memory (madvise DONTNEED on the
@@ -94,6 +97,20 @@ struct NamedTensor {
 // Writes one file atomically. Names must be unique and non-empty, and not "__metadata__".
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// A tensor to be written whose bytes are made only when the writer reaches it.
+struct PlannedTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+  std::function<Tensor()> produce;  // a CPU tensor of that dtype and shape
+};
+
+// write_safetensors, producing each tensor as it is written and dropping it before the next, so that
+// one tensor at a time is held (a checkpoint's merged model: each merged projection made, written,
+// freed). A produced tensor of another dtype or shape than planned is an Error naming it.
+void write_safetensors_streamed(const std::string& path, const std::vector<PlannedTensor>& tensors,
+                                const std::map<std::string, std::string>& metadata = {});
 
 // Writes `dir/<prefix>.safetensors` when everything fits in max_shard_bytes, else shards
 // `dir/<prefix>-0000k-of-0000n.safetensors` (tensors in the given order, a new shard when the next

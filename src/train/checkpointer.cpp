@@ -45,31 +45,35 @@ std::string shard_name(size_t index, size_t count) {
 
 Tensor in_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : t.to(dtype); }
 
-// The model as HF names it, adapters merged into their projections; tied heads not written.
-std::vector<io::NamedTensor> merged_model_tensors(model::Decoder& decoder,
-                                                  const std::vector<std::shared_ptr<model::LoraAdapter>>& adapters,
-                                                  DType dtype) {
-  std::map<std::string, Tensor> merged;  // weight name -> merged weight
-  for (model::Linear* linear : decoder.linears()) {
-    if (!linear->adapter) continue;
-    for (const auto& a : adapters) {
-      if (a.get() != linear->adapter.get()) continue;
-      if (linear->weight->value.defined() && linear->weight->value.dtype() != DType::F32) {
-        // A bf16-stored base (pure-bf16 LoRA): the adapter merges into an f32 copy of it.
-        model::Parameter widened{linear->weight->name, linear->weight->value.to(DType::F32), Tensor(), false};
-        model::Linear copy = *linear;
-        copy.weight = &widened;
-        merged[linear->weight->name] = a->merged_weight(copy);
-      } else {
-        merged[linear->weight->name] = a->merged_weight(*linear);
-      }
-    }
-  }
-  std::vector<io::NamedTensor> tensors;
+// The model as HF names it, in order, each tensor made only when the writer reaches it (so that a save
+// holds one merged projection at a time, not the merged model): a projection whose adapter is among
+// `adapters` merged with it (a bf16-stored base, pure-bf16 LoRA: into an f32 copy of it; QLoRA's from
+// its NF4 base), any other parameter as it is; in `dtype`. Tied heads are not parameters: not written.
+std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
+                                                    const std::vector<std::shared_ptr<model::LoraAdapter>>& adapters,
+                                                    DType dtype) {
+  std::map<std::string, std::pair<const model::Linear*, const model::LoraAdapter*>> adapted;  // by weight name
+  for (model::Linear* linear : decoder.linears())
+    for (const auto& a : adapters)
+      if (linear->adapter && a.get() == linear->adapter.get()) adapted[linear->weight->name] = {linear, a.get()};
+  std::vector<io::PlannedTensor> tensors;
   for (model::Parameter* p : decoder.parameters()) {
     if (p->name.rfind("base_model.model.", 0) == 0) continue;  // adapter parameters
-    auto it = merged.find(p->name);
-    tensors.push_back({p->name, in_dtype(it != merged.end() ? it->second : p->value, dtype)});
+    auto it = adapted.find(p->name);
+    if (it == adapted.end()) {
+      check(p->value.defined(), "checkpointer", "cannot save " + p->name + ": its value was released");
+      tensors.push_back({p->name, dtype, p->value.shape(), [p, dtype] { return in_dtype(p->value, dtype); }});
+      continue;
+    }
+    const auto [linear, adapter] = it->second;
+    tensors.push_back({p->name, dtype, Shape{linear->out, linear->in}, [linear, adapter, dtype] {
+                         if (!linear->weight->value.defined() || linear->weight->value.dtype() == DType::F32)
+                           return in_dtype(adapter->merged_weight(*linear), dtype);
+                         model::Parameter widened{linear->weight->name, linear->weight->value.to(DType::F32), Tensor(), false};
+                         model::Linear copy = *linear;
+                         copy.weight = &widened;
+                         return in_dtype(adapter->merged_weight(copy), dtype);
+                       }});
   }
   return tensors;
 }
@@ -143,25 +147,25 @@ std::string HfCheckpointer::save(const SaveRequest& request) const {
   const bool lora = !request.adapters.empty();
   if (!(lora && request.adapter_weights_only)) {
     // The merged model, sharded as the input checkpoint was (torchtune's naming and index).
-    std::vector<io::NamedTensor> tensors = merged_model_tensors(*request.decoder, request.adapters, request.weights_dtype);
+    std::vector<io::PlannedTensor> tensors = merged_model_tensors(*request.decoder, request.adapters, request.weights_dtype);
     io::SafetensorsCheckpoint input = io::SafetensorsCheckpoint::open(checkpoint_dir_);
     std::vector<std::string> input_files;
-    for (const io::NamedTensor& t : tensors) {
+    for (const io::PlannedTensor& t : tensors) {
       std::string file = input.contains(t.name) ? input.file_of(t.name).path() : "";
       if (std::find(input_files.begin(), input_files.end(), file) == input_files.end()) input_files.push_back(file);
     }
-    std::vector<std::vector<io::NamedTensor>> shards(input_files.size());
+    std::vector<std::vector<io::PlannedTensor>> shards(input_files.size());
     nlohmann::json weight_map = nlohmann::json::object();
     uint64_t total = 0;
-    for (const io::NamedTensor& t : tensors) {
+    for (const io::PlannedTensor& t : tensors) {
       std::string file = input.contains(t.name) ? input.file_of(t.name).path() : "";
       size_t index = size_t(std::find(input_files.begin(), input_files.end(), file) - input_files.begin());
       shards[index].push_back(t);
       weight_map[t.name] = shard_name(index, shards.size());
-      total += t.tensor.bytes();
+      total += dtype_bytes(t.dtype, size_t(t.shape.numel()));
     }
     for (size_t i = 0; i < shards.size(); ++i)
-      io::write_safetensors((tmp / shard_name(i, shards.size())).string(), shards[i], {{"format", "pt"}});
+      io::write_safetensors_streamed((tmp / shard_name(i, shards.size())).string(), shards[i], {{"format", "pt"}});
     write_json(tmp / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
   }
   if (lora) {

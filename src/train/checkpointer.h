@@ -10,6 +10,8 @@
 //     recipe_state/recipe_state.json, optimizer.safetensors, trainable.safetensors
 //                                          what resume needs, in the dtype training keeps it in
 //                                          (f32, or bf16 for a pure-bf16 run), so that it continues exactly
+// The merged model is made as it is written, one tensor at a time (each merged projection made,
+// written, freed: io::write_safetensors_streamed), so a save holds one projection beyond the model.
 // It deliberately knows nothing of the training loop: the recipe hands it what to write.
 #pragma once
 

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -176,6 +178,43 @@ TEST_F(SafetensorsTest, OverwriteIsAtomicReplacement) {
 TEST_F(SafetensorsTest, WriterRefusesDuplicateNames) {
   EXPECT_THROW(write_safetensors(file("x.safetensors"), {{"a", iota_f32({4})}, {"a", iota_f32({4})}}), Error);
   EXPECT_FALSE(fs::exists(file("x.safetensors")));
+}
+
+// The streamed writer makes each tensor as it reaches it and drops it before making the next (each
+// produced tensor's storage counts itself freed), and writes the file write_safetensors writes.
+TEST_F(SafetensorsTest, StreamedWriteHoldsOneProducedTensorAtATimeAndWritesTheSameFile) {
+  const std::vector<NamedTensor> tensors = {{"a", iota_f32({3, 4})}, {"b", iota_f32({5}, 2.0f).to(DType::BF16)},
+                                            {"c", iota_f32({2, 2, 2}, -1.0f)}};
+  write_safetensors(file("whole.safetensors"), tensors, {{"format", "pt"}});
+  auto freed = std::make_shared<int>(0);
+  std::vector<int> freed_when_produced;
+  std::vector<PlannedTensor> planned;
+  for (const NamedTensor& t : tensors)
+    planned.push_back({t.name, t.tensor.dtype(), t.tensor.shape(), [&, t, freed] {
+                         freed_when_produced.push_back(*freed);
+                         Tensor copy = t.tensor.clone();
+                         std::shared_ptr<void> counted(nullptr, [copy, freed](void*) { ++*freed; });
+                         return Tensor::view(copy.raw(), copy.shape(), copy.dtype(), counted);
+                       }});
+  write_safetensors_streamed(file("streamed.safetensors"), planned, {{"format", "pt"}});
+  EXPECT_EQ(freed_when_produced, (std::vector<int>{0, 1, 2}));  // each made once the one before was freed
+  EXPECT_EQ(*freed, 3);
+  std::ifstream whole(file("whole.safetensors"), std::ios::binary), streamed(file("streamed.safetensors"), std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(whole), {}), std::string(std::istreambuf_iterator<char>(streamed), {}));
+}
+
+TEST_F(SafetensorsTest, StreamedWriteRefusesATensorProducedOtherThanPlannedAndLeavesNoFile) {
+  std::vector<PlannedTensor> planned = {{"a", DType::F32, Shape{4}, [] { return iota_f32({4}); }},
+                                        {"b", DType::F32, Shape{2, 3}, [] { return iota_f32({3, 2}); }}};
+  try {
+    write_safetensors_streamed(file("x.safetensors"), planned);
+    FAIL() << "a tensor of another shape than planned was written";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("tensor b"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("f32(3, 2)"), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(fs::is_empty(dir_)) << "the file or its temporary was left behind";
 }
 
 // --- bad files -----------------------------------------------------------------------------------
