@@ -91,13 +91,15 @@ nlohmann::json read_json(const fs::path& path) {
 }
 
 // Every tensor of a recipe-state file in the dtype it was saved in (f32 or bf16: what training
-// keeps), as an owned copy.
-std::map<std::string, Tensor> read_all(const fs::path& path) {
+// keeps) as a view of the file's read-only mapping (another dtype: an f32 copy). Nothing is read
+// until a consumer copies out what it needs, so a rank of a sharded run faults in only its own
+// pieces, and the ranks of one machine share the pages through the page cache.
+std::map<std::string, Tensor> map_all(const fs::path& path) {
   std::map<std::string, Tensor> out;
   io::SafetensorsFile file = io::SafetensorsFile::open(path.string());
   for (const std::string& name : file.names()) {
     Tensor t = file.view(name);
-    out[name] = t.dtype() == DType::F32 || t.dtype() == DType::BF16 ? t.clone() : file.to_f32(name);
+    out[name] = t.dtype() == DType::F32 || t.dtype() == DType::BF16 ? t : file.to_f32(name);
   }
   return out;
 }
@@ -222,8 +224,8 @@ ResumePoint HfCheckpointer::load_resume_point(const std::string& dir) const {
   point.dir = dir;
   fs::path state_dir = fs::path(dir) / "recipe_state";
   point.recipe_state = read_json(state_dir / "recipe_state.json");
-  point.optimizer_state = read_all(state_dir / "optimizer.safetensors");
-  point.trainable = read_all(state_dir / "trainable.safetensors");
+  point.optimizer_state = map_all(state_dir / "optimizer.safetensors");
+  point.trainable = map_all(state_dir / "trainable.safetensors");
   return point;
 }
 

@@ -47,10 +47,14 @@ struct SaveRequest {
   std::vector<model::Parameter*> trainable;      // saved in their own dtype for an exact resume
 };
 
+// What resume reads. The tensors are views of the recipe-state files' read-only mappings (they keep
+// the files mapped while they live; a consumer copies out the part it needs and never writes into
+// them), so that no rank holds a whole copy of the moments and weights: at 8B, a full fine-tune's
+// recipe state is 64 GB or more, copied whole on every rank otherwise.
 struct ResumePoint {
   std::string dir;              // the checkpoint directory
   nlohmann::json recipe_state;
-  std::map<std::string, Tensor> optimizer_state;  // in the dtype saved
+  std::map<std::string, Tensor> optimizer_state;  // in the dtype saved (f32 or bf16; another: f32)
   std::map<std::string, Tensor> trainable;  // by parameter name, in the dtype saved
 };
 

@@ -4,6 +4,7 @@
 // of src/core and of the NCCL process group (with the rendezvous store's client, which it calls on
 // the binary's store), so that the plugin needs nothing else of the binary.
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <string>
 #include <utility>
@@ -213,8 +214,15 @@ class CudaDecoderTrainer final : public CudaTrainer {
                                                         std::to_string(it->second.numel()) + " values, the GPU parameter " +
                                                         std::to_string(d.numel));
         if (!moment) continue;  // none of it in this GPU's shard
-        const Tensor narrow = it->second.dtype() == DType::BF16 ? it->second : it->second.to(DType::BF16);
-        cuda::copy_to_device(moment, narrow.bf16() + d.shard_begin, size_t(d.shard_end - d.shard_begin) * sizeof(bf16_t));
+        // (shard_end - shard_begin) of the moment's values: only this GPU's slice is read (the state
+        // may be a view of the recipe state's mapping) and, saved in f32, narrowed to bf16
+        const int64_t count = d.shard_end - d.shard_begin;
+        Tensor slice = Tensor::empty({count}, DType::BF16);
+        if (it->second.dtype() == DType::BF16)
+          std::memcpy(slice.bf16(), it->second.bf16() + d.shard_begin, size_t(count) * sizeof(bf16_t));
+        else
+          slice.copy_from(Tensor::view(it->second.f32() + d.shard_begin, {count}, DType::F32));
+        cuda::copy_to_device(moment, slice.bf16(), size_t(count) * sizeof(bf16_t));
       }
     }
     steps_ = steps;
