@@ -270,6 +270,7 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
   std::unique_ptr<Decoder> d(new Decoder(config, options.storage, WeightsToLoad{}));
   std::set<std::string> used;
   int64_t mapped_bytes = 0;  // options.map_values: the values that are views of the files
+  std::map<std::string, std::shared_ptr<const io::SafetensorsFile>> files;  // by path, one each
   for (auto& p : d->params_) {
     if (!ckpt.contains(p->name))
       throw Error(dir + ": tensor " + p->name, "missing from the checkpoint (config.json's " + config.model_type +
@@ -287,6 +288,9 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
     if (options.map_values && src.dtype() == p->value.dtype()) {
       p->value = src;  // the mapped bytes themselves (view() copies a tensor the file holds unaligned)
       mapped_bytes += int64_t(src.bytes());
+      std::shared_ptr<const io::SafetensorsFile>& shared = files[file.path()];
+      if (!shared) shared = std::make_shared<const io::SafetensorsFile>(file);
+      d->mapped_[p->name] = shared;
       continue;
     }
     p->value.copy_from(src);
@@ -342,8 +346,37 @@ void Decoder::release_values(const std::function<bool(const Parameter&)>& releas
   for (Parameter* p : parameters()) {
     if (!p->value.defined() || !release(*p)) continue;
     p->value = Tensor();
+    mapped_.erase(p->name);  // the file is unmapped once none of its values is held
     if (released_.empty()) released_ = p->name;
   }
+}
+
+// A listed value still held as the view it was loaded as: its data inside its file's tensor (a value
+// replaced since, by an adapter dropping QLoRA's base or by anything else, is no longer the file's).
+bool Decoder::value_is_mapped(const Parameter& p) const {
+  auto it = mapped_.find(p.name);
+  if (it == mapped_.end() || !p.value.defined()) return false;
+  return p.value.raw() == it->second->address(p.name);
+}
+
+int64_t Decoder::mapped_value_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& p : params_)
+    if (value_is_mapped(*p)) bytes += int64_t(p->value.bytes());
+  return bytes;
+}
+
+int64_t Decoder::drop_mapped_pages() {
+  int64_t bytes = 0;
+  for (const auto& p : params_) {
+    if (!value_is_mapped(*p)) {
+      mapped_.erase(p->name);  // replaced or released: nothing of the file to drop, nor to keep mapped
+      continue;
+    }
+    mapped_.at(p->name)->release_pages(p->name);
+    bytes += int64_t(p->value.bytes());
+  }
+  return bytes;
 }
 
 void Decoder::zero_grad() {

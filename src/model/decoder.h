@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,10 @@
 #include "kernels/cpu/rope.h"
 #include "model/config.h"
 #include "model/linear.h"
+
+namespace ktune::io {
+class SafetensorsFile;
+}
 
 namespace ktune::model {
 
@@ -100,6 +105,15 @@ class Decoder {
   // whose steps run elsewhere once the values went there. A decoder with a released value refuses to
   // compute (an Error naming the parameter); its parameters keep their names and trainable flags.
   void release_values(const std::function<bool(const Parameter& p)>& release);
+  // LoadOptions::map_values: the bytes of the values held that are views of the checkpoint files'
+  // mappings (released values and values replaced since the load not counted).
+  int64_t mapped_value_bytes() const;
+  bool value_is_mapped(const Parameter& p) const;
+  // Drops the mapped values' pages from this process's resident memory (they stay in the page cache,
+  // and a later read faults them in again from the file, unchanged): for a model that keeps mapped
+  // values it reads rarely (a GPU run's rank 0 keeps the frozen base its saves merge into). Returns
+  // the bytes of the values whose pages were dropped.
+  int64_t drop_mapped_pages();
   void zero_grad();
   // The projections, for attaching adapters: names as HF modules ("model.layers.3.self_attn.v_proj"),
   // then the untied output head ("lm_head"; absent when tied).
@@ -158,6 +172,9 @@ class Decoder {
   bool checkpointing_ = false;
   bool host_gradients_ = true;  // set_host_gradients
   std::string released_;        // release_values: the first parameter released ("" while none)
+  // LoadOptions::map_values: the parameters whose values are views of a checkpoint file's mapping, and
+  // that file (shared by its parameters; it keeps the file mapped while one of them is listed).
+  std::map<std::string, std::shared_ptr<const io::SafetensorsFile>> mapped_;
   std::unique_ptr<Arena> arena_;
   std::unique_ptr<Plan> plan_;
   // Per call: the batch's document ids, and for each layer l whether anything below it (layers < l,

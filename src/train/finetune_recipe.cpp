@@ -412,8 +412,11 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   const DType storage = weight_storage(cfg_, recipe_);
   // A GPU run's ranks other than 0 only read their values (the fingerprint, the upload) and then release
   // them: views of the mapped files where those hold the storage dtype, the page cache's pages shared
-  // by the node's ranks instead of a private copy each.
-  model_ = checkpointer_->load_model(storage, /*map_values=*/on_gpu && !rank0_);
+  // by the node's ranks instead of a private copy each. So does rank 0 of a LoRA run, whose checkpoint
+  // values are all frozen: it keeps them for its saves to merge into, mapped, their pages dropped once
+  // uploaded (release_host_values) and read again from the file by each save. A full fine-tune's rank 0
+  // copies: its saves download the trained values into them.
+  model_ = checkpointer_->load_model(storage, /*map_values=*/on_gpu && (!rank0_ || recipe_.lora));
   if (on_gpu) model_->set_host_gradients(false);  // the GPU step keeps the gradients; nothing on the host reads them
   const model::ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.vocab_size)
@@ -593,9 +596,14 @@ void FinetuneRecipe::release_host_values() {
   malloc_trim(0);  // the freed values were heap blocks (below glibc's dynamic mmap threshold): back to the OS
   int64_t value_bytes = 0, grad_bytes = 0, nf4_bytes = 0;
   for (const model::Parameter* p : model_->parameters()) {
+    check(!(p->trainable && model_->value_is_mapped(*p)), p->name,
+          "a trainable value is a view of the read-only checkpoint mapping (a save would download into it)");
     value_bytes += p->value.defined() ? int64_t(p->value.bytes()) : 0;
     grad_bytes += p->grad.defined() ? int64_t(p->grad.bytes()) : 0;
   }
+  // Rank 0 of a LoRA run: the frozen values it keeps for its saves are the files' pages, read for the
+  // upload; dropped from its resident memory until a save reads them again.
+  const int64_t mapped_bytes = model_->drop_mapped_pages();
   if (cfg_.model.quantize_base)  // QLoRA's bases live in the adapters, as NF4 codes and scales
     for (const auto& a : adapters_) nf4_bytes += int64_t(a->base_weight_bytes(model_->linear(a->module_name())));
   const std::string role =
@@ -607,6 +615,9 @@ void FinetuneRecipe::release_host_values() {
            (cfg_.model.quantize_base ? ", and the adapters' NF4 bases: " + std::to_string(nf4_bytes) + " bytes (" +
                                            mib(nf4_bytes) + ")"
                                      : std::string()) +
+           (mapped_bytes > 0 ? "; " + std::to_string(mapped_bytes) + " bytes of the values (" + mib(mapped_bytes) +
+                                   ") are the checkpoint files' mapped pages, dropped from memory until a save reads them"
+                             : std::string()) +
            " (" + role + "); resident now " + mib(read_memory_stats().rss_bytes));
 }
 

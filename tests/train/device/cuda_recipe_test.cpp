@@ -163,6 +163,18 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
   }
   // lora_finetune_distributed on two GPUs, its frozen base sharded, against replicated (below).
   void expect_base_sharded_equals_replicated(const std::string& overrides, const std::string& pieces);
+  // out("bf16_model"): the tiny model with its f32 values rounded to bf16 (as a bf16 load rounds them).
+  std::string bf16_copy_of_model() {
+    const std::string bf16_model = out("bf16_model");
+    fs::create_directories(bf16_model);
+    for (const auto& e : fs::directory_iterator(model()))
+      if (e.path().extension() != ".safetensors") fs::copy_file(e.path(), fs::path(bf16_model) / e.path().filename());
+    io::SafetensorsFile f32 = io::SafetensorsFile::open(model() + "/model.safetensors");
+    std::vector<io::NamedTensor> narrowed;
+    for (const std::string& name : f32.names()) narrowed.push_back({name, f32.to_f32(name).to(DType::BF16)});
+    io::write_safetensors(bf16_model + "/model.safetensors", narrowed, {{"format", "pt"}});
+    return bf16_model;
+  }
   // out(`a`) and out(`b`) logged the same two losses digit for digit and wrote the same epoch_0
   // checkpoint byte for byte.
   void expect_two_step_runs_equal(const std::string& a, const std::string& b) {
@@ -412,14 +424,7 @@ TEST_F(CudaRecipeTest, TwoGpusQloraShardTheFrozenBaseWithItsNf4CodesAndEqualRepl
 // steps) log the same losses digit for digit and write the same checkpoint byte for byte.
 TEST_F(CudaRecipeTest, TwoGpusRanksOtherThanZeroMapABf16CheckpointAndTrainAsFromACopy) {
   SKIP_WITHOUT_GPUS(2);
-  const std::string bf16_model = out("bf16_model");
-  fs::create_directories(bf16_model);
-  for (const auto& e : fs::directory_iterator(model()))
-    if (e.path().extension() != ".safetensors") fs::copy_file(e.path(), fs::path(bf16_model) / e.path().filename());
-  io::SafetensorsFile f32 = io::SafetensorsFile::open(model() + "/model.safetensors");
-  std::vector<io::NamedTensor> narrowed;
-  for (const std::string& name : f32.names()) narrowed.push_back({name, f32.to_f32(name).to(DType::BF16)});
-  io::write_safetensors(bf16_model + "/model.safetensors", narrowed, {{"format", "pt"}});
+  const std::string bf16_model = bf16_copy_of_model();
   const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
   Outcome copied = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
                        args, out("copied"));
@@ -437,6 +442,44 @@ TEST_F(CudaRecipeTest, TwoGpusRanksOtherThanZeroMapABf16CheckpointAndTrainAsFrom
             std::string::npos)
       << copied.output;
   EXPECT_EQ(mapped.output.find("[rank0] INFO: " + bf16_model + ": values mapped"), std::string::npos) << mapped.output;
+  EXPECT_EQ(host_held(mapped.output, 1).values, 0) << mapped.output;
+  expect_two_step_runs_equal("mapped", "copied");
+}
+
+// Rank 0 of a LoRA run maps the checkpoint's values too, where the file holds them in the storage
+// dtype: they are all frozen, kept only for its saves to merge into, so their pages are dropped once
+// uploaded and read again from the file by a save. From the bf16 copy of the tiny model both ranks
+// map every byte, and rank 0 keeps them mapped (its host line counts them); from the f32 model both
+// copy. Both runs (two steps, the frozen base sharded) log the same losses digit for digit and write
+// the same checkpoint byte for byte: the merged model made of the mapped base is the copied one's.
+TEST_F(CudaRecipeTest, TwoGpusLoraRankZeroKeepsItsFrozenBaseMappedAndSavesAsFromACopy) {
+  SKIP_WITHOUT_GPUS(2);
+  const std::string bf16_model = bf16_copy_of_model();
+  const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
+  Outcome copied = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", "cuda",
+                       args, out("copied"));
+  Outcome mapped = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", "cuda",
+                       args + " checkpointer.checkpoint_dir=" + bf16_model, out("mapped"));
+  ASSERT_EQ(copied.exit_code, 0) << copied.output;
+  ASSERT_EQ(mapped.exit_code, 0) << mapped.output;
+  const int64_t base_bytes = 2 * total(numels(model() + "/model.safetensors"));
+  const std::string bytes = std::to_string(base_bytes);
+  for (const std::string rank : {"[rank0]", "[rank1]"}) {
+    EXPECT_NE(mapped.output.find(rank + " INFO: " + bf16_model + ": values mapped from the checkpoint files, not copied: " +
+                                 bytes + " of " + bytes + " bytes"),
+              std::string::npos)
+        << mapped.output;
+    EXPECT_NE(copied.output.find(rank + " INFO: " + model() + ": values mapped from the checkpoint files, not copied: 0 of " +
+                                 bytes + " bytes"),
+              std::string::npos)
+        << copied.output;
+  }
+  // Rank 0 holds the base (mapped, or copied) and the adapters; its host line counts the mapped bytes.
+  const HostHeld mapped0 = host_held(mapped.output, 0), copied0 = host_held(copied.output, 0);
+  EXPECT_GT(mapped0.values, base_bytes) << mapped.output;
+  EXPECT_EQ(mapped0.values, copied0.values) << mapped.output << copied.output;
+  EXPECT_NE(mapped.output.find("; " + bytes + " bytes of the values ("), std::string::npos) << mapped.output;
+  EXPECT_EQ(copied.output.find("are the checkpoint files' mapped pages"), std::string::npos) << copied.output;
   EXPECT_EQ(host_held(mapped.output, 1).values, 0) << mapped.output;
   expect_two_step_runs_equal("mapped", "copied");
 }
