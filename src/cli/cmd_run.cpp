@@ -56,8 +56,9 @@ int cmd_run(const Args& args) {
   set_log_prefix("[rank" + std::to_string(worker->rank) + "] ");
   dist::TcpStore store(worker->master_addr, worker->master_port, std::chrono::seconds(300));
   auto group = dist::make_gloo_process_group(store, "ktune/pg", worker->rank, worker->world_size,
-                                             dist::local_address_towards(worker->master_addr));
-  return train::run_finetune(config, *recipe, *group, train::WorkerDevices{&store, worker->local_rank});
+                                             dist::local_address_towards(worker->master_addr), worker->collective_timeout);
+  return train::run_finetune(config, *recipe, *group,
+                             train::WorkerDevices{&store, worker->local_rank, worker->collective_timeout});
 }
 
 }  // namespace ktune::cli

@@ -53,6 +53,8 @@ std::optional<WorkerEnv> read_worker_env() {
   if (auto v = env("GROUP_RANK")) w.node_rank = parse_count({*v, "env GROUP_RANK"}, 0);
   if (auto v = env("MASTER_ADDR")) w.master_addr = *v;
   if (auto v = env("MASTER_PORT")) w.master_port = parse_count({*v, "env MASTER_PORT"}, 1);
+  if (auto v = env("KTUNE_COLLECTIVE_TIMEOUT"))
+    w.collective_timeout = std::chrono::seconds(parse_count({*v, "env KTUNE_COLLECTIVE_TIMEOUT"}, 1));
   if (w.rank >= w.world_size) throw Error("env RANK", std::to_string(w.rank) + " is not below WORLD_SIZE " + *world);
   return w;
 }

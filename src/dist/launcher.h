@@ -7,6 +7,7 @@
 // It deliberately knows nothing of recipes: it re-executes a given command line as each worker.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,12 @@ struct WorkerEnv {
   int rank = 0, local_rank = 0, world_size = 1, local_world_size = 1, node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  // How long a collective of the run's groups (Gloo's and the GPUs' NCCL one) waits for its peers
+  // before it ends in a timeout error: env KTUNE_COLLECTIVE_TIMEOUT (seconds), else 30 minutes,
+  // torch.distributed's Gloo default. It bounds the wait of the ranks that reach the barrier after a
+  // checkpoint while rank 0 still writes it (at 70B, hundreds of GB), so it is long; a crashed
+  // worker does not wait on it (the launcher stops the others when one exits in error).
+  std::chrono::milliseconds collective_timeout = std::chrono::minutes(30);
 };
 std::optional<WorkerEnv> read_worker_env();
 

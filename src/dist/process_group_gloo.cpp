@@ -13,6 +13,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -181,9 +182,18 @@ class GlooProcessGroup final : public ProcessGroup {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(std::string(what) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_),
-                  std::string("a peer failed or the network broke: ") + e.what());
+      const std::string where = std::string(what) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+      if (std::string(e.what()).find("Timed out") != std::string::npos)  // gloo's words for its timeout
+        throw Error(where, "a peer did not take part within the collectives' timeout of " + seconds_text(timeout_) +
+                               " (env KTUNE_COLLECTIVE_TIMEOUT): " + e.what());
+      throw Error(where, std::string("a peer failed or the network broke: ") + e.what());
     }
+  }
+
+  static std::string seconds_text(std::chrono::milliseconds t) {  // "1800 s", "0.5 s"
+    char text[32];
+    std::snprintf(text, sizeof text, "%g s", double(t.count()) / 1000.0);
+    return text;
   }
 
   uint32_t next_tag() { return tag_++; }

@@ -72,8 +72,9 @@ std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Paramete
 }
 
 std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore& store, const std::string& prefix, int rank,
-                                                           int size) {
-  return std::unique_ptr<dist::ProcessGroup>(plugin().make_process_group(&store, &prefix, rank, size));
+                                                           int size, std::chrono::milliseconds timeout) {
+  return std::unique_ptr<dist::ProcessGroup>(
+      plugin().make_process_group(&store, &prefix, rank, size, int64_t(timeout.count())));
 }
 
 bool cuda_backend_built() { return true; }
@@ -98,7 +99,8 @@ std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Paramete
   throw Error("device=cuda", "this build has no CUDA backend (configured with KTUNE_CUDA=OFF or without nvcc)");
 }
 
-std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore&, const std::string& prefix, int rank, int) {
+std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore&, const std::string& prefix, int rank, int,
+                                                           std::chrono::milliseconds) {
   throw Error("GPU process group '" + prefix + "' rank " + std::to_string(rank), "this build has no CUDA backend");
 }
 

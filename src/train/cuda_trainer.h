@@ -41,6 +41,7 @@
 // its piece, gathered before each layer's forward and backward; QLoRA's NF4 codes and scales too).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -128,9 +129,9 @@ std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Paramete
 // it (dist/cuda/process_group_nccl.cpp is compiled into it, not into ktune_dist), so that the emulated step
 // (tests/kernels/cuda/emulator) brings its fake NCCL along and a distributed GPU run is tested in CI
 // without GPUs. Throws ktune::Error as make_nccl_process_group does (a build without NCCL, a peer
-// that never joins).
+// that never joins). A collective that waits longer than `timeout` for a peer ends in an Error.
 std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore& store, const std::string& prefix, int rank,
-                                                           int size);
+                                                           int size, std::chrono::milliseconds timeout);
 
 // The plugin's exported functions (C linkage, so that dlsym finds them by these names).
 extern "C" {
@@ -139,7 +140,7 @@ using CreateCudaTrainerFn = CudaTrainer* (*)(const std::vector<model::Parameter*
 using CudaStepDeviceCountFn = int (*)();
 using CudaStepSelectDeviceFn = void (*)(int index);
 using CudaStepMakeProcessGroupFn = dist::ProcessGroup* (*)(dist::TcpStore* store, const std::string* prefix, int rank,
-                                                          int size);
+                                                          int size, int64_t timeout_ms);
 }
 // A GPU step's T: its batch's longest row rounded up to a multiple of this (step_seq_len). Every
 // kernel takes any T; the rounding keeps the distinct GEMM shapes (cuBLASLt plans) few and the rows

@@ -524,7 +524,8 @@ void FinetuneRecipe::setup_gpu_training() {
   }
   if (group_.size() > 1) {
     check(devices_.store != nullptr, "device=cuda", "a distributed run needs its rendezvous store to join NCCL");
-    nccl_ = make_gpu_process_group(*devices_.store, "ktune/nccl", group_.rank(), group_.size());
+    nccl_ = make_gpu_process_group(*devices_.store, "ktune/nccl", group_.rank(), group_.size(),
+                                   devices_.collective_timeout);
   }
   // QLoRA: the adapters hold their bases as NF4 (the parameters' values are empty); each goes up
   // dequantised, one at a time, and the GPU step quantises it again into the same codes.

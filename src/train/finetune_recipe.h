@@ -14,16 +14,20 @@
 // training (train/weights_fingerprint.h) rather than receive rank 0's.
 #pragma once
 
+#include <chrono>
+
 #include "dist/process_group.h"
 #include "train/recipe_config.h"
 
 namespace ktune::train {
 
 // What a worker's GPU work needs beyond the group: its rendezvous store (to join an NCCL group over
-// the GPUs) and LOCAL_RANK (which GPU is its own). The defaults suit a single process.
+// the GPUs), LOCAL_RANK (which GPU is its own) and the collectives' timeout (dist::WorkerEnv's, for
+// the NCCL group as for the Gloo one). The defaults suit a single process.
 struct WorkerDevices {
   dist::TcpStore* store = nullptr;
   int local_rank = 0;
+  std::chrono::milliseconds collective_timeout = std::chrono::minutes(30);
 };
 
 // Runs the recipe to the end (or throws ktune::Error naming what is wrong). group: the world

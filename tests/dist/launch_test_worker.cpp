@@ -5,7 +5,9 @@
 // others are blocked in a collective that can never finish — the launcher must stop them.
 // "fail1_slow_exit" makes rank 1 record its error and close its connections, then linger before
 // exiting: its peers fail (and are reaped) first, as happens when a sanitizer slows an exit, and
-// the launcher must still name rank 1 as the cause.
+// the launcher must still name rank 1 as the cause. "slow0" makes rank 0 sleep 6 s before the
+// allreduce: its peers wait there for as long as the collectives' timeout (env
+// KTUNE_COLLECTIVE_TIMEOUT, read by read_worker_env) lets them.
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,7 +25,7 @@ using namespace ktune::dist;
 static int worker(const WorkerEnv& env, const std::string& mode) {
   TcpStore store(env.master_addr, env.master_port, std::chrono::seconds(20));
   auto group = make_gloo_process_group(store, "test", env.rank, env.world_size, local_address_towards(env.master_addr),
-                                       std::chrono::seconds(20));
+                                       env.collective_timeout);
   if ((mode == "fail1" || mode == "fail1_slow_exit") && env.rank == 1) {
     std::fprintf(stderr, "rank 1 failing on purpose\n");
     record_worker_error("rank 1 failing on purpose");
@@ -33,6 +35,7 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
     }
     return 3;
   }
+  if (mode == "slow0" && env.rank == 0) usleep(6000 * 1000);
   float value = float(env.rank + 1);
   group->allreduce_sum(&value, 1);
   std::printf("rank %d of %d sum %.0f threads %s\n", env.rank, env.world_size, value, std::getenv("KTUNE_NUM_THREADS"));

@@ -19,8 +19,10 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-static Result run(const std::string& args) {
-  std::string command = std::string(KTUNE_LAUNCH_TEST_WORKER) + " " + args + " 2>&1";
+// env: assignments for the launch (its workers inherit them); the collectives' timeout is 20 s unless
+// it says otherwise, so that a test that fails does not hang for the default 30 minutes.
+static Result run(const std::string& args, const std::string& env = "KTUNE_COLLECTIVE_TIMEOUT=20") {
+  std::string command = env + " " + std::string(KTUNE_LAUNCH_TEST_WORKER) + " " + args + " 2>&1";
   Result r{-1, ""};
   std::FILE* p = popen(command.c_str(), "r");
   char buffer[4096];
@@ -94,4 +96,25 @@ TEST(Launcher, AFailureOnOneNodeEndsTheJobOnEveryNode) {
   EXPECT_NE(r1.exit_code, 0) << r1.output;
   EXPECT_NE(node0.output.find("job failed: rank 1 (node1"), std::string::npos) << node0.output;
   EXPECT_NE(r1.output.find("exited with code 3"), std::string::npos) << r1.output;
+}
+
+// KTUNE_COLLECTIVE_TIMEOUT bounds how long a worker's collectives wait for a late peer (a rank 0
+// still writing a checkpoint): a 2 s timeout ends rank 1's allreduce while rank 0 sleeps 6 s, a
+// 20 s one waits it out, and a value that is not a count of seconds is refused naming the env.
+TEST(Launcher, TheCollectiveTimeoutComesFromTheEnvAndBoundsTheWaitForALatePeer) {
+  Result patient = run("1 2 0 standalone slow0", "KTUNE_COLLECTIVE_TIMEOUT=20");
+  EXPECT_EQ(patient.exit_code, 0) << patient.output;
+  EXPECT_NE(patient.output.find("[rank1]: rank 1 of 2 sum 3"), std::string::npos) << patient.output;
+
+  Result impatient = run("1 2 0 standalone slow0", "KTUNE_COLLECTIVE_TIMEOUT=2");
+  EXPECT_NE(impatient.exit_code, 0) << impatient.output;
+  EXPECT_EQ(impatient.output.find("rank 1 of 2 sum 3"), std::string::npos) << impatient.output;
+  EXPECT_NE(impatient.output.find("rank 1 of 2: a peer did not take part within the collectives' timeout of 2 s "
+                                  "(env KTUNE_COLLECTIVE_TIMEOUT)"),
+            std::string::npos)
+      << impatient.output;
+
+  Result bad = run("1 2 0 standalone ok", "KTUNE_COLLECTIVE_TIMEOUT=soon");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("env KTUNE_COLLECTIVE_TIMEOUT"), std::string::npos) << bad.output;
 }

@@ -3,6 +3,7 @@
 // uses only plain structs of the host side (model::Parameter, Tensor, the plan) and its own copies
 // of src/core and of the NCCL process group (with the rendezvous store's client, which it calls on
 // the binary's store), so that the plugin needs nothing else of the binary.
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -370,8 +371,9 @@ extern "C" __attribute__((visibility("default"))) void ktune_cuda_step_select_de
 }
 
 extern "C" __attribute__((visibility("default"))) ktune::dist::ProcessGroup* ktune_cuda_step_make_process_group(
-    ktune::dist::TcpStore* store, const std::string* prefix, int rank, int size) {
-  return ktune::dist::make_nccl_process_group(*store, *prefix, rank, size).release();
+    ktune::dist::TcpStore* store, const std::string* prefix, int rank, int size, int64_t timeout_ms) {
+  return ktune::dist::make_nccl_process_group(*store, *prefix, rank, size, std::chrono::milliseconds(timeout_ms))
+      .release();
 }
 
 extern "C" __attribute__((visibility("default"))) ktune::train::CudaTrainer* ktune_create_cuda_trainer(
