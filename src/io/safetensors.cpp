@@ -352,10 +352,21 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   planned.reserve(tensors.size());
   for (const NamedTensor& t : tensors) {
     if (!t.tensor.defined()) throw Error(path + ": tensor " + t.name, "undefined tensor");
-    const Tensor tensor = t.tensor;  // shares the storage: nothing is copied
-    planned.push_back({t.name, tensor.dtype(), tensor.shape(), [tensor] { return tensor; }});
+    planned.push_back(planned_as_it_is(t.name, t.tensor));
   }
   write_safetensors_streamed(path, planned, metadata);
+}
+
+PlannedTensor planned_as_it_is(const std::string& name, const Tensor& tensor) {
+  check(tensor.defined(), "tensor " + name, "undefined tensor");
+  return {name, tensor.dtype(), tensor.shape(), [tensor] { return tensor; }};  // shares the storage
+}
+
+std::vector<PlannedTensor> planned_as_they_are(const std::map<std::string, Tensor>& tensors) {
+  std::vector<PlannedTensor> planned;
+  planned.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) planned.push_back(planned_as_it_is(name, tensor));
+  return planned;
 }
 
 void write_safetensors_streamed(const std::string& path, const std::vector<PlannedTensor>& tensors,

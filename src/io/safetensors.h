@@ -106,6 +106,10 @@ struct PlannedTensor {
   std::function<Tensor()> produce;  // a CPU tensor of that dtype and shape
 };
 
+// A tensor already made, planned as itself (sharing its storage); a map's, in the map's order.
+PlannedTensor planned_as_it_is(const std::string& name, const Tensor& tensor);
+std::vector<PlannedTensor> planned_as_they_are(const std::map<std::string, Tensor>& tensors);
+
 // write_safetensors, producing each tensor as it is written and dropping it before the next, so that
 // one tensor at a time is held (a checkpoint's merged model: each merged projection made, written,
 // freed). A produced tensor of another dtype or shape than planned is an Error naming it.

@@ -146,6 +146,15 @@ std::string HfCheckpointer::save(const SaveRequest& request) const {
   fs::create_directories(tmp / "recipe_state");
   copy_non_weight_files(checkpoint_dir_, tmp);
 
+  // What resume needs, in the dtypes training keeps (f32, or bf16 in a pure-bf16 run). First: a GPU
+  // run's moments are gathered by all GPUs as they are written, so the other ranks wait for no more
+  // than this file.
+  write_json(tmp / "recipe_state" / "recipe_state.json", request.recipe_state);
+  io::write_safetensors_streamed((tmp / "recipe_state" / "optimizer.safetensors").string(), request.optimizer_state);
+  std::vector<io::NamedTensor> trainable;
+  for (model::Parameter* p : request.trainable) trainable.push_back({p->name, p->value});
+  io::write_safetensors((tmp / "recipe_state" / "trainable.safetensors").string(), trainable);
+
   const bool lora = !request.adapters.empty();
   if (!(lora && request.adapter_weights_only)) {
     // The merged model, sharded as the input checkpoint was (torchtune's naming and index).
@@ -178,15 +187,6 @@ std::string HfCheckpointer::save(const SaveRequest& request) const {
     check(request.adapter.has_value(), "checkpointer", "LoRA checkpoint without an adapter description");
     write_json(tmp / "adapter_config.json", peft_adapter_config(*request.adapter, fs::absolute(checkpoint_dir_).string()));
   }
-
-  // What resume needs, in the dtypes training keeps (f32, or bf16 in a pure-bf16 run).
-  write_json(tmp / "recipe_state" / "recipe_state.json", request.recipe_state);
-  std::vector<io::NamedTensor> optimizer;
-  for (const auto& [name, t] : request.optimizer_state) optimizer.push_back({name, t});
-  io::write_safetensors((tmp / "recipe_state" / "optimizer.safetensors").string(), optimizer);
-  std::vector<io::NamedTensor> trainable;
-  for (model::Parameter* p : request.trainable) trainable.push_back({p->name, p->value});
-  io::write_safetensors((tmp / "recipe_state" / "trainable.safetensors").string(), trainable);
 
   // Into place: an older checkpoint of the same name is moved aside first, then removed.
   if (fs::exists(final_dir)) {

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor.h"
+#include "io/safetensors.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
 
@@ -43,7 +44,9 @@ struct SaveRequest {
   bool adapter_weights_only = false;             // save_adapter_weights_only: no merged model
   DType weights_dtype = DType::BF16;             // of the merged model files
   nlohmann::json recipe_state;                   // epoch, step, loader position, ...
-  std::map<std::string, Tensor> optimizer_state; // as the optimizer keeps them (f32 or bf16)
+  // as the optimizer keeps them (f32 or bf16), each produced as optimizer.safetensors is written
+  // (a GPU run's: gathered from the GPUs then), in this order; written before the model files
+  std::vector<io::PlannedTensor> optimizer_state;
   std::vector<model::Parameter*> trainable;      // saved in their own dtype for an exact resume
 };
 

@@ -52,6 +52,7 @@
 #include "core/tensor.h"
 #include "data/fixed_shape_batch.h"
 #include "dist/process_group.h"
+#include "io/safetensors.h"
 #include "model/decoder.h"  // LossResult (a plain struct)
 #include "model/linear.h"   // Parameter (a plain struct)
 #include "train/device_selection.h"
@@ -93,11 +94,25 @@ class CudaTrainer {
   // uses the gradient buffer as its scratch: the gradients are spent after it).
   virtual void optimizer_step(double lr, const AdamWSettings& settings) = 0;
   virtual int64_t optimizer_steps() const = 0;
-  // The moments by the CPU optimizer's names. Sharded, a collective: every GPU calls it (it gathers
-  // the shards through the gradient buffer (ZeRO-2: unit by unit through the units' buffers), so
-  // between an optimizer step and the next zero_grad),
-  // and only where keep is true does it return them (elsewhere an empty map).
-  virtual std::map<std::string, Tensor> optimizer_state(bool keep = true) = 0;
+  // The moments by the CPU optimizer's names (bf16), as a save writes them: planned tensors, each
+  // brought to the host only when its produce() runs, in the order the GPUs gather them (unit by
+  // unit, exp_avg's units then exp_avg_sq's), so that rank 0 holds one unit's moments at a time, not
+  // all of them (280 GB at 70B). Sharded, a collective: every GPU calls it (it gathers the shards
+  // through the gradient buffer (ZeRO-2: unit by unit through the units' buffers), so between an
+  // optimizer step and the next zero_grad). Where keep is false it runs all of its gathers at once
+  // and returns nothing; where keep is true the tensors' produce() run the gathers, and must run in
+  // the planned order (a tensor produced after a later one is an Error); finish_optimizer_state()
+  // then runs the gathers no produce() reached (a save that failed part-way, a tensor not written),
+  // so that every GPU has taken part in every gather.
+  virtual std::vector<io::PlannedTensor> stream_optimizer_state(bool keep) = 0;
+  virtual void finish_optimizer_state() = 0;
+  // The same, whole: every moment brought to the host (where keep is true; elsewhere an empty map).
+  std::map<std::string, Tensor> optimizer_state(bool keep = true) {
+    std::map<std::string, Tensor> state;
+    for (const io::PlannedTensor& t : stream_optimizer_state(keep)) state[t.name] = t.produce();
+    finish_optimizer_state();
+    return state;
+  }
   // A state as optimizer_state() (or the CPU AdamW::state()) wrote it, whole: each GPU takes its
   // shard of it. Errors name `where` and the entry.
   virtual void load_optimizer_state(const std::map<std::string, Tensor>& state, int64_t steps,

@@ -21,6 +21,7 @@
 #include "data/dataset_builders.h"
 #include "data/fixed_shape_batch.h"
 #include "data/padding_free.h"
+#include "io/safetensors.h"
 #include "kernels/cpu/gemm.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
@@ -661,16 +662,20 @@ void FinetuneRecipe::resume() {
 void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch) {
   group_.barrier();
   // Sharded: every rank takes part in gathering the full weights and moments; rank 0 writes them.
-  std::map<std::string, Tensor> optimizer_state;
+  std::map<std::string, Tensor> optimizer_state;  // CPU: the moments rank 0 writes
+  std::vector<io::PlannedTensor> gpu_moments;      // GPU: rank 0's, each gathered as it is written
   if (peak_rss_before_save_ < 0) peak_rss_before_save_ = read_memory_stats().peak_rss_bytes;
   if (sharded_) {
     sharded_->gather_full_parameters(/*keep=*/rank0_);
     optimizer_state = sharded_->gather_optimizer_state(*optimizer_, /*keep=*/rank0_);
+  } else if (!gpu_ && rank0_) {
+    optimizer_state = optimizer_->state();
   }
   if (gpu_) {  // rank 0 brings the weights back to write them (sharded layers, ZeRO-3: gathered by all
-              // GPUs together); sharded moments are gathered by all GPUs together, for rank 0
+              // GPUs together); sharded moments are gathered by all GPUs together, the other ranks'
+              // part now, rank 0's as its save writes each unit's (it holds one unit's at a time)
     gpu_->download_trainable(/*keep=*/rank0_);
-    optimizer_state = gpu_->optimizer_state(/*keep=*/rank0_);
+    gpu_moments = gpu_->stream_optimizer_state(/*keep=*/rank0_);
   }
   if (rank0_) {
     SaveRequest r;
@@ -684,11 +689,18 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
                       {"global_step", global_step_}, {"optimizer_steps", optimizer_steps()},
                       {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},
                       {"loader", step_in_epoch > 0 ? loader_->state().to_json() : nlohmann::json(nullptr)}};
-    r.optimizer_state = sharded_ || gpu_ ? std::move(optimizer_state) : optimizer_->state();
+    r.optimizer_state = gpu_ ? std::move(gpu_moments) : io::planned_as_they_are(optimizer_state);
     r.trainable = trainable_;
-    last_checkpoint_ = checkpointer_->save(r);
+    try {
+      last_checkpoint_ = checkpointer_->save(r);
+    } catch (...) {
+      // The other GPUs wait in the moments' gathers the failed save did not reach: run them, then fail.
+      if (gpu_) try { gpu_->finish_optimizer_state(); } catch (const std::exception&) {}
+      throw;
+    }
     log_info("saved checkpoint " + last_checkpoint_);
   }
+  if (gpu_) gpu_->finish_optimizer_state();  // rank 0: any gather no written tensor reached (none)
   if (sharded_) sharded_->release_full_parameters();
   group_.barrier();
 }

@@ -181,26 +181,32 @@ class CudaDecoderTrainer final : public CudaTrainer {
 
   int64_t optimizer_steps() const override { return steps_; }
 
-  std::map<std::string, Tensor> optimizer_state(bool keep) override {
-    std::map<std::string, Tensor> state;
-    if (!keep && !sharded()) return state;
-    const cuda::Decoder::OptimizerShard& shard = device_.optimizer_shard();
-    const std::vector<cuda::Decoder::GradientUnit>& units = device_.gradient_units();
-    for (const auto& [prefix, moment] : {std::pair{std::string("exp_avg."), shard.m}, std::pair{std::string("exp_avg_sq."), shard.v}}) {
-      // The moments of every gradient element, unit by unit: the shard itself (unsharded, one unit)
-      // or all GPUs' pieces of the unit gathered in its buffer.
-      for (size_t u = 0; u < units.size(); ++u) {
-        const bf16_t* whole = sharded() ? gather_pieces(units[u], moment + units[u].shard_offset) : moment;
-        synchronize();
-        for (const cuda::DeviceParameter& d : device_.parameters()) {
-          if (!d.grad || !keep || d.unit != int64_t(u)) continue;
-          Tensor t = Tensor::empty(Shape(d.shape), DType::BF16);
-          cuda::copy_to_host(t.bf16(), whole + (d.grad_offset - units[u].begin), size_t(d.numel) * sizeof(bf16_t));
-          state[prefix + d.name] = std::move(t);
-        }
-      }
+  // The moments, unit by unit (exp_avg's units, then exp_avg_sq's): each unit's moment is the shard
+  // itself (unsharded, one unit) or all GPUs' pieces of it gathered in its buffer, gather g being
+  // moment g / units, unit g % units; a planned tensor's produce() runs the gathers up to its own.
+  std::vector<io::PlannedTensor> stream_optimizer_state(bool keep) override {
+    const int64_t units = int64_t(device_.gradient_units().size());
+    moment_gathers_ = 2 * units;
+    moment_gathers_done_ = 0;
+    std::vector<io::PlannedTensor> planned;
+    if (!keep) {
+      if (sharded()) gather_moments_through(moment_gathers_);  // this GPU's part in rank 0's gathers
+      moment_gathers_done_ = moment_gathers_;
+      return planned;
     }
-    return state;
+    const std::vector<cuda::DeviceParameter>& params = device_.parameters();
+    for (int64_t g = 0; g < moment_gathers_; ++g)
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!params[i].grad || params[i].unit != g % units) continue;
+        planned.push_back({(g < units ? "exp_avg." : "exp_avg_sq.") + params[i].name, DType::BF16,
+                           Shape(params[i].shape), [this, g, i] { return moment_to_host(g, i); }});
+      }
+    return planned;
+  }
+
+  void finish_optimizer_state() override {
+    if (sharded()) gather_moments_through(moment_gathers_);
+    moment_gathers_done_ = moment_gathers_;
   }
 
   // Each GPU takes the elements [shard_begin, shard_end) of each parameter's moments (all of them unsharded).
@@ -348,6 +354,32 @@ class CudaDecoderTrainer final : public CudaTrainer {
     }
   }
 
+  // Runs the moments' gathers [moment_gathers_done_, n) (stream_optimizer_state): the last one's unit
+  // is then in gathered_moment_.
+  void gather_moments_through(int64_t n) {
+    const cuda::Decoder::OptimizerShard& shard = device_.optimizer_shard();
+    const std::vector<cuda::Decoder::GradientUnit>& units = device_.gradient_units();
+    for (; moment_gathers_done_ < n; ++moment_gathers_done_) {
+      const size_t u = size_t(moment_gathers_done_ % int64_t(units.size()));
+      const bf16_t* moment = moment_gathers_done_ < int64_t(units.size()) ? shard.m : shard.v;
+      gathered_moment_ = sharded() ? gather_pieces(units[u], moment + units[u].shard_offset) : moment;
+      synchronize();
+    }
+  }
+
+  // Parameter i's values of gather g's moment, on the host (bf16, its shape). Gathers run in order and
+  // each overwrites the last one's buffer: a tensor produced after a later gather ran is refused.
+  Tensor moment_to_host(int64_t g, size_t i) {
+    const cuda::DeviceParameter& d = device_.parameters()[i];
+    check(g + 1 >= moment_gathers_done_, "optimizer state " + d.name,
+          "produced after the gathers moved past it (the planned tensors are produced in order)");
+    gather_moments_through(g + 1);
+    const cuda::Decoder::GradientUnit& unit = device_.gradient_units()[size_t(d.unit)];
+    Tensor t = Tensor::empty(Shape(d.shape), DType::BF16);
+    cuda::copy_to_host(t.bf16(), gathered_moment_ + (d.grad_offset - unit.begin), size_t(d.numel) * sizeof(bf16_t));
+    return t;
+  }
+
   cuda::Decoder device_;
   uint64_t seed_;
   dist::ProcessGroup* gpus_;  // nullptr: one GPU
@@ -355,6 +387,9 @@ class CudaDecoderTrainer final : public CudaTrainer {
   std::map<std::string, model::Parameter*> host_;
   cuda::DeviceBuffer norm_scratch_;
   int64_t steps_ = 0;
+  // stream_optimizer_state: the moments' gathers planned and run, and the buffer the last one filled.
+  int64_t moment_gathers_ = 0, moment_gathers_done_ = 0;
+  const bf16_t* gathered_moment_ = nullptr;
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -26,6 +27,7 @@
 #include "core/error.h"
 #include "dist/process_group.h"
 #include "dist/tcp_store.h"
+#include "io/safetensors.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
 #include "train/cuda_trainer.h"
@@ -327,6 +329,30 @@ struct ShardedCase {
   bool qlora = false;
 };
 
+// The moments streamed as a save writes them (stream_optimizer_state), on every rank at once: rank 0
+// plans every moment of `whole` and the others nothing; a save that stops after its first tensor
+// (finish_optimizer_state runs the gathers it did not reach) leaves the GPUs in step, so a second
+// stream produces, in order, every moment equal to `whole`'s; a tensor produced after a later one's
+// gather ran is refused.
+void expect_streamed_moments(CudaTrainer& many, int rank, const std::map<std::string, Tensor>& whole) {
+  std::vector<io::PlannedTensor> planned = many.stream_optimizer_state(/*keep=*/rank == 0);
+  EXPECT_EQ(planned.size(), whole.size());
+  if (!planned.empty()) planned.front().produce();
+  many.finish_optimizer_state();
+  planned = many.stream_optimizer_state(/*keep=*/rank == 0);
+  ASSERT_EQ(planned.size(), whole.size());
+  for (const io::PlannedTensor& t : planned) {
+    const Tensor produced = t.produce();
+    ASSERT_TRUE(whole.count(t.name)) << t.name;
+    const Tensor& want = whole.at(t.name);
+    ASSERT_EQ(produced.dtype(), DType::BF16) << t.name;
+    ASSERT_EQ(produced.shape(), want.shape()) << t.name;
+    EXPECT_EQ(std::memcmp(produced.raw(), want.raw(), want.bytes()), 0) << t.name << " streamed differs from whole";
+  }
+  if (planned.size() > 1) EXPECT_THROW(planned.front().produce(), Error);
+  many.finish_optimizer_state();
+}
+
 // In each rank's process: the sharded run and the one-GPU reference, three steps each with a
 // reload of the reference's moments before the third; writes what it saw to `out` (name, then the
 // bits: "value.<name>" after the steps, "state.<name>" from rank 0's gathered moments) and the norms.
@@ -363,6 +389,7 @@ void sharded_rank(int world, int rank, int port, const ShardedCase& how, const s
   Bits bits;
   const std::map<std::string, Tensor> want = one->optimizer_state(), got = many->optimizer_state(/*keep=*/rank == 0);
   EXPECT_EQ(got.empty(), rank != 0);
+  expect_streamed_moments(*many, rank, got);
   one->download_trainable();
   many->download_trainable();
   const std::vector<model::Parameter*> ref_params = ref.host->parameters(), shard_params = shard.host->parameters();
