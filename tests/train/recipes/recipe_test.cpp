@@ -233,7 +233,7 @@ TEST_F(RecipeTest, ResumingWithAnotherWorldSizeIsRefusedNamingBothSizes) {
 
 // Every rank loads the checkpoint itself and the ranks compare fingerprints of their weights instead
 // of receiving rank 0's: a rank that loaded other weights (here rank 1, through its own
-// checkpoint_dir: model${RANK}) stops the job before any step, every rank naming it and the first
+// checkpoint_dir: model${RANK}) stops the job before any step, the ranks naming it and the first
 // parameter that differs, on both recipes. seed=null: the ranks take rank 0's seed, so the LoRA
 // adapters they draw agree and the run trains.
 TEST_F(RecipeTest, RanksThatLoadedDifferentWeightsStopNamingTheRankAndParameter) {
@@ -249,8 +249,11 @@ TEST_F(RecipeTest, RanksThatLoadedDifferentWeightsStopNamingTheRankAndParameter)
                     args + per_rank_model, out(kind));
     EXPECT_NE(r.exit_code, 0) << r.output;
     const std::string error = "error: the starting weights: rank 1 differs from rank 0, first at model.embed_tokens.weight";
-    EXPECT_NE(r.output.find("[rank0]: " + error), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("[rank1]: " + error), std::string::npos) << r.output;
+    // Both ranks find the difference at the same moment, but the launcher stops the other as soon as
+    // the first exits, which may be before it has said so (seen once under load): one of them says it.
+    EXPECT_TRUE(r.output.find("[rank0]: " + error) != std::string::npos ||
+                r.output.find("[rank1]: " + error) != std::string::npos)
+        << r.output;
     EXPECT_FALSE(fs::exists(out(kind) + "/logs")) << "a step ran";
   }
   Outcome seedless = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device",
