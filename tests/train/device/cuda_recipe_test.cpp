@@ -175,6 +175,27 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
     io::write_safetensors(bf16_model + "/model.safetensors", narrowed, {{"format", "pt"}});
     return bf16_model;
   }
+  // Two two-GPU runs of `recipe` (config `config`, two steps): from the tiny f32 model into
+  // out("copied") and from its bf16 copy (bf16_copy_of_model) into out("mapped").
+  struct CopiedAndMapped {
+    Outcome copied, mapped;
+    std::string bf16_model;
+  };
+  CopiedAndMapped run_copied_and_mapped(const std::string& recipe, const std::string& config) {
+    CopiedAndMapped runs;
+    runs.bf16_model = bf16_copy_of_model();
+    const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
+    runs.copied = run("--nproc_per_node 2 --standalone", recipe, config, "cuda", args, out("copied"));
+    runs.mapped = run("--nproc_per_node 2 --standalone", recipe, config, "cuda",
+                      args + " checkpointer.checkpoint_dir=" + runs.bf16_model, out("mapped"));
+    return runs;
+  }
+  // The line in which `rank` ("[rank1]") says how many of the checkpoint's `total` bytes it mapped.
+  static std::string mapped_line(const std::string& rank, const std::string& checkpoint_dir, const std::string& mapped,
+                                 const std::string& total) {
+    return rank + " INFO: " + checkpoint_dir + ": values mapped from the checkpoint files, not copied: " + mapped + " of " +
+           total + " bytes";
+  }
   // out(`a`) and out(`b`) logged the same two losses digit for digit and wrote the same epoch_0
   // checkpoint byte for byte.
   void expect_two_step_runs_equal(const std::string& a, const std::string& b) {
@@ -424,23 +445,12 @@ TEST_F(CudaRecipeTest, TwoGpusQloraShardTheFrozenBaseWithItsNf4CodesAndEqualRepl
 // steps) log the same losses digit for digit and write the same checkpoint byte for byte.
 TEST_F(CudaRecipeTest, TwoGpusRanksOtherThanZeroMapABf16CheckpointAndTrainAsFromACopy) {
   SKIP_WITHOUT_GPUS(2);
-  const std::string bf16_model = bf16_copy_of_model();
-  const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
-  Outcome copied = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
-                       args, out("copied"));
-  Outcome mapped = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
-                       args + " checkpointer.checkpoint_dir=" + bf16_model, out("mapped"));
+  const auto [copied, mapped, bf16_model] = run_copied_and_mapped("full_finetune_distributed", "full_single_device");
   ASSERT_EQ(copied.exit_code, 0) << copied.output;
   ASSERT_EQ(mapped.exit_code, 0) << mapped.output;
   const std::string bytes = std::to_string(2 * total(numels(model() + "/model.safetensors")));
-  EXPECT_NE(mapped.output.find("[rank1] INFO: " + bf16_model + ": values mapped from the checkpoint files, not copied: " +
-                               bytes + " of " + bytes + " bytes"),
-            std::string::npos)
-      << mapped.output;
-  EXPECT_NE(copied.output.find("[rank1] INFO: " + model() + ": values mapped from the checkpoint files, not copied: 0 of " +
-                               bytes + " bytes"),
-            std::string::npos)
-      << copied.output;
+  EXPECT_NE(mapped.output.find(mapped_line("[rank1]", bf16_model, bytes, bytes)), std::string::npos) << mapped.output;
+  EXPECT_NE(copied.output.find(mapped_line("[rank1]", model(), "0", bytes)), std::string::npos) << copied.output;
   EXPECT_EQ(mapped.output.find("[rank0] INFO: " + bf16_model + ": values mapped"), std::string::npos) << mapped.output;
   EXPECT_EQ(host_held(mapped.output, 1).values, 0) << mapped.output;
   expect_two_step_runs_equal("mapped", "copied");
@@ -454,25 +464,14 @@ TEST_F(CudaRecipeTest, TwoGpusRanksOtherThanZeroMapABf16CheckpointAndTrainAsFrom
 // the same checkpoint byte for byte: the merged model made of the mapped base is the copied one's.
 TEST_F(CudaRecipeTest, TwoGpusLoraRankZeroKeepsItsFrozenBaseMappedAndSavesAsFromACopy) {
   SKIP_WITHOUT_GPUS(2);
-  const std::string bf16_model = bf16_copy_of_model();
-  const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
-  Outcome copied = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", "cuda",
-                       args, out("copied"));
-  Outcome mapped = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", "cuda",
-                       args + " checkpointer.checkpoint_dir=" + bf16_model, out("mapped"));
+  const auto [copied, mapped, bf16_model] = run_copied_and_mapped("lora_finetune_distributed", "lora_single_device");
   ASSERT_EQ(copied.exit_code, 0) << copied.output;
   ASSERT_EQ(mapped.exit_code, 0) << mapped.output;
   const int64_t base_bytes = 2 * total(numels(model() + "/model.safetensors"));
   const std::string bytes = std::to_string(base_bytes);
   for (const std::string rank : {"[rank0]", "[rank1]"}) {
-    EXPECT_NE(mapped.output.find(rank + " INFO: " + bf16_model + ": values mapped from the checkpoint files, not copied: " +
-                                 bytes + " of " + bytes + " bytes"),
-              std::string::npos)
-        << mapped.output;
-    EXPECT_NE(copied.output.find(rank + " INFO: " + model() + ": values mapped from the checkpoint files, not copied: 0 of " +
-                                 bytes + " bytes"),
-              std::string::npos)
-        << copied.output;
+    EXPECT_NE(mapped.output.find(mapped_line(rank, bf16_model, bytes, bytes)), std::string::npos) << mapped.output;
+    EXPECT_NE(copied.output.find(mapped_line(rank, model(), "0", bytes)), std::string::npos) << copied.output;
   }
   // Rank 0 holds the base (mapped, or copied) and the adapters; its host line counts the mapped bytes.
   const HostHeld mapped0 = host_held(mapped.output, 0), copied0 = host_held(copied.output, 0);
