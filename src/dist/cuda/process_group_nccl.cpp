@@ -188,7 +188,9 @@ class NcclProcessGroup final : public ProcessGroup, public StreamCollectives {
       ncclCommGetAsyncError(comm_, &state);
       if (state != ncclSuccess && state != ncclInProgress)
         abort_with(what, std::string("a peer failed or the network broke: ") + ncclGetErrorString(state));
-      if (std::chrono::steady_clock::now() > deadline) abort_with(what, "timed out waiting for the peers");
+      if (std::chrono::steady_clock::now() > deadline)
+        abort_with(what, "timed out waiting for the peers (" + std::to_string(timeout_.count()) +
+                             " ms, the collectives' timeout: env KTUNE_COLLECTIVE_TIMEOUT)");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
