@@ -176,6 +176,13 @@ Nf4OnHost quantize_on_host(const float* x, int64_t numel) {
   return q;
 }
 
+// Blocks [first, end) of x (64 values each) into their places in q (its codes and scales whole-sized).
+void quantize_blocks(Nf4OnHost* q, const float* x, int64_t first, int64_t end) {
+  if (first >= end) return;
+  cpu::nf4_quantize(q->codes.data() + first * cpu::kNf4BlockSize / 2, q->scales.data() + first,
+                    x + first * cpu::kNf4BlockSize, (end - first) * cpu::kNf4BlockSize);
+}
+
 // The whole of q into codes and scales on the device (p's own, or its layer's slot).
 void copy_nf4_to_device(uint8_t* codes, float* scales, const Nf4OnHost& q) {
   copy_to_device(codes, q.codes.data(), q.codes.size());
@@ -1118,12 +1125,19 @@ void Decoder::upload(const std::string& name, const std::vector<float>& values) 
 }
 
 void Decoder::upload_nf4(const DeviceParameter& p, const float* x) {
-  const Nf4OnHost q = quantize_on_host(x, p.numel);
-  if (!weights_sharded(p)) return copy_nf4_to_device(p.nf4_codes, p.nf4_scales, q);
-  // ZeRO-3: this rank's part of the codes' and the scales' bytes, counted in bf16 elements as the unit is.
-  write_piece(p.weight_layer, p.weight_offset, q.codes.data(), int64_t(q.codes.size() / sizeof(bf16_t)));
-  write_piece(p.weight_layer, p.nf4_scales_offset, q.scales.data(),
-              int64_t(q.scales.size() * sizeof(float) / sizeof(bf16_t)));
+  if (!weights_sharded(p)) return copy_nf4_to_device(p.nf4_codes, p.nf4_scales, quantize_on_host(x, p.numel));
+  // ZeRO-3: this rank's part of the codes' and the scales' bytes, counted in bf16 elements as the unit
+  // is. Only the 64-value blocks that part holds are quantised (a bf16 element of the codes is 4 values,
+  // of block e / 16; of the scales half a block's f32 scale, block e / 2), not the whole tensor on
+  // every GPU: 1/W of the quantising each.
+  const int64_t code_elements = p.numel / 4, scale_elements = p.numel / cpu::kNf4BlockSize * 2;
+  const WeightRange codes = weight_piece_range(p.weight_layer, p.weight_offset, code_elements);
+  const WeightRange scales = weight_piece_range(p.weight_layer, p.nf4_scales_offset, scale_elements);
+  Nf4OnHost q{std::vector<uint8_t>(size_t(p.numel / 2)), std::vector<float>(size_t(p.numel / cpu::kNf4BlockSize))};
+  quantize_blocks(&q, x, codes.begin / 16, (codes.end + 15) / 16);
+  quantize_blocks(&q, x, scales.begin / 2, (scales.end + 1) / 2);
+  write_piece(p.weight_layer, p.weight_offset, q.codes.data(), code_elements);
+  write_piece(p.weight_layer, p.nf4_scales_offset, q.scales.data(), scale_elements);
 }
 
 void Decoder::write_piece(int64_t layer, int64_t offset, const void* host, int64_t n) {
