@@ -5,7 +5,6 @@
 // the binary's store), so that the plugin needs nothing else of the binary.
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <set>
 #include <string>
 #include <utility>
@@ -221,15 +220,11 @@ class CudaDecoderTrainer final : public CudaTrainer {
                                                         std::to_string(it->second.numel()) + " values, the GPU parameter " +
                                                         std::to_string(d.numel));
         if (!moment) continue;  // none of it in this GPU's shard
-        // (shard_end - shard_begin) of the moment's values: only this GPU's slice is read (the state
-        // may be a view of the recipe state's mapping) and, saved in f32, narrowed to bf16
-        const int64_t count = d.shard_end - d.shard_begin;
-        Tensor slice = Tensor::empty({count}, DType::BF16);
-        if (it->second.dtype() == DType::BF16)
-          std::memcpy(slice.bf16(), it->second.bf16() + d.shard_begin, size_t(count) * sizeof(bf16_t));
-        else
-          slice.copy_from(Tensor::view(it->second.f32() + d.shard_begin, {count}, DType::F32));
-        cuda::copy_to_device(moment, slice.bf16(), size_t(count) * sizeof(bf16_t));
+        // Only this GPU's values are read (the state may be a view of the recipe state's mapping)
+        // and, saved in f32, narrowed to bf16.
+        const Tensor mine = it->second.reshape(Shape{d.numel}).slice_rows(d.shard_begin, d.shard_end);
+        const Tensor narrow = mine.dtype() == DType::BF16 ? mine : mine.to(DType::BF16);
+        cuda::copy_to_device(moment, narrow.bf16(), size_t(narrow.numel()) * sizeof(bf16_t));
       }
     }
     steps_ = steps;
