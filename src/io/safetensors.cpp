@@ -308,42 +308,136 @@ void write_all(int fd, const void* data, size_t n, const std::string& where) {
   }
 }
 
-// Creates a temp file beside path, lets body write into it, fsyncs, renames over path, fsyncs the dir.
-void with_atomic_file(const std::string& path, const std::function<void(int fd)>& body) {
-  fs::path target(path);
-  fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  std::string tmpl = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
-  std::vector<char> name(tmpl.begin(), tmpl.end());
-  name.push_back('\0');
-  int fd = mkstemp(name.data());
-  if (fd < 0) throw Error(path, "cannot create a temporary file beside it: " + errno_text());
-  std::string tmp(name.data());
-  try {
-    body(fd);
-    if (fsync(fd) != 0) throw Error(path, "fsync failed: " + errno_text());
-    if (fchmod(fd, 0644) != 0) throw Error(path, "chmod failed: " + errno_text());
-    if (::close(fd) != 0) {
-      fd = -1;
-      throw Error(path, "close failed: " + errno_text());
+void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& where) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, p, std::min<size_t>(n, size_t(1) << 30), off_t(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw Error(where, "write failed: " + errno_text());
     }
-    fd = -1;
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) throw Error(path, "rename failed: " + errno_text());
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    fsync(dfd);
-    ::close(dfd);
+    p += w;
+    n -= size_t(w);
+    offset += uint64_t(w);
   }
 }
 
 }  // namespace
 
+// A temporary file beside `path` that becomes `path` on commit() (fsync, mode 0644, close, rename,
+// fsync of the directory), or is removed when destroyed uncommitted.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path) : path_(std::move(path)) {
+    const fs::path target(path_);
+    dir_ = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+    std::string tmpl = (dir_ / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
+    std::vector<char> name(tmpl.begin(), tmpl.end());
+    name.push_back('\0');
+    fd_ = mkstemp(name.data());
+    if (fd_ < 0) throw Error(path_, "cannot create a temporary file beside it: " + errno_text());
+    tmp_ = name.data();
+  }
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  int fd() const { return fd_; }
+
+  void commit() {
+    if (fsync(fd_) != 0) throw Error(path_, "fsync failed: " + errno_text());
+    if (fchmod(fd_, 0644) != 0) throw Error(path_, "chmod failed: " + errno_text());
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw Error(path_, "close failed: " + errno_text());
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) throw Error(path_, "rename failed: " + errno_text());
+    committed_ = true;
+    int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      fsync(dfd);
+      ::close(dfd);
+    }
+  }
+
+ private:
+  std::string path_, tmp_;
+  fs::path dir_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
 void write_file_atomic(const std::string& path, const std::string& bytes) {
-  with_atomic_file(path, [&](int fd) { write_all(fd, bytes.data(), bytes.size(), path); });
+  AtomicFile file(path);
+  write_all(file.fd(), bytes.data(), bytes.size(), path);
+  file.commit();
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<TensorSpec>& tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;  // in the data buffer
+  for (const TensorSpec& t : tensors) {
+    const std::string where = path_ + ": tensor " + t.name;
+    if (t.name.empty() || t.name == "__metadata__") throw Error(where, "invalid tensor name");
+    if (slots_.count(t.name)) throw Error(where, "name given twice");
+    const uint64_t bytes = dtype_bytes(t.dtype, size_t(t.shape.numel()));
+    json entry;
+    entry["dtype"] = ktune_dtype_to_safetensors(t.dtype);
+    entry["shape"] = t.shape.dims;
+    entry["data_offsets"] = {offset, offset + bytes};
+    header[t.name] = entry;
+    slots_[t.name] = Slot{t, offset, false};
+    order_.push_back(t.name);
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text.push_back(' ');
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = uint8_t((uint64_t(text.size()) >> (8 * i)) & 0xff);
+  const uint64_t data_start = 8 + uint64_t(text.size());
+  for (auto& [name, slot] : slots_) slot.offset += data_start;
+  file_ = std::make_unique<AtomicFile>(path_);
+  write_all(file_->fd(), len, 8, path_);
+  write_all(file_->fd(), text.data(), text.size(), path_);
+  if (ftruncate(file_->fd(), off_t(data_start + offset)) != 0)  // the whole file's length, however filled
+    throw Error(path_, "cannot size the file: " + errno_text());
+}
+
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+const TensorSpec& SafetensorsWriter::spec(const std::string& name) const {
+  auto it = slots_.find(name);
+  if (it == slots_.end()) throw Error(path_ + ": tensor " + name, "not planned in this file");
+  return it->second.spec;
+}
+
+void SafetensorsWriter::write(const std::string& name, const Tensor& tensor) {
+  const std::string where = path_ + ": tensor " + name;
+  auto it = slots_.find(name);
+  if (it == slots_.end()) throw Error(where, "not planned in this file");
+  Slot& slot = it->second;
+  check(file_ != nullptr, where, "the file was committed already");
+  if (slot.written) throw Error(where, "written twice");
+  if (!tensor.defined()) throw Error(where, "undefined tensor");
+  if (tensor.device() != Device::CPU) throw Error(where, "only CPU tensors can be written");
+  if (tensor.dtype() != slot.spec.dtype || tensor.shape() != slot.spec.shape)
+    throw Error(where, "given " + tensor.str() + ", planned " + std::string(dtype_name(slot.spec.dtype)) +
+                           slot.spec.shape.str());
+  pwrite_all(file_->fd(), tensor.raw(), tensor.bytes(), slot.offset, where);
+  slot.written = true;
+}
+
+void SafetensorsWriter::commit() {
+  check(file_ != nullptr, path_, "committed twice");
+  for (const std::string& name : order_)
+    if (!slots_.at(name).written) throw Error(path_ + ": tensor " + name, "planned but never written");
+  file_->commit();
+  file_.reset();
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
@@ -371,39 +465,12 @@ std::vector<PlannedTensor> planned_as_they_are(const std::map<std::string, Tenso
 
 void write_safetensors_streamed(const std::string& path, const std::vector<PlannedTensor>& tensors,
                                 const std::map<std::string, std::string>& metadata) {
-  json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::set<std::string> seen;
-  uint64_t offset = 0;
-  for (const PlannedTensor& t : tensors) {
-    const std::string where = path + ": tensor " + t.name;
-    if (t.name.empty() || t.name == "__metadata__") throw Error(where, "invalid tensor name");
-    if (!seen.insert(t.name).second) throw Error(where, "name given twice");
-    const uint64_t bytes = dtype_bytes(t.dtype, size_t(t.shape.numel()));
-    json entry;
-    entry["dtype"] = ktune_dtype_to_safetensors(t.dtype);
-    entry["shape"] = t.shape.dims;
-    entry["data_offsets"] = {offset, offset + bytes};
-    header[t.name] = entry;
-    offset += bytes;
-  }
-  std::string text = header.dump();
-  while (text.size() % 8 != 0) text.push_back(' ');
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = uint8_t((uint64_t(text.size()) >> (8 * i)) & 0xff);
-  with_atomic_file(path, [&](int fd) {
-    write_all(fd, len, 8, path);
-    write_all(fd, text.data(), text.size(), path);
-    for (const PlannedTensor& t : tensors) {
-      const std::string where = path + ": tensor " + t.name;
-      const Tensor tensor = t.produce();
-      if (!tensor.defined()) throw Error(where, "undefined tensor");
-      if (tensor.device() != Device::CPU) throw Error(where, "only CPU tensors can be written");
-      if (tensor.dtype() != t.dtype || tensor.shape() != t.shape)
-        throw Error(where, "produced " + tensor.str() + ", planned " + std::string(dtype_name(t.dtype)) + t.shape.str());
-      write_all(fd, tensor.raw(), tensor.bytes(), where);
-    }
-  });
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const PlannedTensor& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  SafetensorsWriter writer(path, specs, metadata);
+  for (const PlannedTensor& t : tensors) writer.write(t.name, t.produce());  // each dropped before the next is made
+  writer.commit();
 }
 
 std::vector<std::string> write_safetensors_sharded(const std::string& dir, const std::vector<NamedTensor>& tensors,

@@ -98,6 +98,54 @@ struct NamedTensor {
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// A tensor of a file being planned: its name, dtype and shape (its place in the header).
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+};
+
+// Takes tensors by name, one call each: the consumer of a producer that streams them (a GPU run's
+// trainable values, downloaded unit by unit as a checkpoint is written).
+using TensorSink = std::function<void(const std::string& name, const Tensor& tensor)>;
+
+class AtomicFile;
+
+// A safetensors file written by position: planned whole when opened (names, dtypes and shapes, in
+// the given order: its header and the place of every tensor's bytes), then filled one tensor at a
+// time in any order, each exactly once, and committed atomically (a temporary file beside the path,
+// fsync, rename) once every tensor is in. The file is byte for byte the one write_safetensors
+// writes for the same tensors in the planned order, whatever order they arrive in. Destroyed
+// without commit() (a failed save), the temporary file is removed and `path` left as it was.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(std::string path, const std::vector<TensorSpec>& tensors,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  const std::string& path() const { return path_; }
+  bool holds(const std::string& name) const { return slots_.count(name) != 0; }
+  const TensorSpec& spec(const std::string& name) const;  // Error naming the file when not planned
+  // A CPU tensor of the planned dtype and shape, at its place. Errors name the file and the tensor:
+  // a name not planned, one written already, another dtype or shape.
+  void write(const std::string& name, const Tensor& tensor);
+  // Into place; an Error naming the first planned tensor not written (the file is then not made).
+  void commit();
+
+ private:
+  struct Slot {
+    TensorSpec spec;
+    uint64_t offset = 0;  // of its bytes in the file
+    bool written = false;
+  };
+  std::string path_;
+  std::unique_ptr<AtomicFile> file_;
+  std::vector<std::string> order_;  // the planned order
+  std::map<std::string, Slot> slots_;
+};
+
 // A tensor to be written whose bytes are made only when the writer reaches it.
 struct PlannedTensor {
   std::string name;

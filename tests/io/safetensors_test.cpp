@@ -217,6 +217,63 @@ TEST_F(SafetensorsTest, StreamedWriteRefusesATensorProducedOtherThanPlannedAndLe
   EXPECT_TRUE(fs::is_empty(dir_)) << "the file or its temporary was left behind";
 }
 
+// The writer by position takes the tensors in any order and writes the file write_safetensors
+// writes for the planned order, byte for byte.
+TEST_F(SafetensorsTest, WriterByPositionTakesTensorsInAnyOrderAndWritesThePlannedFile) {
+  const std::vector<NamedTensor> tensors = {{"a", iota_f32({3, 4})}, {"b", iota_f32({5}, 2.0f).to(DType::BF16)},
+                                            {"c", iota_f32({2, 2, 2}, -1.0f)}, {"empty", iota_f32({0, 3})}};
+  write_safetensors(file("whole.safetensors"), tensors, {{"format", "pt"}});
+  std::vector<TensorSpec> specs;
+  for (const NamedTensor& t : tensors) specs.push_back({t.name, t.tensor.dtype(), t.tensor.shape()});
+  SafetensorsWriter writer(file("by_position.safetensors"), specs, {{"format", "pt"}});
+  EXPECT_TRUE(writer.holds("b"));
+  EXPECT_FALSE(writer.holds("d"));
+  for (int i : {2, 0, 3, 1}) writer.write(tensors[size_t(i)].name, tensors[size_t(i)].tensor);
+  EXPECT_FALSE(fs::exists(file("by_position.safetensors"))) << "in place before commit()";
+  writer.commit();
+  std::ifstream whole(file("whole.safetensors"), std::ios::binary), placed(file("by_position.safetensors"), std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(whole), {}), std::string(std::istreambuf_iterator<char>(placed), {}));
+}
+
+// What the writer refuses names the file and the tensor; a writer never committed leaves nothing
+// behind (an older file at the path untouched), nor does a commit with a tensor missing.
+TEST_F(SafetensorsTest, WriterByPositionRefusesWhatWasNotPlannedOrTwiceAndLeavesNoFileUncommitted) {
+  write_safetensors(file("x.safetensors"), {{"old", iota_f32({2})}});
+  const std::vector<TensorSpec> specs = {{"a", DType::F32, Shape{4}}, {"b", DType::BF16, Shape{2, 3}}};
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  {
+    SafetensorsWriter writer(file("x.safetensors"), specs);
+    writer.write("a", iota_f32({4}));
+    const std::string twice = message([&] { writer.write("a", iota_f32({4})); });
+    EXPECT_NE(twice.find("x.safetensors: tensor a"), std::string::npos) << twice;
+    EXPECT_NE(twice.find("written twice"), std::string::npos) << twice;
+    const std::string unplanned = message([&] { writer.write("c", iota_f32({4})); });
+    EXPECT_NE(unplanned.find("tensor c"), std::string::npos) << unplanned;
+    EXPECT_NE(unplanned.find("not planned"), std::string::npos) << unplanned;
+    const std::string other = message([&] { writer.write("b", iota_f32({2, 3})); });
+    EXPECT_NE(other.find("given f32(2, 3), planned bf16(2, 3)"), std::string::npos) << other;
+    const std::string missing = message([&] { writer.commit(); });
+    EXPECT_NE(missing.find("tensor b"), std::string::npos) << missing;
+    EXPECT_NE(missing.find("never written"), std::string::npos) << missing;
+  }
+  {
+    SafetensorsWriter abandoned(file("x.safetensors"), specs);
+    abandoned.write("a", iota_f32({4}));
+  }
+  SafetensorsFile f = SafetensorsFile::open(file("x.safetensors"));
+  EXPECT_TRUE(f.contains("old")) << "an uncommitted writer replaced the file";
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u) << "a temporary file was left behind";
+}
+
 // --- bad files -----------------------------------------------------------------------------------
 
 TEST_F(SafetensorsTest, MissingTensorNamesFileAndTensor) {
