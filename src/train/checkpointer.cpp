@@ -48,10 +48,12 @@ Tensor in_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : 
 // The model as HF names it, in order, each tensor made only when the writer reaches it (so that a save
 // holds one merged projection at a time, not the merged model): a projection whose adapter is among
 // `adapters` merged with it (a bf16-stored base, pure-bf16 LoRA: into an f32 copy of it; QLoRA's from
-// its NF4 base), any other parameter as it is; in `dtype`. Tied heads are not parameters: not written.
+// its NF4 base), any other parameter as it is; in `dtype`. A parameter among `streamed` (the trainable
+// values a save streams, TrainableValues) is planned with that shape and no produce(): its values come
+// from the stream. Tied heads are not parameters: not written.
 std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
                                                     const std::vector<std::shared_ptr<model::LoraAdapter>>& adapters,
-                                                    DType dtype) {
+                                                    DType dtype, const std::map<std::string, Shape>& streamed) {
   std::map<std::string, std::pair<const model::Linear*, const model::LoraAdapter*>> adapted;  // by weight name
   for (model::Linear* linear : decoder.linears())
     for (const auto& a : adapters)
@@ -59,6 +61,10 @@ std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
   std::vector<io::PlannedTensor> tensors;
   for (model::Parameter* p : decoder.parameters()) {
     if (p->name.rfind("base_model.model.", 0) == 0) continue;  // adapter parameters
+    if (auto s = streamed.find(p->name); s != streamed.end()) {
+      tensors.push_back({p->name, dtype, s->second, nullptr});
+      continue;
+    }
     auto it = adapted.find(p->name);
     if (it == adapted.end()) {
       check(p->value.defined(), "checkpointer", "cannot save " + p->name + ": its value was released");
@@ -76,6 +82,52 @@ std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
                        }});
   }
   return tensors;
+}
+
+// The merged model's files, sharded as the input checkpoint was (torchtune's naming and index),
+// opened by position with every tensor planned, and filled with every tensor but the streamed ones
+// (no produce()), which the save's stream writes; index: model.safetensors.index.json's content.
+struct ModelFiles {
+  std::vector<std::unique_ptr<io::SafetensorsWriter>> shards;
+  nlohmann::json index;
+  io::SafetensorsWriter* file_of(const std::string& name) const {
+    for (const auto& shard : shards)
+      if (shard->holds(name)) return shard.get();
+    return nullptr;
+  }
+};
+
+ModelFiles open_model_files(const fs::path& dir, const std::string& checkpoint_dir,
+                            const std::vector<io::PlannedTensor>& tensors) {
+  io::SafetensorsCheckpoint input = io::SafetensorsCheckpoint::open(checkpoint_dir);
+  std::vector<std::string> input_files;
+  std::vector<std::vector<io::TensorSpec>> specs;
+  std::vector<size_t> shard_of;  // by tensor
+  for (const io::PlannedTensor& t : tensors) {
+    const std::string file = input.contains(t.name) ? input.file_of(t.name).path() : "";
+    auto at = std::find(input_files.begin(), input_files.end(), file);
+    if (at == input_files.end()) {
+      input_files.push_back(file);
+      specs.emplace_back();
+      at = input_files.end() - 1;
+    }
+    shard_of.push_back(size_t(at - input_files.begin()));
+    specs[shard_of.back()].push_back({t.name, t.dtype, t.shape});
+  }
+  ModelFiles files;
+  nlohmann::json weight_map = nlohmann::json::object();
+  uint64_t total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    weight_map[tensors[i].name] = shard_name(shard_of[i], specs.size());
+    total += dtype_bytes(tensors[i].dtype, size_t(tensors[i].shape.numel()));
+  }
+  for (size_t s = 0; s < specs.size(); ++s)
+    files.shards.push_back(std::make_unique<io::SafetensorsWriter>((dir / shard_name(s, specs.size())).string(),
+                                                                   specs[s], std::map<std::string, std::string>{{"format", "pt"}}));
+  for (size_t i = 0; i < tensors.size(); ++i)  // one made, written and dropped at a time
+    if (tensors[i].produce) files.shards[shard_of[i]]->write(tensors[i].name, tensors[i].produce());
+  files.index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  return files;
 }
 
 void write_json(const fs::path& path, const nlohmann::json& j) { io::write_file_atomic(path.string(), j.dump(2) + "\n"); }
@@ -105,6 +157,18 @@ std::map<std::string, Tensor> map_all(const fs::path& path) {
 }
 
 }  // namespace
+
+TrainableValues host_trainable_values(const std::vector<model::Parameter*>& params) {
+  TrainableValues values;
+  for (const model::Parameter* p : params) {
+    check(p->value.defined(), "checkpointer", "cannot save " + p->name + ": its value was released");
+    values.tensors.push_back({p->name, p->value.dtype(), p->value.shape()});
+  }
+  values.stream = [params](const io::TensorSink& sink) {
+    for (const model::Parameter* p : params) sink(p->name, p->value);
+  };
+  return values;
+}
 
 nlohmann::json peft_adapter_config(const AdapterDescription& adapter, const std::string& base_model) {
   return {{"peft_type", "LORA"},
@@ -151,34 +215,24 @@ std::string HfCheckpointer::save(const SaveRequest& request) const {
   // than this file.
   write_json(tmp / "recipe_state" / "recipe_state.json", request.recipe_state);
   io::write_safetensors_streamed((tmp / "recipe_state" / "optimizer.safetensors").string(), request.optimizer_state);
-  std::vector<io::NamedTensor> trainable;
-  for (model::Parameter* p : request.trainable) trainable.push_back({p->name, p->value});
-  io::write_safetensors((tmp / "recipe_state" / "trainable.safetensors").string(), trainable);
+  io::SafetensorsWriter trainable((tmp / "recipe_state" / "trainable.safetensors").string(), request.trainable.tensors);
 
   const bool lora = !request.adapters.empty();
+  ModelFiles model_files;
   if (!(lora && request.adapter_weights_only)) {
-    // The merged model, sharded as the input checkpoint was (torchtune's naming and index).
-    std::vector<io::PlannedTensor> tensors = merged_model_tensors(*request.decoder, request.adapters, request.weights_dtype);
-    io::SafetensorsCheckpoint input = io::SafetensorsCheckpoint::open(checkpoint_dir_);
-    std::vector<std::string> input_files;
-    for (const io::PlannedTensor& t : tensors) {
-      std::string file = input.contains(t.name) ? input.file_of(t.name).path() : "";
-      if (std::find(input_files.begin(), input_files.end(), file) == input_files.end()) input_files.push_back(file);
-    }
-    std::vector<std::vector<io::PlannedTensor>> shards(input_files.size());
-    nlohmann::json weight_map = nlohmann::json::object();
-    uint64_t total = 0;
-    for (const io::PlannedTensor& t : tensors) {
-      std::string file = input.contains(t.name) ? input.file_of(t.name).path() : "";
-      size_t index = size_t(std::find(input_files.begin(), input_files.end(), file) - input_files.begin());
-      shards[index].push_back(t);
-      weight_map[t.name] = shard_name(index, shards.size());
-      total += dtype_bytes(t.dtype, size_t(t.shape.numel()));
-    }
-    for (size_t i = 0; i < shards.size(); ++i)
-      io::write_safetensors_streamed((tmp / shard_name(i, shards.size())).string(), shards[i], {{"format", "pt"}});
-    write_json(tmp / "model.safetensors.index.json", {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+    std::map<std::string, Shape> streamed;
+    for (const io::TensorSpec& t : request.trainable.tensors) streamed[t.name] = t.shape;
+    model_files = open_model_files(tmp, checkpoint_dir_,
+                                   merged_model_tensors(*request.decoder, request.adapters, request.weights_dtype, streamed));
   }
+  // The trainable values, each into its places as it comes (in the dtype each file holds).
+  if (request.trainable.stream) request.trainable.stream([&](const std::string& name, const Tensor& value) {
+    trainable.write(name, in_dtype(value, trainable.spec(name).dtype));
+    if (io::SafetensorsWriter* file = model_files.file_of(name)) file->write(name, in_dtype(value, request.weights_dtype));
+  });
+  trainable.commit();
+  for (const auto& shard : model_files.shards) shard->commit();
+  if (!model_files.shards.empty()) write_json(tmp / "model.safetensors.index.json", model_files.index);
   if (lora) {
     std::vector<io::NamedTensor> adapter_tensors;
     for (const auto& a : request.adapters)

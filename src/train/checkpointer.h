@@ -11,10 +11,13 @@
 //                                          what resume needs, in the dtype training keeps it in
 //                                          (f32, or bf16 for a pure-bf16 run), so that it continues exactly
 // The merged model is made as it is written, one tensor at a time (each merged projection made,
-// written, freed: io::write_safetensors_streamed), so a save holds one projection beyond the model.
+// written, freed), so a save holds one projection beyond the model; the trainable values come as a
+// stream in any order (TrainableValues), each written at its place (io::SafetensorsWriter), so a
+// GPU run's host need not hold them.
 // It deliberately knows nothing of the training loop: the recipe hands it what to write.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +39,18 @@ struct AdapterDescription {
   std::vector<std::string> target_modules;  // HF module suffixes (q_proj, o_proj, gate_proj, …)
 };
 
+// The trainable values a save writes: recipe_state/trainable.safetensors, each in the dtype training
+// keeps it in (`tensors`), and, of a full fine-tune, the model files. stream() hands each of
+// `tensors` to the sink once, in any order (f32 or its own dtype: the checkpointer converts): the
+// host values (host_trainable_values), or a GPU run's downloaded unit by unit as they are written, so
+// that no host holds them all (a full fine-tune's rank 0 keeps no values: 16 GB at 8B in bf16).
+struct TrainableValues {
+  std::vector<io::TensorSpec> tensors;
+  std::function<void(const io::TensorSink&)> stream;
+};
+// The parameters' host values as they are (each must be defined: an Error naming it otherwise).
+TrainableValues host_trainable_values(const std::vector<model::Parameter*>& params);
+
 struct SaveRequest {
   std::string name;                              // "epoch_0", "step_40"
   model::Decoder* decoder = nullptr;
@@ -47,7 +62,10 @@ struct SaveRequest {
   // as the optimizer keeps them (f32 or bf16), each produced as optimizer.safetensors is written
   // (a GPU run's: gathered from the GPUs then), in this order; written before the model files
   std::vector<io::PlannedTensor> optimizer_state;
-  std::vector<model::Parameter*> trainable;      // saved in their own dtype for an exact resume
+  // Saved in their own dtype for an exact resume, and streamed after optimizer.safetensors is
+  // written and the merged model's other tensors are (a GPU run's gathers: the moments', then the
+  // weights'). The decoder's parameters named here are not read from the host model.
+  TrainableValues trainable;
 };
 
 // What resume reads. The tensors are views of the recipe-state files' read-only mappings (they keep

@@ -68,9 +68,16 @@ class CudaTrainer {
   // dtype), without the host model, whose values may be released. Errors name `where` and a trainable
   // parameter that `values` lacks or holds with another count of values.
   virtual void upload_trainable(const std::map<std::string, Tensor>& values, const std::string& where) = 0;
-  // device → host: the trainable parameters, into the host model's tensors (their dtype kept). With
-  // the layers' weights sharded (ZeRO-3) a collective: every GPU calls it (the layers are gathered unit
-  // by unit), and only where keep is true are the host tensors written.
+  // device → host, unit by unit: each trainable parameter's values handed to `sink` (f32, the
+  // parameter's shape; the tensor lives for the call only), so that the host holds one at a time (a
+  // save writes them as they come: a full fine-tune's rank 0 keeps no host values). With the layers'
+  // weights sharded (ZeRO-3, a full fine-tune's) a collective: every GPU calls it, in the same order
+  // among its other collectives (each layer is gathered before its values are read); an empty sink
+  // takes part in the gathers only. A sink that throws stops no gather: the remaining ones run (the
+  // other GPUs wait in them), and the first error is rethrown after the last. A LoRA run's trainable
+  // values (the adapters) are whole on every GPU: no collective.
+  virtual void stream_trainable(const io::TensorSink& sink) = 0;
+  // The same, into the host model's tensors (their dtype kept) where keep is true.
   virtual void download_trainable(bool keep = true) = 0;
 
   virtual void zero_grad() = 0;

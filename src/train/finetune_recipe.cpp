@@ -248,6 +248,7 @@ class FinetuneRecipe {
   std::vector<std::shared_ptr<model::LoraAdapter>> adapters_;
   std::optional<AdapterDescription> adapter_description_;
   std::vector<model::Parameter*> trainable_;
+  std::vector<io::TensorSpec> trainable_specs_;  // their names, dtypes and shapes, as a save plans them
   std::unique_ptr<ShardedDataParallel> sharded_;  // distributed recipes: FSDP over group_
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<dist::ProcessGroup> nccl_;  // distributed GPU runs: the GPUs' group (outlives gpu_)
@@ -411,13 +412,13 @@ DType weight_storage(const RecipeConfig& cfg, const RecipeSpec& recipe) {
 
 void FinetuneRecipe::setup_model(bool on_gpu) {
   const DType storage = weight_storage(cfg_, recipe_);
-  // A GPU run's ranks other than 0 only read their values (the fingerprint, the upload) and then release
-  // them: views of the mapped files where those hold the storage dtype, the page cache's pages shared
-  // by the node's ranks instead of a private copy each. So does rank 0 of a LoRA run, whose checkpoint
-  // values are all frozen: it keeps them for its saves to merge into, mapped, their pages dropped once
-  // uploaded (release_host_values) and read again from the file by each save. A full fine-tune's rank 0
-  // copies: its saves download the trained values into them.
-  model_ = checkpointer_->load_model(storage, /*map_values=*/on_gpu && (!rank0_ || recipe_.lora));
+  // A GPU run's ranks only read their values (the fingerprint, the upload) and then release them:
+  // views of the mapped files where those hold the storage dtype, the page cache's pages shared by the
+  // node's ranks instead of a private copy each. Rank 0 of a LoRA run keeps its frozen values for its
+  // saves to merge into, mapped, their pages dropped once uploaded (release_host_values) and read
+  // again from the file by each save; a full fine-tune's rank 0 keeps none (its saves stream the
+  // trained values from the GPUs).
+  model_ = checkpointer_->load_model(storage, /*map_values=*/on_gpu);
   if (on_gpu) model_->set_host_gradients(false);  // the GPU step keeps the gradients; nothing on the host reads them
   const model::ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.vocab_size)
@@ -441,6 +442,7 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   model_->set_activation_checkpointing(cfg_.enable_activation_checkpointing);
   for (model::Parameter* p : model_->parameters())
     if (p->trainable) trainable_.push_back(p);
+  trainable_specs_ = host_trainable_values(trainable_).tensors;  // before any value is released
   // Every rank starts from the same weights: it loaded the same files and seeded its adapters alike.
   // Checked, not sent: the fingerprints of every parameter held (trainable and frozen) against rank 0's.
   check_same_parameters(model_->parameters(), group_, "the starting weights");
@@ -592,7 +594,10 @@ void FinetuneRecipe::setup_gpu_training() {
 
 void FinetuneRecipe::release_host_values() {
   const bool merged_saved = !(recipe_.lora && cfg_.save_adapter_weights_only);
-  model_->release_values([&](const model::Parameter& p) { return !rank0_ || (!p.trainable && !merged_saved); });
+  // Rank 0 keeps what its saves read from the host: a LoRA run's adapters (a save downloads into them)
+  // and its frozen base where a merged model is written. A full fine-tune's saves stream the trained
+  // values from the GPUs (CudaTrainer::stream_trainable): nothing kept.
+  model_->release_values([&](const model::Parameter& p) { return !rank0_ || !(p.trainable ? recipe_.lora : merged_saved); });
   if (!rank0_ || !merged_saved)  // QLoRA's bases live in the adapters, as NF4: the same rule as the frozen base's
     for (const auto& a : adapters_) a->release_base();
   malloc_trim(0);  // the freed values were heap blocks (below glibc's dynamic mmap threshold): back to the OS
@@ -610,8 +615,9 @@ void FinetuneRecipe::release_host_values() {
     for (const auto& a : adapters_) nf4_bytes += int64_t(a->base_weight_bytes(model_->linear(a->module_name())));
   const std::string role =
       !rank0_ ? "rank " + std::to_string(group_.rank()) + ": no values, its GPU holds them and rank 0 writes the checkpoints"
-      : merged_saved ? "rank 0: the trainable values a save downloads into and the frozen base its merged model is made of"
-                     : "rank 0: the trainable values a save downloads into (save_adapter_weights_only: no merged model)";
+      : !recipe_.lora ? "rank 0: no values, a save streams the trained ones from the GPUs as it writes them"
+      : merged_saved ? "rank 0: the adapters a save downloads into and the frozen base its merged model is made of"
+                     : "rank 0: the adapters a save downloads into (save_adapter_weights_only: no merged model)";
   log_info("host model after the upload to the GPU: " + std::to_string(value_bytes) + " bytes of parameter values (" +
            mib(value_bytes) + ") and " + std::to_string(grad_bytes) + " bytes of gradients held" +
            (cfg_.model.quantize_base ? ", and the adapters' NF4 bases: " + std::to_string(nf4_bytes) + " bytes (" +
@@ -671,12 +677,14 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
   } else if (!gpu_ && rank0_) {
     optimizer_state = optimizer_->state();
   }
-  if (gpu_) {  // rank 0 brings the weights back to write them (sharded layers, ZeRO-3: gathered by all
-              // GPUs together); sharded moments are gathered by all GPUs together, the other ranks'
-              // part now, rank 0's as its save writes each unit's (it holds one unit's at a time)
-    gpu_->download_trainable(/*keep=*/rank0_);
-    gpu_moments = gpu_->stream_optimizer_state(/*keep=*/rank0_);
-  }
+  // A GPU run's gathers, in one order on every GPU: the sharded moments unit by unit (rank 0's as its
+  // save writes each unit's: it holds one unit's at a time), then the trained values unit by unit
+  // (ZeRO-3's layers gathered by all GPUs together; rank 0's as its save writes them). A LoRA run's
+  // adapters are whole on every GPU: rank 0 downloads them into its host model first (the merged
+  // model is made of them), no collective.
+  if (gpu_ && rank0_ && recipe_.lora) gpu_->download_trainable();
+  if (gpu_) gpu_moments = gpu_->stream_optimizer_state(/*keep=*/rank0_);
+  if (gpu_ && !rank0_) gpu_->stream_trainable(io::TensorSink());
   if (rank0_) {
     SaveRequest r;
     r.name = name;
@@ -690,17 +698,29 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
                       {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},
                       {"loader", step_in_epoch > 0 ? loader_->state().to_json() : nlohmann::json(nullptr)}};
     r.optimizer_state = gpu_ ? std::move(gpu_moments) : io::planned_as_they_are(optimizer_state);
-    r.trainable = trainable_;
+    bool streamed = false;  // the GPU's trained values: whether the save reached their stream
+    if (gpu_ && !recipe_.lora)
+      r.trainable = {trainable_specs_, [&](const io::TensorSink& sink) {
+                       gpu_->finish_optimizer_state();  // the moments' gathers all run first (written: none left)
+                       streamed = true;
+                       gpu_->stream_trainable(sink);
+                     }};
+    else
+      r.trainable = host_trainable_values(trainable_);
     try {
       last_checkpoint_ = checkpointer_->save(r);
     } catch (...) {
-      // The other GPUs wait in the moments' gathers the failed save did not reach: run them, then fail.
-      if (gpu_) try { gpu_->finish_optimizer_state(); } catch (const std::exception&) {}
+      // The other GPUs wait in the gathers the failed save did not reach: run them, then fail.
+      if (gpu_) try {
+          gpu_->finish_optimizer_state();
+          if (!recipe_.lora && !streamed) gpu_->stream_trainable(io::TensorSink());
+        } catch (const std::exception&) {
+        }
       throw;
     }
     log_info("saved checkpoint " + last_checkpoint_);
   }
-  if (gpu_) gpu_->finish_optimizer_state();  // rank 0: any gather no written tensor reached (none)
+  if (gpu_ && rank0_) gpu_->finish_optimizer_state();  // any gather no written tensor reached (none)
   if (sharded_) sharded_->release_full_parameters();
   group_.barrier();
 }

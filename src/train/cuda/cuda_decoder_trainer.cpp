@@ -5,6 +5,7 @@
 // the binary's store), so that the plugin needs nothing else of the binary.
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <set>
 #include <string>
 #include <utility>
@@ -105,21 +106,34 @@ class CudaDecoderTrainer final : public CudaTrainer {
   }
 
   // Unit by unit: a layer whose weights are sharded (a full fine-tune's, ZeRO-3) gathered into the
-  // slot first (every GPU takes part), then its parameters copied out where keep is true. LoRA's
-  // sharded weights are frozen: nothing to gather.
-  void download_trainable(bool keep) override {
+  // slot first (every GPU takes part), then its parameters downloaded for the sink. LoRA's sharded
+  // weights are frozen: nothing to gather.
+  void stream_trainable(const io::TensorSink& sink) override {
+    std::exception_ptr failed;
     const std::vector<cuda::Decoder::GradientUnit>& units = device_.gradient_units();
     for (size_t u = 0; u < units.size(); ++u) {
       int64_t gathered = -1;
       for (const cuda::DeviceParameter& d : device_.parameters()) {
         if (!d.grad || d.unit != int64_t(u)) continue;
         if (device_.weights_sharded(d) && d.weight_layer != gathered) device_.gather_weights(gathered = d.weight_layer);
-        if (!keep) continue;
-        std::vector<float> values = device_.download_value(d.name);
-        model::Parameter& p = *host_.at(d.name);
-        p.value.copy_from(Tensor::view(values.data(), p.value.shape(), DType::F32));
+        if (!sink || failed) continue;
+        try {
+          std::vector<float> values = device_.download_value(d.name);
+          sink(d.name, Tensor::view(values.data(), Shape(d.shape), DType::F32));
+        } catch (...) {
+          failed = std::current_exception();  // the remaining gathers still run: every GPU waits in them
+        }
       }
     }
+    if (failed) std::rethrow_exception(failed);
+  }
+
+  void download_trainable(bool keep) override {
+    if (!keep) return stream_trainable(io::TensorSink());
+    stream_trainable([this](const std::string& name, const Tensor& values) {
+      model::Parameter& p = *host_.at(name);
+      p.value.copy_from(values.reshape(p.value.shape()));
+    });
   }
 
   void zero_grad() override { device_.zero_grad(); }

@@ -438,21 +438,25 @@ TEST_F(CudaRecipeTest, TwoGpusQloraShardTheFrozenBaseWithItsNf4CodesAndEqualRepl
   expect_base_sharded_equals_replicated(" model.quantize_base=True", "frozen bf16 base weights and NF4 codes and scales");
 }
 
-// The ranks other than 0 of a GPU run map the checkpoint's values rather than copy them, where the
-// file holds them in the storage dtype: from a bf16 copy of the tiny model (its f32 values rounded
-// as a bf16 load rounds them) rank 1 maps every byte, from the f32 model it copies every one; rank 0
-// always copies (its saves write into the trainable values). Both runs (a ZeRO-3 full fine-tune, two
-// steps) log the same losses digit for digit and write the same checkpoint byte for byte.
-TEST_F(CudaRecipeTest, TwoGpusRanksOtherThanZeroMapABf16CheckpointAndTrainAsFromACopy) {
+// The ranks of a GPU full fine-tune map the checkpoint's values rather than copy them, where the
+// file holds them in the storage dtype, and keep none once the GPUs hold them (rank 0's saves stream
+// the trained values from the GPUs): from a bf16 copy of the tiny model both ranks map every byte,
+// from the f32 model they copy every one. Both runs (ZeRO-3, two steps) log the same losses digit for
+// digit and write the same checkpoint byte for byte.
+TEST_F(CudaRecipeTest, TwoGpusFullFinetuneRanksMapABf16CheckpointKeepNoValuesAndTrainAsFromACopy) {
   SKIP_WITHOUT_GPUS(2);
   const auto [copied, mapped, bf16_model] = run_copied_and_mapped("full_finetune_distributed", "full_single_device");
   ASSERT_EQ(copied.exit_code, 0) << copied.output;
   ASSERT_EQ(mapped.exit_code, 0) << mapped.output;
   const std::string bytes = std::to_string(2 * total(numels(model() + "/model.safetensors")));
-  EXPECT_NE(mapped.output.find(mapped_line("[rank1]", bf16_model, bytes, bytes)), std::string::npos) << mapped.output;
-  EXPECT_NE(copied.output.find(mapped_line("[rank1]", model(), "0", bytes)), std::string::npos) << copied.output;
-  EXPECT_EQ(mapped.output.find("[rank0] INFO: " + bf16_model + ": values mapped"), std::string::npos) << mapped.output;
-  EXPECT_EQ(host_held(mapped.output, 1).values, 0) << mapped.output;
+  for (const std::string rank : {"[rank0]", "[rank1]"}) {
+    EXPECT_NE(mapped.output.find(mapped_line(rank, bf16_model, bytes, bytes)), std::string::npos) << mapped.output;
+    EXPECT_NE(copied.output.find(mapped_line(rank, model(), "0", bytes)), std::string::npos) << copied.output;
+  }
+  for (const Outcome* r : {&mapped, &copied})
+    for (int rank : {0, 1}) EXPECT_EQ(host_held(r->output, rank).values, 0) << r->output;
+  EXPECT_NE(mapped.output.find("rank 0: no values, a save streams the trained ones from the GPUs"), std::string::npos)
+      << mapped.output;
   expect_two_step_runs_equal("mapped", "copied");
 }
 
@@ -539,12 +543,11 @@ TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplic
       << zero2.output;
   EXPECT_EQ(zero2.output.find("weights sharded (ZeRO-3)"), std::string::npos) << zero2.output;
   EXPECT_NE(replicated.output.find("replicated over 2 GPUs"), std::string::npos) << replicated.output;
-  // Once the GPUs hold the weights, rank 0's host model keeps their bf16 values (its saves download
-  // into them: the model's values, counted from its file), rank 1's nothing; no host gradients.
-  const int64_t model_bytes = 2 * total(numels(model() + "/model.safetensors"));
+  // Once the GPUs hold the weights, no rank's host model keeps values (rank 0's saves stream them from
+  // the GPUs, ZeRO-3's layers gathered unit by unit as they are written) nor gradients.
   for (const Outcome* r : {&two, &replicated, &zero2}) {
     const HostHeld rank0 = host_held(r->output, 0), rank1 = host_held(r->output, 1);
-    EXPECT_EQ(rank0.values, model_bytes) << r->output;
+    EXPECT_EQ(rank0.values, 0) << r->output;
     EXPECT_EQ(rank1.values, 0) << r->output;
     EXPECT_EQ(rank0.gradients, 0) << r->output;
     EXPECT_EQ(rank1.gradients, 0) << r->output;

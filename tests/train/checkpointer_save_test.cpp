@@ -1,0 +1,124 @@
+// What a save writes from the trainable values it is handed as a stream (TrainableValues): a GPU
+// run's rank 0 keeps no host values and streams the trained ones from the GPUs, in the order they
+// are gathered, not the files'. The checkpoint must be the one a save of the host values writes,
+// byte for byte, across the input's shards; a stream that leaves a tensor out fails the save naming
+// it, and leaves no checkpoint behind.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "train/checkpointer.h"
+
+using namespace ktune;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kModel = fs::path(KTUNE_SOURCE_DIR) / "tests/train/peft_steps/untied_llama";
+
+// Every file under dir (weights, index, recipe state, config), by path relative to it.
+std::map<std::string, std::string> file_bytes(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    files[fs::relative(e.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return files;
+}
+
+class CheckpointerSave : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fs::remove_all(root_);
+    // The tiny model as a sharded checkpoint (four files or so, and the index), so that the streamed
+    // values land in several model files.
+    fs::create_directories(input_);
+    fs::copy_file(kModel / "config.json", input_ / "config.json");
+    io::SafetensorsFile whole = io::SafetensorsFile::open((kModel / "model.safetensors").string());
+    std::vector<io::NamedTensor> tensors;
+    for (const std::string& name : whole.names()) tensors.push_back({name, whole.to_f32(name)});
+    const std::vector<std::string> written = io::write_safetensors_sharded(input_.string(), tensors, 100 << 10);
+    ASSERT_GT(written.size(), 3u);  // shards and the index
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  train::SaveRequest request(const std::string& name, model::Decoder& decoder) const {
+    train::SaveRequest r;
+    r.name = name;
+    r.decoder = &decoder;
+    r.weights_dtype = DType::BF16;
+    r.recipe_state = {{"global_step", 1}};
+    return r;
+  }
+
+  fs::path root_ = fs::temp_directory_path() / ("ktune-save-" + std::to_string(::getpid()));
+  fs::path input_ = root_ / "input";
+  fs::path output_ = root_ / "output";
+};
+
+TEST_F(CheckpointerSave, TrainableValuesStreamedInAnyOrderWriteTheHostValuesCheckpointByteForByte) {
+  train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
+  std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::BF16);
+  decoder->set_trainable([](const std::string&) { return true; });
+  const std::vector<model::Parameter*> params = decoder->parameters();
+  train::SaveRequest host = request("host", *decoder);
+  host.trainable = train::host_trainable_values(params);
+  const std::string host_dir = checkpointer.save(host);
+
+  // The values as a GPU would hand them (f32, last to first), the host model's released.
+  std::vector<std::pair<std::string, Tensor>> downloaded;
+  for (const model::Parameter* p : params) downloaded.push_back({p->name, p->value.to(DType::F32)});
+  const std::vector<io::TensorSpec> specs = host.trainable.tensors;
+  decoder->release_values([](const model::Parameter&) { return true; });
+  train::SaveRequest streamed = request("streamed", *decoder);
+  int streams = 0;
+  streamed.trainable = {specs, [&](const io::TensorSink& sink) {
+                          ++streams;
+                          for (auto it = downloaded.rbegin(); it != downloaded.rend(); ++it) sink(it->first, it->second);
+                        }};
+  const std::string streamed_dir = checkpointer.save(streamed);
+  EXPECT_EQ(streams, 1);
+  const std::map<std::string, std::string> want = file_bytes(host_dir), got = file_bytes(streamed_dir);
+  EXPECT_GT(want.size(), 4u);
+  EXPECT_EQ(want.size(), got.size());
+  for (const auto& [file, bytes] : want) {
+    ASSERT_TRUE(got.count(file)) << file << " not written by the streamed save";
+    EXPECT_TRUE(got.at(file) == bytes) << file << " differs from the host values' save";
+  }
+}
+
+TEST_F(CheckpointerSave, AStreamThatLeavesATensorOutFailsTheSaveNamingItAndWritesNoCheckpoint) {
+  train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
+  std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::BF16);
+  decoder->set_trainable([](const std::string&) { return true; });
+  train::SaveRequest r = request("step_1", *decoder);
+  const train::TrainableValues host = train::host_trainable_values(decoder->parameters());
+  const std::string left_out = host.tensors.back().name;
+  r.trainable = {host.tensors, [&](const io::TensorSink& sink) {
+                   host.stream([&](const std::string& name, const Tensor& value) {
+                     if (name != left_out) sink(name, value);
+                   });
+                 }};
+  try {
+    checkpointer.save(r);
+    FAIL() << "a save with a tensor missing succeeded";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("tensor " + left_out), std::string::npos) << message;
+    EXPECT_NE(message.find("planned but never written"), std::string::npos) << message;
+  }
+  EXPECT_FALSE(fs::exists(output_ / "step_1"));
+  EXPECT_FALSE(checkpointer.find_latest().has_value());
+}
+
+}  // namespace
