@@ -402,16 +402,20 @@ void FinetuneRecipe::validate(int64_t epoch) {
 
 // dtype=bf16 is pure bf16, as torchtune trains: weights (trainable and frozen), gradients and AdamW
 // moments stored in bf16, compute in f32 one weight at a time, the update rounded stochastically
-// (optimizer.h). Kept f32: LoRA/DoRA adapter parameters (tiny), and the base of DoRA and QLoRA,
-// whose adapters compute on an f32 base (QLoRA's then becomes NF4).
-DType weight_storage(const RecipeConfig& cfg, const RecipeSpec& recipe) {
+// (optimizer.h). Kept f32: LoRA/DoRA adapter parameters (tiny), and on the CPU engine the base of
+// DoRA and QLoRA, whose adapters compute on an f32 base (QLoRA's then becomes NF4). On a GPU the
+// host's values are only uploaded (the GPU step holds its own bf16 copy, QLoRA's bases quantised into
+// the CPU quantiser's codes of the same values) and read by rank 0's saves, so that base stays bf16
+// there: views of a bf16 checkpoint rather than an f32 copy of it (a QLoRA run's whole model in f32
+// on every rank at load before the adapters quantised it: 32 GB at 8B, 280 GB at 70B).
+DType weight_storage(const RecipeConfig& cfg, const RecipeSpec& recipe, bool on_gpu) {
   if (cfg.dtype != TrainDtype::BF16) return DType::F32;
-  if (recipe.lora && (cfg.model.use_dora || cfg.model.quantize_base)) return DType::F32;
+  if (recipe.lora && (cfg.model.use_dora || cfg.model.quantize_base) && !on_gpu) return DType::F32;
   return DType::BF16;
 }
 
 void FinetuneRecipe::setup_model(bool on_gpu) {
-  const DType storage = weight_storage(cfg_, recipe_);
+  const DType storage = weight_storage(cfg_, recipe_, on_gpu);
   // A GPU run's ranks only read their values (the fingerprint, the upload) and then release them:
   // views of the mapped files where those hold the storage dtype, the page cache's pages shared by the
   // node's ranks instead of a private copy each. Rank 0 of a LoRA run keeps its frozen values for its

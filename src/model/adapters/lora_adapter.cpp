@@ -19,6 +19,24 @@ constexpr int64_t kRowBlock = 64;  // rows of x (dropout) or of W (DoRA norms) h
 
 std::string suffix_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
 
+// NF4 codes and scales of an f32 or bf16 weight (n values): a bf16 one (a GPU run's host, which maps
+// a bf16 checkpoint rather than copy it to f32) widened a chunk of whole blocks at a time, so that its
+// codes are those of its f32 values without an f32 copy of the weight.
+void quantize_to_nf4(uint8_t* codes, float* scales, const Tensor& weight, const std::string& module) {
+  const int64_t n = weight.numel();
+  if (weight.dtype() == DType::F32) return cpu::nf4_quantize(codes, scales, weight.f32(), n);
+  check(weight.dtype() == DType::BF16, module, std::string("QLoRA quantises an f32 or bf16 base, not ") +
+                                                   dtype_name(weight.dtype()));
+  constexpr int64_t kChunk = 1024 * cpu::kNf4BlockSize;
+  std::vector<float> wide(size_t(std::min(n, kChunk)));
+  const bf16_t* values = weight.bf16();
+  for (int64_t first = 0; first < n; first += kChunk) {
+    const int64_t m = std::min(kChunk, n - first);
+    for (int64_t i = 0; i < m; ++i) wide[size_t(i)] = bf16_to_f32(values[first + i]);
+    cpu::nf4_quantize(codes + first / 2, scales + first / cpu::kNf4BlockSize, wide.data(), m);
+  }
+}
+
 }  // namespace
 
 LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
@@ -44,9 +62,9 @@ LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
     check(n % 64 == 0, module_, "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(n));
     nf4_codes_.resize(size_t(n / 2));
     nf4_scales_.resize(size_t(n / 64));
-    cpu::nf4_quantize(nf4_codes_.data(), nf4_scales_.data(), base.weight->value.f32(), n);
+    quantize_to_nf4(nf4_codes_.data(), nf4_scales_.data(), base.weight->value, module_);
     nf4_scratch_.resize(cpu::nf4_linear_scratch_floats(in_, out_));
-    base.weight->value = Tensor();  // the f32 base weight is gone: only NF4 remains
+    base.weight->value = Tensor();  // the base weight is gone: only NF4 remains
     base.weight->grad = Tensor();
     base.weight->trainable = false;
   }
@@ -96,7 +114,10 @@ void LoraAdapter::check_base_held() const {
 
 Tensor LoraAdapter::base_weight(const Linear& base) const {
   check_base_held();
-  if (!options_.quantize_base) return base.weight->value;
+  if (!options_.quantize_base) {
+    const Tensor& w = base.weight->value;
+    return w.dtype() == DType::F32 ? w : w.to(DType::F32);
+  }
   Tensor w = Tensor::empty({out_, in_});
   cpu::nf4_dequantize(w.f32(), nf4_codes_.data(), nf4_scales_.data(), out_ * in_);
   return w;
@@ -104,7 +125,7 @@ Tensor LoraAdapter::base_weight(const Linear& base) const {
 
 size_t LoraAdapter::base_weight_bytes(const Linear& base) const {
   if (options_.quantize_base) return nf4_codes_.size() + nf4_scales_.size() * sizeof(float);
-  return size_t(out_ * in_) * sizeof(float);
+  return base.weight->value.defined() ? base.weight->value.bytes() : 0;
 }
 
 void LoraAdapter::base_forward(float* y, const float* x, int64_t N, const Linear& base) {

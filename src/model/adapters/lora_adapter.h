@@ -3,7 +3,7 @@
 //   DoRA:  y = c ⊙ (x Wᵀ + s · B(A x)) + b,   c = m / ‖W + s·B·A‖_row  (the norm detached, as PEFT)
 //          with dropout (PEFT's variant): y = x Wᵀ + b + (c − 1) ⊙ x' Wᵀ + c ⊙ s · B(A x'), x' = dropout(x)
 //   QLoRA: the base W kept only in NF4 (blocks of 64, an f32 scale each; kernels/cpu/nf4.h): the
-//          f32 weight is freed when the adapter attaches and never rebuilt whole in training.
+//          f32 (or bf16) weight is freed when the adapter attaches and never rebuilt whole in training.
 // Parameters are named as PEFT names them (`base_model.model.<module>.lora_A.weight`, `…lora_B.weight`,
 // `…lora_magnitude_vector`), so saving an adapter is writing parameters() as they are.
 // Init as PEFT: A kaiming-uniform (bound 1/√in), B zero, m the row norms of W.
@@ -42,7 +42,9 @@ struct LoraOptions {
 class LoraAdapter : public LinearAdapter {
  public:
   // Attaches nothing by itself: attach_lora() sets base.adapter. Quantises the base (and frees its
-  // f32 weight) when options.quantize_base.
+  // weight) when options.quantize_base: an f32 base, or a bf16 one (a GPU run's host model; its
+  // codes are those of its values widened to f32). The passes (forward, backward, the fused loss)
+  // compute on an f32 base: the CPU engine stores DoRA's and QLoRA's bases f32.
   LoraAdapter(Linear& base, const LoraOptions& options);
 
   std::vector<Parameter*> parameters() override;
@@ -61,11 +63,11 @@ class LoraAdapter : public LinearAdapter {
   float scale() const { return scale_; }
   const LoraOptions& options() const { return options_; }
   const std::string& module_name() const { return module_; }
-  // The base weight as f32 (dequantised for QLoRA): (out, in).
+  // The base weight as f32 (dequantised for QLoRA, widened from a bf16 base): (out, in).
   Tensor base_weight(const Linear& base) const;
   // W' that a plain Linear would need to compute what this adapter computes: (out, in).
   Tensor merged_weight(const Linear& base) const;
-  // Bytes the base weight occupies (NF4 codes + scales for QLoRA, f32 otherwise; 0 once released).
+  // Bytes the base weight occupies (NF4 codes + scales for QLoRA, the weight's otherwise; 0 once released).
   size_t base_weight_bytes(const Linear& base) const;
   // QLoRA: frees the NF4 codes and scales (and their scratch) for a host model that neither computes
   // nor saves a merged model any more (a GPU run's ranks other than 0: the GPU holds its own codes).

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -288,6 +289,47 @@ TEST(LoraAdapter, QloraKeepsOnlyNf4AndMatchesLoraOnTheDequantisedBase) {
   for (Parameter* p : adapter->parameters())
     expect_matches_finite_differences(loss, p->value.f32(), p->value.numel(), p->grad.f32(), p->name.c_str());
   expect_matches_finite_differences(loss, f.x.data(), int64_t(f.x.size()), dx.data(), "dx");
+}
+
+// A GPU run's host keeps a bf16 checkpoint's base as bf16 (mapped, not copied to f32): QLoRA
+// quantises it to the codes of its values widened to f32 (across the widening's chunks: 320 x 256
+// values, more than one), and DoRA starts its magnitudes from them, as for the same values in f32.
+TEST(LoraAdapter, ABf16BaseQuantisesAndMergesAsItsValuesInF32) {
+  const int64_t out = 320, in = 256;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  Tensor narrow = Tensor::empty({out, in}, DType::BF16);
+  for (int64_t i = 0; i < out * in; ++i) narrow.bf16()[i] = f32_to_bf16(normal(rng));
+  const Tensor wide = narrow.to(DType::F32);
+  for (const LoraOptions& options : {LoraOptions{.rank = 4, .quantize_base = true},
+                                     LoraOptions{.rank = 4, .use_dora = true, .quantize_base = true},
+                                     LoraOptions{.rank = 4, .use_dora = true}}) {
+    SCOPED_TRACE(std::string(options.quantize_base ? "QLoRA" : "") + (options.use_dora ? " DoRA" : ""));
+    Parameter weight[2];
+    Linear linear[2];
+    std::shared_ptr<LoraAdapter> adapter[2];
+    for (int k = 0; k < 2; ++k) {
+      weight[k] = Parameter{"model.layers.0.mlp.up_proj.weight", k == 0 ? wide.clone() : narrow.clone(), Tensor(), false};
+      linear[k].name = "model.layers.0.mlp.up_proj";
+      linear[k].weight = &weight[k];
+      linear[k].in = in;
+      linear[k].out = out;
+      adapter[k] = std::make_shared<LoraAdapter>(linear[k], options);
+    }
+    const Tensor from_f32 = adapter[0]->merged_weight(linear[0]), from_bf16 = adapter[1]->merged_weight(linear[1]);
+    EXPECT_EQ(std::memcmp(from_f32.raw(), from_bf16.raw(), from_f32.bytes()), 0) << "merged weights differ";
+    const Tensor base_f32 = adapter[0]->base_weight(linear[0]), base_bf16 = adapter[1]->base_weight(linear[1]);
+    ASSERT_EQ(base_bf16.dtype(), DType::F32);
+    EXPECT_EQ(std::memcmp(base_f32.raw(), base_bf16.raw(), base_f32.bytes()), 0) << "base weights differ";
+    if (options.use_dora) {
+      const Tensor& m0 = adapter[0]->parameters().back()->value;
+      const Tensor& m1 = adapter[1]->parameters().back()->value;
+      EXPECT_EQ(std::memcmp(m0.raw(), m1.raw(), m0.bytes()), 0) << "magnitudes differ";
+    }
+    // QLoRA: the same codes in the same bytes; otherwise the weight as it is stored.
+    EXPECT_EQ(adapter[1]->base_weight_bytes(linear[1]),
+              options.quantize_base ? adapter[0]->base_weight_bytes(linear[0]) : size_t(2 * out * in));
+  }
 }
 
 // A GPU run's ranks other than 0 free the QLoRA base the GPU holds: nothing left, and every use of it

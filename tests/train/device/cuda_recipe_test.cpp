@@ -175,16 +175,17 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
     io::write_safetensors(bf16_model + "/model.safetensors", narrowed, {{"format", "pt"}});
     return bf16_model;
   }
-  // Two two-GPU runs of `recipe` (config `config`, two steps): from the tiny f32 model into
-  // out("copied") and from its bf16 copy (bf16_copy_of_model) into out("mapped").
+  // Two two-GPU runs of `recipe` (config `config`, two steps, `extra` arguments): from the tiny f32
+  // model into out("copied") and from its bf16 copy (bf16_copy_of_model) into out("mapped").
   struct CopiedAndMapped {
     Outcome copied, mapped;
     std::string bf16_model;
   };
-  CopiedAndMapped run_copied_and_mapped(const std::string& recipe, const std::string& config) {
+  CopiedAndMapped run_copied_and_mapped(const std::string& recipe, const std::string& config,
+                                        const std::string& extra = "") {
     CopiedAndMapped runs;
     runs.bf16_model = bf16_copy_of_model();
-    const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
+    const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2" + extra;
     runs.copied = run("--nproc_per_node 2 --standalone", recipe, config, "cuda", args, out("copied"));
     runs.mapped = run("--nproc_per_node 2 --standalone", recipe, config, "cuda",
                       args + " checkpointer.checkpoint_dir=" + runs.bf16_model, out("mapped"));
@@ -195,6 +196,20 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
                                  const std::string& total) {
     return rank + " INFO: " + checkpoint_dir + ": values mapped from the checkpoint files, not copied: " + mapped + " of " +
            total + " bytes";
+  }
+  // Both runs succeeded, and both ranks mapped every byte of the bf16 copy and none of the f32 model.
+  // Returns the model's bytes in bf16.
+  int64_t expect_both_ranks_mapped(const CopiedAndMapped& runs) {
+    EXPECT_EQ(runs.copied.exit_code, 0) << runs.copied.output;
+    EXPECT_EQ(runs.mapped.exit_code, 0) << runs.mapped.output;
+    const int64_t bf16_bytes = 2 * total(numels(model() + "/model.safetensors"));
+    const std::string bytes = std::to_string(bf16_bytes);
+    for (const std::string rank : {"[rank0]", "[rank1]"}) {
+      EXPECT_NE(runs.mapped.output.find(mapped_line(rank, runs.bf16_model, bytes, bytes)), std::string::npos)
+          << runs.mapped.output;
+      EXPECT_NE(runs.copied.output.find(mapped_line(rank, model(), "0", bytes)), std::string::npos) << runs.copied.output;
+    }
+    return bf16_bytes;
   }
   // out(`a`) and out(`b`) logged the same two losses digit for digit and wrote the same epoch_0
   // checkpoint byte for byte.
@@ -397,9 +412,9 @@ void CudaRecipeTest::expect_base_sharded_equals_replicated(const std::string& ov
   ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
   ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
   // Each rank's host model once the GPUs hold the weights, against the files' counts: rank 0 keeps
-  // the frozen base (bf16; QLoRA's f32 but for the adapted projections, which its adapters hold as
-  // NF4 codes, 4 bits a value, and an f32 scale per 64) and the f32 adapters, for its saves; rank 1
-  // no values and no NF4 bases; no gradients anywhere.
+  // the frozen base (bf16; QLoRA's but for the adapted projections, which its adapters hold as NF4
+  // codes, 4 bits a value, and an f32 scale per 64) and the f32 adapters, for its saves; rank 1 no
+  // values and no NF4 bases; no gradients anywhere.
   const std::map<std::string, int64_t> base = numels(model() + "/model.safetensors");
   const std::map<std::string, int64_t> adapter = numels(out("sharded") + "/epoch_0/adapter_model.safetensors");
   const std::string prefix = "base_model.model.", suffix = ".lora_A.weight";
@@ -408,7 +423,7 @@ void CudaRecipeTest::expect_base_sharded_equals_replicated(const std::string& ov
     if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
       adapted += base.at(name.substr(prefix.size(), name.size() - prefix.size() - suffix.size()) + ".weight");
   const bool qlora = overrides.find("model.quantize_base=True") != std::string::npos;
-  const int64_t base_bytes = qlora ? 4 * (total(base) - adapted) : 2 * total(base);
+  const int64_t base_bytes = 2 * (total(base) - (qlora ? adapted : 0));
   const int64_t nf4_bytes = qlora ? adapted / 2 + 4 * (adapted / 64) : 0;
   ASSERT_GT(adapted, 0);
   for (const Outcome* r : {&sharded, &replicated}) {
@@ -445,14 +460,9 @@ TEST_F(CudaRecipeTest, TwoGpusQloraShardTheFrozenBaseWithItsNf4CodesAndEqualRepl
 // digit and write the same checkpoint byte for byte.
 TEST_F(CudaRecipeTest, TwoGpusFullFinetuneRanksMapABf16CheckpointKeepNoValuesAndTrainAsFromACopy) {
   SKIP_WITHOUT_GPUS(2);
-  const auto [copied, mapped, bf16_model] = run_copied_and_mapped("full_finetune_distributed", "full_single_device");
-  ASSERT_EQ(copied.exit_code, 0) << copied.output;
-  ASSERT_EQ(mapped.exit_code, 0) << mapped.output;
-  const std::string bytes = std::to_string(2 * total(numels(model() + "/model.safetensors")));
-  for (const std::string rank : {"[rank0]", "[rank1]"}) {
-    EXPECT_NE(mapped.output.find(mapped_line(rank, bf16_model, bytes, bytes)), std::string::npos) << mapped.output;
-    EXPECT_NE(copied.output.find(mapped_line(rank, model(), "0", bytes)), std::string::npos) << copied.output;
-  }
+  const CopiedAndMapped runs = run_copied_and_mapped("full_finetune_distributed", "full_single_device");
+  const auto& [copied, mapped, bf16_model] = runs;
+  expect_both_ranks_mapped(runs);
   for (const Outcome* r : {&mapped, &copied})
     for (int rank : {0, 1}) EXPECT_EQ(host_held(r->output, rank).values, 0) << r->output;
   EXPECT_NE(mapped.output.find("rank 0: no values, a save streams the trained ones from the GPUs"), std::string::npos)
@@ -468,15 +478,10 @@ TEST_F(CudaRecipeTest, TwoGpusFullFinetuneRanksMapABf16CheckpointKeepNoValuesAnd
 // the same checkpoint byte for byte: the merged model made of the mapped base is the copied one's.
 TEST_F(CudaRecipeTest, TwoGpusLoraRankZeroKeepsItsFrozenBaseMappedAndSavesAsFromACopy) {
   SKIP_WITHOUT_GPUS(2);
-  const auto [copied, mapped, bf16_model] = run_copied_and_mapped("lora_finetune_distributed", "lora_single_device");
-  ASSERT_EQ(copied.exit_code, 0) << copied.output;
-  ASSERT_EQ(mapped.exit_code, 0) << mapped.output;
-  const int64_t base_bytes = 2 * total(numels(model() + "/model.safetensors"));
+  const CopiedAndMapped runs = run_copied_and_mapped("lora_finetune_distributed", "lora_single_device");
+  const auto& [copied, mapped, bf16_model] = runs;
+  const int64_t base_bytes = expect_both_ranks_mapped(runs);
   const std::string bytes = std::to_string(base_bytes);
-  for (const std::string rank : {"[rank0]", "[rank1]"}) {
-    EXPECT_NE(mapped.output.find(mapped_line(rank, bf16_model, bytes, bytes)), std::string::npos) << mapped.output;
-    EXPECT_NE(copied.output.find(mapped_line(rank, model(), "0", bytes)), std::string::npos) << copied.output;
-  }
   // Rank 0 holds the base (mapped, or copied) and the adapters; its host line counts the mapped bytes.
   const HostHeld mapped0 = host_held(mapped.output, 0), copied0 = host_held(copied.output, 0);
   EXPECT_GT(mapped0.values, base_bytes) << mapped.output;
@@ -484,6 +489,29 @@ TEST_F(CudaRecipeTest, TwoGpusLoraRankZeroKeepsItsFrozenBaseMappedAndSavesAsFrom
   EXPECT_NE(mapped.output.find("; " + bytes + " bytes of the values ("), std::string::npos) << mapped.output;
   EXPECT_EQ(copied.output.find("are the checkpoint files' mapped pages"), std::string::npos) << copied.output;
   EXPECT_EQ(host_held(mapped.output, 1).values, 0) << mapped.output;
+  expect_two_step_runs_equal("mapped", "copied");
+}
+
+// QLoRA (and DoRA) on GPUs store the base bf16 on the host, as the GPUs do, instead of the f32 the
+// CPU engine computes on: from the bf16 copy of the tiny model both ranks map every byte (no f32 copy
+// of the model at load: 280 GB a rank at 70B before), and each adapter quantises its projection from
+// the mapped values; from the f32 model both copy, rounding to the same bf16 values. Both runs (two
+// steps, the base sharded, DoRA on top of QLoRA) log the same losses digit for digit and write the
+// same checkpoint byte for byte, and rank 0 keeps the base but the adapted projections in bf16, and
+// their NF4 codes and scales.
+TEST_F(CudaRecipeTest, TwoGpusQloraRanksMapABf16CheckpointAndTrainAsFromACopy) {
+  SKIP_WITHOUT_GPUS(2);
+  const CopiedAndMapped runs = run_copied_and_mapped("lora_finetune_distributed", "lora_single_device",
+                                                     " model.quantize_base=True model.use_dora=True");
+  const auto& [copied, mapped, bf16_model] = runs;
+  const int64_t bf16_bytes = expect_both_ranks_mapped(runs);
+  const HostHeld mapped0 = host_held(mapped.output, 0), copied0 = host_held(copied.output, 0);
+  EXPECT_GT(mapped0.nf4, 0) << mapped.output;
+  EXPECT_EQ(mapped0.nf4, copied0.nf4);
+  EXPECT_EQ(mapped0.values, copied0.values);
+  EXPECT_LT(mapped0.values, bf16_bytes) << "the adapted projections' bf16 values were kept";
+  EXPECT_EQ(host_held(mapped.output, 1).values, 0) << mapped.output;
+  EXPECT_EQ(host_held(mapped.output, 1).nf4, 0) << mapped.output;
   expect_two_step_runs_equal("mapped", "copied");
 }
 
