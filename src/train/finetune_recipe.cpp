@@ -436,6 +436,7 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
     options.dropout = float(cfg_.model.lora_dropout);
     options.use_dora = cfg_.model.use_dora;
     options.quantize_base = cfg_.model.quantize_base;
+    options.nf4_on_demand = on_gpu;  // the GPU quantises its own copy; a save makes the codes it merges
     options.seed = seed_;
     model::LoraTargets targets{cfg_.model.lora_attn_modules, cfg_.model.apply_lora_to_mlp, cfg_.model.apply_lora_to_output};
     adapters_ = model::attach_lora(*model_, targets, options);
@@ -534,8 +535,10 @@ void FinetuneRecipe::setup_gpu_training() {
     nccl_ = make_gpu_process_group(*devices_.store, "ktune/nccl", group_.rank(), group_.size(),
                                    devices_.collective_timeout);
   }
-  // QLoRA: the adapters hold their bases as NF4 (the parameters' values are empty); each goes up
-  // dequantised, one at a time, and the GPU step quantises it again into the same codes.
+  // QLoRA: the bases stay the parameters' values (LoraOptions::nf4_on_demand) and go up as they are;
+  // the GPU step quantises them into the CPU quantiser's codes (under ZeRO-3 only its own blocks). An
+  // adapter that holds its base as NF4 instead (the parameter's value empty) sends it dequantised,
+  // which quantises again into the same codes.
   std::map<std::string, std::pair<const model::LoraAdapter*, const model::Linear*>> nf4_bases;
   if (cfg_.model.quantize_base)
     for (const auto& a : adapters_) {
@@ -544,7 +547,7 @@ void FinetuneRecipe::setup_gpu_training() {
     }
   const HostValue value_of = [&](const model::Parameter& p) {
     auto it = nf4_bases.find(p.name);
-    return it == nf4_bases.end() ? p.value : it->second.first->base_weight(*it->second.second);
+    return it == nf4_bases.end() || p.value.defined() ? p.value : it->second.first->base_weight(*it->second.second);
   };
   gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, value_of, nccl_.get());
   release_host_values();
@@ -602,7 +605,7 @@ void FinetuneRecipe::release_host_values() {
   // and its frozen base where a merged model is written. A full fine-tune's saves stream the trained
   // values from the GPUs (CudaTrainer::stream_trainable): nothing kept.
   model_->release_values([&](const model::Parameter& p) { return !rank0_ || !(p.trainable ? recipe_.lora : merged_saved); });
-  if (!rank0_ || !merged_saved)  // QLoRA's bases live in the adapters, as NF4: the same rule as the frozen base's
+  if (!rank0_ || !merged_saved)  // what an adapter holds of its base (QLoRA's NF4, unless made on demand): as the frozen base
     for (const auto& a : adapters_) a->release_base();
   malloc_trim(0);  // the freed values were heap blocks (below glibc's dynamic mmap threshold): back to the OS
   int64_t value_bytes = 0, grad_bytes = 0, nf4_bytes = 0;
@@ -615,7 +618,7 @@ void FinetuneRecipe::release_host_values() {
   // Rank 0 of a LoRA run: the frozen values it keeps for its saves are the files' pages, read for the
   // upload; dropped from its resident memory until a save reads them again.
   const int64_t mapped_bytes = model_->drop_mapped_pages();
-  if (cfg_.model.quantize_base)  // QLoRA's bases live in the adapters, as NF4 codes and scales
+  if (cfg_.model.quantize_base)  // NF4 codes and scales the adapters hold (none when made on demand)
     for (const auto& a : adapters_) nf4_bytes += int64_t(a->base_weight_bytes(model_->linear(a->module_name())));
   const std::string role =
       !rank0_ ? "rank " + std::to_string(group_.rank()) + ": no values, its GPU holds them and rank 0 writes the checkpoints"

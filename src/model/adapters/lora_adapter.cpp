@@ -60,13 +60,15 @@ LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
   if (options.quantize_base) {
     const int64_t n = in_ * out_;
     check(n % 64 == 0, module_, "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(n));
-    nf4_codes_.resize(size_t(n / 2));
-    nf4_scales_.resize(size_t(n / 64));
-    quantize_to_nf4(nf4_codes_.data(), nf4_scales_.data(), base.weight->value, module_);
-    nf4_scratch_.resize(cpu::nf4_linear_scratch_floats(in_, out_));
-    base.weight->value = Tensor();  // the base weight is gone: only NF4 remains
     base.weight->grad = Tensor();
     base.weight->trainable = false;
+    if (!options.nf4_on_demand) {
+      nf4_codes_.resize(size_t(n / 2));
+      nf4_scales_.resize(size_t(n / 64));
+      quantize_to_nf4(nf4_codes_.data(), nf4_scales_.data(), base.weight->value, module_);
+      nf4_scratch_.resize(cpu::nf4_linear_scratch_floats(in_, out_));
+      base.weight->value = Tensor();  // the base weight is gone: only NF4 remains
+    }
   }
   if (options.use_dora) {
     magnitude_.name = prefix + ".lora_magnitude_vector";
@@ -112,6 +114,13 @@ void LoraAdapter::check_base_held() const {
   check(!base_released_, module_, "its NF4 base was released (release_base): this host model no longer computes");
 }
 
+void LoraAdapter::check_computes() const {
+  check_base_held();
+  check(!(options_.quantize_base && options_.nf4_on_demand), module_,
+        "its NF4 base is made on demand (LoraOptions::nf4_on_demand: a GPU run's host model, whose GPU computes): "
+        "this host model does not compute");
+}
+
 Tensor LoraAdapter::base_weight(const Linear& base) const {
   check_base_held();
   if (!options_.quantize_base) {
@@ -119,6 +128,14 @@ Tensor LoraAdapter::base_weight(const Linear& base) const {
     return w.dtype() == DType::F32 ? w : w.to(DType::F32);
   }
   Tensor w = Tensor::empty({out_, in_});
+  if (options_.nf4_on_demand) {  // the codes the eager path holds, made for this call only
+    check(base.weight->value.defined(), module_, "its base value was released: this host model no longer has it");
+    std::vector<uint8_t> codes(size_t(out_ * in_ / 2));
+    std::vector<float> scales(size_t(out_ * in_ / cpu::kNf4BlockSize));
+    quantize_to_nf4(codes.data(), scales.data(), base.weight->value, module_);
+    cpu::nf4_dequantize(w.f32(), codes.data(), scales.data(), out_ * in_);
+    return w;
+  }
   cpu::nf4_dequantize(w.f32(), nf4_codes_.data(), nf4_scales_.data(), out_ * in_);
   return w;
 }
@@ -129,7 +146,7 @@ size_t LoraAdapter::base_weight_bytes(const Linear& base) const {
 }
 
 void LoraAdapter::base_forward(float* y, const float* x, int64_t N, const Linear& base) {
-  check_base_held();
+  check_computes();
   if (options_.quantize_base)
     cpu::nf4_linear_forward(y, x, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, nf4_scratch_.data());
   else
@@ -137,7 +154,7 @@ void LoraAdapter::base_forward(float* y, const float* x, int64_t N, const Linear
 }
 
 void LoraAdapter::base_backward_input(float* dx, const float* dy, int64_t N, const Linear& base, float* scratch) {
-  check_base_held();
+  check_computes();
   if (options_.quantize_base)
     cpu::nf4_linear_backward_input(dx, dy, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, nf4_scratch_.data(), true);
   else
@@ -145,7 +162,7 @@ void LoraAdapter::base_backward_input(float* dx, const float* dy, int64_t N, con
 }
 
 void LoraAdapter::compute_dora_scale(const float* base_weight) {
-  check_base_held();
+  check_computes();
   // ‖W + s·B·A‖ per row, a block of rows at a time: rows = W[block] + s · B[block] @ A
   const int64_t r = options_.rank;
   std::vector<float>& rows = dropout_rows_;
@@ -301,7 +318,7 @@ double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid,
   const int64_t r = options_.rank, C = in_;
   const bool dropping = options_.dropout > 0.0f && training_;
   check(options_.quantize_base || base_weight != nullptr, module_, "the fused loss needs the f32 base weight");
-  check_base_held();
+  check_computes();
   // xa (N, r) = dropout(hidden) Aᵀ, once for all rows (ignored rows cost N·C·r, small beside the head).
   head_xa_.resize(size_t(N * r));
   // DoRA with dropout: PEFT's base term (c − 1) ⊙ x' Wᵀ needs the dropped rows x' (N, C) themselves.

@@ -37,6 +37,12 @@ struct LoraOptions {
   bool use_rslora = false;
   bool quantize_base = false;  // QLoRA: NF4 base
   uint64_t seed = 0;
+  // QLoRA on a host model that never computes (a GPU run's: its GPU quantises its own copy of the
+  // base): the base stays the Linear's value (a view of a mapped checkpoint) and NF4 codes are made
+  // only when base_weight() or merged_weight() needs them, one projection at a time: the codes the
+  // eager path holds, without holding them (0.56 bytes a base value, 39 GB at 70B) or making them
+  // at load on every rank. The passes refuse.
+  bool nf4_on_demand = false;
 };
 
 class LoraAdapter : public LinearAdapter {
@@ -67,7 +73,8 @@ class LoraAdapter : public LinearAdapter {
   Tensor base_weight(const Linear& base) const;
   // W' that a plain Linear would need to compute what this adapter computes: (out, in).
   Tensor merged_weight(const Linear& base) const;
-  // Bytes the base weight occupies (NF4 codes + scales for QLoRA, the weight's otherwise; 0 once released).
+  // Bytes the adapter holds of the base: QLoRA's NF4 codes + scales (none made on demand: the base is
+  // the Linear's value then, counted with the model's); otherwise the Linear's weight (0 once released).
   size_t base_weight_bytes(const Linear& base) const;
   // QLoRA: frees the NF4 codes and scales (and their scratch) for a host model that neither computes
   // nor saves a merged model any more (a GPU run's ranks other than 0: the GPU holds its own codes).
@@ -109,6 +116,8 @@ class LoraAdapter : public LinearAdapter {
   std::vector<float> nf4_scratch_;
   bool base_released_ = false;  // release_base
   void check_base_held() const;
+  // check_base_held(), and not a base made NF4 on demand (nothing to compute on).
+  void check_computes() const;
   // DoRA: per output row, ‖W + sBA‖ and m / ‖·‖ (recomputed each forward; the weights do not
   // change between a forward and its backward)
   std::vector<float> weight_norm_, dora_scale_;

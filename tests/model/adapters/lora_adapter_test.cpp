@@ -332,6 +332,40 @@ TEST(LoraAdapter, ABf16BaseQuantisesAndMergesAsItsValuesInF32) {
   }
 }
 
+// QLoRA with its codes made on demand (a GPU run's host model): the base stays the Linear's value
+// and the adapter holds no codes, yet its base, merged weight and DoRA magnitudes are the eager
+// path's bit for bit (from f32 and from bf16 values); every pass refuses, naming the module.
+TEST(LoraAdapter, QloraWithItsCodesMadeOnDemandHoldsNoneAndMergesAsTheEagerPath) {
+  for (bool dora : {false, true})
+    for (DType storage : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(dora ? "DoRA, " : "") + dtype_name(storage));
+      Fixture eager_f, lazy_f;
+      for (Fixture* f : {&eager_f, &lazy_f}) f->weight.value = f->weight.value.to(storage).to(DType::F32);
+      lazy_f.weight.value = lazy_f.weight.value.to(storage);
+      const Tensor kept = lazy_f.weight.value;
+      auto eager = eager_f.attach({.rank = 4, .alpha = 8.0f, .use_dora = dora, .quantize_base = true});
+      auto lazy = lazy_f.attach({.rank = 4, .alpha = 8.0f, .use_dora = dora, .quantize_base = true, .nf4_on_demand = true});
+      EXPECT_FALSE(eager_f.weight.value.defined());
+      ASSERT_TRUE(lazy_f.weight.value.defined()) << "the base value was freed";
+      EXPECT_EQ(lazy_f.weight.value.raw(), kept.raw()) << "the base value was replaced";
+      EXPECT_EQ(lazy->base_weight_bytes(lazy_f.linear), 0u);
+      EXPECT_GT(eager->base_weight_bytes(eager_f.linear), 0u);
+      for (const auto& [a, b] : {std::pair{eager->base_weight(eager_f.linear), lazy->base_weight(lazy_f.linear)},
+                                 std::pair{eager->merged_weight(eager_f.linear), lazy->merged_weight(lazy_f.linear)},
+                                 std::pair{eager->parameters().back()->value, lazy->parameters().back()->value}}) {
+        ASSERT_EQ(a.bytes(), b.bytes());
+        EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.bytes()), 0);
+      }
+      try {
+        lazy_f.forward();
+        ADD_FAILURE() << "a host model without codes computed";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("model.layers.0.self_attn.q_proj"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("made on demand"), std::string::npos) << e.what();
+      }
+    }
+}
+
 // A GPU run's ranks other than 0 free the QLoRA base the GPU holds: nothing left, and every use of it
 // refused, naming the module (not a read of freed codes).
 TEST(LoraAdapter, QloraReleasedBaseFreesTheCodesAndRefusesToCompute) {
