@@ -49,7 +49,7 @@ Tensor in_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : 
 // holds one merged projection at a time, not the merged model): a projection whose adapter is among
 // `adapters` merged with it (a bf16-stored base, pure-bf16 LoRA: into an f32 copy of it; QLoRA's from
 // its NF4 base), any other parameter as it is; in `dtype`. A parameter among `streamed` (the trainable
-// values a save streams, TrainableValues) is planned with that shape and no produce(): its values come
+// values a save streams, StreamedTensors) is planned with that shape and no produce(): its values come
 // from the stream. Tied heads are not parameters: not written.
 std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
                                                     const std::vector<std::shared_ptr<model::LoraAdapter>>& adapters,
@@ -130,6 +130,14 @@ ModelFiles open_model_files(const fs::path& dir, const std::string& checkpoint_d
   return files;
 }
 
+// The streamed tensors into one file at path, each in its planned dtype.
+void write_streamed(const std::string& path, const StreamedTensors& tensors) {
+  io::SafetensorsWriter file(path, tensors.tensors);
+  if (tensors.stream)
+    tensors.stream([&](const std::string& name, const Tensor& t) { file.write(name, in_dtype(t, file.spec(name).dtype)); });
+  file.commit();
+}
+
 void write_json(const fs::path& path, const nlohmann::json& j) { io::write_file_atomic(path.string(), j.dump(2) + "\n"); }
 
 nlohmann::json read_json(const fs::path& path) {
@@ -158,8 +166,8 @@ std::map<std::string, Tensor> map_all(const fs::path& path) {
 
 }  // namespace
 
-TrainableValues host_trainable_values(const std::vector<model::Parameter*>& params) {
-  TrainableValues values;
+StreamedTensors host_trainable_values(const std::vector<model::Parameter*>& params) {
+  StreamedTensors values;
   for (const model::Parameter* p : params) {
     check(p->value.defined(), "checkpointer", "cannot save " + p->name + ": its value was released");
     values.tensors.push_back({p->name, p->value.dtype(), p->value.shape()});
@@ -168,6 +176,24 @@ TrainableValues host_trainable_values(const std::vector<model::Parameter*>& para
     for (const model::Parameter* p : params) sink(p->name, p->value);
   };
   return values;
+}
+
+StreamedTensors streamed_as_they_are(const std::map<std::string, Tensor>& tensors) {
+  StreamedTensors streamed;
+  for (const auto& [name, t] : tensors) streamed.tensors.push_back({name, t.dtype(), t.shape()});
+  streamed.stream = [tensors](const io::TensorSink& sink) {  // shares the tensors' storage
+    for (const auto& [name, t] : tensors) sink(name, t);
+  };
+  return streamed;
+}
+
+StreamedTensors streamed_in_order(std::vector<io::PlannedTensor> planned) {
+  StreamedTensors streamed;
+  for (const io::PlannedTensor& t : planned) streamed.tensors.push_back({t.name, t.dtype, t.shape});
+  streamed.stream = [planned = std::move(planned)](const io::TensorSink& sink) {
+    for (const io::PlannedTensor& t : planned) sink(t.name, t.produce());  // each dropped before the next is made
+  };
+  return streamed;
 }
 
 nlohmann::json peft_adapter_config(const AdapterDescription& adapter, const std::string& base_model) {
@@ -214,7 +240,7 @@ std::string HfCheckpointer::save(const SaveRequest& request) const {
   // run's moments are gathered by all GPUs as they are written, so the other ranks wait for no more
   // than this file.
   write_json(tmp / "recipe_state" / "recipe_state.json", request.recipe_state);
-  io::write_safetensors_streamed((tmp / "recipe_state" / "optimizer.safetensors").string(), request.optimizer_state);
+  write_streamed((tmp / "recipe_state" / "optimizer.safetensors").string(), request.optimizer_state);
   io::SafetensorsWriter trainable((tmp / "recipe_state" / "trainable.safetensors").string(), request.trainable.tensors);
 
   const bool lora = !request.adapters.empty();

@@ -11,9 +11,9 @@
 //                                          what resume needs, in the dtype training keeps it in
 //                                          (f32, or bf16 for a pure-bf16 run), so that it continues exactly
 // The merged model is made as it is written, one tensor at a time (each merged projection made,
-// written, freed), so a save holds one projection beyond the model; the trainable values come as a
-// stream in any order (TrainableValues), each written at its place (io::SafetensorsWriter), so a
-// GPU run's host need not hold them.
+// written, freed), so a save holds one projection beyond the model; the moments and the trainable
+// values come as streams in any order (StreamedTensors), each written at its place
+// (io::SafetensorsWriter), so that rank 0 of a distributed run need not hold them.
 // It deliberately knows nothing of the training loop: the recipe hands it what to write.
 #pragma once
 
@@ -39,17 +39,23 @@ struct AdapterDescription {
   std::vector<std::string> target_modules;  // HF module suffixes (q_proj, o_proj, gate_proj, …)
 };
 
-// The trainable values a save writes: recipe_state/trainable.safetensors, each in the dtype training
-// keeps it in (`tensors`), and, of a full fine-tune, the model files. stream() hands each of
-// `tensors` to the sink once, in any order (f32 or its own dtype: the checkpointer converts): the
-// host values (host_trainable_values), or a GPU run's downloaded unit by unit as they are written, so
-// that no host holds them all (a full fine-tune's rank 0 keeps no values: 16 GB at 8B in bf16).
-struct TrainableValues {
+// Tensors a save writes as they come: `tensors` plans them (names, the dtypes written, shapes: the
+// file's header, in this order), and stream() hands each to the sink once, in any order (f32 or the
+// planned dtype: the checkpointer converts), each written at its place (io::SafetensorsWriter). So
+// a save holds one tensor at a time whoever makes them: the host (host_trainable_values,
+// streamed_as_they_are), or the ranks gathering them unit by unit as rank 0 writes them (a GPU
+// run's moments and trained values, a CPU sharded full fine-tune's), where rank 0 would otherwise
+// hold the whole model and its moments (16 bytes a parameter in f32).
+struct StreamedTensors {
   std::vector<io::TensorSpec> tensors;
   std::function<void(const io::TensorSink&)> stream;
 };
 // The parameters' host values as they are (each must be defined: an Error naming it otherwise).
-TrainableValues host_trainable_values(const std::vector<model::Parameter*>& params);
+StreamedTensors host_trainable_values(const std::vector<model::Parameter*>& params);
+// Tensors already made, as they are, in the map's order.
+StreamedTensors streamed_as_they_are(const std::map<std::string, Tensor>& tensors);
+// Planned tensors, planned and produced in their order (a GPU run's moments, whose gathers run in it).
+StreamedTensors streamed_in_order(std::vector<io::PlannedTensor> planned);
 
 struct SaveRequest {
   std::string name;                              // "epoch_0", "step_40"
@@ -59,13 +65,13 @@ struct SaveRequest {
   bool adapter_weights_only = false;             // save_adapter_weights_only: no merged model
   DType weights_dtype = DType::BF16;             // of the merged model files
   nlohmann::json recipe_state;                   // epoch, step, loader position, ...
-  // as the optimizer keeps them (f32 or bf16), each produced as optimizer.safetensors is written
-  // (a GPU run's: gathered from the GPUs then), in this order; written before the model files
-  std::vector<io::PlannedTensor> optimizer_state;
+  // The AdamW moments as the optimizer keeps them (f32 or bf16): optimizer.safetensors, streamed
+  // first of the checkpoint's files.
+  StreamedTensors optimizer_state;
   // Saved in their own dtype for an exact resume, and streamed after optimizer.safetensors is
-  // written and the merged model's other tensors are (a GPU run's gathers: the moments', then the
-  // weights'). The decoder's parameters named here are not read from the host model.
-  TrainableValues trainable;
+  // written and the merged model's other tensors are (the ranks' gathers: the moments', then the
+  // values'). The decoder's parameters named here are not read from the host model.
+  StreamedTensors trainable;
 };
 
 // What resume reads. The tensors are views of the recipe-state files' read-only mappings (they keep

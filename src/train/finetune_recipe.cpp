@@ -222,6 +222,9 @@ class FinetuneRecipe {
   void validate(int64_t epoch);
   void resume();
   void save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch);
+  // A full fine-tune's trained values from the GPUs or the CPU shards, unit by unit, to `sink` (none:
+  // this rank's part in the gathers only); collective.
+  void stream_trained_values(const io::TensorSink& sink);
   void all_reduce_gradients();
   // The positions the training steps computed against those of the padded batches, all ranks.
   void log_padding_skipped();
@@ -674,24 +677,26 @@ void FinetuneRecipe::resume() {
 
 void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch) {
   group_.barrier();
-  // Sharded: every rank takes part in gathering the full weights and moments; rank 0 writes them.
-  std::map<std::string, Tensor> optimizer_state;  // CPU: the moments rank 0 writes
-  std::vector<io::PlannedTensor> gpu_moments;      // GPU: rank 0's, each gathered as it is written
   if (peak_rss_before_save_ < 0) peak_rss_before_save_ = read_memory_stats().peak_rss_bytes;
-  if (sharded_) {
+  // A full fine-tune's moments and trained values are gathered unit by unit as rank 0 writes them
+  // (a GPU run's, a sharded CPU run's): every rank runs the gathers in one order, the moments' then
+  // the values'; the other ranks take part now, rank 0 inside its save (it holds one unit at a time).
+  // A GPU run's LoRA adapters are whole on every GPU: rank 0 downloads them into its host model first
+  // (the merged model is made of them; no collective), and its moments stream the same way. A sharded
+  // CPU LoRA run gathers everything first (the merged model is made of the gathered base).
+  const bool streamed_values = !recipe_.lora && (gpu_ || sharded_);
+  std::map<std::string, Tensor> optimizer_state;  // a CPU run's moments, whole on rank 0
+  std::vector<io::PlannedTensor> gpu_moments;      // a GPU run's: rank 0's, each gathered as it is written
+  if (sharded_ && recipe_.lora) {
     sharded_->gather_full_parameters(/*keep=*/rank0_);
     optimizer_state = sharded_->gather_optimizer_state(*optimizer_, /*keep=*/rank0_);
-  } else if (!gpu_ && rank0_) {
+  } else if (!sharded_ && !gpu_ && rank0_) {
     optimizer_state = optimizer_->state();
   }
-  // A GPU run's gathers, in one order on every GPU: the sharded moments unit by unit (rank 0's as its
-  // save writes each unit's: it holds one unit's at a time), then the trained values unit by unit
-  // (ZeRO-3's layers gathered by all GPUs together; rank 0's as its save writes them). A LoRA run's
-  // adapters are whole on every GPU: rank 0 downloads them into its host model first (the merged
-  // model is made of them), no collective.
   if (gpu_ && rank0_ && recipe_.lora) gpu_->download_trainable();
   if (gpu_) gpu_moments = gpu_->stream_optimizer_state(/*keep=*/rank0_);
-  if (gpu_ && !rank0_) gpu_->stream_trainable(io::TensorSink());
+  if (!rank0_ && sharded_ && streamed_values) sharded_->stream_optimizer_state(*optimizer_, io::TensorSink());
+  if (!rank0_ && streamed_values) stream_trained_values(io::TensorSink());
   if (rank0_) {
     SaveRequest r;
     r.name = name;
@@ -704,32 +709,46 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
                       {"global_step", global_step_}, {"optimizer_steps", optimizer_steps()},
                       {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},
                       {"loader", step_in_epoch > 0 ? loader_->state().to_json() : nlohmann::json(nullptr)}};
-    r.optimizer_state = gpu_ ? std::move(gpu_moments) : io::planned_as_they_are(optimizer_state);
-    bool streamed = false;  // the GPU's trained values: whether the save reached their stream
-    if (gpu_ && !recipe_.lora)
+    bool moments_streamed = false, values_streamed = false;  // whether the save reached the streams
+    if (gpu_)
+      r.optimizer_state = streamed_in_order(std::move(gpu_moments));
+    else if (sharded_ && streamed_values)
+      r.optimizer_state = {sharded_->optimizer_state_specs(*optimizer_), [&](const io::TensorSink& sink) {
+                             moments_streamed = true;
+                             sharded_->stream_optimizer_state(*optimizer_, sink);
+                           }};
+    else
+      r.optimizer_state = streamed_as_they_are(optimizer_state);
+    if (streamed_values)
       r.trainable = {trainable_specs_, [&](const io::TensorSink& sink) {
-                       gpu_->finish_optimizer_state();  // the moments' gathers all run first (written: none left)
-                       streamed = true;
-                       gpu_->stream_trainable(sink);
+                       values_streamed = true;
+                       stream_trained_values(sink);
                      }};
     else
       r.trainable = host_trainable_values(trainable_);
     try {
       last_checkpoint_ = checkpointer_->save(r);
     } catch (...) {
-      // The other GPUs wait in the gathers the failed save did not reach: run them, then fail.
-      if (gpu_) try {
-          gpu_->finish_optimizer_state();
-          if (!recipe_.lora && !streamed) gpu_->stream_trainable(io::TensorSink());
-        } catch (const std::exception&) {
-        }
+      // The other ranks wait in the gathers the failed save did not reach: run them, then fail.
+      try {
+        if (gpu_) gpu_->finish_optimizer_state();
+        if (sharded_ && streamed_values && !moments_streamed) sharded_->stream_optimizer_state(*optimizer_, io::TensorSink());
+        if (streamed_values && !values_streamed) stream_trained_values(io::TensorSink());
+      } catch (const std::exception&) {
+      }
       throw;
     }
     log_info("saved checkpoint " + last_checkpoint_);
   }
   if (gpu_ && rank0_) gpu_->finish_optimizer_state();  // any gather no written tensor reached (none)
-  if (sharded_) sharded_->release_full_parameters();
+  if (sharded_ && recipe_.lora) sharded_->release_full_parameters();
   group_.barrier();
+}
+
+void FinetuneRecipe::stream_trained_values(const io::TensorSink& sink) {
+  if (!gpu_) return sharded_->stream_full_parameters(sink);
+  gpu_->finish_optimizer_state();  // the moments' gathers all run first (on rank 0: written, none left)
+  gpu_->stream_trainable(sink);
 }
 
 void FinetuneRecipe::all_reduce_gradients() {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <exception>
 
 #include "core/error.h"
 #include "kernels/cpu/adamw.h"
@@ -286,7 +287,17 @@ void ShardedDataParallel::load_full_parameters(const std::map<std::string, Tenso
 }
 
 std::map<std::string, Tensor> ShardedDataParallel::gather_optimizer_state(const AdamW& optimizer, bool keep) {
-  std::map<std::string, Tensor> state = optimizer.state(), out;
+  std::map<std::string, Tensor> out;
+  stream_optimizer_state(optimizer, keep ? io::TensorSink([&](const std::string& name, const Tensor& t) {
+    out[name] = t.clone();
+  })
+                                         : io::TensorSink());
+  return out;
+}
+
+void ShardedDataParallel::stream_optimizer_state(const AdamW& optimizer, const io::TensorSink& sink) {
+  const std::map<std::string, Tensor> state = optimizer.state();
+  std::exception_ptr failed;
   for (auto& up : units_) {
     const Unit& u = *up;
     if (u.empty()) continue;
@@ -295,17 +306,51 @@ std::map<std::string, Tensor> ShardedDataParallel::gather_optimizer_state(const 
       check(it != state.end(), "sharded data parallel", std::string("the optimizer has no ") + prefix + u.shard.name);
       const DType dtype = it->second.dtype();  // the moments are in the shard's dtype
       const size_t elem = dtype_bytes(dtype, 1);
-      Tensor flat = Tensor::empty({u.layout.padded}, dtype);  // one unit at a time
-      all_gather_any(group_, flat.raw(), it->second.raw(), u.layout.shard_size(), dtype);
-      if (!keep) continue;
-      for (size_t i = 0; i < u.params.size(); ++i) {
-        Tensor t = Tensor::empty(u.shapes[i], dtype);
-        std::memcpy(t.raw(), static_cast<const char*>(flat.raw()) + size_t(u.layout.offset[i]) * elem, t.bytes());
-        out[prefix + u.params[i]->name] = t;
+      auto flat = std::make_shared<Tensor>(Tensor::empty({u.layout.padded}, dtype));  // one unit at a time
+      all_gather_any(group_, flat->raw(), it->second.raw(), u.layout.shard_size(), dtype);
+      if (!sink || failed) continue;
+      try {
+        for (size_t i = 0; i < u.params.size(); ++i)
+          sink(prefix + u.params[i]->name,
+               Tensor::view(static_cast<char*>(flat->raw()) + size_t(u.layout.offset[i]) * elem, u.shapes[i], dtype, flat));
+      } catch (...) {
+        failed = std::current_exception();  // the remaining gathers still run: every rank waits in them
       }
     }
   }
-  return out;
+  if (failed) std::rethrow_exception(failed);
+}
+
+void ShardedDataParallel::stream_full_parameters(const io::TensorSink& sink) {
+  std::exception_ptr failed;
+  for (auto& up : units_) {
+    Unit& u = *up;
+    const bool held = u.gathered;
+    gather(u);
+    if (sink && !failed) try {
+        for (model::Parameter* p : u.params) sink(p->name, p->value);
+      } catch (...) {
+        failed = std::current_exception();  // the remaining gathers still run: every rank waits in them
+      }
+    if (!held) release(u);
+  }
+  if (failed) std::rethrow_exception(failed);
+}
+
+std::vector<io::TensorSpec> ShardedDataParallel::optimizer_state_specs(const AdamW& optimizer) const {
+  const std::map<std::string, Tensor> state = optimizer.state();
+  std::map<std::string, io::TensorSpec> by_name;
+  for (const auto& up : units_)
+    for (size_t i = 0; i < up->params.size(); ++i)
+      for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
+        auto it = state.find(prefix + up->shard.name);
+        check(it != state.end(), "sharded data parallel", std::string("the optimizer has no ") + prefix + up->shard.name);
+        const std::string name = prefix + up->params[i]->name;
+        by_name[name] = {name, it->second.dtype(), up->shapes[i]};  // the moments' dtype, the shard's
+      }
+  std::vector<io::TensorSpec> specs;
+  for (auto& [name, spec] : by_name) specs.push_back(spec);
+  return specs;
 }
 
 std::map<std::string, Tensor> ShardedDataParallel::shard_optimizer_state(const std::map<std::string, Tensor>& full,

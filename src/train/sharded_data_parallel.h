@@ -21,9 +21,11 @@
 // reduce-scatter in f32 (one unit at a time), then are rounded once into the bf16 gradient shard.
 // element_origins() tells AdamW which model parameter each shard element belongs to, so that the
 // stochastic rounding of the update does not depend on W.
-// Checkpoints: gather_full_parameters() gives every rank the full values (rank 0 writes them with
-// the ordinary checkpointer), and the optimizer state is gathered into the same per-parameter
-// "exp_avg.<name>" tensors an unsharded run saves, so a checkpoint does not depend on W.
+// Checkpoints: the optimizer state is gathered into the same per-parameter "exp_avg.<name>" tensors
+// an unsharded run saves, so a checkpoint does not depend on W; the values and the moments are
+// streamed unit by unit (stream_optimizer_state, stream_full_parameters) as rank 0 writes them, so
+// that rank 0 holds one unit at a time (gather_full_parameters gathers them all in place instead:
+// a LoRA run, whose merged model is made of the gathered base and adapters).
 //
 // It deliberately does not overlap communication with compute (Gloo collectives block; the
 // gather of layer l+1 could be prefetched on another thread), or offload to the CPU.
@@ -37,6 +39,7 @@
 
 #include "core/tensor.h"
 #include "dist/process_group.h"
+#include "io/safetensors.h"
 #include "model/decoder.h"
 #include "train/optimizer.h"
 #include "train/sharded_layout.h"
@@ -97,6 +100,15 @@ class ShardedDataParallel {
   // gathered unit by unit (every rank takes part; empty unless keep); and the reverse, the shard
   // state AdamW::load_state wants.
   std::map<std::string, Tensor> gather_optimizer_state(const AdamW& optimizer, bool keep = true);
+  // A checkpoint's moments and trained values, unit by unit: every rank takes part in each unit's
+  // gathers, in the units' order (the moments' or the values', never interleaved); where a sink is
+  // given it gets each parameter's full tensor (a view, valid for the call: the unit is released
+  // before the next is gathered). A sink that throws stops no gather (the other ranks wait in them):
+  // the first error comes back after the last. optimizer_state_specs: the moments' names, dtypes
+  // and shapes (as gather_optimizer_state names them), sorted by name.
+  void stream_optimizer_state(const AdamW& optimizer, const io::TensorSink& sink);
+  void stream_full_parameters(const io::TensorSink& sink);
+  std::vector<io::TensorSpec> optimizer_state_specs(const AdamW& optimizer) const;
   std::map<std::string, Tensor> shard_optimizer_state(const std::map<std::string, Tensor>& full, const std::string& where);
 
   ShardedMemory memory() const;

@@ -1,4 +1,4 @@
-// What a save writes from the trainable values it is handed as a stream (TrainableValues): a GPU
+// What a save writes from the trainable values it is handed as a stream (StreamedTensors): a GPU
 // run's rank 0 keeps no host values and streams the trained ones from the GPUs, in the order they
 // are gathered, not the files'. The checkpoint must be the one a save of the host values writes,
 // byte for byte, across the input's shards; a stream that leaves a tensor out fails the save naming
@@ -102,7 +102,7 @@ TEST_F(CheckpointerSave, AStreamThatLeavesATensorOutFailsTheSaveNamingItAndWrite
   std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::BF16);
   decoder->set_trainable([](const std::string&) { return true; });
   train::SaveRequest r = request("step_1", *decoder);
-  const train::TrainableValues host = train::host_trainable_values(decoder->parameters());
+  const train::StreamedTensors host = train::host_trainable_values(decoder->parameters());
   const std::string left_out = host.tensors.back().name;
   r.trainable = {host.tensors, [&](const io::TensorSink& sink) {
                    host.stream([&](const std::string& name, const Tensor& value) {

@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 
 #include "../sharded_test_fixture.h"
+#include "core/error.h"
 #include "core/parallel.h"
 #include "train/sharded_layout.h"
 
@@ -92,6 +94,49 @@ using namespace sharded_testing;  // NOLINT: the shared model, rows, reference r
 
 // The same as reference() on `world` ranks (threads over Gloo), each with its rows, sharded; the
 // result of rank 0, after checking what every rank holds.
+// As a checkpoint streams them (rank 0 writes each unit's as the ranks gather it): a sink that throws
+// at its first tensor (a full disk) stops no gather, so the ranks stay in step (a rank that stopped
+// would leave the others waiting in the next unit's gather); then rank 0's sinks get every moment
+// and value once, bit for bit the gathered ones, each named and shaped as optimizer_state_specs
+// says, and no unit stays gathered.
+void expect_streamed_as_gathered(ShardedDataParallel& sdp, const AdamW& opt, int rank,
+                                 const std::map<std::string, Tensor>& moments, const std::map<std::string, Tensor>& values) {
+  const io::TensorSink full_disk = [](const std::string& name, const Tensor&) { throw Error(name, "No space left on device"); };
+  if (rank == 0) {
+    EXPECT_THROW(sdp.stream_optimizer_state(opt, full_disk), Error);
+    EXPECT_THROW(sdp.stream_full_parameters(full_disk), Error);
+  } else {
+    sdp.stream_optimizer_state(opt, io::TensorSink());
+    sdp.stream_full_parameters(io::TensorSink());
+  }
+  std::map<std::string, Tensor> streamed_moments, streamed_values;
+  auto into = [](std::map<std::string, Tensor>& got) {
+    return [&got](const std::string& name, const Tensor& t) {
+      EXPECT_EQ(got.count(name), 0u) << name << " streamed twice";
+      got[name] = t.to(DType::F32);
+    };
+  };
+  sdp.stream_optimizer_state(opt, rank == 0 ? io::TensorSink(into(streamed_moments)) : io::TensorSink());
+  sdp.stream_full_parameters(rank == 0 ? io::TensorSink(into(streamed_values)) : io::TensorSink());
+  if (rank != 0) return;
+  const std::vector<io::TensorSpec> specs = sdp.optimizer_state_specs(opt);
+  ASSERT_EQ(specs.size(), moments.size());
+  for (const io::TensorSpec& spec : specs) {
+    ASSERT_TRUE(moments.count(spec.name)) << spec.name;
+    EXPECT_EQ(spec.shape, moments.at(spec.name).shape()) << spec.name;
+    EXPECT_EQ(spec.dtype, moments.at(spec.name).dtype()) << spec.name;
+  }
+  for (const auto& [want, got] : {std::pair{&moments, &streamed_moments}, std::pair{&values, &streamed_values}}) {
+    ASSERT_EQ(got->size(), want->size());
+    for (const auto& [name, t] : *want) {
+      const Tensor wide = t.to(DType::F32);
+      ASSERT_TRUE(got->count(name)) << name << " not streamed";
+      ASSERT_EQ(got->at(name).shape(), wide.shape()) << name;
+      EXPECT_EQ(std::memcmp(got->at(name).raw(), wide.raw(), wide.bytes()), 0) << name << " streamed differs";
+    }
+  }
+}
+
 Outcome sharded(const Scenario& s, int world) {
   std::vector<Outcome> outcomes(static_cast<size_t>(world));
   run_ranks(world, "sdp", [&](int rank, dist::ProcessGroup& group) {
@@ -117,6 +162,7 @@ Outcome sharded(const Scenario& s, int world) {
     sdp.gather_full_parameters(rank == 0);
     for (model::Parameter* p : trainable) EXPECT_EQ(p->value.defined(), rank == 0) << p->name;
     sdp.release_full_parameters();
+    expect_streamed_as_gathered(sdp, opt, rank, full, out.weights);
     // Loading the gathered weights back gives the same shards.
     std::vector<Tensor> before;
     for (model::Parameter* p : sdp.shard_parameters()) before.push_back(p->value.to(DType::F32));
