@@ -77,8 +77,8 @@ class CudaTrainer {
   // other GPUs wait in them), and the first error is rethrown after the last. A LoRA run's trainable
   // values (the adapters) are whole on every GPU: no collective.
   virtual void stream_trainable(const io::TensorSink& sink) = 0;
-  // The same, into the host model's tensors (their dtype kept) where keep is true.
-  virtual void download_trainable(bool keep = true) = 0;
+  // The same, into the host model's tensors (their dtype kept).
+  virtual void download_trainable() = 0;
 
   virtual void zero_grad() = 0;
   // One micro-batch of (B, T), T at most the planned one (the step runs on (B, T) only); gradients

@@ -538,20 +538,10 @@ void FinetuneRecipe::setup_gpu_training() {
     nccl_ = make_gpu_process_group(*devices_.store, "ktune/nccl", group_.rank(), group_.size(),
                                    devices_.collective_timeout);
   }
-  // QLoRA: the bases stay the parameters' values (LoraOptions::nf4_on_demand) and go up as they are;
-  // the GPU step quantises them into the CPU quantiser's codes (under ZeRO-3 only its own blocks). An
-  // adapter that holds its base as NF4 instead (the parameter's value empty) sends it dequantised,
-  // which quantises again into the same codes.
-  std::map<std::string, std::pair<const model::LoraAdapter*, const model::Linear*>> nf4_bases;
-  if (cfg_.model.quantize_base)
-    for (const auto& a : adapters_) {
-      const model::Linear& base = model_->linear(a->module_name());
-      nf4_bases[base.weight->name] = {a.get(), &base};
-    }
-  const HostValue value_of = [&](const model::Parameter& p) {
-    auto it = nf4_bases.find(p.name);
-    return it == nf4_bases.end() || p.value.defined() ? p.value : it->second.first->base_weight(*it->second.second);
-  };
+  // Every value goes up as the host holds it: QLoRA's bases too (LoraOptions::nf4_on_demand keeps them
+  // the parameters' values), which the GPU step quantises into the CPU quantiser's codes (under ZeRO-3
+  // only its own blocks).
+  const HostValue value_of = [](const model::Parameter& p) { return p.value; };
   gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, value_of, nccl_.get());
   release_host_values();
   if (!rank0_) return;

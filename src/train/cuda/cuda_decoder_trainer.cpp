@@ -128,8 +128,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
     if (failed) std::rethrow_exception(failed);
   }
 
-  void download_trainable(bool keep) override {
-    if (!keep) return stream_trainable(io::TensorSink());
+  void download_trainable() override {
     stream_trainable([this](const std::string& name, const Tensor& values) {
       model::Parameter& p = *host_.at(name);
       p.value.copy_from(values.reshape(p.value.shape()));
