@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -11,7 +12,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -20,29 +20,62 @@
 
 namespace ktune::sdk {
 
-// /proc/<pid>/stat: "pid (comm) state ppid ... starttime(22) ...". comm may hold spaces and
-// parentheses, so fields are counted from the last ')'.
-static bool read_stat(int pid, char* state, long long* start_time) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  if (!in) return false;
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  size_t close = text.rfind(')');
-  if (close == std::string::npos) return false;
-  std::istringstream rest(text.substr(close + 1));
+// The text of /proc/<pid>/stat, or false when it cannot be read whole. A process that exits
+// between open() and read() makes read() fail with ESRCH: that is an answer ("gone"), never an
+// error, so this reads with plain read(2) (std::ifstream would throw from its underflow).
+static bool read_proc_stat_text(const std::string& pid, std::string* text) {
+  const std::string path = "/proc/" + pid + "/stat";
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  text->clear();
+  char buffer[1024];
+  bool ok = true;
+  while (true) {
+    ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      text->append(buffer, size_t(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      ok = false;
+      break;
+    }
+  }
+  close(fd);
+  return ok;
+}
+
+// The fields of /proc/<pid>/stat the local backend uses.
+struct ProcStat {
+  char state = 0;            // field 3: R, S, D, T, Z, X, ...
+  long process_group = 0;    // field 5
+  long long start_time = 0;  // field 22, clock ticks since boot
+};
+
+// "pid (comm) state ppid pgrp ... starttime(22) ...". comm may hold spaces and parentheses,
+// so fields are counted from the last ')'.
+static bool read_proc_stat(const std::string& pid, ProcStat* stat) {
+  std::string text;
+  if (!read_proc_stat_text(pid, &text)) return false;
+  size_t close_paren = text.rfind(')');
+  if (close_paren == std::string::npos) return false;
+  std::istringstream rest(text.substr(close_paren + 1));
+  long parent = 0;
+  rest >> stat->state >> parent >> stat->process_group;  // fields 3, 4, 5
   std::string field;
-  rest >> *state;  // field 3
-  for (int i = 4; i < 22; ++i) rest >> field;
-  rest >> *start_time;  // field 22
+  for (int i = 6; i < 22; ++i) rest >> field;
+  rest >> stat->start_time;  // field 22
   return bool(rest);
 }
 
+static bool is_zombie_or_dead(char state) { return state == 'Z' || state == 'X'; }
+
 long long process_start_time(int pid) {
   if (pid <= 0) return 0;
-  char state = 0;
-  long long start = 0;
-  if (!read_stat(pid, &state, &start)) return 0;
-  if (state == 'Z' || state == 'X') return 0;
-  return start;
+  ProcStat stat;
+  if (!read_proc_stat(std::to_string(pid), &stat)) return 0;
+  if (is_zombie_or_dead(stat.state)) return 0;
+  return stat.start_time;
 }
 
 bool process_is_alive(int pid, long long start_time) {
@@ -52,7 +85,8 @@ bool process_is_alive(int pid, long long start_time) {
 }
 
 // Live (non-zombie) members of a process group, found by scanning /proc: kill(-pgid, 0) would
-// also count zombies that their parent has not reaped yet.
+// also count zombies that their parent has not reaped yet. Any process on the machine may exit
+// while it is being read; it then counts as not live.
 static int group_live_members(int pgid) {
   int n = 0;
   DIR* proc = opendir("/proc");
@@ -61,15 +95,9 @@ static int group_live_members(int pgid) {
     char* end = nullptr;
     long pid = std::strtol(e->d_name, &end, 10);
     if (pid <= 0 || *end != '\0') continue;
-    std::ifstream in(std::string("/proc/") + e->d_name + "/stat");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    size_t close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(text.substr(close + 1));
-    char state = 0;
-    long ppid = 0, pgrp = 0;
-    rest >> state >> ppid >> pgrp;
-    if (rest && pgrp == pgid && state != 'Z' && state != 'X') ++n;
+    ProcStat stat;
+    if (!read_proc_stat(e->d_name, &stat)) continue;
+    if (stat.process_group == pgid && !is_zombie_or_dead(stat.state)) ++n;
   }
   closedir(proc);
   return n;
