@@ -285,7 +285,14 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
       throw Error(file.path() + ": tensor " + p->name,
                   std::string("dtype ") + info.dtype + " is not a floating-point weight type (F32, BF16, F16)");
     used.insert(p->name);
-    if (options.map_values && src.dtype() == p->value.dtype()) {
+    // Mapped in the file's dtype where it is f32 or bf16 (a copy of the other dtype would be the
+    // whole model on every rank: Gemma 2's f32 files under bf16 storage); f16 is copied.
+    const bool mappable = src.dtype() == p->value.dtype() || src.dtype() == DType::F32 || src.dtype() == DType::BF16;
+    if (options.map_values && mappable) {
+      if (src.dtype() != p->value.dtype()) {
+        p->stored_dtype = p->value.dtype();  // read rounded to it (stored_value)
+        if (d->other_dtype_.empty()) d->other_dtype_ = p->name;
+      }
       p->value = src;  // the mapped bytes themselves (view() copies a tensor the file holds unaligned)
       mapped_bytes += int64_t(src.bytes());
       std::shared_ptr<const io::SafetensorsFile>& shared = files[file.path()];
@@ -301,8 +308,11 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
     int64_t value_bytes = 0;
     for (const auto& p : d->params_) value_bytes += int64_t(p->value.bytes());
     log_info(dir + ": values mapped from the checkpoint files, not copied: " + std::to_string(mapped_bytes) + " of " +
-             std::to_string(value_bytes) + " bytes (the rest held in another dtype than " +
-             dtype_name(options.storage) + " there: copied)");
+             std::to_string(value_bytes) + " bytes" +
+             (d->other_dtype_.empty() ? std::string()
+                                      : std::string(" (some held in the files' dtype, read as ") +
+                                            dtype_name(options.storage) + ")") +
+             (mapped_bytes < value_bytes ? " (the rest held f16 there: copied)" : ""));
   }
   int64_t ignored = 0;
   for (const std::string& name : ckpt.names()) {
@@ -666,6 +676,9 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
   const ModelConfig& c = config_;
   check(released_.empty(), "Decoder", "cannot compute: the value of " + released_ +
                                           " was released (its steps run elsewhere, release_values)");
+  check(other_dtype_.empty(), "Decoder",
+        "cannot compute: the value of " + other_dtype_ + " is mapped in its checkpoint file's dtype, not " +
+            dtype_name(storage_) + " (LoadOptions::map_values: a model whose steps run elsewhere)");
   check(!backward || host_gradients_, "Decoder", "no backward: this model keeps no host gradients (set_host_gradients)");
   Plan& p = prepare(batch);
   if (!logits) check(batch.labels != nullptr, "Decoder", "a loss needs labels");

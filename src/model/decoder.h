@@ -67,10 +67,13 @@ struct LoadOptions {
   // bf16 path). Checkpoints of any float dtype load.
   DType storage = DType::F32;
   // Values as read-only views of the mapped checkpoint files wherever a file holds a parameter in
-  // `storage` (no copy: the pages are the page cache's, shared with every process that maps the
-  // file, a node's other ranks among them, and read in as touched); copied elsewhere. Only for a
-  // model whose values are read, then released, never written (a write into a mapped value faults):
-  // a GPU run's ranks other than 0, which upload the values and release them. Logs the bytes mapped.
+  // f32 or bf16 (no copy: the pages are the page cache's, shared with every process that maps the
+  // file, a node's other ranks among them, and read in as touched); f16 is copied. A value mapped in
+  // another dtype than `storage` keeps it as Parameter::stored_dtype and is read rounded to it
+  // (stored_value, read_stored_f32), as a copy would hold it; the decoder then refuses to compute.
+  // Only for a model whose values are read, then released, never written (a write into a mapped
+  // value faults): a GPU run's ranks, which upload the values and release them (rank 0 keeping
+  // what its saves read). Logs the bytes mapped.
   bool map_values = false;
 };
 
@@ -172,6 +175,9 @@ class Decoder {
   bool checkpointing_ = false;
   bool host_gradients_ = true;  // set_host_gradients
   std::string released_;        // release_values: the first parameter released ("" while none)
+  // LoadOptions::map_values: the first parameter mapped in its file's dtype, not storage_ ("": none);
+  // the decoder does not compute on such a value (its kernels read the storage dtype).
+  std::string other_dtype_;
   // LoadOptions::map_values: the parameters whose values are views of a checkpoint file's mapping, and
   // that file (shared by its parameters; it keeps the file mapped while one of them is listed).
   std::map<std::string, std::shared_ptr<const io::SafetensorsFile>> mapped_;

@@ -26,6 +26,37 @@ const float* widen(const Tensor& value, float* dst) {
 
 }  // namespace
 
+DType stored_dtype_of(const Parameter& p) { return p.stored_dtype ? *p.stored_dtype : p.value.dtype(); }
+
+bool value_in_other_dtype(const Parameter& p) {
+  return p.stored_dtype && p.value.defined() && p.value.dtype() != *p.stored_dtype;
+}
+
+Tensor stored_value(const Parameter& p) { return value_in_other_dtype(p) ? p.value.to(*p.stored_dtype) : p.value; }
+
+void read_stored_f32(const Parameter& p, int64_t first, int64_t count, float* out) {
+  const Tensor& v = p.value;
+  check(v.defined(), p.name, "its value was released: nothing to read");
+  check(first >= 0 && count >= 0 && first + count <= v.numel(), p.name,
+        "elements [" + std::to_string(first) + ", " + std::to_string(first + count) + ") of " +
+            std::to_string(v.numel()));
+  const DType stored = stored_dtype_of(p);
+  check((v.dtype() == DType::F32 || v.dtype() == DType::BF16) && (stored == DType::F32 || stored == DType::BF16),
+        p.name, std::string("a value read as f32 is held f32 or bf16 and stored so, not held ") + dtype_name(v.dtype()) +
+                    " stored " + dtype_name(stored));
+  if (v.dtype() == DType::BF16) {  // bf16 widens exactly (stored f32 or bf16 alike)
+    const bf16_t* src = v.bf16() + first;
+    for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_f32(src[i]);
+    return;
+  }
+  const float* src = v.f32() + first;
+  if (stored == DType::F32) {
+    std::memcpy(out, src, size_t(count) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_f32(f32_to_bf16(src[i]));  // f32 held, bf16 stored
+}
+
 void add_to_gradient(const Tensor& grad, int64_t begin, const float* g, int64_t n) {
   if (grad.dtype() == DType::F32) {
     float* dst = grad.f32() + begin;

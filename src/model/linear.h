@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,22 @@ struct Parameter {
   // for the span of one reduction. Kernels write f32; add_to_gradient() stores it either way.
   Tensor grad;
   bool trainable = true;
+  // Set where `value` holds another dtype than the model keeps this parameter in: a value mapped
+  // read-only from a checkpoint file that holds it so (LoadOptions::map_values: Gemma 2's f32 files
+  // under bf16 storage), instead of a converted copy on every rank. Its readers take the value as
+  // stored (stored_value, read_stored_f32): rounded as a copy would have been.
+  std::optional<DType> stored_dtype;
 };
+
+// The dtype the model keeps p in: stored_dtype where set, else its value's.
+DType stored_dtype_of(const Parameter& p);
+// Whether p's value holds another dtype than the one the model keeps it in (stored_dtype).
+bool value_in_other_dtype(const Parameter& p);
+// p's value as the model keeps it: the value itself, or a copy rounded to stored_dtype.
+Tensor stored_value(const Parameter& p);
+// Elements [first, first + count) of p's value as stored, widened to f32 into out: a chunk at a
+// time, for readers of a whole weight that need no copy of it (QLoRA's quantiser).
+void read_stored_f32(const Parameter& p, int64_t first, int64_t count, float* out);
 
 // grad[begin, begin + n) += g (n floats, f32). An f32 gradient adds in place; a bf16 one is widened,
 // summed in f32 and rounded to nearest even once per call, so a caller that sums one micro-batch's

@@ -68,7 +68,7 @@ std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
     auto it = adapted.find(p->name);
     if (it == adapted.end()) {
       check(p->value.defined(), "checkpointer", "cannot save " + p->name + ": its value was released");
-      tensors.push_back({p->name, dtype, p->value.shape(), [p, dtype] { return in_dtype(p->value, dtype); }});
+      tensors.push_back({p->name, dtype, p->value.shape(), [p, dtype] { return in_dtype(model::stored_value(*p), dtype); }});
       continue;
     }
     const auto [linear, adapter] = it->second;
@@ -170,10 +170,10 @@ StreamedTensors host_trainable_values(const std::vector<model::Parameter*>& para
   StreamedTensors values;
   for (const model::Parameter* p : params) {
     check(p->value.defined(), "checkpointer", "cannot save " + p->name + ": its value was released");
-    values.tensors.push_back({p->name, p->value.dtype(), p->value.shape()});
+    values.tensors.push_back({p->name, model::stored_dtype_of(*p), p->value.shape()});
   }
   values.stream = [params](const io::TensorSink& sink) {
-    for (const model::Parameter* p : params) sink(p->name, p->value);
+    for (const model::Parameter* p : params) sink(p->name, model::stored_value(*p));
   };
   return values;
 }

@@ -420,8 +420,9 @@ DType weight_storage(const RecipeConfig& cfg, const RecipeSpec& recipe, bool on_
 void FinetuneRecipe::setup_model(bool on_gpu) {
   const DType storage = weight_storage(cfg_, recipe_, on_gpu);
   // A GPU run's ranks only read their values (the fingerprint, the upload) and then release them:
-  // views of the mapped files where those hold the storage dtype, the page cache's pages shared by the
-  // node's ranks instead of a private copy each. Rank 0 of a LoRA run keeps its frozen values for its
+  // views of the mapped files (f32 or bf16; one in another dtype than the storage's read rounded to it,
+  // Parameter::stored_dtype), the page cache's pages shared by the node's ranks instead of a private
+  // copy each (Gemma 2's f32 files under bf16: its whole model in bf16 on every rank otherwise). Rank 0 of a LoRA run keeps its frozen values for its
   // saves to merge into, mapped, their pages dropped once uploaded (release_host_values) and read
   // again from the file by each save; a full fine-tune's rank 0 keeps none (its saves stream the
   // trained values from the GPUs).
@@ -538,10 +539,11 @@ void FinetuneRecipe::setup_gpu_training() {
     nccl_ = make_gpu_process_group(*devices_.store, "ktune/nccl", group_.rank(), group_.size(),
                                    devices_.collective_timeout);
   }
-  // Every value goes up as the host holds it: QLoRA's bases too (LoraOptions::nf4_on_demand keeps them
+  // Every value goes up as the host stores it (a value mapped in its file's other dtype rounded to the
+  // storage dtype, one parameter at a time): QLoRA's bases too (LoraOptions::nf4_on_demand keeps them
   // the parameters' values), which the GPU step quantises into the CPU quantiser's codes (under ZeRO-3
   // only its own blocks).
-  const HostValue value_of = [](const model::Parameter& p) { return p.value; };
+  const HostValue value_of = [](const model::Parameter& p) { return model::stored_value(p); };
   gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, value_of, nccl_.get());
   release_host_values();
   if (!rank0_) return;

@@ -2,15 +2,21 @@
 // frees every gradient, allocates none later and refuses a backward; release_values frees the
 // values it selects, and the decoder then refuses to compute, naming the first released parameter;
 // values loaded as views of the checkpoint's mapping (LoadOptions::map_values) are counted as such
-// until released or replaced, and their pages dropped without changing what they read.
+// until released or replaced, and their pages dropped without changing what they read; a file in
+// another dtype than the storage's is mapped as it is and read rounded to the storage dtype.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "model/decoder.h"
 
 using namespace ktune;
@@ -110,4 +116,65 @@ TEST(DecoderHostMemory, MappedValuesAreCountedUntilReleasedOrReplacedAndDropping
     EXPECT_EQ(std::memcmp(value.raw(), p->value.raw(), p->value.bytes()), 0) << p->name;
   }
   EXPECT_EQ(mapped->mapped_value_bytes(), all_bytes - released_bytes - replaced_bytes);
+}
+
+// Gemma 2's checkpoints hold f32; a GPU run keeps bf16. Mapped, each f32 value is a view of the file
+// (not a bf16 copy on every rank) that reads as the bf16 copy would hold it: stored_value and
+// read_stored_f32 give the copied model's bits; the decoder refuses to compute on it, naming the
+// first such parameter. An f16 file is copied as before.
+TEST(DecoderHostMemory, AFileInAnotherDtypeIsMappedAsItIsAndReadAsTheStorageCopyWould) {
+  const std::string fixture = std::string(KTUNE_SOURCE_DIR) + "/tests/model/fixtures/llama";  // f32 values
+  LoadOptions bf16_copy;
+  bf16_copy.storage = DType::BF16;
+  LoadOptions bf16_mapped = bf16_copy;
+  bf16_mapped.map_values = true;
+  std::unique_ptr<Decoder> copied = Decoder::from_pretrained(fixture, bf16_copy);
+  std::unique_ptr<Decoder> mapped = Decoder::from_pretrained(fixture, bf16_mapped);
+  int64_t f32_bytes = 0;
+  for (Parameter* p : copied->parameters()) {
+    const Parameter& m = mapped->parameter(p->name);
+    ASSERT_EQ(p->value.dtype(), DType::BF16) << p->name;
+    EXPECT_FALSE(p->stored_dtype.has_value()) << p->name;
+    EXPECT_TRUE(mapped->value_is_mapped(m)) << p->name;
+    EXPECT_EQ(m.value.dtype(), DType::F32) << p->name;
+    EXPECT_EQ(stored_dtype_of(m), DType::BF16) << p->name;
+    f32_bytes += int64_t(m.value.bytes());
+    const Tensor stored = stored_value(m);
+    ASSERT_EQ(stored.dtype(), DType::BF16) << p->name;
+    EXPECT_EQ(std::memcmp(stored.raw(), p->value.raw(), p->value.bytes()), 0) << p->name;
+    // A chunk in the middle, as QLoRA's quantiser reads it.
+    const int64_t first = p->value.numel() / 3, count = p->value.numel() / 2;
+    std::vector<float> got(static_cast<size_t>(count)), want(static_cast<size_t>(count));
+    read_stored_f32(m, first, count, got.data());
+    for (int64_t i = 0; i < count; ++i) want[size_t(i)] = bf16_to_f32(p->value.bf16()[first + i]);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << p->name;
+  }
+  EXPECT_EQ(mapped->mapped_value_bytes(), f32_bytes);
+  std::vector<int32_t> tokens = {1, 7, 9, 3}, labels = {7, 9, 3, 2};
+  EXPECT_ERROR_CONTAINING(mapped->forward_loss({tokens.data(), labels.data(), nullptr, nullptr, 1, 4}),
+                          "the value of model.embed_tokens.weight is mapped in its checkpoint file's dtype, not bf16");
+  EXPECT_NO_THROW(copied->forward_loss({tokens.data(), labels.data(), nullptr, nullptr, 1, 4}));
+
+  // f16 (every value 1.0, 0x3c00): copied into the storage dtype, nothing mapped.
+  const std::filesystem::path f16_dir =
+      std::filesystem::temp_directory_path() / ("ktune_f16_model_" + std::to_string(getpid()));
+  std::filesystem::create_directories(f16_dir);
+  std::filesystem::copy_file(fixture + "/config.json", f16_dir / "config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  io::SafetensorsFile f32_file = io::SafetensorsFile::open(fixture + "/model.safetensors");
+  std::vector<io::NamedTensor> halves;
+  for (const std::string& name : f32_file.names()) {
+    Tensor ones = Tensor::empty(f32_file.info(name).shape, DType::F16);
+    std::fill_n(static_cast<uint16_t*>(ones.raw()), ones.numel(), uint16_t(0x3c00));
+    halves.push_back({name, ones});
+  }
+  io::write_safetensors((f16_dir / "model.safetensors").string(), halves, {{"format", "pt"}});
+  std::unique_ptr<Decoder> from_f16 = Decoder::from_pretrained(f16_dir.string(), bf16_mapped);
+  std::filesystem::remove_all(f16_dir);
+  EXPECT_EQ(from_f16->mapped_value_bytes(), 0);
+  for (const Parameter* p : from_f16->parameters()) {
+    ASSERT_EQ(p->value.dtype(), DType::BF16) << p->name;
+    EXPECT_FALSE(value_in_other_dtype(*p)) << p->name;
+    EXPECT_EQ(bf16_to_f32(p->value.bf16()[p->value.numel() - 1]), 1.0f) << p->name;
+  }
 }

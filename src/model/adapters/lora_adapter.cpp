@@ -19,20 +19,22 @@ constexpr int64_t kRowBlock = 64;  // rows of x (dropout) or of W (DoRA norms) h
 
 std::string suffix_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
 
-// NF4 codes and scales of an f32 or bf16 weight (n values): a bf16 one (a GPU run's host, which maps
-// a bf16 checkpoint rather than copy it to f32) widened a chunk of whole blocks at a time, so that its
-// codes are those of its f32 values without an f32 copy of the weight.
-void quantize_to_nf4(uint8_t* codes, float* scales, const Tensor& weight, const std::string& module) {
-  const int64_t n = weight.numel();
-  if (weight.dtype() == DType::F32) return cpu::nf4_quantize(codes, scales, weight.f32(), n);
-  check(weight.dtype() == DType::BF16, module, std::string("QLoRA quantises an f32 or bf16 base, not ") +
-                                                   dtype_name(weight.dtype()));
+// NF4 codes and scales of an f32 or bf16 weight as the model stores it (n values): one held in
+// another dtype (a GPU run's host, which maps a bf16 checkpoint rather than copy it to f32, or an
+// f32 one under bf16 storage) read as stored a chunk of whole blocks at a time, so that its codes
+// are those of its stored values without an f32 copy of the weight.
+void quantize_to_nf4(uint8_t* codes, float* scales, const Parameter& weight, const std::string& module) {
+  const Tensor& value = weight.value;
+  const int64_t n = value.numel();
+  if (value.dtype() == DType::F32 && !value_in_other_dtype(weight))
+    return cpu::nf4_quantize(codes, scales, value.f32(), n);
+  check(value.dtype() == DType::F32 || value.dtype() == DType::BF16, module,
+        std::string("QLoRA quantises an f32 or bf16 base, not ") + dtype_name(value.dtype()));
   constexpr int64_t kChunk = 1024 * cpu::kNf4BlockSize;
   std::vector<float> wide(size_t(std::min(n, kChunk)));
-  const bf16_t* values = weight.bf16();
   for (int64_t first = 0; first < n; first += kChunk) {
     const int64_t m = std::min(kChunk, n - first);
-    for (int64_t i = 0; i < m; ++i) wide[size_t(i)] = bf16_to_f32(values[first + i]);
+    read_stored_f32(weight, first, m, wide.data());
     cpu::nf4_quantize(codes + first / 2, scales + first / cpu::kNf4BlockSize, wide.data(), m);
   }
 }
@@ -65,7 +67,7 @@ LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
     if (!options.nf4_on_demand) {
       nf4_codes_.resize(size_t(n / 2));
       nf4_scales_.resize(size_t(n / 64));
-      quantize_to_nf4(nf4_codes_.data(), nf4_scales_.data(), base.weight->value, module_);
+      quantize_to_nf4(nf4_codes_.data(), nf4_scales_.data(), *base.weight, module_);
       nf4_scratch_.resize(cpu::nf4_linear_scratch_floats(in_, out_));
       base.weight->value = Tensor();  // the base weight is gone: only NF4 remains
     }
@@ -125,14 +127,17 @@ Tensor LoraAdapter::base_weight(const Linear& base) const {
   check_base_held();
   if (!options_.quantize_base) {
     const Tensor& w = base.weight->value;
-    return w.dtype() == DType::F32 ? w : w.to(DType::F32);
+    if (w.dtype() == DType::F32 && !value_in_other_dtype(*base.weight)) return w;
+    Tensor wide = Tensor::empty(w.shape());  // widened from bf16, or an f32 value read as its bf16 storage
+    read_stored_f32(*base.weight, 0, w.numel(), wide.f32());
+    return wide;
   }
   Tensor w = Tensor::empty({out_, in_});
   if (options_.nf4_on_demand) {  // the codes the eager path holds, made for this call only
     check(base.weight->value.defined(), module_, "its base value was released: this host model no longer has it");
     std::vector<uint8_t> codes(size_t(out_ * in_ / 2));
     std::vector<float> scales(size_t(out_ * in_ / cpu::kNf4BlockSize));
-    quantize_to_nf4(codes.data(), scales.data(), base.weight->value, module_);
+    quantize_to_nf4(codes.data(), scales.data(), *base.weight, module_);
     cpu::nf4_dequantize(w.f32(), codes.data(), scales.data(), out_ * in_);
     return w;
   }

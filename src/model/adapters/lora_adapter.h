@@ -69,7 +69,8 @@ class LoraAdapter : public LinearAdapter {
   float scale() const { return scale_; }
   const LoraOptions& options() const { return options_; }
   const std::string& module_name() const { return module_; }
-  // The base weight as f32 (dequantised for QLoRA, widened from a bf16 base): (out, in).
+  // The base weight as f32 (dequantised for QLoRA, widened from a bf16 base, an f32 value stored bf16
+  // read as its bf16 rounding: Parameter::stored_dtype): (out, in).
   Tensor base_weight(const Linear& base) const;
   // W' that a plain Linear would need to compute what this adapter computes: (out, in).
   Tensor merged_weight(const Linear& base) const;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "core/error.h"
 #include "kernels/cpu/nf4.h"
@@ -330,6 +331,60 @@ TEST(LoraAdapter, ABf16BaseQuantisesAndMergesAsItsValuesInF32) {
     EXPECT_EQ(adapter[1]->base_weight_bytes(linear[1]),
               options.quantize_base ? adapter[0]->base_weight_bytes(linear[0]) : size_t(2 * out * in));
   }
+}
+
+// A base mapped in its file's f32 under bf16 storage (Gemma 2's f32 checkpoints on a GPU run: mapped,
+// not copied to bf16 on every rank) is read as its bf16 copy: QLoRA's codes made on demand, DoRA's
+// magnitudes, the base and the merged weight all equal those of the bf16 copy bit for bit (the
+// quantiser across more than one of its chunks: 320 x 256 values). Read as f32, they would differ.
+TEST(LoraAdapter, AnF32BaseStoredAsBf16QuantisesAndMergesAsItsBf16Copy) {
+  const int64_t out = 320, in = 256;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  Tensor wide = Tensor::empty({out, in});
+  for (int64_t i = 0; i < out * in; ++i) wide.f32()[i] = normal(rng);
+  const Tensor narrow = wide.to(DType::BF16);
+  for (const LoraOptions& options : {LoraOptions{.rank = 4, .quantize_base = true, .nf4_on_demand = true},
+                                     LoraOptions{.rank = 4, .use_dora = true, .quantize_base = true, .nf4_on_demand = true},
+                                     LoraOptions{.rank = 4, .use_dora = true}, LoraOptions{.rank = 4}}) {
+    SCOPED_TRACE(std::string(options.quantize_base ? "QLoRA" : "LoRA") + (options.use_dora ? " DoRA" : ""));
+    Parameter weight[2];
+    Linear linear[2];
+    std::shared_ptr<LoraAdapter> adapter[2];
+    for (int k = 0; k < 2; ++k) {
+      weight[k] = Parameter{"model.layers.0.mlp.up_proj.weight", k == 0 ? wide : narrow.clone(), Tensor(), false};
+      if (k == 0) weight[k].stored_dtype = DType::BF16;
+      linear[k].name = "model.layers.0.mlp.up_proj";
+      linear[k].weight = &weight[k];
+      linear[k].in = in;
+      linear[k].out = out;
+      adapter[k] = std::make_shared<LoraAdapter>(linear[k], options);
+    }
+    EXPECT_EQ(weight[0].value.raw(), wide.raw()) << "the mapped value was replaced";
+    EXPECT_EQ(weight[0].value.dtype(), DType::F32);
+    for (const auto& [what, a, b] :
+         {std::tuple{"base", adapter[0]->base_weight(linear[0]), adapter[1]->base_weight(linear[1])},
+          std::tuple{"merged", adapter[0]->merged_weight(linear[0]), adapter[1]->merged_weight(linear[1])}}) {
+      ASSERT_EQ(a.dtype(), DType::F32) << what;
+      ASSERT_EQ(a.bytes(), b.bytes()) << what;
+      EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.bytes()), 0) << what << " weights differ";
+    }
+    if (options.use_dora) {
+      const Tensor& m0 = adapter[0]->parameters().back()->value;
+      const Tensor& m1 = adapter[1]->parameters().back()->value;
+      EXPECT_EQ(std::memcmp(m0.raw(), m1.raw(), m0.bytes()), 0) << "magnitudes differ";
+    }
+  }
+  // The check can fail: read as its f32 values, the base differs from the bf16 copy's.
+  Parameter unrounded{"model.layers.0.mlp.up_proj.weight", wide, Tensor(), false};
+  Linear linear;
+  linear.name = "model.layers.0.mlp.up_proj";
+  linear.weight = &unrounded;
+  linear.in = in;
+  linear.out = out;
+  LoraAdapter plain(linear, {.rank = 4});
+  const Tensor widened_copy = narrow.to(DType::F32);
+  EXPECT_NE(std::memcmp(plain.base_weight(linear).raw(), widened_copy.raw(), widened_copy.bytes()), 0);
 }
 
 // QLoRA with its codes made on demand (a GPU run's host model): the base stays the Linear's value

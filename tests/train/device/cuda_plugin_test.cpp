@@ -352,7 +352,9 @@ void expect_streamed_moments(CudaTrainer& many, int rank, const std::map<std::st
     ASSERT_EQ(produced.shape(), want.shape()) << t.name;
     EXPECT_EQ(std::memcmp(produced.raw(), want.raw(), want.bytes()), 0) << t.name << " streamed differs from whole";
   }
-  if (planned.size() > 1) EXPECT_THROW(planned.front().produce(), Error);
+  if (planned.size() > 1) {
+    EXPECT_THROW(planned.front().produce(), Error);
+  }
   many.finish_optimizer_state();
 }
 

@@ -176,19 +176,19 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
     return bf16_model;
   }
   // Two two-GPU runs of `recipe` (config `config`, two steps, `extra` arguments): from the tiny f32
-  // model into out("copied") and from its bf16 copy (bf16_copy_of_model) into out("mapped").
-  struct CopiedAndMapped {
-    Outcome copied, mapped;
+  // model into out("f32") and from its bf16 copy (bf16_copy_of_model) into out("bf16").
+  struct FromF32AndBf16 {
+    Outcome f32, bf16;
     std::string bf16_model;
   };
-  CopiedAndMapped run_copied_and_mapped(const std::string& recipe, const std::string& config,
-                                        const std::string& extra = "") {
-    CopiedAndMapped runs;
+  FromF32AndBf16 run_from_f32_and_bf16(const std::string& recipe, const std::string& config,
+                                       const std::string& extra = "") {
+    FromF32AndBf16 runs;
     runs.bf16_model = bf16_copy_of_model();
     const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2" + extra;
-    runs.copied = run("--nproc_per_node 2 --standalone", recipe, config, "cuda", args, out("copied"));
-    runs.mapped = run("--nproc_per_node 2 --standalone", recipe, config, "cuda",
-                      args + " checkpointer.checkpoint_dir=" + runs.bf16_model, out("mapped"));
+    runs.f32 = run("--nproc_per_node 2 --standalone", recipe, config, "cuda", args, out("f32"));
+    runs.bf16 = run("--nproc_per_node 2 --standalone", recipe, config, "cuda",
+                    args + " checkpointer.checkpoint_dir=" + runs.bf16_model, out("bf16"));
     return runs;
   }
   // The line in which `rank` ("[rank1]") says how many of the checkpoint's `total` bytes it mapped.
@@ -197,19 +197,27 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
     return rank + " INFO: " + checkpoint_dir + ": values mapped from the checkpoint files, not copied: " + mapped + " of " +
            total + " bytes";
   }
-  // Both runs succeeded, and both ranks mapped every byte of the bf16 copy and none of the f32 model.
-  // Returns the model's bytes in bf16.
-  int64_t expect_both_ranks_mapped(const CopiedAndMapped& runs) {
-    EXPECT_EQ(runs.copied.exit_code, 0) << runs.copied.output;
-    EXPECT_EQ(runs.mapped.exit_code, 0) << runs.mapped.output;
-    const int64_t bf16_bytes = 2 * total(numels(model() + "/model.safetensors"));
-    const std::string bytes = std::to_string(bf16_bytes);
+  struct ModelBytes {
+    int64_t bf16 = 0, f32 = 0;
+  };
+  // Both runs succeeded, and both ranks mapped every byte of both checkpoints: the bf16 copy's as
+  // bf16, the f32 model's as f32 read as bf16 (no bf16 copy of it on every rank). Returns the
+  // model's bytes in either dtype.
+  ModelBytes expect_both_ranks_mapped(const FromF32AndBf16& runs) {
+    EXPECT_EQ(runs.f32.exit_code, 0) << runs.f32.output;
+    EXPECT_EQ(runs.bf16.exit_code, 0) << runs.bf16.output;
+    const int64_t numel = total(numels(model() + "/model.safetensors"));
+    const ModelBytes bytes{2 * numel, 4 * numel};
+    const std::string bf16 = std::to_string(bytes.bf16), f32 = std::to_string(bytes.f32);
     for (const std::string rank : {"[rank0]", "[rank1]"}) {
-      EXPECT_NE(runs.mapped.output.find(mapped_line(rank, runs.bf16_model, bytes, bytes)), std::string::npos)
-          << runs.mapped.output;
-      EXPECT_NE(runs.copied.output.find(mapped_line(rank, model(), "0", bytes)), std::string::npos) << runs.copied.output;
+      EXPECT_NE(runs.bf16.output.find(mapped_line(rank, runs.bf16_model, bf16, bf16) + "\n"), std::string::npos)
+          << runs.bf16.output;
+      EXPECT_NE(runs.f32.output.find(mapped_line(rank, model(), f32, f32) +
+                                     " (some held in the files' dtype, read as bf16)\n"),
+                std::string::npos)
+          << runs.f32.output;
     }
-    return bf16_bytes;
+    return bytes;
   }
   // out(`a`) and out(`b`) logged the same two losses digit for digit and wrote the same epoch_0
   // checkpoint byte for byte.
@@ -446,69 +454,68 @@ TEST_F(CudaRecipeTest, TwoGpusQloraShardTheFrozenBaseWithItsNf4CodesAndEqualRepl
   expect_base_sharded_equals_replicated(" model.quantize_base=True", "frozen bf16 base weights and NF4 codes and scales");
 }
 
-// The ranks of a GPU full fine-tune map the checkpoint's values rather than copy them, where the
-// file holds them in the storage dtype, and keep none once the GPUs hold them (rank 0's saves stream
-// the trained values from the GPUs): from a bf16 copy of the tiny model both ranks map every byte,
-// from the f32 model they copy every one. Both runs (ZeRO-3, two steps) log the same losses digit for
-// digit and write the same checkpoint byte for byte.
-TEST_F(CudaRecipeTest, TwoGpusFullFinetuneRanksMapABf16CheckpointKeepNoValuesAndTrainAsFromACopy) {
+// The ranks of a GPU full fine-tune map the checkpoint's values rather than copy them, and keep none
+// once the GPUs hold them (rank 0's saves stream the trained values from the GPUs): both ranks map
+// every byte of a bf16 copy of the tiny model, and every byte of the f32 model itself (as f32, read
+// as bf16: Gemma 2's f32 checkpoints, no bf16 copy of the model on every rank). Both runs (ZeRO-3,
+// two steps) log the same losses digit for digit and write the same checkpoint byte for byte.
+TEST_F(CudaRecipeTest, TwoGpusFullFinetuneRanksMapTheCheckpointInItsDtypeKeepNoValuesAndTrainAlike) {
   SKIP_WITHOUT_GPUS(2);
-  const CopiedAndMapped runs = run_copied_and_mapped("full_finetune_distributed", "full_single_device");
-  const auto& [copied, mapped, bf16_model] = runs;
+  const FromF32AndBf16 runs = run_from_f32_and_bf16("full_finetune_distributed", "full_single_device");
   expect_both_ranks_mapped(runs);
-  for (const Outcome* r : {&mapped, &copied})
+  for (const Outcome* r : {&runs.bf16, &runs.f32})
     for (int rank : {0, 1}) EXPECT_EQ(host_held(r->output, rank).values, 0) << r->output;
-  EXPECT_NE(mapped.output.find("rank 0: no values, a save streams the trained ones from the GPUs"), std::string::npos)
-      << mapped.output;
-  expect_two_step_runs_equal("mapped", "copied");
+  EXPECT_NE(runs.f32.output.find("rank 0: no values, a save streams the trained ones from the GPUs"), std::string::npos)
+      << runs.f32.output;
+  expect_two_step_runs_equal("bf16", "f32");
 }
 
-// Rank 0 of a LoRA run maps the checkpoint's values too, where the file holds them in the storage
-// dtype: they are all frozen, kept only for its saves to merge into, so their pages are dropped once
-// uploaded and read again from the file by a save. From the bf16 copy of the tiny model both ranks
-// map every byte, and rank 0 keeps them mapped (its host line counts them); from the f32 model both
-// copy. Both runs (two steps, the frozen base sharded) log the same losses digit for digit and write
-// the same checkpoint byte for byte: the merged model made of the mapped base is the copied one's.
-TEST_F(CudaRecipeTest, TwoGpusLoraRankZeroKeepsItsFrozenBaseMappedAndSavesAsFromACopy) {
+// Rank 0 of a LoRA run maps the checkpoint's values too: they are all frozen, kept only for its saves
+// to merge into, so their pages are dropped once uploaded and read again from the file by a save.
+// Both ranks map every byte of the bf16 copy of the tiny model and of the f32 model (as f32, read as
+// bf16), and rank 0 keeps them mapped (its host line counts them: the f32 base twice the bf16's bytes).
+// Both runs (two steps, the frozen base sharded) log the same losses digit for digit and write the
+// same checkpoint byte for byte: the merged model made of the f32 base read as bf16 is the bf16 one's.
+TEST_F(CudaRecipeTest, TwoGpusLoraRankZeroKeepsItsFrozenBaseMappedAndSavesAlikeFromF32OrBf16) {
   SKIP_WITHOUT_GPUS(2);
-  const CopiedAndMapped runs = run_copied_and_mapped("lora_finetune_distributed", "lora_single_device");
-  const auto& [copied, mapped, bf16_model] = runs;
-  const int64_t base_bytes = expect_both_ranks_mapped(runs);
-  const std::string bytes = std::to_string(base_bytes);
-  // Rank 0 holds the base (mapped, or copied) and the adapters; its host line counts the mapped bytes.
-  const HostHeld mapped0 = host_held(mapped.output, 0), copied0 = host_held(copied.output, 0);
-  EXPECT_GT(mapped0.values, base_bytes) << mapped.output;
-  EXPECT_EQ(mapped0.values, copied0.values) << mapped.output << copied.output;
-  EXPECT_NE(mapped.output.find("; " + bytes + " bytes of the values ("), std::string::npos) << mapped.output;
-  EXPECT_EQ(copied.output.find("are the checkpoint files' mapped pages"), std::string::npos) << copied.output;
-  EXPECT_EQ(host_held(mapped.output, 1).values, 0) << mapped.output;
-  expect_two_step_runs_equal("mapped", "copied");
+  const FromF32AndBf16 runs = run_from_f32_and_bf16("lora_finetune_distributed", "lora_single_device");
+  const ModelBytes base = expect_both_ranks_mapped(runs);
+  // Rank 0 holds the base (mapped) and the adapters; its host line counts the mapped bytes.
+  const HostHeld bf16_0 = host_held(runs.bf16.output, 0), f32_0 = host_held(runs.f32.output, 0);
+  EXPECT_GT(bf16_0.values, base.bf16) << runs.bf16.output;
+  EXPECT_EQ(f32_0.values - bf16_0.values, base.f32 - base.bf16) << runs.bf16.output << runs.f32.output;
+  EXPECT_NE(runs.bf16.output.find("; " + std::to_string(base.bf16) + " bytes of the values ("), std::string::npos)
+      << runs.bf16.output;
+  EXPECT_NE(runs.f32.output.find("; " + std::to_string(base.f32) + " bytes of the values ("), std::string::npos)
+      << runs.f32.output;
+  for (const Outcome* r : {&runs.bf16, &runs.f32}) EXPECT_EQ(host_held(r->output, 1).values, 0) << r->output;
+  expect_two_step_runs_equal("bf16", "f32");
 }
 
 // QLoRA (and DoRA) on GPUs keep the base bf16 on the host, as the GPUs do, instead of the f32 the
 // CPU engine computes on, and QLoRA's adapters hold no NF4 codes (the GPUs quantise their own copy; a
-// save makes the codes of each projection it merges): from the bf16 copy of the tiny model both
-// ranks map every byte (no f32 copy of the model at load, 280 GB a rank at 70B before, nor its codes
-// on every rank, 39 GB), and rank 0 keeps the whole base mapped, its pages dropped until a save; from
-// the f32 model both copy, rounding to the same bf16 values. Both runs (two steps, the base sharded,
-// DoRA on top of QLoRA) log the same losses digit for digit and write the same checkpoint byte for byte.
-TEST_F(CudaRecipeTest, TwoGpusQloraRanksMapABf16CheckpointAndTrainAsFromACopy) {
+// save makes the codes of each projection it merges): both ranks map every byte of the bf16 copy of
+// the tiny model and of the f32 model (no f32 or bf16 copy of the model at load on every rank, 280 or
+// 140 GB a rank at 70B before, nor its codes, 39 GB), and rank 0 keeps the whole base mapped, its
+// pages dropped until a save; the f32 base is quantised as its bf16 rounding. Both runs (two steps,
+// the base sharded, DoRA on top of QLoRA) log the same losses digit for digit and write the same
+// checkpoint byte for byte.
+TEST_F(CudaRecipeTest, TwoGpusQloraRanksMapTheCheckpointInItsDtypeAndTrainAlikeFromF32OrBf16) {
   SKIP_WITHOUT_GPUS(2);
-  const CopiedAndMapped runs = run_copied_and_mapped("lora_finetune_distributed", "lora_single_device",
-                                                     " model.quantize_base=True model.use_dora=True");
-  const auto& [copied, mapped, bf16_model] = runs;
-  const int64_t bf16_bytes = expect_both_ranks_mapped(runs);
-  const HostHeld mapped0 = host_held(mapped.output, 0), copied0 = host_held(copied.output, 0);
-  EXPECT_GT(mapped0.values, bf16_bytes) << mapped.output;  // the base and the adapters
-  EXPECT_EQ(mapped0.values, copied0.values);
-  EXPECT_NE(mapped.output.find("; " + std::to_string(bf16_bytes) + " bytes of the values ("), std::string::npos)
-      << mapped.output;
-  for (const Outcome* r : {&mapped, &copied}) {
+  const FromF32AndBf16 runs = run_from_f32_and_bf16("lora_finetune_distributed", "lora_single_device",
+                                                    " model.quantize_base=True model.use_dora=True");
+  const ModelBytes base = expect_both_ranks_mapped(runs);
+  const HostHeld bf16_0 = host_held(runs.bf16.output, 0), f32_0 = host_held(runs.f32.output, 0);
+  EXPECT_GT(bf16_0.values, base.bf16) << runs.bf16.output;  // the base and the adapters
+  EXPECT_EQ(f32_0.values - bf16_0.values, base.f32 - base.bf16) << runs.bf16.output << runs.f32.output;
+  EXPECT_NE(runs.bf16.output.find("; " + std::to_string(base.bf16) + " bytes of the values ("), std::string::npos)
+      << runs.bf16.output;
+  for (const Outcome* r : {&runs.bf16, &runs.f32}) {
     EXPECT_EQ(host_held(r->output, 0).nf4, 0) << r->output;
     EXPECT_EQ(host_held(r->output, 1).nf4, 0) << r->output;
     EXPECT_EQ(host_held(r->output, 1).values, 0) << r->output;
   }
-  expect_two_step_runs_equal("mapped", "copied");
+  expect_two_step_runs_equal("bf16", "f32");
 }
 
 // save_adapter_weights_only: no merged model is written, so rank 0's host model keeps the adapters
