@@ -420,12 +420,12 @@ void CudaRecipeTest::expect_base_sharded_equals_replicated(const std::string& ov
   ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
   ASSERT_EQ(replicated.exit_code, 0) << replicated.output;
   // Each rank's host model once the GPUs hold the weights, against the files' counts: rank 0 keeps
-  // the frozen base (bf16; QLoRA's too: its adapters hold no NF4 codes, a save makes those of each
-  // projection it merges) and the f32 adapters, for its saves; rank 1 no values; no NF4 bases and no
-  // gradients anywhere.
+  // the frozen base (the f32 file's mapped values, read as bf16; QLoRA's too: its adapters hold no
+  // NF4 codes, a save makes those of each projection it merges) and the f32 adapters, for its saves;
+  // rank 1 no values; no NF4 bases and no gradients anywhere.
   const std::map<std::string, int64_t> base = numels(model() + "/model.safetensors");
   const std::map<std::string, int64_t> adapter = numels(out("sharded") + "/epoch_0/adapter_model.safetensors");
-  const int64_t base_bytes = 2 * total(base);
+  const int64_t base_bytes = 4 * total(base);
   ASSERT_GT(total(adapter), 0);
   for (const Outcome* r : {&sharded, &replicated}) {
     const HostHeld rank0 = host_held(r->output, 0), rank1 = host_held(r->output, 1);
