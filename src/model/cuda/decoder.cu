@@ -1117,11 +1117,28 @@ void Decoder::upload(const std::string& name, const std::vector<float>& values) 
   }
   std::vector<bf16_t> host(values.size());
   for (size_t i = 0; i < values.size(); ++i) host[i] = ktune::f32_to_bf16(values[i]);
-  if (!weights_sharded(p)) {
-    copy_to_device(p.value, host.data(), host.size() * sizeof(bf16_t));
+  store_bf16(p, host.data());
+}
+
+void Decoder::upload_bf16(const std::string& name, const bf16_t* values, int64_t numel) {
+  DeviceParameter& p = parameter(name);
+  check(numel == p.numel, "cuda decoder: parameter " + name,
+        "upload of " + std::to_string(numel) + " values, the parameter has " + std::to_string(p.numel));
+  if (p.nf4_codes) {  // widened exactly: the codes of the values' f32, as upload() makes them
+    std::vector<float> wide(static_cast<size_t>(numel));
+    for (int64_t i = 0; i < numel; ++i) wide[size_t(i)] = ktune::bf16_to_f32(values[i]);
+    upload_nf4(p, wide.data());
     return;
   }
-  write_piece(p.weight_layer, p.weight_offset, host.data(), p.numel);  // ZeRO-3: this rank's elements
+  store_bf16(p, values);
+}
+
+void Decoder::store_bf16(const DeviceParameter& p, const bf16_t* host) {
+  if (!weights_sharded(p)) {
+    copy_to_device(p.value, host, size_t(p.numel) * sizeof(bf16_t));
+    return;
+  }
+  write_piece(p.weight_layer, p.weight_offset, host, p.numel);  // ZeRO-3: this rank's elements
 }
 
 void Decoder::upload_nf4(const DeviceParameter& p, const float* x) {

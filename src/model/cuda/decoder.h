@@ -310,6 +310,9 @@ class Decoder {
   // base weight (quantize_base) is quantised on the way in (cpu::nf4_quantize) and dequantised on the way
   // out (code value * block scale, f32): uploading what download_value returned gives the same codes.
   void upload(const std::string& name, const std::vector<float>& values);
+  // Host bf16 values as they are (a bf16 checkpoint's mapped pages: no f32 widening, nor a bf16 copy,
+  // on the way in), the same as upload() of their f32 widening; an NF4 base widens them to quantise.
+  void upload_bf16(const std::string& name, const bf16_t* values, int64_t numel);
   // With shard_weights, a layer's parameter: upload writes this rank's piece only; download_value
   // reads the layer's weight slot and throws unless its layer is gathered there (gather_weights).
   std::vector<float> download_value(const std::string& name);
@@ -494,6 +497,8 @@ class Decoder {
   void write_piece(int64_t layer, int64_t offset, const void* host, int64_t n);
   // x (p.numel) quantised on the host into p's NF4 codes and scales (sharded: this rank's piece of them).
   void upload_nf4(const DeviceParameter& p, const float* x);
+  // bf16 values into p's storage: the whole of it, or with shard_weights this rank's piece.
+  void store_bf16(const DeviceParameter& p, const bf16_t* host);
 
   DecoderConfig config_;
   TrainingSetup setup_;

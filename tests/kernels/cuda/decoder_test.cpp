@@ -2099,6 +2099,65 @@ std::vector<int64_t> expected_gathers(int64_t L, int64_t first, bool backward) {
   return order;
 }
 
+// upload_bf16 (a mapped bf16 checkpoint's values, as they are: no f32 widening on the way) stores
+// what upload() of their f32 widening stores, byte for byte: the bf16 weights, QLoRA's NF4 bases
+// (quantised from the widening), and under ZeRO-3 this rank's pieces of the layers' units (a full
+// fine-tune's and a QLoRA base's); a count that is not the parameter's is refused, naming it.
+KTUNE_CUDA_TEST(DecoderUploadOfBf16ValuesStoresWhatUploadOfTheirF32WideningDoes) {
+  const cuda::DecoderConfig config = tiny_qwen2_config(false);
+  const struct {
+    const char* what;
+    cuda::TrainingSetup setup;
+  } setups[] = {{"lora q,v", family_setup(false, {cuda::kQ, cuda::kV})},
+                {"qlora q,v,o,mlp", qlora_setup(kAllButKey)},
+                {"full zero3 rank 1 of 2", zero3_setup(2, 1)},
+                {"qlora zero3 rank 1 of 3", lora_zero3_setup(qlora_setup(kAllButKey), 3, 1)}};
+  for (const auto& k : setups) {
+    cuda::Decoder widened(config, k.setup, 3), narrow(config, k.setup, 4);  // other seeds: every byte uploaded
+    uint32_t seed = 700;
+    for (const cuda::DeviceParameter& p : widened.parameters()) {
+      const std::vector<bf16_t> values = cuda_test::to_bf16(cuda_test::random_floats(size_t(p.numel), seed++, -0.3f, 0.3f));
+      widened.upload(p.name, cuda_test::from_bf16(values));
+      narrow.upload_bf16(p.name, values.data(), p.numel);
+    }
+    cuda::synchronize();
+    auto same_bytes = [&](const std::string& what, const void* a, const void* b, size_t bytes) {
+      std::vector<uint8_t> x(bytes), y(bytes);
+      cuda::copy_to_host(x.data(), a, bytes);
+      cuda::copy_to_host(y.data(), b, bytes);
+      CHECK(x == y) << k.what << ": " << what << " differs";
+    };
+    int64_t whole = 0, nf4 = 0;
+    for (size_t i = 0; i < widened.parameters().size(); ++i) {
+      const cuda::DeviceParameter &a = widened.parameters()[i], &b = narrow.parameters()[i];
+      if (widened.weights_sharded(a)) continue;  // in its layer's piece, below
+      ++whole;
+      if (a.nf4_codes) {
+        ++nf4;
+        same_bytes(a.name + " (NF4 codes)", a.nf4_codes, b.nf4_codes, size_t(a.numel / 2));
+        same_bytes(a.name + " (NF4 scales)", a.nf4_scales, b.nf4_scales, size_t(a.numel / 64) * sizeof(float));
+      } else {
+        same_bytes(a.name, a.value, b.value, size_t(a.numel) * sizeof(bf16_t));
+      }
+    }
+    const auto& units = widened.weight_units();
+    for (size_t l = 0; l < units.size(); ++l)
+      same_bytes("layer " + std::to_string(l) + "'s piece", units[l].piece_values, narrow.weight_units()[l].piece_values,
+                 size_t(units[l].piece) * sizeof(bf16_t));
+    CHECK(whole > 0) << k.what;
+    CHECK((nf4 > 0) == (k.setup.quantize_base && !k.setup.shard_weights)) << k.what << ": " << nf4 << " whole NF4 weights";
+    CHECK(units.empty() != k.setup.shard_weights) << k.what << ": " << units.size() << " weight units";
+    const cuda::DeviceParameter& first = narrow.parameters().front();
+    const std::vector<bf16_t> short_values(size_t(first.numel - 1));
+    try {
+      narrow.upload_bf16(first.name, short_values.data(), first.numel - 1);
+      CHECK(false) << k.what << ": a short upload was taken";
+    } catch (const ktune::Error& e) {
+      CHECK(std::string(e.what()).find(first.name) != std::string::npos) << e.what();
+    }
+  }
+}
+
 // A rank of a ZeRO-3 step on a 4-layer model: the weights uploaded by name (each rank keeps its
 // piece), every other rank's pieces filled in by the stream-ordered stand-in gather from a host copy
 // of the whole weight units, under the emulator's `schedule`. The gathers come forward then backward,
@@ -2611,8 +2670,9 @@ KTUNE_CUDA_TEST(DecoderQloraHeadInBlocksEqualsTheWholeHead) {
         << want.result.loss_sum << " (" << loss_a << ")";
     for (const char* name : {"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight",
                              "base_model.model.lm_head.lora_magnitude_vector"})
-      if (want.grads.count(name))
+      if (want.grads.count(name)) {
         CHECK(got.grads.at(name) == want.grads.at(name)) << what << ": " << name << "'s gradient is not the whole head's";
+      }
     expect_same_step(what, want, again, got);
   }
 }
