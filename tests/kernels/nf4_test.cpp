@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -36,6 +37,40 @@ TEST(Nf4, PacksTheFirstValueInTheHighNibble) {
   EXPECT_EQ(codes[0], 0x0f);
   EXPECT_EQ(codes[1], 0x78);
   EXPECT_EQ(codes[2], 0x77);
+}
+
+// nf4_quantize counts each block's values against the midpoints a midpoint at a time across the
+// block (vectorised); the codes are those of counting them a value at a time in f32 (x * (1/absmax)
+// against each midpoint), bit for bit: random blocks, values exactly on the midpoints (scaled back by
+// the absmax), signed zeros, an all-zero block, and a block under a negative absmax.
+TEST(Nf4, TheBlockwiseQuantiserGivesTheCodesOfAValueAtATime) {
+  float midpoints[15];
+  for (int i = 0; i < 15; ++i) midpoints[i] = 0.5f * (kNf4Codes[i] + kNf4Codes[i + 1]);
+  const int64_t blocks = 203, n = 64 * blocks;
+  auto x = random_vector(size_t(n), 7, -2, 2);
+  for (int64_t i = 0; i < 64; ++i) x[size_t(64 * 3 + i)] = 0.0f;
+  for (int64_t i = 0; i < 64; ++i) x[size_t(64 * 4 + i)] = (i % 2 ? -0.0f : 0.0f);
+  x[size_t(64 * 4 + 5)] = 1e-30f;
+  for (int64_t b = 5; b < 9; ++b) {  // on the midpoints, a block's absmax 1.5 (or -1.5) at its first value
+    x[size_t(64 * b)] = b % 2 ? -1.5f : 1.5f;
+    for (int64_t i = 1; i < 64; ++i) x[size_t(64 * b + i)] = midpoints[(i - 1) % 15] * 1.5f * (i > 32 ? -1.0f : 1.0f);
+  }
+  std::vector<uint8_t> codes(size_t(n / 2));
+  std::vector<float> scales(static_cast<size_t>(blocks));
+  nf4_quantize(codes.data(), scales.data(), x.data(), n);
+  for (int64_t b = 0; b < blocks; ++b) {
+    float absmax = 0.0f;
+    for (int64_t i = 0; i < 64; ++i) absmax = std::max(absmax, std::fabs(x[size_t(64 * b + i)]));
+    ASSERT_EQ(scales[size_t(b)], absmax) << "block " << b;
+    const float inv = absmax > 0.0f ? 1.0f / absmax : 0.0f;
+    for (int64_t i = 0; i < 64; ++i) {
+      const int64_t e = 64 * b + i;
+      int want = 0;
+      for (int m = 0; m < 15; ++m) want += x[size_t(e)] * inv > midpoints[m];
+      const int got = e % 2 ? codes[size_t(e / 2)] & 15 : codes[size_t(e / 2)] >> 4;
+      ASSERT_EQ(got, want) << "value " << e << " (" << x[size_t(e)] << ")";
+    }
+  }
 }
 
 TEST(Nf4, QuantisationPicksTheNearestCodeAndMatchesReference) {

@@ -19,16 +19,36 @@ const float kNf4Codes[16] = KTUNE_NF4_CODE_VALUES;
 
 namespace {
 
-// Index of the nearest code to v in [-1, 1]: the count of midpoints below v.
-inline uint8_t nearest_code(float v) {
+// The 15 midpoints between neighbouring codes: a value's nearest code is the count of them below it.
+const std::array<float, 15>& code_midpoints() {
   static const auto midpoints = [] {
     std::array<float, 15> m{};
     for (int i = 0; i < 15; ++i) m[size_t(i)] = 0.5f * (kNf4Codes[i] + kNf4Codes[i + 1]);
     return m;
   }();
-  uint8_t code = 0;
-  for (int i = 0; i < 15; ++i) code += uint8_t(v > midpoints[size_t(i)]);
-  return code;
+  return midpoints;
+}
+
+// One 64-value block: its absmax into *scale, its codes (two a byte, the first in the high nibble).
+// Each value scaled by 1/absmax, then counted against every midpoint, a midpoint at a time across
+// the block (the compiler vectorises the count: 16 lanes a compare on AVX-512, where a value at a
+// time took 15 dependent compares): the codes of nf4_quantize_reference, bit for bit.
+void quantize_block(uint8_t* codes, float* scale, const float* xb, const std::array<float, 15>& midpoints) {
+  float absmax = 0.0f;
+  for (int64_t i = 0; i < kNf4BlockSize; ++i) absmax = std::max(absmax, std::fabs(xb[i]));
+  *scale = absmax;
+  const float inv = absmax > 0.0f ? 1.0f / absmax : 0.0f;
+  float v[kNf4BlockSize];
+  uint8_t code[kNf4BlockSize];
+  for (int64_t i = 0; i < kNf4BlockSize; ++i) {
+    v[i] = xb[i] * inv;
+    code[i] = 0;
+  }
+  for (int m = 0; m < 15; ++m) {
+    const float midpoint = midpoints[size_t(m)];
+    for (int64_t i = 0; i < kNf4BlockSize; ++i) code[i] = uint8_t(code[i] + (v[i] > midpoint ? 1 : 0));
+  }
+  for (int64_t i = 0; i < kNf4BlockSize; i += 2) codes[i / 2] = uint8_t(code[i] << 4 | code[i + 1]);
 }
 
 }  // namespace
@@ -39,17 +59,10 @@ void nf4_check_blocks(int64_t n) {
 
 void nf4_quantize(uint8_t* codes, float* scales, const float* x, int64_t n) {
   nf4_check_blocks(n);
+  const std::array<float, 15>& midpoints = code_midpoints();
   parallel_for(n / kNf4BlockSize, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* xb = x + b * kNf4BlockSize;
-      float absmax = 0.0f;
-      for (int64_t i = 0; i < kNf4BlockSize; ++i) absmax = std::max(absmax, std::fabs(xb[i]));
-      scales[b] = absmax;
-      float inv = absmax > 0.0f ? 1.0f / absmax : 0.0f;
-      uint8_t* cb = codes + b * kNf4BlockSize / 2;
-      for (int64_t i = 0; i < kNf4BlockSize; i += 2)
-        cb[i / 2] = uint8_t(nearest_code(xb[i] * inv) << 4 | nearest_code(xb[i + 1] * inv));
-    }
+    for (int64_t b = b0; b < b1; ++b)
+      quantize_block(codes + b * kNf4BlockSize / 2, scales + b, x + b * kNf4BlockSize, midpoints);
   }, 64);
 }
 

@@ -78,11 +78,13 @@ LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
     weight_norm_.resize(size_t(out_));
     dora_scale_.resize(size_t(out_));
     // m starts at the row norms of W (B = 0, so ‖W + sBA‖ = ‖W‖).
-    Tensor w = base_weight(base);
+    const Tensor w = base_weight(base);
+    const float* rows = w.f32();  // (out, in)
+    float* magnitude = magnitude_.value.f32();
     for (int64_t o = 0; o < out_; ++o) {
       double sum = 0;
-      for (int64_t i = 0; i < in_; ++i) sum += double(w.f32()[o * in_ + i]) * w.f32()[o * in_ + i];
-      magnitude_.value.f32()[o] = float(std::sqrt(sum));
+      for (int64_t i = 0; i < in_; ++i) sum += double(rows[o * in_ + i]) * rows[o * in_ + i];
+      magnitude[o] = float(std::sqrt(sum));
     }
   }
 }
