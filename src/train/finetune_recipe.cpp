@@ -195,6 +195,9 @@ class FinetuneRecipe {
   // QLoRA's NF4 bases in its adapters alike); the other ranks keep none. Logs what each rank's host
   // model then holds.
   void release_host_values();
+  // DoRA over several ranks (LoraOptions::dora_magnitudes_later): each rank makes the magnitudes of
+  // every world-th adapter and the ranks sum them.
+  void share_dora_magnitudes();
   // One optimizer step (gradient_accumulation_steps micro-batches), on either engine.
   struct StepOutcome {
     double loss = 0, tokens = 0, lr = 0;
@@ -441,9 +444,11 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
     options.use_dora = cfg_.model.use_dora;
     options.quantize_base = cfg_.model.quantize_base;
     options.nf4_on_demand = on_gpu;  // the GPU quantises its own copy; a save makes the codes it merges
+    options.dora_magnitudes_later = options.use_dora && group_.size() > 1;  // a share a rank, summed
     options.seed = seed_;
     model::LoraTargets targets{cfg_.model.lora_attn_modules, cfg_.model.apply_lora_to_mlp, cfg_.model.apply_lora_to_output};
     adapters_ = model::attach_lora(*model_, targets, options);
+    if (options.dora_magnitudes_later) share_dora_magnitudes();
     adapter_description_ = AdapterDescription{options, model::lora_target_modules(targets)};
   } else {
     model_->set_trainable([](const std::string&) { return true; });
@@ -467,6 +472,35 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   if (rank0_)
     log_info("model: " + mc.model_type + ", " + std::to_string(mc.num_parameters()) + " parameters, " +
              std::to_string(n_trainable) + " trainable" + (recipe_.lora ? " (adapters on " + std::to_string(adapters_.size()) + " projections)" : ""));
+}
+
+// Each rank makes the magnitudes of adapters rank, rank + W, ... (the row norms of their bases: QLoRA's
+// quantised and dequantised, a whole model's quantising on every rank otherwise) and the ranks sum
+// them: each element is one rank's value plus zeros, so every rank holds the magnitudes one rank
+// alone would make, bit for bit (the fingerprint check that follows compares them).
+void FinetuneRecipe::share_dora_magnitudes() {
+  std::vector<model::Parameter*> magnitudes;
+  int64_t total = 0;
+  for (const auto& a : adapters_) {
+    magnitudes.push_back(a->parameters().back());  // lora_magnitude_vector, f32 (out), zeros so far
+    total += magnitudes.back()->value.numel();
+  }
+  std::vector<float> all(size_t(total), 0.0f);
+  int64_t at = 0;
+  for (size_t i = 0; i < adapters_.size(); ++i) {
+    const Tensor& m = magnitudes[i]->value;
+    if (int64_t(i) % group_.size() == group_.rank()) {
+      adapters_[i]->init_dora_magnitude(model_->linear(adapters_[i]->module_name()));
+      std::copy(m.f32(), m.f32() + m.numel(), all.begin() + at);
+    }
+    at += m.numel();
+  }
+  group_.allreduce_sum(all.data(), total);
+  at = 0;
+  for (model::Parameter* p : magnitudes) {
+    std::copy(all.begin() + at, all.begin() + at + p->value.numel(), p->value.f32());
+    at += p->value.numel();
+  }
 }
 
 void FinetuneRecipe::setup_cpu_training(DType storage, int64_t trainable_bytes) {

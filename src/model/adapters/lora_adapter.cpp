@@ -74,18 +74,22 @@ LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
   }
   if (options.use_dora) {
     magnitude_.name = prefix + ".lora_magnitude_vector";
-    magnitude_.value = Tensor::empty({out_});
+    magnitude_.value = Tensor::zeros({out_});
     weight_norm_.resize(size_t(out_));
     dora_scale_.resize(size_t(out_));
-    // m starts at the row norms of W (B = 0, so ‖W + sBA‖ = ‖W‖).
-    const Tensor w = base_weight(base);
-    const float* rows = w.f32();  // (out, in)
-    float* magnitude = magnitude_.value.f32();
-    for (int64_t o = 0; o < out_; ++o) {
-      double sum = 0;
-      for (int64_t i = 0; i < in_; ++i) sum += double(rows[o * in_ + i]) * rows[o * in_ + i];
-      magnitude[o] = float(std::sqrt(sum));
-    }
+    if (!options.dora_magnitudes_later) init_dora_magnitude(base);
+  }
+}
+
+void LoraAdapter::init_dora_magnitude(const Linear& base) {
+  check(options_.use_dora, module_, "has no DoRA magnitude to make");
+  const Tensor w = base_weight(base);
+  const float* rows = w.f32();  // (out, in)
+  float* magnitude = magnitude_.value.f32();
+  for (int64_t o = 0; o < out_; ++o) {
+    double sum = 0;
+    for (int64_t i = 0; i < in_; ++i) sum += double(rows[o * in_ + i]) * rows[o * in_ + i];
+    magnitude[o] = float(std::sqrt(sum));
   }
 }
 

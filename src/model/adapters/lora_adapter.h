@@ -43,6 +43,11 @@ struct LoraOptions {
   // eager path holds, without holding them (0.56 bytes a base value, 39 GB at 70B) or making them
   // at load on every rank. The passes refuse.
   bool nf4_on_demand = false;
+  // DoRA: the magnitudes are left 0 at construction, made by init_dora_magnitude() later: the ranks
+  // of a distributed run each make a share of the adapters' and sum them (share_dora_magnitudes),
+  // where every rank would otherwise read every adapted base in full (QLoRA's quantised and
+  // dequantised: the whole model's quantising on every rank).
+  bool dora_magnitudes_later = false;
 };
 
 class LoraAdapter : public LinearAdapter {
@@ -74,6 +79,9 @@ class LoraAdapter : public LinearAdapter {
   Tensor base_weight(const Linear& base) const;
   // W' that a plain Linear would need to compute what this adapter computes: (out, in).
   Tensor merged_weight(const Linear& base) const;
+  // DoRA: the magnitudes at their start, the row norms of the base weight (B = 0, so ‖W + sBA‖ = ‖W‖),
+  // made at construction unless LoraOptions::dora_magnitudes_later.
+  void init_dora_magnitude(const Linear& base);
   // Bytes the adapter holds of the base: QLoRA's NF4 codes + scales (none made on demand: the base is
   // the Linear's value then, counted with the model's); otherwise the Linear's weight (0 once released).
   size_t base_weight_bytes(const Linear& base) const;

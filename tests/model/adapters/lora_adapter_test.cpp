@@ -387,6 +387,30 @@ TEST(LoraAdapter, AnF32BaseStoredAsBf16QuantisesAndMergesAsItsBf16Copy) {
   EXPECT_NE(std::memcmp(plain.base_weight(linear).raw(), widened_copy.raw(), widened_copy.bytes()), 0);
 }
 
+// LoraOptions::dora_magnitudes_later: the magnitudes start at 0 and init_dora_magnitude makes the
+// ones the constructor would have, bit for bit (DoRA, and QLoRA + DoRA with its codes on demand).
+TEST(LoraAdapter, DoraMagnitudesMadeLaterAreTheConstructorsBitForBit) {
+  for (bool qlora : {false, true}) {
+    SCOPED_TRACE(qlora ? "QLoRA + DoRA" : "DoRA");
+    Fixture now_f, later_f;
+    for (Fixture* f : {&now_f, &later_f}) f->weight.value = f->weight.value.to(DType::BF16);  // a GPU run's base
+    const LoraOptions options{.rank = 4, .alpha = 8.0f, .use_dora = true, .quantize_base = qlora, .nf4_on_demand = qlora};
+    LoraOptions later_options = options;
+    later_options.dora_magnitudes_later = true;
+    auto now = now_f.attach(options);
+    auto later = later_f.attach(later_options);
+    const Tensor& m_now = now->parameters().back()->value;
+    const Tensor& m_later = later->parameters().back()->value;
+    ASSERT_EQ(m_now.numel(), m_later.numel());
+    for (int64_t i = 0; i < m_later.numel(); ++i) ASSERT_EQ(m_later.f32()[i], 0.0f) << i;
+    later->init_dora_magnitude(later_f.linear);
+    EXPECT_EQ(std::memcmp(m_now.raw(), m_later.raw(), m_now.bytes()), 0) << "magnitudes differ";
+  }
+  Fixture plain_f;
+  auto plain = plain_f.attach({.rank = 4});
+  EXPECT_THROW(plain->init_dora_magnitude(plain_f.linear), Error);
+}
+
 // QLoRA with its codes made on demand (a GPU run's host model): the base stays the Linear's value
 // and the adapter holds no codes, yet its base, merged weight and DoRA magnitudes are the eager
 // path's bit for bit (from f32 and from bf16 values); every pass refuses, naming the module.

@@ -5,9 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -194,6 +196,38 @@ TEST_F(RecipeTest, TwoShardedLoraProcessesEqualOneWithTheDoubledBatch) {
   EXPECT_LT(max_abs_diff(out("one") + "/epoch_0/model-00001-of-00001.safetensors",
                          out("two") + "/epoch_0/model-00001-of-00001.safetensors"), 1e-5);
   EXPECT_GT(max_abs_diff(out("two") + "/epoch_0/model-00001-of-00001.safetensors", model() + "/model.safetensors"), 1e-4);
+}
+
+// DoRA over several ranks: each rank makes the starting magnitudes of every third adapter (the row
+// norms of its base; QLoRA's quantised and dequantised) and the ranks sum them, instead of every rank
+// reading every adapted base. Three ranks start from the magnitudes one process makes, bit for bit:
+// with lr=0 the saved lora_magnitude_vector tensors are the starting ones, on DoRA and QLoRA + DoRA.
+TEST_F(RecipeTest, DoraMagnitudesMadeAShareARankAreOneProcesssBitForBit) {
+  for (const std::string extra : {"", " model.quantize_base=True"}) {
+    SCOPED_TRACE(extra);
+    const std::string args = "epochs=1 max_steps_per_epoch=1 batch_size=2 model.use_dora=True optimizer.lr=0" + extra;
+    fs::remove_all(out("one"));
+    fs::remove_all(out("three"));
+    Outcome one = run("", "lora_finetune_single_device", "lora_single_device", args, out("one"));
+    Outcome three = run("--nproc_per_node 3 --standalone", "lora_finetune_distributed", "lora_single_device", args,
+                        out("three"));
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    ASSERT_EQ(three.exit_code, 0) << three.output;
+    io::SafetensorsFile a = io::SafetensorsFile::open(out("one") + "/epoch_0/adapter_model.safetensors");
+    io::SafetensorsFile b = io::SafetensorsFile::open(out("three") + "/epoch_0/adapter_model.safetensors");
+    int magnitudes = 0;
+    for (const std::string& name : a.names()) {
+      if (name.find("lora_magnitude_vector") == std::string::npos) continue;
+      ++magnitudes;
+      const Tensor x = a.to_f32(name), y = b.to_f32(name);
+      ASSERT_EQ(x.numel(), y.numel()) << name;
+      EXPECT_EQ(std::memcmp(x.raw(), y.raw(), x.bytes()), 0) << name << " differs";
+      float largest = 0.0f;
+      for (int64_t i = 0; i < x.numel(); ++i) largest = std::max(largest, x.f32()[i]);
+      EXPECT_GT(largest, 0.0f) << name << " is all zeros";
+    }
+    EXPECT_GT(magnitudes, 3) << "fewer adapters than ranks: no share to sum";
+  }
 }
 
 TEST_F(RecipeTest, ShardedResumeFromAMidEpochCheckpointContinuesExactly) {
