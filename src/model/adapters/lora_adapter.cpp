@@ -250,9 +250,11 @@ void LoraAdapter::forward(float* y, const float* x, int64_t N, const Linear& bas
   }
   if (options_.quantize_base) {
     base_forward(y, x, N, base);
-    if (base.bias)
+    if (base.bias) {
+      const float* bias = base.bias->value.f32();  // (out)
       for (int64_t n = 0; n < N; ++n)
-        for (int64_t o = 0; o < out_; ++o) y[n * out_ + o] += base.bias->value.f32()[o];
+        for (int64_t o = 0; o < out_; ++o) y[n * out_ + o] += bias[o];
+    }
   }
   cpu::gemm(false, true, N, out_, r, scale_, xa, lora_b_.value.f32(), 1.0f, y);  // y += s · xa Bᵀ
 }
