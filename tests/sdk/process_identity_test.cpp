@@ -18,22 +18,23 @@
 namespace ktune::sdk {
 namespace {
 
-// Forks children that exit at once and reaps them, as fast as it can, until told to stop.
-// Returns how many it made (and the pids of the last few, for the caller to look up).
+// Forks children that exit at once and reaps them, as fast as it can, until told to stop or `most`
+// are made (a bound: pids are few, 32768 on some machines, and other tests' processes need them).
 class ProcessChurn {
  public:
-  ProcessChurn() : thread_([this] { run(); }) {}
+  explicit ProcessChurn(long most) : most_(most), thread_([this] { run(); }) {}
   ~ProcessChurn() { stop(); }
   void stop() {
     done_ = true;
     if (thread_.joinable()) thread_.join();
   }
+  bool running() const { return !done_; }
   long made() const { return made_; }
   int last_pid() const { return last_pid_; }
 
  private:
   void run() {
-    while (!done_) {
+    while (!done_ && made_ < most_) {
       pid_t pid = fork();
       if (pid == 0) _exit(0);
       if (pid < 0) continue;
@@ -41,7 +42,9 @@ class ProcessChurn {
       waitpid(pid, nullptr, 0);
       ++made_;
     }
+    done_ = true;
   }
+  const long most_;
   std::atomic<bool> done_{false};
   std::atomic<long> made_{0};
   std::atomic<int> last_pid_{0};
@@ -62,10 +65,10 @@ TEST(ProcessIdentity, ProcessesThatExitWhileProcIsScannedCountAsGoneAndNeverThro
   const long long sleeper_start = process_start_time(sleeper);
   ASSERT_NE(sleeper_start, 0);
 
-  ProcessChurn churn;
+  ProcessChurn churn(/*most=*/3000);
   long scans = 0;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (std::chrono::steady_clock::now() < until) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (churn.running() && std::chrono::steady_clock::now() < until) {
     // A group with no member (the churn's children are in ours): nothing to stop.
     EXPECT_NO_THROW(EXPECT_FALSE(stop_process_group(churn.last_pid(), 0, 0.0)));
     EXPECT_NO_THROW(process_is_alive(churn.last_pid(), 0));
