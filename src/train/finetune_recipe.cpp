@@ -130,6 +130,14 @@ bool cuda_shards_layer_weights(const RecipeConfig& cfg) {
   return data_parallel_mode() != "zero2" && cfg.fsdp_reshard_after_forward;
 }
 
+// ZeRO-3's prefetch (cuda::TrainingSetup::prefetch_weights): env KTUNE_ZERO3_PREFETCH = 1 (the
+// default: the next layer's weights gathered into a second slot while a layer computes, as FSDP does)
+// or 0 (one slot, each layer gathered as it is about to compute: one layer's weights less on every
+// GPU, the gathers no longer overlapped with the compute).
+bool cuda_prefetches_layer_weights() {
+  return env_choice("KTUNE_ZERO3_PREFETCH", {"1", "0"}, "1 (the default) or 0") == "1";
+}
+
 // The GPU step's attention kernels (cuda::TrainingSetup::Attention): env KTUNE_CUDA_ATTENTION = gemm
 // (the default: cuBLASLt GEMMs over one head's scores), tensor_core (the fused FlashAttention-2 on the
 // tensor cores, head_dim 64/128) or flash (tiled, on the CUDA cores). Until they are measured on a
@@ -558,6 +566,7 @@ void FinetuneRecipe::setup_gpu_training() {
   plan.setup.nf4_fused_gemm = cuda_nf4_fused_gemm();
   select_cuda_device(devices_.local_rank);
   const bool sharded = group_.size() > 1 && shard_parameters(recipe_);  // else one GPU, or replicas
+  const bool prefetch = cuda_prefetches_layer_weights();  // checked on every run, used where ZeRO-3 shards
   if (sharded) {
     plan.setup.optimizer_shards = group_.size();
     plan.setup.optimizer_shard = group_.rank();
@@ -567,6 +576,7 @@ void FinetuneRecipe::setup_gpu_training() {
     // and LoRA / DoRA / QLoRA shard the layers' frozen base the same way (QLoRA's NF4 codes and scales too).
     plan.setup.shard_gradients = plan.setup.full_finetune;
     plan.setup.shard_weights = cuda_shards_layer_weights(cfg_);
+    plan.setup.prefetch_weights = prefetch;
   }
   if (group_.size() > 1) {
     check(devices_.store != nullptr, "device=cuda", "a distributed run needs its rendezvous store to join NCCL");

@@ -313,12 +313,14 @@ struct Decoder::Impl {
   void settle(int channel);
   void settle_all();
   void forget_reduces() { std::fill(std::begin(reducing), std::end(reducing), int64_t(-1)); }
-  // shard_weights: the two weight slots (layer l's weights gathered into slot l % kWeightSlots), the
+  // shard_weights: the two weight slots (layer l's weights gathered into slot l % weight_slots; one
+  // slot, and no prefetch, without TrainingSetup::prefetch_weights), the
   // layer each holds (-1: none, or stale after an update) and its events (ready: recorded on the
   // default stream behind the slot's own piece; gathered: recorded by the gather hook on its stream
   // behind the gather), Decoder::weight_units_, the gather hook and this rank's shard. "The ZeRO-3
   // weight slots" below says which stream runs what and who waits on whom.
-  static constexpr int kWeightSlots = 2;
+  static constexpr int kWeightSlots = 2;  // at most: TrainingSetup::prefetch_weights off uses one
+  int weight_slots = kWeightSlots;
   bf16_t* weight_slot[kWeightSlots] = {};
   int64_t slot_layer[kWeightSlots] = {-1, -1};
   cudaEvent_t slot_ready[kWeightSlots] = {}, slot_gathered[kWeightSlots] = {};
@@ -326,7 +328,8 @@ struct Decoder::Impl {
   const Decoder::WeightGather* weight_gather = nullptr;
   int64_t weight_shard = 0;
   bool sharded_weights() const { return weight_units != nullptr; }
-  static int slot_of(int64_t layer) { return int(layer % kWeightSlots); }
+  int slot_of(int64_t layer) const { return int(layer % weight_slots); }
+  bool prefetching() const { return weight_slots > 1; }
   void prefetch_weights(int64_t layer);
   void use_weights(int64_t layer);
   void wait_for_collectives();
@@ -717,7 +720,7 @@ void Decoder::allocate(bool on_device) {
     plan_bytes_.weight_pieces += aligned(size_t(unit_l.piece) * 2);
     slot_bytes = std::max(slot_bytes, aligned(size_t(unit_l.size) * 2));
   }
-  plan_bytes_.weight_slots = Impl::kWeightSlots * slot_bytes;
+  plan_bytes_.weight_slots = size_t(setup_.prefetch_weights ? Impl::kWeightSlots : 1) * slot_bytes;
   pbytes += plan_bytes_.weight_pieces + plan_bytes_.weight_slots;
   // Activations: one layout function, run to count and then to carve.
   s.B = setup_.batch;
@@ -920,7 +923,8 @@ void Decoder::allocate(bool on_device) {
     shard_.grad = units_[0].grads + shard_.begin;
   }
   if (setup_.shard_weights) {  // the pieces zeroed: the gaps and the padding between parameters stay 0
-    for (int k = 0; k < Impl::kWeightSlots; ++k) {
+    s.weight_slots = setup_.prefetch_weights ? Impl::kWeightSlots : 1;
+    for (int k = 0; k < s.weight_slots; ++k) {
       s.weight_slot[k] = static_cast<bf16_t*>(s.param_arena->allocate(slot_bytes));
       KTUNE_CUDA_CHECK(cudaEventCreateWithFlags(&s.slot_ready[k], cudaEventDisableTiming));
       KTUNE_CUDA_CHECK(cudaEventCreateWithFlags(&s.slot_gathered[k], cudaEventDisableTiming));
@@ -938,7 +942,7 @@ void Decoder::allocate(bool on_device) {
     if (layer_weight_sharded(i)) {  // in its layer's slot, at its place in the layer's weight unit
       p.weight_layer = layer_of[i];
       p.weight_offset = weight_offset[i];
-      bf16_t* slot = s.weight_slot[Impl::slot_of(p.weight_layer)];
+      bf16_t* slot = s.weight_slot[s.slot_of(p.weight_layer)];
       if (nf4[i]) {  // the codes' and the scales' bytes at their places (256-byte aligned)
         p.nf4_scales_offset = nf4_scales_offset[i];
         p.nf4_codes = reinterpret_cast<uint8_t*>(slot + p.weight_offset);
@@ -1162,7 +1166,7 @@ void Decoder::write_piece(int64_t layer, int64_t offset, const void* host, int64
   if (mine.begin < mine.end)
     copy_to_device(piece_value(layer, offset + mine.begin), static_cast<const bf16_t*>(host) + mine.begin,
                    size_t(mine.end - mine.begin) * sizeof(bf16_t));
-  int64_t& in_slot = impl_->slot_layer[Impl::slot_of(layer)];
+  int64_t& in_slot = impl_->slot_layer[impl_->slot_of(layer)];
   if (in_slot == layer) in_slot = -1;
 }
 
@@ -1237,6 +1241,8 @@ void Decoder::gather_weights(int64_t layer) {
 //     stream) before the first kernel of a layer that reads slot k (use_weights), and before it
 //     copies a new piece into slot k (the previous gather into k may not have landed when nothing
 //     read it yet).
+// With one slot (TrainingSetup::prefetch_weights off) nothing is prefetched: use_weights gathers each
+// layer into slot 0 behind the previous layer's kernels, the same events ordering it.
 // No host synchronisation: the host enqueues and goes on. wait_for_collectives polls the hook
 // (WeightGather::wait_all) before each host synchronisation of a step, so a dead peer ends in the
 // collective's Error there, not in a hang inside cudaDeviceSynchronize.
@@ -1337,7 +1343,7 @@ void Decoder::Impl::wait_for_collectives() {
 std::vector<float> Decoder::download_value(const std::string& name) {
   DeviceParameter& p = parameter(name);
   synchronize();
-  check(!weights_sharded(p) || impl_->slot_layer[Impl::slot_of(p.weight_layer)] == p.weight_layer,
+  check(!weights_sharded(p) || impl_->slot_layer[impl_->slot_of(p.weight_layer)] == p.weight_layer,
         "cuda decoder: parameter " + name,
         "its layer's weights are sharded (shard_weights) and not gathered: gather_weights(" +
             std::to_string(p.weight_layer) + ") first, on every rank");
@@ -1419,7 +1425,9 @@ std::string Decoder::memory_report() const {
        << (setup_.full_finetune       ? "bf16 weights "
            : setup_.quantize_base ? "frozen bf16 base weights and NF4 codes and scales "
                                   : "frozen bf16 base weights ")
-       << gib(m.weight_pieces) << " (in parameters), two layers' gather slots (one computes, one prefetches) "
+       << gib(m.weight_pieces) << " (in parameters), "
+       << (setup_.prefetch_weights ? "two layers' gather slots (one computes, one prefetches) "
+                                   : "one layer's gather slot (no prefetch: each layer gathered as it computes) ")
        << gib(m.weight_slots)
        << (setup_.full_finetune ? ", the embedding and the final norm + head whole"
                                 : ", the embedding, the final norm, the head (NF4 or not) and the adapters whole");
@@ -1676,7 +1684,7 @@ void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
     // layer l + 1's gather enqueued into the other slot, to run while layer l computes.
     if (sharded_weights()) {
       use_weights(l);
-      if (l + 1 < L) prefetch_weights(l + 1);
+      if (l + 1 < L && prefetching()) prefetch_weights(l + 1);
     }
     if (offloading) offload.claim(l + 1);
     layer_forward(c, l, resid[size_t(l)], resid[size_t(l) + 1]);
@@ -1926,7 +1934,7 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
     // slot, to run while layer l computes, if the loop goes on to layer l - 1.
     if (sharded_weights()) {
       use_weights(l);
-      if (l > 0 && below[size_t(l)]) prefetch_weights(l - 1);
+      if (l > 0 && below[size_t(l)] && prefetching()) prefetch_weights(l - 1);
     }
     // Offloading: input l back in its slot (its trip began a layer ago), and input l - 1's trip
     // begun now, behind this layer's work, if the loop goes on to layer l - 1.

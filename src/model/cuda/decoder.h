@@ -248,6 +248,10 @@ struct TrainingSetup {
   // and the next micro-batch's forward on the backward's first two (until AdamW moves a full
   // fine-tune's pieces on). The embedding, the final norm and the head stay whole on every rank.
   bool shard_weights = false;
+  // shard_weights: the next layer's gather enqueued while a layer computes, into the other of two
+  // slots (FSDP's prefetch). false: ONE slot, each layer gathered when it is about to compute (the
+  // gather not overlapped with compute), one layer's weights less on the GPU.
+  bool prefetch_weights = true;
 };
 
 // One named parameter on the device. grad is nullptr when frozen; m, v when frozen or when none

@@ -1748,6 +1748,13 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsPlanPiecesAndTwoSlots) {
     const cuda::Decoder::MemoryPlan planned = cuda::Decoder::plan(config, setup);
     const cuda::Decoder::MemoryPlan zero2 = cuda::Decoder::plan(config, zero2_setup(world, world - 1));
     const Zero3Bytes want = zero3_bytes(config, world);
+    cuda::TrainingSetup one_slot = setup;
+    one_slot.prefetch_weights = false;  // KTUNE_ZERO3_PREFETCH=0: one slot, nothing else changes
+    const cuda::Decoder::MemoryPlan unprefetched = cuda::Decoder::plan(config, one_slot);
+    CHECK(unprefetched.weight_slots * 2 == planned.weight_slots &&
+          unprefetched.parameters == planned.parameters - planned.weight_slots / 2 &&
+          unprefetched.total() == planned.total() - planned.weight_slots / 2)
+        << what << ": one slot: " << unprefetched.weight_slots << " of the two slots' " << planned.weight_slots;
     CHECK(planned.parameters == want.total() && planned.weight_pieces == want.pieces &&
           planned.weight_slots == want.slots)
         << what << ": parameters " << planned.parameters << " (pieces " << planned.weight_pieces << ", slots "
@@ -2089,13 +2096,14 @@ class StreamGatherStandIn {
   std::vector<std::pair<int64_t, std::vector<bf16_t>>> mine_;  // the own pieces read back, by layer
 };
 
-// The layers a ZeRO-3 pass gathers: `first` .. L - 1 forward (those not left in their slots), then,
-// with a backward, L - 3 down to 0 (the forward's last two layers are still in their slots).
-std::vector<int64_t> expected_gathers(int64_t L, int64_t first, bool backward) {
+// The layers a ZeRO-3 pass gathers with `slots` weight slots (2, or 1 without prefetch): `first` ..
+// L - 1 forward (those not left in their slots), then, with a backward, L - 1 - slots down to 0 (the
+// forward's last `slots` layers are still in their slots).
+std::vector<int64_t> expected_gathers(int64_t L, int64_t first, bool backward, int64_t slots) {
   std::vector<int64_t> order;
   for (int64_t l = first; l < L; ++l) order.push_back(l);
   if (backward)
-    for (int64_t l = L - 3; l >= 0; --l) order.push_back(l);
+    for (int64_t l = L - 1 - slots; l >= 0; --l) order.push_back(l);
   return order;
 }
 
@@ -2162,7 +2170,8 @@ KTUNE_CUDA_TEST(DecoderUploadOfBf16ValuesStoresWhatUploadOfTheirF32WideningDoes)
 // piece), every other rank's pieces filled in by the stream-ordered stand-in gather from a host copy
 // of the whole weight units, under the emulator's `schedule`. The gathers come forward then backward,
 // the next layer's enqueued while a layer computes, none of a layer still in its slot (2L - 2 the
-// first micro-batch, 2L - 4 the next: layers 0 and 1 stay from the backward), the rank's own piece in
+// first micro-batch, 2L - 4 the next: layers 0 and 1 stay from the backward; with one slot, when
+// plain_setup.prefetch_weights is off, 2L - 1 and 2L - 2, each as its layer computes), the rank's own piece in
 // place each time, every gather waited for (polled) before the loss and before the step returns;
 // the loss and the gradients are the unsharded step's bit for bit (a full fine-tune's each unit's as
 // its stream-ordered reduce-scatter sees it, under the same schedule, and the accumulator's sums;
@@ -2174,6 +2183,7 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
                                  const cuda::TrainingSetup& plain_setup, int64_t world, int64_t rank,
                                  const char* schedule) {
   const std::string what = case_name + " [" + schedule + " gathers]";
+  const int64_t slots = plain_setup.prefetch_weights ? 2 : 1;
   cuda::DecoderConfig config = two_layers;
   config.num_layers = 4;  // so that the backward prefetches (the forward leaves the last two in the slots)
   cuda::TrainingSetup setup = plain_setup;
@@ -2224,7 +2234,7 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
     const std::vector<std::vector<float>> images = unit_images(sharded, want_grads);
     if (full) add_reduced(&want_acc, sharded, images, rank);
     const cuda::StepResult got = sharded.forward_backward(tokens.data(), labels.data(), 0.01f);
-    const std::vector<int64_t> want_order = expected_gathers(L, micro == 0 ? 0 : 2, true);
+    const std::vector<int64_t> want_order = expected_gathers(L, micro == 0 ? 0 : slots, true, slots);
     CHECK(gather.gathered == want_order) << step << ": " << gather.gathered.size() << " gathers, want " << want_order.size();
     CHECK(gather.unwaited == 0 && waited_before_loss) << step << ": a gather not polled before a host synchronisation";
     CHECK(gather.own_piece_in_place) << step << ": the rank's own piece was not in its place in the slot before a gather";
@@ -2252,7 +2262,8 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
   gather.gathered.clear();
   const cuda::StepResult loss = sharded.forward_loss(tokens.data(), labels.data());
   const cuda::StepResult want_loss = plain.forward_loss(tokens.data(), labels.data());
-  CHECK(loss.loss_sum == want_loss.loss_sum && gather.gathered == expected_gathers(L, 2, false) && gather.unwaited == 0)
+  CHECK(loss.loss_sum == want_loss.loss_sum && gather.gathered == expected_gathers(L, slots, false, slots) &&
+        gather.unwaited == 0)
       << what << ": forward_loss " << loss.loss_sum << " vs " << want_loss.loss_sum << ", " << gather.gathered.size()
       << " gathers";
   // The last layer is in its slot after forward_loss, layer 0 is not; AdamW moves a full fine-tune's
@@ -2324,16 +2335,19 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsStepPrefetchesEachLayerAndGivesTheUnsharded
     bool tied, checkpointing, offloading;
     int64_t world, rank;
     const char* schedule;
-  } cases[] = {{false, false, false, 2, 0, "late"}, {false, true, false, 2, 1, "late"},
-               {true, false, false, 3, 2, "eager"}, {true, true, true, 2, 1, "late"},
-               {false, true, false, 2, 0, "eager"}};
+    bool prefetch = true;  // false: one weight slot (KTUNE_ZERO3_PREFETCH=0)
+  } cases[] = {{false, false, false, 2, 0, "late"},         {false, true, false, 2, 1, "late"},
+               {true, false, false, 3, 2, "eager"},         {true, true, true, 2, 1, "late"},
+               {false, true, false, 2, 0, "eager"},         {false, false, false, 2, 1, "late", false},
+               {true, true, true, 3, 2, "eager", false}};
   for (const auto& k : cases) {
     cuda::TrainingSetup setup = family_setup(true);
     setup.activation_checkpointing = k.checkpointing;
     setup.activation_offloading = k.offloading;
+    setup.prefetch_weights = k.prefetch;
     expect_sharded_weights_step(std::string(k.tied ? "tied" : "untied") + (k.checkpointing ? " checkpointed" : "") +
-                                    (k.offloading ? " offloaded" : "") + " rank " + std::to_string(k.rank) + " of " +
-                                    std::to_string(k.world),
+                                    (k.offloading ? " offloaded" : "") + (k.prefetch ? "" : " one slot") + " rank " +
+                                    std::to_string(k.rank) + " of " + std::to_string(k.world),
                                 tiny_config(k.tied), setup, k.world, k.rank, k.schedule);
   }
 }
@@ -2369,6 +2383,16 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBaseStepPrefetchesEachLayerAndGivesTheU
   fused.nf4_fused_gemm = true, fused.lora_on_output = true;
   expect_sharded_weights_step("qlora fused nf4 gemm + lm_head checkpointed offloaded rank 1 of 2", tiny_config(false),
                               fused, 2, 1, "late");
+  // One weight slot (KTUNE_ZERO3_PREFETCH=0): LoRA, and QLoRA + DoRA checkpointed.
+  auto one_slot = [](cuda::TrainingSetup s) {
+    s.prefetch_weights = false;
+    return s;
+  };
+  expect_sharded_weights_step("lora q,v one slot rank 1 of 2", tiny_config(false),
+                              one_slot(with(family_setup(false, {cuda::kQ, cuda::kV}), false, false, 0.0f)), 2, 1,
+                              "eager");
+  expect_sharded_weights_step("qlora dora dropout 0.1 checkpointed one slot rank 0 of 3", tiny_config(true),
+                              one_slot(with(qlora_setup(kAllButKey), true, true, 0.1f)), 3, 0, "late");
 }
 
 // ---- activation checkpointing (TrainingSetup::activation_checkpointing) ----

@@ -537,6 +537,33 @@ TEST_F(CudaRecipeTest, TwoGpusLoraSavingAdapterWeightsOnlyKeepOnlyTheAdaptersOnR
   EXPECT_EQ(rank1.gradients, 0) << r.output;
 }
 
+// KTUNE_ZERO3_PREFETCH=0: a ZeRO-3 full fine-tune over two GPUs with one weight slot (each layer
+// gathered as it computes, nothing prefetched) logs the default run's losses digit for digit and
+// writes its checkpoint byte for byte, and its memory report says so; a value other than 0 or 1 is
+// refused, naming the variable, before anything trains.
+TEST_F(CudaRecipeTest, TwoGpusZero3WithoutPrefetchTrainAndSaveAsWithIt) {
+  SKIP_WITHOUT_GPUS(2);
+  const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2";
+  Outcome prefetched = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device",
+                           "cuda", args, out("prefetched"));
+  setenv("KTUNE_ZERO3_PREFETCH", "0", 1);
+  Outcome one_slot = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
+                         args, out("one_slot"));
+  setenv("KTUNE_ZERO3_PREFETCH", "yes", 1);
+  Outcome refused = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", "cuda",
+                        args, out("refused"));
+  unsetenv("KTUNE_ZERO3_PREFETCH");
+  ASSERT_EQ(prefetched.exit_code, 0) << prefetched.output;
+  ASSERT_EQ(one_slot.exit_code, 0) << one_slot.output;
+  EXPECT_NE(prefetched.output.find("two layers' gather slots (one computes, one prefetches)"), std::string::npos)
+      << prefetched.output;
+  EXPECT_NE(one_slot.output.find("one layer's gather slot (no prefetch"), std::string::npos) << one_slot.output;
+  expect_two_step_runs_equal("one_slot", "prefetched");
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("KTUNE_ZERO3_PREFETCH"), std::string::npos) << refused.output;
+  EXPECT_TRUE(!fs::exists(out("refused") + "/logs") || losses(out("refused")).empty()) << "a step ran";
+}
+
 // Two GPUs (a worker each, over NCCL; on the emulated step each worker its own emulated device and
 // fake/nccl.h between them) with the AdamW state, the gradients and the layers' weights sharded
 // (ZeRO-3), the default: every step's loss that of one GPU with the doubled batch. ZeRO-2
