@@ -285,10 +285,9 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
       throw Error(file.path() + ": tensor " + p->name,
                   std::string("dtype ") + info.dtype + " is not a floating-point weight type (F32, BF16, F16)");
     used.insert(p->name);
-    // Mapped in the file's dtype where it is f32 or bf16 (a copy of the other dtype would be the
-    // whole model on every rank: Gemma 2's f32 files under bf16 storage); f16 is copied.
-    const bool mappable = src.dtype() == p->value.dtype() || src.dtype() == DType::F32 || src.dtype() == DType::BF16;
-    if (options.map_values && mappable) {
+    // Mapped in the file's dtype where it is f32 or bf16, either storage dtype (a copy of the other
+    // dtype would be the whole model on every rank: Gemma 2's f32 files under bf16 storage); f16 is copied.
+    if (options.map_values && (src.dtype() == DType::F32 || src.dtype() == DType::BF16)) {
       if (src.dtype() != p->value.dtype()) {
         p->stored_dtype = p->value.dtype();  // read rounded to it (stored_value)
         if (d->other_dtype_.empty()) d->other_dtype_ = p->name;

@@ -47,8 +47,8 @@ Tensor in_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : 
 
 // The model as HF names it, in order, each tensor made only when the writer reaches it (so that a save
 // holds one merged projection at a time, not the merged model): a projection whose adapter is among
-// `adapters` merged with it (a bf16-stored base, pure-bf16 LoRA: into an f32 copy of it; QLoRA's from
-// its NF4 base), any other parameter as it is; in `dtype`. A parameter among `streamed` (the trainable
+// `adapters` merged with it (LoraAdapter::merged_weight: a bf16-stored base widened into an f32 copy;
+// QLoRA's from its NF4 base), any other parameter as it is; in `dtype`. A parameter among `streamed` (the trainable
 // values a save streams, StreamedTensors) is planned with that shape and no produce(): its values come
 // from the stream. Tied heads are not parameters: not written.
 std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
@@ -72,14 +72,8 @@ std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
       continue;
     }
     const auto [linear, adapter] = it->second;
-    tensors.push_back({p->name, dtype, Shape{linear->out, linear->in}, [linear, adapter, dtype] {
-                         if (!linear->weight->value.defined() || linear->weight->value.dtype() == DType::F32)
-                           return in_dtype(adapter->merged_weight(*linear), dtype);
-                         model::Parameter widened{linear->weight->name, linear->weight->value.to(DType::F32), Tensor(), false};
-                         model::Linear copy = *linear;
-                         copy.weight = &widened;
-                         return in_dtype(adapter->merged_weight(copy), dtype);
-                       }});
+    tensors.push_back({p->name, dtype, Shape{linear->out, linear->in},
+                       [linear, adapter, dtype] { return in_dtype(adapter->merged_weight(*linear), dtype); }});
   }
   return tensors;
 }
@@ -166,12 +160,18 @@ std::map<std::string, Tensor> map_all(const fs::path& path) {
 
 }  // namespace
 
-StreamedTensors host_trainable_values(const std::vector<model::Parameter*>& params) {
-  StreamedTensors values;
+std::vector<io::TensorSpec> parameter_specs(const std::vector<model::Parameter*>& params) {
+  std::vector<io::TensorSpec> specs;
   for (const model::Parameter* p : params) {
     check(p->value.defined(), "checkpointer", "cannot save " + p->name + ": its value was released");
-    values.tensors.push_back({p->name, model::stored_dtype_of(*p), p->value.shape()});
+    specs.push_back({p->name, model::stored_dtype_of(*p), p->value.shape()});
   }
+  return specs;
+}
+
+StreamedTensors host_trainable_values(const std::vector<model::Parameter*>& params) {
+  StreamedTensors values;
+  values.tensors = parameter_specs(params);
   values.stream = [params](const io::TensorSink& sink) {
     for (const model::Parameter* p : params) sink(p->name, model::stored_value(*p));
   };

@@ -50,7 +50,10 @@ struct StreamedTensors {
   std::vector<io::TensorSpec> tensors;
   std::function<void(const io::TensorSink&)> stream;
 };
-// The parameters' host values as they are (each must be defined: an Error naming it otherwise).
+// The parameters as a save plans them: names, the dtypes the model stores them in, shapes (each value
+// must be defined: an Error naming it otherwise).
+std::vector<io::TensorSpec> parameter_specs(const std::vector<model::Parameter*>& params);
+// The parameters' host values as the model stores them (parameter_specs, then each value).
 StreamedTensors host_trainable_values(const std::vector<model::Parameter*>& params);
 // Tensors already made, as they are, in the map's order.
 StreamedTensors streamed_as_they_are(const std::map<std::string, Tensor>& tensors);

@@ -464,7 +464,7 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   model_->set_activation_checkpointing(cfg_.enable_activation_checkpointing);
   for (model::Parameter* p : model_->parameters())
     if (p->trainable) trainable_.push_back(p);
-  trainable_specs_ = host_trainable_values(trainable_).tensors;  // before any value is released
+  trainable_specs_ = parameter_specs(trainable_);  // before any value is released
   // Every rank starts from the same weights: it loaded the same files and seeded its adapters alike.
   // Checked, not sent: the fingerprints of every parameter held (trainable and frozen) against rank 0's.
   check_same_parameters(model_->parameters(), group_, "the starting weights");

@@ -420,7 +420,8 @@ double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid,
 }
 
 Tensor LoraAdapter::merged_weight(const Linear& base) const {
-  Tensor w = base_weight(base).clone();
+  Tensor w = base_weight(base);  // widened, dequantised: a tensor of its own; an f32 base: the value itself
+  if (base.weight->value.defined() && w.raw() == base.weight->value.raw()) w = w.clone();
   cpu::gemm(false, false, out_, in_, options_.rank, scale_, lora_b_.value.f32(), lora_a_.value.f32(), 1.0f, w.f32());
   if (options_.use_dora) {
     for (int64_t o = 0; o < out_; ++o) {

@@ -720,7 +720,8 @@ void Decoder::allocate(bool on_device) {
     plan_bytes_.weight_pieces += aligned(size_t(unit_l.piece) * 2);
     slot_bytes = std::max(slot_bytes, aligned(size_t(unit_l.size) * 2));
   }
-  plan_bytes_.weight_slots = size_t(setup_.prefetch_weights ? Impl::kWeightSlots : 1) * slot_bytes;
+  const int weight_slots = setup_.prefetch_weights ? Impl::kWeightSlots : 1;  // one: no prefetch
+  plan_bytes_.weight_slots = size_t(weight_slots) * slot_bytes;
   pbytes += plan_bytes_.weight_pieces + plan_bytes_.weight_slots;
   // Activations: one layout function, run to count and then to carve.
   s.B = setup_.batch;
@@ -923,7 +924,7 @@ void Decoder::allocate(bool on_device) {
     shard_.grad = units_[0].grads + shard_.begin;
   }
   if (setup_.shard_weights) {  // the pieces zeroed: the gaps and the padding between parameters stay 0
-    s.weight_slots = setup_.prefetch_weights ? Impl::kWeightSlots : 1;
+    s.weight_slots = weight_slots;
     for (int k = 0; k < s.weight_slots; ++k) {
       s.weight_slot[k] = static_cast<bf16_t*>(s.param_arena->allocate(slot_bytes));
       KTUNE_CUDA_CHECK(cudaEventCreateWithFlags(&s.slot_ready[k], cudaEventDisableTiming));
