@@ -65,4 +65,26 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
+uint16_t f32_to_f16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));  // NaN, quiet
+  if (magnitude >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // 65520 and up (and infinity): infinity
+  if (magnitude >= 0x38800000u) {  // 2^-14 and up: a normal half; the bias rounds to nearest even
+    const uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
+    return uint16_t(sign | ((rounded >> 13) - ((127u - 15u) << 10)));
+  }
+  if (magnitude < 0x33000000u) return sign;  // below 2^-25, half the smallest subnormal: zero
+  // A subnormal half counts units of 2^-24: the f32's significand (value = significand * 2^(e - 150))
+  // shifted right by 126 - e (14 to 24), rounded to nearest even; 0x400 is the smallest normal.
+  const uint32_t exponent = magnitude >> 23, significand = (magnitude & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126u - exponent;
+  uint32_t units = significand >> shift;
+  const uint32_t dropped = significand & ((1u << shift) - 1u), half_unit = 1u << (shift - 1u);
+  if (dropped > half_unit || (dropped == half_unit && (units & 1u))) ++units;
+  return uint16_t(sign | units);
+}
+
 }  // namespace ktune

@@ -46,5 +46,8 @@ inline bf16_t f32_to_bf16_stochastic(float f, uint32_t random16) {
 
 // IEEE half, for reading f16 checkpoints.
 float f16_to_f32(uint16_t h);
+// f32 to IEEE half: round to nearest, ties to even, through the subnormals; beyond the largest
+// finite half (65504, from 65520 up) infinity; NaN stays a (quiet) NaN.
+uint16_t f32_to_f16(float f);
 
 }  // namespace ktune

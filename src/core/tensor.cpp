@@ -142,6 +142,7 @@ void Tensor::copy_from(const Tensor& src) const {
   switch (dtype_) {
     case DType::F32: for (int64_t i = 0; i < n; ++i) data<float>()[i] = read(i); break;
     case DType::BF16: for (int64_t i = 0; i < n; ++i) data<bf16_t>()[i] = f32_to_bf16(read(i)); break;
+    case DType::F16: for (int64_t i = 0; i < n; ++i) data<uint16_t>()[i] = f32_to_f16(read(i)); break;
     default: throw Error("Tensor::copy_from", std::string("cannot convert to ") + dtype_name(dtype_));
   }
 }

@@ -285,9 +285,9 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
       throw Error(file.path() + ": tensor " + p->name,
                   std::string("dtype ") + info.dtype + " is not a floating-point weight type (F32, BF16, F16)");
     used.insert(p->name);
-    // Mapped in the file's dtype where it is f32 or bf16, either storage dtype (a copy of the other
-    // dtype would be the whole model on every rank: Gemma 2's f32 files under bf16 storage); f16 is copied.
-    if (options.map_values && (src.dtype() == DType::F32 || src.dtype() == DType::BF16)) {
+    // Mapped in the file's dtype, whatever the storage's (a copy in the storage's dtype would be the
+    // whole model on every rank: Gemma 2's f32 files, or an f16 checkpoint, under bf16 storage).
+    if (options.map_values) {
       if (src.dtype() != p->value.dtype()) {
         p->stored_dtype = p->value.dtype();  // read rounded to it (stored_value)
         if (d->other_dtype_.empty()) d->other_dtype_ = p->name;
@@ -310,8 +310,7 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
              std::to_string(value_bytes) + " bytes" +
              (d->other_dtype_.empty() ? std::string()
                                       : std::string(" (some held in the files' dtype, read as ") +
-                                            dtype_name(options.storage) + ")") +
-             (mapped_bytes < value_bytes ? " (the rest held f16 there: copied)" : ""));
+                                            dtype_name(options.storage) + ")"));
   }
   int64_t ignored = 0;
   for (const std::string& name : ckpt.names()) {

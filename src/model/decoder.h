@@ -66,9 +66,9 @@ struct LoadOptions {
   // them once per micro-batch, or per block of rows (the head's: per chunk); pair with train::AdamW's
   // bf16 path). Checkpoints of any float dtype load.
   DType storage = DType::F32;
-  // Values as read-only views of the mapped checkpoint files wherever a file holds a parameter in
-  // f32 or bf16 (no copy: the pages are the page cache's, shared with every process that maps the
-  // file, a node's other ranks among them, and read in as touched); f16 is copied. A value mapped in
+  // Values as read-only views of the mapped checkpoint files, in the files' dtypes (f32, bf16 or f16;
+  // no copy: the pages are the page cache's, shared with every process that maps the file, a node's
+  // other ranks among them, and read in as touched). A value mapped in
   // another dtype than `storage` keeps it as Parameter::stored_dtype and is read rounded to it
   // (stored_value, read_stored_f32), as a copy would hold it; the decoder then refuses to compute.
   // Only for a model whose values are read, then released, never written (a write into a mapped

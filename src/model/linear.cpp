@@ -41,12 +41,21 @@ void read_stored_f32(const Parameter& p, int64_t first, int64_t count, float* ou
         "elements [" + std::to_string(first) + ", " + std::to_string(first + count) + ") of " +
             std::to_string(v.numel()));
   const DType stored = stored_dtype_of(p);
-  check((v.dtype() == DType::F32 || v.dtype() == DType::BF16) && (stored == DType::F32 || stored == DType::BF16),
-        p.name, std::string("a value read as f32 is held f32 or bf16 and stored so, not held ") + dtype_name(v.dtype()) +
-                    " stored " + dtype_name(stored));
+  check((v.dtype() == DType::F32 || v.dtype() == DType::BF16 || v.dtype() == DType::F16) &&
+            (stored == DType::F32 || stored == DType::BF16),
+        p.name, std::string("a value read as f32 is held f32, bf16 or f16 and stored f32 or bf16, not held ") +
+                    dtype_name(v.dtype()) + " stored " + dtype_name(stored));
   if (v.dtype() == DType::BF16) {  // bf16 widens exactly (stored f32 or bf16 alike)
     const bf16_t* src = v.bf16() + first;
     for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_f32(src[i]);
+    return;
+  }
+  if (v.dtype() == DType::F16) {  // f16 widens exactly; stored bf16, that rounds once, as a copy's f16 -> bf16 does
+    const uint16_t* src = v.data<uint16_t>() + first;
+    if (stored == DType::F32)
+      for (int64_t i = 0; i < count; ++i) out[i] = f16_to_f32(src[i]);
+    else
+      for (int64_t i = 0; i < count; ++i) out[i] = bf16_to_f32(f32_to_bf16(f16_to_f32(src[i])));
     return;
   }
   const float* src = v.f32() + first;

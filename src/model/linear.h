@@ -26,7 +26,7 @@ struct Parameter {
   bool trainable = true;
   // Set where `value` holds another dtype than the model keeps this parameter in: a value mapped
   // read-only from a checkpoint file that holds it so (LoadOptions::map_values: Gemma 2's f32 files
-  // under bf16 storage), instead of a converted copy on every rank. Its readers take the value as
+  // under bf16 storage, or an f16 checkpoint's), instead of a converted copy on every rank. Its readers take the value as
   // stored (stored_value, read_stored_f32): rounded as a copy would have been.
   std::optional<DType> stored_dtype;
 };

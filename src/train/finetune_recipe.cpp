@@ -431,7 +431,7 @@ DType weight_storage(const RecipeConfig& cfg, const RecipeSpec& recipe, bool on_
 void FinetuneRecipe::setup_model(bool on_gpu) {
   const DType storage = weight_storage(cfg_, recipe_, on_gpu);
   // A GPU run's ranks only read their values (the fingerprint, the upload) and then release them:
-  // views of the mapped files (f32 or bf16; one in another dtype than the storage's read rounded to it,
+  // views of the mapped files (f32, bf16 or f16; one in another dtype than the storage's read rounded to it,
   // Parameter::stored_dtype), the page cache's pages shared by the node's ranks instead of a private
   // copy each (Gemma 2's f32 files under bf16: its whole model in bf16 on every rank otherwise). Rank 0 of a LoRA run keeps its frozen values for its
   // saves to merge into, mapped, their pages dropped once uploaded (release_host_values) and read

@@ -118,10 +118,39 @@ TEST(DecoderHostMemory, MappedValuesAreCountedUntilReleasedOrReplacedAndDropping
   EXPECT_EQ(mapped->mapped_value_bytes(), all_bytes - released_bytes - replaced_bytes);
 }
 
-// Gemma 2's checkpoints hold f32; a GPU run keeps bf16. Mapped, each f32 value is a view of the file
-// (not a bf16 copy on every rank) that reads as the bf16 copy would hold it: stored_value and
-// read_stored_f32 give the copied model's bits; the decoder refuses to compute on it, naming the
-// first such parameter. An f16 file is copied as before.
+// Every value of the model in `dir` loaded as `storage` both ways: copied (`copied`: no stored
+// dtype, the storage's) and mapped (`mapped`: held in `file_dtype`, stored as `storage`), where
+// stored_value gives the copy's bits and read_stored_f32 a chunk of them widened. Returns the
+// bytes the mapped values hold.
+int64_t expect_mapped_reads_as_copied(Decoder& copied, Decoder& mapped, DType file_dtype, DType storage) {
+  int64_t held = 0;
+  for (const Parameter* p : copied.parameters()) {
+    const Parameter& m = mapped.parameter(p->name);
+    EXPECT_EQ(p->value.dtype(), storage) << p->name;
+    EXPECT_FALSE(p->stored_dtype.has_value()) << p->name;
+    EXPECT_TRUE(mapped.value_is_mapped(m)) << p->name;
+    EXPECT_EQ(m.value.dtype(), file_dtype) << p->name;
+    EXPECT_EQ(stored_dtype_of(m), storage) << p->name;
+    held += int64_t(m.value.bytes());
+    const Tensor stored = stored_value(m);
+    EXPECT_EQ(stored.dtype(), storage) << p->name;
+    if (stored.dtype() != storage) continue;
+    EXPECT_EQ(std::memcmp(stored.raw(), p->value.raw(), p->value.bytes()), 0) << p->name;
+    // A chunk in the middle, as QLoRA's quantiser reads it.
+    const int64_t first = p->value.numel() / 3, count = p->value.numel() / 2;
+    std::vector<float> got(static_cast<size_t>(count)), want(static_cast<size_t>(count));
+    read_stored_f32(m, first, count, got.data());
+    for (int64_t i = 0; i < count; ++i)
+      want[size_t(i)] = storage == DType::BF16 ? bf16_to_f32(p->value.bf16()[first + i]) : p->value.f32()[first + i];
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << p->name;
+  }
+  return held;
+}
+
+// Gemma 2's checkpoints hold f32, some others f16; a GPU run keeps bf16. Mapped, each value is a
+// view of the file (not a bf16 copy on every rank) that reads as the bf16 copy would hold it:
+// stored_value and read_stored_f32 give the copied model's bits (an f16 file under f32 storage too:
+// widened exactly); the decoder refuses to compute on it, naming the first such parameter.
 TEST(DecoderHostMemory, AFileInAnotherDtypeIsMappedAsItIsAndReadAsTheStorageCopyWould) {
   const std::string fixture = std::string(KTUNE_SOURCE_DIR) + "/tests/model/fixtures/llama";  // f32 values
   LoadOptions bf16_copy;
@@ -130,32 +159,15 @@ TEST(DecoderHostMemory, AFileInAnotherDtypeIsMappedAsItIsAndReadAsTheStorageCopy
   bf16_mapped.map_values = true;
   std::unique_ptr<Decoder> copied = Decoder::from_pretrained(fixture, bf16_copy);
   std::unique_ptr<Decoder> mapped = Decoder::from_pretrained(fixture, bf16_mapped);
-  int64_t f32_bytes = 0;
-  for (Parameter* p : copied->parameters()) {
-    const Parameter& m = mapped->parameter(p->name);
-    ASSERT_EQ(p->value.dtype(), DType::BF16) << p->name;
-    EXPECT_FALSE(p->stored_dtype.has_value()) << p->name;
-    EXPECT_TRUE(mapped->value_is_mapped(m)) << p->name;
-    EXPECT_EQ(m.value.dtype(), DType::F32) << p->name;
-    EXPECT_EQ(stored_dtype_of(m), DType::BF16) << p->name;
-    f32_bytes += int64_t(m.value.bytes());
-    const Tensor stored = stored_value(m);
-    ASSERT_EQ(stored.dtype(), DType::BF16) << p->name;
-    EXPECT_EQ(std::memcmp(stored.raw(), p->value.raw(), p->value.bytes()), 0) << p->name;
-    // A chunk in the middle, as QLoRA's quantiser reads it.
-    const int64_t first = p->value.numel() / 3, count = p->value.numel() / 2;
-    std::vector<float> got(static_cast<size_t>(count)), want(static_cast<size_t>(count));
-    read_stored_f32(m, first, count, got.data());
-    for (int64_t i = 0; i < count; ++i) want[size_t(i)] = bf16_to_f32(p->value.bf16()[first + i]);
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << p->name;
-  }
+  const int64_t f32_bytes = expect_mapped_reads_as_copied(*copied, *mapped, DType::F32, DType::BF16);
   EXPECT_EQ(mapped->mapped_value_bytes(), f32_bytes);
   std::vector<int32_t> tokens = {1, 7, 9, 3}, labels = {7, 9, 3, 2};
   EXPECT_ERROR_CONTAINING(mapped->forward_loss({tokens.data(), labels.data(), nullptr, nullptr, 1, 4}),
                           "the value of model.embed_tokens.weight is mapped in its checkpoint file's dtype, not bf16");
   EXPECT_NO_THROW(copied->forward_loss({tokens.data(), labels.data(), nullptr, nullptr, 1, 4}));
 
-  // f16 (every value 1.0, 0x3c00): copied into the storage dtype, nothing mapped.
+  // The fixture in f16 (its values rounded to ten mantissa bits): mapped as f16, read as the bf16
+  // copy (one rounding of the exact widening) and as the f32 copy (the widening) would hold it.
   const std::filesystem::path f16_dir =
       std::filesystem::temp_directory_path() / ("ktune_f16_model_" + std::to_string(getpid()));
   std::filesystem::create_directories(f16_dir);
@@ -163,18 +175,27 @@ TEST(DecoderHostMemory, AFileInAnotherDtypeIsMappedAsItIsAndReadAsTheStorageCopy
                              std::filesystem::copy_options::overwrite_existing);
   io::SafetensorsFile f32_file = io::SafetensorsFile::open(fixture + "/model.safetensors");
   std::vector<io::NamedTensor> halves;
+  int64_t rounded_by_bf16 = 0;  // values whose f16 -> bf16 rounding changes them: the reading is tested
   for (const std::string& name : f32_file.names()) {
-    Tensor ones = Tensor::empty(f32_file.info(name).shape, DType::F16);
-    std::fill_n(static_cast<uint16_t*>(ones.raw()), ones.numel(), uint16_t(0x3c00));
-    halves.push_back({name, ones});
+    const Tensor half = f32_file.to_f32(name).to(DType::F16);
+    const uint16_t* h = static_cast<const uint16_t*>(half.raw());
+    for (int64_t i = 0; i < half.numel(); ++i)
+      rounded_by_bf16 += bf16_to_f32(f32_to_bf16(f16_to_f32(h[i]))) != f16_to_f32(h[i]);
+    halves.push_back({name, half});
   }
+  ASSERT_GT(rounded_by_bf16, 0);
   io::write_safetensors((f16_dir / "model.safetensors").string(), halves, {{"format", "pt"}});
-  std::unique_ptr<Decoder> from_f16 = Decoder::from_pretrained(f16_dir.string(), bf16_mapped);
+  LoadOptions f32_copy, f32_mapped;
+  f32_mapped.map_values = true;
+  std::unique_ptr<Decoder> f16_copied = Decoder::from_pretrained(f16_dir.string(), bf16_copy);
+  std::unique_ptr<Decoder> f16_mapped = Decoder::from_pretrained(f16_dir.string(), bf16_mapped);
+  std::unique_ptr<Decoder> f16_widened = Decoder::from_pretrained(f16_dir.string(), f32_copy);
+  std::unique_ptr<Decoder> f16_mapped_f32 = Decoder::from_pretrained(f16_dir.string(), f32_mapped);
   std::filesystem::remove_all(f16_dir);
-  EXPECT_EQ(from_f16->mapped_value_bytes(), 0);
-  for (const Parameter* p : from_f16->parameters()) {
-    ASSERT_EQ(p->value.dtype(), DType::BF16) << p->name;
-    EXPECT_FALSE(value_in_other_dtype(*p)) << p->name;
-    EXPECT_EQ(bf16_to_f32(p->value.bf16()[p->value.numel() - 1]), 1.0f) << p->name;
-  }
+  const int64_t f16_bytes = expect_mapped_reads_as_copied(*f16_copied, *f16_mapped, DType::F16, DType::BF16);
+  EXPECT_EQ(f16_bytes, f32_bytes / 2);
+  EXPECT_EQ(f16_mapped->mapped_value_bytes(), f16_bytes);
+  EXPECT_EQ(expect_mapped_reads_as_copied(*f16_widened, *f16_mapped_f32, DType::F16, DType::F32), f16_bytes);
+  EXPECT_ERROR_CONTAINING(f16_mapped_f32->forward_loss({tokens.data(), labels.data(), nullptr, nullptr, 1, 4}),
+                          "is mapped in its checkpoint file's dtype, not f32");
 }

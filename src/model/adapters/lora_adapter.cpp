@@ -21,15 +21,14 @@ std::string suffix_of(const std::string& module) { return module.substr(module.r
 
 // NF4 codes and scales of an f32 or bf16 weight as the model stores it (n values): one held in
 // another dtype (a GPU run's host, which maps a bf16 checkpoint rather than copy it to f32, or an
-// f32 one under bf16 storage) read as stored a chunk of whole blocks at a time, so that its codes
-// are those of its stored values without an f32 copy of the weight.
-void quantize_to_nf4(uint8_t* codes, float* scales, const Parameter& weight, const std::string& module) {
+// f32 or f16 one under bf16 storage) read as stored a chunk of whole blocks at a time
+// (read_stored_f32, which refuses what it cannot read), so that its codes are those of its stored
+// values without an f32 copy of the weight.
+void quantize_to_nf4(uint8_t* codes, float* scales, const Parameter& weight) {
   const Tensor& value = weight.value;
   const int64_t n = value.numel();
   if (value.dtype() == DType::F32 && !value_in_other_dtype(weight))
     return cpu::nf4_quantize(codes, scales, value.f32(), n);
-  check(value.dtype() == DType::F32 || value.dtype() == DType::BF16, module,
-        std::string("QLoRA quantises an f32 or bf16 base, not ") + dtype_name(value.dtype()));
   constexpr int64_t kChunk = 1024 * cpu::kNf4BlockSize;
   std::vector<float> wide(size_t(std::min(n, kChunk)));
   for (int64_t first = 0; first < n; first += kChunk) {
@@ -67,7 +66,7 @@ LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
     if (!options.nf4_on_demand) {
       nf4_codes_.resize(size_t(n / 2));
       nf4_scales_.resize(size_t(n / 64));
-      quantize_to_nf4(nf4_codes_.data(), nf4_scales_.data(), *base.weight, module_);
+      quantize_to_nf4(nf4_codes_.data(), nf4_scales_.data(), *base.weight);
       nf4_scratch_.resize(cpu::nf4_linear_scratch_floats(in_, out_));
       base.weight->value = Tensor();  // the base weight is gone: only NF4 remains
     }
@@ -143,7 +142,7 @@ Tensor LoraAdapter::base_weight(const Linear& base) const {
     check(base.weight->value.defined(), module_, "its base value was released: this host model no longer has it");
     std::vector<uint8_t> codes(size_t(out_ * in_ / 2));
     std::vector<float> scales(size_t(out_ * in_ / cpu::kNf4BlockSize));
-    quantize_to_nf4(codes.data(), scales.data(), *base.weight, module_);
+    quantize_to_nf4(codes.data(), scales.data(), *base.weight);
     cpu::nf4_dequantize(w.f32(), codes.data(), scales.data(), out_ * in_);
     return w;
   }

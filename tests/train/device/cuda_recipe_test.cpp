@@ -163,18 +163,22 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
   }
   // lora_finetune_distributed on two GPUs, its frozen base sharded, against replicated (below).
   void expect_base_sharded_equals_replicated(const std::string& overrides, const std::string& pieces);
-  // out("bf16_model"): the tiny model with its f32 values rounded to bf16 (as a bf16 load rounds them).
-  std::string bf16_copy_of_model() {
-    const std::string bf16_model = out("bf16_model");
-    fs::create_directories(bf16_model);
-    for (const auto& e : fs::directory_iterator(model()))
-      if (e.path().extension() != ".safetensors") fs::copy_file(e.path(), fs::path(bf16_model) / e.path().filename());
-    io::SafetensorsFile f32 = io::SafetensorsFile::open(model() + "/model.safetensors");
-    std::vector<io::NamedTensor> narrowed;
-    for (const std::string& name : f32.names()) narrowed.push_back({name, f32.to_f32(name).to(DType::BF16)});
-    io::write_safetensors(bf16_model + "/model.safetensors", narrowed, {{"format", "pt"}});
-    return bf16_model;
+  // out(`name`): the model in `from` with its values converted to `dtype` (rounded as a load in that
+  // dtype rounds them; from f16 to bf16 once, from the exact widening).
+  std::string copy_of_model(const std::string& from, const std::string& name, DType dtype) {
+    const std::string copy = out(name);
+    fs::create_directories(copy);
+    for (const auto& e : fs::directory_iterator(from))
+      if (e.path().extension() != ".safetensors") fs::copy_file(e.path(), fs::path(copy) / e.path().filename());
+    io::SafetensorsFile file = io::SafetensorsFile::open(from + "/model.safetensors");
+    std::vector<io::NamedTensor> converted;
+    for (const std::string& name_in_file : file.names())
+      converted.push_back({name_in_file, file.to_f32(name_in_file).to(dtype)});
+    io::write_safetensors(copy + "/model.safetensors", converted, {{"format", "pt"}});
+    return copy;
   }
+  // out("bf16_model"): the tiny model with its f32 values rounded to bf16 (as a bf16 load rounds them).
+  std::string bf16_copy_of_model() { return copy_of_model(model(), "bf16_model", DType::BF16); }
   // Two two-GPU runs of `recipe` (config `config`, two steps, `extra` arguments): from the tiny f32
   // model into out("f32") and from its bf16 copy (bf16_copy_of_model) into out("bf16").
   struct FromF32AndBf16 {
@@ -516,6 +520,36 @@ TEST_F(CudaRecipeTest, TwoGpusQloraRanksMapTheCheckpointInItsDtypeAndTrainAlikeF
     EXPECT_EQ(host_held(r->output, 1).values, 0) << r->output;
   }
   expect_two_step_runs_equal("bf16", "f32");
+}
+
+// Some checkpoints hold f16 (a GPU run keeps bf16): the ranks map the f16 files as they are (no bf16
+// copy of the model on every rank) and read them as the bf16 copy would hold them, so LoRA, and
+// QLoRA + DoRA (the quantiser, the magnitudes and the merge reading the f16 base a chunk at a time),
+// train from an f16 model as from its bf16 rounding: the same losses digit for digit and the same
+// checkpoint byte for byte (two GPUs, two steps, the base sharded).
+TEST_F(CudaRecipeTest, TwoGpusLoraAndQloraMapAnF16CheckpointAndTrainAsFromItsBf16Rounding) {
+  SKIP_WITHOUT_GPUS(2);
+  const std::string f16_model = copy_of_model(model(), "f16_model", DType::F16);
+  const std::string bf16_model = copy_of_model(f16_model, "bf16_of_f16_model", DType::BF16);
+  const std::string bytes = std::to_string(2 * total(numels(model() + "/model.safetensors")));
+  for (const std::string extra : {"", " model.quantize_base=True model.use_dora=True"}) {
+    SCOPED_TRACE("extra arguments:" + extra);
+    const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2" + extra;
+    fs::remove_all(out("f16"));
+    fs::remove_all(out("bf16"));
+    Outcome f16 = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", "cuda",
+                      args + " checkpointer.checkpoint_dir=" + f16_model, out("f16"));
+    Outcome bf16 = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", "cuda",
+                       args + " checkpointer.checkpoint_dir=" + bf16_model, out("bf16"));
+    ASSERT_EQ(f16.exit_code, 0) << f16.output;
+    ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+    for (const std::string rank : {"[rank0]", "[rank1]"})
+      EXPECT_NE(f16.output.find(mapped_line(rank, f16_model, bytes, bytes) +
+                                " (some held in the files' dtype, read as bf16)\n"),
+                std::string::npos)
+          << f16.output;
+    expect_two_step_runs_equal("bf16", "f16");
+  }
 }
 
 // save_adapter_weights_only: no merged model is written, so rank 0's host model keeps the adapters
