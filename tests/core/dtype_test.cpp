@@ -37,6 +37,8 @@ TEST(DType, F16Decodes) {
   EXPECT_EQ(f16_to_f32(0x7c00), std::numeric_limits<float>::infinity());
 }
 
+// The reference below is the compiler's own half type (GCC 12 and Clang 15 on x86-64 have it).
+#if defined(__FLT16_MAX__)
 // Every half widens as the compiler's _Float16 does, and narrows back to itself.
 TEST(DType, EveryF16WidensAndNarrowsBackToItself) {
   for (uint32_t h = 0; h <= 0xffffu; ++h) {
@@ -84,6 +86,9 @@ TEST(DType, F32NarrowsToF16AsTheCompilersHalfDoes) {
   }
   EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(std::numeric_limits<float>::quiet_NaN()))));
 }
+#else
+TEST(DType, F32NarrowsToF16AsTheCompilersHalfDoes) { GTEST_SKIP() << "this compiler has no _Float16 to check against"; }
+#endif
 
 TEST(DType, NamesRoundTrip) {
   for (DType d : {DType::F32, DType::BF16, DType::F16, DType::NF4, DType::I32, DType::I64, DType::U8})
