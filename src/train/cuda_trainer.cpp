@@ -66,9 +66,9 @@ bool plugin_named() {
 }  // namespace
 
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan,
-                                               uint64_t seed, const HostValue& value_of, dist::ProcessGroup* gpus) {
-  const HostValue own_value = [](const model::Parameter& p) { return p.value; };
-  return std::unique_ptr<CudaTrainer>(plugin().create(&host, &plan, seed, value_of ? &value_of : &own_value, gpus));
+                                               uint64_t seed, const HostReader& read, dist::ProcessGroup* gpus) {
+  const HostReader as_stored = model::read_stored_f32;
+  return std::unique_ptr<CudaTrainer>(plugin().create(&host, &plan, seed, read ? &read : &as_stored, gpus));
 }
 
 std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore& store, const std::string& prefix, int rank,
@@ -95,7 +95,7 @@ void select_cuda_device(int index) { plugin().select_device(index); }
 #else  // no CUDA backend in this build
 
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>&, const CudaStepPlan&, uint64_t,
-                                               const HostValue&, dist::ProcessGroup*) {
+                                               const HostReader&, dist::ProcessGroup*) {
   throw Error("device=cuda", "this build has no CUDA backend (configured with KTUNE_CUDA=OFF or without nvcc)");
 }
 

@@ -129,21 +129,22 @@ class CudaTrainer {
   virtual std::string memory_report() const = 0;
 };
 
-// What is uploaded for a host parameter: its value, or, where the host holds it in another form,
-// that as f32 — QLoRA's base weights, which the adapter keeps as NF4 (the parameter's value is
-// empty): LoraAdapter::base_weight() dequantises one, and the GPU step quantises it again into the
-// very same codes. Called once per parameter, one at a time.
-using HostValue = std::function<Tensor(const model::Parameter&)>;
+// How the GPU step reads a host parameter at its upload: elements [first, first + count) of it, as
+// f32, into out; called a chunk at a time (cuda::Decoder::upload_read), one parameter at a time, never
+// for a parameter whose value the host holds in bf16 as it stores it (its pages go up as they are).
+// The recipe's: model::read_stored_f32, a value mapped in its file's other dtype read as the model
+// stores it (no copy of the whole value); the tests': a CPU QLoRA adapter's dequantised base.
+using HostReader = std::function<void(const model::Parameter&, int64_t first, int64_t count, float* out)>;
 
 // Plans the device memory and uploads the host model: `host` is its parameters() (with its LoRA
-// adapters attached, if any), each sent as value_of gives it (nullptr: its value). seed: of the
+// adapters attached, if any), each read as `read` gives it (nullptr: model::read_stored_f32). seed: of the
 // stochastic rounding. gpus: the data-parallel group of a distributed run (an NCCL group over the
 // workers' GPUs; any ProcessGroup whose collectives take this device's pointers), nullptr for one
 // GPU; plan.setup.optimizer_shards > 1 must be its size (and optimizer_shard its rank). Throws
 // ktune::Error in a build without the CUDA backend, when the plugin cannot be loaded (naming its
 // path), or naming a parameter the two models do not share.
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan,
-                                               uint64_t seed, const HostValue& value_of = nullptr,
+                                               uint64_t seed, const HostReader& read = nullptr,
                                                dist::ProcessGroup* gpus = nullptr);
 
 // The GPUs' group of a distributed GPU run: NCCL over the workers' GPUs (each worker selected its own
@@ -158,7 +159,7 @@ std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore& store
 // The plugin's exported functions (C linkage, so that dlsym finds them by these names).
 extern "C" {
 using CreateCudaTrainerFn = CudaTrainer* (*)(const std::vector<model::Parameter*>* host, const CudaStepPlan* plan,
-                                             uint64_t seed, const HostValue* value_of, dist::ProcessGroup* gpus);
+                                             uint64_t seed, const HostReader* read, dist::ProcessGroup* gpus);
 using CudaStepDeviceCountFn = int (*)();
 using CudaStepSelectDeviceFn = void (*)(int index);
 using CudaStepMakeProcessGroupFn = dist::ProcessGroup* (*)(dist::TcpStore* store, const std::string* prefix, int rank,

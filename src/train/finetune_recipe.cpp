@@ -583,12 +583,12 @@ void FinetuneRecipe::setup_gpu_training() {
     nccl_ = make_gpu_process_group(*devices_.store, "ktune/nccl", group_.rank(), group_.size(),
                                    devices_.collective_timeout);
   }
-  // Every value goes up as the host stores it (a value mapped in its file's other dtype rounded to the
-  // storage dtype, one parameter at a time): QLoRA's bases too (LoraOptions::nf4_on_demand keeps them
-  // the parameters' values), which the GPU step quantises into the CPU quantiser's codes (under ZeRO-3
-  // only its own blocks).
-  const HostValue value_of = [](const model::Parameter& p) { return model::stored_value(p); };
-  gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, value_of, nccl_.get());
+  // Every value goes up as the host stores it: a bf16 one's pages as they are, any other read a chunk
+  // at a time (model::read_stored_f32: one mapped in its file's other dtype rounded to the storage
+  // dtype; under ZeRO-3 only this rank's piece): QLoRA's bases too (LoraOptions::nf4_on_demand keeps
+  // them the parameters' values), which the GPU step quantises into the CPU quantiser's codes (under
+  // ZeRO-3 only its own blocks).
+  gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, model::read_stored_f32, nccl_.get());
   release_host_values();
   if (!rank0_) return;
   log_info("GPU step: bf16 weights, activations and AdamW moments, f32 gradients and accumulation, stochastically "

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <sstream>
 
@@ -176,11 +177,9 @@ Nf4OnHost quantize_on_host(const float* x, int64_t numel) {
   return q;
 }
 
-// Blocks [first, end) of x (64 values each) into their places in q (its codes and scales whole-sized).
-void quantize_blocks(Nf4OnHost* q, const float* x, int64_t first, int64_t end) {
-  if (first >= end) return;
-  cpu::nf4_quantize(q->codes.data() + first * cpu::kNf4BlockSize / 2, q->scales.data() + first,
-                    x + first * cpu::kNf4BlockSize, (end - first) * cpu::kNf4BlockSize);
+// Reads host f32 values x (an upload's: Decoder::ValueReader).
+Decoder::ValueReader reader_of(const float* x) {
+  return [x](int64_t first, int64_t count, float* out) { std::memcpy(out, x + first, size_t(count) * sizeof(float)); };
 }
 
 // The whole of q into codes and scales on the device (p's own, or its layer's slot).
@@ -1058,7 +1057,8 @@ void Decoder::init_parameters(uint64_t seed) {
     if (is_a[i]) bound = 1.0f / std::sqrt(float(p.shape[1]));
     if (is_b[i]) bound = 0.0f, fill = 0.0f;
     if (p.nf4_codes) {  // sharded: this rank's piece of the codes and scales only
-      upload_nf4(p, nf4_drawn(i, bound, fill).data());
+      const std::vector<float> x = nf4_drawn(i, bound, fill);
+      upload_nf4(p, reader_of(x.data()), kUploadChunk);
       continue;
     }
     draw(i, p.value, bound, fill);
@@ -1113,29 +1113,41 @@ int64_t Decoder::parameter_count(bool trainable_only) const {
 }
 
 void Decoder::upload(const std::string& name, const std::vector<float>& values) {
-  DeviceParameter& p = parameter(name);
+  const DeviceParameter& p = parameter(name);
   check(int64_t(values.size()) == p.numel, "cuda decoder: parameter " + name,
         "upload of " + std::to_string(values.size()) + " values, the parameter has " + std::to_string(p.numel));
-  if (p.nf4_codes) {
-    upload_nf4(p, values.data());
-    return;
-  }
-  std::vector<bf16_t> host(values.size());
-  for (size_t i = 0; i < values.size(); ++i) host[i] = ktune::f32_to_bf16(values[i]);
-  store_bf16(p, host.data());
+  upload_read(name, reader_of(values.data()));
 }
 
 void Decoder::upload_bf16(const std::string& name, const bf16_t* values, int64_t numel) {
   DeviceParameter& p = parameter(name);
   check(numel == p.numel, "cuda decoder: parameter " + name,
         "upload of " + std::to_string(numel) + " values, the parameter has " + std::to_string(p.numel));
-  if (p.nf4_codes) {  // widened exactly: the codes of the values' f32, as upload() makes them
-    std::vector<float> wide(static_cast<size_t>(numel));
-    for (int64_t i = 0; i < numel; ++i) wide[size_t(i)] = ktune::bf16_to_f32(values[i]);
-    upload_nf4(p, wide.data());
-    return;
-  }
+  if (p.nf4_codes)  // widened exactly: the codes of the values' f32, as upload() makes them
+    return upload_read(name, [values](int64_t first, int64_t count, float* out) {
+      for (int64_t i = 0; i < count; ++i) out[i] = ktune::bf16_to_f32(values[first + i]);
+    });
   store_bf16(p, values);
+}
+
+void Decoder::upload_read(const std::string& name, const ValueReader& read, int64_t chunk) {
+  const DeviceParameter& p = parameter(name);
+  check(chunk >= 1, "cuda decoder: parameter " + name, "an upload reads at least one value at a time");
+  if (p.nf4_codes) return upload_nf4(p, read, chunk);
+  const bool sharded = weights_sharded(p);  // ZeRO-3: only this rank's piece is read and stored
+  const WeightRange mine = sharded ? weight_piece_range(p.weight_layer, p.weight_offset, p.numel) : WeightRange{0, p.numel};
+  std::vector<float> wide;
+  std::vector<bf16_t> narrow;
+  for (int64_t first = mine.begin; first < mine.end; first += chunk) {
+    const int64_t n = std::min(chunk, mine.end - first);
+    wide.resize(size_t(n));
+    narrow.resize(size_t(n));
+    read(first, n, wide.data());
+    for (int64_t i = 0; i < n; ++i) narrow[size_t(i)] = ktune::f32_to_bf16(wide[size_t(i)]);
+    bf16_t* place = sharded ? piece_value(p.weight_layer, p.weight_offset + first) : p.value + first;
+    copy_to_device(place, narrow.data(), size_t(n) * sizeof(bf16_t));
+  }
+  if (sharded) slot_stale(p.weight_layer);
 }
 
 void Decoder::store_bf16(const DeviceParameter& p, const bf16_t* host) {
@@ -1146,18 +1158,38 @@ void Decoder::store_bf16(const DeviceParameter& p, const bf16_t* host) {
   write_piece(p.weight_layer, p.weight_offset, host, p.numel);  // ZeRO-3: this rank's elements
 }
 
-void Decoder::upload_nf4(const DeviceParameter& p, const float* x) {
-  if (!weights_sharded(p)) return copy_nf4_to_device(p.nf4_codes, p.nf4_scales, quantize_on_host(x, p.numel));
+void Decoder::upload_nf4(const DeviceParameter& p, const ValueReader& read, int64_t chunk) {
+  const int64_t block = cpu::kNf4BlockSize, blocks_a_read = std::max<int64_t>(1, chunk / block);
+  Nf4OnHost q{std::vector<uint8_t>(size_t(p.numel / 2)), std::vector<float>(size_t(p.numel / block))};
+  std::vector<float> wide;
+  auto quantize_blocks = [&](int64_t first, int64_t end) {  // blocks [first, end) into their places in q
+    for (int64_t b = first; b < end; b += blocks_a_read) {
+      const int64_t n = std::min(blocks_a_read, end - b) * block;
+      wide.resize(size_t(n));
+      read(b * block, n, wide.data());
+      cpu::nf4_quantize(q.codes.data() + b * block / 2, q.scales.data() + b, wide.data(), n);
+    }
+  };
+  if (!weights_sharded(p)) {
+    quantize_blocks(0, p.numel / block);
+    return copy_nf4_to_device(p.nf4_codes, p.nf4_scales, q);
+  }
   // ZeRO-3: this rank's part of the codes' and the scales' bytes, counted in bf16 elements as the unit
-  // is. Only the 64-value blocks that part holds are quantised (a bf16 element of the codes is 4 values,
-  // of block e / 16; of the scales half a block's f32 scale, block e / 2), not the whole tensor on
-  // every GPU: 1/W of the quantising each.
-  const int64_t code_elements = p.numel / 4, scale_elements = p.numel / cpu::kNf4BlockSize * 2;
+  // is. Only the 64-value blocks that part holds are read and quantised (a bf16 element of the codes is
+  // 4 values, of block e / 16; of the scales half a block's f32 scale, block e / 2), not the whole
+  // tensor on every GPU: 1/W of the reading and the quantising each.
+  const int64_t code_elements = p.numel / 4, scale_elements = p.numel / block * 2;
   const WeightRange codes = weight_piece_range(p.weight_layer, p.weight_offset, code_elements);
   const WeightRange scales = weight_piece_range(p.weight_layer, p.nf4_scales_offset, scale_elements);
-  Nf4OnHost q{std::vector<uint8_t>(size_t(p.numel / 2)), std::vector<float>(size_t(p.numel / cpu::kNf4BlockSize))};
-  quantize_blocks(&q, x, codes.begin / 16, (codes.end + 15) / 16);
-  quantize_blocks(&q, x, scales.begin / 2, (scales.end + 1) / 2);
+  int64_t c0 = codes.begin / 16, c1 = (codes.end + 15) / 16, s0 = scales.begin / 2, s1 = (scales.end + 1) / 2;
+  if (c0 >= c1) c0 = c1 = s0;  // no codes here: the scales' blocks alone
+  if (s0 >= s1) s0 = s1 = c0;
+  if (std::max(c0, s0) <= std::min(c1, s1)) {  // the two ranges meet: their union, each block read once
+    quantize_blocks(std::min(c0, s0), std::max(c1, s1));
+  } else {
+    quantize_blocks(c0, c1);
+    quantize_blocks(s0, s1);
+  }
   write_piece(p.weight_layer, p.weight_offset, q.codes.data(), code_elements);
   write_piece(p.weight_layer, p.nf4_scales_offset, q.scales.data(), scale_elements);
 }
@@ -1167,6 +1199,10 @@ void Decoder::write_piece(int64_t layer, int64_t offset, const void* host, int64
   if (mine.begin < mine.end)
     copy_to_device(piece_value(layer, offset + mine.begin), static_cast<const bf16_t*>(host) + mine.begin,
                    size_t(mine.end - mine.begin) * sizeof(bf16_t));
+  slot_stale(layer);
+}
+
+void Decoder::slot_stale(int64_t layer) {
   int64_t& in_slot = impl_->slot_layer[impl_->slot_of(layer)];
   if (in_slot == layer) in_slot = -1;
 }

@@ -315,8 +315,19 @@ class Decoder {
   // out (code value * block scale, f32): uploading what download_value returned gives the same codes.
   void upload(const std::string& name, const std::vector<float>& values);
   // Host bf16 values as they are (a bf16 checkpoint's mapped pages: no f32 widening, nor a bf16 copy,
-  // on the way in), the same as upload() of their f32 widening; an NF4 base widens them to quantise.
+  // on the way in), the same as upload() of their f32 widening; an NF4 base widens them to quantise,
+  // a chunk at a time (upload_read).
   void upload_bf16(const std::string& name, const bf16_t* values, int64_t numel);
+  // Writes elements [first, first + count) of a host value, as f32, into out.
+  using ValueReader = std::function<void(int64_t first, int64_t count, float* out)>;
+  static constexpr int64_t kUploadChunk = int64_t(1) << 20;  // values read at a time: 6 MiB of host buffers
+  // The same as upload() of the values `read` gives, read `chunk` values at a time (an NF4 base: whole
+  // 64-value blocks, at least one), so that the host holds one chunk in f32 and in bf16 rather than
+  // a converted copy of the whole value (a file read in another dtype than the GPU's: the embedding
+  // of Gemma 2 27B's f32 checkpoint is 2.4 GB in bf16). With shard_weights, a layer's parameter reads
+  // only the elements of this rank's piece (an NF4 one the blocks its piece of the codes and scales
+  // covers): 1/W of the value's pages on each of W ranks.
+  void upload_read(const std::string& name, const ValueReader& read, int64_t chunk = kUploadChunk);
   // With shard_weights, a layer's parameter: upload writes this rank's piece only; download_value
   // reads the layer's weight slot and throws unless its layer is gathered there (gather_weights).
   std::vector<float> download_value(const std::string& name);
@@ -497,10 +508,13 @@ class Decoder {
   WeightRange weight_piece_range(int64_t layer, int64_t offset, int64_t n) const;
   bf16_t* piece_value(int64_t layer, int64_t element) const;
   // The n elements at `offset` in layer `layer`'s unit, from host (n bf16 elements' bytes): this
-  // rank's part of them into its piece; a slot holding the layer is stale then.
+  // rank's part of them into its piece; a slot holding the layer is stale then (slot_stale).
   void write_piece(int64_t layer, int64_t offset, const void* host, int64_t n);
-  // x (p.numel) quantised on the host into p's NF4 codes and scales (sharded: this rank's piece of them).
-  void upload_nf4(const DeviceParameter& p, const float* x);
+  // A weight slot holding layer `layer` no longer holds what its pieces do: the next use gathers it.
+  void slot_stale(int64_t layer);
+  // The values `read` gives (p.numel, `chunk` at a time in whole blocks) quantised on the host into
+  // p's NF4 codes and scales (sharded: only the blocks of this rank's piece of them).
+  void upload_nf4(const DeviceParameter& p, const ValueReader& read, int64_t chunk);
   // bf16 values into p's storage: the whole of it, or with shard_weights this rank's piece.
   void store_bf16(const DeviceParameter& p, const bf16_t* host);
 

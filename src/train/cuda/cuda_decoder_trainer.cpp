@@ -25,14 +25,28 @@ namespace ktune::train {
 
 namespace {
 
-// A host value onto the GPU parameter `name`: a bf16 one as it is (a mapped bf16 checkpoint's pages
-// go up without the f32 widening and the bf16 rounding on the host, up to 8 bytes a value of the
-// largest parameter, the embedding: 4 GB at 8B, 9 GB for Gemma 2 27B, on every rank), any other
-// widened to f32 first.
-void upload_value(cuda::Decoder& device, const std::string& name, const Tensor& value) {
+// A host tensor (a recipe state's trainable values: f32 or bf16) onto the GPU parameter `name`: a
+// bf16 one as it is, an f32 one read a chunk at a time.
+void upload_tensor(cuda::Decoder& device, const std::string& name, const Tensor& value) {
   if (value.dtype() == DType::BF16) return device.upload_bf16(name, value.bf16(), value.numel());
-  const Tensor wide = value.dtype() == DType::F32 ? value : value.to(DType::F32);
-  device.upload(name, std::vector<float>(wide.f32(), wide.f32() + wide.numel()));
+  check(value.dtype() == DType::F32, "device=cuda: parameter " + name,
+        std::string("uploads f32 or bf16 values, not ") + dtype_name(value.dtype()));
+  const float* x = value.f32();
+  device.upload_read(name, [x](int64_t first, int64_t count, float* out) {
+    std::copy(x + first, x + first + count, out);
+  });
+}
+
+// A host parameter onto the GPU: a value the host holds in bf16 as it stores it as it is (a mapped
+// bf16 checkpoint's pages go up without an f32 widening and a bf16 rounding on the host), any other
+// through `read` a chunk at a time (an f32 file read as bf16, an f16 one, f32 adapters, QLoRA's bases
+// to quantise): never a converted copy of the whole value on the host (up to 8 bytes a value of the
+// largest parameter, the embedding: 4 GB at 8B, 9 GB for Gemma 2 27B, on every rank).
+void upload_parameter(cuda::Decoder& device, const model::Parameter& p, const HostReader& read) {
+  const bool held_as_stored = !p.stored_dtype || *p.stored_dtype == p.value.dtype();
+  if (p.value.defined() && p.value.dtype() == DType::BF16 && held_as_stored)
+    return device.upload_bf16(p.name, p.value.bf16(), p.value.numel());
+  device.upload_read(p.name, [&p, &read](int64_t first, int64_t count, float* out) { read(p, first, count, out); });
 }
 
 // Data parallelism over gpus_ (cuda_trainer.h): replicated (optimizer_shards 1: the gradients
@@ -61,7 +75,7 @@ void upload_value(cuda::Decoder& device, const std::string& name, const Tensor& 
 class CudaDecoderTrainer final : public CudaTrainer {
  public:
   CudaDecoderTrainer(const std::vector<model::Parameter*>& host, const CudaStepPlan& plan, uint64_t seed,
-                     const HostValue& value_of, dist::ProcessGroup* gpus)
+                     const HostReader& read, dist::ProcessGroup* gpus)
       : device_(plan.model, plan.setup, seed),
         seed_(seed),
         gpus_(gpus && gpus->size() > 1 ? gpus : nullptr),
@@ -81,10 +95,10 @@ class CudaDecoderTrainer final : public CudaTrainer {
       if (it == host_.end()) throw Error("device=cuda: parameter " + d.name, "the GPU step has it; the host model does not");
       if (it->second->trainable != (d.grad != nullptr))
         throw Error("device=cuda: parameter " + d.name, "is trainable on one side only");
-      const Tensor value = value_of(*it->second);
-      check(value.numel() == d.numel, "device=cuda: parameter " + d.name,
+      const Tensor& value = it->second->value;  // undefined where the host holds it otherwise (the reader's)
+      check(!value.defined() || value.numel() == d.numel, "device=cuda: parameter " + d.name,
             "has " + std::to_string(value.numel()) + " values on the host and " + std::to_string(d.numel) + " on the GPU");
-      upload_value(device_, d.name, value);
+      upload_parameter(device_, *it->second, read);
     }
     if (host_.size() != device_.parameters().size()) {  // every device name was found on the host: the rest
       std::set<std::string> on_device;
@@ -106,7 +120,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
       check(it->second.numel() == d.numel, where,
             "recipe state has " + std::to_string(it->second.numel()) + " values for " + d.name + ", the GPU parameter " +
                 std::to_string(d.numel));
-      upload_value(device_, d.name, it->second);
+      upload_tensor(device_, d.name, it->second);
     }
   }
 
@@ -426,6 +440,6 @@ extern "C" __attribute__((visibility("default"))) ktune::dist::ProcessGroup* ktu
 
 extern "C" __attribute__((visibility("default"))) ktune::train::CudaTrainer* ktune_create_cuda_trainer(
     const std::vector<ktune::model::Parameter*>* host, const ktune::train::CudaStepPlan* plan, uint64_t seed,
-    const ktune::train::HostValue* value_of, ktune::dist::ProcessGroup* gpus) {
-  return new ktune::train::CudaDecoderTrainer(*host, *plan, seed, *value_of, gpus);
+    const ktune::train::HostReader* read, ktune::dist::ProcessGroup* gpus) {
+  return new ktune::train::CudaDecoderTrainer(*host, *plan, seed, *read, gpus);
 }

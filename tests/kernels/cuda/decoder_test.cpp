@@ -2107,11 +2107,15 @@ std::vector<int64_t> expected_gathers(int64_t L, int64_t first, bool backward, i
   return order;
 }
 
-// upload_bf16 (a mapped bf16 checkpoint's values, as they are: no f32 widening on the way) stores
-// what upload() of their f32 widening stores, byte for byte: the bf16 weights, QLoRA's NF4 bases
+// upload_bf16 (a mapped bf16 checkpoint's values, as they are: no f32 widening on the way) and
+// upload_read (the f32 widening read 200 values at a time, an NF4 base 192: three whole blocks) store
+// what upload() of the f32 widening stores, byte for byte: the bf16 weights, QLoRA's NF4 bases
 // (quantised from the widening), and under ZeRO-3 this rank's pieces of the layers' units (a full
-// fine-tune's and a QLoRA base's); a count that is not the parameter's is refused, naming it.
-KTUNE_CUDA_TEST(DecoderUploadOfBf16ValuesStoresWhatUploadOfTheirF32WideningDoes) {
+// fine-tune's and a QLoRA base's). upload_read asks for no more than a chunk at a time, never for an
+// element twice (an NF4 block both the codes' and the scales' pieces need included), and under ZeRO-3
+// only for the elements of this rank's piece of a sharded weight (an NF4 one's blocks). A count that
+// is not the parameter's is refused, naming it.
+KTUNE_CUDA_TEST(DecoderUploadOfBf16ValuesOrOfReadChunksStoresWhatUploadOfTheirF32WideningDoes) {
   const cuda::DecoderConfig config = tiny_qwen2_config(false);
   const struct {
     const char* what;
@@ -2121,13 +2125,41 @@ KTUNE_CUDA_TEST(DecoderUploadOfBf16ValuesStoresWhatUploadOfTheirF32WideningDoes)
                 {"full zero3 rank 1 of 2", zero3_setup(2, 1)},
                 {"qlora zero3 rank 1 of 3", lora_zero3_setup(qlora_setup(kAllButKey), 3, 1)}};
   for (const auto& k : setups) {
-    cuda::Decoder widened(config, k.setup, 3), narrow(config, k.setup, 4);  // other seeds: every byte uploaded
+    // Other seeds: every byte uploaded.
+    cuda::Decoder widened(config, k.setup, 3), narrow(config, k.setup, 4), chunked(config, k.setup, 5);
     uint32_t seed = 700;
+    int64_t values_read = 0, values_held = 0;
     for (const cuda::DeviceParameter& p : widened.parameters()) {
       const std::vector<bf16_t> values = cuda_test::to_bf16(cuda_test::random_floats(size_t(p.numel), seed++, -0.3f, 0.3f));
-      widened.upload(p.name, cuda_test::from_bf16(values));
+      const std::vector<float> wide = cuda_test::from_bf16(values);
+      widened.upload(p.name, wide);
       narrow.upload_bf16(p.name, values.data(), p.numel);
+      const int64_t chunk = p.nf4_codes ? 192 : 200;
+      std::vector<int> reads(size_t(p.numel), 0);  // how often each element was asked for
+      chunked.upload_read(p.name, [&](int64_t first, int64_t count, float* out) {
+        CHECK(first >= 0 && count >= 1 && count <= chunk && first + count <= p.numel)
+            << k.what << ": " << p.name << " read [" << first << ", " << first + count << ")";
+        CHECK(!p.nf4_codes || (first % 64 == 0 && count % 64 == 0)) << k.what << ": " << p.name << " reads part of a block";
+        for (int64_t i = first; i < first + count; ++i) ++reads[size_t(i)];
+        std::copy(wide.begin() + first, wide.begin() + first + count, out);
+      }, 200);
+      const int64_t distinct = std::count_if(reads.begin(), reads.end(), [](int n) { return n > 0; });
+      const int64_t twice = std::count_if(reads.begin(), reads.end(), [](int n) { return n > 1; });
+      CHECK(twice == 0) << k.what << ": " << p.name << ": " << twice << " elements read again";
+      values_read += distinct;
+      values_held += p.numel;
+      if (!widened.weights_sharded(p)) {
+        CHECK(distinct == p.numel) << k.what << ": " << p.name << ": " << distinct << " of " << p.numel << " read";
+      } else if (!p.nf4_codes) {  // exactly this rank's elements of it: its piece's share of the parameter
+        const auto& unit = widened.weight_units()[size_t(p.weight_layer)];
+        const int64_t piece_first = k.setup.optimizer_shard * unit.piece;
+        const int64_t mine = std::clamp<int64_t>(piece_first + unit.piece - p.weight_offset, 0, p.numel) -
+                             std::clamp<int64_t>(piece_first - p.weight_offset, 0, p.numel);
+        CHECK(distinct == mine) << k.what << ": " << p.name << ": " << distinct << " read, " << mine << " in this piece";
+      }
     }
+    CHECK((values_read < values_held) == k.setup.shard_weights)
+        << k.what << ": " << values_read << " of " << values_held << " values read";
     cuda::synchronize();
     auto same_bytes = [&](const std::string& what, const void* a, const void* b, size_t bytes) {
       std::vector<uint8_t> x(bytes), y(bytes);
@@ -2136,22 +2168,27 @@ KTUNE_CUDA_TEST(DecoderUploadOfBf16ValuesStoresWhatUploadOfTheirF32WideningDoes)
       CHECK(x == y) << k.what << ": " << what << " differs";
     };
     int64_t whole = 0, nf4 = 0;
-    for (size_t i = 0; i < widened.parameters().size(); ++i) {
-      const cuda::DeviceParameter &a = widened.parameters()[i], &b = narrow.parameters()[i];
-      if (widened.weights_sharded(a)) continue;  // in its layer's piece, below
-      ++whole;
-      if (a.nf4_codes) {
-        ++nf4;
-        same_bytes(a.name + " (NF4 codes)", a.nf4_codes, b.nf4_codes, size_t(a.numel / 2));
-        same_bytes(a.name + " (NF4 scales)", a.nf4_scales, b.nf4_scales, size_t(a.numel / 64) * sizeof(float));
-      } else {
-        same_bytes(a.name, a.value, b.value, size_t(a.numel) * sizeof(bf16_t));
+    for (cuda::Decoder* other : {&narrow, &chunked}) {
+      const std::string how = other == &narrow ? " (upload_bf16)" : " (upload_read)";
+      whole = nf4 = 0;
+      for (size_t i = 0; i < widened.parameters().size(); ++i) {
+        const cuda::DeviceParameter &a = widened.parameters()[i], &b = other->parameters()[i];
+        if (widened.weights_sharded(a)) continue;  // in its layer's piece, below
+        ++whole;
+        if (a.nf4_codes) {
+          ++nf4;
+          same_bytes(a.name + " (NF4 codes)" + how, a.nf4_codes, b.nf4_codes, size_t(a.numel / 2));
+          same_bytes(a.name + " (NF4 scales)" + how, a.nf4_scales, b.nf4_scales, size_t(a.numel / 64) * sizeof(float));
+        } else {
+          same_bytes(a.name + how, a.value, b.value, size_t(a.numel) * sizeof(bf16_t));
+        }
       }
+      const auto& units = widened.weight_units();
+      for (size_t l = 0; l < units.size(); ++l)
+        same_bytes("layer " + std::to_string(l) + "'s piece" + how, units[l].piece_values,
+                   other->weight_units()[l].piece_values, size_t(units[l].piece) * sizeof(bf16_t));
     }
     const auto& units = widened.weight_units();
-    for (size_t l = 0; l < units.size(); ++l)
-      same_bytes("layer " + std::to_string(l) + "'s piece", units[l].piece_values, narrow.weight_units()[l].piece_values,
-                 size_t(units[l].piece) * sizeof(bf16_t));
     CHECK(whole > 0) << k.what;
     CHECK((nf4 > 0) == (k.setup.quantize_base && !k.setup.shard_weights)) << k.what << ": " << nf4 << " whole NF4 weights";
     CHECK(units.empty() != k.setup.shard_weights) << k.what << ": " << units.size() << " weight units";

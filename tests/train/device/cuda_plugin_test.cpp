@@ -139,15 +139,21 @@ TEST(CudaPlugin, WithoutAGpuThePluginLoadsAndItsCudaErrorComesBackAsAKtuneError)
     setenv("KTUNE_CUDA_STEP_PLUGIN", kPlugin.c_str(), 1);                                           \
   }
 
-// What the recipe uploads for a host parameter (finetune_recipe.cpp's value_of): a QLoRA base,
-// which the adapter holds as NF4, dequantised.
-HostValue host_values(TinyRun& r) {
-  return [&r](const model::Parameter& p) {
-    for (const auto& a : r.adapters) {
-      const model::Linear& base = r.host->linear(a->module_name());
-      if (base.weight->name == p.name && a->options().quantize_base) return a->base_weight(base);
-    }
-    return p.value;
+// A host parameter's value as the GPU takes it: a QLoRA base, which this CPU model's adapter holds as
+// NF4, dequantised; any other a copy of its value, f32.
+Tensor host_value(TinyRun& r, const model::Parameter& p) {
+  for (const auto& a : r.adapters) {
+    const model::Linear& base = r.host->linear(a->module_name());
+    if (base.weight->name == p.name && a->options().quantize_base) return a->base_weight(base);
+  }
+  return p.value.to(DType::F32);
+}
+
+// How the GPU step reads the host parameters (cuda_trainer.h's HostReader): host_value's elements.
+HostReader host_values(TinyRun& r) {
+  return [&r](const model::Parameter& p, int64_t first, int64_t count, float* out) {
+    const Tensor value = host_value(r, p);
+    std::copy(value.f32() + first, value.f32() + first + count, out);
   };
 }
 
@@ -193,11 +199,11 @@ TEST(CudaPlugin, OnAGpuLoraOnTheOutputProjectionIsTheCpuEngines) {
                                       "base_model.model.lm_head.lora_B.weight"};
     if (dora) names.push_back("base_model.model.lm_head.lora_magnitude_vector");
     std::vector<Tensor> before;
-    for (const std::string& n : names) before.push_back(host_values(r)(r.host->parameter(n)).to(DType::F32));
+    for (const std::string& n : names) before.push_back(host_value(r, r.host->parameter(n)));
     gpu->optimizer_step(1e-2, AdamWSettings{1e-2, 0.9, 0.999, 1e-8, 0.0});
     gpu->download_trainable();
     for (size_t i = 0; i < names.size(); ++i) {
-      const Tensor now = host_values(r)(r.host->parameter(names[i])).to(DType::F32);
+      const Tensor now = host_value(r, r.host->parameter(names[i]));
       double moved = 0;
       for (int64_t j = 0; j < now.numel(); ++j) moved += std::fabs(now.f32()[j] - before[i].f32()[j]);
       EXPECT_EQ(moved > 0, i > 0) << what << ": " << names[i] << (i > 0 ? " did not move" : " is frozen but moved");
