@@ -19,6 +19,14 @@ constexpr int64_t kRowBlock = 64;  // rows of x (dropout) or of W (DoRA norms) h
 
 std::string suffix_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
 
+// ‖row‖ over n values, summed in double in order (DoRA's norms: the magnitudes, the scale, the merge
+// all take this one, so that a magnitude made from W is the norm its merge divides by, bit for bit).
+float row_norm(const float* row, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += double(row[i]) * row[i];
+  return float(std::sqrt(sum));
+}
+
 // NF4 codes and scales of an f32 or bf16 weight as the model stores it (n values): one held in
 // another dtype (a GPU run's host, which maps a bf16 checkpoint rather than copy it to f32, or an
 // f32 or f16 one under bf16 storage) read as stored a chunk of whole blocks at a time
@@ -85,11 +93,7 @@ void LoraAdapter::init_dora_magnitude(const Linear& base) {
   const Tensor w = base_weight(base);
   const float* rows = w.f32();  // (out, in)
   float* magnitude = magnitude_.value.f32();
-  for (int64_t o = 0; o < out_; ++o) {
-    double sum = 0;
-    for (int64_t i = 0; i < in_; ++i) sum += double(rows[o * in_ + i]) * rows[o * in_ + i];
-    magnitude[o] = float(std::sqrt(sum));
-  }
+  for (int64_t o = 0; o < out_; ++o) magnitude[o] = row_norm(rows + o * in_, in_);
 }
 
 std::vector<Parameter*> LoraAdapter::parameters() {
@@ -185,10 +189,7 @@ void LoraAdapter::compute_dora_scale(const float* base_weight) {
       std::memcpy(rows.data(), base_weight + o0 * in_, sizeof(float) * size_t(m * in_));
     cpu::gemm(false, false, m, in_, r, scale_, lora_b_.value.f32() + o0 * r, lora_a_.value.f32(), 1.0f, rows.data());
     for (int64_t o = 0; o < m; ++o) {
-      double sum = 0;
-      const float* row = rows.data() + o * in_;
-      for (int64_t i = 0; i < in_; ++i) sum += double(row[i]) * row[i];
-      weight_norm_[size_t(o0 + o)] = float(std::sqrt(sum));
+      weight_norm_[size_t(o0 + o)] = row_norm(rows.data() + o * in_, in_);
       dora_scale_[size_t(o0 + o)] = magnitude_.value.f32()[o0 + o] / weight_norm_[size_t(o0 + o)];
     }
   }
@@ -425,9 +426,7 @@ Tensor LoraAdapter::merged_weight(const Linear& base) const {
   if (options_.use_dora) {
     for (int64_t o = 0; o < out_; ++o) {
       float* row = w.f32() + o * in_;
-      double sum = 0;
-      for (int64_t i = 0; i < in_; ++i) sum += double(row[i]) * row[i];
-      const float c = magnitude_.value.f32()[o] / float(std::sqrt(sum));
+      const float c = magnitude_.value.f32()[o] / row_norm(row, in_);
       for (int64_t i = 0; i < in_; ++i) row[i] *= c;
     }
   }
