@@ -251,8 +251,8 @@ void Decoder::init_random(uint64_t seed) {
 void Decoder::allocate_grads() {
   for (Parameter* p : parameters()) {
     if (p->trainable && host_gradients_) {
-      // The gradient in the value's dtype: bf16 weights train in pure bf16.
-      const DType dtype = p->value.defined() ? p->value.dtype() : DType::F32;
+      // The gradient in the value's dtype as stored: bf16 weights train in pure bf16.
+      const DType dtype = p->value.defined() ? stored_dtype_of(*p) : DType::F32;
       if (!p->grad.defined() || p->grad.shape() != p->value.shape() || p->grad.dtype() != dtype)
         p->grad = Tensor::zeros(p->value.shape(), dtype);
     } else {
@@ -270,6 +270,7 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
   std::unique_ptr<Decoder> d(new Decoder(config, options.storage, WeightsToLoad{}));
   std::set<std::string> used;
   int64_t mapped_bytes = 0;  // options.map_values: the values that are views of the files
+  bool other_dtype = false;  // options.map_values: some held in their file's dtype, not the storage's
   std::map<std::string, std::shared_ptr<const io::SafetensorsFile>> files;  // by path, one each
   for (auto& p : d->params_) {
     if (!ckpt.contains(p->name))
@@ -290,7 +291,7 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
     if (options.map_values) {
       if (src.dtype() != p->value.dtype()) {
         p->stored_dtype = p->value.dtype();  // read rounded to it (stored_value)
-        if (d->other_dtype_.empty()) d->other_dtype_ = p->name;
+        other_dtype = true;
       }
       p->value = src;  // the mapped bytes themselves (view() copies a tensor the file holds unaligned)
       mapped_bytes += int64_t(src.bytes());
@@ -308,7 +309,7 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
     for (const auto& p : d->params_) value_bytes += int64_t(p->value.bytes());
     log_info(dir + ": values mapped from the checkpoint files, not copied: " + std::to_string(mapped_bytes) + " of " +
              std::to_string(value_bytes) + " bytes" +
-             (d->other_dtype_.empty() ? std::string()
+             (!other_dtype ? std::string()
                                       : std::string(" (some held in the files' dtype, read as ") +
                                             dtype_name(options.storage) + ")"));
   }
@@ -674,9 +675,12 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
   const ModelConfig& c = config_;
   check(released_.empty(), "Decoder", "cannot compute: the value of " + released_ +
                                           " was released (its steps run elsewhere, release_values)");
-  check(other_dtype_.empty(), "Decoder",
-        "cannot compute: the value of " + other_dtype_ + " is mapped in its checkpoint file's dtype, not " +
-            dtype_name(storage_) + " (LoadOptions::map_values: a model whose steps run elsewhere)");
+  // A value mapped in its file's other dtype (LoadOptions::map_values): the kernels read the storage
+  // dtype. Sharded data parallelism replaces them all with gathered copies before any compute.
+  for (const auto& param : params_)
+    if (value_in_other_dtype(*param))
+      throw Error("Decoder", "cannot compute: the value of " + param->name + " is mapped in its checkpoint file's dtype, not " +
+                                 dtype_name(storage_) + " (LoadOptions::map_values: a model whose values are read elsewhere first)");
   check(!backward || host_gradients_, "Decoder", "no backward: this model keeps no host gradients (set_host_gradients)");
   Plan& p = prepare(batch);
   if (!logits) check(batch.labels != nullptr, "Decoder", "a loss needs labels");

@@ -175,9 +175,6 @@ class Decoder {
   bool checkpointing_ = false;
   bool host_gradients_ = true;  // set_host_gradients
   std::string released_;        // release_values: the first parameter released ("" while none)
-  // LoadOptions::map_values: the first parameter mapped in its file's dtype, not storage_ ("": none);
-  // the decoder does not compute on such a value (its kernels read the storage dtype).
-  std::string other_dtype_;
   // LoadOptions::map_values: the parameters whose values are views of a checkpoint file's mapping, and
   // that file (shared by its parameters; it keeps the file mapped while one of them is listed).
   std::map<std::string, std::shared_ptr<const io::SafetensorsFile>> mapped_;

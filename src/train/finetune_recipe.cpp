@@ -437,7 +437,11 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   // saves to merge into, mapped, their pages dropped once uploaded (release_host_values) and read
   // again from the file by each save; a full fine-tune's rank 0 keeps none (its saves stream the
   // trained values from the GPUs).
-  model_ = checkpointer_->load_model(storage, /*map_values=*/on_gpu);
+  // A sharded CPU run maps them too: each rank copies only its shards out of the mapped files
+  // (ShardedDataParallel), where every rank made a copy of the whole model first (W copies of it on a
+  // node at once), then unmaps them.
+  const bool cpu_sharded = !on_gpu && group_.size() > 1 && shard_parameters(recipe_);
+  model_ = checkpointer_->load_model(storage, /*map_values=*/on_gpu || cpu_sharded);
   if (on_gpu) model_->set_host_gradients(false);  // the GPU step keeps the gradients; nothing on the host reads them
   const model::ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.vocab_size)
@@ -471,7 +475,7 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   int64_t n_trainable = 0, trainable_bytes = 0;
   for (model::Parameter* p : trainable_) {
     n_trainable += p->value.numel();
-    trainable_bytes += int64_t(p->value.bytes());
+    trainable_bytes += int64_t(dtype_bytes(model::stored_dtype_of(*p), size_t(p->value.numel())));  // as stored
   }
   if (on_gpu)
     setup_gpu_training();
@@ -518,6 +522,11 @@ void FinetuneRecipe::setup_cpu_training(DType storage, int64_t trainable_bytes) 
   if (shard_parameters(recipe_)) {
     sharded_ = std::make_unique<ShardedDataParallel>(*model_, trainable_, group_,
                                                      ShardingOptions{cfg_.fsdp_reshard_after_forward});
+    // Every mapped value is in a shard now: the files are unmapped (none of their values is held).
+    const int64_t still_mapped = model_->mapped_value_bytes();
+    model_->drop_mapped_pages();
+    check(still_mapped == 0, "sharded data parallel",
+          "the model still holds " + std::to_string(still_mapped) + " bytes of the checkpoint files' mapped values");
     if (rank0_) {
       const ShardedMemory m = sharded_->memory();
       log_info("sharded data parallel (FSDP) over " + std::to_string(group_.size()) + " ranks, reshard_after_forward=" +

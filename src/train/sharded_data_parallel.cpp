@@ -35,15 +35,40 @@ struct ShardedDataParallel::Unit {
 };
 
 namespace {
-// Copies the part of parameter i of `layout` that `rank` owns from a full tensor into a shard of
-// the same dtype (the full tensor is converted first when its dtype differs).
-void copy_owned_part(const FlatShardLayout& layout, size_t i, int rank, const Tensor& shard, const Tensor& full_param) {
-  const Tensor src = full_param.dtype() == shard.dtype() ? full_param : full_param.to(shard.dtype());
-  const size_t elem = dtype_bytes(shard.dtype(), 1);
+// Copies the part of parameter i of `layout` that `rank` owns from p's value into a shard of p's
+// stored dtype: a value held as stored byte for byte, one held otherwise (a checkpoint file's mapped
+// value in the file's dtype, a recipe state's tensor in another dtype) read as stored, a chunk of the
+// owned part at a time: never a converted copy of the whole parameter.
+void copy_owned_part(const FlatShardLayout& layout, size_t i, int rank, const Tensor& shard, const model::Parameter& p) {
   auto [lo, hi] = layout.param_in_shard(i, rank);
-  if (lo < hi)
-    std::memcpy(static_cast<char*>(shard.raw()) + size_t(lo - layout.shard_begin(rank)) * elem,
-                static_cast<const char*>(src.raw()) + size_t(lo - layout.offset[i]) * elem, size_t(hi - lo) * elem);
+  if (lo >= hi) return;
+  const size_t elem = dtype_bytes(shard.dtype(), 1);
+  char* out = static_cast<char*>(shard.raw()) + size_t(lo - layout.shard_begin(rank)) * elem;
+  const int64_t first = lo - layout.offset[i];
+  if (p.value.dtype() == shard.dtype() && !model::value_in_other_dtype(p)) {
+    std::memcpy(out, static_cast<const char*>(p.value.raw()) + size_t(first) * elem, size_t(hi - lo) * elem);
+    return;
+  }
+  constexpr int64_t kChunk = int64_t(1) << 16;
+  std::vector<float> wide(size_t(std::min(kChunk, hi - lo)));
+  for (int64_t done = 0; done < hi - lo; done += kChunk) {
+    const int64_t n = std::min(kChunk, hi - lo - done);
+    model::read_stored_f32(p, first + done, n, wide.data());
+    if (shard.dtype() == DType::F32) {
+      std::memcpy(reinterpret_cast<float*>(out) + done, wide.data(), size_t(n) * sizeof(float));
+    } else {
+      bf16_t* narrow = reinterpret_cast<bf16_t*>(out) + done;
+      for (int64_t k = 0; k < n; ++k) narrow[k] = f32_to_bf16(wide[size_t(k)]);
+    }
+  }
+}
+
+// The same from a whole tensor (a recipe state's), converted to the shard's dtype.
+void copy_owned_part(const FlatShardLayout& layout, size_t i, int rank, const Tensor& shard, const Tensor& full) {
+  model::Parameter held;
+  held.value = full;
+  held.stored_dtype = shard.dtype();
+  copy_owned_part(layout, i, rank, shard, held);
 }
 
 // All-gathers n_per_rank elements of dtype (f32 or bf16) from every rank, bit for bit.
@@ -51,14 +76,14 @@ void all_gather_any(dist::ProcessGroup& group, void* out, const void* in, int64_
   group.all_gather_bytes(out, in, int64_t(dtype_bytes(dtype, size_t(n_per_rank))));
 }
 
-// The one dtype of a flat's parameters (f32 when there are none).
+// The one dtype of a flat's parameters as the model stores them (f32 when there are none).
 DType flat_dtype(const std::vector<model::Parameter*>& params, const std::string& what) {
   if (params.empty()) return DType::F32;
-  const DType d = params.front()->value.dtype();
+  const DType d = model::stored_dtype_of(*params.front());
   for (model::Parameter* p : params)
-    check(p->value.dtype() == d, "sharded data parallel",
-          what + " " + p->name + " is " + dtype_name(p->value.dtype()) + " but " + params.front()->name + " of the same layer is " +
-              dtype_name(d) + " (a flat holds one dtype)");
+    check(model::stored_dtype_of(*p) == d, "sharded data parallel",
+          what + " " + p->name + " is " + dtype_name(model::stored_dtype_of(*p)) + " but " + params.front()->name +
+              " of the same layer is " + dtype_name(d) + " (a flat holds one dtype)");
   return d;
 }
 }  // namespace
@@ -77,8 +102,9 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
     return *units_[size_t(layer < 0 ? L : layer)];
   };
   for (model::Parameter* p : trainable) {
-    check(p->value.defined() && (p->value.dtype() == DType::F32 || p->value.dtype() == DType::BF16),
-          "sharded data parallel", "parameter " + p->name + " must hold f32 or bf16 values to be sharded");
+    const DType stored = p->value.defined() ? model::stored_dtype_of(*p) : DType::NF4;
+    check(stored == DType::F32 || stored == DType::BF16, "sharded data parallel",
+          "parameter " + p->name + " must hold f32 or bf16 values to be sharded");
     Unit& u = unit_of(p);
     u.params.push_back(p);
     u.shapes.push_back(p->value.shape());
@@ -88,7 +114,7 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
   for (model::Parameter* p : model.parameters()) {
     if (p->trainable || !p->value.defined()) continue;
     Unit& u = unit_of(p);
-    const DType d = p->value.dtype();
+    const DType d = model::stored_dtype_of(*p);
     const bool shardable = d == DType::F32 || d == DType::BF16;
     if (shardable && u.frozen.params.empty()) u.frozen.dtype = d;
     if (!shardable || d != u.frozen.dtype) {
@@ -113,7 +139,7 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
     u.frozen.layout = FlatShardLayout::plan(numels, group.size());
     u.frozen.shard = Tensor::zeros({u.frozen.layout.shard_size()}, u.frozen.dtype);
     for (size_t i = 0; i < u.frozen.params.size(); ++i) {
-      copy_owned_part(u.frozen.layout, i, rank, u.frozen.shard, u.frozen.params[i]->value);
+      copy_owned_part(u.frozen.layout, i, rank, u.frozen.shard, *u.frozen.params[i]);
       u.frozen.params[i]->value = Tensor();
     }
     if (u.empty()) continue;
@@ -123,7 +149,7 @@ ShardedDataParallel::ShardedDataParallel(model::Decoder& model, const std::vecto
     u.shard.grad = Tensor::zeros({u.layout.shard_size()}, u.dtype);
     u.shard.trainable = true;
     for (size_t i = 0; i < u.params.size(); ++i) {
-      copy_owned_part(u.layout, i, rank, u.shard.value, u.params[i]->value);
+      copy_owned_part(u.layout, i, rank, u.shard.value, *u.params[i]);
       u.params[i]->value = Tensor();
     }
   }

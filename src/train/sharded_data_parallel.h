@@ -62,8 +62,10 @@ struct ShardedMemory {
 
 class ShardedDataParallel {
  public:
-  // Takes the trainable parameters (f32 or bf16 values, identical on every rank) of `model`, keeps this
-  // rank's shards, frees the full values and gradients, and installs the model's layer hooks.
+  // Takes the trainable parameters (f32 or bf16 values as the model stores them, identical on every
+  // rank; a value mapped in its checkpoint file's other dtype is read as stored, only this rank's part
+  // of it) of `model`, keeps this rank's shards, frees the full values and gradients, and installs the
+  // model's layer hooks.
   ShardedDataParallel(model::Decoder& model, const std::vector<model::Parameter*>& trainable, dist::ProcessGroup& group,
                       ShardingOptions options);
   ~ShardedDataParallel();  // removes the hooks

@@ -84,19 +84,6 @@ std::map<std::string, std::vector<int64_t>> layout(const std::string& path) {
   return result;
 }
 
-// The bytes of every safetensors file under DIR (the model, the recipe state's weights and moments),
-// by path relative to it.
-std::map<std::string, std::string> safetensors_bytes(const std::string& dir) {
-  std::map<std::string, std::string> result;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.path().extension() != ".safetensors") continue;
-    std::ifstream in(e.path(), std::ios::binary);
-    result[fs::relative(e.path(), dir).string()] =
-        std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  return result;
-}
-
 // What a rank's host model holds once the GPU step has every value, as the run logged it:
 // parameter values, gradients and (QLoRA) the adapters' NF4 bases, in bytes.
 struct HostHeld {
@@ -163,19 +150,8 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
   }
   // lora_finetune_distributed on two GPUs, its frozen base sharded, against replicated (below).
   void expect_base_sharded_equals_replicated(const std::string& overrides, const std::string& pieces);
-  // out(`name`): the model in `from` with its values converted to `dtype` (rounded as a load in that
-  // dtype rounds them; from f16 to bf16 once, from the exact widening).
   std::string copy_of_model(const std::string& from, const std::string& name, DType dtype) {
-    const std::string copy = out(name);
-    fs::create_directories(copy);
-    for (const auto& e : fs::directory_iterator(from))
-      if (e.path().extension() != ".safetensors") fs::copy_file(e.path(), fs::path(copy) / e.path().filename());
-    io::SafetensorsFile file = io::SafetensorsFile::open(from + "/model.safetensors");
-    std::vector<io::NamedTensor> converted;
-    for (const std::string& name_in_file : file.names())
-      converted.push_back({name_in_file, file.to_f32(name_in_file).to(dtype)});
-    io::write_safetensors(copy + "/model.safetensors", converted, {{"format", "pt"}});
-    return copy;
+    return recipe_testing::copy_of_model(from, out(name), dtype);
   }
   // out("bf16_model"): the tiny model with its f32 values rounded to bf16 (as a bf16 load rounds them).
   std::string bf16_copy_of_model() { return copy_of_model(model(), "bf16_model", DType::BF16); }
@@ -228,9 +204,9 @@ class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
   void expect_two_step_runs_equal(const std::string& a, const std::string& b) {
     ASSERT_EQ(losses(out(a)).size(), 2u);
     EXPECT_EQ(recipe_testing::logged(out(a)), recipe_testing::logged(out(b)));
-    const std::map<std::string, std::string> files = safetensors_bytes(out(a) + "/epoch_0");
+    const std::map<std::string, std::string> files = recipe_testing::safetensors_bytes(out(a) + "/epoch_0");
     EXPECT_FALSE(files.empty());
-    EXPECT_TRUE(files == safetensors_bytes(out(b) + "/epoch_0"))
+    EXPECT_TRUE(files == recipe_testing::safetensors_bytes(out(b) + "/epoch_0"))
         << "the " << a << " run's checkpoint is not the " << b << " run's byte for byte";
   }
   // The tensors (names, shapes) of FILE in both runs' epoch_0.
@@ -652,9 +628,9 @@ TEST_F(CudaRecipeTest, TwoGpusOverNcclEqualOneWithTheDoubledBatchShardedOrReplic
   EXPECT_EQ(recipe_testing::logged(out("replicated")), recipe_testing::logged(out("two")));
   EXPECT_EQ(recipe_testing::logged(out("zero2")), recipe_testing::logged(out("two")));
   for (const std::string checkpoint : {"/step_2", "/epoch_0"}) {
-    const std::map<std::string, std::string> zero3_files = safetensors_bytes(out("two") + checkpoint);
+    const std::map<std::string, std::string> zero3_files = recipe_testing::safetensors_bytes(out("two") + checkpoint);
     EXPECT_FALSE(zero3_files.empty()) << checkpoint;
-    EXPECT_TRUE(zero3_files == safetensors_bytes(out("zero2") + checkpoint))
+    EXPECT_TRUE(zero3_files == recipe_testing::safetensors_bytes(out("zero2") + checkpoint))
         << checkpoint << ": the ZeRO-3 run's checkpoint is not the ZeRO-2 run's byte for byte";
   }
 

@@ -175,6 +175,55 @@ double max_abs_diff(const std::string& a_path, const std::string& b_path) {
 
 }  // namespace
 
+// The ranks of a sharded CPU run map the checkpoint and copy only their shards out of it (then unmap
+// it), where each made a copy of the whole model first: W copies on a node at once. A bf16 file
+// under f32 storage is read widened, a chunk of each rank's part at a time, so two ranks training
+// from it (a full fine-tune; DoRA, its frozen base sharded too) log the same losses digit for digit
+// and write the same checkpoints byte for byte as from the f32 file of the same values; and under
+// bf16 storage the f32 file is read rounded, as the bf16 file holds it.
+TEST_F(RecipeTest, ShardedRanksCopyOnlyTheirShardsOutOfTheMappedCheckpointInItsDtype) {
+  const std::string bf16_model = recipe_testing::copy_of_model(model(), out("bf16_model"), DType::BF16);
+  const std::string f32_model = recipe_testing::copy_of_model(bf16_model, out("f32_of_bf16_model"), DType::F32);
+  const struct {
+    const char *what, *recipe, *config, *args;
+    bool f32_storage;
+  } cases[] = {{"full fp32", "full_finetune_distributed", "full_single_device", "dtype=fp32", true},
+               {"dora fp32", "lora_finetune_distributed", "lora_single_device", "dtype=fp32 model.use_dora=True", true},
+               {"full bf16", "full_finetune_distributed", "full_single_device", "dtype=bf16", false}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    fs::remove_all(out("from_bf16"));
+    fs::remove_all(out("from_f32"));
+    const std::string args = std::string("epochs=1 max_steps_per_epoch=2 batch_size=2 ") + c.args;
+    Outcome from_bf16 = run("--nproc_per_node 2 --standalone", c.recipe, c.config,
+                            args + " checkpointer.checkpoint_dir=" + bf16_model, out("from_bf16"));
+    Outcome from_f32 = run("--nproc_per_node 2 --standalone", c.recipe, c.config,
+                           args + " checkpointer.checkpoint_dir=" + f32_model, out("from_f32"));
+    ASSERT_EQ(from_bf16.exit_code, 0) << from_bf16.output;
+    ASSERT_EQ(from_f32.exit_code, 0) << from_f32.output;
+    for (const std::string rank : {"[rank0]", "[rank1]"}) {
+      EXPECT_NE(from_bf16.output.find(rank + " INFO: " + bf16_model + ": values mapped from the checkpoint files"),
+                std::string::npos)
+          << from_bf16.output;
+      EXPECT_NE(from_f32.output.find(rank + " INFO: " + f32_model + ": values mapped from the checkpoint files"),
+                std::string::npos)
+          << from_f32.output;
+    }
+    const Outcome& other_dtype = c.f32_storage ? from_bf16 : from_f32;  // held in its file's dtype, read as stored
+    EXPECT_NE(other_dtype.output.find(std::string("(some held in the files' dtype, read as ") +
+                                      (c.f32_storage ? "f32" : "bf16") + ")"),
+              std::string::npos)
+        << other_dtype.output;
+    EXPECT_NE(from_f32.output.find("sharded data parallel (FSDP) over 2 ranks"), std::string::npos) << from_f32.output;
+    ASSERT_EQ(losses(out("from_bf16")).size(), 2u);
+    EXPECT_EQ(recipe_testing::logged(out("from_bf16")), recipe_testing::logged(out("from_f32")));
+    const std::map<std::string, std::string> files = recipe_testing::safetensors_bytes(out("from_bf16") + "/epoch_0");
+    EXPECT_FALSE(files.empty());
+    EXPECT_TRUE(files == recipe_testing::safetensors_bytes(out("from_f32") + "/epoch_0"))
+        << "the checkpoints from the bf16 and the f32 file differ";
+  }
+}
+
 TEST_F(RecipeTest, TwoShardedLoraProcessesEqualOneWithTheDoubledBatch) {
   // Resharding kept off after the forward here (the full test above reshards): both are exact.
   const std::string args = "epochs=1 max_steps_per_epoch=3 model.lora_rank=4 model.lora_alpha=8 optimizer.lr=1e-2 "

@@ -1,7 +1,8 @@
 // Running the recipes through the built `ktune` binary on the quickstart's tiny model, shared by the
-// end-to-end suites (tests/train/recipes, tests/train/bf16): a shell runner, a fixture that makes a
-// fresh model in a temporary directory per test, the `ktune run` command line pointed at it, and
-// the metrics a run logged.
+// end-to-end suites (tests/train/recipes, tests/train/bf16, tests/train/device): a shell runner, a
+// fixture that makes a fresh model in a temporary directory per test, the `ktune run` command line
+// pointed at it, copies of the model in another dtype, the metrics a run logged and the bytes of
+// the checkpoints it wrote.
 // It deliberately asserts nothing about the runs: each suite says what it expects of them.
 #pragma once
 
@@ -12,9 +13,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "io/safetensors.h"
 
 namespace ktune::recipe_testing {
 
@@ -70,6 +76,33 @@ class TinyModelRecipeTest : public ::testing::Test {
 
   fs::path dir_;
 };
+
+// `copy`: the model in `from` (its model.safetensors and every other file) with its values converted
+// to `dtype`, rounded as a load in that dtype rounds them (from f16 to bf16 once, from the exact
+// widening). Returns `copy`.
+inline std::string copy_of_model(const std::string& from, const std::string& copy, DType dtype) {
+  fs::create_directories(copy);
+  for (const auto& e : fs::directory_iterator(from))
+    if (e.path().extension() != ".safetensors") fs::copy_file(e.path(), fs::path(copy) / e.path().filename());
+  io::SafetensorsFile file = io::SafetensorsFile::open(from + "/model.safetensors");
+  std::vector<io::NamedTensor> converted;
+  for (const std::string& name : file.names()) converted.push_back({name, file.to_f32(name).to(dtype)});
+  io::write_safetensors(copy + "/model.safetensors", converted, {{"format", "pt"}});
+  return copy;
+}
+
+// The bytes of every safetensors file under DIR (the model, the recipe state's weights and moments),
+// by path relative to it.
+inline std::map<std::string, std::string> safetensors_bytes(const std::string& dir) {
+  std::map<std::string, std::string> result;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    result[fs::relative(e.path(), dir).string()] =
+        std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return result;
+}
 
 // Step → `metric` ("loss", "val_loss") as a run's log_<unix>.txt wrote it: the text, so that
 // bit-exact runs can be compared digit for digit.
