@@ -43,6 +43,7 @@ void upload_tensor(cuda::Decoder& device, const std::string& name, const Tensor&
 // to quantise): never a converted copy of the whole value on the host (up to 8 bytes a value of the
 // largest parameter, the embedding: 4 GB at 8B, 9 GB for Gemma 2 27B, on every rank).
 void upload_parameter(cuda::Decoder& device, const model::Parameter& p, const HostReader& read) {
+  // Not model::value_in_other_dtype: this plugin links none of the CPU engine's libraries.
   const bool held_as_stored = !p.stored_dtype || *p.stored_dtype == p.value.dtype();
   if (p.value.defined() && p.value.dtype() == DType::BF16 && held_as_stored)
     return device.upload_bf16(p.name, p.value.bf16(), p.value.numel());
