@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -50,10 +51,12 @@ Tensor in_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : 
 // `adapters` merged with it (LoraAdapter::merged_weight: a bf16-stored base widened into an f32 copy;
 // QLoRA's from its NF4 base), any other parameter as it is; in `dtype`. A parameter among `streamed` (the trainable
 // values a save streams, StreamedTensors) is planned with that shape and no produce(): its values come
-// from the stream. Tied heads are not parameters: not written.
+// from the stream. One among `in_turn` (FrozenInTurn) is planned with that shape, its value read only
+// when produce() runs. Tied heads are not parameters: not written.
 std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
                                                     const std::vector<std::shared_ptr<model::LoraAdapter>>& adapters,
-                                                    DType dtype, const std::map<std::string, Shape>& streamed) {
+                                                    DType dtype, const std::map<std::string, Shape>& streamed,
+                                                    const std::map<std::string, Shape>& in_turn) {
   std::map<std::string, std::pair<const model::Linear*, const model::LoraAdapter*>> adapted;  // by weight name
   for (model::Linear* linear : decoder.linears())
     for (const auto& a : adapters)
@@ -67,8 +70,12 @@ std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
     }
     auto it = adapted.find(p->name);
     if (it == adapted.end()) {
-      check(p->value.defined(), "checkpointer", "cannot save " + p->name + ": its value was released");
-      tensors.push_back({p->name, dtype, p->value.shape(), [p, dtype] { return in_dtype(model::stored_value(*p), dtype); }});
+      auto later = in_turn.find(p->name);
+      check(later != in_turn.end() || p->value.defined(), "checkpointer", "cannot save " + p->name + ": its value was released");
+      tensors.push_back({p->name, dtype, later != in_turn.end() ? later->second : p->value.shape(), [p, dtype] {
+                           check(p->value.defined(), "checkpointer", "cannot save " + p->name + ": its value is not held");
+                           return in_dtype(model::stored_value(*p), dtype);
+                         }});
       continue;
     }
     const auto [linear, adapter] = it->second;
@@ -245,11 +252,29 @@ std::string HfCheckpointer::save(const SaveRequest& request) const {
 
   const bool lora = !request.adapters.empty();
   ModelFiles model_files;
+  std::map<std::string, std::function<Tensor()>> in_turn;  // made as FrozenInTurn holds their values
   if (!(lora && request.adapter_weights_only)) {
-    std::map<std::string, Shape> streamed;
+    std::map<std::string, Shape> streamed, frozen;
     for (const io::TensorSpec& t : request.trainable.tensors) streamed[t.name] = t.shape;
-    model_files = open_model_files(tmp, checkpoint_dir_,
-                                   merged_model_tensors(*request.decoder, request.adapters, request.weights_dtype, streamed));
+    if (request.frozen.hold)
+      for (const io::TensorSpec& t : request.frozen.tensors) frozen[t.name] = t.shape;
+    std::vector<io::PlannedTensor> tensors =
+        merged_model_tensors(*request.decoder, request.adapters, request.weights_dtype, streamed, frozen);
+    for (io::PlannedTensor& t : tensors)
+      if (frozen.count(t.name)) in_turn[t.name] = std::exchange(t.produce, nullptr);  // not written at the opening
+    model_files = open_model_files(tmp, checkpoint_dir_, tensors);
+  }
+  if (!in_turn.empty()) {
+    request.frozen.hold([&](const std::vector<std::string>& names) {
+      for (const std::string& name : names) {
+        auto it = in_turn.find(name);
+        check(it != in_turn.end(), "checkpointer", "frozen value " + name + " held twice, or not planned");
+        model_files.file_of(name)->write(name, it->second());
+        in_turn.erase(it);
+      }
+    });
+    if (!in_turn.empty())
+      throw Error("checkpointer", "the merged model's " + in_turn.begin()->first + " was never held to be written");
   }
   // The trainable values, each into its places as it comes (in the dtype each file holds).
   if (request.trainable.stream) request.trainable.stream([&](const std::string& name, const Tensor& value) {

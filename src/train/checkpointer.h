@@ -50,6 +50,14 @@ struct StreamedTensors {
   std::vector<io::TensorSpec> tensors;
   std::function<void(const io::TensorSink&)> stream;
 };
+// Frozen values that are held in turn, not all at once (a sharded LoRA run's base: each unit's
+// gathered in turn, rank 0 holding one at a time): their names, dtypes and shapes, and `hold`, which
+// holds them a group at a time (every rank gathering with it) and calls `held` with the names of
+// those it holds for that call.
+struct FrozenInTurn {
+  std::vector<io::TensorSpec> tensors;
+  std::function<void(const std::function<void(const std::vector<std::string>& names)>& held)> hold;
+};
 // The parameters as a save plans them: names, the dtypes the model stores them in, shapes (each value
 // must be defined: an Error naming it otherwise).
 std::vector<io::TensorSpec> parameter_specs(const std::vector<model::Parameter*>& params);
@@ -75,6 +83,11 @@ struct SaveRequest {
   // written and the merged model's other tensors are (the ranks' gathers: the moments', then the
   // values'). The decoder's parameters named here are not read from the host model.
   StreamedTensors trainable;
+  // Where the model's frozen values are not all held (hold set): the merged model's tensors of the
+  // parameters named here are made (merged with their adapters, which `adapters` hold whole) as
+  // their values are held, after the other tensors of the model files are written. Not called for
+  // an adapter_weights_only save.
+  FrozenInTurn frozen;
 };
 
 // What resume reads. The tensors are views of the recipe-state files' read-only mappings (they keep

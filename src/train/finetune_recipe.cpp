@@ -728,12 +728,15 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
   // the values'; the other ranks take part now, rank 0 inside its save (it holds one unit at a time).
   // A GPU run's LoRA adapters are whole on every GPU: rank 0 downloads them into its host model first
   // (the merged model is made of them; no collective), and its moments stream the same way. A sharded
-  // CPU LoRA run gathers everything first (the merged model is made of the gathered base).
+  // CPU LoRA run gathers its adapters and their moments whole first (small), then its frozen base unit
+  // by unit as rank 0 writes the merged model's tensors of each (FrozenInTurn): rank 0 holds one
+  // unit of the base at a time, not the model.
   const bool streamed_values = !recipe_.lora && (gpu_ || sharded_);
+  const bool frozen_in_turn = sharded_ && recipe_.lora && !cfg_.save_adapter_weights_only;
   std::map<std::string, Tensor> optimizer_state;  // a CPU run's moments, whole on rank 0
   std::vector<io::PlannedTensor> gpu_moments;      // a GPU run's: rank 0's, each gathered as it is written
   if (sharded_ && recipe_.lora) {
-    sharded_->gather_full_parameters(/*keep=*/rank0_);
+    sharded_->gather_trainable_parameters(/*keep=*/rank0_);
     optimizer_state = sharded_->gather_optimizer_state(*optimizer_, /*keep=*/rank0_);
   } else if (!sharded_ && !gpu_ && rank0_) {
     optimizer_state = optimizer_->state();
@@ -742,6 +745,7 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
   if (gpu_) gpu_moments = gpu_->stream_optimizer_state(/*keep=*/rank0_);
   if (!rank0_ && sharded_ && streamed_values) sharded_->stream_optimizer_state(*optimizer_, io::TensorSink());
   if (!rank0_ && streamed_values) stream_trained_values(io::TensorSink());
+  if (!rank0_ && frozen_in_turn) sharded_->stream_frozen_parameters(nullptr);
   if (rank0_) {
     SaveRequest r;
     r.name = name;
@@ -754,7 +758,7 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
                       {"global_step", global_step_}, {"optimizer_steps", optimizer_steps()},
                       {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},
                       {"loader", step_in_epoch > 0 ? loader_->state().to_json() : nlohmann::json(nullptr)}};
-    bool moments_streamed = false, values_streamed = false;  // whether the save reached the streams
+    bool moments_streamed = false, values_streamed = false, frozen_streamed = false;  // whether the save reached the streams
     if (gpu_)
       r.optimizer_state = streamed_in_order(std::move(gpu_moments));
     else if (sharded_ && streamed_values)
@@ -771,6 +775,11 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
                      }};
     else
       r.trainable = host_trainable_values(trainable_);
+    if (frozen_in_turn)
+      r.frozen = {sharded_->frozen_specs(), [&](const std::function<void(const std::vector<std::string>&)>& held) {
+                    frozen_streamed = true;
+                    sharded_->stream_frozen_parameters(held);
+                  }};
     try {
       last_checkpoint_ = checkpointer_->save(r);
     } catch (...) {
@@ -779,6 +788,7 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
         if (gpu_) gpu_->finish_optimizer_state();
         if (sharded_ && streamed_values && !moments_streamed) sharded_->stream_optimizer_state(*optimizer_, io::TensorSink());
         if (streamed_values && !values_streamed) stream_trained_values(io::TensorSink());
+        if (frozen_in_turn && !frozen_streamed) sharded_->stream_frozen_parameters(nullptr);
       } catch (const std::exception&) {
       }
       throw;

@@ -218,8 +218,7 @@ void ShardedDataParallel::gather(Unit& u) {
   u.gathered = true;
 }
 
-void ShardedDataParallel::release(Unit& u) {
-  if (!u.gathered) return;
+void ShardedDataParallel::release(Unit& u) {  // also what a partial gather holds (gather_trainable_parameters)
   for (model::Parameter* p : u.params) p->value = Tensor();
   for (model::Parameter* p : u.frozen.params) p->value = Tensor();
   u.full.reset();
@@ -295,6 +294,48 @@ void ShardedDataParallel::gather_full_parameters(bool keep) {
 
 void ShardedDataParallel::release_full_parameters() {
   for (auto& u : units_) release(*u);
+}
+
+void ShardedDataParallel::gather_trainable_parameters(bool keep) {
+  for (auto& up : units_) {
+    Unit& u = *up;
+    if (u.gathered || u.params.empty()) continue;
+    std::shared_ptr<Tensor> full = gather_flat(group_, u.layout, u.shard.value, u.params, u.shapes);
+    if (keep) {
+      u.full = std::move(full);  // the values are views of it; release() drops them
+    } else {
+      for (model::Parameter* p : u.params) p->value = Tensor();
+    }
+  }
+}
+
+void ShardedDataParallel::stream_frozen_parameters(const std::function<void(const std::vector<std::string>&)>& held) {
+  std::exception_ptr failed;
+  for (auto& up : units_) {
+    FrozenFlat& f = up->frozen;
+    if (f.params.empty()) continue;
+    const bool was_held = f.full != nullptr;
+    if (!was_held) f.full = gather_flat(group_, f.layout, f.shard, f.params, f.shapes);
+    if (held && !failed) try {
+        std::vector<std::string> names;
+        for (const model::Parameter* p : f.params) names.push_back(p->name);
+        held(names);
+      } catch (...) {
+        failed = std::current_exception();  // the remaining gathers still run: every rank waits in them
+      }
+    if (was_held) continue;
+    for (model::Parameter* p : f.params) p->value = Tensor();
+    f.full.reset();
+  }
+  if (failed) std::rethrow_exception(failed);
+}
+
+std::vector<io::TensorSpec> ShardedDataParallel::frozen_specs() const {
+  std::vector<io::TensorSpec> specs;
+  for (const auto& up : units_)
+    for (size_t i = 0; i < up->frozen.params.size(); ++i)
+      specs.push_back({up->frozen.params[i]->name, up->frozen.dtype, up->frozen.shapes[i]});
+  return specs;
 }
 
 void ShardedDataParallel::load_full_parameters(const std::map<std::string, Tensor>& by_name, const std::string& where) {

@@ -24,14 +24,16 @@
 // Checkpoints: the optimizer state is gathered into the same per-parameter "exp_avg.<name>" tensors
 // an unsharded run saves, so a checkpoint does not depend on W; the values and the moments are
 // streamed unit by unit (stream_optimizer_state, stream_full_parameters) as rank 0 writes them, so
-// that rank 0 holds one unit at a time (gather_full_parameters gathers them all in place instead:
-// a LoRA run, whose merged model is made of the gathered base and adapters).
+// that rank 0 holds one unit at a time; a LoRA run's adapters are gathered whole and its frozen base
+// streamed unit by unit (gather_trainable_parameters, stream_frozen_parameters): its merged model is
+// made of each unit's base and the adapters as they come.
 //
 // It deliberately does not overlap communication with compute (Gloo collectives block; the
 // gather of layer l+1 could be prefetched on another thread), or offload to the CPU.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -110,6 +112,16 @@ class ShardedDataParallel {
   // and shapes (as gather_optimizer_state names them), sorted by name.
   void stream_optimizer_state(const AdamW& optimizer, const io::TensorSink& sink);
   void stream_full_parameters(const io::TensorSink& sink);
+  // A LoRA checkpoint's parts: the trainable values (the adapters, small) all gathered in place, only
+  // a rank that keeps them holding them (as gather_full_parameters, without the frozen base); then
+  // the frozen base unit by unit, every rank gathering each unit's in the units' order, and `held`
+  // (where given) called with the names of the parameters whose values it holds for the call (the
+  // merged model is made of them and the adapters as they come: rank 0 holds one unit of the base at
+  // a time, not the model). A `held` that throws stops no gather; the first error comes back after
+  // the last. frozen_specs: the sharded frozen parameters' names, dtypes and shapes, in the units' order.
+  void gather_trainable_parameters(bool keep);
+  void stream_frozen_parameters(const std::function<void(const std::vector<std::string>& names)>& held);
+  std::vector<io::TensorSpec> frozen_specs() const;
   std::vector<io::TensorSpec> optimizer_state_specs(const AdamW& optimizer) const;
   std::map<std::string, Tensor> shard_optimizer_state(const std::map<std::string, Tensor>& full, const std::string& where);
 

@@ -5,17 +5,21 @@
 // it, and leaves no checkpoint behind.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/adapters/lora_adapter.h"
 #include "train/checkpointer.h"
 
 using namespace ktune;
@@ -95,6 +99,73 @@ TEST_F(CheckpointerSave, TrainableValuesStreamedInAnyOrderWriteTheHostValuesChec
     ASSERT_TRUE(got.count(file)) << file << " not written by the streamed save";
     EXPECT_TRUE(got.at(file) == bytes) << file << " differs from the host values' save";
   }
+}
+
+// A sharded LoRA run's frozen base is held a unit at a time (FrozenInTurn): a save that makes the
+// merged model's tensors of each group as it is held (three values at a time, every other one
+// released) writes the checkpoint a save of the held values writes, byte for byte (DoRA adapters,
+// their B moved off zero so that the merges count); a hold that leaves a value out fails the save
+// naming it, and leaves no checkpoint behind.
+TEST_F(CheckpointerSave, FrozenValuesHeldInTurnWriteTheHeldValuesCheckpointByteForByte) {
+  train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
+  std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::F32);
+  model::LoraOptions options;
+  options.rank = 2;
+  options.use_dora = true;
+  const model::LoraTargets targets{{"q_proj", "v_proj"}, true, false};
+  const std::vector<std::shared_ptr<model::LoraAdapter>> adapters = model::attach_lora(*decoder, targets, options);
+  for (const auto& a : adapters)
+    for (model::Parameter* p : a->parameters())
+      for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] += 0.01f * float(i % 7);
+  std::vector<model::Parameter*> trainable, frozen;
+  for (model::Parameter* p : decoder->parameters()) (p->trainable ? trainable : frozen).push_back(p);
+  auto lora_request = [&](const std::string& name) {
+    train::SaveRequest r = request(name, *decoder);
+    r.adapters = adapters;
+    r.adapter = train::AdapterDescription{options, model::lora_target_modules(targets)};
+    r.trainable = train::host_trainable_values(trainable);
+    return r;
+  };
+  const std::string held_dir = checkpointer.save(lora_request("held"));
+
+  const std::vector<io::TensorSpec> specs = train::parameter_specs(frozen);
+  std::map<std::string, Tensor> aside;  // the frozen values, released from the model until held
+  for (model::Parameter* p : frozen) aside[p->name] = std::exchange(p->value, Tensor());
+  auto hold_in_groups = [&](const std::string& left_out) {
+    return [&, left_out](const std::function<void(const std::vector<std::string>&)>& held) {
+      for (size_t first = 0; first < frozen.size(); first += 3) {
+        std::vector<std::string> names;
+        for (size_t i = first; i < std::min(first + 3, frozen.size()); ++i) {
+          if (frozen[i]->name == left_out) continue;
+          frozen[i]->value = aside.at(frozen[i]->name);
+          names.push_back(frozen[i]->name);
+        }
+        held(names);
+        for (size_t i = first; i < std::min(first + 3, frozen.size()); ++i) frozen[i]->value = Tensor();
+      }
+    };
+  };
+  train::SaveRequest in_turn = lora_request("in_turn");
+  in_turn.frozen = {specs, hold_in_groups("")};
+  const std::string in_turn_dir = checkpointer.save(in_turn);
+  const std::map<std::string, std::string> want = file_bytes(held_dir), got = file_bytes(in_turn_dir);
+  EXPECT_GT(want.size(), 4u);
+  EXPECT_EQ(want.size(), got.size());
+  for (const auto& [file, bytes] : want) {
+    ASSERT_TRUE(got.count(file)) << file << " not written by the save in turn";
+    EXPECT_TRUE(got.at(file) == bytes) << file << " differs from the held values' save";
+  }
+
+  const std::string left_out = frozen[4]->name;
+  train::SaveRequest incomplete = lora_request("step_1");
+  incomplete.frozen = {specs, hold_in_groups(left_out)};
+  try {
+    checkpointer.save(incomplete);
+    FAIL() << "a save with a frozen value never held succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(left_out + " was never held"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(output_ / "step_1"));
 }
 
 TEST_F(CheckpointerSave, AStreamThatLeavesATensorOutFailsTheSaveNamingItAndWritesNoCheckpoint) {

@@ -5,8 +5,10 @@
 // and for LoRA (frozen base and adapters sharded).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -137,6 +139,53 @@ void expect_streamed_as_gathered(ShardedDataParallel& sdp, const AdamW& opt, int
   }
 }
 
+// As a LoRA checkpoint gathers them: the trainable values whole on rank 0 only (the others took
+// part), the frozen base not held; then the frozen base unit by unit, a `held` that throws at its
+// first unit (a full disk) stopping no gather, then rank 0's `held` getting every frozen parameter
+// once, named as frozen_specs names them in their order, its value held for the call, bit for bit
+// the gathered one; nothing stays held.
+void expect_lora_save_parts_as_gathered(ShardedDataParallel& sdp, model::Decoder& m,
+                                        const std::vector<model::Parameter*>& trainable, int rank) {
+  std::map<std::string, Tensor> gathered;  // every value as gather_full_parameters gives it
+  sdp.gather_full_parameters();
+  for (model::Parameter* p : m.parameters())
+    if (p->value.defined()) gathered[p->name] = p->value.clone();
+  sdp.release_full_parameters();
+  sdp.gather_trainable_parameters(/*keep=*/rank == 0);
+  for (model::Parameter* p : m.parameters()) {
+    const bool is_trainable = std::find(trainable.begin(), trainable.end(), p) != trainable.end();
+    EXPECT_EQ(p->value.defined(), is_trainable && rank == 0) << p->name;
+    if (p->value.defined())
+      EXPECT_EQ(std::memcmp(p->value.raw(), gathered.at(p->name).raw(), p->value.bytes()), 0) << p->name;
+  }
+  const auto full_disk = [](const std::vector<std::string>& names) { throw Error(names.front(), "No space left on device"); };
+  const std::vector<io::TensorSpec> specs = sdp.frozen_specs();
+  if (rank == 0 && !specs.empty())
+    EXPECT_THROW(sdp.stream_frozen_parameters(full_disk), Error);
+  else
+    sdp.stream_frozen_parameters(nullptr);
+  std::vector<std::string> order;
+  sdp.stream_frozen_parameters(rank != 0 ? nullptr : std::function<void(const std::vector<std::string>&)>(
+      [&](const std::vector<std::string>& names) {
+        for (const std::string& name : names) {
+          order.push_back(name);
+          const Tensor& value = m.parameter(name).value;
+          ASSERT_TRUE(value.defined()) << name << " not held for its call";
+          ASSERT_TRUE(gathered.count(name)) << name;
+          EXPECT_EQ(std::memcmp(value.raw(), gathered.at(name).raw(), value.bytes()), 0) << name << " streamed differs";
+        }
+      }));
+  sdp.release_full_parameters();
+  for (model::Parameter* p : m.parameters()) EXPECT_FALSE(p->value.defined()) << p->name << " still held";
+  if (rank != 0) return;
+  ASSERT_EQ(order.size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EXPECT_EQ(order[i], specs[i].name);
+    EXPECT_EQ(specs[i].shape, gathered.at(specs[i].name).shape()) << specs[i].name;
+    EXPECT_EQ(specs[i].dtype, gathered.at(specs[i].name).dtype()) << specs[i].name;
+  }
+}
+
 Outcome sharded(const Scenario& s, int world) {
   std::vector<Outcome> outcomes(static_cast<size_t>(world));
   run_ranks(world, "sdp", [&](int rank, dist::ProcessGroup& group) {
@@ -163,6 +212,7 @@ Outcome sharded(const Scenario& s, int world) {
     for (model::Parameter* p : trainable) EXPECT_EQ(p->value.defined(), rank == 0) << p->name;
     sdp.release_full_parameters();
     expect_streamed_as_gathered(sdp, opt, rank, full, out.weights);
+    expect_lora_save_parts_as_gathered(sdp, *m, trainable, rank);
     // Loading the gathered weights back gives the same shards.
     std::vector<Tensor> before;
     for (model::Parameter* p : sdp.shard_parameters()) before.push_back(p->value.to(DType::F32));
