@@ -40,6 +40,18 @@ std::map<std::string, std::string> file_bytes(const fs::path& dir) {
   return files;
 }
 
+// The checkpoint in `got` holds the files of the one in `want` (more than the config and an index),
+// byte for byte.
+void expect_same_files(const std::string& want_dir, const std::string& got_dir) {
+  const std::map<std::string, std::string> want = file_bytes(want_dir), got = file_bytes(got_dir);
+  EXPECT_GT(want.size(), 4u);
+  EXPECT_EQ(want.size(), got.size());
+  for (const auto& [file, bytes] : want) {
+    ASSERT_TRUE(got.count(file)) << file << " not written in " << got_dir;
+    EXPECT_TRUE(got.at(file) == bytes) << file << " differs from " << want_dir << "'s";
+  }
+}
+
 class CheckpointerSave : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -92,13 +104,7 @@ TEST_F(CheckpointerSave, TrainableValuesStreamedInAnyOrderWriteTheHostValuesChec
                         }};
   const std::string streamed_dir = checkpointer.save(streamed);
   EXPECT_EQ(streams, 1);
-  const std::map<std::string, std::string> want = file_bytes(host_dir), got = file_bytes(streamed_dir);
-  EXPECT_GT(want.size(), 4u);
-  EXPECT_EQ(want.size(), got.size());
-  for (const auto& [file, bytes] : want) {
-    ASSERT_TRUE(got.count(file)) << file << " not written by the streamed save";
-    EXPECT_TRUE(got.at(file) == bytes) << file << " differs from the host values' save";
-  }
+  expect_same_files(host_dir, streamed_dir);
 }
 
 // A sharded LoRA run's frozen base is held a unit at a time (FrozenInTurn): a save that makes the
@@ -148,13 +154,7 @@ TEST_F(CheckpointerSave, FrozenValuesHeldInTurnWriteTheHeldValuesCheckpointByteF
   train::SaveRequest in_turn = lora_request("in_turn");
   in_turn.frozen = {specs, hold_in_groups("")};
   const std::string in_turn_dir = checkpointer.save(in_turn);
-  const std::map<std::string, std::string> want = file_bytes(held_dir), got = file_bytes(in_turn_dir);
-  EXPECT_GT(want.size(), 4u);
-  EXPECT_EQ(want.size(), got.size());
-  for (const auto& [file, bytes] : want) {
-    ASSERT_TRUE(got.count(file)) << file << " not written by the save in turn";
-    EXPECT_TRUE(got.at(file) == bytes) << file << " differs from the held values' save";
-  }
+  expect_same_files(held_dir, in_turn_dir);
 
   const std::string left_out = frozen[4]->name;
   train::SaveRequest incomplete = lora_request("step_1");
