@@ -440,7 +440,7 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   // A sharded CPU run maps them too: each rank copies only its shards out of the mapped files
   // (ShardedDataParallel), where every rank made a copy of the whole model first (W copies of it on a
   // node at once), then unmaps them.
-  const bool cpu_sharded = !on_gpu && group_.size() > 1 && shard_parameters(recipe_);
+  const bool cpu_sharded = !on_gpu && shard_parameters(recipe_);  // as setup_cpu_training decides
   model_ = checkpointer_->load_model(storage, /*map_values=*/on_gpu || cpu_sharded);
   if (on_gpu) model_->set_host_gradients(false);  // the GPU step keeps the gradients; nothing on the host reads them
   const model::ModelConfig& mc = model_->config();

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/adamw.h"
+#include "kernels/cpu/bf16_rounding.h"
 #include "train/optimizer.h"
 
 namespace ktune::train {
@@ -54,12 +55,10 @@ void copy_owned_part(const FlatShardLayout& layout, size_t i, int rank, const Te
   for (int64_t done = 0; done < hi - lo; done += kChunk) {
     const int64_t n = std::min(kChunk, hi - lo - done);
     model::read_stored_f32(p, first + done, n, wide.data());
-    if (shard.dtype() == DType::F32) {
+    if (shard.dtype() == DType::F32)
       std::memcpy(reinterpret_cast<float*>(out) + done, wide.data(), size_t(n) * sizeof(float));
-    } else {
-      bf16_t* narrow = reinterpret_cast<bf16_t*>(out) + done;
-      for (int64_t k = 0; k < n; ++k) narrow[k] = f32_to_bf16(wide[size_t(k)]);
-    }
+    else
+      cpu::round_to_bf16(reinterpret_cast<bf16_t*>(out) + done, wide.data(), n);
   }
 }
 

@@ -177,11 +177,6 @@ Nf4OnHost quantize_on_host(const float* x, int64_t numel) {
   return q;
 }
 
-// Reads host f32 values x (an upload's: Decoder::ValueReader).
-Decoder::ValueReader reader_of(const float* x) {
-  return [x](int64_t first, int64_t count, float* out) { std::memcpy(out, x + first, size_t(count) * sizeof(float)); };
-}
-
 // The whole of q into codes and scales on the device (p's own, or its layer's slot).
 void copy_nf4_to_device(uint8_t* codes, float* scales, const Nf4OnHost& q) {
   copy_to_device(codes, q.codes.data(), q.codes.size());
@@ -1110,6 +1105,10 @@ int64_t Decoder::parameter_count(bool trainable_only) const {
   for (const auto& p : params_)
     if (!trainable_only || p.grad) n += p.numel;
   return n;
+}
+
+Decoder::ValueReader Decoder::reader_of(const float* x) {
+  return [x](int64_t first, int64_t count, float* out) { std::memcpy(out, x + first, size_t(count) * sizeof(float)); };
 }
 
 void Decoder::upload(const std::string& name, const std::vector<float>& values) {

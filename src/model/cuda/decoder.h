@@ -320,6 +320,8 @@ class Decoder {
   void upload_bf16(const std::string& name, const bf16_t* values, int64_t numel);
   // Writes elements [first, first + count) of a host value, as f32, into out.
   using ValueReader = std::function<void(int64_t first, int64_t count, float* out)>;
+  // The reader of host f32 values x (x + first, count of them, copied as they are).
+  static ValueReader reader_of(const float* x);
   static constexpr int64_t kUploadChunk = int64_t(1) << 20;  // values read at a time: 6 MiB of host buffers
   // The same as upload() of the values `read` gives, read `chunk` values at a time (an NF4 base: whole
   // 64-value blocks, at least one), so that the host holds one chunk in f32 and in bf16 rather than

@@ -31,10 +31,7 @@ void upload_tensor(cuda::Decoder& device, const std::string& name, const Tensor&
   if (value.dtype() == DType::BF16) return device.upload_bf16(name, value.bf16(), value.numel());
   check(value.dtype() == DType::F32, "device=cuda: parameter " + name,
         std::string("uploads f32 or bf16 values, not ") + dtype_name(value.dtype()));
-  const float* x = value.f32();
-  device.upload_read(name, [x](int64_t first, int64_t count, float* out) {
-    std::copy(x + first, x + first + count, out);
-  });
+  device.upload_read(name, cuda::Decoder::reader_of(value.f32()));
 }
 
 // A host parameter onto the GPU: a value the host holds in bf16 as it stores it as it is (a mapped
