@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -34,7 +37,12 @@ void copy_non_weight_files(const fs::path& from, const fs::path& to) {
     fs::path rel = fs::relative(e.path(), from);
     if (rel.begin()->string().rfind("epoch_", 0) == 0 || rel.begin()->string().rfind("step_", 0) == 0) continue;
     fs::create_directories((to / rel).parent_path());
-    fs::copy_file(e.path(), to / rel, fs::copy_options::overwrite_existing);
+    // Read and written by us rather than fs::copy_file, whose failed write says only "Input/output
+    // error": a full disk is then named as such, with the file.
+    std::ifstream in(e.path(), std::ios::binary);
+    std::string bytes(std::istreambuf_iterator<char>(in), {});
+    if (!in.good() && !in.eof()) throw Error(e.path().string(), "cannot read");
+    io::write_file_atomic((to / rel).string(), bytes);
   }
 }
 
@@ -240,6 +248,29 @@ std::string HfCheckpointer::save(const SaveRequest& request) const {
   const fs::path final_dir = fs::path(output_dir_) / request.name;
   const fs::path tmp = fs::path(output_dir_) / ("." + request.name + ".tmp-" + std::to_string(getpid()));
   fs::remove_all(tmp);
+  try {
+    write_checkpoint(request, tmp);
+  } catch (...) {
+    // A failed save (often a full disk) must not leave a model-sized partial copy behind.
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+
+  // Into place: an older checkpoint of the same name is moved aside first, then removed.
+  if (fs::exists(final_dir)) {
+    fs::path old = fs::path(output_dir_) / ("." + request.name + ".old-" + std::to_string(getpid()));
+    fs::remove_all(old);
+    fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp, final_dir);
+  }
+  return final_dir.string();
+}
+
+void HfCheckpointer::write_checkpoint(const SaveRequest& request, const fs::path& tmp) const {
   fs::create_directories(tmp / "recipe_state");
   copy_non_weight_files(checkpoint_dir_, tmp);
 
@@ -292,18 +323,6 @@ std::string HfCheckpointer::save(const SaveRequest& request) const {
     check(request.adapter.has_value(), "checkpointer", "LoRA checkpoint without an adapter description");
     write_json(tmp / "adapter_config.json", peft_adapter_config(*request.adapter, fs::absolute(checkpoint_dir_).string()));
   }
-
-  // Into place: an older checkpoint of the same name is moved aside first, then removed.
-  if (fs::exists(final_dir)) {
-    fs::path old = fs::path(output_dir_) / ("." + request.name + ".old-" + std::to_string(getpid()));
-    fs::remove_all(old);
-    fs::rename(final_dir, old);
-    fs::rename(tmp, final_dir);
-    fs::remove_all(old);
-  } else {
-    fs::rename(tmp, final_dir);
-  }
-  return final_dir.string();
 }
 
 std::optional<std::string> HfCheckpointer::find_latest() const {
@@ -322,6 +341,56 @@ std::optional<std::string> HfCheckpointer::find_latest() const {
     }
   }
   return best;
+}
+
+namespace {
+
+// A save's hidden leftover: .NAME.tmp-PID or .NAME.old-PID.
+struct SaveLeftover {
+  fs::path path;
+  std::string checkpoint;  // NAME
+  std::string kind;        // "tmp" or "old"
+  std::string pid;
+};
+
+std::optional<SaveLeftover> save_leftover(const fs::path& path) {
+  const std::string file = path.filename().string();
+  static const std::regex pattern(R"(\.(.+)\.(tmp|old)-([0-9]+))");
+  std::smatch m;
+  if (!std::regex_match(file, m, pattern)) return std::nullopt;
+  return SaveLeftover{path, m[1], m[2], m[3]};
+}
+
+}  // namespace
+
+std::vector<std::string> HfCheckpointer::recover_interrupted_saves() const {
+  std::vector<std::string> changes;
+  if (!fs::is_directory(output_dir_)) return changes;
+  std::vector<SaveLeftover> leftovers;
+  for (const fs::directory_entry& e : fs::directory_iterator(output_dir_))
+    if (e.is_directory())
+      if (std::optional<SaveLeftover> l = save_leftover(e.path())) leftovers.push_back(*l);
+  std::sort(leftovers.begin(), leftovers.end(), [](const SaveLeftover& a, const SaveLeftover& b) {
+    return a.path < b.path;
+  });
+  // Killed between the renames: NAME back in place, from the finished temporary when there is one.
+  for (const SaveLeftover& old : leftovers) {
+    const fs::path checkpoint = fs::path(output_dir_) / old.checkpoint;
+    if (old.kind != "old" || fs::exists(checkpoint)) continue;
+    const fs::path finished = fs::path(output_dir_) / ("." + old.checkpoint + ".tmp-" + old.pid);
+    const fs::path from = fs::is_directory(finished) ? finished : old.path;
+    fs::rename(from, checkpoint);
+    changes.push_back(checkpoint.string() + ": restored from " + from.filename().string() +
+                      (from == finished ? " (a save killed as it moved into place; it had finished writing)"
+                                        : " (the older copy a killed save had moved aside)"));
+  }
+  for (const SaveLeftover& l : leftovers) {
+    if (!fs::exists(l.path)) continue;  // restored above
+    fs::remove_all(l.path);
+    changes.push_back(l.path.string() + ": removed (" +
+                      (l.kind == "tmp" ? "a save that did not finish" : "the older copy a finished save replaced") + ")");
+  }
+  return changes;
 }
 
 ResumePoint HfCheckpointer::load_resume_point(const std::string& dir) const {

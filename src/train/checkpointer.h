@@ -17,6 +17,7 @@
 // It deliberately knows nothing of the training loop: the recipe hands it what to write.
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -109,16 +110,27 @@ class HfCheckpointer {
   // name a listed checkpoint file that does not exist.
   // map_values: model::LoadOptions::map_values (values the run only reads, then releases).
   std::unique_ptr<model::Decoder> load_model(DType storage = DType::F32, bool map_values = false) const;
-  // Writes output_dir/<request.name>/ atomically; returns its path.
+  // Writes output_dir/<request.name>/ atomically; returns its path. A save that fails (a full disk,
+  // a stream that throws) removes what it had written and leaves any older checkpoint of that name.
   std::string save(const SaveRequest& request) const;
   // The newest checkpoint under output_dir that holds a recipe state (by global step), if any.
   std::optional<std::string> find_latest() const;
+  // What saves killed midway left under output_dir, put right: a save writes .NAME.tmp-PID, moves an
+  // older NAME aside to .NAME.old-PID, renames the temporary into place and removes the older one.
+  // Killed between the two renames, NAME is missing: the temporary (complete once the older one was
+  // moved aside) becomes NAME, or without it the older one goes back. Any other leftover (a partial
+  // temporary, an older copy whose NAME is in place) is removed. One run at a time writes an
+  // output_dir; rank 0 calls this before any rank looks for a checkpoint. Returns a line per change.
+  std::vector<std::string> recover_interrupted_saves() const;
   ResumePoint load_resume_point(const std::string& dir) const;
 
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
   const std::string& output_dir() const { return output_dir_; }
 
  private:
+  // Everything a save writes, into the fresh directory `into` (save renames it into place).
+  void write_checkpoint(const SaveRequest& request, const std::filesystem::path& into) const;
+
   std::string checkpoint_dir_;
   std::vector<std::string> checkpoint_files_;
   std::string output_dir_;

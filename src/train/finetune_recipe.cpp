@@ -297,6 +297,8 @@ void FinetuneRecipe::setup() {
   if (rank0_) log_info(device.reason);
   checkpointer_ = std::make_unique<HfCheckpointer>(cfg_.checkpointer.checkpoint_dir, cfg_.checkpointer.checkpoint_files,
                                                    cfg_.output_dir);
+  if (rank0_)  // what a run killed in the middle of a save left (resume() waits for this on every rank)
+    for (const std::string& change : checkpointer_->recover_interrupted_saves()) log_warn("interrupted save: " + change);
   setup_data();
   setup_model(on_gpu);
 
@@ -685,6 +687,7 @@ void FinetuneRecipe::release_host_values() {
 }
 
 void FinetuneRecipe::resume() {
+  group_.barrier();  // rank 0 has put right what an interrupted save left (setup)
   std::optional<std::string> latest = checkpointer_->find_latest();
   if (!latest)
     throw Error("resume_from_checkpoint", "no checkpoint with a recipe state under " + cfg_.output_dir);

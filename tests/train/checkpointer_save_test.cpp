@@ -2,7 +2,8 @@
 // run's rank 0 keeps no host values and streams the trained ones from the GPUs, in the order they
 // are gathered, not the files'. The checkpoint must be the one a save of the host values writes,
 // byte for byte, across the input's shards; a stream that leaves a tensor out fails the save naming
-// it, and leaves no checkpoint behind.
+// it, and leaves nothing behind (an older checkpoint of its name as it was). What a killed save
+// leaves is put right before a resume looks for the latest checkpoint.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,6 +39,14 @@ std::map<std::string, std::string> file_bytes(const fs::path& dir) {
     files[fs::relative(e.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(in), {});
   }
   return files;
+}
+
+// The names in dir (hidden ones too), sorted.
+std::vector<std::string> entries_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 // The checkpoint in `got` holds the files of the one in `want` (more than the config and an index),
@@ -166,30 +175,94 @@ TEST_F(CheckpointerSave, FrozenValuesHeldInTurnWriteTheHeldValuesCheckpointByteF
     EXPECT_NE(std::string(e.what()).find(left_out + " was never held"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(output_ / "step_1"));
+  EXPECT_EQ(entries_in(output_), (std::vector<std::string>{"held", "in_turn"})) << "the failed save left something";
 }
 
+// A failed save leaves nothing of itself (no partial copy in a hidden temporary directory, which on a
+// full disk is what hurts) and the older checkpoint of its name as it was.
 TEST_F(CheckpointerSave, AStreamThatLeavesATensorOutFailsTheSaveNamingItAndWritesNoCheckpoint) {
   train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
   std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::BF16);
   decoder->set_trainable([](const std::string&) { return true; });
-  train::SaveRequest r = request("step_1", *decoder);
   const train::StreamedTensors host = train::host_trainable_values(decoder->parameters());
   const std::string left_out = host.tensors.back().name;
-  r.trainable = {host.tensors, [&](const io::TensorSink& sink) {
-                   host.stream([&](const std::string& name, const Tensor& value) {
-                     if (name != left_out) sink(name, value);
-                   });
-                 }};
-  try {
-    checkpointer.save(r);
-    FAIL() << "a save with a tensor missing succeeded";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find("tensor " + left_out), std::string::npos) << message;
-    EXPECT_NE(message.find("planned but never written"), std::string::npos) << message;
-  }
-  EXPECT_FALSE(fs::exists(output_ / "step_1"));
+  train::SaveRequest incomplete = request("step_1", *decoder);
+  incomplete.trainable = {host.tensors, [&](const io::TensorSink& sink) {
+                            host.stream([&](const std::string& name, const Tensor& value) {
+                              if (name != left_out) sink(name, value);
+                            });
+                          }};
+  auto expect_save_fails = [&] {
+    try {
+      checkpointer.save(incomplete);
+      ADD_FAILURE() << "a save with a tensor missing succeeded";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("tensor " + left_out), std::string::npos) << message;
+      EXPECT_NE(message.find("planned but never written"), std::string::npos) << message;
+    }
+  };
+  expect_save_fails();
+  EXPECT_EQ(entries_in(output_), std::vector<std::string>{}) << "the failed save left something";
   EXPECT_FALSE(checkpointer.find_latest().has_value());
+
+  train::SaveRequest whole = request("step_1", *decoder);
+  whole.trainable = host;
+  const std::string saved = checkpointer.save(whole);
+  const std::map<std::string, std::string> before = file_bytes(saved);
+  expect_save_fails();
+  EXPECT_EQ(entries_in(output_), std::vector<std::string>{"step_1"}) << "the failed save left something";
+  EXPECT_TRUE(file_bytes(saved) == before) << "the failed save changed the older step_1";
+  EXPECT_EQ(checkpointer.find_latest(), saved);
+}
+
+// A run killed in the middle of a save leaves hidden directories: recover_interrupted_saves (rank 0,
+// before a resume looks for the latest checkpoint) puts back a checkpoint caught between the save's
+// two renames, from the finished temporary or else from the older copy, and removes the rest; it
+// leaves anything else alone and finds nothing to do the second time.
+TEST_F(CheckpointerSave, LeftoversOfKilledSavesAreRestoredOrRemovedBeforeAResumeLooksForTheLatest) {
+  train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
+  std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::BF16);
+  decoder->set_trainable([](const std::string&) { return true; });
+  auto save = [&](const std::string& name, int global_step) {
+    train::SaveRequest r = request(name, *decoder);
+    r.recipe_state = {{"global_step", global_step}};
+    r.trainable = train::host_trainable_values(decoder->parameters());
+    return checkpointer.save(r);
+  };
+  save("epoch_0", 2);
+  save("step_1", 1);
+  save("step_2", 3);
+  const std::map<std::string, std::string> step_1 = file_bytes(output_ / "step_1");
+  // step_2 re-saved at step 5, killed between moving the older step_2 aside and renaming the finished one in.
+  fs::rename(save("newer", 5), output_ / ".step_2.tmp-111");
+  fs::rename(output_ / "step_2", output_ / ".step_2.old-111");
+  const std::map<std::string, std::string> newer = file_bytes(output_ / ".step_2.tmp-111");
+  // epoch_0 moved aside with no temporary left: it goes back.
+  fs::rename(output_ / "epoch_0", output_ / ".epoch_0.old-222");
+  const std::map<std::string, std::string> epoch_0 = file_bytes(output_ / ".epoch_0.old-222");
+  // A save that did not finish, and an older step_1 its finished save had not yet removed.
+  fs::create_directories(output_ / ".step_3.tmp-333" / "recipe_state");
+  std::ofstream(output_ / ".step_3.tmp-333" / "model-00001-of-00002.safetensors") << "partial";
+  fs::create_directories(output_ / ".step_1.old-444");
+  // Not a save's leftovers: left alone.
+  fs::create_directories(output_ / ".cache");
+  std::ofstream(output_ / ".step_9.tmp-5") << "a file, not a save's directory";
+
+  const std::vector<std::string> changes = checkpointer.recover_interrupted_saves();
+  std::string all;
+  for (const std::string& c : changes) all += c + "\n";
+  EXPECT_EQ(changes.size(), 5u) << all;
+  EXPECT_NE(all.find("step_2: restored from .step_2.tmp-111"), std::string::npos) << all;
+  EXPECT_NE(all.find("epoch_0: restored from .epoch_0.old-222"), std::string::npos) << all;
+  EXPECT_NE(all.find(".step_3.tmp-333: removed (a save that did not finish)"), std::string::npos) << all;
+  EXPECT_EQ(entries_in(output_),
+            (std::vector<std::string>{".cache", ".step_9.tmp-5", "epoch_0", "step_1", "step_2"}));
+  EXPECT_TRUE(file_bytes(output_ / "step_2") == newer) << "step_2 is not the finished save";
+  EXPECT_TRUE(file_bytes(output_ / "epoch_0") == epoch_0);
+  EXPECT_TRUE(file_bytes(output_ / "step_1") == step_1);
+  EXPECT_EQ(checkpointer.find_latest(), (output_ / "step_2").string());
+  EXPECT_TRUE(checkpointer.recover_interrupted_saves().empty());
 }
 
 }  // namespace

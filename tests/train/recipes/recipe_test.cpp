@@ -284,10 +284,17 @@ TEST_F(RecipeTest, ShardedResumeFromAMidEpochCheckpointContinuesExactly) {
   const std::string args = "epochs=2 max_steps_per_epoch=3 batch_size=2 save_every_n_steps=2";
   Outcome full = run(launcher, "full_finetune_distributed", "full_single_device", args, out("a"));
   ASSERT_EQ(full.exit_code, 0) << full.output;
+  // What a run killed as its re-save of step_2 moved into place leaves: step_2 moved aside, and a
+  // later save that never finished. Rank 0 puts step_2 back before either rank looks for it.
   fs::create_directories(out("b"));
-  fs::copy(out("a") + "/step_2", out("b") + "/step_2", fs::copy_options::recursive);
+  fs::copy(out("a") + "/step_2", out("b") + "/.step_2.old-4242", fs::copy_options::recursive);
+  fs::create_directories(out("b") + "/.epoch_0.tmp-4343/recipe_state");
   Outcome resumed = run(launcher, "full_finetune_distributed", "full_single_device", args + " resume_from_checkpoint=True", out("b"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("interrupted save: " + out("b") + "/step_2: restored from .step_2.old-4242"),
+            std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("interrupted save: " + out("b") + "/.epoch_0.tmp-4343: removed"), std::string::npos)
+      << resumed.output;
   auto a = losses(out("a"));
   auto b = losses(out("b"));
   ASSERT_EQ(a.size(), 6u);
