@@ -12,6 +12,7 @@
 #include "dist/launcher.h"
 #include "dist/process_group.h"
 #include "dist/tcp_store.h"
+#include "dist/worker_error.h"
 #include "train/finetune_recipe.h"
 #include "train/recipe_config.h"
 #include "train/recipe_registry.h"
@@ -57,8 +58,15 @@ int cmd_run(const Args& args) {
   dist::TcpStore store(worker->master_addr, worker->master_port, std::chrono::seconds(300));
   auto group = dist::make_gloo_process_group(store, "ktune/pg", worker->rank, worker->world_size,
                                              dist::local_address_towards(worker->master_addr), worker->collective_timeout);
-  return train::run_finetune(config, *recipe, *group,
-                             train::WorkerDevices{&store, worker->local_rank, worker->collective_timeout});
+  try {
+    return train::run_finetune(config, *recipe, *group,
+                               train::WorkerDevices{&store, worker->local_rank, worker->collective_timeout});
+  } catch (const std::exception& e) {
+    // Recorded before the group closes: the peers waiting in a collective fail only once it has, so
+    // the launcher's earliest error is this rank's cause, not their lost peer.
+    dist::record_worker_error(redact(e.what()));
+    throw;
+  }
 }
 
 }  // namespace ktune::cli

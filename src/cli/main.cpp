@@ -1,5 +1,6 @@
 // The `ktune` binary (also installed as `tune`, torchtune's name, so the upstream Kubeflow
 // runtimes can call it unchanged). Errors from any layer are printed here, once, with their place.
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -59,6 +60,9 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help"))
     return print_help();
   Args args(argv + 2, argv + argc);
+  // A write past the file-size limit (ulimit -f) fails with EFBIG, which the writer reports naming
+  // the file, instead of the default SIGXFSZ killing the process mid-checkpoint (CPython does the same).
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     for (const Command& c : kCommands) {
       if (std::strcmp(c.name, argv[1]) != 0) continue;

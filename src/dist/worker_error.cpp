@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,8 +16,10 @@ int64_t wall_clock_ns() {
 }
 
 void record_worker_error(const std::string& message) {
+  static std::atomic<bool> recorded{false};
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr || *path == 0) return;
+  if (recorded.exchange(true)) return;  // the first record is the failure; later ones are its way out
   try {
     int64_t now = wall_clock_ns();
     nlohmann::json doc = {{"message",

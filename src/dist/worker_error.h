@@ -17,7 +17,9 @@ int64_t wall_clock_ns();
 
 // Writes {"message": {"message": MESSAGE, "extraInfo": {"timestamp": "<s>", "timestamp_ns": "<ns>"}}}
 // atomically to $TORCHELASTIC_ERROR_FILE; does nothing when the variable is unset. Never throws:
-// it runs on the way out of a failing process.
+// it runs on the way out of a failing process. The first call in a process wins: a worker records
+// its error where it fails, while its process group is still up (the group's closing is what makes
+// the peers fail), and a later call on the way out (main's) changes nothing.
 void record_worker_error(const std::string& message);
 
 struct WorkerError {

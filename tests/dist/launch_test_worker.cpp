@@ -4,10 +4,12 @@
 // rank+1 and prints the sum. MODE "ok" succeeds; "fail1" makes rank 1 exit 3 after joining, so the
 // others are blocked in a collective that can never finish — the launcher must stop them.
 // "fail1_slow_exit" makes rank 1 record its error and close its connections, then linger before
-// exiting: its peers fail (and are reaped) first, as happens when a sanitizer slows an exit, and
-// the launcher must still name rank 1 as the cause. "slow0" makes rank 0 sleep 6 s before the
+// exiting (recording a second error after its peers' on the way out, as main does after a recipe
+// recorded its own): its peers fail (and are reaped) first, as happens when a sanitizer slows an
+// exit, and the launcher must still name rank 1's first error as the cause. "slow0" makes rank 0 sleep 6 s before the
 // allreduce: its peers wait there for as long as the collectives' timeout (env
 // KTUNE_COLLECTIVE_TIMEOUT, read by read_worker_env) lets them.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -30,8 +32,14 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
     std::fprintf(stderr, "rank 1 failing on purpose\n");
     record_worker_error("rank 1 failing on purpose");
     if (mode == "fail1_slow_exit") {
-      group.reset();  // the peers see the connection close now
-      usleep(1500 * 1000);
+      sigset_t term;  // lingers whatever the launcher sends, so that the second record below happens
+      sigemptyset(&term);
+      sigaddset(&term, SIGTERM);
+      sigprocmask(SIG_BLOCK, &term, nullptr);
+      group.reset();  // the peers see the connection close now, fail, and record theirs
+      usleep(500 * 1000);
+      record_worker_error("rank 1 on its way out");  // later than the peers': the first record stands
+      usleep(1000 * 1000);
     }
     return 3;
   }

@@ -70,10 +70,11 @@ TEST(Launcher, TheCauseIsNamedFirstEvenWhenItsPeersExitBeforeIt) {
   std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   Result r = run("1 3 0 " + endpoint + " fail1_slow_exit");
   EXPECT_NE(r.exit_code, 0) << r.output;
-  // Rank 1 is still lingering when ranks 0 and 2 fail and the launcher stops it with SIGTERM; its
-  // error file says it failed first.
+  // Rank 1 is still lingering when ranks 0 and 2 fail (it holds off the launcher's SIGTERM); its
+  // error file keeps its first record, which says it failed first, not its later one.
   EXPECT_NE(r.output.find("job failed: rank 1 (node0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank 1 failing on purpose; after it: rank "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("on its way out"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, TwoNodesOnLoopbackFormOneWorld) {

@@ -310,6 +310,44 @@ TEST_F(RecipeTest, ShardedResumeFromAMidEpochCheckpointContinuesExactly) {
   EXPECT_TRUE(found);
 }
 
+// Rank 0's save fails (a file-size limit standing in for a full disk: EFBIG, SIGXFSZ ignored) on a
+// sharded run of two ranks, where the other rank waits for the save's gathers: copying tokenizer.json
+// (15 KB, over an 8 KiB limit), and sizing the full fine-tune's optimizer.safetensors before its
+// moments are gathered, or the LoRA run's merged model file before its frozen base is (over 1 MiB).
+// The job ends, no rank left waiting, and its summary names rank 0's error first (recorded while its
+// group was still up, before rank 1 lost it in the barrier) with the file it could not write; the
+// steps before it ran, and the failed save left nothing in output_dir. (A failure inside a stream:
+// ShardedDataParallelTest's failing `held`, CheckpointerSave's streams.)
+TEST_F(RecipeTest, ARankZeroSaveThatFailsEndsTheShardedJobNamingTheFileAndLeavesNothing) {
+  for (const std::string kind : {"full", "lora"}) {
+    for (const std::string limit : {"8192", "1048576"}) {
+      SCOPED_TRACE(kind + " finetune, file size limit " + limit);
+      const std::string output = out(kind + "_" + limit);
+      const std::string command =
+          "timeout 300 prlimit --fsize=" + limit + " " + kKtune + " run --nproc_per_node 2 --standalone " + kind +
+          "_finetune_distributed --config tiny/" + kind + "_single_device output_dir=" + output +
+          " checkpointer.checkpoint_dir=" + model() + " tokenizer.path=" + model() +
+          "/tokenizer.json dataset=torchtune.datasets.alpaca_dataset dataset.source=json dataset.data_files=" + kSource +
+          "/data/quickstart/jsonl/train.jsonl seed=7 dtype=fp32 epochs=1 max_steps_per_epoch=2 batch_size=2";
+      Outcome r = sh(command);
+      ASSERT_NE(r.exit_code, 124) << "the job hung after rank 0's save failed: " << r.output;
+      EXPECT_NE(r.exit_code, 0) << r.output;
+      const size_t summary = r.output.find("job failed: rank 0 (");
+      ASSERT_NE(summary, std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("File too large", summary), std::string::npos) << r.output;
+      const std::string file = limit == "8192" ? "tokenizer.json"
+                               : kind == "full" ? "recipe_state/optimizer.safetensors"
+                                                : "model-00001-of-00001.safetensors";
+      EXPECT_NE(r.output.find("/.epoch_0.tmp-", summary), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find(file + ": ", summary), std::string::npos) << r.output;
+      EXPECT_EQ(losses(output).size(), 2u) << r.output;
+      std::vector<std::string> left;
+      for (const auto& e : fs::directory_iterator(output)) left.push_back(e.path().filename().string());
+      EXPECT_EQ(left, std::vector<std::string>{"logs"});
+    }
+  }
+}
+
 TEST_F(RecipeTest, ResumingWithAnotherWorldSizeIsRefusedNamingBothSizes) {
   const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2 save_every_n_steps=1";
   Outcome two = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", args, out());
