@@ -677,8 +677,9 @@ void FinetuneRecipe::release_host_values() {
                      : "rank 0: the adapters a save downloads into (save_adapter_weights_only: no merged model)";
   log_info("host model after the upload to the GPU: " + std::to_string(value_bytes) + " bytes of parameter values (" +
            mib(value_bytes) + ") and " + std::to_string(grad_bytes) + " bytes of gradients held" +
-           (cfg_.model.quantize_base ? ", and the adapters' NF4 bases: " + std::to_string(nf4_bytes) + " bytes (" +
-                                           mib(nf4_bytes) + ")"
+           (!cfg_.model.quantize_base ? std::string()
+            : nf4_bytes > 0 ? ", and the adapters' NF4 bases: " + std::to_string(nf4_bytes) + " bytes (" + mib(nf4_bytes) + ")"
+            : rank0_ && merged_saved ? ", the adapters' NF4 bases quantised from the frozen base as a save merges them"
                                      : std::string()) +
            (mapped_bytes > 0 ? "; " + std::to_string(mapped_bytes) + " bytes of the values (" + mib(mapped_bytes) +
                                    ") are the checkpoint files' mapped pages, dropped from memory until a save reads them"

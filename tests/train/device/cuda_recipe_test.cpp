@@ -85,20 +85,24 @@ std::map<std::string, std::vector<int64_t>> layout(const std::string& path) {
 }
 
 // What a rank's host model holds once the GPU step has every value, as the run logged it:
-// parameter values, gradients and (QLoRA) the adapters' NF4 bases, in bytes.
+// parameter values, gradients and (QLoRA) the adapters' NF4 bases, in bytes, or whether it says a
+// save quantises them from the frozen base it keeps.
 struct HostHeld {
   int64_t values = -1, gradients = -1, nf4 = 0;
+  bool nf4_made_at_save = false;
 };
 HostHeld host_held(const std::string& output, int rank) {
   const std::regex line("\\[rank" + std::to_string(rank) +
                         "\\] INFO: host model after the upload to the GPU: (\\d+) bytes of parameter values "
-                        "\\([^)]*\\) and (\\d+) bytes of gradients held(, and the adapters' NF4 bases: (\\d+) bytes)?");
+                        "\\([^)]*\\) and (\\d+) bytes of gradients held(, and the adapters' NF4 bases: (\\d+) bytes)?"
+                        "(, the adapters' NF4 bases quantised from the frozen base as a save merges them)?");
   std::smatch m;
   HostHeld held;
   if (!std::regex_search(output, m, line)) return held;
   held.values = std::stoll(m[1]);
   held.gradients = std::stoll(m[2]);
   if (m[4].matched) held.nf4 = std::stoll(m[4]);
+  held.nf4_made_at_save = m[5].matched;
   return held;
 }
 
@@ -403,6 +407,7 @@ void CudaRecipeTest::expect_base_sharded_equals_replicated(const std::string& ov
   // the frozen base (the f32 file's mapped values, read as bf16; QLoRA's too: its adapters hold no
   // NF4 codes, a save makes those of each projection it merges) and the f32 adapters, for its saves;
   // rank 1 no values; no NF4 bases and no gradients anywhere.
+  const bool quantized = overrides.find("quantize_base=True") != std::string::npos;
   const std::map<std::string, int64_t> base = numels(model() + "/model.safetensors");
   const std::map<std::string, int64_t> adapter = numels(out("sharded") + "/epoch_0/adapter_model.safetensors");
   const int64_t base_bytes = 4 * total(base);
@@ -415,6 +420,8 @@ void CudaRecipeTest::expect_base_sharded_equals_replicated(const std::string& ov
     EXPECT_EQ(rank1.gradients, 0) << r->output;
     EXPECT_EQ(rank0.nf4, 0) << r->output;
     EXPECT_EQ(rank1.nf4, 0) << r->output;
+    EXPECT_EQ(rank0.nf4_made_at_save, quantized) << r->output;
+    EXPECT_FALSE(rank1.nf4_made_at_save) << r->output;
   }
   EXPECT_NE(sharded.output.find("the layers' frozen bf16 base weights (ZeRO-3"), std::string::npos) << sharded.output;
   EXPECT_NE(sharded.output.find("weights sharded (ZeRO-3): this GPU's pieces of the layers' " + pieces),
@@ -492,6 +499,7 @@ TEST_F(CudaRecipeTest, TwoGpusQloraRanksMapTheCheckpointInItsDtypeAndTrainAlikeF
       << runs.bf16.output;
   for (const Outcome* r : {&runs.bf16, &runs.f32}) {
     EXPECT_EQ(host_held(r->output, 0).nf4, 0) << r->output;
+    EXPECT_TRUE(host_held(r->output, 0).nf4_made_at_save) << r->output;
     EXPECT_EQ(host_held(r->output, 1).nf4, 0) << r->output;
     EXPECT_EQ(host_held(r->output, 1).values, 0) << r->output;
   }
