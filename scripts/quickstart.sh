@@ -60,6 +60,6 @@ LAST=$(ls -d "$ROOT"/output/full_single_device/epoch_* | sort -t_ -k2 -n | tail 
 echo "== 4. after fine-tuning ($LAST): held-out answers right: $(score "$LAST" "$ROOT/after.txt")"
 LOG=$(ls "$ROOT"/output/full_single_device/logs/log_*.txt | tail -1)
 echo "== loss: first step $(head -1 "$LOG" | grep -o 'loss:[0-9.]*'), last step $(tail -1 "$LOG" | grep -o 'loss:[0-9.]*')"
-echo "== some held-out prompts (input -> before | after | expected):"
-paste -d'|' <(python3 -c 'import json,sys; [print(json.loads(l)["input"]) for l in open(sys.argv[1])]' "$ROOT/data/validation.jsonl") \
+echo "== some held-out prompts (input, or the instruction where there is none -> before | after | expected):"
+paste -d'|' <(python3 -c 'import json,sys; [print(r["input"] or r["instruction"]) for r in map(json.loads, open(sys.argv[1]))]' "$ROOT/data/validation.jsonl") \
   "$ROOT/before.txt" "$ROOT/after.txt" "$ROOT/heldout.answers" | head -8 | sed 's/|/  ->  /; s/|/  |  /g'
