@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -322,6 +323,23 @@ void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::
   }
 }
 
+// Allocates the blocks of a file of `bytes` now (fallocate), so that a full disk fails a writer at
+// its opening, naming the file and what it needs, rather than partway through a model's worth of
+// writes into a sparse file. A filesystem that cannot reserve (EOPNOTSUPP) reports at the write.
+void reserve_blocks(int fd, uint64_t bytes, const std::string& path) {
+  if (bytes == 0) return;
+  int rc;
+  while ((rc = fallocate(fd, 0, 0, off_t(bytes))) != 0 && errno == EINTR) {
+  }
+  if (rc == 0 || errno == EOPNOTSUPP || errno == ENOSYS) return;
+  const int error = errno;
+  std::string why = std::strerror(error);
+  struct statvfs fs;
+  if (error == ENOSPC && fstatvfs(fd, &fs) == 0)
+    why += " (" + std::to_string(uint64_t(fs.f_bavail) * fs.f_frsize) + " bytes free)";
+  throw Error(path, "cannot reserve the file's " + std::to_string(bytes) + " bytes: " + why);
+}
+
 }  // namespace
 
 // A temporary file beside `path` that becomes `path` on commit() (fsync, mode 0644, close, rename,
@@ -406,6 +424,7 @@ SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<TensorS
   write_all(file_->fd(), text.data(), text.size(), path_);
   if (ftruncate(file_->fd(), off_t(data_start + offset)) != 0)  // the whole file's length, however filled
     throw Error(path_, "cannot size the file: " + errno_text());
+  reserve_blocks(file_->fd(), data_start + offset, path_);
 }
 
 SafetensorsWriter::~SafetensorsWriter() = default;
