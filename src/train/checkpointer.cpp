@@ -1,5 +1,6 @@
 #include "train/checkpointer.h"
 
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,18 +31,27 @@ bool is_weight_file(const fs::path& p) {
          name == "model.safetensors.index.json" || name == "pytorch_model.bin.index.json";
 }
 
-// Copies the non-weight files (config, tokenizer, generation config, original/tokenizer.model, ...).
-void copy_non_weight_files(const fs::path& from, const fs::path& to) {
+// The non-weight files a save copies (config, tokenizer, generation config, original/tokenizer.model,
+// ...; not a checkpoint's own epoch_N / step_N), relative to `from`.
+std::vector<fs::path> non_weight_files(const fs::path& from) {
+  std::vector<fs::path> files;
   for (const fs::directory_entry& e : fs::recursive_directory_iterator(from)) {
     if (!e.is_regular_file() || is_weight_file(e.path())) continue;
     fs::path rel = fs::relative(e.path(), from);
     if (rel.begin()->string().rfind("epoch_", 0) == 0 || rel.begin()->string().rfind("step_", 0) == 0) continue;
+    files.push_back(rel);
+  }
+  return files;
+}
+
+void copy_non_weight_files(const fs::path& from, const fs::path& to) {
+  for (const fs::path& rel : non_weight_files(from)) {
     fs::create_directories((to / rel).parent_path());
     // Read and written by us rather than fs::copy_file, whose failed write says only "Input/output
     // error": a full disk is then named as such, with the file.
-    std::ifstream in(e.path(), std::ios::binary);
+    std::ifstream in(from / rel, std::ios::binary);
     std::string bytes(std::istreambuf_iterator<char>(in), {});
-    if (!in.good() && !in.eof()) throw Error(e.path().string(), "cannot read");
+    if (!in.good() && !in.eof()) throw Error((from / rel).string(), "cannot read");
     io::write_file_atomic((to / rel).string(), bytes);
   }
 }
@@ -341,6 +351,32 @@ std::optional<std::string> HfCheckpointer::find_latest() const {
     }
   }
   return best;
+}
+
+CheckpointBytes HfCheckpointer::planned_bytes(const std::vector<io::TensorSpec>& trainable, DType weights_dtype,
+                                              bool lora, bool adapter_weights_only) const {
+  CheckpointBytes bytes;
+  if (!(lora && adapter_weights_only)) {
+    const io::SafetensorsCheckpoint input = io::SafetensorsCheckpoint::open(checkpoint_dir_);
+    for (const std::string& name : input.names())
+      bytes.model += int64_t(dtype_bytes(weights_dtype, size_t(input.info(name).shape.numel())));
+  }
+  for (const io::TensorSpec& t : trainable) {
+    const int64_t value = int64_t(dtype_bytes(t.dtype, size_t(t.shape.numel())));
+    bytes.recipe_state += 3 * value;  // the value, exp_avg and exp_avg_sq
+    if (lora) bytes.adapter += value;
+  }
+  for (const fs::path& rel : non_weight_files(checkpoint_dir_))
+    bytes.other += int64_t(fs::file_size(fs::path(checkpoint_dir_) / rel));
+  return bytes;
+}
+
+std::optional<int64_t> HfCheckpointer::free_bytes() const {
+  fs::path dir = fs::absolute(output_dir_);
+  while (!fs::exists(dir) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
+  struct statvfs fs_stats;
+  if (statvfs(dir.c_str(), &fs_stats) != 0) return std::nullopt;
+  return int64_t(uint64_t(fs_stats.f_bavail) * fs_stats.f_frsize);
 }
 
 namespace {

@@ -102,6 +102,15 @@ struct ResumePoint {
   std::map<std::string, Tensor> trainable;  // by parameter name, in the dtype saved
 };
 
+// What one save writes, in bytes (tensor data; the copied non-weight files in `other`).
+struct CheckpointBytes {
+  int64_t model = 0;         // the merged model's files (none under save_adapter_weights_only)
+  int64_t adapter = 0;       // adapter_model.safetensors
+  int64_t recipe_state = 0;  // the trainable values and AdamW's two moments
+  int64_t other = 0;         // config, tokenizer and the input's other non-weight files
+  int64_t total() const { return model + adapter + recipe_state + other; }
+};
+
 class HfCheckpointer {
  public:
   HfCheckpointer(std::string checkpoint_dir, std::vector<std::string> checkpoint_files, std::string output_dir);
@@ -115,6 +124,15 @@ class HfCheckpointer {
   std::string save(const SaveRequest& request) const;
   // The newest checkpoint under output_dir that holds a recipe state (by global step), if any.
   std::optional<std::string> find_latest() const;
+  // What one save will write, planned before the run trains: the input checkpoint's tensors in
+  // weights_dtype (the merged model holds the same tensors), the trainable values (`trainable`, as
+  // a save plans them) and two moments of each in its dtype, a LoRA run's adapter file, and the
+  // non-weight files a save copies.
+  CheckpointBytes planned_bytes(const std::vector<io::TensorSpec>& trainable, DType weights_dtype, bool lora,
+                                bool adapter_weights_only) const;
+  // Bytes free to this process on output_dir's filesystem (its nearest existing ancestor's), if the
+  // filesystem says.
+  std::optional<int64_t> free_bytes() const;
   // What saves killed midway left under output_dir, put right: a save writes .NAME.tmp-PID, moves an
   // older NAME aside to .NAME.old-PID, renames the temporary into place and removes the older one.
   // Killed between the two renames, NAME is missing: the temporary (complete once the older one was

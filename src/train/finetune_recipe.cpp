@@ -203,6 +203,12 @@ class FinetuneRecipe {
   // QLoRA's NF4 bases in its adapters alike); the other ranks keep none. Logs what each rank's host
   // model then holds.
   void release_host_values();
+  // Rank 0, before the first step: whether output_dir's filesystem has room for a checkpoint (an
+  // Error naming the sizes if not: the first save would fail after the epoch's training) and for the
+  // saves this run plans (a warning if not). Env KTUNE_SKIP_SPACE_CHECK=1 makes the error a warning.
+  void check_checkpoint_space() const;
+  // The dtype of the merged model's files: the run's (bf16, or f32).
+  DType saved_weights_dtype() const { return cfg_.dtype == TrainDtype::BF16 ? DType::BF16 : DType::F32; }
   // DoRA over several ranks (LoraOptions::dora_magnitudes_later): each rank makes the magnitudes of
   // every world-th adapter and the ranks sum them.
   void share_dora_magnitudes();
@@ -318,6 +324,38 @@ void FinetuneRecipe::setup() {
     metrics_ = std::make_unique<MetricLogger>(log_dir, int64_t(std::time(nullptr)));
   }
   if (cfg_.resume_from_checkpoint) resume();
+  if (rank0_) check_checkpoint_space();
+}
+
+void FinetuneRecipe::check_checkpoint_space() const {
+  const CheckpointBytes one = checkpointer_->planned_bytes(trainable_specs_, saved_weights_dtype(), recipe_.lora,
+                                                            cfg_.save_adapter_weights_only);
+  // One a remaining epoch, and one every save_every_n_steps steps that does not end an epoch.
+  const int64_t epochs = std::max<int64_t>(0, cfg_.epochs - start_epoch_);
+  int64_t saves = epochs;
+  if (cfg_.save_every_n_steps)
+    for (int64_t step = global_step_ + 1; step <= global_step_ + epochs * steps_per_epoch_; ++step)
+      saves += step % *cfg_.save_every_n_steps == 0 && step % steps_per_epoch_ != 0;
+  const std::optional<int64_t> free = checkpointer_->free_bytes();
+  const std::string sizes = std::to_string(one.total()) + " bytes (" + mib(one.total()) + ": merged model " +
+                            mib(one.model) + ", adapter " + mib(one.adapter) + ", recipe state " + mib(one.recipe_state) +
+                            ", other files " + mib(one.other) + ")";
+  log_info("checkpoints: " + std::to_string(saves) + " planned, each " + sizes +
+           (free ? "; " + std::to_string(*free) + " bytes (" + mib(*free) + ") free under " + cfg_.output_dir
+                 : "; the space free under " + cfg_.output_dir + " is unknown"));
+  if (!free || saves == 0) return;
+  if (*free < one.total()) {
+    const std::string why = "has " + std::to_string(*free) + " bytes (" + mib(*free) +
+                            ") free, fewer than one checkpoint needs: " + sizes +
+                            "; the first save would fail after training up to it. Free space or set output_dir elsewhere";
+    const char* skip = std::getenv("KTUNE_SKIP_SPACE_CHECK");
+    if (skip == nullptr || std::string(skip) != "1")
+      throw Error("output_dir " + cfg_.output_dir, why + " (env KTUNE_SKIP_SPACE_CHECK=1 trains anyway)");
+    log_warn("output_dir " + cfg_.output_dir + " " + why + " (training anyway: KTUNE_SKIP_SPACE_CHECK=1)");
+  } else if (*free < saves * one.total()) {
+    log_warn("output_dir " + cfg_.output_dir + " has room for " + std::to_string(*free / one.total()) + " of the " +
+             std::to_string(saves) + " checkpoints this run plans (" + mib(one.total()) + " each): delete older ones as it goes");
+  }
 }
 
 void FinetuneRecipe::setup_data() {
@@ -757,7 +795,7 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
     r.adapters = adapters_;
     r.adapter = adapter_description_;
     r.adapter_weights_only = cfg_.save_adapter_weights_only;
-    r.weights_dtype = cfg_.dtype == TrainDtype::BF16 ? DType::BF16 : DType::F32;
+    r.weights_dtype = saved_weights_dtype();
     r.recipe_state = {{"recipe", recipe_.name}, {"epoch", next_epoch}, {"step_in_epoch", step_in_epoch},
                       {"global_step", global_step_}, {"optimizer_steps", optimizer_steps()},
                       {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},

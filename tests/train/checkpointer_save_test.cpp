@@ -265,4 +265,59 @@ TEST_F(CheckpointerSave, LeftoversOfKilledSavesAreRestoredOrRemovedBeforeAResume
   EXPECT_TRUE(checkpointer.recover_interrupted_saves().empty());
 }
 
+// What a run plans a checkpoint to take before it trains (planned_bytes) is what a save then writes:
+// the merged model's tensors, the adapter's, the recipe state's (values and both moments) and the
+// copied files, byte for byte of tensor data; under save_adapter_weights_only no model. The space
+// free is the filesystem's.
+TEST_F(CheckpointerSave, ACheckpointsPlannedBytesAreTheTensorDataAndFilesASaveWrites) {
+  train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
+  std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::F32);
+  model::LoraOptions options;
+  options.rank = 2;
+  options.use_dora = true;
+  const model::LoraTargets targets{{"q_proj", "v_proj"}, true, false};
+  const std::vector<std::shared_ptr<model::LoraAdapter>> adapters = model::attach_lora(*decoder, targets, options);
+  std::vector<model::Parameter*> trainable;
+  for (model::Parameter* p : decoder->parameters())
+    if (p->trainable) trainable.push_back(p);
+  std::map<std::string, Tensor> moments;  // as AdamW keeps them: two per value, in its dtype
+  for (const model::Parameter* p : trainable)
+    for (const char* m : {"exp_avg.", "exp_avg_sq."}) moments[m + p->name] = Tensor::zeros(p->value.shape(), DType::F32);
+  train::SaveRequest r = request("epoch_0", *decoder);
+  r.adapters = adapters;
+  r.adapter = train::AdapterDescription{options, model::lora_target_modules(targets)};
+  r.trainable = train::host_trainable_values(trainable);
+  r.optimizer_state = train::streamed_as_they_are(moments);
+  const fs::path saved = checkpointer.save(r);
+
+  auto tensor_bytes = [](const fs::path& file) {
+    io::SafetensorsFile f = io::SafetensorsFile::open(file.string());
+    int64_t bytes = 0;
+    for (const std::string& name : f.names()) bytes += int64_t(f.info(name).end - f.info(name).begin);
+    return bytes;
+  };
+  int64_t model_bytes = 0, copied = 0;
+  for (const auto& e : fs::directory_iterator(saved)) {
+    const std::string file = e.path().filename().string();
+    if (file.rfind("model-", 0) == 0) model_bytes += tensor_bytes(e.path());
+    if (file == "config.json") copied += int64_t(fs::file_size(e.path()));
+  }
+  const train::CheckpointBytes planned = checkpointer.planned_bytes(r.trainable.tensors, DType::BF16, true, false);
+  EXPECT_GT(model_bytes, 0);
+  EXPECT_EQ(planned.model, model_bytes);
+  EXPECT_EQ(planned.adapter, tensor_bytes(saved / "adapter_model.safetensors"));
+  EXPECT_EQ(planned.recipe_state, tensor_bytes(saved / "recipe_state" / "trainable.safetensors") +
+                                      tensor_bytes(saved / "recipe_state" / "optimizer.safetensors"));
+  EXPECT_EQ(planned.other, copied);
+  EXPECT_EQ(checkpointer.planned_bytes(r.trainable.tensors, DType::F32, true, false).model, 2 * model_bytes);
+  EXPECT_EQ(checkpointer.planned_bytes(r.trainable.tensors, DType::BF16, true, true).model, 0);
+
+  const std::optional<int64_t> free = checkpointer.free_bytes();
+  ASSERT_TRUE(free.has_value());
+  EXPECT_GT(*free, 0);
+  // A missing output_dir is asked of the nearest folder that exists.
+  train::HfCheckpointer elsewhere(input_.string(), {}, (root_ / "not" / "yet").string());
+  EXPECT_TRUE(elsewhere.free_bytes().has_value());
+}
+
 }  // namespace

@@ -349,37 +349,53 @@ TEST_F(RecipeTest, ARankZeroSaveThatFailsEndsTheShardedJobNamingTheFileAndLeaves
 }
 
 // The same on a full disk: output_dir on a 1 MiB tmpfs of a mount namespace of its own (skipped,
-// visibly, where the machine allows none). The checkpoint's files reserve their blocks as they are
-// opened, so rank 0's save fails there (the full fine-tune's moments, 6 MB; the LoRA run's merged
-// model, 3 MB), naming the file, the bytes it needed and those free, before any of its values is
-// written; the job ends naming rank 0, and the tmpfs holds only the logs afterwards.
-TEST_F(RecipeTest, ARankZeroSaveOnAFullDiskFailsAsItsFileOpensNamingTheSpaceItNeeds) {
+// visibly, where the machine allows none). Rank 0 finds before the first step that one checkpoint
+// (the full fine-tune's 16 MB, the LoRA run's 4 MB) cannot fit, and the job ends naming output_dir
+// and the sizes, with no step run. With KTUNE_SKIP_SPACE_CHECK=1 it trains, and its save fails as
+// the file that does not fit opens (the checkpoint's files reserve their blocks: the full
+// fine-tune's moments, 6 MB; the LoRA run's merged model, 3 MB), naming the file, the bytes it
+// needed and those free, before any of its values is written; the job ends naming rank 0, and the
+// tmpfs holds only the logs afterwards.
+TEST_F(RecipeTest, NoRoomForACheckpointStopsTheRunBeforeItTrainsOrElseFailsTheSaveAsItsFileOpens) {
   const std::string probe_dir = out("probe");
   fs::create_directories(probe_dir);
   Outcome probe = sh("unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs " + probe_dir + " && echo mounted'");
   if (probe.output.find("mounted") == std::string::npos)
     GTEST_SKIP() << "this machine cannot mount a small tmpfs in a mount namespace (unshare -m): " << probe.output;
   for (const std::string kind : {"full", "lora"}) {
-    SCOPED_TRACE(kind + " finetune");
-    const std::string output = out(kind);
-    fs::create_directories(output);
-    const std::string ktune_run =
-        "timeout 300 " + kKtune + " run --nproc_per_node 2 --standalone " + kind + "_finetune_distributed --config tiny/" +
-        kind + "_single_device output_dir=" + output + " checkpointer.checkpoint_dir=" + model() + " tokenizer.path=" +
-        model() + "/tokenizer.json dataset=torchtune.datasets.alpaca_dataset dataset.source=json dataset.data_files=" +
-        kSource + "/data/quickstart/jsonl/train.jsonl seed=7 dtype=fp32 epochs=1 max_steps_per_epoch=2 batch_size=2";
-    Outcome r = sh("unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs " + output + " && { " + ktune_run +
-                   "; rc=$?; echo LEFT: $(ls -A " + output + "); cat " + output + "/logs/log_*.txt; exit $rc; }'");
-    ASSERT_NE(r.exit_code, 124) << "the job hung after rank 0's save failed: " << r.output;
-    EXPECT_NE(r.exit_code, 0) << r.output;
-    const size_t summary = r.output.find("job failed: rank 0 (");
-    ASSERT_NE(summary, std::string::npos) << r.output;
-    const std::string file = kind == "full" ? "recipe_state/optimizer.safetensors" : "model-00001-of-00001.safetensors";
-    EXPECT_NE(r.output.find("/.epoch_0.tmp-", summary), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find(file + ": cannot reserve the file's ", summary), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("No space left on device (", summary), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("\nLEFT: logs\n"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("Step 2 | loss:"), std::string::npos) << r.output;
+    for (const bool skip_check : {false, true}) {
+      SCOPED_TRACE(kind + " finetune" + (skip_check ? ", KTUNE_SKIP_SPACE_CHECK=1" : ""));
+      const std::string output = out(kind + (skip_check ? "_skip" : ""));
+      fs::create_directories(output);
+      const std::string ktune_run =
+          std::string(skip_check ? "KTUNE_SKIP_SPACE_CHECK=1 " : "") + "timeout 300 " + kKtune +
+          " run --nproc_per_node 2 --standalone " + kind + "_finetune_distributed --config tiny/" + kind +
+          "_single_device output_dir=" + output + " checkpointer.checkpoint_dir=" + model() + " tokenizer.path=" +
+          model() + "/tokenizer.json dataset=torchtune.datasets.alpaca_dataset dataset.source=json dataset.data_files=" +
+          kSource + "/data/quickstart/jsonl/train.jsonl seed=7 dtype=fp32 epochs=1 max_steps_per_epoch=2 batch_size=2";
+      Outcome r = sh("unshare -m sh -c 'mount -t tmpfs -o size=1m tmpfs " + output + " && { " + ktune_run +
+                     "; rc=$?; echo LEFT: $(ls -A " + output + "); cat " + output + "/logs/log_*.txt; exit $rc; }'");
+      ASSERT_NE(r.exit_code, 124) << "the job hung: " << r.output;
+      EXPECT_NE(r.exit_code, 0) << r.output;
+      const size_t summary = r.output.find("job failed: rank 0 (");
+      ASSERT_NE(summary, std::string::npos) << r.output;
+      const std::string fewer = "fewer than one checkpoint needs: ";
+      if (!skip_check) {
+        EXPECT_NE(r.output.find("output_dir " + output + ": has ", summary), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find(fewer, summary), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find("(env KTUNE_SKIP_SPACE_CHECK=1 trains anyway)", summary), std::string::npos) << r.output;
+        EXPECT_EQ(r.output.find("Step 1 | loss:"), std::string::npos) << "a step ran: " << r.output;
+        continue;
+      }
+      EXPECT_NE(r.output.find(fewer), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("(training anyway: KTUNE_SKIP_SPACE_CHECK=1)"), std::string::npos) << r.output;
+      const std::string file = kind == "full" ? "recipe_state/optimizer.safetensors" : "model-00001-of-00001.safetensors";
+      EXPECT_NE(r.output.find("/.epoch_0.tmp-", summary), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find(file + ": cannot reserve the file's ", summary), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("No space left on device (", summary), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("\nLEFT: logs\n"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("Step 2 | loss:"), std::string::npos) << r.output;
+    }
   }
 }
 
