@@ -86,6 +86,32 @@ class CheckpointerSave : public ::testing::Test {
     return r;
   }
 
+  // The input model in f32 with DoRA adapters (rank 2) on q_proj and v_proj, and a save request of
+  // it with its trainable values (the adapters) on the host.
+  struct WithDora {
+    std::unique_ptr<model::Decoder> decoder;
+    model::LoraOptions options;
+    model::LoraTargets targets{{"q_proj", "v_proj"}, true, false};
+    std::vector<std::shared_ptr<model::LoraAdapter>> adapters;
+    std::vector<model::Parameter*> trainable, frozen;
+  };
+  WithDora with_dora(const train::HfCheckpointer& checkpointer) const {
+    WithDora m;
+    m.decoder = checkpointer.load_model(DType::F32);
+    m.options.rank = 2;
+    m.options.use_dora = true;
+    m.adapters = model::attach_lora(*m.decoder, m.targets, m.options);
+    for (model::Parameter* p : m.decoder->parameters()) (p->trainable ? m.trainable : m.frozen).push_back(p);
+    return m;
+  }
+  train::SaveRequest lora_request(const std::string& name, const WithDora& m) const {
+    train::SaveRequest r = request(name, *m.decoder);
+    r.adapters = m.adapters;
+    r.adapter = train::AdapterDescription{m.options, model::lora_target_modules(m.targets)};
+    r.trainable = train::host_trainable_values(m.trainable);
+    return r;
+  }
+
   fs::path root_ = fs::temp_directory_path() / ("ktune-save-" + std::to_string(::getpid()));
   fs::path input_ = root_ / "input";
   fs::path output_ = root_ / "output";
@@ -123,25 +149,12 @@ TEST_F(CheckpointerSave, TrainableValuesStreamedInAnyOrderWriteTheHostValuesChec
 // naming it, and leaves no checkpoint behind.
 TEST_F(CheckpointerSave, FrozenValuesHeldInTurnWriteTheHeldValuesCheckpointByteForByte) {
   train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
-  std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::F32);
-  model::LoraOptions options;
-  options.rank = 2;
-  options.use_dora = true;
-  const model::LoraTargets targets{{"q_proj", "v_proj"}, true, false};
-  const std::vector<std::shared_ptr<model::LoraAdapter>> adapters = model::attach_lora(*decoder, targets, options);
-  for (const auto& a : adapters)
+  const WithDora m = with_dora(checkpointer);
+  for (const auto& a : m.adapters)
     for (model::Parameter* p : a->parameters())
       for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] += 0.01f * float(i % 7);
-  std::vector<model::Parameter*> trainable, frozen;
-  for (model::Parameter* p : decoder->parameters()) (p->trainable ? trainable : frozen).push_back(p);
-  auto lora_request = [&](const std::string& name) {
-    train::SaveRequest r = request(name, *decoder);
-    r.adapters = adapters;
-    r.adapter = train::AdapterDescription{options, model::lora_target_modules(targets)};
-    r.trainable = train::host_trainable_values(trainable);
-    return r;
-  };
-  const std::string held_dir = checkpointer.save(lora_request("held"));
+  const std::vector<model::Parameter*>& frozen = m.frozen;
+  const std::string held_dir = checkpointer.save(lora_request("held", m));
 
   const std::vector<io::TensorSpec> specs = train::parameter_specs(frozen);
   std::map<std::string, Tensor> aside;  // the frozen values, released from the model until held
@@ -160,13 +173,13 @@ TEST_F(CheckpointerSave, FrozenValuesHeldInTurnWriteTheHeldValuesCheckpointByteF
       }
     };
   };
-  train::SaveRequest in_turn = lora_request("in_turn");
+  train::SaveRequest in_turn = lora_request("in_turn", m);
   in_turn.frozen = {specs, hold_in_groups("")};
   const std::string in_turn_dir = checkpointer.save(in_turn);
   expect_same_files(held_dir, in_turn_dir);
 
   const std::string left_out = frozen[4]->name;
-  train::SaveRequest incomplete = lora_request("step_1");
+  train::SaveRequest incomplete = lora_request("step_1", m);
   incomplete.frozen = {specs, hold_in_groups(left_out)};
   try {
     checkpointer.save(incomplete);
@@ -271,22 +284,12 @@ TEST_F(CheckpointerSave, LeftoversOfKilledSavesAreRestoredOrRemovedBeforeAResume
 // free is the filesystem's.
 TEST_F(CheckpointerSave, ACheckpointsPlannedBytesAreTheTensorDataAndFilesASaveWrites) {
   train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
-  std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::F32);
-  model::LoraOptions options;
-  options.rank = 2;
-  options.use_dora = true;
-  const model::LoraTargets targets{{"q_proj", "v_proj"}, true, false};
-  const std::vector<std::shared_ptr<model::LoraAdapter>> adapters = model::attach_lora(*decoder, targets, options);
-  std::vector<model::Parameter*> trainable;
-  for (model::Parameter* p : decoder->parameters())
-    if (p->trainable) trainable.push_back(p);
+  const WithDora m = with_dora(checkpointer);
   std::map<std::string, Tensor> moments;  // as AdamW keeps them: two per value, in its dtype
-  for (const model::Parameter* p : trainable)
-    for (const char* m : {"exp_avg.", "exp_avg_sq."}) moments[m + p->name] = Tensor::zeros(p->value.shape(), DType::F32);
-  train::SaveRequest r = request("epoch_0", *decoder);
-  r.adapters = adapters;
-  r.adapter = train::AdapterDescription{options, model::lora_target_modules(targets)};
-  r.trainable = train::host_trainable_values(trainable);
+  for (const model::Parameter* p : m.trainable)
+    for (const char* moment : {"exp_avg.", "exp_avg_sq."})
+      moments[moment + p->name] = Tensor::zeros(p->value.shape(), DType::F32);
+  train::SaveRequest r = lora_request("epoch_0", m);
   r.optimizer_state = train::streamed_as_they_are(moments);
   const fs::path saved = checkpointer.save(r);
 
