@@ -1,12 +1,15 @@
 #include "train/checkpointer.h"
 
+#include <signal.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <regex>
@@ -389,6 +392,18 @@ struct SaveLeftover {
   std::string pid;
 };
 
+// Whether a process of this id, other than this one, runs on this machine.
+bool process_is_running(const std::string& pid_text) {
+  long pid = 0;
+  try {
+    pid = std::stol(pid_text);
+  } catch (const std::exception&) {
+    return false;
+  }
+  if (pid <= 0 || pid == long(getpid()) || pid > long(std::numeric_limits<pid_t>::max())) return false;
+  return kill(pid_t(pid), 0) == 0 || errno == EPERM;
+}
+
 std::optional<SaveLeftover> save_leftover(const fs::path& path) {
   const std::string file = path.filename().string();
   static const std::regex pattern(R"(\.(.+)\.(tmp|old)-([0-9]+))");
@@ -412,7 +427,7 @@ std::vector<std::string> HfCheckpointer::recover_interrupted_saves() const {
   // Killed between the renames: NAME back in place, from the finished temporary when there is one.
   for (const SaveLeftover& old : leftovers) {
     const fs::path checkpoint = fs::path(output_dir_) / old.checkpoint;
-    if (old.kind != "old" || fs::exists(checkpoint)) continue;
+    if (old.kind != "old" || fs::exists(checkpoint) || process_is_running(old.pid)) continue;
     const fs::path finished = fs::path(output_dir_) / ("." + old.checkpoint + ".tmp-" + old.pid);
     const fs::path from = fs::is_directory(finished) ? finished : old.path;
     fs::rename(from, checkpoint);
@@ -422,6 +437,11 @@ std::vector<std::string> HfCheckpointer::recover_interrupted_saves() const {
   }
   for (const SaveLeftover& l : leftovers) {
     if (!fs::exists(l.path)) continue;  // restored above
+    if (process_is_running(l.pid)) {  // another run's save in progress: not ours to touch
+      changes.push_back(l.path.string() + ": left alone (process " + l.pid +
+                        " is running: another run writing into this output_dir?)");
+      continue;
+    }
     fs::remove_all(l.path);
     changes.push_back(l.path.string() + ": removed (" +
                       (l.kind == "tmp" ? "a save that did not finish" : "the older copy a finished save replaced") + ")");

@@ -137,8 +137,9 @@ class HfCheckpointer {
   // older NAME aside to .NAME.old-PID, renames the temporary into place and removes the older one.
   // Killed between the two renames, NAME is missing: the temporary (complete once the older one was
   // moved aside) becomes NAME, or without it the older one goes back. Any other leftover (a partial
-  // temporary, an older copy whose NAME is in place) is removed. One run at a time writes an
-  // output_dir; rank 0 calls this before any rank looks for a checkpoint. Returns a line per change.
+  // temporary, an older copy whose NAME is in place) is removed. What a process that still runs on
+  // this machine left (another run saving into the same output_dir) is left alone. Rank 0 calls this
+  // before any rank looks for a checkpoint. Returns a line per change.
   std::vector<std::string> recover_interrupted_saves() const;
   ResumePoint load_resume_point(const std::string& dir) const;
 

@@ -231,8 +231,9 @@ TEST_F(CheckpointerSave, AStreamThatLeavesATensorOutFailsTheSaveNamingItAndWrite
 
 // A run killed in the middle of a save leaves hidden directories: recover_interrupted_saves (rank 0,
 // before a resume looks for the latest checkpoint) puts back a checkpoint caught between the save's
-// two renames, from the finished temporary or else from the older copy, and removes the rest; it
-// leaves anything else alone and finds nothing to do the second time.
+// two renames, from the finished temporary or else from the older copy, and removes the rest but a
+// save of a process that still runs; it leaves anything else alone, and the second time finds
+// nothing new to do.
 TEST_F(CheckpointerSave, LeftoversOfKilledSavesAreRestoredOrRemovedBeforeAResumeLooksForTheLatest) {
   train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
   std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::BF16);
@@ -248,16 +249,19 @@ TEST_F(CheckpointerSave, LeftoversOfKilledSavesAreRestoredOrRemovedBeforeAResume
   save("step_2", 3);
   const std::map<std::string, std::string> step_1 = file_bytes(output_ / "step_1");
   // step_2 re-saved at step 5, killed between moving the older step_2 aside and renaming the finished one in.
-  fs::rename(save("newer", 5), output_ / ".step_2.tmp-111");
-  fs::rename(output_ / "step_2", output_ / ".step_2.old-111");
-  const std::map<std::string, std::string> newer = file_bytes(output_ / ".step_2.tmp-111");
+  fs::rename(save("newer", 5), output_ / ".step_2.tmp-99999111");
+  fs::rename(output_ / "step_2", output_ / ".step_2.old-99999111");
+  const std::map<std::string, std::string> newer = file_bytes(output_ / ".step_2.tmp-99999111");
   // epoch_0 moved aside with no temporary left: it goes back.
-  fs::rename(output_ / "epoch_0", output_ / ".epoch_0.old-222");
-  const std::map<std::string, std::string> epoch_0 = file_bytes(output_ / ".epoch_0.old-222");
+  fs::rename(output_ / "epoch_0", output_ / ".epoch_0.old-99999222");
+  const std::map<std::string, std::string> epoch_0 = file_bytes(output_ / ".epoch_0.old-99999222");
   // A save that did not finish, and an older step_1 its finished save had not yet removed.
-  fs::create_directories(output_ / ".step_3.tmp-333" / "recipe_state");
-  std::ofstream(output_ / ".step_3.tmp-333" / "model-00001-of-00002.safetensors") << "partial";
-  fs::create_directories(output_ / ".step_1.old-444");
+  fs::create_directories(output_ / ".step_3.tmp-99999333" / "recipe_state");
+  std::ofstream(output_ / ".step_3.tmp-99999333" / "model-00001-of-00002.safetensors") << "partial";
+  fs::create_directories(output_ / ".step_1.old-99999444");
+  // A save in progress in another process that runs (this test's parent): left alone.
+  const std::string running = ".step_4.tmp-" + std::to_string(getppid());
+  fs::create_directories(output_ / running);
   // Not a save's leftovers: left alone.
   fs::create_directories(output_ / ".cache");
   std::ofstream(output_ / ".step_9.tmp-5") << "a file, not a save's directory";
@@ -265,17 +269,20 @@ TEST_F(CheckpointerSave, LeftoversOfKilledSavesAreRestoredOrRemovedBeforeAResume
   const std::vector<std::string> changes = checkpointer.recover_interrupted_saves();
   std::string all;
   for (const std::string& c : changes) all += c + "\n";
-  EXPECT_EQ(changes.size(), 5u) << all;
-  EXPECT_NE(all.find("step_2: restored from .step_2.tmp-111"), std::string::npos) << all;
-  EXPECT_NE(all.find("epoch_0: restored from .epoch_0.old-222"), std::string::npos) << all;
-  EXPECT_NE(all.find(".step_3.tmp-333: removed (a save that did not finish)"), std::string::npos) << all;
-  EXPECT_EQ(entries_in(output_),
-            (std::vector<std::string>{".cache", ".step_9.tmp-5", "epoch_0", "step_1", "step_2"}));
+  EXPECT_EQ(changes.size(), 6u) << all;
+  EXPECT_NE(all.find(running + ": left alone (process " + std::to_string(getppid()) + " is running"), std::string::npos)
+      << all;
+  EXPECT_NE(all.find("step_2: restored from .step_2.tmp-99999111"), std::string::npos) << all;
+  EXPECT_NE(all.find("epoch_0: restored from .epoch_0.old-99999222"), std::string::npos) << all;
+  EXPECT_NE(all.find(".step_3.tmp-99999333: removed (a save that did not finish)"), std::string::npos) << all;
+  std::vector<std::string> expected{".cache", ".step_9.tmp-5", running, "epoch_0", "step_1", "step_2"};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(entries_in(output_), expected);
   EXPECT_TRUE(file_bytes(output_ / "step_2") == newer) << "step_2 is not the finished save";
   EXPECT_TRUE(file_bytes(output_ / "epoch_0") == epoch_0);
   EXPECT_TRUE(file_bytes(output_ / "step_1") == step_1);
   EXPECT_EQ(checkpointer.find_latest(), (output_ / "step_2").string());
-  EXPECT_TRUE(checkpointer.recover_interrupted_saves().empty());
+  EXPECT_EQ(checkpointer.recover_interrupted_saves().size(), 1u) << "more than the running save's line";
 }
 
 // What a run plans a checkpoint to take before it trains (planned_bytes) is what a save then writes:

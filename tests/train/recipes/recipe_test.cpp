@@ -287,13 +287,13 @@ TEST_F(RecipeTest, ShardedResumeFromAMidEpochCheckpointContinuesExactly) {
   // What a run killed as its re-save of step_2 moved into place leaves: step_2 moved aside, and a
   // later save that never finished. Rank 0 puts step_2 back before either rank looks for it.
   fs::create_directories(out("b"));
-  fs::copy(out("a") + "/step_2", out("b") + "/.step_2.old-4242", fs::copy_options::recursive);
-  fs::create_directories(out("b") + "/.epoch_0.tmp-4343/recipe_state");
+  fs::copy(out("a") + "/step_2", out("b") + "/.step_2.old-99994242", fs::copy_options::recursive);
+  fs::create_directories(out("b") + "/.epoch_0.tmp-99994343/recipe_state");
   Outcome resumed = run(launcher, "full_finetune_distributed", "full_single_device", args + " resume_from_checkpoint=True", out("b"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("interrupted save: " + out("b") + "/step_2: restored from .step_2.old-4242"),
+  EXPECT_NE(resumed.output.find("interrupted save: " + out("b") + "/step_2: restored from .step_2.old-99994242"),
             std::string::npos) << resumed.output;
-  EXPECT_NE(resumed.output.find("interrupted save: " + out("b") + "/.epoch_0.tmp-4343: removed"), std::string::npos)
+  EXPECT_NE(resumed.output.find("interrupted save: " + out("b") + "/.epoch_0.tmp-99994343: removed"), std::string::npos)
       << resumed.output;
   auto a = losses(out("a"));
   auto b = losses(out("b"));
