@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -207,6 +208,20 @@ FetchResult download_file(HttpClient& client, const TargetDir& target, const Dow
   result.size = uint64_t(file_size(result.path));
   result.outcome = any_resume ? FetchOutcome::Resumed : FetchOutcome::Downloaded;
   return result;
+}
+
+void check_room_for(const TargetDir& target, const std::vector<DownloadJob>& jobs, const std::string& origin) {
+  uint64_t bytes = 0;
+  size_t files = 0;
+  for (const DownloadJob& job : jobs) {
+    if (job.expected.size < 0) continue;
+    if (file_size(target.resolve(job.name, job.origin)) == job.expected.size) continue;  // in place (checked later)
+    const int64_t have = std::max<int64_t>(0, file_size(target.partial_path(job.name, job.version_tag)));
+    if (have >= job.expected.size) continue;
+    bytes += uint64_t(job.expected.size - have);
+    ++files;
+  }
+  target.check_room(bytes, files, origin);
 }
 
 }  // namespace ktune::hub

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "hub/http_client.h"
 #include "hub/target_dir.h"
@@ -47,6 +48,11 @@ struct FetchResult {
 
 FetchResult download_file(HttpClient& client, const TargetDir& target, const DownloadJob& job,
                           const RetryPolicy& policy);
+
+// Checks that the target has room for what download_file would still write of `jobs` (a file in
+// place at its size: nothing; a partial: the rest; a size the store did not give: nothing), before
+// the first byte (TargetDir::check_room).
+void check_room_for(const TargetDir& target, const std::vector<DownloadJob>& jobs, const std::string& origin);
 
 // True when `path` exists and agrees with every part of `expected` that is known (size first,
 // digests next). A file with nothing known to compare against is never "up to date".

@@ -164,9 +164,10 @@ TransferReport HfHubClient::download(const std::string& repo_id, HfRepoType type
   report.destination = target.root();
   report.revision = info.sha;
   const std::string base = repo_url(repo_id, type) + "/resolve/" + url_encode(info.sha, false) + "/";
-  for (size_t i = 0; i < chosen.size(); ++i) {
-    const HfSibling& s = *chosen[i];
-    DownloadJob job;
+  std::vector<DownloadJob> jobs;
+  for (const HfSibling* sibling : chosen) {
+    const HfSibling& s = *sibling;
+    DownloadJob& job = jobs.emplace_back();
     job.origin = origin;
     job.name = s.path;
     job.expected.size = s.size;
@@ -181,10 +182,13 @@ TransferReport HfHubClient::download(const std::string& repo_id, HfRepoType type
     job.make_request = [this, url](uint64_t) { return HttpRequest{"GET", url, auth_headers()}; };
     const std::string where = origin + ": file '" + s.path + "'";
     job.explain_error = [this, where, repo_id, type](const HttpResponse& r) { raise(r, where, repo_id, type); };
-    FetchResult fr = download_file(http_, target, job, options_.retry);
+  }
+  check_room_for(target, jobs, report.source);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    FetchResult fr = download_file(http_, target, jobs[i], options_.retry);
     report.bytes_transferred += fr.bytes_transferred;
-    report.files.push_back({s.path, fr.size, fr.outcome});
-    if (progress) progress(i + 1, chosen.size(), report.files.back());
+    report.files.push_back({jobs[i].name, fr.size, fr.outcome});
+    if (progress) progress(i + 1, jobs.size(), report.files.back());
   }
   target.remove_partial_dir_if_empty();
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

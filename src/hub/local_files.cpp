@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "hub/target_dir.h"
@@ -40,6 +42,31 @@ static FetchOutcome place_file(const std::string& from, const TargetDir& target,
   return FetchOutcome::Downloaded;
 }
 
+// Bytes place_file writes for `from`: none where target/name is that file already (a hard link) or
+// where a hard link will place it (allowed, and on the target's filesystem).
+static uint64_t bytes_to_place(const std::string& from, const TargetDir& target, const std::string& name,
+                               const std::string& origin, bool allow_hard_links) {
+  const std::string final_path = target.resolve(name, origin);  // refuses an unsafe name, before any write
+  struct stat src, dst, root;
+  if (::stat(from.c_str(), &src) != 0) return 0;  // place_file says why
+  if (::stat(final_path.c_str(), &dst) == 0 && dst.st_dev == src.st_dev && dst.st_ino == src.st_ino) return 0;
+  if (allow_hard_links && ::stat(target.root().c_str(), &root) == 0 && root.st_dev == src.st_dev) return 0;
+  return uint64_t(src.st_size);
+}
+
+// TargetDir::check_room for placing `files` (absolute source, relative name) under target.
+static void check_room_to_place(const std::vector<std::pair<std::string, std::string>>& files, const TargetDir& target,
+                                const std::string& origin, bool allow_hard_links) {
+  uint64_t bytes = 0;
+  size_t count = 0;
+  for (const auto& [from, name] : files)
+    if (uint64_t b = bytes_to_place(from, target, name, origin, allow_hard_links); b > 0) {
+      bytes += b;
+      ++count;
+    }
+  target.check_room(bytes, count, origin);
+}
+
 TransferReport copy_local_tree(const std::string& source, const PatternFilter& filter, const std::string& output_dir,
                                bool allow_hard_links, const ProgressFn& progress) {
   auto t0 = std::chrono::steady_clock::now();
@@ -64,6 +91,7 @@ TransferReport copy_local_tree(const std::string& source, const PatternFilter& f
   TargetDir target(output_dir);
   for (const auto& c : chosen) target.resolve(c.second, origin);
   if (chosen.empty()) throw Error(origin, "no file there passes the allow/ignore patterns");
+  check_room_to_place(chosen, target, origin, allow_hard_links);
   TransferReport report;
   report.source = origin;
   report.destination = target.root();
@@ -84,7 +112,9 @@ TransferReport copy_items_to_dir(const std::vector<UploadItem>& items, const std
   auto t0 = std::chrono::steady_clock::now();
   TargetDir target(dest_dir);
   const std::string origin = "file://" + target.root();
-  for (const UploadItem& item : items) target.resolve(item.remote_path, origin);
+  std::vector<std::pair<std::string, std::string>> placed;  // absolute source, relative name
+  for (const UploadItem& item : items) placed.emplace_back(item.local_path, item.remote_path);
+  check_room_to_place(placed, target, origin, /*allow_hard_links=*/false);
   TransferReport report;
   report.destination = origin;
   for (size_t i = 0; i < items.size(); ++i) {

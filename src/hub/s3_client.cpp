@@ -212,21 +212,24 @@ TransferReport S3Client::download(const std::string& bucket, const std::string& 
   TransferReport report;
   report.source = origin;
   report.destination = target.root();
-  for (size_t i = 0; i < chosen.size(); ++i) {
-    const S3Object& o = chosen[i].first;
-    DownloadJob job;
+  std::vector<DownloadJob> jobs;
+  for (const auto& [o, rel] : chosen) {
+    DownloadJob& job = jobs.emplace_back();
     job.origin = origin;
-    job.name = chosen[i].second;
+    job.name = rel;
     job.version_tag = o.etag;
     job.expected.size = int64_t(o.size);
     std::string key = o.key;
     job.make_request = [this, bucket, key](uint64_t) { return signed_request("GET", bucket, key, {}, kEmptySha256); };
     const std::string where = "s3://" + bucket + "/" + key;
     job.explain_error = [this, where](const HttpResponse& r) { raise(r, where); };
-    FetchResult fr = download_file(http_, target, job, options_.retry);
+  }
+  check_room_for(target, jobs, origin);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    FetchResult fr = download_file(http_, target, jobs[i], options_.retry);
     report.bytes_transferred += fr.bytes_transferred;
-    report.files.push_back({job.name, fr.size, fr.outcome});
-    if (progress) progress(i + 1, chosen.size(), report.files.back());
+    report.files.push_back({jobs[i].name, fr.size, fr.outcome});
+    if (progress) progress(i + 1, jobs.size(), report.files.back());
   }
   target.remove_partial_dir_if_empty();
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -1,6 +1,7 @@
 #include "hub/target_dir.h"
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -115,6 +116,16 @@ void TargetDir::commit(const std::string& partial, const std::string& final_path
 void TargetDir::remove_partial_dir_if_empty() const {
   std::string dir = root_ + "/" + kPartialDir;
   ::rmdir(dir.c_str());  // fails harmlessly when not empty or absent
+}
+
+void TargetDir::check_room(uint64_t bytes, size_t files, const std::string& origin) const {
+  struct statvfs fs_stats;
+  if (bytes == 0 || ::statvfs(root_.c_str(), &fs_stats) != 0) return;
+  const uint64_t free = uint64_t(fs_stats.f_bavail) * fs_stats.f_frsize;
+  if (free >= bytes) return;
+  throw Error(origin, std::to_string(bytes) + " bytes (" + std::to_string(files) + " file" + (files == 1 ? "" : "s") +
+                          ") to write into " + root_ + ", but its filesystem has " + std::to_string(free) +
+                          " bytes free: free space or choose another destination");
 }
 
 }  // namespace ktune::hub

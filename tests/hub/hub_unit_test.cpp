@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "hub/digest.h"
 #include "hub/exporter.h"
+#include "hub/file_download.h"
 #include "hub/http_client.h"
 #include "hub/patterns.h"
 #include "hub/s3_client.h"
@@ -80,6 +81,54 @@ TEST(TargetDirNames, PartialFilesLiveApartFromRealNames) {
   EXPECT_NE(p.find(".incomplete"), std::string::npos);
   EXPECT_NE(target.partial_path("a/x.bin", "t"), target.partial_path("b/x.bin", "t"));
   EXPECT_NE(target.partial_path("x.bin", "v1"), target.partial_path("x.bin", "v2"));
+}
+
+// A transfer checks its room before the first byte: what it counts (a file in place at its size,
+// nothing; a partial, the rest; a size unknown, nothing) against the filesystem's free space, an
+// Error naming the origin, the root, the bytes and the files when more than that; nothing to write
+// is never refused.
+TEST(TargetDirRoom, ATransferLargerThanTheFreeSpaceIsRefusedCountingOnlyWhatIsLeftToWrite) {
+  TempDir tmp;
+  TargetDir target(tmp / "out");
+  EXPECT_NO_THROW(target.check_room(0, 0, "hf://org/x"));
+  EXPECT_NO_THROW(target.check_room(1, 1, "hf://org/x"));
+  const uint64_t huge = uint64_t(1) << 62;  // more than any disk
+  try {
+    target.check_room(huge, 3, "hf://org/x");
+    FAIL() << "a transfer of 4 EiB fitted";
+  } catch (const ktune::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("hf://org/x"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::to_string(huge) + " bytes (3 files) to write into " + target.root()), std::string::npos) << m;
+    EXPECT_NE(m.find("bytes free"), std::string::npos) << m;
+  }
+
+  auto job = [](const std::string& name, int64_t size) {
+    DownloadJob j;
+    j.origin = "s3://bucket";
+    j.name = name;
+    j.version_tag = "v1";
+    j.expected.size = size;
+    return j;
+  };
+  const int64_t big = int64_t(huge);
+  write_file(target.root() + "/in-place.bin", std::string(100, 'x'));
+  std::filesystem::create_directories(target.root() + "/.ktune-download");
+  write_file(target.partial_path("half.bin", "v1"), std::string(1000, 'x'));
+  auto counted = [&](const std::vector<DownloadJob>& jobs) -> std::string {
+    try {
+      check_room_for(target, jobs, "s3://bucket");
+      return "fits";
+    } catch (const ktune::Error& e) {
+      const std::string m = e.what();
+      return m.substr(m.find("s3://bucket: ") + 13, m.find(" to write") - m.find("s3://bucket: ") - 13);
+    }
+  };
+  EXPECT_EQ(counted({job("in-place.bin", 100), job("unknown.bin", -1)}), "fits");
+  EXPECT_EQ(counted({job("in-place.bin", 100), job("half.bin", big)}), std::to_string(big - 1000) + " bytes (1 file)");
+  // A file of another size than the store's is fetched again, whole.
+  EXPECT_EQ(counted({job("in-place.bin", big), job("half.bin", big)}),
+            std::to_string(2 * huge - 1000) + " bytes (2 files)");
 }
 
 TEST(StorageUris, ParsesEveryForm) {
