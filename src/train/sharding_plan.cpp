@@ -115,6 +115,9 @@ ShardingPlan plan_sharding(const ShardingPlanRequest& r) {
     }
   }
   plan.total_params = plan.trainable_params + plan.frozen_params;
+  plan.checkpoint_model = (r.lora ? plan.frozen_params : plan.total_params) * b;  // LoRA: the base, merged
+  plan.checkpoint_adapter = r.lora ? plan.trainable_params * b : 0;
+  plan.checkpoint_recipe_state = 3 * plan.trainable_params * b;
   plan.frozen_if_replicated = plan.frozen_params * b;
   plan.frozen = r.sharded ? frozen_shards * b : plan.frozen_if_replicated;
   plan.replicated_persistent = 4 * plan.trainable_params * b;
@@ -184,6 +187,11 @@ std::string format_sharding_plan(const ShardingPlanRequest& r, const ShardingPla
   add("  reduce-scatter       " + gib(p.reduce_scatter_sent));
   add("  all-reduce           " + gib(p.all_reduce_sent));
   add("  total                " + gib(p.sent()));
+  add("on disk, each checkpoint rank 0 writes (tensor data; config and tokenizer files besides):");
+  add("  merged model         " + gib(p.checkpoint_model));
+  if (r.lora) add("  adapter              " + gib(p.checkpoint_adapter));
+  add("  recipe state         " + gib(p.checkpoint_recipe_state) + "  (values, exp_avg, exp_avg_sq)");
+  add("  total                " + gib(p.checkpoint_model + p.checkpoint_adapter + p.checkpoint_recipe_state));
   if (p.world_size > 1 && (p.world_size & (p.world_size - 1)) != 0 && r.sharded)
     add("note: on Gloo (CPU), ktune's reduce-scatter for a world size that is not a power of two is an all-reduce "
         "(twice the reduce-scatter traffic)");

@@ -1,7 +1,7 @@
 // The scaling model of sharded data parallelism, as a pure function: for a model config, a world
 // of nnodes × nproc_per_node ranks, a recipe (full or LoRA), a dtype and a LoRA rank, how many
 // bytes of parameters, gradients and AdamW state each rank holds, how much it gathers for the
-// duration of a step, and how many bytes it sends per optimizer step. It uses the same flat
+// duration of a step, how many bytes it sends per optimizer step, and what a checkpoint takes on disk. It uses the same flat
 // layout (FlatShardLayout: 16-float alignment, padding to 16·W) and the same units (one per
 // decoder layer, one for embeddings + final norm + output projection) as ShardedDataParallel, so
 // on this machine its figures are the ones a run prints (tested). `ktune plan` prints it.
@@ -58,6 +58,10 @@ struct ShardingPlan {
   int64_t replicated_persistent = 0;
   // Bytes each rank sends per optimizer step.
   int64_t all_gather_sent = 0, reduce_scatter_sent = 0, all_reduce_sent = 0;
+  // Bytes of tensor data in each checkpoint rank 0 writes: the merged model (the base's tensors,
+  // full or merged), LoRA's adapter file, and the recipe state (the trainable values and both
+  // moments); in the plan's dtype, as a run writes them (files copied beside them not counted).
+  int64_t checkpoint_model = 0, checkpoint_adapter = 0, checkpoint_recipe_state = 0;
   int64_t sent() const { return all_gather_sent + reduce_scatter_sent + all_reduce_sent; }
 };
 

@@ -521,6 +521,23 @@ TEST_F(RecipeTest, PlanPrintsThePerRankStateAShardedRunHolds) {
                        out(recipe));
     ASSERT_EQ(run2.exit_code, 0) << run2.output;
     EXPECT_NE(run2.output.find(expected), std::string::npos) << recipe << ": " << expected << "\n" << run2.output;
+    // What a checkpoint takes on disk: the tensor data the run's epoch_0 holds.
+    auto planned = [&](const std::string& what) -> int64_t {
+      std::smatch d;
+      if (!std::regex_search(plan.output, d, std::regex("  " + what + R"( +[0-9.]+ GiB \((\d+) bytes\))"))) return -1;
+      return std::stoll(d[1]);
+    };
+    auto tensor_bytes = [&](const std::string& file) {
+      io::SafetensorsFile f = io::SafetensorsFile::open(out(recipe) + "/epoch_0/" + file);
+      int64_t bytes = 0;
+      for (const std::string& name : f.names()) bytes += int64_t(f.info(name).end - f.info(name).begin);
+      return bytes;
+    };
+    EXPECT_EQ(planned("merged model"), tensor_bytes("model-00001-of-00001.safetensors")) << plan.output;
+    EXPECT_EQ(planned("recipe state"), tensor_bytes("recipe_state/trainable.safetensors") +
+                                           tensor_bytes("recipe_state/optimizer.safetensors"))
+        << plan.output;
+    EXPECT_EQ(planned("adapter"), lora ? tensor_bytes("adapter_model.safetensors") : -1) << plan.output;
   }
   Outcome bad = sh(kKtune + " plan --model " + model() + " --dtype fp16");
   EXPECT_NE(bad.exit_code, 0);
