@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -97,10 +98,36 @@ struct Worker {
   int status = 0;
 };
 
-static std::string describe_exit(int status) {
+static std::string gib_text(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", bytes / double(int64_t(1) << 30));
+  return text;
+}
+
+// The memory this process may use: the machine's, or its cgroup's limit where lower (v2, v1).
+static double memory_limit_bytes() {
+  double limit = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  for (const char* file : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::FILE* f = std::fopen(file, "r");
+    if (f == nullptr) continue;
+    double value = 0;
+    if (std::fscanf(f, "%lf", &value) == 1 && value > 0 && value < limit) limit = value;  // "max" reads as nothing
+    std::fclose(f);
+  }
+  return limit;
+}
+
+// How a worker ended; `usage` its resources (wait4). A SIGKILL the launcher did not send is most
+// often the kernel's out-of-memory killer: said so, with the worker's peak memory.
+static std::string describe_exit(int status, const struct rusage& usage, bool stopped_by_us) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
-  return "stopped";
+  if (!WIFSIGNALED(status)) return "stopped";
+  std::string text = std::string("was killed by signal ") + strsignal(WTERMSIG(status));
+  if (WTERMSIG(status) == SIGKILL && !stopped_by_us)
+    text += " (not by the launcher: the kernel's out-of-memory killer sends SIGKILL when memory runs out; its peak "
+            "resident memory was " + gib_text(double(usage.ru_maxrss) * 1024.0) + ", of " +
+            gib_text(memory_limit_bytes()) + " this machine allows)";
+  return text;
 }
 
 static bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
@@ -274,7 +301,8 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
     for (Worker& w : workers) {
       if (w.exited) continue;
       int status = 0;
-      if (waitpid(w.pid, &status, WNOHANG) == w.pid) {
+      struct rusage usage {};
+      if (wait4(w.pid, &status, WNOHANG, &usage) == w.pid) {
         w.exited = true;
         w.status = status;
         bool stopped_by_us = stopping && WIFSIGNALED(status) && (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGKILL);
@@ -282,7 +310,8 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
         std::optional<WorkerError> error = read_worker_error(w.error_file);
         if ((failed(status) && !stopped_by_us) || error) {
           Failure f{error ? error->time_ns : wall_clock_ns(),
-                    "rank " + std::to_string(w.rank) + " (" + me + ", pid " + std::to_string(w.pid) + ") " + describe_exit(status) +
+                    "rank " + std::to_string(w.rank) + " (" + me + ", pid " + std::to_string(w.pid) + ") " +
+                        describe_exit(status, usage, stopped_by_us) +
                         (error ? ": " + error->message : std::string())};
           try {
             int64_t index = store.add("ktune/failures", 1);

@@ -8,13 +8,15 @@
 // recorded its own): its peers fail (and are reaped) first, as happens when a sanitizer slows an
 // exit, and the launcher must still name rank 1's first error as the cause. "slow0" makes rank 0 sleep 6 s before the
 // allreduce: its peers wait there for as long as the collectives' timeout (env
-// KTUNE_COLLECTIVE_TIMEOUT, read by read_worker_env) lets them.
+// KTUNE_COLLECTIVE_TIMEOUT, read by read_worker_env) lets them. "killed1" makes rank 1 touch 96 MiB
+// and die of a SIGKILL that no one in the job sent, as the kernel's OOM killer ends a process.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "dist/launcher.h"
@@ -42,6 +44,12 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
       usleep(1000 * 1000);
     }
     return 3;
+  }
+  if (mode == "killed1" && env.rank == 1) {  // as the OOM killer ends a worker: SIGKILL, after 96 MiB resident
+    std::vector<char> memory(96 << 20);
+    for (size_t i = 0; i < memory.size(); i += 4096) memory[i] = char(i);
+    std::fprintf(stderr, "rank 1 holds %zu bytes\n", memory.size());
+    raise(SIGKILL);
   }
   if (mode == "slow0" && env.rank == 0) usleep(6000 * 1000);
   float value = float(env.rank + 1);

@@ -66,6 +66,21 @@ TEST(Launcher, AFailingWorkerStopsTheOthersAndNamesTheRank) {
   EXPECT_TRUE(std::regex_search(r.output, cause)) << r.output;
 }
 
+// A worker killed by a SIGKILL the launcher did not send (the OOM killer's way) is named with what
+// that most often means and its peak resident memory (at least the 96 MiB it touched).
+TEST(Launcher, AWorkerKilledFromOutsideIsNamedWithItsPeakMemory) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  Result r = run("1 2 0 " + endpoint + " killed1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  static const std::regex cause(
+      R"(job failed: rank 1 \(node0, pid \d+\) was killed by signal Killed \(not by the launcher: the kernel's )"
+      R"(out-of-memory killer sends SIGKILL when memory runs out; its peak resident memory was ([0-9.]+) GiB, of )"
+      R"([0-9.]+ GiB this machine allows\))");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, cause)) << r.output;
+  EXPECT_GE(std::stod(m[1]), 0.09) << r.output;
+}
+
 TEST(Launcher, TheCauseIsNamedFirstEvenWhenItsPeersExitBeforeIt) {
   std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   Result r = run("1 3 0 " + endpoint + " fail1_slow_exit");
