@@ -62,9 +62,9 @@ int cmd_run(const Args& args) {
     return train::run_finetune(config, *recipe, *group,
                                train::WorkerDevices{&store, worker->local_rank, worker->collective_timeout});
   } catch (const std::exception& e) {
-    // Recorded before the group closes: the peers waiting in a collective fail only once it has, so
-    // the launcher's earliest error is this rank's cause, not their lost peer.
-    dist::record_worker_error(redact(e.what()));
+    // Recorded before the group closes: the peers waiting in a collective fail only once it has (and
+    // say so: PeerLostError), so the launcher names this rank's cause first.
+    dist::record_worker_error(redact(e.what()), dynamic_cast<const dist::PeerLostError*>(&e) != nullptr);
     throw;
   }
 }

@@ -8,6 +8,7 @@
 #include "cli/command_table.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "dist/process_group.h"
 #include "dist/worker_error.h"
 
 namespace ktune::cli {
@@ -77,7 +78,8 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {  // ktune::Errors too: its what() lists every error
     std::string message = ktune::redact(e.what());
     std::fprintf(stderr, "error: %s\n", message.c_str());
-    ktune::dist::record_worker_error(message);  // for the launcher, when this is one of its workers
+    // For the launcher, when this is one of its workers (a no-op when the recipe recorded it already).
+    ktune::dist::record_worker_error(message, dynamic_cast<const ktune::dist::PeerLostError*>(&e) != nullptr);
     return 1;
   }
 }

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/process_exit.h"
 #include "dist/tcp_store.h"
 #include "dist/worker_error.h"
 
@@ -98,38 +99,6 @@ struct Worker {
   int status = 0;
 };
 
-static std::string gib_text(double bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f GiB", bytes / double(int64_t(1) << 30));
-  return text;
-}
-
-// The memory this process may use: the machine's, or its cgroup's limit where lower (v2, v1).
-static double memory_limit_bytes() {
-  double limit = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
-  for (const char* file : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::FILE* f = std::fopen(file, "r");
-    if (f == nullptr) continue;
-    double value = 0;
-    if (std::fscanf(f, "%lf", &value) == 1 && value > 0 && value < limit) limit = value;  // "max" reads as nothing
-    std::fclose(f);
-  }
-  return limit;
-}
-
-// How a worker ended; `usage` its resources (wait4). A SIGKILL the launcher did not send is most
-// often the kernel's out-of-memory killer: said so, with the worker's peak memory.
-static std::string describe_exit(int status, const struct rusage& usage, bool stopped_by_us) {
-  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
-  if (!WIFSIGNALED(status)) return "stopped";
-  std::string text = std::string("was killed by signal ") + strsignal(WTERMSIG(status));
-  if (WTERMSIG(status) == SIGKILL && !stopped_by_us)
-    text += " (not by the launcher: the kernel's out-of-memory killer sends SIGKILL when memory runs out; its peak "
-            "resident memory was " + gib_text(double(usage.ru_maxrss) * 1024.0) + ", of " +
-            gib_text(memory_limit_bytes()) + " this machine allows)";
-  return text;
-}
-
 static bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
 // Prints whole lines of `chunk` with the rank prefix; keeps an unfinished line in `partial`.
@@ -198,16 +167,21 @@ static pid_t spawn_worker(const LaunchPlan& plan, int local_rank, const std::vec
 // One worker's failure as the launchers share it through the store: "<time_ns> <why>".
 struct Failure {
   int64_t time_ns = 0;
+  bool lost_peer = false;  // a collective's failure for want of a peer: a consequence (WorkerError)
   std::string why;
 };
-static std::string encode_failure(const Failure& f) { return std::to_string(f.time_ns) + " " + f.why; }
+// "<time_ns> <0|1> <why>", through the store to node 0.
+static std::string encode_failure(const Failure& f) {
+  return std::to_string(f.time_ns) + " " + (f.lost_peer ? "1" : "0") + " " + f.why;
+}
 static Failure decode_failure(const std::string& text) {
-  size_t space = text.find(' ');
-  if (space == std::string::npos) return {0, text};
+  const size_t first = text.find(' ');
+  const size_t second = first == std::string::npos ? std::string::npos : text.find(' ', first + 1);
+  if (second == std::string::npos) return {0, false, text};
   try {
-    return {std::stoll(text.substr(0, space)), text.substr(space + 1)};
+    return {std::stoll(text.substr(0, first)), text.substr(first + 1, second - first - 1) == "1", text.substr(second + 1)};
   } catch (const std::exception&) {
-    return {0, text};
+    return {0, false, text};
   }
 }
 
@@ -309,9 +283,9 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
         // A worker that wrote an error file failed by itself, even if our SIGTERM met it on its way out.
         std::optional<WorkerError> error = read_worker_error(w.error_file);
         if ((failed(status) && !stopped_by_us) || error) {
-          Failure f{error ? error->time_ns : wall_clock_ns(),
+          Failure f{error ? error->time_ns : wall_clock_ns(), error && error->lost_peer,
                     "rank " + std::to_string(w.rank) + " (" + me + ", pid " + std::to_string(w.pid) + ") " +
-                        describe_exit(status, usage, stopped_by_us) +
+                        describe_process_exit(status, &usage, stopped_by_us) +
                         (error ? ": " + error->message : std::string())};
           try {
             int64_t index = store.add("ktune/failures", 1);
@@ -360,18 +334,24 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
   std::error_code ignored;
   std::filesystem::remove_all(error_dir.data(), ignored);  // error files, and any a kill cut short
   if (any_failed || !failure.empty()) {
-    // Every failure the store knows of, the earliest first: that one is most often the cause, the
-    // later ones peers that lost it in a collective.
+    // Every failure the store knows of: the causes first (a worker's own error, or its death, which
+    // it could not time: the launcher's reap stands for it), then the peers that lost one in a
+    // collective (PeerLostError); each group the earliest first.
     std::vector<Failure> all;
     try {
       for (int64_t i = 1, n = store.add("ktune/failures", 0); i <= n; ++i) all.push_back(decode_failure(store.get_string("ktune/failure/" + std::to_string(i))));
     } catch (const Error&) {
       all = local_failures;
     }
-    std::stable_sort(all.begin(), all.end(), [](const Failure& a, const Failure& b) { return a.time_ns < b.time_ns; });
+    std::stable_sort(all.begin(), all.end(), [](const Failure& a, const Failure& b) {
+      return a.lost_peer != b.lost_peer ? !a.lost_peer : a.time_ns < b.time_ns;
+    });
     std::string message;
     if (all.empty()) message = failure.empty() ? std::string("a worker failed") : failure;
     for (size_t i = 0; i < all.size(); ++i) message += (i == 0 ? "" : i == 1 ? "; after it: " : "; ") + all[i].why;
+    if (!all.empty() && all.front().lost_peer)
+      message += " (each of these lost a peer in a collective: the rank that failed first was stopped, or its node "
+                 "lost, before it could say why)";
     std::fprintf(stderr, "ktune launcher (%s): job failed: %s; stopped the other workers\n", me.c_str(), message.c_str());
     return 1;
   }

@@ -11,9 +11,19 @@
 #include <memory>
 #include <string>
 
+#include "core/error.h"
+
 namespace ktune::dist {
 
 class TcpStore;
+
+// A collective that failed because a peer did not take part (it died or hung, or the network
+// broke): on a rank whose peer failed first, the consequence, not the cause. The launcher names such
+// failures after the others.
+class PeerLostError : public Error {
+ public:
+  using Error::Error;
+};
 
 class ProcessGroup {
  public:

@@ -184,9 +184,9 @@ class GlooProcessGroup final : public ProcessGroup {
     } catch (const std::exception& e) {
       const std::string where = std::string(what) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
       if (std::string(e.what()).find("Timed out") != std::string::npos)  // gloo's words for its timeout
-        throw Error(where, "a peer did not take part within the collectives' timeout of " + seconds_text(timeout_) +
-                               " (env KTUNE_COLLECTIVE_TIMEOUT): " + e.what());
-      throw Error(where, std::string("a peer failed or the network broke: ") + e.what());
+        throw PeerLostError(where, "a peer did not take part within the collectives' timeout of " + seconds_text(timeout_) +
+                                       " (env KTUNE_COLLECTIVE_TIMEOUT): " + e.what());
+      throw PeerLostError(where, std::string("a peer failed or the network broke: ") + e.what());
     }
   }
 

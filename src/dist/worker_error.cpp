@@ -15,7 +15,7 @@ int64_t wall_clock_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void record_worker_error(const std::string& message) {
+void record_worker_error(const std::string& message, bool lost_peer) {
   static std::atomic<bool> recorded{false};
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr || *path == 0) return;
@@ -24,7 +24,10 @@ void record_worker_error(const std::string& message) {
     int64_t now = wall_clock_ns();
     nlohmann::json doc = {{"message",
                            {{"message", message},
-                            {"extraInfo", {{"timestamp", std::to_string(now / 1000000000)}, {"timestamp_ns", std::to_string(now)}}}}}};
+                            {"extraInfo",
+                             {{"timestamp", std::to_string(now / 1000000000)},
+                              {"timestamp_ns", std::to_string(now)},
+                              {"lost_peer", lost_peer ? "1" : "0"}}}}}};
     std::string text = doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::string tmp = std::string(path) + ".tmp" + std::to_string(getpid());
     std::FILE* f = std::fopen(tmp.c_str(), "w");
@@ -49,6 +52,7 @@ std::optional<WorkerError> read_worker_error(const std::string& path) {
     const nlohmann::json& extra = m.value("extraInfo", nlohmann::json::object());
     if (extra.contains("timestamp_ns")) e.time_ns = std::stoll(extra["timestamp_ns"].get<std::string>());
     else if (extra.contains("timestamp")) e.time_ns = std::stoll(extra["timestamp"].get<std::string>()) * 1000000000LL;
+    e.lost_peer = extra.value("lost_peer", std::string()) == "1";
     return e;
   } catch (...) {
     return std::nullopt;

@@ -20,11 +20,14 @@ int64_t wall_clock_ns();
 // it runs on the way out of a failing process. The first call in a process wins: a worker records
 // its error where it fails, while its process group is still up (the group's closing is what makes
 // the peers fail), and a later call on the way out (main's) changes nothing.
-void record_worker_error(const std::string& message);
+// lost_peer: the error is a collective's that a peer did not take part in (PeerLostError), the
+// consequence of another rank's failure; the launcher names those after the others.
+void record_worker_error(const std::string& message, bool lost_peer = false);
 
 struct WorkerError {
   std::string message;
-  int64_t time_ns = 0;  // when the worker recorded it
+  int64_t time_ns = 0;     // when the worker recorded it
+  bool lost_peer = false;  // record_worker_error's flag (extraInfo "lost_peer": "1")
 };
 
 // Reads an error file written by record_worker_error (or by torchelastic, whose timestamp is in

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/process_exit.h"
 #include "sdk/job_registry.h"
 #include "sdk/local_backend.h"
 #include "sdk/process_identity.h"
@@ -45,6 +46,7 @@ struct RunningStep {
   std::string partial;    // output after the last line break
   bool exited = false;
   int exit_code = -1;
+  std::string ended;  // how it ended, in words (describe_process_exit)
   double drain_deadline = 0;  // after exit: stop waiting for output held open by grandchildren
 };
 
@@ -248,12 +250,14 @@ bool Supervisor::start(size_t index) {
 void Supervisor::reap() {
   while (true) {
     int st = 0;
-    pid_t pid = waitpid(-1, &st, WNOHANG);
+    struct rusage usage {};
+    pid_t pid = wait4(-1, &st, WNOHANG, &usage);
     if (pid <= 0) return;
     auto it = running_.find(pid);
     if (it == running_.end()) continue;
     it->second.exited = true;
     it->second.exit_code = exit_code_of(st);
+    it->second.ended = describe_process_exit(st, &usage, /*sent_by_parent=*/false);
     it->second.drain_deadline = unix_now() + 2.0;
   }
 }
@@ -274,9 +278,7 @@ void Supervisor::finish_exited() {
     registry_.finish_step(job_.name, step.name, status_[r.index], r.exit_code, unix_now());
     log_line("step " + step.name + " exited with code " + std::to_string(r.exit_code));
     if (!ok && failure_.empty()) {
-      failure_ = "step " + step.name + " exited with code " + std::to_string(r.exit_code);
-      if (r.exit_code > 128) failure_ += " (signal " + std::to_string(r.exit_code - 128) + ")";
-      failure_ += "; see `ktune jobs logs " + job_.name + " --step " + step.name + "`";
+      failure_ = "step " + step.name + " " + r.ended + "; see `ktune jobs logs " + job_.name + " --step " + step.name + "`";
     }
     it = running_.erase(it);
   }
@@ -290,6 +292,7 @@ void Supervisor::stop_all(double grace) {
     if (!r.exited && waitpid(pid, &st, 0) == pid) {
       r.exited = true;
       r.exit_code = exit_code_of(st);
+      r.ended = describe_process_exit(st, nullptr, /*sent_by_parent=*/true);
     }
     r.drain_deadline = 0;
   }

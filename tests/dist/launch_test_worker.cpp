@@ -8,7 +8,9 @@
 // recorded its own): its peers fail (and are reaped) first, as happens when a sanitizer slows an
 // exit, and the launcher must still name rank 1's first error as the cause. "slow0" makes rank 0 sleep 6 s before the
 // allreduce: its peers wait there for as long as the collectives' timeout (env
-// KTUNE_COLLECTIVE_TIMEOUT, read by read_worker_env) lets them. "killed1" makes rank 1 touch 96 MiB
+// KTUNE_COLLECTIVE_TIMEOUT, read by read_worker_env) lets them. "fail1_records_late" makes rank 1
+// close its connections first and record its error only after its peers have recorded theirs (a
+// lost peer, PeerLostError): the launcher must still name rank 1 as the cause. "killed1" makes rank 1 touch 96 MiB
 // and die of a SIGKILL that no one in the job sent, as the kernel's OOM killer ends a process.
 #include <signal.h>
 #include <unistd.h>
@@ -45,6 +47,16 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
     }
     return 3;
   }
+  if (mode == "fail1_records_late" && env.rank == 1) {
+    sigset_t term;  // as in fail1_slow_exit: the launcher's SIGTERM must not cut the record short
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_BLOCK, &term, nullptr);
+    group.reset();  // the peers fail in their allreduce and record that first
+    usleep(500 * 1000);
+    record_worker_error("rank 1 failing on purpose, after its peers recorded theirs");
+    return 3;
+  }
   if (mode == "killed1" && env.rank == 1) {  // as the OOM killer ends a worker: SIGKILL, after 96 MiB resident
     std::vector<char> memory(96 << 20);
     for (size_t i = 0; i < memory.size(); i += 4096) memory[i] = char(i);
@@ -76,7 +88,7 @@ int main(int argc, char** argv) {
     return run_launcher(plan, {"/proc/self/exe", argv[5]});
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-    record_worker_error(e.what());
+    record_worker_error(e.what(), dynamic_cast<const PeerLostError*>(&e) != nullptr);
     return 1;
   }
 }

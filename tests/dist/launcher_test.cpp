@@ -73,12 +73,21 @@ TEST(Launcher, AWorkerKilledFromOutsideIsNamedWithItsPeakMemory) {
   Result r = run("1 2 0 " + endpoint + " killed1");
   EXPECT_NE(r.exit_code, 0) << r.output;
   static const std::regex cause(
-      R"(job failed: rank 1 \(node0, pid \d+\) was killed by signal Killed \(not by the launcher: the kernel's )"
+      R"(job failed: rank 1 \(node0, pid \d+\) was killed by signal Killed \(not by its parent: the kernel's )"
       R"(out-of-memory killer sends SIGKILL when memory runs out; its peak resident memory was ([0-9.]+) GiB, of )"
       R"([0-9.]+ GiB this machine allows\))");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, cause)) << r.output;
   EXPECT_GE(std::stod(m[1]), 0.09) << r.output;
+}
+
+TEST(Launcher, TheCauseIsNamedFirstEvenWhenItsPeersRecordTheirLostPeerBeforeIt) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  Result r = run("1 3 0 " + endpoint + " fail1_records_late");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("job failed: rank 1 (node0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("after its peers recorded theirs; after it: rank "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("a peer failed or the network broke"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, TheCauseIsNamedFirstEvenWhenItsPeersExitBeforeIt) {

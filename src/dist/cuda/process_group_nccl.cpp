@@ -198,7 +198,7 @@ class NcclProcessGroup final : public ProcessGroup, public StreamCollectives {
   [[noreturn]] void abort_with(const char* what, const std::string& why) {
     ncclCommAbort(comm_);
     comm_ = nullptr;
-    throw Error(where_, std::string(what) + ": " + why);
+    throw PeerLostError(where_, std::string(what) + ": " + why);
   }
 
   int rank_, size_;

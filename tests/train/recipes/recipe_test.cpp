@@ -498,7 +498,7 @@ TEST_F(RecipeTest, KillingOneWorkerEndsTheJobWithTheRankNamedAndNoHang) {
   ASSERT_TRUE(WIFEXITED(status)) << output;
   EXPECT_NE(WEXITSTATUS(status), 0) << output;
   EXPECT_NE(output.find("job failed: "), std::string::npos) << output;
-  EXPECT_NE(output.find("rank 1 (node0, pid " + std::to_string(victim) + ") was killed by signal Killed (not by the launcher"),
+  EXPECT_NE(output.find("rank 1 (node0, pid " + std::to_string(victim) + ") was killed by signal Killed (not by its parent"),
             std::string::npos)
       << output;
   EXPECT_NE(output.find("its peak resident memory was "), std::string::npos) << output;
