@@ -207,6 +207,9 @@ class FinetuneRecipe {
   // Error naming the sizes if not: the first save would fail after the epoch's training) and for the
   // saves this run plans (a warning if not). Env KTUNE_SKIP_SPACE_CHECK=1 makes the error a warning.
   void check_checkpoint_space() const;
+  // The saves the rest of the run makes: one a remaining epoch, and one every save_every_n_steps
+  // steps that does not end an epoch.
+  int64_t planned_saves() const;
   // The dtype of the merged model's files: the run's (bf16, or f32).
   DType saved_weights_dtype() const { return cfg_.dtype == TrainDtype::BF16 ? DType::BF16 : DType::F32; }
   // DoRA over several ranks (LoraOptions::dora_magnitudes_later): each rank makes the magnitudes of
@@ -330,12 +333,7 @@ void FinetuneRecipe::setup() {
 void FinetuneRecipe::check_checkpoint_space() const {
   const CheckpointBytes one = checkpointer_->planned_bytes(trainable_specs_, saved_weights_dtype(), recipe_.lora,
                                                             cfg_.save_adapter_weights_only);
-  // One a remaining epoch, and one every save_every_n_steps steps that does not end an epoch.
-  const int64_t epochs = std::max<int64_t>(0, cfg_.epochs - start_epoch_);
-  int64_t saves = epochs;
-  if (cfg_.save_every_n_steps)
-    for (int64_t step = global_step_ + 1; step <= global_step_ + epochs * steps_per_epoch_; ++step)
-      saves += step % *cfg_.save_every_n_steps == 0 && step % steps_per_epoch_ != 0;
+  const int64_t saves = planned_saves();
   const std::optional<int64_t> free = checkpointer_->free_bytes();
   const std::string sizes = std::to_string(one.total()) + " bytes (" + mib(one.total()) + ": merged model " +
                             mib(one.model) + ", adapter " + mib(one.adapter) + ", recipe state " + mib(one.recipe_state) +
@@ -356,6 +354,15 @@ void FinetuneRecipe::check_checkpoint_space() const {
     log_warn("output_dir " + cfg_.output_dir + " has room for " + std::to_string(*free / one.total()) + " of the " +
              std::to_string(saves) + " checkpoints this run plans (" + mib(one.total()) + " each): delete older ones as it goes");
   }
+}
+
+int64_t FinetuneRecipe::planned_saves() const {
+  const int64_t epochs = std::max<int64_t>(0, cfg_.epochs - start_epoch_);
+  int64_t saves = epochs;
+  if (cfg_.save_every_n_steps)
+    for (int64_t step = global_step_ + 1; step <= global_step_ + epochs * steps_per_epoch_; ++step)
+      saves += step % *cfg_.save_every_n_steps == 0 && step % steps_per_epoch_ != 0;
+  return saves;
 }
 
 void FinetuneRecipe::setup_data() {
