@@ -210,18 +210,18 @@ FetchResult download_file(HttpClient& client, const TargetDir& target, const Dow
   return result;
 }
 
+// Bytes download_file still writes for `job` (see check_room_for).
+static uint64_t bytes_to_fetch(const TargetDir& target, const DownloadJob& job) {
+  if (job.expected.size < 0) return 0;
+  if (file_size(target.resolve(job.name, job.origin)) == job.expected.size) return 0;  // in place (checked later)
+  const int64_t have = std::max<int64_t>(0, file_size(target.partial_path(job.name, job.version_tag)));
+  return uint64_t(std::max<int64_t>(0, job.expected.size - have));
+}
+
 void check_room_for(const TargetDir& target, const std::vector<DownloadJob>& jobs, const std::string& origin) {
-  uint64_t bytes = 0;
-  size_t files = 0;
-  for (const DownloadJob& job : jobs) {
-    if (job.expected.size < 0) continue;
-    if (file_size(target.resolve(job.name, job.origin)) == job.expected.size) continue;  // in place (checked later)
-    const int64_t have = std::max<int64_t>(0, file_size(target.partial_path(job.name, job.version_tag)));
-    if (have >= job.expected.size) continue;
-    bytes += uint64_t(job.expected.size - have);
-    ++files;
-  }
-  target.check_room(bytes, files, origin);
+  std::vector<uint64_t> to_write;
+  for (const DownloadJob& job : jobs) to_write.push_back(bytes_to_fetch(target, job));
+  target.check_room(to_write, origin);
 }
 
 }  // namespace ktune::hub

@@ -57,14 +57,9 @@ static uint64_t bytes_to_place(const std::string& from, const TargetDir& target,
 // TargetDir::check_room for placing `files` (absolute source, relative name) under target.
 static void check_room_to_place(const std::vector<std::pair<std::string, std::string>>& files, const TargetDir& target,
                                 const std::string& origin, bool allow_hard_links) {
-  uint64_t bytes = 0;
-  size_t count = 0;
-  for (const auto& [from, name] : files)
-    if (uint64_t b = bytes_to_place(from, target, name, origin, allow_hard_links); b > 0) {
-      bytes += b;
-      ++count;
-    }
-  target.check_room(bytes, count, origin);
+  std::vector<uint64_t> to_write;
+  for (const auto& [from, name] : files) to_write.push_back(bytes_to_place(from, target, name, origin, allow_hard_links));
+  target.check_room(to_write, origin);
 }
 
 TransferReport copy_local_tree(const std::string& source, const PatternFilter& filter, const std::string& output_dir,

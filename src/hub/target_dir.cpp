@@ -1,7 +1,6 @@
 #include "hub/target_dir.h"
 
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -10,8 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "core/error.h"
+#include "core/free_space.h"
 #include "hub/digest.h"
 
 namespace ktune::hub {
@@ -118,13 +119,18 @@ void TargetDir::remove_partial_dir_if_empty() const {
   ::rmdir(dir.c_str());  // fails harmlessly when not empty or absent
 }
 
-void TargetDir::check_room(uint64_t bytes, size_t files, const std::string& origin) const {
-  struct statvfs fs_stats;
-  if (bytes == 0 || ::statvfs(root_.c_str(), &fs_stats) != 0) return;
-  const uint64_t free = uint64_t(fs_stats.f_bavail) * fs_stats.f_frsize;
-  if (free >= bytes) return;
+void TargetDir::check_room(const std::vector<uint64_t>& to_write, const std::string& origin) const {
+  uint64_t bytes = 0;
+  size_t files = 0;
+  for (uint64_t b : to_write) {
+    bytes += b;
+    files += b > 0;
+  }
+  if (bytes == 0) return;
+  const std::optional<uint64_t> free = free_bytes_at(root_);
+  if (!free || *free >= bytes) return;
   throw Error(origin, std::to_string(bytes) + " bytes (" + std::to_string(files) + " file" + (files == 1 ? "" : "s") +
-                          ") to write into " + root_ + ", but its filesystem has " + std::to_string(free) +
+                          ") to write into " + root_ + ", but its filesystem has " + std::to_string(*free) +
                           " bytes free: free space or choose another destination");
 }
 

@@ -8,10 +8,10 @@
 // symlinks between the check and the rename (no openat-based walk): the target is ours.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ktune::hub {
 
@@ -32,10 +32,11 @@ class TargetDir {
   void commit(const std::string& partial, const std::string& final_path, const std::string& origin) const;
   // Removes the partial-download folder when nothing is left in it.
   void remove_partial_dir_if_empty() const;
-  // Throws an Error naming `origin` and the root unless its filesystem has `bytes` free (the bytes
-  // still to write of `files` files), so that a transfer too large for the disk fails before its
-  // first byte, not an hour into it. A filesystem that tells no free space is not checked.
-  void check_room(uint64_t bytes, size_t files, const std::string& origin) const;
+  // Throws an Error naming `origin` and the root unless its filesystem has room for `to_write` (the
+  // bytes still to write of each file, 0 for one in place), so that a transfer too large for the
+  // disk fails before its first byte, not an hour into it. A filesystem that tells no free space is
+  // not checked.
+  void check_room(const std::vector<uint64_t>& to_write, const std::string& origin) const;
 
  private:
   std::string root_;  // canonical (realpath) form

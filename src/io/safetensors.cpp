@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +18,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/free_space.h"
 
 namespace ktune::io {
 
@@ -334,9 +334,8 @@ void reserve_blocks(int fd, uint64_t bytes, const std::string& path) {
   if (rc == 0 || errno == EOPNOTSUPP || errno == ENOSYS) return;
   const int error = errno;
   std::string why = std::strerror(error);
-  struct statvfs fs;
-  if (error == ENOSPC && fstatvfs(fd, &fs) == 0)
-    why += " (" + std::to_string(uint64_t(fs.f_bavail) * fs.f_frsize) + " bytes free)";
+  if (error == ENOSPC)
+    if (const std::optional<uint64_t> free = free_bytes_at(path)) why += " (" + std::to_string(*free) + " bytes free)";
   throw Error(path, "cannot reserve the file's " + std::to_string(bytes) + " bytes: " + why);
 }
 

@@ -1,11 +1,8 @@
 #include "train/checkpointer.h"
 
-#include <signal.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -18,7 +15,9 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/free_space.h"
 #include "core/log.h"
+#include "core/process_identity.h"
 #include "io/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -375,11 +374,9 @@ CheckpointBytes HfCheckpointer::planned_bytes(const std::vector<io::TensorSpec>&
 }
 
 std::optional<int64_t> HfCheckpointer::free_bytes() const {
-  fs::path dir = fs::absolute(output_dir_);
-  while (!fs::exists(dir) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
-  struct statvfs fs_stats;
-  if (statvfs(dir.c_str(), &fs_stats) != 0) return std::nullopt;
-  return int64_t(uint64_t(fs_stats.f_bavail) * fs_stats.f_frsize);
+  const std::optional<uint64_t> free = free_bytes_at(output_dir_);
+  if (!free) return std::nullopt;
+  return int64_t(*free);
 }
 
 namespace {
@@ -392,7 +389,7 @@ struct SaveLeftover {
   std::string pid;
 };
 
-// Whether a process of this id, other than this one, runs on this machine.
+// Whether a live process of this id, other than this one, runs on this machine (a zombie does not).
 bool process_is_running(const std::string& pid_text) {
   long pid = 0;
   try {
@@ -400,8 +397,8 @@ bool process_is_running(const std::string& pid_text) {
   } catch (const std::exception&) {
     return false;
   }
-  if (pid <= 0 || pid == long(getpid()) || pid > long(std::numeric_limits<pid_t>::max())) return false;
-  return kill(pid_t(pid), 0) == 0 || errno == EPERM;
+  if (pid <= 0 || pid == long(getpid()) || pid > long(std::numeric_limits<int>::max())) return false;
+  return process_is_alive(int(pid), /*start_time=*/0);
 }
 
 std::optional<SaveLeftover> save_leftover(const fs::path& path) {

@@ -90,11 +90,11 @@ TEST(TargetDirNames, PartialFilesLiveApartFromRealNames) {
 TEST(TargetDirRoom, ATransferLargerThanTheFreeSpaceIsRefusedCountingOnlyWhatIsLeftToWrite) {
   TempDir tmp;
   TargetDir target(tmp / "out");
-  EXPECT_NO_THROW(target.check_room(0, 0, "hf://org/x"));
-  EXPECT_NO_THROW(target.check_room(1, 1, "hf://org/x"));
+  EXPECT_NO_THROW(target.check_room({}, "hf://org/x"));
+  EXPECT_NO_THROW(target.check_room({0, 1}, "hf://org/x"));
   const uint64_t huge = uint64_t(1) << 62;  // more than any disk
   try {
-    target.check_room(huge, 3, "hf://org/x");
+    target.check_room({huge - 2, 0, 1, 1}, "hf://org/x");  // three files to write, one in place
     FAIL() << "a transfer of 4 EiB fitted";
   } catch (const ktune::Error& e) {
     const std::string m = e.what();
