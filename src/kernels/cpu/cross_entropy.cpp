@@ -100,6 +100,17 @@ int64_t next_chunk(int64_t* chunk_rows, int64_t* r, const int32_t* labels, int64
   return rows;
 }
 
+// Tokens a chunk takes: the labelled tokens split evenly into as few chunks of at most chunk_tokens
+// as hold them (470 labels at chunk_tokens 261: two chunks of 235, not 261 and 209; the GEMMs of a
+// short last chunk run at a fraction of the rate).
+int64_t balanced_chunk_tokens(const int32_t* labels, int64_t N, int64_t chunk_tokens) {
+  int64_t labelled = 0;
+  for (int64_t r = 0; r < N; ++r) labelled += labels[r] != kIgnoreIndex;
+  if (labelled == 0) return chunk_tokens;
+  const int64_t chunks = (labelled + chunk_tokens - 1) / chunk_tokens;
+  return (labelled + chunks - 1) / chunks;
+}
+
 void check_labels(const int32_t* labels, int64_t N, int64_t V) {
   for (int64_t r = 0; r < N; ++r)
     if (labels[r] != kIgnoreIndex && (labels[r] < 0 || labels[r] >= V))
@@ -170,8 +181,9 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
   const bool dora_grad = head.dora && head.dmagnitude;
   if (head.dxa) zero_ignored_rows(head.dxa, labels, N, R);
   if (dhidden) zero_ignored_rows(dhidden, labels, N, C);
+  const int64_t rows_per_chunk = balanced_chunk_tokens(labels, N, chunk_tokens);
   int64_t r = 0;
-  while (const int64_t rows = next_chunk(chunk_rows.data(), &r, labels, N, chunk_tokens)) {
+  while (const int64_t rows = next_chunk(chunk_rows.data(), &r, labels, N, rows_per_chunk)) {
     for (int64_t i = 0; i < rows; ++i) std::copy_n(hidden + chunk_rows[size_t(i)] * C, C, h + i * C);
     base_forward(logits, h, rows);
     if (R > 0)
@@ -266,8 +278,9 @@ double linear_cross_entropy_bf16(float* dhidden, float* dweight, bf16_t* dweight
   if (dhidden) zero_ignored_rows(dhidden, labels, N, C);
   double total = 0.0;
   int64_t count = 0;
+  const int64_t rows_per_chunk = balanced_chunk_tokens(labels, N, chunk_tokens);
   int64_t r = 0;
-  while (const int64_t rows = next_chunk(chunk_rows.data(), &r, labels, N, chunk_tokens)) {
+  while (const int64_t rows = next_chunk(chunk_rows.data(), &r, labels, N, rows_per_chunk)) {
     parallel_for(rows, [&](int64_t i0, int64_t i1) {  // gather and round: h16 = bf16(hidden[chunk_rows])
       for (int64_t i = i0; i < i1; ++i) {
         const float* src = hidden + chunk_rows[size_t(i)] * C;

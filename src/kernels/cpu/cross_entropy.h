@@ -3,7 +3,8 @@
 // hidden @ W^T (gemm), optional final-logit soft-cap, log-softmax, the gradient in place, then
 // dhidden = dlogits @ W and dW += dlogits^T @ hidden (gemm). A chunk gathers up to chunk_tokens tokens
 // with valid labels from anywhere in the batch, so ignored tokens (label -100) cost no GEMM at all and
-// a prompt-masked batch's short answer runs share tall GEMMs (one read of W per chunk, not per run).
+// a prompt-masked batch's short answer runs share tall GEMMs (one read of W per chunk, not per run);
+// the labelled tokens are split evenly into as few chunks as chunk_tokens allows (no short last chunk).
 // The head may carry an adapter (OutputHead, for LoRA/DoRA/QLoRA on lm_head: model/adapters/
 // lora_adapter.h): a low-rank term s · xa Bᵀ added per chunk (xa = dropout(hidden) Aᵀ, computed once
 // by the caller), an NF4 base weight dequantised a block of vocabulary rows at a time (kernels/cpu/
