@@ -8,7 +8,8 @@ For each tool it reads the per-step times from the tool's own DiskLogger lines (
 tokens_per_second_per_gpu), drops the first WARMUP steps, and takes the peak RSS of the whole
 process (wait4's ru_maxrss). Prints both figures and their ratios; then, against the GEMM ceiling
 measured in the same run, each tool's FLOP rate on the arithmetic it does (counted from the batches
-torchtune's own dataset code makes: padded positions, ktune's padding-free rows, labelled positions)
+torchtune's own dataset code makes: padded positions, the samples' tokens (ktune's padding-free row),
+labelled positions)
 and the largest speed ratio any step doing ktune's arithmetic could reach — the bound on what the
 ratio can show here.
 
@@ -87,22 +88,11 @@ from torchtune.models.llama3 import llama3_tokenizer
 tok_path, data, batch, steps, seq_len = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 ds = alpaca_dataset(llama3_tokenizer(tok_path, max_seq_len=seq_len), source="json", data_files=data, split="train",
                     packed=False)
-def relaid(lengths):
-    # ktune's padding-free rows (src/data/padding_free.cpp): longest first, each sample into the first
-    # row with room, rows of at most the longest sample; the positions of (rows, fullest row).
-    fills = []
-    for n in sorted(lengths, reverse=True):
-        i = next((i for i, f in enumerate(fills) if f + n <= max(lengths)), None)
-        if i is None:
-            fills.append(n)
-        else:
-            fills[i] += n
-    return len(fills) * max(fills)
 out = []
 for s in range(steps):
     rows = [ds[i] for i in range(s * batch, (s + 1) * batch)]
     lengths = [len(r["tokens"]) for r in rows]
-    out.append(dict(positions=batch * max(lengths), tokens=sum(lengths), relaid=relaid(lengths),
+    out.append(dict(positions=batch * max(lengths), tokens=sum(lengths),
                     labels=sum(sum(1 for l in r["labels"][1:] if l != -100) for r in rows)))
 print(json.dumps(out))
 """
@@ -110,7 +100,7 @@ print(json.dumps(out))
 
 def batch_shapes(tune, model_dir, batch, steps, seq_len):
     """Per step: the padded positions (B x longest row), the samples' real tokens (their lengths summed),
-    the positions of ktune's padding-free rows and the positions with a label, as torchtune's own
+    and the positions with a label, as torchtune's own
     dataset and collation make them (run with torchtune's Python, unshuffled like the runs)."""
     python = os.path.join(os.path.dirname(tune), "python")
     res = subprocess.run([python, "-c", COUNT_BATCHES, os.path.join(model_dir, "original", "tokenizer.model"), DATA,
@@ -120,9 +110,8 @@ def batch_shapes(tune, model_dir, batch, steps, seq_len):
 
 def arithmetic(kind, shapes, warmup):
     """FLOPs of the measured steps: torchtune's (every layer and the output projection at every padded
-    position) and ktune's: the layers at the positions of its padding-free rows (the samples' real
-    tokens laid into rows of at most the longest sample's length, ktune's default; the padding those
-    rows keep is counted, as ktune computes it) and the output projection only where there is a label
+    position) and ktune's: the layers at the samples' real tokens (ktune's default lays a batch's
+    samples in one row without padding, src/data/padding_free.h) and the output projection only where there is a label
     (its fused loss skips the rest). Full: 6 per parameter per position (forward, input and weight
     gradients); LoRA: 4 (no weight gradient for the frozen base; the adapters' few FLOPs and
     attention's score arithmetic are left out of both)."""
@@ -131,7 +120,7 @@ def arithmetic(kind, shapes, warmup):
     layers = n_params() - head
     steps = shapes[warmup:]
     torchtune = sum(per * (layers + head) * s["positions"] for s in steps)
-    ktune = sum(per * layers * s["relaid"] + per * head * s["labels"] for s in steps)
+    ktune = sum(per * layers * s["tokens"] + per * head * s["labels"] for s in steps)
     return torchtune, ktune
 
 
@@ -226,9 +215,8 @@ def main():
     positions = sum(s["positions"] for s in shapes[args.warmup:])
     labels = sum(s["labels"] for s in shapes[args.warmup:])
     tokens = sum(s["tokens"] for s in shapes[args.warmup:])
-    relaid = sum(s["relaid"] for s in shapes[args.warmup:])
-    print(f"measured steps: {positions} padded positions, {tokens} of them sample tokens, {labels} with a label; "
-          f"ktune's padding-free rows hold {relaid}")
+    print(f"measured steps: {positions} padded positions, {tokens} of them sample tokens (ktune's padding-free "
+          f"rows), {labels} with a label")
 
     results = {}
     for kind in args.kinds.split(","):

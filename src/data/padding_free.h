@@ -11,13 +11,13 @@
 // element of the laid-out input, so a re-laid batch draws other masks than its padded form (another
 // draw of the same distribution).
 //
-// Why rows of at most max_row_len rather than always one row: the CPU attention narrows the keys a
-// query sees by document in the forward, but its backward walks every query from a key tile to the
-// end of the row (src/kernels/cpu/attention.cpp, backward_key_tile: only a sliding window narrows
-// it), so one row of ΣL tokens would cost (ΣL)² there instead of Σ L_b². With max_row_len = T
-// (the recipe's choice) no row is longer than the padded batch's rows and there are no more of
-// them, so no part of a step costs more than the padded batch did; a max_row_len >= ΣL gives the
-// single row (B = 1, T = ΣL, no padding left at all).
+// max_row_len >= ΣL gives a single row (B = 1, T = ΣL, no padding left at all: the recipe's
+// default). The CPU attention narrows by document both ways (the forward's keys start at the
+// query's document, the backward's queries end at the key tile's documents:
+// src/kernels/cpu/attention.cpp), so the row's attention costs Σ L_b² plus what tiles that straddle
+// two samples mask, not (ΣL)². With max_row_len = T (KTUNE_PADDING_FREE=rows) no row is longer
+// than the padded batch's rows and there are no more of them, but what first-fit cannot fill stays
+// padding.
 //
 // Labels must be shifted per row BEFORE the batch is re-laid (shift_labels): a sample's last real
 // token is then labelled -100 by its own padding, never by the next sample's first.

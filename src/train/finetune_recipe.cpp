@@ -72,10 +72,11 @@ DatasetOptions dataset_options(const DatasetConfig& d) {
 }
 
 // How unpacked batches reach the model (data/padding_free.h; the loss and gradients are the same):
-// re-laid as rows of at most their T real tokens (the default: never more work than padded), as
-// one row of all their tokens (no padding at all, but today's CPU attention backward costs (ΣL)²
-// on it; padding_free.h), or padded as collated. env KTUNE_PADDING_FREE = 1 (default), one_row, 0.
-enum class PaddingFree { kRowsOfT, kOneRow, kOff };
+// as one row of all their samples' tokens (the default: no padding left; attention stays inside
+// each sample and costs Σ L² as padded), re-laid as rows of at most their T tokens (some padding
+// left where samples do not fill rows), or padded as collated.
+// env KTUNE_PADDING_FREE = 1 or one_row (default), rows, 0.
+enum class PaddingFree { kOneRow, kRowsOfT, kOff };
 
 // The value of env `name`, one of `choices` (unset or empty: the first, the default); anything else
 // throws an Error naming the variable, its value and `expected`.
@@ -89,9 +90,10 @@ std::string env_choice(const char* name, const std::vector<std::string>& choices
 
 PaddingFree padding_free_mode() {
   const std::string mode =
-      env_choice("KTUNE_PADDING_FREE", {"1", "one_row", "0"},
-                 "1 (the default: rows of at most the padded length), one_row or 0 (keep the padding)");
-  return mode == "1" ? PaddingFree::kRowsOfT : mode == "one_row" ? PaddingFree::kOneRow : PaddingFree::kOff;
+      env_choice("KTUNE_PADDING_FREE", {"1", "one_row", "rows", "0"},
+                 "1 or one_row (the default: each batch as one row), rows (rows of at most the padded length) "
+                 "or 0 (keep the padding)");
+  return mode == "rows" ? PaddingFree::kRowsOfT : mode == "0" ? PaddingFree::kOff : PaddingFree::kOneRow;
 }
 
 // Readies a loader batch for the model, in place: labels shifted per row (torchtune's shift,
@@ -262,7 +264,7 @@ class FinetuneRecipe {
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<DataLoader> val_loader_;  // dataset_val, when given
   bool val_packed_ = false;
-  PaddingFree padding_free_ = PaddingFree::kRowsOfT;
+  PaddingFree padding_free_ = PaddingFree::kOneRow;
   // Unpacked: the positions of this run's training batches as padded, their samples' tokens, and the
   // positions the model computed (this rank).
   int64_t positions_padded_ = 0, positions_real_ = 0, positions_computed_ = 0;

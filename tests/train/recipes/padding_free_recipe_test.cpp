@@ -1,6 +1,6 @@
 // Padding-free training steps end to end (data/padding_free.h, the recipe's KTUNE_PADDING_FREE):
-// on samples of very different lengths, a run that re-lays its unpacked batches as rows of at most
-// T (the default) and one that lays each as a single row log the same training and validation
+// on samples of very different lengths, a run that lays each unpacked batch as a single row (the
+// default) and one that re-lays them as rows of at most T log the same training and validation
 // losses as a run that keeps the padding (KTUNE_PADDING_FREE=0) — sharded (the distributed LoRA
 // recipe on one process) and full fine-tuning with activation checkpointing and gradient
 // accumulation — while each says how many padded positions it skipped. An unknown value is refused.
@@ -78,12 +78,12 @@ TEST_F(PaddingFreeRecipeTest, ShardedLoraRunsLogTheSameLossesAsThePaddedRun) {
                            " dataset_val._component_=torchtune.datasets.alpaca_dataset dataset_val.source=json "
                            "dataset_val.data_files=" + data + " run_val_every_n_steps=2";
   Outcome padded = run_mode("0", "lora_finetune_distributed", "lora_single_device", args, out("padded"));
-  Outcome rows = run_mode("", "lora_finetune_distributed", "lora_single_device", args, out("rows"));
-  Outcome one_row = run_mode("one_row", "lora_finetune_distributed", "lora_single_device", args, out("one_row"));
+  Outcome rows = run_mode("rows", "lora_finetune_distributed", "lora_single_device", args, out("rows"));
+  Outcome one_row = run_mode("", "lora_finetune_distributed", "lora_single_device", args, out("one_row"));
   ASSERT_EQ(padded.exit_code, 0) << padded.output;
   ASSERT_EQ(rows.exit_code, 0) << rows.output;
   ASSERT_EQ(one_row.exit_code, 0) << one_row.output;
-  EXPECT_NE(rows.output.find("sharded data parallel (FSDP) over 1 ranks"), std::string::npos) << rows.output;
+  EXPECT_NE(one_row.output.find("sharded data parallel (FSDP) over 1 ranks"), std::string::npos) << one_row.output;
 
   const auto want = losses(out("padded"));
   ASSERT_EQ(want.size(), 4u) << padded.output;
@@ -108,6 +108,7 @@ TEST_F(PaddingFreeRecipeTest, ShardedLoraRunsLogTheSameLossesAsThePaddedRun) {
   EXPECT_EQ(o.computed, p.real) << one_row.output;
   EXPECT_EQ(o.skipped, p.padded - p.real);
   EXPECT_NE(rows.output.find("padding-free (rows of at most T)"), std::string::npos) << rows.output;
+  EXPECT_NE(one_row.output.find("padding-free (one row)"), std::string::npos) << one_row.output;
 }
 
 // (Offloading on too: the CPU engine says it has nothing to offload.)
@@ -116,13 +117,15 @@ TEST_F(PaddingFreeRecipeTest, FullFinetuneWithCheckpointingAndAccumulationLogsTh
                            "enable_activation_checkpointing=True enable_activation_offloading=True "
                            "dataset.data_files=" + varied_lengths_data();
   Outcome padded = run_mode("0", "full_finetune_single_device", "full_single_device", args, out("padded"));
-  Outcome rows = run_mode("1", "full_finetune_single_device", "full_single_device", args, out("rows"));
+  Outcome one_row = run_mode("1", "full_finetune_single_device", "full_single_device", args, out("one_row"));
   ASSERT_EQ(padded.exit_code, 0) << padded.output;
-  ASSERT_EQ(rows.exit_code, 0) << rows.output;
+  ASSERT_EQ(one_row.exit_code, 0) << one_row.output;
   const auto want = losses(out("padded"));
   ASSERT_EQ(want.size(), 3u) << padded.output;
-  expect_same_losses(losses(out("rows")), want, "rows of at most T");
-  EXPECT_GT(positions_line(rows.output).skipped, 0) << rows.output;
+  expect_same_losses(losses(out("one_row")), want, "one row");
+  const Positions o = positions_line(one_row.output);
+  EXPECT_EQ(o.computed, o.real) << one_row.output;
+  EXPECT_GT(o.skipped, 0) << one_row.output;
   EXPECT_NE(padded.output.find("enable_activation_offloading: nothing to do on the CPU engine"), std::string::npos)
       << padded.output;
 }
