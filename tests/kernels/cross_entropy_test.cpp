@@ -1,5 +1,5 @@
 // Fused linear + cross-entropy: against the materialised reference (ignored labels, chunks that do
-// not divide N, soft-capping, gradients on or off), against finite differences, and bad labels;
+// not divide N, soft-capping, gradients on or off, a vocabulary of several backward blocks), against finite differences, and bad labels;
 // the adapted head (LoRA/DoRA low-rank term, NF4 base) the same ways.
 #include "kernels/cpu/cross_entropy.h"
 
@@ -56,6 +56,33 @@ TEST(CrossEntropy, FusedMatchesReference) {
                                               N, C, V, softcap, 1.0f, chunk, scratch.data());
       EXPECT_NEAR(loss_only, loss_ref, 1e-5 * std::fabs(loss_ref)) << tag;
     }
+}
+
+// A vocabulary of several of the backward's blocks (8192 rows each, and a part block): dhidden and
+// dweight are each block's sum, with either one asked for alone, against the reference.
+TEST(CrossEntropy, AVocabularyOfSeveralBackwardBlocksMatchesReference) {
+  const int64_t N = 13, C = 8, V = 2 * 8192 + 517;
+  auto hidden = random_vector(size_t(N * C), 21, -1, 1), weight = random_vector(size_t(V * C), 22, -0.5f, 0.5f);
+  auto labels = labels_with_ignored(N, V);
+  labels[8] = int32_t(V - 1);  // a label in the part block
+  labels[9] = 8192;            // the second block's first row
+  std::vector<float> dh_ref(size_t(N * C)), dw_ref = random_vector(size_t(V * C), 23);
+  const std::vector<float> dw_start = dw_ref;
+  const double loss_ref = linear_cross_entropy_reference(dh_ref.data(), dw_ref.data(), nullptr, hidden.data(),
+                                                         weight.data(), labels.data(), N, C, V, 0.0f, 0.5f);
+  const int64_t chunk = 3;
+  std::vector<float> scratch(linear_cross_entropy_scratch_floats(chunk, V, C));
+  for (int wanted = 0; wanted < 3; ++wanted) {  // both, dhidden alone, dweight alone
+    const std::string tag = wanted == 0 ? " both" : wanted == 1 ? " dhidden alone" : " dweight alone";
+    std::vector<float> dh(size_t(N * C), NAN), dw = dw_start;
+    const double loss = linear_cross_entropy(wanted != 2 ? dh.data() : nullptr, wanted != 1 ? dw.data() : nullptr,
+                                             nullptr, hidden.data(), weight.data(), labels.data(), N, C, V, 0.0f, 0.5f,
+                                             chunk, scratch.data());
+    EXPECT_NEAR(loss, loss_ref, 1e-5 * std::fabs(loss_ref)) << tag;
+    if (wanted != 2) expect_close(dh, dh_ref, 1e-5, "dhidden" + tag);
+    if (wanted != 1) expect_close(dw, dw_ref, 1e-5, "dweight" + tag);
+    if (wanted == 1) EXPECT_EQ(dw, dw_start) << "no weight gradient asked for" << tag;
+  }
 }
 
 // A prompt-masked batch: short answer runs between long ignored prompts and padding. A chunk gathers

@@ -5,7 +5,7 @@
 // the chunk. Per chunk, in scratch (rows, V):
 //   logits = hidden @ W^T;  [z = cap tanh(logits/cap)];  lse;  loss += lse - z[label]
 //   dlogits = grad_scale (softmax(z) - onehot) [* (1 - (z/cap)^2)]   (in place)
-//   dhidden = dlogits @ W;  dW += dlogits^T @ hidden
+//   dhidden = dlogits @ W;  dW += dlogits^T @ hidden   (an f32 W: both a block of vocabulary rows at a time)
 // An adapted head (OutputHead) adds, per chunk:  logits += s · xa Bᵀ, or for DoRA
 //   pre = h' Wᵀ + s · xa Bᵀ;  logits = h Wᵀ − h' Wᵀ + c ⊙ pre   (h' = h without dropout: logits = c ⊙ pre)
 // and in the backward  [dm += Σ dlogits ⊙ pre / ‖·‖; dlogits *= c]  dxa = s · dlogits B,
@@ -98,6 +98,23 @@ int64_t next_chunk(int64_t* chunk_rows, int64_t* r, const int32_t* labels, int64
   for (; *r < N && rows < chunk_tokens; ++*r)
     if (labels[*r] != kIgnoreIndex) chunk_rows[rows++] = *r;
   return rows;
+}
+
+// The backward of a chunk's plain f32 projection, a block of vocabulary rows at a time:
+//   dh = Σ_blocks dz[:, blk] W[blk]  (rows, C);   dW[blk] += dz[:, blk]ᵀ h  (blk, C)   (either may be null)
+// Both GEMMs of a block read the same (rows, block) slice of dz while it is in cache, and each
+// GEMM's own operand is a few MiB instead of the whole (V, C) weight or gradient: at 128256 x 512,
+// ~230 rows, 8-10% faster than one dX and one dW GEMM over the whole vocabulary on two cores.
+constexpr int64_t kHeadBackwardBlockRows = 8192;
+void head_backward_blocked(float* dh, float* dweight, const float* dz, const float* h, const float* weight,
+                           int64_t rows, int64_t C, int64_t V) {
+  for (int64_t v0 = 0; v0 < V; v0 += kHeadBackwardBlockRows) {
+    const int64_t block = std::min(kHeadBackwardBlockRows, V - v0);
+    if (dh)  // (rows, block) @ (block, C)
+      gemm_strided(false, false, rows, C, block, 1.0f, dz + v0, V, weight + v0 * C, C, v0 > 0 ? 1.0f : 0.0f, dh, C);
+    if (dweight)  // (block, rows) @ (rows, C)
+      gemm_strided(true, false, block, C, rows, 1.0f, dz + v0, V, h, C, 1.0f, dweight + v0 * C, C);
+  }
 }
 
 // Tokens a chunk takes: the labelled tokens split evenly into as few chunks of at most chunk_tokens
@@ -240,11 +257,14 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
         for (int64_t i = 0; i < rows; ++i) std::copy_n(hd + i * C, C, head.ddropped_hidden + chunk_rows[size_t(i)] * C);
       }
     }
-    if (dhidden) {
-      if (!dropped_base) base_backward(dh, logits, rows);
-      for (int64_t i = 0; i < rows; ++i) std::copy_n(dh + i * C, C, dhidden + chunk_rows[size_t(i)] * C);
+    if (!nf4 && !dropped_base) {
+      head_backward_blocked(dhidden ? dh : nullptr, dweight, logits, h, head.weight, rows, C, V);
+    } else {
+      if (dhidden && !dropped_base) base_backward(dh, logits, rows);
+      if (dweight) gemm(true, false, V, C, rows, 1.0f, logits, h, 1.0f, dweight);  // (V,rows)@(rows,C)
     }
-    if (dweight) gemm(true, false, V, C, rows, 1.0f, logits, h, 1.0f, dweight);  // (V,rows)@(rows,C)
+    if (dhidden)
+      for (int64_t i = 0; i < rows; ++i) std::copy_n(dh + i * C, C, dhidden + chunk_rows[size_t(i)] * C);
     if (R > 0 && head.dxa) {
       gemm(false, false, rows, R, V, head.lora_scale, logits, head.lora_b, 0.0f, dxa);  // s · dz B   (rows, R)
       for (int64_t i = 0; i < rows; ++i) std::copy_n(dxa + i * R, R, head.dxa + chunk_rows[size_t(i)] * R);
