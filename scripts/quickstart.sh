@@ -56,7 +56,8 @@ echo "== 3. ktune run full_finetune_single_device --config tiny/full_single_devi
   tokenizer.path="$ROOT/model/tokenizer.json" dataset.data_files="$ROOT/data/train.jsonl" \
   dataset=torchtune.datasets.alpaca_dataset epochs="$EPOCHS" optimizer.lr="${KTUNE_QUICKSTART_LR:-3e-3}"
 
-LAST=$(ls -d "$ROOT"/output/full_single_device/epoch_* | sort -t_ -k2 -n | tail -1)
+# The newest epoch by its number (epoch_10 after epoch_9; the path's other underscores are not keys).
+LAST="$ROOT/output/full_single_device/epoch_$(ls -d "$ROOT"/output/full_single_device/epoch_* | sed 's/.*epoch_//' | sort -n | tail -1)"
 echo "== 4. after fine-tuning ($LAST): held-out answers right: $(score "$LAST" "$ROOT/after.txt")"
 LOG=$(ls "$ROOT"/output/full_single_device/logs/log_*.txt | tail -1)
 echo "== loss: first step $(head -1 "$LOG" | grep -o 'loss:[0-9.]*'), last step $(tail -1 "$LOG" | grep -o 'loss:[0-9.]*')"
