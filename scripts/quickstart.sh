@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job: fine-tune a tiny Llama-shaped model, offline, on the bundled instruction
 # dataset (data/quickstart: addition, sorting, "what comes after n"), and show it learning:
-# the loss falls, and a held-out prompt's answer goes from wrong to right.
+# the loss falls (6.1 -> 0.27 in 10 epochs), and the 40 held-out prompts are scored before and after
+# (0 right before; 1-3 after: a ~1M-parameter model mostly memorises 320 rows).
 #   scripts/quickstart.sh [BUILD_DIR]      (make quickstart runs it after building)
 set -euo pipefail
 cd "$(dirname "$0")/.."
