@@ -165,6 +165,7 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
   const bool nf4 = head.weight == nullptr;
   check(!nf4 || (head.nf4_codes && head.nf4_scales), "cross_entropy", "the head has neither an f32 nor an NF4 weight");
   check(!(nf4 && dweight), "cross_entropy", "an NF4 head weight is frozen: no weight gradient");
+  check(!(head.dora && dweight), "cross_entropy", "a DoRA head's base weight is frozen: no weight gradient");
   check(head.rank == 0 || (head.lora_b && head.xa), "cross_entropy", "a low-rank head needs B and xa");
   check(!head.dora || (head.rank > 0 && head.dora_scale && head.weight_norm), "cross_entropy",
         "a DoRA head needs the low-rank term, its scale and its norms");
@@ -257,12 +258,9 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
         for (int64_t i = 0; i < rows; ++i) std::copy_n(hd + i * C, C, head.ddropped_hidden + chunk_rows[size_t(i)] * C);
       }
     }
-    if (!nf4 && !dropped_base) {
-      head_backward_blocked(dhidden ? dh : nullptr, dweight, logits, h, head.weight, rows, C, V);
-    } else {
-      if (dhidden && !dropped_base) base_backward(dh, logits, rows);
-      if (dweight) gemm(true, false, V, C, rows, 1.0f, logits, h, 1.0f, dweight);  // (V,rows)@(rows,C)
-    }
+    // dh through h (DoRA with dropout computed it above); dW only for an f32 base that is not DoRA's.
+    if (!nf4 && !dropped_base) head_backward_blocked(dhidden ? dh : nullptr, dweight, logits, h, head.weight, rows, C, V);
+    else if (dhidden && !dropped_base) base_backward(dh, logits, rows);
     if (dhidden)
       for (int64_t i = 0; i < rows; ++i) std::copy_n(dh + i * C, C, dhidden + chunk_rows[size_t(i)] * C);
     if (R > 0 && head.dxa) {
