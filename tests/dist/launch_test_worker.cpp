@@ -29,17 +29,22 @@
 using namespace ktune::dist;
 
 static int worker(const WorkerEnv& env, const std::string& mode) {
+  if ((mode == "fail1_slow_exit" || mode == "fail1_records_late") && env.rank == 1) {
+    // Rank 1 lingers whatever the launcher sends: SIGTERM blocked before the store's and the group's
+    // threads start, since they inherit the mask (blocked later, in this thread only, the signal
+    // would be delivered to one of them and end the process before its record).
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_BLOCK, &term, nullptr);
+  }
   TcpStore store(env.master_addr, env.master_port, std::chrono::seconds(20));
   auto group = make_gloo_process_group(store, "test", env.rank, env.world_size, local_address_towards(env.master_addr),
                                        env.collective_timeout);
   if ((mode == "fail1" || mode == "fail1_slow_exit") && env.rank == 1) {
     std::fprintf(stderr, "rank 1 failing on purpose\n");
     record_worker_error("rank 1 failing on purpose");
-    if (mode == "fail1_slow_exit") {
-      sigset_t term;  // lingers whatever the launcher sends, so that the second record below happens
-      sigemptyset(&term);
-      sigaddset(&term, SIGTERM);
-      sigprocmask(SIG_BLOCK, &term, nullptr);
+    if (mode == "fail1_slow_exit") {  // SIGTERM blocked (above), so that the second record below happens
       group.reset();  // the peers see the connection close now, fail, and record theirs
       usleep(500 * 1000);
       record_worker_error("rank 1 on its way out");  // later than the peers': the first record stands
@@ -47,11 +52,7 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
     }
     return 3;
   }
-  if (mode == "fail1_records_late" && env.rank == 1) {
-    sigset_t term;  // as in fail1_slow_exit: the launcher's SIGTERM must not cut the record short
-    sigemptyset(&term);
-    sigaddset(&term, SIGTERM);
-    sigprocmask(SIG_BLOCK, &term, nullptr);
+  if (mode == "fail1_records_late" && env.rank == 1) {  // SIGTERM blocked (above): it must not cut the record short
     group.reset();  // the peers fail in their allreduce and record that first
     usleep(500 * 1000);
     record_worker_error("rank 1 failing on purpose, after its peers recorded theirs");
