@@ -1,15 +1,36 @@
-// `ktune generate --model DIR [--adapter DIR] --prompt TEXT [--max-new-tokens N] [--chat]`:
+// `ktune generate --model DIR (--prompt TEXT | --prompts FILE [--template alpaca] [--dry-run]) [--chat]
+//                 [--max-new-tokens N] [--tokenizer FILE]`:
 // greedy decoding with a model directory ktune (or HF) wrote, for a quick look at what a
-// fine-tune learned. It recomputes the whole prefix each token (no KV cache): meant for small
-// models and short answers, not serving.
+// fine-tune learned (model/greedy_decode.h: no KV cache, small models and short answers).
+//   --prompt TEXT   one prompt; prints the answer as text.
+//   --prompts FILE  JSON lines, one prompt a line (a JSON string), the model loaded once; prints
+//                   one JSON string a line, the answers in order ("-" reads stdin).
+//   --template alpaca  with --prompts: each line is a dataset row, an object with "instruction"
+//                   and "input" (absent, null or empty: none), made into the prompt torchtune's
+//                   alpaca_dataset trains on (text/prompt_template.h's alpaca_prompt, the very
+//                   function the recipes use), so held-out rows are asked as training asked.
+//   --dry-run       with --prompts: prints each line's prompt text (a JSON string a line) instead
+//                   of answering it, to see what the model will be asked.
+//   --chat          wraps the prompt as the user turn of the tokenizer's chat format and opens
+//                   the assistant's, as the recipes tokenise a conversation; without it the
+//                   prompt is encoded as plain text after BOS.
+// Decoding stops at the tokenizer's EOS or an end-of-turn token (<|eot_id|>, <|im_end|>,
+// <end_of_turn>).
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/command_table.h"
 #include "cli/flag_args.h"
 #include "core/error.h"
 #include "model/decoder.h"
+#include "model/greedy_decode.h"
 #include "text/chat_format.h"
+#include "text/prompt_template.h"
 #include "text/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -18,56 +39,131 @@ namespace ktune::cli {
 
 namespace {
 
+constexpr const char* kUsage =
+    "usage: ktune generate --model DIR (--prompt TEXT | --prompts FILE [--template alpaca] [--dry-run]) [--chat] "
+    "[--max-new-tokens N] [--tokenizer FILE]";
+
 std::string find_tokenizer(const fs::path& dir) {
   for (const char* name : {"tokenizer.json", "original/tokenizer.model", "tokenizer.model"})
     if (fs::exists(dir / name)) return (dir / name).string();
   throw Error(dir.string(), "no tokenizer.json or tokenizer.model in the model directory (pass --tokenizer)");
 }
 
+bool ends_turn(const Tokenizer& tokenizer, int32_t id) {
+  if (!tokenizer.is_special(id)) return false;
+  if (tokenizer.eos_id() && id == *tokenizer.eos_id()) return true;
+  const std::string token = tokenizer.id_to_token(id);
+  return token == "<|eot_id|>" || token == "<|im_end|>" || token == "<end_of_turn>";
+}
+
+// A prompt from one line of --prompts: a JSON string, or under --template alpaca a row.
+std::string prompt_of_line(const std::string& line, bool alpaca, const std::string& place) {
+  nlohmann::json value;
+  try {
+    value = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(place, std::string("not JSON: ") + e.what());
+  }
+  if (!alpaca) {
+    if (!value.is_string()) throw Error(place, "expected a JSON string (the prompt); rows need --template alpaca");
+    return value.get<std::string>();
+  }
+  if (!value.is_object()) throw Error(place, "expected a JSON object with \"instruction\" and \"input\"");
+  auto text = [&](const char* key, bool required) -> std::string {
+    auto it = value.find(key);
+    if (it == value.end() || it->is_null()) {
+      if (required) throw Error(place, std::string("the row has no \"") + key + "\"");
+      return "";
+    }
+    if (!it->is_string()) throw Error(place, std::string("\"") + key + "\" is not a string");
+    return it->get<std::string>();
+  };
+  const std::string instruction = text("instruction", true);
+  return alpaca_prompt(instruction, text("input", false));
+}
+
+class Generator {
+ public:
+  Generator(const std::string& model_dir, const std::string& tokenizer_path, bool chat, int max_new_tokens)
+      : decoder_(model::Decoder::from_pretrained(model_dir)), chat_(chat), max_new_tokens_(max_new_tokens) {
+    TokenizerOptions options;
+    options.path = tokenizer_path.empty() ? find_tokenizer(model_dir) : tokenizer_path;
+    tokenizer_ = load_tokenizer(options);
+  }
+
+  std::string answer(const std::string& prompt) {
+    std::vector<int32_t> ids;
+    if (chat_) {
+      ChatFormat format(*tokenizer_, detect_chat_format(*tokenizer_));
+      ids = format.tokenize({Message::text("user", prompt), Message::text("assistant", "")}, false).tokens;
+    } else {
+      ids = tokenizer_->encode(prompt, /*add_bos=*/true, false);
+    }
+    const Tokenizer& tokenizer = *tokenizer_;
+    auto answer = model::greedy_decode(*decoder_, ids, max_new_tokens_,
+                                       [&](int32_t id) { return ends_turn(tokenizer, id); });
+    return tokenizer.decode(answer, /*skip_special=*/true);
+  }
+
+ private:
+  std::unique_ptr<model::Decoder> decoder_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  bool chat_;
+  int max_new_tokens_;
+};
+
+// One JSON string a line: the answer to each line's prompt, or without a generator (--dry-run)
+// the prompt itself.
+void answer_lines(Generator* generator, std::istream& in, const std::string& name, bool alpaca) {
+  std::string line;
+  for (size_t line_no = 1; std::getline(in, line); ++line_no) {
+    const std::string prompt = prompt_of_line(line, alpaca, name + ":" + std::to_string(line_no));
+    std::printf("%s\n", nlohmann::json(generator ? generator->answer(prompt) : prompt).dump().c_str());
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int cmd_generate(const Args& args) {
-  std::string model_dir, prompt, tokenizer_path;
+  std::string model_dir, prompt, prompts_path, tokenizer_path, template_name;
+  bool has_prompt = false;
   int max_new_tokens = 32;
-  bool chat = false;
+  bool chat = false, dry_run = false;
   FlagArgs a("ktune generate", args);
   while (a.next()) {
     if (a.is("--model")) model_dir = a.value();
-    else if (a.is("--prompt")) prompt = a.value();
+    else if (a.is("--prompt")) prompt = a.value(), has_prompt = true;
+    else if (a.is("--prompts")) prompts_path = a.value();
+    else if (a.is("--template")) template_name = a.value();
     else if (a.is("--tokenizer")) tokenizer_path = a.value();
     else if (a.is("--max-new-tokens")) max_new_tokens = int(a.int_value(0, 1 << 20));
     else if (a.is("--chat")) a.expect_no_value(), chat = true;
-    else a.unknown("usage: ktune generate --model DIR --prompt TEXT [--max-new-tokens N] [--chat] [--tokenizer FILE]");
+    else if (a.is("--dry-run")) a.expect_no_value(), dry_run = true;
+    else a.unknown(kUsage);
   }
-  if (model_dir.empty()) throw Error("generate", "--model DIR is required");
-  auto decoder = model::Decoder::from_pretrained(model_dir);
-  TokenizerOptions options;
-  options.path = tokenizer_path.empty() ? find_tokenizer(model_dir) : tokenizer_path;
-  auto tokenizer = load_tokenizer(options);
+  if (model_dir.empty() && !dry_run) throw Error("generate", std::string("--model DIR is required; ") + kUsage);
+  if (has_prompt == !prompts_path.empty())
+    throw Error("generate", std::string("give exactly one of --prompt TEXT and --prompts FILE; ") + kUsage);
+  if (!template_name.empty() && template_name != "alpaca")
+    throw Error("--template", "unknown template '" + template_name + "'; the one known is alpaca");
+  if (!template_name.empty() && has_prompt)
+    throw Error("--template", "goes with --prompts FILE (rows); --prompt takes the prompt's text as it is");
+  if (dry_run && has_prompt) throw Error("--dry-run", "goes with --prompts FILE; --prompt's text is the prompt");
 
-  std::vector<int32_t> ids;
-  if (chat) {
-    ChatFormat format(*tokenizer, detect_chat_format(*tokenizer));
-    ids = format.tokenize({Message::text("user", prompt), Message::text("assistant", "")}, false).tokens;
-  } else {
-    ids = tokenizer->encode(prompt, /*add_bos=*/true, false);
+  std::ifstream file;
+  if (!prompts_path.empty() && prompts_path != "-") {
+    file.open(prompts_path);
+    if (!file) throw Error(prompts_path, "cannot open the prompts file");
   }
-  const size_t prompt_length = ids.size();
-  const int64_t V = decoder->config().vocab_size;
-  for (int step = 0; step < max_new_tokens; ++step) {
-    model::Batch batch{ids.data(), nullptr, nullptr, nullptr, 1, int64_t(ids.size())};
-    Tensor logits = decoder->forward_logits(batch);  // (1, T, V)
-    const float* last = logits.f32() + (int64_t(ids.size()) - 1) * V;
-    int32_t next = 0;
-    for (int32_t v = 1; v < V; ++v)
-      if (last[v] > last[next]) next = v;
-    if (tokenizer->is_special(next) && (next == tokenizer->eos_id() || tokenizer->id_to_token(next) == "<|eot_id|>" ||
-                                        tokenizer->id_to_token(next) == "<|im_end|>"))
-      break;
-    ids.push_back(next);
+  std::unique_ptr<Generator> generator;
+  if (!dry_run) generator = std::make_unique<Generator>(model_dir, tokenizer_path, chat, max_new_tokens);
+  if (has_prompt) {
+    std::printf("%s\n", generator->answer(prompt).c_str());
+    return 0;
   }
-  std::vector<int32_t> answer(ids.begin() + long(prompt_length), ids.end());
-  std::printf("%s\n", tokenizer->decode(answer, /*skip_special=*/true).c_str());
+  if (prompts_path == "-") answer_lines(generator.get(), std::cin, "stdin", !template_name.empty());
+  else answer_lines(generator.get(), file, prompts_path, !template_name.empty());
   return 0;
 }
 

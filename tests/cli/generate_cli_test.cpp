@@ -1,0 +1,139 @@
+// `ktune generate` through the built binary, on a fresh tiny model (the quickstart's, random
+// weights): --prompts answers each line as --prompt answers it alone; --template alpaca asks a row
+// with the prompt alpaca_dataset trains on (with the "### Input:" block only where the row has an
+// input, as torchtune does); bad lines and flag mixes are refused naming the file and line.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "text/prompt_template.h"
+#include "tiny_recipe_run.h"
+
+namespace ktune {
+namespace {
+
+using recipe_testing::kKtune;
+using recipe_testing::Outcome;
+using recipe_testing::sh;
+
+class GenerateCli : public recipe_testing::TinyModelRecipeTest {
+ protected:
+  std::string write(const std::string& name, const std::vector<nlohmann::json>& lines) const {
+    const std::string path = (dir_ / name).string();
+    std::ofstream f(path);
+    for (const auto& line : lines) f << line.dump() << "\n";
+    return path;
+  }
+  std::string generate(const std::string& flags) const {
+    return kKtune + " generate --model " + model() + " --chat --max-new-tokens 6 " + flags;
+  }
+  // Its stdout only (sh adds 2>&1 after the whole command).
+  static Outcome quiet(const std::string& command) { return sh("(" + command + " 2>/dev/null)"); }
+  // The answer to one prompt, given alone (its output is the text and a newline).
+  std::string answer_alone(const std::string& prompt) const {
+    const std::string path = (dir_ / "prompt.txt").string();
+    std::ofstream(path) << prompt;
+    Outcome r = quiet(generate("--prompt \"$(cat " + path + ")\""));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output.substr(0, r.output.size() - 1);
+  }
+  // One JSON string a line.
+  static std::vector<std::string> answers_of(const std::string& output) {
+    std::vector<std::string> answers;
+    std::istringstream lines(output);
+    for (std::string line; std::getline(lines, line);) answers.push_back(nlohmann::json::parse(line).get<std::string>());
+    return answers;
+  }
+};
+
+TEST_F(GenerateCli, AlpacaRowsAreAskedWithTheTrainingPromptOneAnswerALine) {
+  const std::vector<nlohmann::json> rows = {
+      {{"instruction", "Sort the numbers from smallest to largest."}, {"input", "4, 3, 1"}, {"output", "1, 3, 4"}},
+      {{"instruction", "What number comes after 41?"}, {"input", ""}, {"output", "42"}},
+      {{"instruction", "What number comes after 7?"}, {"input", nullptr}},
+      {{"instruction", "What number comes after 7?"}},
+  };
+  Outcome r = quiet(generate("--prompts " + write("rows.jsonl", rows) + " --template alpaca"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto answers = answers_of(r.output);
+  ASSERT_EQ(answers.size(), rows.size()) << r.output;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string input = rows[i].contains("input") && rows[i]["input"].is_string() ? rows[i]["input"].get<std::string>() : "";
+    EXPECT_EQ(answers[i], answer_alone(alpaca_prompt(rows[i]["instruction"], input))) << "row " << i;
+  }
+  // The prompts themselves (--dry-run): alpaca_dataset's, with the "### Input:" block only where
+  // the row has an input.
+  Outcome dry = quiet(generate("--prompts " + (dir_ / "rows.jsonl").string() + " --template alpaca --dry-run"));
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  const auto prompts = answers_of(dry.output);
+  ASSERT_EQ(prompts.size(), rows.size()) << dry.output;
+  EXPECT_EQ(prompts[0],
+            "Below is an instruction that describes a task, paired with an input that provides further context. Write a "
+            "response that appropriately completes the request.\n\n### Instruction:\nSort the numbers from smallest to "
+            "largest.\n\n### Input:\n4, 3, 1\n\n### Response:\n");
+  for (size_t i = 1; i < rows.size(); ++i) {
+    EXPECT_EQ(prompts[i].find("### Input:"), std::string::npos) << prompts[i];
+    EXPECT_EQ(prompts[i], alpaca_prompt(rows[i]["instruction"], "")) << "row " << i;
+  }
+  // A dry run needs no model.
+  EXPECT_EQ(quiet(kKtune + " generate --model " + (dir_ / "nowhere").string() + " --prompts " +
+                  (dir_ / "rows.jsonl").string() + " --template alpaca --dry-run").output, dry.output);
+}
+
+TEST_F(GenerateCli, PromptLinesAreAnsweredAsEachAlone) {
+  const std::vector<nlohmann::json> prompts = {"Reverse the list.\n\n1, 2, 3", "What number comes after 9?"};
+  Outcome r = quiet(generate("--prompts " + write("prompts.jsonl", prompts)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto answers = answers_of(r.output);
+  ASSERT_EQ(answers.size(), 2u) << r.output;
+  EXPECT_EQ(answers[0], answer_alone(prompts[0]));
+  EXPECT_EQ(answers[1], answer_alone(prompts[1]));
+  // stdin, as "-".
+  Outcome piped = quiet("cat " + (dir_ / "prompts.jsonl").string() + " | " + generate("--prompts -"));
+  ASSERT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_EQ(answers_of(piped.output), answers);
+}
+
+TEST_F(GenerateCli, BadLinesAndFlagMixesAreRefusedNamingTheFileAndLine) {
+  const std::string file = (dir_ / "bad.jsonl").string();
+  std::ofstream(file) << "\"fine\"\n{not json\n";
+  Outcome r = sh(generate("--prompts " + file));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(file + ":2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not JSON"), std::string::npos) << r.output;
+
+  const std::string rows = write("rows.jsonl", {{{"instruction", "Add."}, {"input", "1 + 2"}}});
+  r = sh(generate("--prompts " + rows));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(rows + ":1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--template alpaca"), std::string::npos) << r.output;
+
+  const std::string no_instruction = write("no_instruction.jsonl", {{{"input", "1 + 2"}}});
+  r = sh(generate("--prompts " + no_instruction + " --template alpaca"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find(no_instruction + ":1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"instruction\""), std::string::npos) << r.output;
+
+  r = sh(generate("--prompts " + rows + " --template chatml"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("unknown template 'chatml'"), std::string::npos) << r.output;
+  r = sh(generate("--prompt hi --template alpaca"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("goes with --prompts"), std::string::npos) << r.output;
+  r = sh(generate("--prompt hi --dry-run"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--dry-run"), std::string::npos) << r.output;
+  r = sh(generate("--prompt hi --prompts " + rows));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("exactly one of --prompt"), std::string::npos) << r.output;
+  r = sh(generate("--prompts " + (dir_ / "missing.jsonl").string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("missing.jsonl"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace ktune
