@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
 """Generates ktune's bundled quickstart instruction dataset (alpaca columns: instruction, input,
-output) — small arithmetic and sorting tasks whose answers follow a rule, so a model fine-tuned
-for a minute can be asked a held-out prompt and its answer checked exactly.
+output): two tasks whose answers follow a rule a ~1M-parameter model learns from a few hundred
+rows in about a minute of training, so that after the quickstart's fine-tune a held-out prompt
+can be asked and its answer checked exactly:
 
-  train:      320 rows      validation: 40 rows (prompts never seen in train)
+  "Sort the numbers from smallest to largest."  three digits      4, 3, 1     -> 1, 3, 4
+  "Reverse the list."                           four digits       7, 0, 2, 2  -> 2, 2, 0, 7
+
+  train:      320 rows (160 of each)      validation: 40 rows (20 of each; inputs never in train)
   jsonl/train.jsonl, jsonl/validation.jsonl
   data/train-00000-of-00001.parquet, data/validation-00000-of-00001.parquet  (HF file naming:
       `dataset.source=parquet dataset.data_dir=data/quickstart/data`, as upstream runtimes pass)
 
+(Earlier versions held two-digit addition and "what number comes after n": the quickstart's model
+memorised those rows without learning the rules, 1-3 of 40 held-out answers right.)
+
 Deterministic (seeded); rerun to regenerate byte-identical files (needs pyarrow).
 """
+import itertools
 import json
 import os
 import random
@@ -18,41 +26,30 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SORT = "Sort the numbers from smallest to largest."
+REVERSE = "Reverse the list."
+TRAIN_PER_TASK, VALIDATION_PER_TASK = 160, 20
 
 
-def all_prompts():
-    """Every (instruction, input, output) the generator can make, in a fixed order."""
-    rows = []
-    for a in range(0, 50):
-        for b in range(0, 50):
-            rows.append(("Add the two numbers.", f"{a} + {b}", str(a + b)))
-    rng = random.Random(1)
-    seen = set()
-    while len(seen) < 400:
-        t = tuple(rng.randrange(10) for _ in range(3))
-        if t in seen:
-            continue
-        seen.add(t)
-        rows.append(("Sort the numbers from smallest to largest.", ", ".join(map(str, t)),
-                     ", ".join(map(str, sorted(t)))))
-    for n in range(1, 100):
-        rows.append((f"What number comes after {n}?", "", str(n + 1)))
-    return rows
+def listed(digits):
+    return ", ".join(map(str, digits))
+
+
+def task_rows(rng):
+    """Every row of each task, shuffled: (instruction, input, output)."""
+    sort = [(SORT, listed(t), listed(sorted(t))) for t in itertools.product(range(10), repeat=3)]
+    reverse = [(REVERSE, listed(t), listed(t[::-1])) for t in itertools.product(range(10), repeat=4)]
+    rng.shuffle(sort)
+    rng.shuffle(reverse)
+    return sort, reverse
 
 
 def main():
     rng = random.Random(0)
-    rows = all_prompts()
-    rng.shuffle(rows)
-    # Roughly: 55% addition, 30% sorting, 15% successor, in both splits.
-    def take(kind, n, pool):
-        picked = [r for r in pool if r[0].startswith(kind)][:n]
-        for r in picked:
-            pool.remove(r)
-        return picked
-    pool = list(rows)
-    train = take("Add", 176, pool) + take("Sort", 96, pool) + take("What", 48, pool)
-    validation = take("Add", 22, pool) + take("Sort", 12, pool) + take("What", 6, pool)
+    sort, reverse = task_rows(rng)
+    validation = sort[:VALIDATION_PER_TASK] + reverse[:VALIDATION_PER_TASK]
+    train = (sort[VALIDATION_PER_TASK:VALIDATION_PER_TASK + TRAIN_PER_TASK] +
+             reverse[VALIDATION_PER_TASK:VALIDATION_PER_TASK + TRAIN_PER_TASK])
     rng.shuffle(train)
     rng.shuffle(validation)
     assert not {r[:2] for r in train} & {r[:2] for r in validation}

@@ -1,9 +1,11 @@
-// The bundled quickstart dataset (data/quickstart/): both copies hold the same rows, every answer
-// follows its rule (so a held-out answer can be checked), validation prompts are unseen in train,
-// and it builds as an alpaca dataset through the parquet data_dir path upstream runtimes use.
+// The bundled quickstart dataset (data/quickstart/): both copies hold the same rows (half sorting
+// three digits, half reversing four), every answer follows its rule (so a held-out answer can be
+// checked), validation prompts are unseen in train, and it builds as an alpaca dataset through the
+// parquet data_dir path upstream runtimes use.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -22,24 +24,33 @@ std::vector<nlohmann::json> rows_of(const DataFiles& files, const std::string& s
   return out;
 }
 
+// The digits of a list like "4, 3, 1", in order.
+std::vector<int> digits_of(const std::string& list) {
+  std::vector<int> v;
+  for (char c : list)
+    if (std::isdigit((unsigned char)c)) v.push_back(c - '0');
+  return v;
+}
+
+std::string listed(const std::vector<int>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out;
+}
+
 std::string expected_answer(const std::string& instruction, const std::string& input) {
-  if (instruction == "Add the two numbers.") {
-    int a, b;
-    char plus;
-    std::istringstream(input) >> a >> plus >> b;
-    return std::to_string(a + b);
-  }
+  std::vector<int> v = digits_of(input);
+  EXPECT_EQ(listed(v), input) << "not a list of digits";
   if (instruction == "Sort the numbers from smallest to largest.") {
-    std::vector<int> v;
-    for (char c : input)
-      if (std::isdigit((unsigned char)c)) v.push_back(c - '0');
+    EXPECT_EQ(v.size(), 3u) << input;
     std::sort(v.begin(), v.end());
-    std::string out;
-    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-    return out;
+    return listed(v);
   }
-  const std::string prefix = "What number comes after ";
-  if (instruction.rfind(prefix, 0) == 0) return std::to_string(std::stoi(instruction.substr(prefix.size())) + 1);
+  if (instruction == "Reverse the list.") {
+    EXPECT_EQ(v.size(), 4u) << input;
+    std::reverse(v.begin(), v.end());
+    return listed(v);
+  }
   return "(unknown task)";
 }
 
@@ -51,13 +62,18 @@ TEST(QuickstartDataset, ParquetAndJsonlHoldTheSameRuleAbidingRows) {
     auto p = rows_of(parquet, split), j = rows_of(jsonl, split);
     ASSERT_EQ(p, j) << split;
     ASSERT_EQ(p.size(), std::string(split) == "train" ? 320u : 40u);
+    std::map<std::string, int> per_task;
     for (const auto& r : p) {
+      ++per_task[r["instruction"]];
       const std::string instruction = r["instruction"], input = r["input"], output = r["output"];
       EXPECT_EQ(output, expected_answer(instruction, input)) << instruction << " | " << input;
       const std::string prompt = instruction + "|" + input;
       if (std::string(split) == "train") train_prompts.insert(prompt);
       else EXPECT_EQ(train_prompts.count(prompt), 0u) << "held-out prompt seen in train: " << prompt;
     }
+    // Half of each split is each task.
+    EXPECT_EQ(per_task.size(), 2u) << split;
+    for (const auto& [task, n] : per_task) EXPECT_EQ(size_t(n) * 2, p.size()) << split << ": " << task;
   }
 }
 
