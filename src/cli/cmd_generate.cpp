@@ -1,7 +1,11 @@
-// `ktune generate --model DIR (--prompt TEXT | --prompts FILE [--template alpaca] [--dry-run]) [--chat]
-//                 [--max-new-tokens N] [--tokenizer FILE]`:
+// `ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca]
+//                 [--dry-run]) [--chat] [--max-new-tokens N] [--tokenizer FILE]`:
 // greedy decoding with a model directory ktune (or HF) wrote, for a quick look at what a
 // fine-tune learned (model/greedy_decode.h: no KV cache, small models and short answers).
+//   --adapter DIR   a PEFT adapter directory (adapter_config.json + adapter_model.safetensors: a
+//                   LoRA run's epoch_N/, or PEFT's own) put on the --model base as PEFT puts it
+//                   (model/adapters/peft_adapter_dir.h); for runs saved with
+//                   save_adapter_weights_only, which write no merged model.
 //   --prompt TEXT   one prompt; prints the answer as text.
 //   --prompts FILE  JSON lines, one prompt a line (a JSON string), the model loaded once; prints
 //                   one JSON string a line, the answers in order ("-" reads stdin).
@@ -27,6 +31,7 @@
 #include "cli/command_table.h"
 #include "cli/flag_args.h"
 #include "core/error.h"
+#include "model/adapters/peft_adapter_dir.h"
 #include "model/decoder.h"
 #include "model/greedy_decode.h"
 #include "text/chat_format.h"
@@ -40,8 +45,8 @@ namespace ktune::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: ktune generate --model DIR (--prompt TEXT | --prompts FILE [--template alpaca] [--dry-run]) [--chat] "
-    "[--max-new-tokens N] [--tokenizer FILE]";
+    "usage: ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca] [--dry-run]) "
+    "[--chat] [--max-new-tokens N] [--tokenizer FILE]";
 
 std::string find_tokenizer(const fs::path& dir) {
   for (const char* name : {"tokenizer.json", "original/tokenizer.model", "tokenizer.model"})
@@ -84,8 +89,10 @@ std::string prompt_of_line(const std::string& line, bool alpaca, const std::stri
 
 class Generator {
  public:
-  Generator(const std::string& model_dir, const std::string& tokenizer_path, bool chat, int max_new_tokens)
+  Generator(const std::string& model_dir, const std::string& adapter_dir, const std::string& tokenizer_path, bool chat,
+            int max_new_tokens)
       : decoder_(model::Decoder::from_pretrained(model_dir)), chat_(chat), max_new_tokens_(max_new_tokens) {
+    if (!adapter_dir.empty()) model::load_peft_adapter(*decoder_, adapter_dir);
     TokenizerOptions options;
     options.path = tokenizer_path.empty() ? find_tokenizer(model_dir) : tokenizer_path;
     tokenizer_ = load_tokenizer(options);
@@ -126,13 +133,14 @@ void answer_lines(Generator* generator, std::istream& in, const std::string& nam
 }  // namespace
 
 int cmd_generate(const Args& args) {
-  std::string model_dir, prompt, prompts_path, tokenizer_path, template_name;
+  std::string model_dir, adapter_dir, prompt, prompts_path, tokenizer_path, template_name;
   bool has_prompt = false;
   int max_new_tokens = 32;
   bool chat = false, dry_run = false;
   FlagArgs a("ktune generate", args);
   while (a.next()) {
     if (a.is("--model")) model_dir = a.value();
+    else if (a.is("--adapter")) adapter_dir = a.value();
     else if (a.is("--prompt")) prompt = a.value(), has_prompt = true;
     else if (a.is("--prompts")) prompts_path = a.value();
     else if (a.is("--template")) template_name = a.value();
@@ -157,7 +165,7 @@ int cmd_generate(const Args& args) {
     if (!file) throw Error(prompts_path, "cannot open the prompts file");
   }
   std::unique_ptr<Generator> generator;
-  if (!dry_run) generator = std::make_unique<Generator>(model_dir, tokenizer_path, chat, max_new_tokens);
+  if (!dry_run) generator = std::make_unique<Generator>(model_dir, adapter_dir, tokenizer_path, chat, max_new_tokens);
   if (has_prompt) {
     std::printf("%s\n", generator->answer(prompt).c_str());
     return 0;

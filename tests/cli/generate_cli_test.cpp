@@ -1,7 +1,8 @@
 // `ktune generate` through the built binary, on a fresh tiny model (the quickstart's, random
 // weights): --prompts answers each line as --prompt answers it alone; --template alpaca asks a row
 // with the prompt alpaca_dataset trains on (with the "### Input:" block only where the row has an
-// input, as torchtune does); bad lines and flag mixes are refused naming the file and line.
+// input, as torchtune does); --adapter puts a LoRA run's adapter on the base as its merged model
+// has it; bad lines and flag mixes are refused naming the file and line.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -16,7 +17,9 @@
 namespace ktune {
 namespace {
 
+namespace fs = std::filesystem;
 using recipe_testing::kKtune;
+using recipe_testing::kSource;
 using recipe_testing::Outcome;
 using recipe_testing::sh;
 
@@ -96,6 +99,37 @@ TEST_F(GenerateCli, PromptLinesAreAnsweredAsEachAlone) {
   Outcome piped = quiet("cat " + (dir_ / "prompts.jsonl").string() + " | " + generate("--prompts -"));
   ASSERT_EQ(piped.exit_code, 0) << piped.output;
   EXPECT_EQ(answers_of(piped.output), answers);
+}
+
+// A LoRA run's adapter put on the base (--adapter) answers as the merged model the run wrote beside
+// it, and unlike the base alone; so does the adapter of a run that saved only the adapter.
+TEST_F(GenerateCli, AnAdapterOnTheBaseAnswersAsTheMergedModel) {
+  const std::string train = "epochs=1 max_steps_per_epoch=20 optimizer.lr=1e-2";
+  Outcome run = run_tiny("", "lora_finetune_single_device", "lora_single_device", train, out());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string epoch = out() + "/epoch_0";
+  const std::string rows = write("rows.jsonl", {{{"instruction", "Sort the numbers from smallest to largest."}, {"input", "4, 3, 1"}},
+                                                {{"instruction", "Reverse the list."}, {"input", "1, 2, 3, 4"}}});
+  auto answers = [&](const std::string& flags) {
+    Outcome r = quiet(kKtune + " generate --chat --max-new-tokens 8 --prompts " + rows + " --template alpaca " + flags);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
+  };
+  const std::string merged = answers("--model " + epoch);
+  const std::string adapted = answers("--model " + model() + " --adapter " + epoch);
+  const std::string base = answers("--model " + model());
+  EXPECT_EQ(adapted, merged);
+  EXPECT_NE(adapted, base);
+
+  Outcome only = run_tiny("", "lora_finetune_single_device", "lora_single_device", train + " save_adapter_weights_only=True",
+                          out("adapter_only"));
+  ASSERT_EQ(only.exit_code, 0) << only.output;
+  EXPECT_FALSE(fs::exists(out("adapter_only") + "/epoch_0/model-00001-of-00001.safetensors"));
+  EXPECT_EQ(answers("--model " + model() + " --adapter " + out("adapter_only") + "/epoch_0"), merged);
+  // An adapter for another model is refused, naming the tensor.
+  Outcome wrong = sh(generate("--adapter " + kSource + "/tests/model/fixtures/peft/lora --prompt hi"));
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.output.find("adapter_model.safetensors"), std::string::npos) << wrong.output;
 }
 
 TEST_F(GenerateCli, BadLinesAndFlagMixesAreRefusedNamingTheFileAndLine) {
