@@ -248,11 +248,27 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
 // CPU run as closely as without them; and every batch is laid into its own length, rounded up to a
 // multiple of kGpuSeqLenMultiple, not into the dataset's longest sample: the steps compute fewer
 // positions than (batch_size, planned T) a step would.
+// Rows of 1 to 16 digits to reverse (the quickstart's rows are all about one length): consecutive
+// batches have different longest rows, so steps run shorter than the plan.
+std::string rows_of_varied_length(const fs::path& dir) {
+  const std::string path = (dir / "varied.jsonl").string();
+  std::ofstream f(path);
+  for (int i = 0; i < 64; ++i) {
+    std::string input, output;
+    const int n = 1 + (i * 7) % 16;
+    for (int d = 0; d < n; ++d) input += (d ? ", " : "") + std::to_string((i + d * 3) % 10);
+    for (int d = n - 1; d >= 0; --d) output += (d < n - 1 ? ", " : "") + std::to_string((i + d * 3) % 10);
+    f << "{\"instruction\": \"Reverse the list.\", \"input\": \"" << input << "\", \"output\": \"" << output << "\"}\n";
+  }
+  return path;
+}
+
 TEST_F(CudaRecipeTest, LoraOnTheGpuWithActivationCheckpointingAndOffloadingTracksTheCpuRunOnEachBatchsLength) {
   SKIP_WITHOUT_GPUS(1);
   Outcome gpu;
-  ASSERT_NO_FATAL_FAILURE(run_on_both(
-      "lora", "epochs=1 enable_activation_checkpointing=True enable_activation_offloading=True " + sized(8, 8), &gpu));
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 enable_activation_checkpointing=True enable_activation_offloading=True " +
+                                                  sized(8, 8) + " dataset.data_files=" + rows_of_varied_length(dir_),
+                                      &gpu));
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
   EXPECT_NE(gpu.output.find("recomputes the layer's forward"), std::string::npos) << gpu.output;
   EXPECT_NE(gpu.output.find("checkpointed: each layer's input kept"), std::string::npos) << gpu.output;
