@@ -91,18 +91,18 @@ class Generator {
  public:
   Generator(const std::string& model_dir, const std::string& adapter_dir, const std::string& tokenizer_path, bool chat,
             int max_new_tokens)
-      : decoder_(model::Decoder::from_pretrained(model_dir)), chat_(chat), max_new_tokens_(max_new_tokens) {
+      : decoder_(model::Decoder::from_pretrained(model_dir)), max_new_tokens_(max_new_tokens) {
     if (!adapter_dir.empty()) model::load_peft_adapter(*decoder_, adapter_dir);
     TokenizerOptions options;
     options.path = tokenizer_path.empty() ? find_tokenizer(model_dir) : tokenizer_path;
     tokenizer_ = load_tokenizer(options);
+    if (chat) chat_format_ = std::make_unique<ChatFormat>(*tokenizer_, detect_chat_format(*tokenizer_));
   }
 
   std::string answer(const std::string& prompt) {
     std::vector<int32_t> ids;
-    if (chat_) {
-      ChatFormat format(*tokenizer_, detect_chat_format(*tokenizer_));
-      ids = format.tokenize({Message::text("user", prompt), Message::text("assistant", "")}, false).tokens;
+    if (chat_format_) {
+      ids = chat_format_->tokenize({Message::text("user", prompt), Message::text("assistant", "")}, false).tokens;
     } else {
       ids = tokenizer_->encode(prompt, /*add_bos=*/true, false);
     }
@@ -115,7 +115,7 @@ class Generator {
  private:
   std::unique_ptr<model::Decoder> decoder_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  bool chat_;
+  std::unique_ptr<ChatFormat> chat_format_;  // --chat: the tokenizer's format (it refers to tokenizer_)
   int max_new_tokens_;
 };
 

@@ -17,8 +17,6 @@ namespace {
 
 constexpr int64_t kRowBlock = 64;  // rows of x (dropout) or of W (DoRA norms) handled at a time
 
-std::string suffix_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
-
 // ‖row‖ over n values, summed in double in order (DoRA's norms: the magnitudes, the scale, the merge
 // all take this one, so that a magnitude made from W is the norm its merge divides by, bit for bit).
 float row_norm(const float* row, int64_t n) {
@@ -433,6 +431,8 @@ Tensor LoraAdapter::merged_weight(const Linear& base) const {
   return w;
 }
 
+std::string module_suffix(const std::string& module) { return module.substr(module.rfind('.') + 1); }
+
 std::vector<std::string> lora_target_modules(const LoraTargets& targets) {
   std::vector<std::string> modules;
   for (const std::string& m : targets.attn_modules) {
@@ -457,7 +457,7 @@ std::vector<std::shared_ptr<LoraAdapter>> attach_lora(Decoder& decoder, const Lo
           "separate output projection for LoRA; set apply_lora_to_output=False");
   std::vector<std::shared_ptr<LoraAdapter>> adapters;
   for (Linear* linear : decoder.linears()) {
-    if (std::find(wanted.begin(), wanted.end(), suffix_of(linear->name)) == wanted.end()) continue;
+    if (std::find(wanted.begin(), wanted.end(), module_suffix(linear->name)) == wanted.end()) continue;
     auto adapter = std::make_shared<LoraAdapter>(*linear, options);
     linear->adapter = adapter;
     adapters.push_back(adapter);

@@ -151,6 +151,10 @@ struct LoraTargets {
 std::vector<std::shared_ptr<LoraAdapter>> attach_lora(Decoder& decoder, const LoraTargets& targets,
                                                       const LoraOptions& options);
 
+// The last part of a module name ("q_proj" of "model.layers.0.self_attn.q_proj"): what PEFT's
+// target_modules names and matches.
+std::string module_suffix(const std::string& module);
+
 // HF module suffixes ("q_proj", "o_proj", "gate_proj", …) that the targets select (for
 // adapter_config.json's target_modules).
 std::vector<std::string> lora_target_modules(const LoraTargets& targets);

@@ -16,8 +16,6 @@ namespace ktune::model {
 
 namespace {
 
-std::string suffix_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
-
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(path, "cannot be read (a PEFT adapter directory holds adapter_config.json)");
@@ -102,7 +100,7 @@ std::vector<std::shared_ptr<LoraAdapter>> load_peft_adapter(Decoder& decoder, co
   std::vector<std::shared_ptr<LoraAdapter>> adapters;
   std::set<std::string> matched, used;
   for (Linear* linear : decoder.linears()) {
-    const std::string suffix = suffix_of(linear->name);
+    const std::string suffix = module_suffix(linear->name);
     if (std::find(wanted.begin(), wanted.end(), suffix) == wanted.end()) continue;
     matched.insert(suffix);
     auto adapter = std::make_shared<LoraAdapter>(*linear, config.options);

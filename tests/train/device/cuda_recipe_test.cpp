@@ -243,11 +243,6 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
   EXPECT_NO_THROW(model::Decoder::from_pretrained(out("gpu") + "/epoch_0"));  // the merged model
 }
 
-// torchtune's enable_activation_checkpointing and enable_activation_offloading on the GPU step (one
-// layer's activations, recomputed; the kept layer inputs to pinned host memory and back) track the
-// CPU run as closely as without them; and every batch is laid into its own length, rounded up to a
-// multiple of kGpuSeqLenMultiple, not into the dataset's longest sample: the steps compute fewer
-// positions than (batch_size, planned T) a step would.
 // Rows of 1 to 16 digits to reverse (the quickstart's rows are all about one length): consecutive
 // batches have different longest rows, so steps run shorter than the plan.
 std::string rows_of_varied_length(const fs::path& dir) {
@@ -263,6 +258,11 @@ std::string rows_of_varied_length(const fs::path& dir) {
   return path;
 }
 
+// torchtune's enable_activation_checkpointing and enable_activation_offloading on the GPU step (one
+// layer's activations, recomputed; the kept layer inputs to pinned host memory and back) track the
+// CPU run as closely as without them; and every batch is laid into its own length, rounded up to a
+// multiple of kGpuSeqLenMultiple, not into the dataset's longest sample: the steps compute fewer
+// positions than (batch_size, planned T) a step would.
 TEST_F(CudaRecipeTest, LoraOnTheGpuWithActivationCheckpointingAndOffloadingTracksTheCpuRunOnEachBatchsLength) {
   SKIP_WITHOUT_GPUS(1);
   Outcome gpu;
