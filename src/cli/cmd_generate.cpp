@@ -1,7 +1,8 @@
 // `ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca]
-//                 [--dry-run]) [--chat] [--max-new-tokens N] [--tokenizer FILE]`:
-// greedy decoding with a model directory ktune (or HF) wrote, for a quick look at what a
-// fine-tune learned (model/greedy_decode.h: no KV cache, small models and short answers).
+//                 [--dry-run]) [--chat] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16]
+//                 [--temperature T [--top-k K] [--top-p P] [--seed S]]`:
+// generation with a model directory ktune (or HF) wrote, for a quick look at what a fine-tune
+// learned (model/generation.h: the prompt once, then a token a step against a KV cache).
 //   --adapter DIR   a PEFT adapter directory (adapter_config.json + adapter_model.safetensors: a
 //                   LoRA run's epoch_N/, or PEFT's own) put on the --model base as PEFT puts it
 //                   (model/adapters/peft_adapter_dir.h); for runs saved with
@@ -18,12 +19,20 @@
 //   --chat          wraps the prompt as the user turn of the tokenizer's chat format and opens
 //                   the assistant's, as the recipes tokenise a conversation; without it the
 //                   prompt is encoded as plain text after BOS.
+//   --dtype         how the weights are kept: fp32 (the default) or bf16 (half the memory,
+//                   multiplied as bf16 with f32 accumulation, as bf16 training does).
+//   --temperature T 0 (the default) answers greedily; above 0 samples from softmax(logits / T),
+//                   cut to the --top-k most likely (0: all) and then to the most likely whose
+//                   probability reaches --top-p (1: all), with draws from --seed (0): the same
+//                   seed gives the same answer to the same prompt (model/token_choice.h).
 // Decoding stops at the tokenizer's EOS or an end-of-turn token (<|eot_id|>, <|im_end|>,
 // <end_of_turn>).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -31,9 +40,10 @@
 #include "cli/command_table.h"
 #include "cli/flag_args.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "model/adapters/peft_adapter_dir.h"
 #include "model/decoder.h"
-#include "model/greedy_decode.h"
+#include "model/generation.h"
 #include "text/chat_format.h"
 #include "text/prompt_template.h"
 #include "text/tokenizer.h"
@@ -46,7 +56,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca] [--dry-run]) "
-    "[--chat] [--max-new-tokens N] [--tokenizer FILE]";
+    "[--chat] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16] "
+    "[--temperature T [--top-k K] [--top-p P] [--seed S]]";
 
 std::string find_tokenizer(const fs::path& dir) {
   for (const char* name : {"tokenizer.json", "original/tokenizer.model", "tokenizer.model"})
@@ -87,12 +98,24 @@ std::string prompt_of_line(const std::string& line, bool alpaca, const std::stri
   return alpaca_prompt(instruction, text("input", false));
 }
 
+// --dtype: the names the recipes' `dtype` takes.
+DType storage_of(const std::string& name) {
+  if (name == "fp32" || name == "float32") return DType::F32;
+  if (name == "bf16" || name == "bfloat16") return DType::BF16;
+  throw Error("--dtype", "unknown dtype '" + name + "'; known: fp32, bf16");
+}
+
 class Generator {
  public:
   Generator(const std::string& model_dir, const std::string& adapter_dir, const std::string& tokenizer_path, bool chat,
-            int max_new_tokens)
-      : decoder_(model::Decoder::from_pretrained(model_dir)), max_new_tokens_(max_new_tokens) {
+            DType storage, int max_new_tokens, const model::TokenChoice& choice)
+      : decoder_(model::Decoder::from_pretrained(model_dir, model::LoadOptions{storage})),
+        max_new_tokens_(max_new_tokens),
+        choice_(choice) {
     if (!adapter_dir.empty()) model::load_peft_adapter(*decoder_, adapter_dir);
+    // Forward only: one layer's activations are planned instead of every layer's (with no backward,
+    // nothing is ever recomputed), so a long prompt takes little memory.
+    decoder_->set_activation_checkpointing(true);
     TokenizerOptions options;
     options.path = tokenizer_path.empty() ? find_tokenizer(model_dir) : tokenizer_path;
     tokenizer_ = load_tokenizer(options);
@@ -107,9 +130,19 @@ class Generator {
       ids = tokenizer_->encode(prompt, /*add_bos=*/true, false);
     }
     const Tokenizer& tokenizer = *tokenizer_;
-    auto answer = model::greedy_decode(*decoder_, ids, max_new_tokens_,
-                                       [&](int32_t id) { return ends_turn(tokenizer, id); });
-    return tokenizer.decode(answer, /*skip_special=*/true);
+    const model::Generated answer = model::generate(*decoder_, ids, max_new_tokens_, choice_,
+                                                    [&](int32_t id) { return ends_turn(tokenizer, id); });
+    // The first new token comes with the prompt's pass; each later one is a step of its own.
+    const size_t steps = answer.tokens.empty() ? 0 : answer.tokens.size() - 1;
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "generate: prompt %zu tokens in %.3f s (%.1f tokens/s), answer %zu tokens, %zu steps after the "
+                  "first in %.3f s (%.1f tokens/s)",
+                  ids.size(), answer.prompt_seconds, double(ids.size()) / std::max(answer.prompt_seconds, 1e-9),
+                  answer.tokens.size(), steps, answer.answer_seconds,
+                  double(steps) / std::max(answer.answer_seconds, 1e-9));
+    log_info(line);
+    return tokenizer.decode(answer.tokens, /*skip_special=*/true);
   }
 
  private:
@@ -117,6 +150,7 @@ class Generator {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatFormat> chat_format_;  // --chat: the tokenizer's format (it refers to tokenizer_)
   int max_new_tokens_;
+  model::TokenChoice choice_;
 };
 
 // One JSON string a line: the answer to each line's prompt, or without a generator (--dry-run)
@@ -136,7 +170,9 @@ int cmd_generate(const Args& args) {
   std::string model_dir, adapter_dir, prompt, prompts_path, tokenizer_path, template_name;
   bool has_prompt = false;
   int max_new_tokens = 32;
-  bool chat = false, dry_run = false;
+  bool chat = false, dry_run = false, sampling_option = false;
+  model::TokenChoice choice;
+  DType storage = DType::F32;
   FlagArgs a("ktune generate", args);
   while (a.next()) {
     if (a.is("--model")) model_dir = a.value();
@@ -146,6 +182,11 @@ int cmd_generate(const Args& args) {
     else if (a.is("--template")) template_name = a.value();
     else if (a.is("--tokenizer")) tokenizer_path = a.value();
     else if (a.is("--max-new-tokens")) max_new_tokens = int(a.int_value(0, 1 << 20));
+    else if (a.is("--temperature")) choice.temperature = float(a.number_value());
+    else if (a.is("--top-k")) choice.top_k = a.int_value(0, 1LL << 40), sampling_option = true;
+    else if (a.is("--top-p")) choice.top_p = float(a.number_value()), sampling_option = true;
+    else if (a.is("--seed")) choice.seed = uint64_t(a.int_value(0, std::numeric_limits<int64_t>::max())), sampling_option = true;
+    else if (a.is("--dtype")) storage = storage_of(a.value());
     else if (a.is("--chat")) a.expect_no_value(), chat = true;
     else if (a.is("--dry-run")) a.expect_no_value(), dry_run = true;
     else a.unknown(kUsage);
@@ -158,6 +199,10 @@ int cmd_generate(const Args& args) {
   if (!template_name.empty() && has_prompt)
     throw Error("--template", "goes with --prompts FILE (rows); --prompt takes the prompt's text as it is");
   if (dry_run && has_prompt) throw Error("--dry-run", "goes with --prompts FILE; --prompt's text is the prompt");
+  model::check_token_choice(choice);
+  if (sampling_option && choice.temperature == 0)
+    throw Error("generate", "--top-k, --top-p and --seed shape sampling: give --temperature above 0 with them "
+                            "(without one the answer is greedy)");
 
   std::ifstream file;
   if (!prompts_path.empty() && prompts_path != "-") {
@@ -165,7 +210,8 @@ int cmd_generate(const Args& args) {
     if (!file) throw Error(prompts_path, "cannot open the prompts file");
   }
   std::unique_ptr<Generator> generator;
-  if (!dry_run) generator = std::make_unique<Generator>(model_dir, adapter_dir, tokenizer_path, chat, max_new_tokens);
+  if (!dry_run)
+    generator = std::make_unique<Generator>(model_dir, adapter_dir, tokenizer_path, chat, storage, max_new_tokens, choice);
   if (has_prompt) {
     std::printf("%s\n", generator->answer(prompt).c_str());
     return 0;

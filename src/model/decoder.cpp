@@ -15,11 +15,13 @@
 #include "kernels/cpu/activation.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/bf16_rounding.h"
+#include "kernels/cpu/cached_attention.h"
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "model/adapters/lora_adapter.h"
+#include "model/kv_cache.h"
 
 namespace ktune::model {
 
@@ -574,9 +576,16 @@ void Decoder::layer_forward(size_t l, const LayerActs& a, const float* x_in, flo
   L.v.forward(a.v, a.ln1, N, a.saved[2], p.weight_scratch);
   cpu::rope_forward(a.q, p.positions, *rope_, N, c.num_heads, c.head_dim);
   cpu::rope_forward(a.k, p.positions, *rope_, N, c.num_kv_heads, c.head_dim);
-  cpu::AttentionShape s{p.B, p.T, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_scale,
-                        c.sliding_window[l], c.attn_logit_softcap};
-  cpu::attention_forward(a.att, a.lse, a.q, a.k, a.v, doc_ids_, s);
+  if (kv_cache_) {  // generation: these tokens' keys and values join the cache, the queries read all of it
+    kv_cache_->write(int64_t(l), a.k, a.v, N);
+    cpu::CachedAttentionShape s{N, kv_cache_->length() + N, c.num_heads, c.num_kv_heads, c.head_dim,
+                                c.attention_scale, c.sliding_window[l], c.attn_logit_softcap};
+    cpu::cached_attention_forward(a.att, a.q, kv_cache_->keys(int64_t(l)), kv_cache_->values(int64_t(l)), s);
+  } else {
+    cpu::AttentionShape s{p.B, p.T, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_scale,
+                          c.sliding_window[l], c.attn_logit_softcap};
+    cpu::attention_forward(a.att, a.lse, a.q, a.k, a.v, doc_ids_, s);
+  }
   if (c.sandwich_norms) {
     L.o.forward(a.o, a.att, N, a.saved[3], p.weight_scratch);
     cpu::rmsnorm_forward(a.x_mid, a.rstd_o, a.o, as_f32(L.norm_attn_out, p.norm_scratch), N, C, eps, off);
@@ -672,8 +681,7 @@ void Decoder::embed_forward(const Batch& batch, Plan& p, float* x) {
   }, 16);
 }
 
-LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, float* logits) {
-  const ModelConfig& c = config_;
+void Decoder::check_computable() const {
   check(released_.empty(), "Decoder", "cannot compute: the value of " + released_ +
                                           " was released (its steps run elsewhere, release_values)");
   // A value mapped in its file's other dtype (LoadOptions::map_values): the kernels read the storage
@@ -682,6 +690,32 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
     if (value_in_other_dtype(*param))
       throw Error("Decoder", "cannot compute: the value of " + param->name + " is mapped in its checkpoint file's dtype, not " +
                                  dtype_name(storage_) + " (LoadOptions::map_values: a model whose values are read elsewhere first)");
+}
+
+void Decoder::head_logits(float* logits, const float* normed, int64_t rows, const Plan& p) {
+  const ModelConfig& c = config_;
+  const int64_t C = c.hidden_size, V = c.vocab_size;
+  Parameter* head = lm_head_ ? lm_head_ : embed_;
+  if (output_adapter(output_)) {
+    std::vector<float> saved(size_t(std::max<int64_t>(1, output_.saved_floats(rows))));
+    output_.forward(logits, normed, rows, saved.data(), p.weight_scratch);
+  } else if (p.bf16_gemm) {
+    // ce_chunk rows at a time, rounded to bf16 in the fused loss's scratch (it holds ce_chunk * V floats).
+    bf16_t* rows16 = cpu::as_bf16(p.ce_scratch);
+    for (int64_t n0 = 0; n0 < rows; n0 += p.ce_chunk) {
+      const int64_t chunk = std::min(p.ce_chunk, rows - n0);
+      cpu::round_to_bf16(rows16, normed + n0 * C, chunk * C);
+      cpu::gemm_bf16(false, true, chunk, V, C, 1.0f, rows16, head->value.bf16(), 0.0f, logits + n0 * V);
+    }
+  } else {
+    cpu::gemm(false, true, rows, V, C, 1.0f, normed, as_f32(head, p.weight_scratch), 0.0f, logits);
+  }
+  if (c.final_logit_softcap > 0) cpu::softcap_forward(logits, rows * V, c.final_logit_softcap);
+}
+
+LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, float* logits) {
+  const ModelConfig& c = config_;
+  check_computable();
   check(!backward || host_gradients_, "Decoder", "no backward: this model keeps no host gradients (set_host_gradients)");
   Plan& p = prepare(batch);
   if (!logits) check(batch.labels != nullptr, "Decoder", "a loss needs labels");
@@ -714,29 +748,15 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
   }
   cpu::rmsnorm_forward(p.final_normed, p.final_rstd, p.resid[size_t(L)], as_f32(final_norm_, p.norm_scratch), N, C,
                        c.rms_norm_eps, c.norm_weight_offset);
+  if (logits) {  // (N, V)
+    head_logits(logits, p.final_normed, N, p);
+    return {};
+  }
   Parameter* head = lm_head_ ? lm_head_ : embed_;
   LoraAdapter* head_adapter = output_adapter(output_);
   const bool head_bf16_gemm = p.bf16_gemm && !head_adapter;  // as planned (layout)
   // (V, C) f32, unless multiplied as bf16; a QLoRA head keeps only its NF4 copy (in the adapter)
   const float* head_w = head->value.defined() && !head_bf16_gemm ? as_f32(head, p.weight_scratch) : nullptr;
-  if (logits) {  // (N, V)
-    if (head_adapter) {
-      std::vector<float> saved(size_t(std::max<int64_t>(1, output_.saved_floats(N))));
-      output_.forward(logits, p.final_normed, N, saved.data(), p.weight_scratch);
-    } else if (head_bf16_gemm) {
-      // ce_chunk rows at a time, rounded to bf16 in the fused loss's scratch (it holds ce_chunk * V floats).
-      bf16_t* rows16 = cpu::as_bf16(p.ce_scratch);
-      for (int64_t n0 = 0; n0 < N; n0 += p.ce_chunk) {
-        const int64_t rows = std::min(p.ce_chunk, N - n0);
-        cpu::round_to_bf16(rows16, p.final_normed + n0 * C, rows * C);
-        cpu::gemm_bf16(false, true, rows, V, C, 1.0f, rows16, head->value.bf16(), 0.0f, logits + n0 * V);
-      }
-    } else {
-      cpu::gemm(false, true, N, V, C, 1.0f, p.final_normed, head_w, 0.0f, logits);
-    }
-    if (c.final_logit_softcap > 0) cpu::softcap_forward(logits, N * V, c.final_logit_softcap);
-    return {};
-  }
   LossResult r;
   if (head_adapter) {
     r.loss_sum = head_adapter->fused_output_cross_entropy(backward ? p.dnormed : nullptr, &r.n_valid, p.final_normed,
@@ -817,6 +837,37 @@ Tensor Decoder::forward_logits(const Batch& batch) {
   Tensor logits = Tensor::empty({batch.B, batch.T, config_.vocab_size});
   run(batch, false, 1.0f, logits.f32());
   return logits;
+}
+
+void Decoder::forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* last_logits) {
+  const ModelConfig& c = config_;
+  const int64_t C = c.hidden_size, L = c.num_layers;
+  check_computable();
+  check(cache.num_layers() == L && cache.row_floats() == c.num_kv_heads * c.head_dim, "Decoder",
+        "the KV cache was made for another model shape");
+  cache.reserve(n);
+  std::vector<int32_t> positions(static_cast<size_t>(n));  // (n) past .. past + n - 1
+  for (int64_t i = 0; i < n; ++i) positions[size_t(i)] = int32_t(cache.length() + i);
+  const Batch batch{tokens, nullptr, positions.data(), nullptr, 1, n};
+  Plan& p = prepare(batch);
+  doc_ids_ = nullptr;
+  kv_cache_ = &cache;
+  struct ForgetCache {
+    KvCache*& cache;
+    ~ForgetCache() { cache = nullptr; }
+  } forget{kv_cache_};
+  embed_forward(batch, p, p.resid[0]);
+  for (int64_t l = 0; l < L; ++l) {
+    if (hooks_.before_forward) hooks_.before_forward(l);
+    layer_forward(size_t(l), p.acts[checkpointing_ ? 0 : size_t(l)], p.resid[size_t(l)], p.resid[size_t(l) + 1], p);
+    if (hooks_.after_forward) hooks_.after_forward(l);
+  }
+  cache.advance(n);
+  // Only the last token's logits: its final norm (C), then the head.
+  const float* last_hidden = p.resid[size_t(L)] + (n - 1) * C;
+  cpu::rmsnorm_forward(p.final_normed, p.final_rstd, last_hidden, as_f32(final_norm_, p.norm_scratch), 1, C,
+                       c.rms_norm_eps, c.norm_weight_offset);
+  head_logits(last_logits, p.final_normed, 1, p);
 }
 
 }  // namespace ktune::model

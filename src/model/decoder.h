@@ -13,9 +13,9 @@
 //                    y = h + [post_ff_norm](down(act(gate(n)) * up(n)))      with n = norm2(h)
 // (bracketed norms: Gemma2 only).
 //
-// It deliberately does not do generation caches, dropout, bf16 activations (bf16 GEMMs round theirs
-// per call), or the optimizer (the trainer runs AdamW over parameters()); adapters attach to Linear
-// (model/linear.h).
+// Generation runs a token at a time against a key/value cache (forward_cached, model/kv_cache.h).
+// It deliberately does not do dropout, bf16 activations (bf16 GEMMs round theirs per call), or the
+// optimizer (the trainer runs AdamW over parameters()); adapters attach to Linear (model/linear.h).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +36,8 @@ class SafetensorsFile;
 }
 
 namespace ktune::model {
+
+class KvCache;
 
 // One batch of B rows of T tokens, all int32, row-major (B, T).
 struct Batch {
@@ -135,8 +137,13 @@ class Decoder {
   LossResult forward_backward(const Batch& batch, float grad_scale);
   // The loss without gradients (evaluation).
   LossResult forward_loss(const Batch& batch);
-  // All logits (B, T, V) after the final soft-cap (parity tests, generation): materialises them.
+  // All logits (B, T, V) after the final soft-cap (parity tests): materialises them.
   Tensor forward_logits(const Batch& batch);
+  // Generation: runs n new tokens of one sequence (at positions cache.length() onwards) through the
+  // model, attending to the keys and values the cache holds of the tokens before them, adds theirs
+  // to the cache, and writes the logits (V, after the final soft-cap) of the last new token: the
+  // prompt in one call, then one token a call. A new sequence starts from an empty cache.
+  void forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* last_logits);
 
   // Bytes of the activation arena for a batch of B x T tokens under the current settings.
   size_t planned_activation_bytes(int64_t B, int64_t T) const;
@@ -161,6 +168,10 @@ class Decoder {
   void layer_forward(size_t l, const LayerActs& a, const float* x_in, float* x_out, const Plan& p);
   void layer_backward(size_t l, const LayerActs& a, const float* x_in, float* dres, const Plan& p);
   LossResult run(const Batch& batch, bool backward, float grad_scale, float* logits);
+  // Throws unless every value is here, in the storage dtype (released or mapped in another: no compute).
+  void check_computable() const;
+  // logits (rows, V) = head(normed (rows, C)), soft-capped; the rows are at most the plan's N.
+  void head_logits(float* logits, const float* normed, int64_t rows, const Plan& p);
 
   ModelConfig config_;
   DType storage_ = DType::F32;
@@ -183,6 +194,7 @@ class Decoder {
   // Per call: the batch's document ids, and for each layer l whether anything below it (layers < l,
   // the embedding) is trainable; needs_grad_below_[L] covers the whole stack.
   const int32_t* doc_ids_ = nullptr;
+  KvCache* kv_cache_ = nullptr;  // forward_cached: the attention reads and extends it
   std::vector<bool> needs_grad_below_;
   LayerHooks hooks_;
 };

@@ -1,9 +1,10 @@
-// Added-token matching (see added_tokens.h). Candidates are indexed by their first byte and tried
-// longest first, which gives leftmost-longest matches; a match rejected by single_word is skipped
-// whole, as HF's aho-corasick iteration resumes after it.
+// Added-token matching (see added_tokens.h). At each position the pattern lengths of its first byte
+// are tried longest first, each a hash lookup, which gives leftmost-longest matches; a match
+// rejected by single_word is skipped whole, as HF's aho-corasick iteration resumes after it.
 #include "text/added_tokens.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "text/unicode_text.h"
 
@@ -11,12 +12,11 @@ namespace ktune::text {
 
 void AddedTokenMatcher::add(std::string pattern, const AddedToken& token) {
   if (pattern.empty()) return;
-  entries_.push_back(Entry{std::move(pattern), token.id, token.single_word, token.lstrip, token.rstrip});
-  uint32_t index = uint32_t(entries_.size() - 1);
-  auto& bucket = by_first_byte_[static_cast<unsigned char>(entries_.back().pattern[0])];
-  bucket.push_back(index);
-  std::stable_sort(bucket.begin(), bucket.end(),
-                   [&](uint32_t a, uint32_t b) { return entries_[a].pattern.size() > entries_[b].pattern.size(); });
+  entries_.push_back(Entry{pattern, token.id, token.single_word, token.lstrip, token.rstrip});
+  if (!by_pattern_.emplace(pattern, uint32_t(entries_.size() - 1)).second) return;  // the first one matches
+  auto& lengths = lengths_by_first_byte_[static_cast<unsigned char>(pattern[0])];
+  auto at = std::lower_bound(lengths.begin(), lengths.end(), pattern.size(), std::greater<>());
+  if (at == lengths.end() || *at != pattern.size()) lengths.insert(at, pattern.size());
 }
 
 namespace {
@@ -42,12 +42,12 @@ void AddedTokenMatcher::split(std::string_view text, std::vector<TextSegment>& o
   size_t i = 0;
   const size_t n = text.size();
   while (i < n) {
-    const auto& bucket = by_first_byte_[static_cast<unsigned char>(text[i])];
     const Entry* hit = nullptr;
-    for (uint32_t k : bucket) {
-      const Entry& e = entries_[k];
-      if (e.pattern.size() <= n - i && text.compare(i, e.pattern.size(), e.pattern) == 0) {
-        hit = &e;
+    for (size_t length : lengths_by_first_byte_[static_cast<unsigned char>(text[i])]) {
+      if (length > n - i) continue;
+      auto found = by_pattern_.find(text.substr(i, length));
+      if (found != by_pattern_.end()) {
+        hit = &entries_[found->second];
         break;
       }
     }

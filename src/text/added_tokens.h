@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace ktune::text {
@@ -42,8 +43,17 @@ class AddedTokenMatcher {
     int32_t id;
     bool single_word, lstrip, rstrip;
   };
+  // Hashes a std::string or a std::string_view alike, so a piece of text is looked up without a copy.
+  struct PatternHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+  };
   std::vector<Entry> entries_;
-  std::vector<std::vector<uint32_t>> by_first_byte_ = std::vector<std::vector<uint32_t>>(256);  // longest first
+  // Each pattern's entry (the first added, for a pattern added twice), and for each first byte the
+  // lengths its patterns have, longest first: a match at a position is the longest of those lengths
+  // whose piece of text is a pattern, found in a few lookups however many tokens there are.
+  std::unordered_map<std::string, uint32_t, PatternHash, std::equal_to<>> by_pattern_;
+  std::vector<std::vector<size_t>> lengths_by_first_byte_ = std::vector<std::vector<size_t>>(256);
 };
 
 }  // namespace ktune::text

@@ -2,7 +2,7 @@
 // weights): --prompts answers each line as --prompt answers it alone; --template alpaca asks a row
 // with the prompt alpaca_dataset trains on (with the "### Input:" block only where the row has an
 // input, as torchtune does); --adapter puts a LoRA run's adapter on the base as its merged model
-// has it; bad lines and flag mixes are refused naming the file and line.
+// has it; sampling follows its seed; bad lines and flag mixes are refused naming the file and line.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -130,6 +130,39 @@ TEST_F(GenerateCli, AnAdapterOnTheBaseAnswersAsTheMergedModel) {
   Outcome wrong = sh(generate("--adapter " + kSource + "/tests/model/fixtures/peft/lora --prompt hi"));
   EXPECT_NE(wrong.exit_code, 0);
   EXPECT_NE(wrong.output.find("adapter_model.safetensors"), std::string::npos) << wrong.output;
+}
+
+// Sampling (--temperature, --top-k, --top-p, --seed): a seed answers the same twice and another
+// seed otherwise; --top-k 1 samples the greedy answer; bf16 weights (--dtype bf16) answer too.
+TEST_F(GenerateCli, SampledAnswersFollowTheirSeedAndTopKOneIsGreedy) {
+  const std::string prompts = write("prompts.jsonl", {"Reverse the list.\n\n1, 2, 3", "Sort: 5, 1, 4"});
+  auto answers = [&](const std::string& flags) {
+    Outcome r = quiet(kKtune + " generate --model " + model() + " --chat --max-new-tokens 12 --prompts " + prompts + " " + flags);
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    return answers_of(r.output);
+  };
+  const auto greedy = answers("");
+  ASSERT_EQ(greedy.size(), 2u);
+  const auto seed5 = answers("--temperature 1.5 --seed 5");
+  EXPECT_EQ(answers("--temperature 1.5 --seed 5"), seed5);
+  EXPECT_NE(answers("--temperature 1.5 --seed 6"), seed5);
+  EXPECT_NE(seed5, greedy);  // the tiny model's random weights give nearly flat logits
+  EXPECT_EQ(answers("--temperature 1.5 --top-k 1 --seed 5"), greedy);
+  EXPECT_EQ(answers("--temperature 0"), greedy);
+  EXPECT_EQ(answers("--dtype bf16").size(), 2u);
+
+  Outcome r = sh(generate("--prompt hi --top-k 5"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--temperature"), std::string::npos) << r.output;
+  r = sh(generate("--prompt hi --temperature 1 --top-p 0"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("top_p"), std::string::npos) << r.output;
+  r = sh(generate("--prompt hi --temperature -1"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("temperature"), std::string::npos) << r.output;
+  r = sh(generate("--prompt hi --dtype f16"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--dtype"), std::string::npos) << r.output;
 }
 
 TEST_F(GenerateCli, BadLinesAndFlagMixesAreRefusedNamingTheFileAndLine) {

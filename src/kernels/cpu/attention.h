@@ -2,7 +2,8 @@
 // window, optional logit soft-capping (Gemma2) and optional document ids for packed samples.
 // The fast version works in tiles of queries x keys with an online softmax (flash-attention 2):
 // memory is O(T) per head, the (T, T) scores never exist; the backward recomputes P from lse.
-// It deliberately has no dropout, no ALiBi, no KV cache (training only), and no non-causal mode.
+// It deliberately has no dropout, no ALiBi, no KV cache (training only: generation's attention against
+// a cache is cached_attention.h), and no non-causal mode.
 #pragma once
 
 #include <cstdint>

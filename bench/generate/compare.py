@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""`ktune generate` against HF transformers' generate() on the same work, in one run.
+
+A random-weight Llama-shaped model (`ktune init-model`, with the quickstart's tokenizer grown to the
+real vocabulary's size by added words, so that every id the model chooses decodes), one prompt of about
+--prompt-tokens tokens, greedy decoding of --new-tokens tokens, f32, the same thread count. Both
+use a KV cache (the prompt once, then a token a step). Timed: the generation only (ktune's own log
+line; HF's generate() call after a warm-up), not the model's load.
+
+Prints each side's prompt and step rates, the ratios, whether the two chose the same tokens, and
+the ceiling a decoding step has on this machine: every step reads all the weights, so steps/s
+cannot beat read bandwidth / weight bytes (the bandwidth measured here with torch.sum). HF's
+prompt time is a generate() of one token; its steps are the rest of the full call.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+
+SHAPES = {
+    # hidden, intermediate, layers, heads, kv heads, head dim, vocab
+    "small": (1024, 4096, 8, 16, 8, 64, 128256),
+    "1b": (2048, 8192, 16, 32, 8, 64, 128256),  # Llama-3.2-1B
+}
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUICKSTART = os.path.join(REPO, "examples", "quickstart")
+
+
+def make_model(ktune, shape, directory):
+    C, I, L, H, KV, D, V = SHAPES[shape]
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": C,
+        "intermediate_size": I, "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": KV,
+        "head_dim": D, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "rope_scaling": None, "tie_word_embeddings": True, "attention_bias": False, "mlp_bias": False,
+        "hidden_act": "silu", "bos_token_id": 0, "eos_token_id": 4, "torch_dtype": "float32",
+    }
+    path = os.path.join(directory, "config.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    model = os.path.join(directory, "model")
+    subprocess.run([ktune, "init-model", "--config", path, "--output-dir", model, "--seed", "0",
+                    "--copy", os.path.join(QUICKSTART, "tokenizer_config.json")], check=True, capture_output=True)
+    write_tokenizer(os.path.join(model, "tokenizer.json"), V)
+    return model, config
+
+
+def write_tokenizer(path, vocab_size):
+    """The quickstart's tokenizer with words "<wN>" added for the ids past its own, up to the model's
+    vocabulary: a random model chooses any id, and each must decode."""
+    with open(os.path.join(QUICKSTART, "tokenizer.json")) as f:
+        tokenizer = json.load(f)
+    first = len(tokenizer["model"]["vocab"])
+    assert all(t["id"] < first for t in tokenizer["added_tokens"])
+    tokenizer["added_tokens"] += [{"id": i, "content": f"<w{i}>", "single_word": False, "lstrip": False,
+                                   "rstrip": False, "normalized": False, "special": False}
+                                  for i in range(first, vocab_size)]
+    with open(path, "w") as f:
+        json.dump(tokenizer, f)
+
+
+def prompt_of(tokens):
+    # Rows of the quickstart's kind, enough of them for about `tokens` tokens.
+    line = "Sort the numbers from smallest to largest. 4, 3, 1 and reverse 7, 2, 9, 5. "
+    return (line * (tokens // 30 + 1)).strip()
+
+
+def run_ktune(ktune, model, prompt, new_tokens, threads):
+    env = dict(os.environ, KTUNE_NUM_THREADS=str(threads))
+    r = subprocess.run([ktune, "generate", "--model", model, "--prompt", prompt, "--max-new-tokens", str(new_tokens)],
+                       env=env, capture_output=True, text=True, check=True)
+    m = re.search(r"generate: prompt (\d+) tokens in ([0-9.]+) s .*answer (\d+) tokens, (\d+) steps after the first "
+                  r"in ([0-9.]+) s", r.stderr)
+    assert m, r.stderr
+    return {"prompt": int(m.group(1)), "prompt_s": float(m.group(2)), "new": int(m.group(3)), "steps": int(m.group(4)),
+            "steps_s": float(m.group(5)), "text": r.stdout.rstrip("\n")}
+
+
+def run_hf(model, prompt, new_tokens, threads, bos, eos):
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    tokenizer = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
+    ids = [bos] + tokenizer.encode(prompt, add_special_tokens=False).ids
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    input_ids = torch.tensor([ids])
+
+    def timed(n):
+        start = time.perf_counter()
+        out = hf.generate(input_ids, max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        return out, time.perf_counter() - start
+
+    with torch.inference_mode():
+        timed(2)  # warm-up
+        _, prompt_s = timed(1)  # the prompt's pass and the first token
+        out, total_s = timed(new_tokens)
+    new = out[0, len(ids):].tolist()
+    if new and new[-1] == eos:
+        new = new[:-1]  # ktune does not count the stop token
+    return {"prompt": len(ids), "prompt_s": prompt_s, "new": len(new), "steps": max(len(new) - 1, 0),
+            "steps_s": total_s - prompt_s, "total_s": total_s, "text": tokenizer.decode(new, skip_special_tokens=True)}
+
+
+def read_bandwidth_gbs(threads):
+    """Bytes a second torch.sum reads from a 512 MiB f32 tensor on `threads` threads (best of 5)."""
+    import torch
+    torch.set_num_threads(threads)
+    a = torch.ones(128 << 20, dtype=torch.float32)
+    best = 0.0
+    for _ in range(5):
+        start = time.perf_counter()
+        a.sum()
+        best = max(best, a.numel() * 4 / (time.perf_counter() - start))
+    return best / 1e9
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--ktune", required=True)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    p.add_argument("--prompt-tokens", type=int, default=200)
+    p.add_argument("--new-tokens", type=int, default=64)
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model, config = make_model(a.ktune, a.shape, tmp)
+        prompt = prompt_of(a.prompt_tokens)
+        k = min((run_ktune(a.ktune, model, prompt, a.new_tokens, a.threads) for _ in range(2)),
+                key=lambda r: r["prompt_s"] + r["steps_s"])
+        h = run_hf(model, prompt, a.new_tokens, a.threads, config["bos_token_id"], config["eos_token_id"])
+        weight_bytes = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors"))
+    gbs = read_bandwidth_gbs(a.threads)
+    k_total = k["prompt_s"] + k["steps_s"]
+
+    def rates(r, total):
+        return (f"prompt {r['prompt']} tokens in {r['prompt_s']:.2f} s ({r['prompt'] / r['prompt_s']:.0f} tokens/s), "
+                f"{r['steps']} steps after the first in {r['steps_s']:.2f} s ({r['steps'] / r['steps_s']:.1f} tokens/s); "
+                f"{r['new']} tokens in {total:.2f} s")
+
+    print(f"model: {a.shape} Llama shape, {weight_bytes / 2**30:.2f} GiB f32 weights; {a.threads} threads")
+    print(f"ktune generate:        {rates(k, k_total)}")
+    print(f"transformers generate: {rates(h, h['total_s'])}")
+    print(f"same answer: {'yes' if k['text'] == h['text'] else 'no (random weights: near-ties may break differently)'}")
+    print(f"ceiling: a step reads every weight: {gbs:.1f} GB/s read bandwidth (torch.sum, {a.threads} threads) / "
+          f"{weight_bytes / 1e9:.2f} GB = {gbs * 1e9 / weight_bytes:.1f} steps/s; "
+          f"ktune's steps at {k['steps'] / k['steps_s'] / (gbs * 1e9 / weight_bytes):.0%} of it")
+    print(f"generate ratio: ktune/transformers speed {(k['new'] / k_total) / (h['new'] / h['total_s']):.2f}x "
+          f"(prompt {(k['prompt'] / k['prompt_s']) / (h['prompt'] / h['prompt_s']):.2f}x, "
+          f"steps {(k['steps'] / k['steps_s']) / (h['steps'] / h['steps_s']):.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

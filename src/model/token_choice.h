@@ -1,0 +1,34 @@
+// Choosing the next token from a step's logits, as transformers' generate does: greedily (the
+// largest logit, the lowest id among equals, as torch.argmax), or by sampling from
+// softmax(logits / temperature) after keeping only the top_k largest and then the smallest set of
+// the most likely whose probability reaches top_p (HF's TemperatureLogitsWarper, TopKLogitsWarper,
+// TopPLogitsWarper, in that order). A draw is uniform01(seed, index): the same seed and index give
+// the same token on any machine.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace ktune::model {
+
+struct TokenChoice {
+  float temperature = 0;  // 0: greedy; > 0: sample
+  int64_t top_k = 0;      // keep the k most likely (0: all)
+  float top_p = 1.0f;     // keep the most likely until their probability reaches p (1: all)
+  uint64_t seed = 0;
+};
+
+// Throws an Error naming the option that is out of range (temperature < 0, top_k < 0, top_p not in (0, 1]).
+void check_token_choice(const TokenChoice& choice);
+
+// What a sampled choice (temperature > 0) draws from: the tokens kept, most likely first (equal
+// logits: lower id first), each with its probability (summing to 1).
+std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t V, const TokenChoice& choice);
+
+// logits (V). draw_index: which draw of the seed's stream this is (the decoding step).
+int32_t choose_token(const float* logits, int64_t V, const TokenChoice& choice, uint64_t draw_index);
+
+int32_t argmax_token(const float* logits, int64_t V);
+
+}  // namespace ktune::model

@@ -1,0 +1,111 @@
+// Choosing a token from logits (model/token_choice.h). The distribution sampled from against HF
+// transformers' own warpers (fixtures/make_token_choice_fixture.py: temperature, top-k, top-p, and
+// combinations); the draws against that distribution (frequencies over many draws); greedy's ties;
+// reproducible draws; and the options refused.
+#include "model/token_choice.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace ktune::model {
+namespace {
+
+const std::string kFixture = std::string(KTUNE_SOURCE_DIR) + "/tests/model/fixtures/token_choice.json";
+
+nlohmann::json hf_cases() {
+  std::ifstream in(kFixture);
+  EXPECT_TRUE(in.good()) << kFixture;
+  return nlohmann::json::parse(in).at("cases");
+}
+
+TokenChoice choice_of(const nlohmann::json& c, uint64_t seed = 0) {
+  return TokenChoice{c.at("temperature").get<float>(), c.at("top_k").get<int64_t>(), c.at("top_p").get<float>(), seed};
+}
+
+TEST(TokenChoice, SamplesFromTheDistributionTransformersWarpersGive) {
+  const nlohmann::json cases = hf_cases();
+  ASSERT_GE(cases.size(), 10u);
+  for (const auto& c : cases) {
+    const auto logits = c.at("logits").get<std::vector<float>>();
+    const auto expected = c.at("probs").get<std::vector<double>>();
+    const auto kept = sampling_distribution(logits.data(), int64_t(logits.size()), choice_of(c));
+    std::vector<double> got(logits.size(), 0.0);
+    for (const auto& [id, p] : kept) got[size_t(id)] = p;
+    for (size_t v = 0; v < logits.size(); ++v)
+      EXPECT_NEAR(got[v], expected[v], 1e-5) << "token " << v << " of " << c.dump();
+    for (size_t i = 1; i < kept.size(); ++i) EXPECT_GE(kept[i - 1].second, kept[i].second);
+  }
+}
+
+TEST(TokenChoice, DrawsFollowTheDistribution) {
+  // Over 40000 draws each token's frequency is within 5 standard deviations of its probability, and
+  // no token outside the kept set is ever drawn.
+  const nlohmann::json cases = hf_cases();
+  for (const auto& c : {cases.at(1), cases.at(3), cases.at(5)}) {
+    const auto logits = c.at("logits").get<std::vector<float>>();
+    const auto expected = c.at("probs").get<std::vector<double>>();
+    const TokenChoice choice = choice_of(c, 1234);
+    const int draws = 40000;
+    std::vector<int> counts(logits.size(), 0);
+    for (int i = 0; i < draws; ++i) ++counts[size_t(choose_token(logits.data(), int64_t(logits.size()), choice, uint64_t(i)))];
+    for (size_t v = 0; v < logits.size(); ++v) {
+      const double p = expected[v], frequency = double(counts[v]) / draws;
+      if (p == 0) {
+        EXPECT_EQ(counts[v], 0) << "token " << v << " is outside the kept set of " << c.dump();
+      } else {
+        EXPECT_NEAR(frequency, p, 5 * std::sqrt(p * (1 - p) / draws) + 1e-4) << "token " << v << " of " << c.dump();
+      }
+    }
+  }
+}
+
+TEST(TokenChoice, GreedyTakesTheLargestAndTheLowestIdAmongEquals) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f};
+  for (uint64_t i = 0; i < 5; ++i) EXPECT_EQ(choose_token(logits.data(), 5, TokenChoice{}, i), 1);
+  EXPECT_EQ(argmax_token(logits.data(), 5), 1);
+  // top_k 1 samples the greedy token whatever the draw.
+  for (uint64_t i = 0; i < 50; ++i) EXPECT_EQ(choose_token(logits.data(), 5, TokenChoice{1.0f, 1, 1.0f, 9}, i), 1);
+}
+
+TEST(TokenChoice, TheSameSeedAndIndexDrawTheSameTokenAndOtherSeedsOthers) {
+  const std::vector<float> logits(50, 0.0f);  // uniform: every draw is equally likely anything
+  const TokenChoice a{1.0f, 0, 1.0f, 7}, b{1.0f, 0, 1.0f, 8};
+  std::vector<int32_t> first, again, other;
+  for (uint64_t i = 0; i < 20; ++i) {
+    first.push_back(choose_token(logits.data(), 50, a, i));
+    again.push_back(choose_token(logits.data(), 50, a, i));
+    other.push_back(choose_token(logits.data(), 50, b, i));
+  }
+  EXPECT_EQ(first, again);
+  EXPECT_NE(first, other);
+  EXPECT_GT(std::set<int32_t>(first.begin(), first.end()).size(), 10u);  // 20 draws of 50: not one token
+}
+
+TEST(TokenChoice, RefusesOptionsOutOfRangeNamingThem) {
+  const std::vector<float> logits = {0.0f, 1.0f};
+  auto message = [&](const TokenChoice& choice) {
+    try {
+      choose_token(logits.data(), 2, choice, 0);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({-0.5f, 0, 1.0f, 0}).find("temperature"), std::string::npos);
+  EXPECT_NE(message({NAN, 0, 1.0f, 0}).find("temperature"), std::string::npos);
+  EXPECT_NE(message({1.0f, -3, 1.0f, 0}).find("top_k"), std::string::npos);
+  EXPECT_NE(message({1.0f, 0, 0.0f, 0}).find("top_p"), std::string::npos);
+  EXPECT_NE(message({1.0f, 0, 1.5f, 0}).find("top_p"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ktune::model
