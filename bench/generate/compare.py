@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`ktune generate` against HF transformers' generate() on the same work, in one run.
 
-A random-weight Llama-shaped model (`ktune init-model`, with the quickstart's tokenizer grown to the
+Two comparisons: one prompt, and the same prompt --batch times answered together (ktune's
+--batch-size, HF's batched input_ids). A random-weight Llama-shaped model (`ktune init-model`, with the quickstart's tokenizer grown to the
 real vocabulary's size by added words, so that every id the model chooses decodes), one prompt of about
 --prompt-tokens tokens, greedy decoding of --new-tokens tokens, f32, the same thread count. Both
 use a KV cache (the prompt once, then a token a step). Timed: the generation only (ktune's own log
@@ -68,18 +69,24 @@ def prompt_of(tokens):
     return (line * (tokens // 30 + 1)).strip()
 
 
-def run_ktune(ktune, model, prompt, new_tokens, threads):
+def run_ktune(ktune, model, prompt, new_tokens, threads, batch, directory):
+    """The same prompt `batch` times, answered together (--batch-size batch)."""
+    prompts = os.path.join(directory, "prompts.jsonl")
+    with open(prompts, "w") as f:
+        f.write((json.dumps(prompt) + "\n") * batch)
     env = dict(os.environ, KTUNE_NUM_THREADS=str(threads))
-    r = subprocess.run([ktune, "generate", "--model", model, "--prompt", prompt, "--max-new-tokens", str(new_tokens)],
-                       env=env, capture_output=True, text=True, check=True)
-    m = re.search(r"generate: prompt (\d+) tokens in ([0-9.]+) s .*answer (\d+) tokens, (\d+) steps after the first "
-                  r"in ([0-9.]+) s", r.stderr)
-    assert m, r.stderr
-    return {"prompt": int(m.group(1)), "prompt_s": float(m.group(2)), "new": int(m.group(3)), "steps": int(m.group(4)),
-            "steps_s": float(m.group(5)), "text": r.stdout.rstrip("\n")}
+    r = subprocess.run([ktune, "generate", "--model", model, "--prompts", prompts, "--max-new-tokens", str(new_tokens),
+                        "--batch-size", str(batch)], env=env, capture_output=True, text=True, check=True)
+    m = re.search(r"generate: (\d+) prompt\(s\), (\d+) tokens in ([0-9.]+) s .*answers (\d+) tokens, the first of each "
+                  r"with its prompt, then (\d+) step\(s\) of (\d+) tokens in ([0-9.]+) s", r.stderr)
+    assert m and int(m.group(1)) == batch, r.stderr
+    answers = [json.loads(line) for line in r.stdout.splitlines()]
+    return {"prompt": int(m.group(2)), "prompt_s": float(m.group(3)), "new": int(m.group(4)), "steps": int(m.group(6)),
+            "steps_s": float(m.group(7)), "text": answers[0]}
 
 
-def run_hf(model, prompt, new_tokens, threads, bos, eos):
+def run_hf(model, prompt, new_tokens, threads, bos, eos, batch):
+    """generate() of the same prompt in `batch` rows (no padding needed)."""
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
@@ -88,7 +95,7 @@ def run_hf(model, prompt, new_tokens, threads, bos, eos):
     tokenizer = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
     ids = [bos] + tokenizer.encode(prompt, add_special_tokens=False).ids
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    input_ids = torch.tensor([ids])
+    input_ids = torch.tensor([ids] * batch)
 
     def timed(n):
         start = time.perf_counter()
@@ -97,13 +104,14 @@ def run_hf(model, prompt, new_tokens, threads, bos, eos):
 
     with torch.inference_mode():
         timed(2)  # warm-up
-        _, prompt_s = timed(1)  # the prompt's pass and the first token
+        _, prompt_s = timed(1)  # the prompts' pass and the first tokens
         out, total_s = timed(new_tokens)
     new = out[0, len(ids):].tolist()
-    if new and new[-1] == eos:
-        new = new[:-1]  # ktune does not count the stop token
-    return {"prompt": len(ids), "prompt_s": prompt_s, "new": len(new), "steps": max(len(new) - 1, 0),
-            "steps_s": total_s - prompt_s, "total_s": total_s, "text": tokenizer.decode(new, skip_special_tokens=True)}
+    if eos in new:
+        new = new[:new.index(eos)]  # ktune does not count the stop token
+    return {"prompt": len(ids) * batch, "prompt_s": prompt_s, "new": len(new) * batch,
+            "steps": max(len(new) - 1, 0) * batch, "steps_s": total_s - prompt_s, "total_s": total_s,
+            "text": tokenizer.decode(new, skip_special_tokens=True)}
 
 
 def read_bandwidth_gbs(threads):
@@ -126,32 +134,39 @@ def main():
     p.add_argument("--shape", choices=sorted(SHAPES), default="small")
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8, help="prompts answered together in the second comparison")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model, config = make_model(a.ktune, a.shape, tmp)
         prompt = prompt_of(a.prompt_tokens)
-        k = min((run_ktune(a.ktune, model, prompt, a.new_tokens, a.threads) for _ in range(2)),
-                key=lambda r: r["prompt_s"] + r["steps_s"])
-        h = run_hf(model, prompt, a.new_tokens, a.threads, config["bos_token_id"], config["eos_token_id"])
+        results = {}
+        for batch in (1, a.batch):
+            k = min((run_ktune(a.ktune, model, prompt, a.new_tokens, a.threads, batch, tmp) for _ in range(2)),
+                    key=lambda r: r["prompt_s"] + r["steps_s"])
+            h = run_hf(model, prompt, a.new_tokens, a.threads, config["bos_token_id"], config["eos_token_id"], batch)
+            results[batch] = (k, h)
         weight_bytes = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors"))
     gbs = read_bandwidth_gbs(a.threads)
-    k_total = k["prompt_s"] + k["steps_s"]
 
-    def rates(r, total):
-        return (f"prompt {r['prompt']} tokens in {r['prompt_s']:.2f} s ({r['prompt'] / r['prompt_s']:.0f} tokens/s), "
-                f"{r['steps']} steps after the first in {r['steps_s']:.2f} s ({r['steps'] / r['steps_s']:.1f} tokens/s); "
-                f"{r['new']} tokens in {total:.2f} s")
+    def rates(r):
+        return (f"prompts {r['prompt']} tokens in {r['prompt_s']:.2f} s ({r['prompt'] / r['prompt_s']:.0f} tokens/s), "
+                f"then {r['steps']} tokens in {r['steps_s']:.2f} s ({r['steps'] / r['steps_s']:.1f} tokens/s); "
+                f"{r['new']} new tokens in {r['prompt_s'] + r['steps_s']:.2f} s")
 
     print(f"model: {a.shape} Llama shape, {weight_bytes / 2**30:.2f} GiB f32 weights; {a.threads} threads")
-    print(f"ktune generate:        {rates(k, k_total)}")
-    print(f"transformers generate: {rates(h, h['total_s'])}")
-    print(f"same answer: {'yes' if k['text'] == h['text'] else 'no (random weights: near-ties may break differently)'}")
-    print(f"ceiling: a step reads every weight: {gbs:.1f} GB/s read bandwidth (torch.sum, {a.threads} threads) / "
-          f"{weight_bytes / 1e9:.2f} GB = {gbs * 1e9 / weight_bytes:.1f} steps/s; "
-          f"ktune's steps at {k['steps'] / k['steps_s'] / (gbs * 1e9 / weight_bytes):.0%} of it")
-    print(f"generate ratio: ktune/transformers speed {(k['new'] / k_total) / (h['new'] / h['total_s']):.2f}x "
-          f"(prompt {(k['prompt'] / k['prompt_s']) / (h['prompt'] / h['prompt_s']):.2f}x, "
-          f"steps {(k['steps'] / k['steps_s']) / (h['steps'] / h['steps_s']):.2f}x)")
+    for batch, (k, h) in results.items():
+        print(f"-- {batch} prompt(s) answered together")
+        print(f"ktune generate:        {rates(k)}")
+        print(f"transformers generate: {rates(h)}")
+        print(f"same answer: {'yes' if k['text'] == h['text'] else 'no (random weights: near-ties may break differently)'}")
+        speed = (k["new"] / (k["prompt_s"] + k["steps_s"])) / (h["new"] / (h["prompt_s"] + h["steps_s"]))
+        print(f"generate ratio (batch {batch}): ktune/transformers speed {speed:.2f}x "
+              f"(prompts {(k['prompt'] / k['prompt_s']) / (h['prompt'] / h['prompt_s']):.2f}x, "
+              f"steps {(k['steps'] / k['steps_s']) / (h['steps'] / h['steps_s']):.2f}x)")
+    k = results[1][0]
+    print(f"ceiling of one answer's steps: each reads every weight: {gbs:.1f} GB/s read bandwidth (torch.sum, "
+          f"{a.threads} threads) / {weight_bytes / 1e9:.2f} GB = {gbs * 1e9 / weight_bytes:.1f} steps/s; "
+          f"ktune's at {k['steps'] / k['steps_s'] / (gbs * 1e9 / weight_bytes):.0%} of it")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 // `ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca]
-//                 [--dry-run]) [--chat] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16]
-//                 [--temperature T [--top-k K] [--top-p P] [--seed S]]`:
+//                 [--batch-size N] [--dry-run]) [--chat] [--max-new-tokens N] [--tokenizer FILE]
+//                 [--dtype fp32|bf16] [--temperature T [--top-k K] [--top-p P] [--seed S]]`:
 // generation with a model directory ktune (or HF) wrote, for a quick look at what a fine-tune
 // learned (model/generation.h: the prompt once, then a token a step against a KV cache).
 //   --adapter DIR   a PEFT adapter directory (adapter_config.json + adapter_model.safetensors: a
@@ -9,7 +9,10 @@
 //                   save_adapter_weights_only, which write no merged model.
 //   --prompt TEXT   one prompt; prints the answer as text.
 //   --prompts FILE  JSON lines, one prompt a line (a JSON string), the model loaded once; prints
-//                   one JSON string a line, the answers in order ("-" reads stdin).
+//                   one JSON string a line, the answers in order ("-" reads stdin). --batch-size N
+//                   (8) lines are answered together (their decoding steps run as one batch), and
+//                   printed when all N are answered: a writer that waits for each answer before
+//                   its next line wants --batch-size 1.
 //   --template alpaca  with --prompts: each line is a dataset row, an object with "instruction"
 //                   and "input" (absent, null or empty: none), made into the prompt torchtune's
 //                   alpaca_dataset trains on (text/prompt_template.h's alpaca_prompt, the very
@@ -55,7 +58,7 @@ namespace ktune::cli {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca] [--dry-run]) "
+    "usage: ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca] [--batch-size N] [--dry-run]) "
     "[--chat] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16] "
     "[--temperature T [--top-k K] [--top-p P] [--seed S]]";
 
@@ -122,27 +125,36 @@ class Generator {
     if (chat) chat_format_ = std::make_unique<ChatFormat>(*tokenizer_, detect_chat_format(*tokenizer_));
   }
 
-  std::string answer(const std::string& prompt) {
-    std::vector<int32_t> ids;
-    if (chat_format_) {
-      ids = chat_format_->tokenize({Message::text("user", prompt), Message::text("assistant", "")}, false).tokens;
-    } else {
-      ids = tokenizer_->encode(prompt, /*add_bos=*/true, false);
+  // The prompts answered together (model/generation.h), in order.
+  std::vector<std::string> answer(const std::vector<std::string>& prompts) {
+    std::vector<std::vector<int32_t>> ids;
+    for (const std::string& prompt : prompts) {
+      if (chat_format_)
+        ids.push_back(chat_format_->tokenize({Message::text("user", prompt), Message::text("assistant", "")}, false).tokens);
+      else
+        ids.push_back(tokenizer_->encode(prompt, /*add_bos=*/true, false));
     }
     const Tokenizer& tokenizer = *tokenizer_;
-    const model::Generated answer = model::generate(*decoder_, ids, max_new_tokens_, choice_,
-                                                    [&](int32_t id) { return ends_turn(tokenizer, id); });
-    // The first new token comes with the prompt's pass; each later one is a step of its own.
-    const size_t steps = answer.tokens.empty() ? 0 : answer.tokens.size() - 1;
-    char line[200];
+    const model::Generated generated = model::generate(*decoder_, ids, max_new_tokens_, choice_,
+                                                       [&](int32_t id) { return ends_turn(tokenizer, id); });
+    log_rates(generated);
+    std::vector<std::string> texts;
+    for (const auto& answer : generated.answers) texts.push_back(tokenizer.decode(answer, /*skip_special=*/true));
+    return texts;
+  }
+
+  static void log_rates(const model::Generated& g) {
+    int64_t answer_tokens = 0;
+    for (const auto& answer : g.answers) answer_tokens += int64_t(answer.size());
+    char line[256];
     std::snprintf(line, sizeof line,
-                  "generate: prompt %zu tokens in %.3f s (%.1f tokens/s), answer %zu tokens, %zu steps after the "
-                  "first in %.3f s (%.1f tokens/s)",
-                  ids.size(), answer.prompt_seconds, double(ids.size()) / std::max(answer.prompt_seconds, 1e-9),
-                  answer.tokens.size(), steps, answer.answer_seconds,
-                  double(steps) / std::max(answer.answer_seconds, 1e-9));
+                  "generate: %zu prompt(s), %lld tokens in %.3f s (%.1f tokens/s); answers %lld tokens, the first of "
+                  "each with its prompt, then %lld step(s) of %lld tokens in %.3f s (%.1f tokens/s)",
+                  g.answers.size(), (long long)g.prompt_tokens, g.prompt_seconds,
+                  double(g.prompt_tokens) / std::max(g.prompt_seconds, 1e-9), (long long)answer_tokens,
+                  (long long)g.steps, (long long)g.step_tokens, g.step_seconds,
+                  double(g.step_tokens) / std::max(g.step_seconds, 1e-9));
     log_info(line);
-    return tokenizer.decode(answer.tokens, /*skip_special=*/true);
   }
 
  private:
@@ -154,14 +166,21 @@ class Generator {
 };
 
 // One JSON string a line: the answer to each line's prompt, or without a generator (--dry-run)
-// the prompt itself.
-void answer_lines(Generator* generator, std::istream& in, const std::string& name, bool alpaca) {
+// the prompt itself. Lines are answered batch_size at a time, each batch printed as it is done.
+void answer_lines(Generator* generator, std::istream& in, const std::string& name, bool alpaca, int batch_size) {
+  std::vector<std::string> prompts;
+  auto flush = [&] {
+    const std::vector<std::string> lines = generator ? generator->answer(prompts) : prompts;
+    for (const std::string& line : lines) std::printf("%s\n", nlohmann::json(line).dump().c_str());
+    std::fflush(stdout);
+    prompts.clear();
+  };
   std::string line;
   for (size_t line_no = 1; std::getline(in, line); ++line_no) {
-    const std::string prompt = prompt_of_line(line, alpaca, name + ":" + std::to_string(line_no));
-    std::printf("%s\n", nlohmann::json(generator ? generator->answer(prompt) : prompt).dump().c_str());
-    std::fflush(stdout);
+    prompts.push_back(prompt_of_line(line, alpaca, name + ":" + std::to_string(line_no)));
+    if (int(prompts.size()) == batch_size) flush();
   }
+  if (!prompts.empty()) flush();
 }
 
 }  // namespace
@@ -170,6 +189,7 @@ int cmd_generate(const Args& args) {
   std::string model_dir, adapter_dir, prompt, prompts_path, tokenizer_path, template_name;
   bool has_prompt = false;
   int max_new_tokens = 32;
+  int batch_size = 8;
   bool chat = false, dry_run = false, sampling_option = false;
   model::TokenChoice choice;
   DType storage = DType::F32;
@@ -182,6 +202,7 @@ int cmd_generate(const Args& args) {
     else if (a.is("--template")) template_name = a.value();
     else if (a.is("--tokenizer")) tokenizer_path = a.value();
     else if (a.is("--max-new-tokens")) max_new_tokens = int(a.int_value(0, 1 << 20));
+    else if (a.is("--batch-size")) batch_size = int(a.int_value(1, 1 << 16));
     else if (a.is("--temperature")) choice.temperature = float(a.number_value());
     else if (a.is("--top-k")) choice.top_k = a.int_value(0, 1LL << 40), sampling_option = true;
     else if (a.is("--top-p")) choice.top_p = float(a.number_value()), sampling_option = true;
@@ -213,11 +234,11 @@ int cmd_generate(const Args& args) {
   if (!dry_run)
     generator = std::make_unique<Generator>(model_dir, adapter_dir, tokenizer_path, chat, storage, max_new_tokens, choice);
   if (has_prompt) {
-    std::printf("%s\n", generator->answer(prompt).c_str());
+    std::printf("%s\n", generator->answer({prompt}).front().c_str());
     return 0;
   }
-  if (prompts_path == "-") answer_lines(generator.get(), std::cin, "stdin", !template_name.empty());
-  else answer_lines(generator.get(), file, prompts_path, !template_name.empty());
+  if (prompts_path == "-") answer_lines(generator.get(), std::cin, "stdin", !template_name.empty(), batch_size);
+  else answer_lines(generator.get(), file, prompts_path, !template_name.empty(), batch_size);
   return 0;
 }
 

@@ -576,11 +576,19 @@ void Decoder::layer_forward(size_t l, const LayerActs& a, const float* x_in, flo
   L.v.forward(a.v, a.ln1, N, a.saved[2], p.weight_scratch);
   cpu::rope_forward(a.q, p.positions, *rope_, N, c.num_heads, c.head_dim);
   cpu::rope_forward(a.k, p.positions, *rope_, N, c.num_kv_heads, c.head_dim);
-  if (kv_cache_) {  // generation: these tokens' keys and values join the cache, the queries read all of it
-    kv_cache_->write(int64_t(l), a.k, a.v, N);
-    cpu::CachedAttentionShape s{N, kv_cache_->length() + N, c.num_heads, c.num_kv_heads, c.head_dim,
-                                c.attention_scale, c.sliding_window[l], c.attn_logit_softcap};
-    cpu::cached_attention_forward(a.att, a.q, kv_cache_->keys(int64_t(l)), kv_cache_->values(int64_t(l)), s);
+  if (cached_sequences_) {
+    // Generation: each sequence's keys and values join its cache, its queries read all of that cache.
+    const int64_t q_row = c.num_heads * c.head_dim, kv_row = c.num_kv_heads * c.head_dim;
+    int64_t row = 0;  // the sequence's first token among the N
+    for (const CachedSequence& seq : *cached_sequences_) {
+      KvCache& cache = *seq.cache;
+      cache.write(int64_t(l), a.k + row * kv_row, a.v + row * kv_row, seq.count);
+      cpu::CachedAttentionShape s{seq.count, cache.length() + seq.count, c.num_heads, c.num_kv_heads, c.head_dim,
+                                  c.attention_scale, c.sliding_window[l], c.attn_logit_softcap};
+      cpu::cached_attention_forward(a.att + row * q_row, a.q + row * q_row, cache.keys(int64_t(l)),
+                                    cache.values(int64_t(l)), s);
+      row += seq.count;
+    }
   } else {
     cpu::AttentionShape s{p.B, p.T, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_scale,
                           c.sliding_window[l], c.attn_logit_softcap};
@@ -839,35 +847,53 @@ Tensor Decoder::forward_logits(const Batch& batch) {
   return logits;
 }
 
-void Decoder::forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* last_logits) {
+void Decoder::forward_cached(const int32_t* tokens, const std::vector<CachedSequence>& sequences, float* last_logits) {
   const ModelConfig& c = config_;
-  const int64_t C = c.hidden_size, L = c.num_layers;
+  const int64_t C = c.hidden_size, L = c.num_layers, S = int64_t(sequences.size());
   check_computable();
-  check(cache.num_layers() == L && cache.row_floats() == c.num_kv_heads * c.head_dim, "Decoder",
-        "the KV cache was made for another model shape");
-  cache.reserve(n);
-  std::vector<int32_t> positions(static_cast<size_t>(n));  // (n) past .. past + n - 1
-  for (int64_t i = 0; i < n; ++i) positions[size_t(i)] = int32_t(cache.length() + i);
-  const Batch batch{tokens, nullptr, positions.data(), nullptr, 1, n};
+  check(S > 0, "Decoder", "a cached pass needs at least one sequence");
+  std::vector<int32_t> positions;  // (N) each sequence's past .. past + count - 1
+  for (int64_t i = 0; i < S; ++i) {
+    const CachedSequence& seq = sequences[size_t(i)];
+    const std::string which = "sequence " + std::to_string(i) + " of a cached pass";
+    if (seq.cache == nullptr || seq.count <= 0) throw Error("Decoder", which + " has no cache or no tokens");
+    if (seq.cache->num_layers() != L || seq.cache->row_floats() != c.num_kv_heads * c.head_dim)
+      throw Error("Decoder", "the KV cache of " + which + " was made for another model shape");
+    for (int64_t j = 0; j < i; ++j)
+      if (sequences[size_t(j)].cache == seq.cache) throw Error("Decoder", which + " shares its cache with sequence " + std::to_string(j));
+    seq.cache->reserve(seq.count);
+    for (int64_t t = 0; t < seq.count; ++t) positions.push_back(int32_t(seq.cache->length() + t));
+  }
+  const int64_t N = int64_t(positions.size());
+  const Batch batch{tokens, nullptr, positions.data(), nullptr, 1, N};
   Plan& p = prepare(batch);
   doc_ids_ = nullptr;
-  kv_cache_ = &cache;
-  struct ForgetCache {
-    KvCache*& cache;
-    ~ForgetCache() { cache = nullptr; }
-  } forget{kv_cache_};
+  cached_sequences_ = &sequences;
+  struct Forget {
+    const std::vector<CachedSequence>*& sequences;
+    ~Forget() { sequences = nullptr; }
+  } forget{cached_sequences_};
   embed_forward(batch, p, p.resid[0]);
   for (int64_t l = 0; l < L; ++l) {
     if (hooks_.before_forward) hooks_.before_forward(l);
     layer_forward(size_t(l), p.acts[checkpointing_ ? 0 : size_t(l)], p.resid[size_t(l)], p.resid[size_t(l) + 1], p);
     if (hooks_.after_forward) hooks_.after_forward(l);
   }
-  cache.advance(n);
-  // Only the last token's logits: its final norm (C), then the head.
-  const float* last_hidden = p.resid[size_t(L)] + (n - 1) * C;
-  cpu::rmsnorm_forward(p.final_normed, p.final_rstd, last_hidden, as_f32(final_norm_, p.norm_scratch), 1, C,
+  for (const CachedSequence& seq : sequences) seq.cache->advance(seq.count);
+  // Only each sequence's last token's logits: its hidden state gathered into resid[0] (free by now,
+  // (S, C) of its (N, C)), the final norm over those S rows, then the head.
+  int64_t last = -1;
+  for (int64_t i = 0; i < S; ++i) {
+    last += sequences[size_t(i)].count;
+    std::memcpy(p.resid[0] + i * C, p.resid[size_t(L)] + last * C, sizeof(float) * size_t(C));
+  }
+  cpu::rmsnorm_forward(p.final_normed, p.final_rstd, p.resid[0], as_f32(final_norm_, p.norm_scratch), S, C,
                        c.rms_norm_eps, c.norm_weight_offset);
-  head_logits(last_logits, p.final_normed, 1, p);
+  head_logits(last_logits, p.final_normed, S, p);
+}
+
+void Decoder::forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* last_logits) {
+  forward_cached(tokens, std::vector<CachedSequence>{{&cache, n}}, last_logits);
 }
 
 }  // namespace ktune::model

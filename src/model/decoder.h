@@ -39,6 +39,13 @@ namespace ktune::model {
 
 class KvCache;
 
+// One sequence's part of a cached pass (Decoder::forward_cached): `count` new tokens whose keys and
+// values join `cache`.
+struct CachedSequence {
+  KvCache* cache = nullptr;
+  int64_t count = 0;
+};
+
 // One batch of B rows of T tokens, all int32, row-major (B, T).
 struct Batch {
   const int32_t* tokens = nullptr;
@@ -139,10 +146,15 @@ class Decoder {
   LossResult forward_loss(const Batch& batch);
   // All logits (B, T, V) after the final soft-cap (parity tests): materialises them.
   Tensor forward_logits(const Batch& batch);
-  // Generation: runs n new tokens of one sequence (at positions cache.length() onwards) through the
-  // model, attending to the keys and values the cache holds of the tokens before them, adds theirs
-  // to the cache, and writes the logits (V, after the final soft-cap) of the last new token: the
-  // prompt in one call, then one token a call. A new sequence starts from an empty cache.
+  // Generation: runs new tokens of S sequences through the model together, tokens (Σ count) laid
+  // sequence after sequence. Each sequence's tokens sit at positions cache.length() onwards and
+  // attend to the keys and values its own cache holds of the tokens before them; theirs join that
+  // cache. Writes the logits (S, V, after the final soft-cap) of each sequence's last new token.
+  // A prompt is one sequence's call; a decoding step of several answers is one call with a token
+  // each, so that each projection is one GEMM for all of them. A new sequence starts from an empty
+  // cache; the caches must be distinct.
+  void forward_cached(const int32_t* tokens, const std::vector<CachedSequence>& sequences, float* last_logits);
+  // One sequence: n tokens into `cache`, the logits (V) of the last.
   void forward_cached(const int32_t* tokens, int64_t n, KvCache& cache, float* last_logits);
 
   // Bytes of the activation arena for a batch of B x T tokens under the current settings.
@@ -194,7 +206,8 @@ class Decoder {
   // Per call: the batch's document ids, and for each layer l whether anything below it (layers < l,
   // the embedding) is trainable; needs_grad_below_[L] covers the whole stack.
   const int32_t* doc_ids_ = nullptr;
-  KvCache* kv_cache_ = nullptr;  // forward_cached: the attention reads and extends it
+  // forward_cached: the sequences whose caches the attention reads and extends (null otherwise).
+  const std::vector<CachedSequence>* cached_sequences_ = nullptr;
   std::vector<bool> needs_grad_below_;
   LayerHooks hooks_;
 };

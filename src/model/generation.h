@@ -1,9 +1,11 @@
 // Generation: append a chosen next token (model/token_choice.h: greedy, or sampled with
 // temperature, top-k, top-p) until a stop token or a length limit, the way transformers'
-// generate() does. The prompt runs through the model once, then each new token alone against a
+// generate() does. Each prompt runs through the model once, then each new token alone against its
 // key/value cache (model/kv_cache.h), so an answer costs about one forward of its own tokens.
-// One sequence at a time, f32 activations: for looking at what a fine-tune learned
-// (`ktune generate`), not serving.
+// Several prompts are answered together: their prompts one at a time (they differ in length), then
+// every unfinished answer's step in one pass, so that a step reads the weights once for all of them
+// (decoding is bound by reading the weights). f32 activations: for looking at what a fine-tune
+// learned (`ktune generate`), not serving.
 #pragma once
 
 #include <cstdint>
@@ -16,14 +18,23 @@
 namespace ktune::model {
 
 struct Generated {
-  std::vector<int32_t> tokens;  // the new tokens only (the stop token that ended it is not included)
-  double prompt_seconds = 0;    // running the prompt through the model, to the first token's logits
-  double answer_seconds = 0;    // the rest: a step per new token after the first
+  // Each prompt's new tokens only (the stop token that ended one is not included).
+  std::vector<std::vector<int32_t>> answers;
+  int64_t prompt_tokens = 0;
+  double prompt_seconds = 0;  // the prompts' passes, up to each one's first new token
+  int64_t steps = 0;          // the passes after those, each one token of every unfinished answer
+  int64_t step_tokens = 0;    // the tokens those passes ran
+  double step_seconds = 0;
 };
 
-// Step s draws with index s of choice.seed's stream, so a prompt's answer does not depend on what
-// was generated before it.
-Generated generate(Decoder& decoder, const std::vector<int32_t>& prompt, int max_new_tokens, const TokenChoice& choice,
-                   const std::function<bool(int32_t)>& is_stop);
+// Answer s of a prompt draws with index s of choice.seed's stream, so an answer does not depend on
+// which prompts it was answered with; nor, but for the float rounding of a batch's GEMMs, does a
+// greedy one.
+Generated generate(Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts, int max_new_tokens,
+                   const TokenChoice& choice, const std::function<bool(int32_t)>& is_stop);
+
+// One prompt's answer.
+std::vector<int32_t> generate(Decoder& decoder, const std::vector<int32_t>& prompt, int max_new_tokens,
+                              const TokenChoice& choice, const std::function<bool(int32_t)>& is_stop);
 
 }  // namespace ktune::model

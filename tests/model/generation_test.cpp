@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,7 +35,7 @@ TEST(Generation, ContinuesPromptsAsTransformersGenerateDoes) {
     const auto prompt = c.at("prompt").get<std::vector<int32_t>>();
     const auto expected = c.at("continuation").get<std::vector<int32_t>>();
     const int32_t stop = c.at("stop").is_null() ? -1 : c.at("stop").get<int32_t>();
-    auto got = generate(*decoder, prompt, max_new_tokens, TokenChoice{}, [&](int32_t id) { return id == stop; }).tokens;
+    auto got = generate(*decoder, prompt, max_new_tokens, TokenChoice{}, [&](int32_t id) { return id == stop; });
     EXPECT_EQ(got, expected) << "prompt " << c.at("prompt").dump();
   }
 }
@@ -46,9 +47,39 @@ TEST(Generation, StopsAtTheLimitAndRefusesAnEmptyPrompt) {
   const auto prompt = first.at("prompt").get<std::vector<int32_t>>();
   const auto expected = first.at("continuation").get<std::vector<int32_t>>();
   auto never = [](int32_t) { return false; };
-  EXPECT_EQ(generate(*decoder, prompt, 3, TokenChoice{}, never).tokens, std::vector<int32_t>(expected.begin(), expected.begin() + 3));
-  EXPECT_TRUE(generate(*decoder, prompt, 0, TokenChoice{}, never).tokens.empty());
-  EXPECT_THROW(generate(*decoder, {}, 4, TokenChoice{}, never), Error);
+  EXPECT_EQ(generate(*decoder, prompt, 3, TokenChoice{}, never), std::vector<int32_t>(expected.begin(), expected.begin() + 3));
+  EXPECT_TRUE(generate(*decoder, prompt, 0, TokenChoice{}, never).empty());
+  EXPECT_THROW(generate(*decoder, std::vector<int32_t>{}, 4, TokenChoice{}, never), Error);
+}
+
+// The three prompts answered together (their steps batched, the answers that stop leaving the
+// batch) give what transformers gave each alone; so does each again with its sampled answer.
+TEST(Generation, PromptsAnsweredTogetherAnswerAsEachAlone) {
+  auto decoder = Decoder::from_pretrained(kFixture);
+  const nlohmann::json reference = greedy_reference();
+  const int max_new_tokens = reference.at("max_new_tokens").get<int>();
+  std::vector<std::vector<int32_t>> prompts, expected;
+  std::set<int32_t> stops;
+  for (const auto& c : reference.at("cases")) {
+    prompts.push_back(c.at("prompt").get<std::vector<int32_t>>());
+    expected.push_back(c.at("continuation").get<std::vector<int32_t>>());
+    if (!c.at("stop").is_null()) stops.insert(c.at("stop").get<int32_t>());
+  }
+  for (const auto& continuation : expected)  // one stop set serves all: no answer holds another's stop
+    for (int32_t id : continuation) ASSERT_EQ(stops.count(id), 0u);
+  auto is_stop = [&](int32_t id) { return stops.count(id) > 0; };
+  const Generated together = generate(*decoder, prompts, max_new_tokens, TokenChoice{}, is_stop);
+  EXPECT_EQ(together.answers, expected);
+  // The first new tokens come with the prompts' passes; the steps after feed the unfinished ones.
+  EXPECT_EQ(together.steps, max_new_tokens - 1);
+  // The first answer feeds all but its last token; the two that stop feed both of theirs.
+  EXPECT_EQ(together.step_tokens, (max_new_tokens - 1) + 2 + 2);
+  EXPECT_EQ(together.prompt_tokens, 5 + 11 + 11);
+
+  const TokenChoice hot{1.5f, 0, 1.0f, 11};
+  const Generated sampled = generate(*decoder, prompts, max_new_tokens, hot, is_stop);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(sampled.answers[i], generate(*decoder, prompts[i], max_new_tokens, hot, is_stop)) << "prompt " << i;
 }
 
 TEST(Generation, ASampledAnswerFollowsItsSeedAndTopKOneIsTheGreedyOne) {
@@ -60,11 +91,11 @@ TEST(Generation, ASampledAnswerFollowsItsSeedAndTopKOneIsTheGreedyOne) {
   const int n = int(greedy.size());
   auto never = [](int32_t) { return false; };
   const TokenChoice hot{2.0f, 0, 1.0f, 3};
-  const auto sampled = generate(*decoder, prompt, n, hot, never).tokens;
-  EXPECT_EQ(generate(*decoder, prompt, n, hot, never).tokens, sampled);
+  const auto sampled = generate(*decoder, prompt, n, hot, never);
+  EXPECT_EQ(generate(*decoder, prompt, n, hot, never), sampled);
   EXPECT_NE(sampled, greedy);  // at temperature 2 the fixture's small model is far from greedy
-  EXPECT_NE(generate(*decoder, prompt, n, TokenChoice{2.0f, 0, 1.0f, 4}, never).tokens, sampled);
-  EXPECT_EQ(generate(*decoder, prompt, n, TokenChoice{2.0f, 1, 1.0f, 3}, never).tokens, greedy);
+  EXPECT_NE(generate(*decoder, prompt, n, TokenChoice{2.0f, 0, 1.0f, 4}, never), sampled);
+  EXPECT_EQ(generate(*decoder, prompt, n, TokenChoice{2.0f, 1, 1.0f, 3}, never), greedy);
   EXPECT_THROW(generate(*decoder, prompt, n, TokenChoice{1.0f, 0, 0.0f, 3}, never), Error);
 }
 

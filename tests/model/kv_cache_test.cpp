@@ -3,7 +3,8 @@
 // tokens, then one a call, must give the logits the full forward gives at those positions, for
 // every family's fixture (Gemma2's and Mistral's have sliding windows shorter than the sequence,
 // Gemma2 soft-caps), bf16 weights, a PEFT LoRA adapter on an untied head, and a second sequence
-// after clear(). Also what it refuses: a full cache, another model's cache.
+// after clear(); several sequences stepping together, as each alone. Also what it refuses: a full
+// cache, another model's cache, one cache twice in a pass.
 #include "model/kv_cache.h"
 
 #include <gtest/gtest.h>
@@ -103,6 +104,63 @@ TEST(KvCache, ALoraAdapterOnTheUntiedHeadCountsInTheCachedLogits) {
                              "LoRA on lm_head");
 }
 
+// Three sequences of different lengths, each prompt alone, then steps that feed a token of each
+// together (one pass), and steps of two: every sequence's logits are its own full forward's.
+TEST(KvCache, SequencesStepTogetherAsEachAlone) {
+  for (const char* family : {"llama", "gemma2"}) {
+    auto decoder = Decoder::from_pretrained(kFixtures + family);
+    const int64_t V = decoder->config().vocab_size;
+    const std::vector<int64_t> prompt_lengths = {3, 11, 7};
+    const int64_t steps = 8;
+    std::vector<std::vector<int32_t>> sequences;
+    std::vector<Tensor> full;
+    std::vector<KvCache> caches;
+    std::vector<float> logits(static_cast<size_t>(3 * V));
+    for (size_t i = 0; i < 3; ++i) {
+      sequences.push_back(some_tokens(prompt_lengths[i] + steps, V, uint32_t(20 + i)));
+      const Batch batch{sequences[i].data(), nullptr, nullptr, nullptr, 1, int64_t(sequences[i].size())};
+      full.push_back(decoder->forward_logits(batch));
+      caches.emplace_back(decoder->config(), prompt_lengths[i] + steps);
+      decoder->forward_cached(sequences[i].data(), prompt_lengths[i], caches[i], logits.data() + i * size_t(V));
+    }
+    auto expect_row = [&](size_t i, const float* got, int64_t position) {
+      const float* expected = full[i].f32() + position * V;
+      float error = 0, scale = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        error = std::max(error, std::fabs(got[v] - expected[v]));
+        scale = std::max(scale, std::fabs(expected[v]));
+      }
+      EXPECT_LE(error, std::max(1e-4f * scale, 1e-5f)) << family << " sequence " << i << " position " << position;
+    };
+    for (size_t i = 0; i < 3; ++i) expect_row(i, logits.data() + i * size_t(V), prompt_lengths[i] - 1);
+    for (int64_t step = 0; step < steps; ++step) {
+      // All three for the first half of the steps, then the first and the last only.
+      std::vector<size_t> fed = step < steps / 2 ? std::vector<size_t>{0, 1, 2} : std::vector<size_t>{0, 2};
+      std::vector<int32_t> tokens;
+      std::vector<CachedSequence> batch;
+      for (size_t i : fed) {
+        tokens.push_back(sequences[i][size_t(caches[i].length())]);
+        batch.push_back({&caches[i], 1});
+      }
+      std::vector<float> step_logits(fed.size() * size_t(V));
+      decoder->forward_cached(tokens.data(), batch, step_logits.data());
+      for (size_t b = 0; b < fed.size(); ++b)
+        expect_row(fed[b], step_logits.data() + b * size_t(V), caches[fed[b]].length() - 1);
+    }
+    // Two tokens of one and one of another in a pass: the logits of each one's last.
+    std::vector<KvCache> more;
+    more.emplace_back(decoder->config(), 8);
+    more.emplace_back(decoder->config(), 8);
+    decoder->forward_cached(sequences[0].data(), 2, more[0], logits.data());
+    decoder->forward_cached(sequences[1].data(), 3, more[1], logits.data());
+    const std::vector<int32_t> tokens = {sequences[0][2], sequences[0][3], sequences[1][3]};
+    std::vector<float> two(static_cast<size_t>(2 * V));
+    decoder->forward_cached(tokens.data(), {{&more[0], 2}, {&more[1], 1}}, two.data());
+    expect_row(0, two.data(), 3);
+    expect_row(1, two.data() + V, 3);
+  }
+}
+
 TEST(KvCache, RefusesTokensPastItsCapacityAndAnotherModelsShape) {
   auto llama = Decoder::from_pretrained(kFixtures + "llama");
   const auto tokens = some_tokens(8, llama->config().vocab_size, 11);
@@ -118,6 +176,11 @@ TEST(KvCache, RefusesTokensPastItsCapacityAndAnotherModelsShape) {
   KvCache gemma_cache(gemma->config(), 8);
   EXPECT_THROW(llama->forward_cached(tokens.data(), 1, gemma_cache, logits.data()), Error);
   EXPECT_THROW(KvCache(llama->config(), 0), Error);
+  KvCache other(llama->config(), 6);
+  EXPECT_THROW(llama->forward_cached(tokens.data(), {{&other, 1}, {&other, 1}}, logits.data()), Error);  // one cache twice
+  EXPECT_THROW(llama->forward_cached(tokens.data(), {{&other, 0}}, logits.data()), Error);
+  EXPECT_THROW(llama->forward_cached(tokens.data(), std::vector<CachedSequence>{}, logits.data()), Error);
+  EXPECT_EQ(other.length(), 0);
 }
 
 }  // namespace
