@@ -19,6 +19,7 @@
 #include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/kv_cache.h"
@@ -715,6 +716,8 @@ void Decoder::head_logits(float* logits, const float* normed, int64_t rows, cons
       cpu::round_to_bf16(rows16, normed + n0 * C, chunk * C);
       cpu::gemm_bf16(false, true, chunk, V, C, 1.0f, rows16, head->value.bf16(), 0.0f, logits + n0 * V);
     }
+  } else if (head->value.dtype() == DType::BF16 && rows <= cpu::kWideningRowsMax) {
+    cpu::linear_forward_widening_bf16(logits, normed, head->value.bf16(), nullptr, rows, C, V);  // decoding
   } else {
     cpu::gemm(false, true, rows, V, C, 1.0f, normed, as_f32(head, p.weight_scratch), 0.0f, logits);
   }

@@ -95,8 +95,12 @@ const float* Linear::bias_f32(float* weight_scratch) const {
 
 void Linear::forward(float* y, const float* x, int64_t N, float* saved, float* weight_scratch) const {
   if (!(adapter && adapter->replaces_base())) {
+    const bool bf16_value = weight->value.defined() && weight->value.dtype() == DType::BF16 &&
+                            (!bias || bias->value.dtype() == DType::BF16);
     if (multiplies_bf16())
       forward_bf16(y, x, N, weight_scratch);
+    else if (bf16_value && N <= cpu::kWideningRowsMax)  // decoding: W widened a row at a time as it is read
+      cpu::linear_forward_widening_bf16(y, x, weight->value.bf16(), bias ? bias->value.bf16() : nullptr, N, in, out);
     else
       cpu::linear_forward(y, x, weight_f32(weight_scratch), bias_f32(weight_scratch), N, in, out);
   }

@@ -1,7 +1,8 @@
 // The bf16 operands of a bf16-weight projection: rounding f32 into bf16 (and into a bf16 sum) as the
 // scalar f32_to_bf16 does, and the three bf16 linear GEMMs (forward, input gradient, weight gradient
-// rows) against the f32 references run on the same bf16 values widened: the operands are equal, so
-// only the order of the f32 accumulation differs. And the KTUNE_BF16_GEMM switch.
+// rows) and decoding's widening product against the f32 references run on the same bf16 values
+// widened: the operands are equal, so only the order of the f32 accumulation differs. And the
+// KTUNE_BF16_GEMM switch.
 #include "kernels/cpu/linear.h"
 
 #include <gtest/gtest.h>
@@ -68,6 +69,26 @@ TEST(LinearBf16, ForwardAndBothGradientsMatchTheF32ReferenceOnTheSameBf16Values)
       linear_backward_weight_bf16(dw.data() + o0 * in, dy16.data(), x16.data(), N, in, out, o0, rows, beta);
     }
     expect_close(dw, dw_ref, 1e-5, beta == 0.0f ? "dW blocks" : "dW blocks accumulated");
+  }
+}
+
+// Decoding's product on a bf16 weight (each row widened as it is read, x in f32) against the f32
+// reference GEMM on the widened weight and bias: one token, a few, the most it takes, odd sizes.
+TEST(LinearBf16, WideningForwardOfFewRowsMatchesTheReferenceOnTheWidenedWeight) {
+  for (int64_t N : {int64_t(1), int64_t(3), kWideningRowsMax}) {
+    for (bool with_bias : {false, true}) {
+      const int64_t in = 67, out = 45;
+      const auto x = random_vector(size_t(N * in), 31, -2, 2);
+      const auto w16 = to_bf16(random_vector(size_t(out * in), 32));
+      const auto b16 = to_bf16(random_vector(size_t(out), 33));
+      std::vector<float> y(size_t(N * out), NAN), expected(size_t(N * out));
+      linear_forward_widening_bf16(y.data(), x.data(), w16.data(), with_bias ? b16.data() : nullptr, N, in, out);
+      gemm_reference(false, true, N, out, in, 1.0f, x.data(), widened(w16).data(), 0.0f, expected.data());
+      if (with_bias)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t o = 0; o < out; ++o) expected[size_t(n * out + o)] += bf16_to_f32(b16[size_t(o)]);
+      expect_close(y, expected, 1e-5, "N=" + std::to_string(N) + (with_bias ? " with bias" : ""), 1e-6);
+    }
   }
 }
 

@@ -27,6 +27,40 @@ void linear_forward(float* y, const float* x, const float* w, const float* b, in
   }
 }
 
+namespace {
+
+// x . widen(w) over k < in, f32: kLanes independent partial sums, so that the multiply-adds of
+// consecutive vectors do not wait on each other (one running sum would wait a multiply-add's
+// latency per vector), then the tail.
+constexpr int64_t kLanes = 32;
+float dot_widening(const float* x, const bf16_t* w, int64_t in) {
+  float partial[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= in; k += kLanes) {
+#pragma omp simd
+    for (int64_t j = 0; j < kLanes; ++j) partial[j] += x[k + j] * bf16_to_f32(w[k + j]);
+  }
+  float dot = 0;
+  for (; k < in; ++k) dot += x[k] * bf16_to_f32(w[k]);
+  for (int64_t j = 0; j < kLanes; ++j) dot += partial[j];
+  return dot;
+}
+
+}  // namespace
+
+void linear_forward_widening_bf16(float* y, const float* x, const bf16_t* w, const bf16_t* b, int64_t N, int64_t in,
+                                  int64_t out) {
+  // Each thread a block of output features; a row of W is read from memory once and from the
+  // cache for the other rows of x.
+  parallel_for(out, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      const bf16_t* wo = w + o * in;
+      const float bias = b ? bf16_to_f32(b[o]) : 0.0f;
+      for (int64_t n = 0; n < N; ++n) y[n * out + o] = dot_widening(x + n * in, wo, in) + bias;
+    }
+  }, 16);
+}
+
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                      int64_t N, int64_t in, int64_t out, bool accumulate_dx) {
   if (dx) gemm(false, false, N, in, out, 1.0f, dy, w, accumulate_dx ? 1.0f : 0.0f, dx);  // (N,out)@(out,in)

@@ -18,6 +18,16 @@ void linear_forward(float* y, const float* x, const float* w, const float* b, in
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                      int64_t N, int64_t in, int64_t out, bool accumulate_dx);
 
+// y = x @ widen(W)^T + widen(b) for a bf16-stored W on few rows of x (decoding: a token a sequence),
+// on CPUs where bf16 is not multiplied natively: each row of W is widened to f32 once, as it is read,
+// into a thread's buffer and multiplied by every row of x there, so a step reads W's 2 bytes a value
+// once instead of widening all of W into an f32 copy (4 bytes written, then read) first. The same
+// product as widening W then linear_forward, in another order of summation. x stays f32.
+// x (N, in)   W (out, in) bf16   b (out) bf16 or nullptr   y (N, out)
+constexpr int64_t kWideningRowsMax = 4;  // N above this: widen W once and run the GEMM instead
+void linear_forward_widening_bf16(float* y, const float* x, const bf16_t* w, const bf16_t* b, int64_t N, int64_t in,
+                                  int64_t out);
+
 // A bf16-stored weight multiplied as bf16 (gemm_bf16: bf16 operands, f32 accumulation and result).
 // The activation operand arrives already rounded to bf16 (round_to_bf16, kernels/cpu/bf16_rounding.h):
 // x16 = bf16(x) (N, in), dy16 = bf16(dy) (N, out). W (out, in) bf16, b (out) bf16 or nullptr.
