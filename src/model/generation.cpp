@@ -27,17 +27,21 @@ Generated generate(Decoder& decoder, const std::vector<std::vector<int32_t>>& pr
   out.answers.resize(size_t(S));
   if (max_new_tokens <= 0 || S == 0) return out;
 
-  // Each prompt alone: its cache (room for the prompt and all but the last new token, which is
-  // never fed back) and the logits (V) of its last token, row i of (S, V).
+  // The prompts in one pass, each with its cache (room for the prompt and all but the last new
+  // token, which is never fed back): the logits (V) of each one's last token, row i of (S, V).
   std::vector<KvCache> caches;
+  caches.reserve(size_t(S));  // CachedSequence points into it
+  std::vector<CachedSequence> sequences;
+  std::vector<int32_t> prompt_tokens;
+  for (const auto& prompt : prompts) {
+    caches.emplace_back(decoder.config(), int64_t(prompt.size()) + max_new_tokens - 1);
+    sequences.push_back({&caches.back(), int64_t(prompt.size())});
+    prompt_tokens.insert(prompt_tokens.end(), prompt.begin(), prompt.end());
+  }
+  out.prompt_tokens = int64_t(prompt_tokens.size());
   std::vector<float> logits(static_cast<size_t>(S * V));
   const auto prompts_start = Clock::now();
-  for (int64_t i = 0; i < S; ++i) {
-    const auto& prompt = prompts[size_t(i)];
-    caches.emplace_back(decoder.config(), int64_t(prompt.size()) + max_new_tokens - 1);
-    decoder.forward_cached(prompt.data(), int64_t(prompt.size()), caches.back(), logits.data() + i * V);
-    out.prompt_tokens += int64_t(prompt.size());
-  }
+  decoder.forward_cached(prompt_tokens.data(), sequences, logits.data());
   out.prompt_seconds = seconds_since(prompts_start);
 
   // Then a step at a time: each unfinished answer chooses its next token from its row of logits;

@@ -2,9 +2,9 @@
 // temperature, top-k, top-p) until a stop token or a length limit, the way transformers'
 // generate() does. Each prompt runs through the model once, then each new token alone against its
 // key/value cache (model/kv_cache.h), so an answer costs about one forward of its own tokens.
-// Several prompts are answered together: their prompts one at a time (they differ in length), then
-// every unfinished answer's step in one pass, so that a step reads the weights once for all of them
-// (decoding is bound by reading the weights). f32 activations: for looking at what a fine-tune
+// Several prompts are answered together: their prompts in one pass (one GEMM per projection over
+// all their tokens, attention within each), then every unfinished answer's step in one pass, so
+// that a step reads the weights once for all of them (decoding is bound by reading the weights). f32 activations: for looking at what a fine-tune
 // learned (`ktune generate`), not serving.
 #pragma once
 
@@ -21,7 +21,7 @@ struct Generated {
   // Each prompt's new tokens only (the stop token that ended one is not included).
   std::vector<std::vector<int32_t>> answers;
   int64_t prompt_tokens = 0;
-  double prompt_seconds = 0;  // the prompts' passes, up to each one's first new token
+  double prompt_seconds = 0;  // the prompts' pass, up to each one's first new token
   int64_t steps = 0;          // the passes after those, each one token of every unfinished answer
   int64_t step_tokens = 0;    // the tokens those passes ran
   double step_seconds = 0;
