@@ -858,12 +858,13 @@ void Decoder::forward_cached(const int32_t* tokens, const std::vector<CachedSequ
   std::vector<int32_t> positions;  // (N) each sequence's past .. past + count - 1
   for (int64_t i = 0; i < S; ++i) {
     const CachedSequence& seq = sequences[size_t(i)];
-    const std::string which = "sequence " + std::to_string(i) + " of a cached pass";
-    if (seq.cache == nullptr || seq.count <= 0) throw Error("Decoder", which + " has no cache or no tokens");
+    auto which = [&] { return "sequence " + std::to_string(i) + " of a cached pass"; };  // for an error only
+    if (seq.cache == nullptr || seq.count <= 0) throw Error("Decoder", which() + " has no cache or no tokens");
     if (seq.cache->num_layers() != L || seq.cache->row_floats() != c.num_kv_heads * c.head_dim)
-      throw Error("Decoder", "the KV cache of " + which + " was made for another model shape");
+      throw Error("Decoder", "the KV cache of " + which() + " was made for another model shape");
     for (int64_t j = 0; j < i; ++j)
-      if (sequences[size_t(j)].cache == seq.cache) throw Error("Decoder", which + " shares its cache with sequence " + std::to_string(j));
+      if (sequences[size_t(j)].cache == seq.cache)
+        throw Error("Decoder", which() + " shares its cache with sequence " + std::to_string(j));
     seq.cache->reserve(seq.count);
     for (int64_t t = 0; t < seq.count; ++t) positions.push_back(int32_t(seq.cache->length() + t));
   }

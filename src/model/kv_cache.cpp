@@ -16,8 +16,6 @@ KvCache::KvCache(const ModelConfig& config, int64_t capacity)
   }
 }
 
-size_t KvCache::bytes() const { return 2 * keys_.size() * size_t(capacity_ * row_floats_) * sizeof(float); }
-
 void KvCache::reserve(int64_t n) const {
   if (n <= 0 || length_ + n > capacity_)
     throw Error("KvCache", std::to_string(n) + " more tokens do not fit: " + std::to_string(length_) + " of " +

@@ -20,7 +20,6 @@ class KvCache {
   int64_t length() const { return length_; }  // tokens whose keys and values are held
   int64_t num_layers() const { return int64_t(keys_.size()); }
   int64_t row_floats() const { return row_floats_; }  // Hkv * D
-  size_t bytes() const;
 
   // (capacity, Hkv * D) of layer l; rows [0, length) hold tokens so far.
   float* keys(int64_t layer) { return keys_[size_t(layer)].f32(); }

@@ -12,8 +12,9 @@ namespace ktune::text {
 
 void AddedTokenMatcher::add(std::string pattern, const AddedToken& token) {
   if (pattern.empty()) return;
+  // A pattern added again is not kept: the first entry is the one that matches.
+  if (!by_pattern_.emplace(pattern, uint32_t(entries_.size())).second) return;
   entries_.push_back(Entry{pattern, token.id, token.single_word, token.lstrip, token.rstrip});
-  if (!by_pattern_.emplace(pattern, uint32_t(entries_.size() - 1)).second) return;  // the first one matches
   auto& lengths = lengths_by_first_byte_[static_cast<unsigned char>(pattern[0])];
   auto at = std::lower_bound(lengths.begin(), lengths.end(), pattern.size(), std::greater<>());
   if (at == lengths.end() || *at != pattern.size()) lengths.insert(at, pattern.size());

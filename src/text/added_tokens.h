@@ -48,7 +48,7 @@ class AddedTokenMatcher {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
   };
-  std::vector<Entry> entries_;
+  std::vector<Entry> entries_;  // one per distinct pattern, in the order added
   // Each pattern's entry (the first added, for a pattern added twice), and for each first byte the
   // lengths its patterns have, longest first: a match at a position is the longest of those lengths
   // whose piece of text is a pattern, found in a few lookups however many tokens there are.
