@@ -4,7 +4,9 @@
 Two comparisons: one prompt, and the same prompt --batch times answered together (ktune's
 --batch-size, HF's batched input_ids). A random-weight Llama-shaped model (`ktune init-model`, with the quickstart's tokenizer grown to the
 real vocabulary's size by added words, so that every id the model chooses decodes), one prompt of about
---prompt-tokens tokens, greedy decoding of --new-tokens tokens, f32, the same thread count. Both
+--prompt-tokens tokens, greedy decoding of --new-tokens tokens (or, with --temperature, sampling
+with --top-p / --top-k on both sides: the tokens differ, each side drawing from its own random
+stream, but the work is the same), f32, the same thread count. Both
 use a KV cache (the prompt once, then a token a step). Timed: the generation only (ktune's own log
 line; HF's generate() call after a warm-up), not the model's load.
 
@@ -69,14 +71,19 @@ def prompt_of(tokens):
     return (line * (tokens // 30 + 1)).strip()
 
 
-def run_ktune(ktune, model, prompt, new_tokens, threads, batch, directory):
+def sampling_flags(sampling):
+    t, k, p = sampling
+    return [] if t == 0 else ["--temperature", str(t), "--top-k", str(k), "--top-p", str(p), "--seed", "1"]
+
+
+def run_ktune(ktune, model, prompt, new_tokens, threads, batch, directory, sampling):
     """The same prompt `batch` times, answered together (--batch-size batch)."""
     prompts = os.path.join(directory, "prompts.jsonl")
     with open(prompts, "w") as f:
         f.write((json.dumps(prompt) + "\n") * batch)
     env = dict(os.environ, KTUNE_NUM_THREADS=str(threads))
     r = subprocess.run([ktune, "generate", "--model", model, "--prompts", prompts, "--max-new-tokens", str(new_tokens),
-                        "--batch-size", str(batch)], env=env, capture_output=True, text=True, check=True)
+                        "--batch-size", str(batch)] + sampling_flags(sampling), env=env, capture_output=True, text=True, check=True)
     m = re.search(r"generate: (\d+) prompt\(s\), (\d+) tokens in ([0-9.]+) s .*answers (\d+) tokens, the first of each "
                   r"with its prompt, then (\d+) step\(s\) of (\d+) tokens in ([0-9.]+) s", r.stderr)
     assert m and int(m.group(1)) == batch, r.stderr
@@ -85,7 +92,7 @@ def run_ktune(ktune, model, prompt, new_tokens, threads, batch, directory):
             "steps_s": float(m.group(7)), "text": answers[0]}
 
 
-def run_hf(model, prompt, new_tokens, threads, bos, eos, batch):
+def run_hf(model, prompt, new_tokens, threads, bos, eos, batch, sampling):
     """generate() of the same prompt in `batch` rows (no padding needed)."""
     import torch
     from tokenizers import Tokenizer
@@ -97,9 +104,13 @@ def run_hf(model, prompt, new_tokens, threads, bos, eos, batch):
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     input_ids = torch.tensor([ids] * batch)
 
+    t, k, p = sampling
+    choice = dict(do_sample=False) if t == 0 else dict(do_sample=True, temperature=t, top_k=k or None, top_p=p)
+    torch.manual_seed(1)
+
     def timed(n):
         start = time.perf_counter()
-        out = hf.generate(input_ids, max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        out = hf.generate(input_ids, max_new_tokens=n, eos_token_id=eos, pad_token_id=eos, **choice)
         return out, time.perf_counter() - start
 
     with torch.inference_mode():
@@ -135,15 +146,19 @@ def main():
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--batch", type=int, default=8, help="prompts answered together in the second comparison")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sample")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
     a = p.parse_args()
+    sampling = (a.temperature, a.top_k, a.top_p)
     with tempfile.TemporaryDirectory() as tmp:
         model, config = make_model(a.ktune, a.shape, tmp)
         prompt = prompt_of(a.prompt_tokens)
         results = {}
         for batch in (1, a.batch):
-            k = min((run_ktune(a.ktune, model, prompt, a.new_tokens, a.threads, batch, tmp) for _ in range(2)),
+            k = min((run_ktune(a.ktune, model, prompt, a.new_tokens, a.threads, batch, tmp, sampling) for _ in range(2)),
                     key=lambda r: r["prompt_s"] + r["steps_s"])
-            h = run_hf(model, prompt, a.new_tokens, a.threads, config["bos_token_id"], config["eos_token_id"], batch)
+            h = run_hf(model, prompt, a.new_tokens, a.threads, config["bos_token_id"], config["eos_token_id"], batch, sampling)
             results[batch] = (k, h)
         weight_bytes = sum(os.path.getsize(os.path.join(model, f)) for f in os.listdir(model) if f.endswith(".safetensors"))
     gbs = read_bandwidth_gbs(a.threads)
@@ -153,12 +168,14 @@ def main():
                 f"then {r['steps']} tokens in {r['steps_s']:.2f} s ({r['steps'] / r['steps_s']:.1f} tokens/s); "
                 f"{r['new']} new tokens in {r['prompt_s'] + r['steps_s']:.2f} s")
 
-    print(f"model: {a.shape} Llama shape, {weight_bytes / 2**30:.2f} GiB f32 weights; {a.threads} threads")
+    how = "greedy" if a.temperature == 0 else f"sampled (temperature {a.temperature}, top_k {a.top_k}, top_p {a.top_p})"
+    print(f"model: {a.shape} Llama shape, {weight_bytes / 2**30:.2f} GiB f32 weights; {a.threads} threads; {how}")
     for batch, (k, h) in results.items():
         print(f"-- {batch} prompt(s) answered together")
         print(f"ktune generate:        {rates(k)}")
         print(f"transformers generate: {rates(h)}")
-        print(f"same answer: {'yes' if k['text'] == h['text'] else 'no (random weights: near-ties may break differently)'}")
+        if a.temperature == 0:
+            print(f"same answer: {'yes' if k['text'] == h['text'] else 'no (random weights: near-ties may break differently)'}")
         speed = (k["new"] / (k["prompt_s"] + k["steps_s"])) / (h["new"] / (h["prompt_s"] + h["steps_s"]))
         print(f"generate ratio (batch {batch}): ktune/transformers speed {speed:.2f}x "
               f"(prompts {(k['prompt'] / k['prompt_s']) / (h['prompt'] / h['prompt_s']):.2f}x, "

@@ -1,6 +1,6 @@
 // The counter-based random bits that must come out the same on every engine: splitmix64 (Steele,
 // Lea and Flood's step and finaliser), a uniform float in [0, 1) from (seed, index) with 24 bits of
-// resolution, and FNV-1a of a name (a hash that, unlike std::hash, never changes between builds).
+// resolution (and a double with 53, for the sampler), and FNV-1a of a name (a hash that, unlike std::hash, never changes between builds).
 // Header-only; under nvcc the first two are __host__ __device__, so the CPU and the GPU draw LoRA
 // dropout masks, stochastic roundings and initialisations from this one definition.
 #pragma once
@@ -26,6 +26,12 @@ KTUNE_HOST_DEVICE inline uint64_t splitmix64(uint64_t x) {
 // Uniform in [0, 1): the top 24 bits of splitmix64(seed ^ splitmix64(index)).
 KTUNE_HOST_DEVICE inline float uniform01(uint64_t seed, uint64_t index) {
   return float(splitmix64(seed ^ splitmix64(index)) >> 40) * (1.0f / 16777216.0f);
+}
+
+// Uniform in [0, 1) with a double's 53 bits: the top 53 bits of the same splitmix64 value (the
+// sampler's draws, where 24 bits could not tell apart tokens of probability below 2^-24).
+inline double uniform01_double(uint64_t seed, uint64_t index) {
+  return double(splitmix64(seed ^ splitmix64(index)) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 // FNV-1a, 64-bit.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -26,46 +27,141 @@ int32_t argmax_token(const float* logits, int64_t V) {
   return best;
 }
 
-std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t V, const TokenChoice& choice) {
+namespace {
+
+// A token's place in the order of likeliness as one integer, larger = more likely: the logit's
+// bits made monotone (-0 as +0) above the id's complement (equal logits: the lower id first). A
+// strict order, so "the k most likely" is one set however it is found.
+uint64_t likeliness_key(float logit, int32_t id) {
+  uint32_t bits;
+  const float value = logit + 0.0f;  // -0 -> +0
+  std::memcpy(&bits, &value, sizeof bits);
+  bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  return (uint64_t(bits) << 32) | uint64_t(0xffffffffu - uint32_t(id));
+}
+
+// The least likely token of the shortest most-likely-first prefix of `members` (ids) whose summed
+// size (a token's weight, or 1 each where `weight` is null) reaches `wanted` (the last member if
+// none does), found without sorting them all: spread the members over buckets by logit (each
+// bucket's logits above the next one's), walk the buckets from the most likely, and go on into the
+// bucket where the sum crosses `wanted`, until few enough remain to sort.
+int32_t last_of_prefix(const float* logits, std::vector<int32_t> members, const double* weight, double wanted) {
+  constexpr int kBuckets = 2048;
+  constexpr size_t kSorted = 512;  // members left when they are sorted
+  double above = 0;                // the size of the tokens ranked above the members: below wanted
+  std::vector<double> bucket_size(kBuckets);
+  std::vector<uint16_t> bucket(members.size());
+  while (members.size() > kSorted) {
+    float low = INFINITY, high = -INFINITY;
+    for (int32_t id : members) {
+      const float x = logits[id];
+      if (std::isfinite(x)) low = std::min(low, x), high = std::max(high, x);
+    }
+    if (!(high > low)) break;  // one finite value: the order is the ids'
+    const float scale = float(kBuckets - 1) / (high - low);
+    for (size_t i = 0; i < members.size(); ++i) {
+      const float place = (logits[members[i]] - low) * scale;  // monotone in the logit; -inf, NaN: 0
+      bucket[i] = uint16_t(place > 0 ? std::min(place, float(kBuckets - 1)) : 0.0f);
+    }
+    std::fill(bucket_size.begin(), bucket_size.end(), 0.0);
+    for (size_t i = 0; i < members.size(); ++i) bucket_size[bucket[i]] += weight ? weight[members[i]] : 1.0;
+    int crossing = kBuckets - 1;
+    for (; crossing > 0 && above + bucket_size[size_t(crossing)] < wanted; --crossing) above += bucket_size[size_t(crossing)];
+    size_t kept = 0;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (bucket[i] == crossing) members[kept++] = members[i];
+    members.resize(kept);
+  }
+  std::sort(members.begin(), members.end(),
+            [&](int32_t a, int32_t b) { return likeliness_key(logits[a], a) > likeliness_key(logits[b], b); });
+  for (int32_t id : members) {
+    above += weight ? weight[id] : 1.0;
+    if (above >= wanted) return id;
+  }
+  return members.back();
+}
+
+// What a sampled choice keeps: the tokens at least as likely as `last`, their weights
+// exp((logit - max) / temperature) in double (0 for the others), and the weights' sum in id order.
+struct KeptTokens {
+  const float* logits;
+  uint64_t last_key = 0;       // the least likely kept token's likeliness_key
+  std::vector<double> weight;  // (V)
+  double total = 0;
+
+  bool keeps(int32_t id) const { return likeliness_key(logits[id], id) >= last_key; }
+};
+
+// The top_k cut, then top_p's: a token is kept while the probability ranked above it is below
+// top_p, as HF's TopPLogitsWarper keeps it (at least one token).
+KeptTokens kept_tokens(const float* logits, int64_t V, const TokenChoice& choice) {
   check_token_choice(choice);
   if (choice.temperature == 0) throw Error("temperature", "0 chooses greedily: there is no distribution to sample");
-  // The candidates, most likely first, cut to top_k.
-  std::vector<int32_t> order(static_cast<size_t>(V));
-  std::iota(order.begin(), order.end(), 0);
-  const int64_t k = choice.top_k > 0 ? std::min(choice.top_k, V) : V;
-  auto more_likely = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), more_likely);
-  order.resize(size_t(k));
-  // softmax(logits / temperature) over them, in double.
-  std::vector<std::pair<int32_t, double>> kept(order.size());
-  const double top = double(logits[order[0]]) / choice.temperature;
-  double sum = 0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    kept[i] = {order[i], std::exp(double(logits[order[i]]) / choice.temperature - top)};
-    sum += kept[i].second;
+  KeptTokens kept{logits};
+  std::vector<int32_t> candidates(static_cast<size_t>(V));  // the kept ids, in id order
+  std::iota(candidates.begin(), candidates.end(), 0);
+  if (choice.top_k > 0 && choice.top_k < V) {
+    const int32_t last = last_of_prefix(logits, candidates, nullptr, double(choice.top_k));
+    kept.last_key = likeliness_key(logits[last], last);
+    candidates.clear();
+    for (int32_t v = 0; v < int32_t(V); ++v)
+      if (kept.keeps(v)) candidates.push_back(v);
   }
-  for (auto& token : kept) token.second /= sum;
-  // top_p: the shortest prefix whose probability reaches top_p (at least one token), renormalised.
+  const double top = double(logits[argmax_token(logits, V)]), inverse_temperature = 1.0 / double(choice.temperature);
+  kept.weight.assign(size_t(V), 0.0);
+  for (int32_t id : candidates) {
+    kept.weight[size_t(id)] = std::exp((double(logits[id]) - top) * inverse_temperature);
+    kept.total += kept.weight[size_t(id)];
+  }
   if (choice.top_p < 1) {
-    double cumulative = 0;
-    size_t n = 0;
-    while (n < kept.size() && cumulative < choice.top_p) cumulative += kept[n++].second;
-    kept.resize(n);
-    for (auto& token : kept) token.second /= cumulative;
+    const int32_t last = last_of_prefix(logits, std::move(candidates), kept.weight.data(), double(choice.top_p) * kept.total);
+    kept.last_key = likeliness_key(logits[last], last);
+    kept.total = 0;
+    for (int32_t v = 0; v < int32_t(V); ++v) {
+      if (kept.keeps(v)) {
+        kept.total += kept.weight[size_t(v)];
+      } else {
+        kept.weight[size_t(v)] = 0;
+      }
+    }
   }
   return kept;
 }
 
-int32_t choose_token(const float* logits, int64_t V, const TokenChoice& choice, uint64_t draw_index) {
-  if (choice.temperature == 0) return argmax_token(logits, V);
-  const auto kept = sampling_distribution(logits, V, choice);
-  const double u = uniform01(choice.seed, draw_index);
+}  // namespace
+
+std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t V, const TokenChoice& choice) {
+  const KeptTokens kept = kept_tokens(logits, V, choice);
+  std::vector<std::pair<int32_t, double>> distribution;
+  for (int32_t v = 0; v < int32_t(V); ++v)
+    if (kept.keeps(v)) distribution.emplace_back(v, kept.weight[size_t(v)] / kept.total);
+  std::sort(distribution.begin(), distribution.end(), [&](const auto& a, const auto& b) {
+    return likeliness_key(logits[a.first], a.first) > likeliness_key(logits[b.first], b.first);
+  });
+  return distribution;
+}
+
+int32_t sample_token(const float* logits, int64_t V, const TokenChoice& choice, double u) {
+  const KeptTokens kept = kept_tokens(logits, V, choice);
+  // The first kept token, in id order, whose cumulative weight passes u of the kept weight.
+  const double target = u * kept.total;
   double cumulative = 0;
-  for (const auto& [id, probability] : kept) {
-    cumulative += probability;
-    if (u < cumulative) return id;
+  int32_t last_seen = -1;
+  for (int32_t v = 0; v < int32_t(V); ++v) {
+    if (!kept.keeps(v)) continue;
+    cumulative += kept.weight[size_t(v)];
+    if (target < cumulative) return v;
+    last_seen = v;
   }
-  return kept.back().first;  // u within rounding of 1
+  return last_seen;  // u within rounding of 1
+}
+
+int32_t choose_token(const float* logits, int64_t V, const TokenChoice& choice, uint64_t draw_index) {
+  if (choice.temperature == 0) {
+    check_token_choice(choice);
+    return argmax_token(logits, V);
+  }
+  return sample_token(logits, V, choice, uniform01_double(choice.seed, draw_index));
 }
 
 }  // namespace ktune::model

@@ -3,7 +3,8 @@
 // softmax(logits / temperature) after keeping only the top_k largest and then the smallest set of
 // the most likely whose probability reaches top_p (HF's TemperatureLogitsWarper, TopKLogitsWarper,
 // TopPLogitsWarper, in that order). A draw is uniform01(seed, index): the same seed and index give
-// the same token on any machine.
+// the same token on any machine. A draw never sorts the vocabulary: the top_k and top_p cuts are
+// found by selection (expected linear time), and the draw walks the kept tokens in id order.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,12 @@ void check_token_choice(const TokenChoice& choice);
 // logits: lower id first), each with its probability (summing to 1).
 std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t V, const TokenChoice& choice);
 
-// logits (V). draw_index: which draw of the seed's stream this is (the decoding step).
+// The token a sampled choice draws at u in [0, 1): walking sampling_distribution's tokens in id
+// order, the first whose cumulative probability passes u.
+int32_t sample_token(const float* logits, int64_t V, const TokenChoice& choice, double u);
+
+// logits (V). draw_index: which draw of the seed's stream this is (the decoding step): u is
+// uniform01_double(seed, draw_index).
 int32_t choose_token(const float* logits, int64_t V, const TokenChoice& choice, uint64_t draw_index);
 
 int32_t argmax_token(const float* logits, int64_t V);

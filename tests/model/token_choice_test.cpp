@@ -6,8 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <numeric>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -63,6 +66,87 @@ TEST(TokenChoice, DrawsFollowTheDistribution) {
         EXPECT_EQ(counts[v], 0) << "token " << v << " is outside the kept set of " << c.dump();
       } else {
         EXPECT_NEAR(frequency, p, 5 * std::sqrt(p * (1 - p) / draws) + 1e-4) << "token " << v << " of " << c.dump();
+      }
+    }
+  }
+}
+
+// The plain way, which the sampler's selection must equal: sort the whole vocabulary most likely
+// first, softmax in double, cut to top_k, then to the shortest prefix whose probability reaches top_p.
+std::vector<std::pair<int32_t, double>> sorted_reference(const std::vector<float>& logits, const TokenChoice& choice) {
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  if (choice.top_k > 0 && size_t(choice.top_k) < order.size()) order.resize(size_t(choice.top_k));
+  std::vector<std::pair<int32_t, double>> kept;
+  double sum = 0;
+  for (int32_t id : order) {
+    kept.emplace_back(id, std::exp((double(logits[id]) - logits[order[0]]) / choice.temperature));
+    sum += kept.back().second;
+  }
+  for (auto& token : kept) token.second /= sum;
+  if (choice.top_p < 1) {
+    double cumulative = 0;
+    size_t n = 0;
+    while (n < kept.size() && cumulative < choice.top_p) cumulative += kept[n++].second;
+    kept.resize(n);
+    for (auto& token : kept) token.second /= cumulative;
+  }
+  return kept;
+}
+
+// Logits of a 128k vocabulary: peaked (a trained model's), flat (a random model's: top_p keeps
+// most of it), with runs of equal values (ties at the cuts), and with masked tokens (-inf).
+std::vector<std::vector<float>> large_vocabulary_logits() {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  const size_t V = 128256;
+  std::vector<float> peaked(V), flat(V), tied(V), masked(V);
+  for (size_t v = 0; v < V; ++v) {
+    peaked[v] = 4.0f * normal(rng);
+    flat[v] = 0.05f * normal(rng);
+    tied[v] = float(int(normal(rng) * 3.0f));  // a few distinct values, each shared by thousands
+    masked[v] = v % 3 == 0 ? -INFINITY : normal(rng);
+  }
+  return {peaked, flat, tied, masked};
+}
+
+TEST(TokenChoice, TheKeptTokensAreThoseOfSortingTheWholeVocabulary) {
+  const std::vector<TokenChoice> choices = {{1.0f, 0, 1.0f, 0},   {0.7f, 0, 0.9f, 0},  {1.3f, 50, 1.0f, 0},
+                                            {0.8f, 40, 0.95f, 0}, {1.0f, 0, 0.05f, 0}, {2.0f, 70000, 0.5f, 0}};
+  for (const auto& logits : large_vocabulary_logits()) {
+    for (const TokenChoice& choice : choices) {
+      const auto got = sampling_distribution(logits.data(), int64_t(logits.size()), choice);
+      const auto expected = sorted_reference(logits, choice);
+      ASSERT_EQ(got.size(), expected.size()) << "top_k " << choice.top_k << " top_p " << choice.top_p;
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i].first, expected[i].first) << "rank " << i << ", top_k " << choice.top_k << " top_p " << choice.top_p;
+        ASSERT_NEAR(got[i].second, expected[i].second, 1e-12 + 1e-9 * expected[i].second) << "rank " << i;
+      }
+    }
+  }
+}
+
+TEST(TokenChoice, ADrawAtUIsTheKeptTokenInIdOrderWhoseCumulativeProbabilityPassesU) {
+  const std::vector<TokenChoice> choices = {{1.0f, 0, 1.0f, 0}, {0.7f, 0, 0.9f, 0}, {0.8f, 40, 0.95f, 0}};
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (const auto& logits : large_vocabulary_logits()) {
+    for (const TokenChoice& choice : choices) {
+      auto by_id = sorted_reference(logits, choice);
+      std::sort(by_id.begin(), by_id.end());
+      for (int i = 0; i < 60; ++i) {
+        const double u = i == 0 ? 0.0 : i == 1 ? std::nextafter(1.0, 0.0) : uniform(rng);
+        double cumulative = 0;
+        int32_t expected = by_id.back().first;
+        for (const auto& [id, p] : by_id) {
+          cumulative += p;
+          if (u < cumulative) {
+            expected = id;
+            break;
+          }
+        }
+        EXPECT_EQ(sample_token(logits.data(), int64_t(logits.size()), choice, u), expected) << "u " << u << " top_p " << choice.top_p;
       }
     }
   }
