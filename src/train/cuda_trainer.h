@@ -81,7 +81,7 @@ class CudaTrainer {
   virtual void download_trainable() = 0;
 
   virtual void zero_grad() = 0;
-  // One micro-batch of (B, T), T at most the planned one (the step runs on (B, T) only); gradients
+  // One micro-batch of (B, T), each at most the planned one (the step runs on (B, T) only); gradients
   // accumulate scaled by grad_scale. The loss sum is unscaled. A packed batch (batch.packed()) runs
   // with its positions and doc ids (RoPE per token, attention masked across documents).
   virtual model::LossResult forward_backward(const FixedShapeBatch& batch, float grad_scale) = 0;

@@ -74,8 +74,9 @@ DatasetOptions dataset_options(const DatasetConfig& d) {
 // How unpacked batches reach the model (data/padding_free.h; the loss and gradients are the same):
 // as one row of all their samples' tokens (the default: no padding left; attention stays inside
 // each sample and costs Σ L² as padded), re-laid as rows of at most their T tokens (some padding
-// left where samples do not fill rows), or padded as collated.
-// env KTUNE_PADDING_FREE = 1 or one_row (default), rows, 0.
+// left where samples do not fill rows), or padded as collated. The GPU step, planned for at most
+// (batch_size, its longest sample), takes rows of at most T: one row would be longer than its plan.
+// env KTUNE_PADDING_FREE = 1 or one_row (default; rows on a GPU), rows, 0.
 enum class PaddingFree { kOneRow, kRowsOfT, kOff };
 
 // The value of env `name`, one of `choices` (unset or empty: the first, the default); anything else
@@ -225,7 +226,8 @@ class FinetuneRecipe {
   StepOutcome cpu_step();
   StepOutcome gpu_step();
   // A shifted batch laid out for the GPU step: (batch_size, its longest row rounded up to a multiple
-  // of kGpuSeqLenMultiple, at most gpu_seq_len_).
+  // of kGpuSeqLenMultiple, at most gpu_seq_len_), or padding-free (unless KTUNE_PADDING_FREE=0) its
+  // samples re-laid into the fewest such rows first-fit finds, each sample a document.
   // packed: a batch of the packed loader (train or val), laid out with its positions and doc ids.
   FixedShapeBatch gpu_batch(const Batch& shifted, bool packed) const;
   // The next training batch, its positions counted (padded, real) for log_padding_skipped.
@@ -304,7 +306,7 @@ void FinetuneRecipe::setup() {
   padding_free_ = padding_free_mode();
   const DeviceChoice device = choose_step_device(cfg_.device, cuda_backend_built(), cuda_devices_visible());
   const bool on_gpu = device.device == StepDevice::kCuda;
-  if (on_gpu) padding_free_ = PaddingFree::kOff;  // the GPU step takes every batch in one (B, T)
+  if (on_gpu && padding_free_ == PaddingFree::kOneRow) padding_free_ = PaddingFree::kRowsOfT;  // see PaddingFree
   if (rank0_) log_info(device.reason);
   checkpointer_ = std::make_unique<HfCheckpointer>(cfg_.checkpointer.checkpoint_dir, cfg_.checkpointer.checkpoint_files,
                                                    cfg_.output_dir);
@@ -878,13 +880,17 @@ void FinetuneRecipe::log_padding_skipped() {
   const double padded = counts[0], real = counts[1], computed = counts[2];
   auto percent = [&](double n) { return padded > 0 ? 100.0 * n / padded : 0.0; };
   char line[512];
-  if (gpu_) {  // every batch padded further, to its rounded length and batch_size rows: more positions
+  if (gpu_) {  // rows of a length rounded up to a multiple of kGpuSeqLenMultiple
+    const bool relaid = padding_free_ != PaddingFree::kOff;
     std::snprintf(line, sizeof line,
-                  "GPU step: the training steps computed %.0f positions for %.0f sample tokens (every batch laid "
-                  "into (batch_size, its longest sample rounded up to a multiple of %lld, at most %lld)); collated, "
-                  "the batches hold %.0f: %.0f positions (%.1f%%) of extra padding",
-                  computed, real, (long long)kGpuSeqLenMultiple, (long long)gpu_seq_len_, padded, computed - padded,
-                  percent(computed - padded));
+                  "GPU step%s: the training steps computed %.0f positions for %.0f sample tokens (every batch laid "
+                  "into %s, its longest %s rounded up to a multiple of %lld, at most %lld)); collated, the batches "
+                  "hold %.0f (%.1f%% padding): %.0f positions (%.1f%%) %s",
+                  relaid ? ", padding-free (rows of at most T)" : " (KTUNE_PADDING_FREE=0)", computed, real,
+                  relaid ? "(the rows its samples fill" : "(batch_size", relaid ? "row" : "sample",
+                  (long long)kGpuSeqLenMultiple, (long long)gpu_seq_len_, padded, percent(padded - real),
+                  std::fabs(padded - computed), percent(std::fabs(padded - computed)),
+                  computed <= padded ? "skipped" : "of extra padding");
     log_info(line);
     return;
   }
@@ -936,8 +942,14 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::cpu_step() {
 }
 
 FixedShapeBatch FinetuneRecipe::gpu_batch(const Batch& shifted, bool packed) const {
-  return to_fixed_shape(shifted, cfg_.batch_size, step_seq_len(shifted, kGpuSeqLenMultiple, gpu_seq_len_),
-                        tokenizer_->pad_id().value_or(0), packed);
+  const int32_t pad_id = tokenizer_->pad_id().value_or(0);
+  const int64_t T = step_seq_len(shifted, kGpuSeqLenMultiple, gpu_seq_len_);
+  if (packed || padding_free_ == PaddingFree::kOff) return to_fixed_shape(shifted, cfg_.batch_size, T, pad_id, packed);
+  // Padding-free: the samples re-laid into as few rows of at most T tokens as first-fit finds, each
+  // a document of its own (positions from 0), the step run on those rows only.
+  const Batch rows = remove_padding(shifted, T);
+  const int64_t rows_T = std::max<int64_t>(1, step_seq_len(rows, kGpuSeqLenMultiple, gpu_seq_len_));
+  return to_fixed_shape(rows, rows.batch_size, rows_T, pad_id, true);
 }
 
 // The micro-batches come first: their label tokens, summed over the ranks, are the 1 / N that

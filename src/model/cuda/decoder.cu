@@ -266,9 +266,12 @@ struct Decoder::Impl {
   float lora_scale = 0;
   float embed_scale = 1;  // gemma: sqrt(hidden_size) rounded to bf16 (the weights' dtype), as the CPU Decoder
   int64_t ce_chunk = 0;
-  // activations: planned for (B, T_max); a step runs on (B, T), T <= T_max (set_seq_len), N = B*T
-  int64_t B = 0, T = 0, N = 0, T_max = 0;
-  int64_t positions_T = 0;  // the T whose 0..T-1 layout `positions` holds (0: none yet, or a packed step's)
+  // activations: planned for (B_max, T_max); a step runs on (B, T), B <= B_max, T <= T_max
+  // (set_step_shape), N = B*T, in the front of every planned buffer
+  int64_t B = 0, T = 0, N = 0, B_max = 0, T_max = 0;
+  // The layout `positions` holds: 0..positions_T-1 in each of its first positions_B rows (0: none
+  // yet, or a packed step's)
+  int64_t positions_T = 0, positions_B = 0;
   // L+1 of (N, C): resid[l] layer l's input, resid[L] the final norm's. Offloaded, they all point
   // into offload's two slots (resid[j] in slot j % ActivationOffload::kSlots).
   std::vector<bf16_t*> resid;
@@ -401,9 +404,9 @@ struct Decoder::Impl {
                      const bf16_t* xa);
   void linear_backward(bf16_t* dx, bool accumulate, const bf16_t* dy, const bf16_t* x, const LinearRef& w,
                        const bf16_t* xa);
-  // This step's T (0: T_max): N and every layer's attention shape.
-  void set_seq_len(int64_t seq_len);
-  // The step's (B, T) host arrays, after set_seq_len: tokens, labels, and a packed step's positions
+  // This step's B and T (0: the planned one): N and every layer's attention shape.
+  void set_step_shape(int64_t batch, int64_t seq_len);
+  // The step's (B, T) host arrays, after set_step_shape: tokens, labels, and a packed step's positions
   // and doc ids (nullptr: positions 0..T-1 in every row, laid out again only when T changed or a
   // packed step overwrote them; no documents). Grows the rotary table when a position reaches
   // beyond it (as the CPU Decoder).
@@ -718,7 +721,7 @@ void Decoder::allocate(bool on_device) {
   plan_bytes_.weight_slots = size_t(weight_slots) * slot_bytes;
   pbytes += plan_bytes_.weight_pieces + plan_bytes_.weight_slots;
   // Activations: one layout function, run to count and then to carve.
-  s.B = setup_.batch;
+  s.B = s.B_max = setup_.batch;
   s.T = s.T_max = setup_.seq_len;
   s.N = s.B * s.T;
   s.mlp_chunked = setup_.activation_checkpointing;
@@ -985,8 +988,8 @@ void Decoder::allocate(bool on_device) {
 
   // Positions are laid out by the first step (upload_batch); the rotary table for T_max positions
   // (the CPU RopeTable's angles).
-  s.positions_T = 0;
-  s.set_seq_len(s.T_max);
+  s.positions_T = s.positions_B = 0;
+  s.set_step_shape(s.B_max, s.T_max);
   s.build_rope_table(c, s.T);
 }
 
@@ -1665,12 +1668,15 @@ void Decoder::Impl::dora_backward(bf16_t* dx, bool accumulate, const bf16_t* dy,
   lora_dropout_backward_add(dx, dropped_x, N * w.in, w.dropout_seed, w.dropout, w.dropout_first);
 }
 
-void Decoder::Impl::set_seq_len(int64_t seq_len) {
+void Decoder::Impl::set_step_shape(int64_t batch, int64_t seq_len) {
   check(seq_len >= 0 && seq_len <= T_max, "cuda decoder",
         "a step of seq_len " + std::to_string(seq_len) + " for a decoder planned for at most " + std::to_string(T_max));
+  check(batch >= 0 && batch <= B_max, "cuda decoder",
+        "a step of " + std::to_string(batch) + " rows for a decoder planned for at most " + std::to_string(B_max));
   T = seq_len > 0 ? seq_len : T_max;
+  B = batch > 0 ? batch : B_max;
   N = B * T;
-  for (Layer& layer : layers) layer.attention.T = T;
+  for (Layer& layer : layers) layer.attention.B = B, layer.attention.T = T;
 }
 
 void Decoder::Impl::upload_batch(const DecoderConfig& c, const int32_t* tokens_host, const int32_t* labels_host,
@@ -1697,15 +1703,15 @@ void Decoder::Impl::upload_batch(const DecoderConfig& c, const int32_t* tokens_h
     const int32_t highest = *std::max_element(positions_host, positions_host + N);
     if (highest >= rope_rows) build_rope_table(c, std::max<int64_t>(int64_t(highest) + 1, 2 * rope_rows));
     copy_to_device(positions, positions_host, size_t(N) * sizeof(int32_t));
-    positions_T = 0;  // no longer 0..T-1: the next step without positions lays them out again
+    positions_T = positions_B = 0;  // no longer 0..T-1: the next step without positions lays them out again
     return;
   }
-  if (positions_T == T) return;  // 0..T-1 in every row already
+  if (positions_T == T && positions_B >= B) return;  // 0..T-1 in every row already
   std::vector<int32_t> pos(static_cast<size_t>(N));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = int32_t(t);
   copy_to_device(positions, pos.data(), pos.size() * sizeof(int32_t));
-  positions_T = T;
+  positions_T = T, positions_B = B;
 }
 
 void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
@@ -2053,9 +2059,9 @@ void Decoder::Impl::finish_step(const DecoderConfig& c, bool with_backward, Deco
 }
 
 StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* labels_host, float grad_scale,
-                                     int64_t seq_len, const int32_t* positions, const int32_t* doc_ids) {
+                                     int64_t seq_len, const int32_t* positions, const int32_t* doc_ids, int64_t batch) {
   Impl& s = *impl_;
-  s.set_seq_len(seq_len);
+  s.set_step_shape(batch, seq_len);
   s.upload_batch(config_, tokens_host, labels_host, positions, doc_ids);
   s.dropping = setup_.lora_dropout > 0;
   s.mark(0);
@@ -2081,9 +2087,9 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
 }
 
 StepResult Decoder::forward_loss(const int32_t* tokens_host, const int32_t* labels_host, int64_t seq_len,
-                                 const int32_t* positions, const int32_t* doc_ids) {
+                                 const int32_t* positions, const int32_t* doc_ids, int64_t batch) {
   Impl& s = *impl_;
-  s.set_seq_len(seq_len);
+  s.set_step_shape(batch, seq_len);
   s.upload_batch(config_, tokens_host, labels_host, positions, doc_ids);
   s.dropping = false;  // evaluation: no dropout
   s.mark(0);

@@ -29,10 +29,11 @@
 // of this rank's slice of the gradient buffer when TrainingSetup::optimizer_shards > 1),
 // activations (everything a step's forward saves for its backward, the backward's scratch and the
 // loss's chunk scratch). memory_report() prints the plan and what the driver reports in use.
-// Decoder::plan() computes the same plan without allocating it. A step may be shorter than the plan:
-// forward_backward and forward_loss take the step's own seq_len (<= the planned one) and run every
-// kernel on (batch, that seq_len) in the front of the planned buffers, so a batch of short samples
-// costs its own length. The attention kernel of each layer is chosen once, for the planned seq_len
+// Decoder::plan() computes the same plan without allocating it. A step may be smaller than the plan:
+// forward_backward and forward_loss take the step's own seq_len and batch (<= the planned ones) and
+// run every kernel on (that batch, that seq_len) in the front of the planned buffers, so a batch of
+// short samples costs its own length, and a padding-free batch (its samples re-laid into fewer
+// rows, data/padding_free.h) its own rows. The attention kernel of each layer is chosen once, for the planned seq_len
 // (a window shorter than it stays in the layer's shape at shorter steps, where it masks what it did).
 //
 // Activation checkpointing (TrainingSetup::activation_checkpointing, torchtune's
@@ -336,22 +337,22 @@ class Decoder {
   std::vector<float> download_grad(const std::string& name);  // throws when frozen
 
   // One forward and backward over host tokens and labels (batch * seq_len each, row-major;
-  // labels are the target of each position, -100 ignored). seq_len: this step's, 1..the planned
-  // one (0: the planned one); throws ktune::Error beyond it. The result is that of a decoder planned
-  // for exactly this seq_len (the same kernels on the same shapes). Gradients ACCUMULATE scaled by
+  // labels are the target of each position, -100 ignored). seq_len and batch: this step's, 1..the
+  // planned ones (0: the planned one); throws ktune::Error beyond them. The result is that of a
+  // decoder planned for exactly this (batch, seq_len) (the same kernels on the same shapes). Gradients ACCUMULATE scaled by
   // grad_scale (1/n_valid for a token mean). Synchronises once (the loss comes back).
   // positions, doc_ids: a packed batch's, (batch * seq_len) each like tokens, or nullptr (positions
   // 0..seq_len-1 in every row; causal attention only). Positions must be >= 0 (a negative one throws
   // after the step, as a bad token id does).
   StepResult forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale, int64_t seq_len = 0,
-                              const int32_t* positions = nullptr, const int32_t* doc_ids = nullptr);
+                              const int32_t* positions = nullptr, const int32_t* doc_ids = nullptr, int64_t batch = 0);
   // The forward and the fused loss only (validation): no backward, gradients untouched, the same
   // loss as forward_backward's on the same batch. It overwrites the saved activations, so it runs
   // between steps, never between a forward_backward and what reads its gradients (nothing does).
-  // No LoRA dropout (evaluation, as PEFT's eval mode). seq_len, positions and doc_ids as
+  // No LoRA dropout (evaluation, as PEFT's eval mode). seq_len, positions, doc_ids and batch as
   // forward_backward's. Synchronises once.
   StepResult forward_loss(const int32_t* tokens, const int32_t* labels, int64_t seq_len = 0,
-                          const int32_t* positions = nullptr, const int32_t* doc_ids = nullptr);
+                          const int32_t* positions = nullptr, const int32_t* doc_ids = nullptr, int64_t batch = 0);
   // The LoRA dropout masks' key for the following steps (the CPU LoraAdapter::set_dropout_key; the
   // trainer sets a new one per micro-batch). 0 until set.
   void set_dropout_key(uint64_t key);

@@ -157,14 +157,14 @@ class CudaDecoderTrainer final : public CudaTrainer {
   model::LossResult forward_backward(const FixedShapeBatch& batch, float grad_scale) override {
     check_shape(batch);
     const cuda::StepResult r = device_.forward_backward(batch.tokens.data(), batch.labels.data(), grad_scale,
-                                                        batch.seq_len, positions(batch), doc_ids(batch));
+                                                        batch.seq_len, positions(batch), doc_ids(batch), batch.batch_size);
     return {r.loss_sum, r.n_valid};
   }
 
   model::LossResult forward_loss(const FixedShapeBatch& batch) override {
     check_shape(batch);
     const cuda::StepResult r = device_.forward_loss(batch.tokens.data(), batch.labels.data(), batch.seq_len,
-                                                    positions(batch), doc_ids(batch));
+                                                    positions(batch), doc_ids(batch), batch.batch_size);
     return {r.loss_sum, r.n_valid};
   }
 
@@ -266,14 +266,14 @@ class CudaDecoderTrainer final : public CudaTrainer {
   // (B, T): B the planned one, 0 < T <= the planned one (the step runs on (B, T)).
   void check_shape(const FixedShapeBatch& batch) const {
     const cuda::TrainingSetup& plan = device_.setup();
-    check(batch.batch_size == plan.batch && batch.seq_len > 0 && batch.seq_len <= plan.seq_len &&
+    check(batch.batch_size > 0 && batch.batch_size <= plan.batch && batch.seq_len > 0 && batch.seq_len <= plan.seq_len &&
               int64_t(batch.tokens.size()) == batch.batch_size * batch.seq_len &&
               batch.labels.size() == batch.tokens.size() &&
               (!batch.packed() || (batch.doc_ids.size() == batch.tokens.size() &&
                                    batch.positions.size() == batch.tokens.size())),
           "device=cuda",
           "a batch of (" + std::to_string(batch.batch_size) + ", " + std::to_string(batch.seq_len) +
-              ") for a step planned for (" + std::to_string(plan.batch) + ", at most " +
+              ") for a step planned for (at most " + std::to_string(plan.batch) + ", at most " +
               std::to_string(plan.seq_len) + ")" + (batch.packed() ? " (packed: positions and doc ids of that shape)" : ""));
   }
   // A packed batch's positions and doc ids, nullptr for an unpacked one (0..T-1, causal only).

@@ -3093,37 +3093,56 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
 
 // ---- a step shorter than the plan (forward_backward / forward_loss's seq_len) ----
 
-// A decoder planned for T_max = 64 running a step of seq_len t against one planned for exactly t, on
-// the same weights, batch and dropout key: the same kernels on the same (B, t) shapes, so the same
-// loss and gradients (expect_same_step). Then forward_loss at t, and
-// a step at the full T_max after the short ones equal to the first (positions laid out again).
+// A decoder planned for T_max = 64 (and setup.batch rows) running a step of seq_len t (and `rows`
+// rows, 0: all) against one planned for exactly that, on the same weights, batch and dropout key:
+// the same kernels on the same (rows, t) shapes, so the same loss and gradients (expect_same_step).
+// Then forward_loss at that shape, and a step at the full T_max after the short ones equal to the
+// first (positions laid out again); with fewer rows, a step of all the rows at t after the one of
+// fewer equal to one before it (the rows past the smaller step's get their positions too).
 void check_short_step(const std::string& what, const cuda::DecoderConfig& config, cuda::TrainingSetup setup, int64_t t,
-                      uint64_t dropout_key = 0) {
+                      uint64_t dropout_key = 0, int64_t rows = 0) {
+  const int64_t all_rows = setup.batch;
+  if (rows == 0) rows = all_rows;
   setup.seq_len = 64;
   cuda::Decoder planned_long(config, setup, 7);
   setup.seq_len = t;
+  setup.batch = rows;
   cuda::Decoder planned_short(config, setup, 7);
   same_weights({&planned_long, &planned_short}, dropout_key);
-  std::vector<int32_t> tokens, labels, long_tokens, long_labels;
-  batch(config, setup.batch * t, &tokens, &labels);
-  batch(config, setup.batch * 64, &long_tokens, &long_labels);
+  std::vector<int32_t> tokens, labels, long_tokens, long_labels, wide_tokens, wide_labels;
+  batch(config, rows * t, &tokens, &labels);
+  batch(config, all_rows * 64, &long_tokens, &long_labels);
+  batch(config, all_rows * t, &wide_tokens, &wide_labels);
   auto long_step = [&] {
     planned_long.zero_grad();
     return planned_long.forward_backward(long_tokens.data(), long_labels.data(), 0.01f);
   };
+  auto wide_step = [&] {  // every planned row, at t
+    planned_long.zero_grad();
+    return planned_long.forward_backward(wide_tokens.data(), wide_labels.data(), 0.01f, t);
+  };
+  const cuda::StepResult wide_before = rows < all_rows ? wide_step() : cuda::StepResult{};
   const cuda::StepResult long_before = long_step();
   const StepGradients want = step_gradients(planned_short, tokens, labels, 0.01f);
   const StepGradients again = step_gradients(planned_short, tokens, labels, 0.01f);
   StepGradients got;
   planned_long.zero_grad();
-  got.result = planned_long.forward_backward(tokens.data(), labels.data(), 0.01f, t);
+  got.result = planned_long.forward_backward(tokens.data(), labels.data(), 0.01f, t, nullptr, nullptr, rows);
   for (auto& p : planned_long.parameters())
     if (p.grad) got.grads[p.name] = planned_long.download_grad(p.name);
 
-  const std::string step = what + ", seq_len " + std::to_string(t) + " of 64 against a decoder planned for it";
+  const std::string step = what + ", seq_len " + std::to_string(t) + " of 64, " + std::to_string(rows) + " of " +
+                           std::to_string(all_rows) + " rows, against a decoder planned for it";
   expect_same_step(step, want, again, got);
+  if (rows < all_rows) {
+    const cuda::StepResult wide_after = wide_step();
+    CHECK(wide_after.n_valid == wide_before.n_valid &&
+          std::fabs(wide_after.loss_sum - wide_before.loss_sum) <= 1e-6 * std::fabs(wide_before.loss_sum))
+        << step << ": a step of all the rows after it: loss " << wide_after.loss_sum << ", before "
+        << wide_before.loss_sum;
+  }
   const double loss_noise = std::fabs(again.result.loss_sum - want.result.loss_sum);
-  const cuda::StepResult short_loss = planned_long.forward_loss(tokens.data(), labels.data(), t);
+  const cuda::StepResult short_loss = planned_long.forward_loss(tokens.data(), labels.data(), t, nullptr, nullptr, rows);
   const cuda::StepResult want_loss = planned_short.forward_loss(tokens.data(), labels.data());
   CHECK(std::fabs(short_loss.loss_sum - want_loss.loss_sum) <= 4 * loss_noise + 1e-6 * std::fabs(want_loss.loss_sum))
       << what << ": forward_loss " << short_loss.loss_sum << " at seq_len " << t << " of 64, " << want_loss.loss_sum;
@@ -3156,6 +3175,20 @@ KTUNE_CUDA_TEST(DecoderStepShorterThanThePlanEqualsADecoderPlannedForIt) {
   cuda::TrainingSetup checkpointed = family_setup(false, kAllButKey);
   checkpointed.activation_checkpointing = true;
   check_short_step("llama lora checkpointed", three_layers(tiny_config(true)), checkpointed, 24);
+  // Fewer rows than planned (padding-free batches: their samples re-laid into fewer rows).
+  cuda::TrainingSetup three_rows = family_setup(false, kAllProjections);
+  three_rows.batch = 3;
+  check_short_step("llama lora all, 1 of 3 rows [gemm attention]", tiny_config(true), three_rows, 24, 0, 1);
+  three_rows.attention = cuda::TrainingSetup::Attention::kFlash;
+  check_short_step("llama lora all, 2 of 3 rows [flash attention]", tiny_config(true), three_rows, 40, 0, 2);
+  cuda::TrainingSetup full_rows = family_setup(true);
+  full_rows.batch = 3, full_rows.ce_chunk_tokens = 16;
+  check_short_step("llama full untied, 2 of 3 rows, loss in chunks of 16", tiny_config(false), full_rows, 24, 0, 2);
+  cuda::TrainingSetup checkpointed_rows = qlora_setup(kAllButKey);
+  checkpointed_rows.batch = 3, checkpointed_rows.activation_checkpointing = true;
+  checkpointed_rows.lora_dropout = 0.1f, checkpointed_rows.lora_seed = 3;
+  check_short_step("qwen2 qlora dropout 0.1 checkpointed, 2 of 3 rows", tiny_qwen2_config(false), checkpointed_rows, 32,
+                   99, 2);
 
   cuda::TrainingSetup planned = family_setup(true);  // seq_len 40
   cuda::Decoder model(tiny_config(true), planned, 1);
@@ -3168,6 +3201,14 @@ KTUNE_CUDA_TEST(DecoderStepShorterThanThePlanEqualsADecoderPlannedForIt) {
     if (!threw) std::printf("     unexpected message: %s\n", e.what());
   }
   CHECK(threw) << "a step of seq_len 41 on a decoder planned for 40 must be an Error naming the plan";
+  threw = false;
+  try {
+    model.forward_backward(tokens.data(), labels.data(), 1.0f, 20, nullptr, nullptr, planned.batch + 1);
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("at most " + std::to_string(planned.batch)) != std::string::npos;
+    if (!threw) std::printf("     unexpected message: %s\n", e.what());
+  }
+  CHECK(threw) << "a step of more rows than planned must be an Error naming the plan";
 }
 
 // ---- packed batches (forward_backward / forward_loss's positions and doc_ids) ----
@@ -3299,6 +3340,47 @@ KTUNE_CUDA_TEST(DecoderPackedRowOfTwoDocumentsEqualsThemAsSeparateRows) {
   check_packed_equals_separate_rows("full untied [gemm attention]", tiny_config(false), family_setup(true));
   lora.attention = A::kTensorCore;
   check_packed_equals_separate_rows("lora head_dim 64 [tensor-core attention]", tiny_head_dim64_config(true), lora);
+}
+
+// A padding-free batch as the recipes lay it on the GPU (data/padding_free.h): fewer rows than
+// planned, each holding whole samples as documents. Planned for (3, 40), a packed step of (2, 32)
+// equals the same step on a decoder planned for exactly (2, 32), on every attention path; and the
+// step without its doc ids and positions (the samples seeing each other) is not that step.
+KTUNE_CUDA_TEST(DecoderPackedStepOfFewerRowsThanPlannedEqualsADecoderPlannedForIt) {
+  using A = cuda::TrainingSetup::Attention;
+  const int64_t T = 32, rows = 2;
+  const PackedLayout packed = pack_rows(T, {{{17, 15}, 0}, {{20}, 0}});
+  for (A mode : {A::kGemm, A::kFlash, A::kTensorCore}) {
+    cuda::TrainingSetup setup = family_setup(false, kAllButKey);
+    setup.attention = mode;
+    const cuda::DecoderConfig config = mode == A::kTensorCore ? tiny_head_dim64_config(true) : tiny_config(true);
+    const std::string what = std::string("packed lora, 2 of 3 rows") +
+                             (mode == A::kGemm ? " [gemm attention]" : mode == A::kFlash ? " [flash attention]"
+                                                                                           : " [tensor-core attention]");
+    setup.batch = 3, setup.seq_len = 40;
+    cuda::Decoder planned_larger(config, setup, 7);
+    setup.batch = rows, setup.seq_len = T;
+    cuda::Decoder planned_exactly(config, setup, 7);
+    same_weights({&planned_larger, &planned_exactly}, 0);
+    std::vector<int32_t> tokens, labels;
+    batch(config, rows * T, &tokens, &labels);
+    auto step = [&](cuda::Decoder& model, int64_t seq_len, const int32_t* positions, const int32_t* doc_ids, int64_t b) {
+      StepGradients out;
+      model.zero_grad();
+      out.result = model.forward_backward(tokens.data(), labels.data(), 0.01f, seq_len, positions, doc_ids, b);
+      for (auto& p : model.parameters())
+        if (p.grad) out.grads[p.name] = model.download_grad(p.name);
+      return out;
+    };
+    const StepGradients want = step(planned_exactly, 0, packed.positions.data(), packed.doc_ids.data(), 0);
+    const StepGradients again = step(planned_exactly, 0, packed.positions.data(), packed.doc_ids.data(), 0);
+    const StepGradients got = step(planned_larger, T, packed.positions.data(), packed.doc_ids.data(), rows);
+    expect_same_step(what + " against a decoder planned for it", want, again, got);
+    const StepGradients unmasked = step(planned_larger, T, nullptr, nullptr, rows);
+    CHECK(std::fabs(unmasked.result.loss_sum - want.result.loss_sum) > 1e-4 * std::fabs(want.result.loss_sum))
+        << what << ": without its doc ids and positions the step's loss is " << unmasked.result.loss_sum
+        << ", as with them " << want.result.loss_sum;
+  }
 }
 
 KTUNE_CUDA_TEST(DecoderRejectsTokenOutsideVocabulary) {

@@ -283,6 +283,63 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuWithActivationCheckpointingAndOffloadingTrack
   EXPECT_LT(std::stoll(computed[1]), steps(8) * per_step) << gpu.output;
 }
 
+// Unpacked batches on the GPU are padding-free unless KTUNE_PADDING_FREE=0: each batch's samples
+// re-laid into as few rows of its T as first-fit finds, each sample its own document (positions from
+// 0, attention inside it), the step run on those rows only. The data in order, a long sample then
+// three short ones (batch 4 even on the emulated step): the first batch is three rows, two short
+// samples in one. The first step (the same weights in every run) is the padded step's: its loss and
+// gradient norm equal the same GPU run's with KTUNE_PADDING_FREE=0 (bit for bit on the emulated step,
+// where the two short samples seeing each other moved the loss by 3e-4 and the norm by 4e-3; on a
+// GPU within the bf16 noise of other GEMM shapes) and the CPU run's within 0.1%; the losses track the
+// CPU run's, and the steps compute fewer positions than the collated batches hold, and than the
+// padded run.
+std::string one_long_then_three_short(const fs::path& dir) {
+  const std::string path = (dir / "long_and_short.jsonl").string();
+  std::ofstream f(path);
+  for (int i = 0; i < 64; ++i) {
+    std::string input, output;
+    const int n = i % 4 == 0 ? 16 : 1;
+    for (int d = 0; d < n; ++d) input += (d ? ", " : "") + std::to_string((i + d * 3) % 10);
+    for (int d = n - 1; d >= 0; --d) output += (d < n - 1 ? ", " : "") + std::to_string((i + d * 3) % 10);
+    f << "{\"instruction\": \"Reverse.\", \"input\": \"" << input << "\", \"output\": \"" << output << "\"}\n";
+  }
+  return path;
+}
+
+TEST_F(CudaRecipeTest, LoraOnTheGpuLaysPaddedBatchesIntoFewerRowsAndTracksTheCpuRun) {
+  SKIP_WITHOUT_GPUS(1);
+  const std::string args = "epochs=1 shuffle=False max_steps_per_epoch=" + std::to_string(steps(8)) +
+                           " batch_size=4 dataset.data_files=" + one_long_then_three_short(dir_);
+  Outcome gpu;
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", args, &gpu));
+  setenv("KTUNE_PADDING_FREE", "0", 1);
+  const Outcome padded = run("", "lora_finetune_single_device", "lora_single_device", "cuda", args, out("gpu_padded"));
+  unsetenv("KTUNE_PADDING_FREE");
+  ASSERT_EQ(padded.exit_code, 0) << padded.output;
+  EXPECT_NE(gpu.output.find("GPU step, padding-free (rows of at most T)"), std::string::npos) << gpu.output;
+  EXPECT_NE(padded.output.find("GPU step (KTUNE_PADDING_FREE=0)"), std::string::npos) << padded.output;
+
+  const std::regex counts("the training steps computed (\\d+) positions for (\\d+) sample tokens.*the batches hold (\\d+) ");
+  std::smatch relaid_counts, padded_counts;
+  ASSERT_TRUE(std::regex_search(gpu.output, relaid_counts, counts)) << gpu.output;
+  ASSERT_TRUE(std::regex_search(padded.output, padded_counts, counts)) << padded.output;
+  EXPECT_LT(std::stoll(relaid_counts[1]), std::stoll(relaid_counts[3])) << gpu.output;
+  EXPECT_GE(std::stoll(relaid_counts[1]), std::stoll(relaid_counts[2])) << gpu.output;
+  EXPECT_LT(std::stoll(relaid_counts[1]), std::stoll(padded_counts[1])) << padded.output;
+
+  const double loss_tolerance = emulated() ? 1e-7 : 1e-3, norm_tolerance = emulated() ? 1e-7 : 1e-2;
+  const std::map<int, double> relaid_norms = metric(out("gpu"), "grad_norm"), padded_norms = metric(out("gpu_padded"), "grad_norm");
+  const std::map<int, double> relaid_losses = losses(out("gpu")), padded_losses = losses(out("gpu_padded"));
+  ASSERT_FALSE(relaid_norms.empty());
+  ASSERT_FALSE(padded_norms.empty());
+  const double norm = padded_norms.begin()->second, loss = padded_losses.begin()->second;
+  EXPECT_NEAR(relaid_norms.begin()->second, norm, norm_tolerance * norm) << "the first step's gradient norm";
+  EXPECT_NEAR(relaid_losses.begin()->second, loss, loss_tolerance * loss) << "the first step's loss";
+  const std::map<int, double> cpu_losses = losses(out("cpu"));
+  EXPECT_NEAR(relaid_losses.begin()->second, cpu_losses.begin()->second, 1e-3 * cpu_losses.begin()->second);
+  expect_tracks(cpu_losses, relaid_losses, 0.05);
+}
+
 // torchtune's dataset.packed: each pack's samples kept apart on the GPU step as on the CPU engine
 // (positions restarting per sample, attention masked by doc ids), the step planned for packs of
 // max_seq_len, and the losses tracking the CPU run's. The first step (the same weights on both
