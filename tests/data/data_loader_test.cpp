@@ -110,7 +110,9 @@ TEST(DataLoader, PackedPositionsRestartAndDocIdsSeparateSamples) {
         const int64_t k = r * 64 + t;
         if (b.tokens[k] == -1) {
           EXPECT_EQ(b.labels[k], kIgnoreIndex);
-          if (t > 0 && b.tokens[k - 1] != -1) EXPECT_NE(b.doc_ids[k], b.doc_ids[k - 1]);  // padding is its own doc
+          if (t > 0 && b.tokens[k - 1] != -1) {
+            EXPECT_NE(b.doc_ids[k], b.doc_ids[k - 1]);  // padding is its own doc
+          }
           ++padding;
           continue;
         }
@@ -214,7 +216,9 @@ TEST(DataLoader, RanksGetDisjointEqualShares) {
       counts.push_back(loader.batches_per_epoch());
       for (const Batch& b : drain(loader))
         for (int32_t id : b.tokens)
-          if (id != -1) EXPECT_TRUE(seen.insert(id).second) << "token " << id << " on two ranks or twice";
+          if (id != -1) {
+            EXPECT_TRUE(seen.insert(id).second) << "token " << id << " on two ranks or twice";
+          }
     }
     for (int64_t c : counts) EXPECT_EQ(c, counts[0]);
     EXPECT_GT(seen.size(), (size_t)(data->num_tokens() * 8 / 10));  // at most world-1 items dropped

@@ -178,7 +178,9 @@ TEST(Manifests, ListRuntimesGivesTheSdkTable) {
       EXPECT_EQ(r.trainer.device_count, "8");
       EXPECT_EQ(*r.pretrained_model, "meta-llama/Llama-3.3-70B-Instruct");
     }
-    if (r.name == "torchtune-qwen2.5-1.5b") EXPECT_EQ(r.trainer.device_count, "1");
+    if (r.name == "torchtune-qwen2.5-1.5b") {
+      EXPECT_EQ(r.trainer.device_count, "1");
+    }
   }
 }
 

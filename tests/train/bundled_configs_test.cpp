@@ -25,8 +25,7 @@ TEST(BundledConfigs, EveryConfigValidatesForItsRecipeAndTypes) {
       EXPECT_FALSE(c.checkpointer.checkpoint_files.empty()) << name;
       EXPECT_EQ(c.checkpointer.output_dir, c.output_dir) << name;
       EXPECT_EQ(c.metric_logger.log_dir, c.output_dir + "/logs") << name;
-      if (name.find("qlora") != std::string::npos) EXPECT_TRUE(c.model.quantize_base) << name;
-      if (name.find("qlora") == std::string::npos) EXPECT_FALSE(c.model.quantize_base) << name;
+      EXPECT_EQ(c.model.quantize_base, name.find("qlora") != std::string::npos) << name;
     } catch (const std::exception& e) {
       ADD_FAILURE() << name << " for " << recipe->name << ":\n" << e.what();
     }

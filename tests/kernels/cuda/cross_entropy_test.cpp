@@ -218,14 +218,17 @@ void check_fused_loss_with_dora(float softcap, bool dropped) {
   const std::string what = std::string(dropped ? "dropout" : "no dropout") + ", softcap " + std::to_string(softcap);
   CHECK(std::fabs(got.loss - want) <= 1e-5 * std::fabs(want)) << "loss " << got.loss << " vs " << want << ", " << what;
   CHECK_CLOSE(got.dh.data(), want_dh.data(), int64_t(want_dh.size()), 4e-3, 0.0) << "dhidden, " << what;
-  if (dropped) CHECK_CLOSE(got.dhd.data(), want_dhd.data(), int64_t(want_dhd.size()), 4e-3, 0.0) << "dh', " << what;
+  if (dropped) {
+    CHECK_CLOSE(got.dhd.data(), want_dhd.data(), int64_t(want_dhd.size()), 4e-3, 0.0) << "dh', " << what;
+  }
   CHECK_CLOSE(got.dxa.data(), want_dxa.data(), int64_t(want_dxa.size()), 1e-2, 0.0) << "dxa, " << what;
   CHECK_CLOSE(got.db.data(), want_db.data(), int64_t(want_db.size()), 1e-2, 0.0) << "dB, " << what;
   CHECK_CLOSE(got.dm.data(), want_dm.data(), int64_t(want_dm.size()), 1e-2, 0.0) << "dm, " << what;
   // On a GPU cuBLASLt may pick another algorithm for a block's narrower GEMM: the same bits on the emulator only.
-  if (cuda::device_description().find("emulator") != std::string::npos)
+  if (cuda::device_description().find("emulator") != std::string::npos) {
     CHECK(got.loss == whole.loss && got.dxa == whole.dxa && got.db == whole.db && got.dm == whole.dm)
         << "NF4 in blocks of " << block << " rows against W whole: not the same bits, " << what;
+  }
   // The blocks' dequantisation itself is exact anywhere: block by block equals whole.
   cuda::DeviceBuffer d_whole(weight.size() * 2);
   cuda::nf4_dequantize(d_whole.as<bf16_t>(), d_codes.as<uint8_t>(), d_scales.as<float>(), V * C);

@@ -155,13 +155,15 @@ void expect_lora_save_parts_as_gathered(ShardedDataParallel& sdp, model::Decoder
   for (model::Parameter* p : m.parameters()) {
     const bool is_trainable = std::find(trainable.begin(), trainable.end(), p) != trainable.end();
     EXPECT_EQ(p->value.defined(), is_trainable && rank == 0) << p->name;
-    if (p->value.defined())
+    if (p->value.defined()) {
       EXPECT_EQ(std::memcmp(p->value.raw(), gathered.at(p->name).raw(), p->value.bytes()), 0) << p->name;
+    }
   }
   const auto full_disk = [](const std::vector<std::string>& names) { throw Error(names.front(), "No space left on device"); };
   const std::vector<io::TensorSpec> specs = sdp.frozen_specs();
-  if (rank == 0 && !specs.empty())
+  if (rank == 0 && !specs.empty()) {
     EXPECT_THROW(sdp.stream_frozen_parameters(full_disk), Error);
+  }
   else
     sdp.stream_frozen_parameters(nullptr);
   std::vector<std::string> order;
