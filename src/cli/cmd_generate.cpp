@@ -1,6 +1,7 @@
 // `ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca]
 //                 [--batch-size N] [--dry-run]) [--chat] [--max-new-tokens N] [--tokenizer FILE]
-//                 [--dtype fp32|bf16] [--temperature T [--top-k K] [--top-p P] [--seed S]]`:
+//                 [--dtype fp32|bf16] [--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]]
+//                 [--repetition-penalty R]`:
 // generation with a model directory ktune (or HF) wrote, for a quick look at what a fine-tune
 // learned (model/generation.h: the prompt once, then a token a step against a KV cache).
 //   --adapter DIR   a PEFT adapter directory (adapter_config.json + adapter_model.safetensors: a
@@ -26,8 +27,12 @@
 //                   multiplied as bf16 with f32 accumulation, as bf16 training does).
 //   --temperature T 0 (the default) answers greedily; above 0 samples from softmax(logits / T),
 //                   cut to the --top-k most likely (0: all) and then to the most likely whose
-//                   probability reaches --top-p (1: all), with draws from --seed (0): the same
+//                   probability reaches --top-p (1: all), then to those at least --min-p times
+//                   as likely as the most likely (0: all), with draws from --seed (0): the same
 //                   seed gives the same answer to the same prompt (model/token_choice.h).
+//   --repetition-penalty R  above 1 makes the tokens of the prompt and the answer so far less
+//                   likely (HF's repetition_penalty: a positive logit divided by R, a negative one
+//                   multiplied), greedy or sampled; 1 (the default): none.
 // Decoding stops at the tokenizer's EOS or an end-of-turn token (<|eot_id|>, <|im_end|>,
 // <end_of_turn>).
 #include <algorithm>
@@ -60,7 +65,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca] [--batch-size N] [--dry-run]) "
     "[--chat] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16] "
-    "[--temperature T [--top-k K] [--top-p P] [--seed S]]";
+    "[--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]] [--repetition-penalty R]";
 
 std::string find_tokenizer(const fs::path& dir) {
   for (const char* name : {"tokenizer.json", "original/tokenizer.model", "tokenizer.model"})
@@ -206,6 +211,8 @@ int cmd_generate(const Args& args) {
     else if (a.is("--temperature")) choice.temperature = float(a.number_value());
     else if (a.is("--top-k")) choice.top_k = a.int_value(0, 1LL << 40), sampling_option = true;
     else if (a.is("--top-p")) choice.top_p = float(a.number_value()), sampling_option = true;
+    else if (a.is("--min-p")) choice.min_p = float(a.number_value()), sampling_option = true;
+    else if (a.is("--repetition-penalty")) choice.repetition_penalty = float(a.number_value());
     else if (a.is("--seed")) choice.seed = uint64_t(a.int_value(0, std::numeric_limits<int64_t>::max())), sampling_option = true;
     else if (a.is("--dtype")) storage = storage_of(a.value());
     else if (a.is("--chat")) a.expect_no_value(), chat = true;
@@ -222,7 +229,7 @@ int cmd_generate(const Args& args) {
   if (dry_run && has_prompt) throw Error("--dry-run", "goes with --prompts FILE; --prompt's text is the prompt");
   model::check_token_choice(choice);
   if (sampling_option && choice.temperature == 0)
-    throw Error("generate", "--top-k, --top-p and --seed shape sampling: give --temperature above 0 with them "
+    throw Error("generate", "--top-k, --top-p, --min-p and --seed shape sampling: give --temperature above 0 with them "
                             "(without one the answer is greedy)");
 
   std::ifstream file;

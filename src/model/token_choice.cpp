@@ -18,6 +18,22 @@ void check_token_choice(const TokenChoice& choice) {
   if (choice.top_k < 0) throw Error("top_k", "must be 0 (all tokens) or positive, not " + std::to_string(choice.top_k));
   if (!(choice.top_p > 0 && choice.top_p <= 1))
     throw Error("top_p", "must be in (0, 1] (1: all tokens), not " + std::to_string(choice.top_p));
+  if (!(choice.min_p >= 0 && choice.min_p <= 1))
+    throw Error("min_p", "must be in [0, 1] (0: all tokens), not " + std::to_string(choice.min_p));
+  if (!(choice.repetition_penalty > 0) || !std::isfinite(choice.repetition_penalty))
+    throw Error("repetition_penalty", "must be positive (1: none), not " + std::to_string(choice.repetition_penalty));
+}
+
+void apply_repetition_penalty(float* logits, int64_t V, const int32_t* context, int64_t n, float penalty) {
+  if (penalty == 1.0f) return;
+  std::vector<int32_t> ids(context, context + n);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (int32_t id : ids) {
+    if (id < 0 || id >= V) throw Error("repetition penalty", "token id " + std::to_string(id) + " is outside the vocabulary");
+    float& logit = logits[id];
+    logit = logit < 0 ? logit * penalty : logit / penalty;
+  }
 }
 
 int32_t argmax_token(const float* logits, int64_t V) {
@@ -93,7 +109,8 @@ struct KeptTokens {
 };
 
 // The top_k cut, then top_p's: a token is kept while the probability ranked above it is below
-// top_p, as HF's TopPLogitsWarper keeps it (at least one token).
+// top_p, as HF's TopPLogitsWarper keeps it (at least one token); then min_p's: a token is kept if
+// its weight (its probability over the most likely's) is at least min_p.
 KeptTokens kept_tokens(const float* logits, int64_t V, const TokenChoice& choice) {
   check_token_choice(choice);
   if (choice.temperature == 0) throw Error("temperature", "0 chooses greedily: there is no distribution to sample");
@@ -116,6 +133,15 @@ KeptTokens kept_tokens(const float* logits, int64_t V, const TokenChoice& choice
   if (choice.top_p < 1) {
     const int32_t last = last_of_prefix(logits, std::move(candidates), kept.weight.data(), double(choice.top_p) * kept.total);
     kept.last_key = likeliness_key(logits[last], last);
+  }
+  if (choice.min_p > 0) {  // the least likely kept token whose weight reaches min_p (the top's is 1)
+    uint64_t last_key = ~uint64_t(0);
+    for (int32_t v = 0; v < int32_t(V); ++v)
+      if (kept.keeps(v) && kept.weight[size_t(v)] >= double(choice.min_p))
+        last_key = std::min(last_key, likeliness_key(logits[v], v));
+    kept.last_key = last_key;
+  }
+  if (choice.top_p < 1 || choice.min_p > 0) {
     kept.total = 0;
     for (int32_t v = 0; v < int32_t(V); ++v) {
       if (kept.keeps(v)) {

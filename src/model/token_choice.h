@@ -1,8 +1,10 @@
 // Choosing the next token from a step's logits, as transformers' generate does: greedily (the
 // largest logit, the lowest id among equals, as torch.argmax), or by sampling from
-// softmax(logits / temperature) after keeping only the top_k largest and then the smallest set of
-// the most likely whose probability reaches top_p (HF's TemperatureLogitsWarper, TopKLogitsWarper,
-// TopPLogitsWarper, in that order). A draw is uniform01(seed, index): the same seed and index give
+// softmax(logits / temperature) after keeping only the top_k largest, then the smallest set of
+// the most likely whose probability reaches top_p, then those at least min_p times as likely as the
+// most likely (HF's TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
+// in that order). Before either, a repetition penalty (HF's RepetitionPenaltyLogitsProcessor) makes
+// the tokens already in the context less likely. A draw is uniform01(seed, index): the same seed and index give
 // the same token on any machine. A draw never sorts the vocabulary: the top_k and top_p cuts are
 // found by selection (expected linear time), and the draw walks the kept tokens in id order.
 #pragma once
@@ -18,9 +20,12 @@ struct TokenChoice {
   int64_t top_k = 0;      // keep the k most likely (0: all)
   float top_p = 1.0f;     // keep the most likely until their probability reaches p (1: all)
   uint64_t seed = 0;
+  float min_p = 0.0f;               // keep those at least min_p times as likely as the most likely (0: all)
+  float repetition_penalty = 1.0f;  // > 1: the context's tokens less likely (1: none); greedy or sampled
 };
 
-// Throws an Error naming the option that is out of range (temperature < 0, top_k < 0, top_p not in (0, 1]).
+// Throws an Error naming the option that is out of range (temperature < 0, top_k < 0, top_p not in
+// (0, 1], min_p not in [0, 1], repetition_penalty not positive).
 void check_token_choice(const TokenChoice& choice);
 
 // What a sampled choice (temperature > 0) draws from: the tokens kept, most likely first (equal
@@ -36,5 +41,9 @@ int32_t sample_token(const float* logits, int64_t V, const TokenChoice& choice, 
 int32_t choose_token(const float* logits, int64_t V, const TokenChoice& choice, uint64_t draw_index);
 
 int32_t argmax_token(const float* logits, int64_t V);
+
+// HF's repetition penalty, in place: each token id in context (once however often it occurs) has
+// its logit divided by penalty where positive, multiplied by it where negative. logits (V).
+void apply_repetition_penalty(float* logits, int64_t V, const int32_t* context, int64_t n, float penalty);
 
 }  // namespace ktune::model

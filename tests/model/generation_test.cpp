@@ -40,6 +40,32 @@ TEST(Generation, ContinuesPromptsAsTransformersGenerateDoes) {
   }
 }
 
+// The same prompts with transformers' repetition_penalty (over the prompt and the answer so far):
+// continuations the penalty changed, each answered alone and all three together.
+TEST(Generation, ARepetitionPenaltyContinuesAsTransformersGenerateDoes) {
+  auto decoder = Decoder::from_pretrained(kFixture);
+  const nlohmann::json reference = greedy_reference();
+  const int max_new_tokens = reference.at("max_new_tokens").get<int>();
+  const nlohmann::json& cases = reference.at("repetition");
+  ASSERT_EQ(cases.size(), 3u);
+  for (const auto& c : cases) {
+    TokenChoice choice;
+    choice.repetition_penalty = c.at("penalty").get<float>();
+    const auto prompt = c.at("prompt").get<std::vector<int32_t>>();
+    EXPECT_EQ(generate(*decoder, prompt, max_new_tokens, choice, [](int32_t) { return false; }),
+              c.at("continuation").get<std::vector<int32_t>>())
+        << "prompt " << c.at("prompt").dump() << ", penalty " << choice.repetition_penalty;
+  }
+  TokenChoice choice;
+  choice.repetition_penalty = cases.at(0).at("penalty").get<float>();
+  for (const auto& c : cases) ASSERT_EQ(c.at("penalty").get<float>(), choice.repetition_penalty);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& c : cases) prompts.push_back(c.at("prompt").get<std::vector<int32_t>>());
+  const Generated together = generate(*decoder, prompts, max_new_tokens, choice, [](int32_t) { return false; });
+  for (size_t i = 0; i < cases.size(); ++i)
+    EXPECT_EQ(together.answers[i], cases.at(i).at("continuation").get<std::vector<int32_t>>()) << "together, prompt " << i;
+}
+
 TEST(Generation, StopsAtTheLimitAndRefusesAnEmptyPrompt) {
   auto decoder = Decoder::from_pretrained(kFixture);
   const nlohmann::json reference = greedy_reference();

@@ -31,12 +31,14 @@ nlohmann::json hf_cases() {
 }
 
 TokenChoice choice_of(const nlohmann::json& c, uint64_t seed = 0) {
-  return TokenChoice{c.at("temperature").get<float>(), c.at("top_k").get<int64_t>(), c.at("top_p").get<float>(), seed};
+  TokenChoice choice{c.at("temperature").get<float>(), c.at("top_k").get<int64_t>(), c.at("top_p").get<float>(), seed};
+  choice.min_p = c.at("min_p").get<float>();
+  return choice;
 }
 
 TEST(TokenChoice, SamplesFromTheDistributionTransformersWarpersGive) {
   const nlohmann::json cases = hf_cases();
-  ASSERT_GE(cases.size(), 10u);
+  ASSERT_GE(cases.size(), 16u);  // min_p's from the eleventh
   for (const auto& c : cases) {
     const auto logits = c.at("logits").get<std::vector<float>>();
     const auto expected = c.at("probs").get<std::vector<double>>();
@@ -49,11 +51,28 @@ TEST(TokenChoice, SamplesFromTheDistributionTransformersWarpersGive) {
   }
 }
 
+TEST(TokenChoice, TheRepetitionPenaltyIsTransformersOnTheContextsTokens) {
+  std::ifstream in(kFixture);
+  const nlohmann::json cases = nlohmann::json::parse(in).at("repetition");
+  ASSERT_EQ(cases.size(), 3u);
+  for (const auto& c : cases) {
+    std::vector<float> logits = c.at("logits").get<std::vector<float>>();
+    const auto context = c.at("context").get<std::vector<int32_t>>();
+    const auto expected = c.at("penalized").get<std::vector<float>>();
+    apply_repetition_penalty(logits.data(), int64_t(logits.size()), context.data(), int64_t(context.size()),
+                             c.at("penalty").get<float>());
+    EXPECT_EQ(logits, expected) << c.dump();  // one float multiply or divide each: the same bits
+  }
+  std::vector<float> logits = {1.0f, -1.0f};
+  const int32_t outside = 2;
+  EXPECT_THROW(apply_repetition_penalty(logits.data(), 2, &outside, 1, 1.5f), Error);
+}
+
 TEST(TokenChoice, DrawsFollowTheDistribution) {
   // Over 40000 draws each token's frequency is within 5 standard deviations of its probability, and
   // no token outside the kept set is ever drawn.
   const nlohmann::json cases = hf_cases();
-  for (const auto& c : {cases.at(1), cases.at(3), cases.at(5)}) {
+  for (const auto& c : {cases.at(1), cases.at(3), cases.at(5), cases.at(10), cases.at(12)}) {
     const auto logits = c.at("logits").get<std::vector<float>>();
     const auto expected = c.at("probs").get<std::vector<double>>();
     const TokenChoice choice = choice_of(c, 1234);
@@ -72,7 +91,8 @@ TEST(TokenChoice, DrawsFollowTheDistribution) {
 }
 
 // The plain way, which the sampler's selection must equal: sort the whole vocabulary most likely
-// first, softmax in double, cut to top_k, then to the shortest prefix whose probability reaches top_p.
+// first, softmax in double, cut to top_k, then to the shortest prefix whose probability reaches
+// top_p, then to those at least min_p times as likely as the most likely.
 std::vector<std::pair<int32_t, double>> sorted_reference(const std::vector<float>& logits, const TokenChoice& choice) {
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
@@ -91,6 +111,15 @@ std::vector<std::pair<int32_t, double>> sorted_reference(const std::vector<float
     while (n < kept.size() && cumulative < choice.top_p) cumulative += kept[n++].second;
     kept.resize(n);
     for (auto& token : kept) token.second /= cumulative;
+  }
+  if (choice.min_p > 0) {  // those at least min_p times as likely as the first
+    const double top = kept[0].second;
+    size_t n = 0;
+    while (n < kept.size() && kept[n].second >= choice.min_p * top) ++n;
+    kept.resize(n);
+    double sum = 0;
+    for (const auto& token : kept) sum += token.second;
+    for (auto& token : kept) token.second /= sum;
   }
   return kept;
 }
@@ -112,8 +141,10 @@ std::vector<std::vector<float>> large_vocabulary_logits() {
 }
 
 TEST(TokenChoice, TheKeptTokensAreThoseOfSortingTheWholeVocabulary) {
-  const std::vector<TokenChoice> choices = {{1.0f, 0, 1.0f, 0},   {0.7f, 0, 0.9f, 0},  {1.3f, 50, 1.0f, 0},
-                                            {0.8f, 40, 0.95f, 0}, {1.0f, 0, 0.05f, 0}, {2.0f, 70000, 0.5f, 0}};
+  std::vector<TokenChoice> choices = {{1.0f, 0, 1.0f, 0},   {0.7f, 0, 0.9f, 0},  {1.3f, 50, 1.0f, 0},
+                                      {0.8f, 40, 0.95f, 0}, {1.0f, 0, 0.05f, 0}, {2.0f, 70000, 0.5f, 0}};
+  choices.push_back({1.0f, 0, 1.0f, 0, 0.05f});
+  choices.push_back({0.9f, 200, 0.9f, 0, 0.01f});
   for (const auto& logits : large_vocabulary_logits()) {
     for (const TokenChoice& choice : choices) {
       const auto got = sampling_distribution(logits.data(), int64_t(logits.size()), choice);
