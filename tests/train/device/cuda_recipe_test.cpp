@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <regex>
 
@@ -243,19 +244,25 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
   EXPECT_NO_THROW(model::Decoder::from_pretrained(out("gpu") + "/epoch_0"));  // the merged model
 }
 
+// 64 alpaca rows into `file`: row i asks to reverse a list of digits_of_row(i) digits.
+std::string rows_to_reverse(const fs::path& file, const std::string& instruction,
+                            const std::function<int(int)>& digits_of_row) {
+  std::ofstream f(file);
+  for (int i = 0; i < 64; ++i) {
+    std::string input, output;
+    const int n = digits_of_row(i);
+    for (int d = 0; d < n; ++d) input += (d ? ", " : "") + std::to_string((i + d * 3) % 10);
+    for (int d = n - 1; d >= 0; --d) output += (d < n - 1 ? ", " : "") + std::to_string((i + d * 3) % 10);
+    f << "{\"instruction\": \"" << instruction << "\", \"input\": \"" << input << "\", \"output\": \"" << output
+      << "\"}\n";
+  }
+  return file.string();
+}
+
 // Rows of 1 to 16 digits to reverse (the quickstart's rows are all about one length): consecutive
 // batches have different longest rows, so steps run shorter than the plan.
 std::string rows_of_varied_length(const fs::path& dir) {
-  const std::string path = (dir / "varied.jsonl").string();
-  std::ofstream f(path);
-  for (int i = 0; i < 64; ++i) {
-    std::string input, output;
-    const int n = 1 + (i * 7) % 16;
-    for (int d = 0; d < n; ++d) input += (d ? ", " : "") + std::to_string((i + d * 3) % 10);
-    for (int d = n - 1; d >= 0; --d) output += (d < n - 1 ? ", " : "") + std::to_string((i + d * 3) % 10);
-    f << "{\"instruction\": \"Reverse the list.\", \"input\": \"" << input << "\", \"output\": \"" << output << "\"}\n";
-  }
-  return path;
+  return rows_to_reverse(dir / "varied.jsonl", "Reverse the list.", [](int i) { return 1 + (i * 7) % 16; });
 }
 
 // torchtune's enable_activation_checkpointing and enable_activation_offloading on the GPU step (one
@@ -294,16 +301,7 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuWithActivationCheckpointingAndOffloadingTrack
 // CPU run's, and the steps compute fewer positions than the collated batches hold, and than the
 // padded run.
 std::string one_long_then_three_short(const fs::path& dir) {
-  const std::string path = (dir / "long_and_short.jsonl").string();
-  std::ofstream f(path);
-  for (int i = 0; i < 64; ++i) {
-    std::string input, output;
-    const int n = i % 4 == 0 ? 16 : 1;
-    for (int d = 0; d < n; ++d) input += (d ? ", " : "") + std::to_string((i + d * 3) % 10);
-    for (int d = n - 1; d >= 0; --d) output += (d < n - 1 ? ", " : "") + std::to_string((i + d * 3) % 10);
-    f << "{\"instruction\": \"Reverse.\", \"input\": \"" << input << "\", \"output\": \"" << output << "\"}\n";
-  }
-  return path;
+  return rows_to_reverse(dir / "long_and_short.jsonl", "Reverse.", [](int i) { return i % 4 == 0 ? 16 : 1; });
 }
 
 TEST_F(CudaRecipeTest, LoraOnTheGpuLaysPaddedBatchesIntoFewerRowsAndTracksTheCpuRun) {
