@@ -86,6 +86,7 @@ int32_t last_of_prefix(const float* logits, std::vector<int32_t> members, const 
     size_t kept = 0;
     for (size_t i = 0; i < members.size(); ++i)
       if (bucket[i] == crossing) members[kept++] = members[i];
+    if (kept == members.size()) break;  // no narrower (a range past float's, high - low = inf): sort them
     members.resize(kept);
   }
   std::sort(members.begin(), members.end(),

@@ -145,7 +145,10 @@ TEST(TokenChoice, TheKeptTokensAreThoseOfSortingTheWholeVocabulary) {
                                       {0.8f, 40, 0.95f, 0}, {1.0f, 0, 0.05f, 0}, {2.0f, 70000, 0.5f, 0}};
   choices.push_back({1.0f, 0, 1.0f, 0, 0.05f});
   choices.push_back({0.9f, 200, 0.9f, 0, 0.01f});
-  for (const auto& logits : large_vocabulary_logits()) {
+  std::vector<std::vector<float>> vocabularies = large_vocabulary_logits();
+  vocabularies.push_back(vocabularies.front());  // and two logits at float's ends: high - low = inf
+  vocabularies.back()[7] = -3e38f, vocabularies.back()[70000] = 3e38f;
+  for (const auto& logits : vocabularies) {
     for (const TokenChoice& choice : choices) {
       const auto got = sampling_distribution(logits.data(), int64_t(logits.size()), choice);
       const auto expected = sorted_reference(logits, choice);
