@@ -1,6 +1,7 @@
 // The counter-based random bits that must come out the same on every engine: splitmix64 (Steele,
 // Lea and Flood's step and finaliser), a uniform float in [0, 1) from (seed, index) with 24 bits of
-// resolution (and a double with 53, for the sampler), and FNV-1a of a name (a hash that, unlike std::hash, never changes between builds).
+// resolution (and a double with 53, for the sampler), and FNV-1a of a name (a hash that, unlike
+// std::hash, never changes between builds).
 // Header-only; under nvcc the first two are __host__ __device__, so the CPU and the GPU draw LoRA
 // dropout masks, stochastic roundings and initialisations from this one definition.
 #pragma once

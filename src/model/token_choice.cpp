@@ -119,9 +119,9 @@ KeptTokens kept_tokens(const float* logits, int64_t V, const TokenChoice& choice
   std::vector<int32_t> candidates(static_cast<size_t>(V));  // the kept ids, in id order
   std::iota(candidates.begin(), candidates.end(), 0);
   if (choice.top_k > 0 && choice.top_k < V) {
-    const int32_t last = last_of_prefix(logits, candidates, nullptr, double(choice.top_k));
+    const int32_t last = last_of_prefix(logits, std::move(candidates), nullptr, double(choice.top_k));
     kept.last_key = likeliness_key(logits[last], last);
-    candidates.clear();
+    candidates = {};
     for (int32_t v = 0; v < int32_t(V); ++v)
       if (kept.keeps(v)) candidates.push_back(v);
   }

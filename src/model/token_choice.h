@@ -4,9 +4,10 @@
 // the most likely whose probability reaches top_p, then those at least min_p times as likely as the
 // most likely (HF's TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
 // in that order). Before either, a repetition penalty (HF's RepetitionPenaltyLogitsProcessor) makes
-// the tokens already in the context less likely. A draw is uniform01(seed, index): the same seed and index give
-// the same token on any machine. A draw never sorts the vocabulary: the top_k and top_p cuts are
-// found by selection (expected linear time), and the draw walks the kept tokens in id order.
+// the tokens already in the context less likely. A draw is uniform01_double(seed, index): the same
+// seed and index give the same token on any machine. A draw never sorts the vocabulary: the top_k
+// and top_p cuts are found by bucketing the logits by value (a few passes over them), and the draw
+// walks the kept tokens in id order.
 #pragma once
 
 #include <cstdint>

@@ -263,7 +263,7 @@ class CudaDecoderTrainer final : public CudaTrainer {
   std::string memory_report() const override { return device_.memory_report(); }
 
  private:
-  // (B, T): B the planned one, 0 < T <= the planned one (the step runs on (B, T)).
+  // (B, T): 0 < B, T <= the planned ones (the step runs on (B, T)).
   void check_shape(const FixedShapeBatch& batch) const {
     const cuda::TrainingSetup& plan = device_.setup();
     check(batch.batch_size > 0 && batch.batch_size <= plan.batch && batch.seq_len > 0 && batch.seq_len <= plan.seq_len &&
