@@ -332,11 +332,12 @@ TEST(LocalBackend, TrainerProgressReachesTheJobStatus) {
       "\"tokens_per_second\":800}' >> \"$KTUNE_PROGRESS_FILE\"; done; "
       "printf '{\"step\":4,\"total' >> \"$KTUNE_PROGRESS_FILE\"; touch /workspace/written; sleep 30";
   std::string name = backend.submit(plan_of({shell_step("node-0", script, {}, 0)}));
-  TrainJobRecord job;
-  ASSERT_TRUE(eventually([&] {
-    job = backend.get_job(name);
-    return job.progress.present;
-  }));
+  // Read the progress only after the script has written all of it (the three lines and the
+  // half-written fourth): read earlier, it may hold the first line alone.
+  TrainJobRecord job = backend.get_job(name);
+  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(job.workspace + "/written"); }));
+  job = backend.get_job(name);
+  ASSERT_TRUE(job.progress.present);
   EXPECT_EQ(job.progress.step, 3);  // the half-written 4th line is not read
   EXPECT_EQ(job.progress.total_steps, 12);
   EXPECT_DOUBLE_EQ(job.progress.progress_percentage, 25.0);
