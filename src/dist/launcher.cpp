@@ -97,7 +97,16 @@ struct Worker {
   std::string error_file;  // TORCHELASTIC_ERROR_FILE: where the worker writes why it failed
   bool exited = false;
   int status = 0;
+  bool sent_sigterm = false, sent_sigkill = false;  // what this launcher sent it (a stop, or a forwarded signal)
 };
+
+// Whether the signal that ended a worker was this launcher's. A worker killed from outside (the OOM
+// killer's SIGKILL) while the launcher was stopping the others on a peer's account is not: it only
+// had a SIGTERM from us, or nothing yet.
+static bool ended_by_our_signal(const Worker& w, int status) {
+  if (!WIFSIGNALED(status)) return false;
+  return (WTERMSIG(status) == SIGTERM && w.sent_sigterm) || (WTERMSIG(status) == SIGKILL && w.sent_sigkill);
+}
 
 static bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
@@ -186,8 +195,13 @@ static Failure decode_failure(const std::string& text) {
 }
 
 static void signal_all(std::vector<Worker>& workers, int sig) {
-  for (Worker& w : workers)
-    if (!w.exited) kill(w.pid, sig);
+  for (Worker& w : workers) {
+    if (w.exited) continue;
+    // Marked before the kill: a worker reaped after it must not be taken for one killed from outside.
+    if (sig == SIGTERM) w.sent_sigterm = true;
+    if (sig == SIGKILL) w.sent_sigkill = true;
+    kill(w.pid, sig);
+  }
 }
 
 int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& worker_argv) {
@@ -279,7 +293,7 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
       if (wait4(w.pid, &status, WNOHANG, &usage) == w.pid) {
         w.exited = true;
         w.status = status;
-        bool stopped_by_us = stopping && WIFSIGNALED(status) && (WTERMSIG(status) == SIGTERM || WTERMSIG(status) == SIGKILL);
+        bool stopped_by_us = ended_by_our_signal(w, status);
         // A worker that wrote an error file failed by itself, even if our SIGTERM met it on its way out.
         std::optional<WorkerError> error = read_worker_error(w.error_file);
         if ((failed(status) && !stopped_by_us) || error) {

@@ -12,6 +12,9 @@
 // close its connections first and record its error only after its peers have recorded theirs (a
 // lost peer, PeerLostError): the launcher must still name rank 1 as the cause. "killed1" makes rank 1 touch 96 MiB
 // and die of a SIGKILL that no one in the job sent, as the kernel's OOM killer ends a process.
+// "killed1_quietly" does the same after closing its stdout and stderr: the launcher then wakes on rank
+// 0's exit (it lost its peer), when rank 1 is already dead, and reaps rank 0 first — rank 1's SIGKILL
+// must still be taken for the cause, not for the launcher's stop.
 #include <signal.h>
 #include <unistd.h>
 
@@ -57,6 +60,12 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
     usleep(500 * 1000);
     record_worker_error("rank 1 failing on purpose, after its peers recorded theirs");
     return 3;
+  }
+  if (mode == "killed1_quietly" && env.rank == 1) {  // nothing left for the launcher to hear of its death
+    close(STDOUT_FILENO);
+    close(STDERR_FILENO);
+    usleep(300 * 1000);  // the launcher has read both ends' EOF and polls only rank 0's pipes
+    raise(SIGKILL);
   }
   if (mode == "killed1" && env.rank == 1) {  // as the OOM killer ends a worker: SIGKILL, after 96 MiB resident
     std::vector<char> memory(96 << 20);

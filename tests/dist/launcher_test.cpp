@@ -81,6 +81,18 @@ TEST(Launcher, AWorkerKilledFromOutsideIsNamedWithItsPeakMemory) {
   EXPECT_GE(std::stod(m[1]), 0.09) << r.output;
 }
 
+// Rank 0 loses its peer and exits; the launcher, woken by that, reaps rank 0 first (and starts
+// stopping the others) and rank 1, already dead of a SIGKILL it did not send, after: that death is
+// still the cause, not a worker the launcher stopped.
+TEST(Launcher, AWorkerKilledFromOutsideIsTheCauseWhenItsPeerIsReapedFirst) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  Result r = run("1 2 0 " + endpoint + " killed1_quietly");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("job failed: rank 1 (node0, pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("was killed by signal Killed (not by its parent"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("; after it: rank 0 (node0"), std::string::npos) << r.output;
+}
+
 TEST(Launcher, TheCauseIsNamedFirstEvenWhenItsPeersRecordTheirLostPeerBeforeIt) {
   std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   Result r = run("1 3 0 " + endpoint + " fail1_records_late");
