@@ -16,15 +16,16 @@
 
 namespace ktune::cli {
 
-static int download_usage() {
-  std::fprintf(stderr,
+// To stdout with exit 0 when asked for (--help), to stderr with exit 2 on a wrong command line.
+static int download_usage(std::FILE* out) {
+  std::fprintf(out,
                "usage: ktune download hf://org/repo[/path] | org/repo | s3://bucket/prefix | file://path\n"
                "         --output-dir DIR [--hf-token T] [--ignore-patterns P] [--allow-patterns P]\n"
                "         [--repo-type model|dataset] [--revision R] [--hf-endpoint URL]\n"
                "         [--s3-endpoint URL] [--s3-region R] [--aws-access-key-id K] [--aws-secret-access-key S]\n"
                "         [--aws-session-token T] [--max-attempts N]\n"
                "  patterns are comma- or space-separated fnmatch globs; HF_ENDPOINT sets the Hub's address\n");
-  return 2;
+  return out == stdout ? 0 : 2;
 }
 
 int cmd_download(const Args& args) {
@@ -36,7 +37,7 @@ int cmd_download(const Args& args) {
   std::string source, output_dir;
   FlagArgs a("ktune download", args);
   while (a.next()) {
-    if (a.is("-h") || a.is("--help")) return download_usage();
+    if (a.help()) return download_usage(stdout);
     if (a.positional()) {
       if (!source.empty()) throw Error("ktune download", "more than one source: '" + source + "' and '" + a.arg() + "'");
       source = a.arg();
@@ -46,7 +47,7 @@ int cmd_download(const Args& args) {
     if (flag == "--output-dir") output_dir = value;
     else if (!hub::apply_storage_flag(options, flag, value)) a.unknown("");
   }
-  if (source.empty()) return download_usage();
+  if (source.empty()) return download_usage(stderr);
   hub::StorageUri uri = hub::parse_storage_uri(source);
   if (output_dir.empty()) {
     if (uri.scheme != hub::StorageScheme::HuggingFace) throw Error("ktune download", "--output-dir is required");
@@ -54,8 +55,9 @@ int cmd_download(const Args& args) {
   }
   hub::TransferReport report =
       hub::download_uri(uri, output_dir, options, [](size_t i, size_t n, const hub::TransferredFile& f) {
-        log_info("[" + std::to_string(i) + "/" + std::to_string(n) + "] " + f.path + " " + std::to_string(f.bytes) +
-                 " bytes (" + hub::fetch_outcome_name(f.outcome) + ")");
+        char count[48];  // "[i/n]" (a literal + a temporary string trips GCC 12's -Wrestrict, a false alarm)
+        std::snprintf(count, sizeof count, "[%zu/%zu] ", i, n);
+        log_info(count + f.path + " " + std::to_string(f.bytes) + " bytes (" + hub::fetch_outcome_name(f.outcome) + ")");
       });
   std::printf("Downloaded %zu files (%llu bytes, %llu over the network) from %s%s to %s in %.1f s\n",
               report.files.size(), (unsigned long long)report.total_bytes(),

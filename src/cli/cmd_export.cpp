@@ -22,13 +22,14 @@
 
 namespace ktune::cli {
 
-static int export_usage() {
-  std::fprintf(stderr,
+// To stdout with exit 0 when asked for (--help), to stderr with exit 2 on a wrong command line.
+static int export_usage(std::FILE* out) {
+  std::fprintf(out,
                "usage: ktune export --from OUTPUT_DIR|--job NAME --to file://DIR | s3://bucket/prefix | hf://org/repo[/path]\n"
                "         [--parts adapter|merged|all] [--epoch N] [--hf-token T] [--repo-type model|dataset]\n"
                "         [--revision R] [--s3-endpoint URL] [--s3-region R] [--aws-access-key-id K]\n"
                "         [--aws-secret-access-key S] [--aws-session-token T] [--max-attempts N]\n");
-  return 2;
+  return out == stdout ? 0 : 2;
 }
 
 // --job NAME: the output dir of a local job, and the export recorded in its registry entry.
@@ -65,7 +66,7 @@ int cmd_export(const Args& args) {
   int epoch = -1;
   FlagArgs a("ktune export", args);
   while (a.next()) {
-    if (a.is("-h") || a.is("--help")) return export_usage();
+    if (a.help()) return export_usage(stdout);
     if (a.is("--epoch")) {
       epoch = int(a.int_value(0, 1 << 20));
       continue;
@@ -79,7 +80,7 @@ int cmd_export(const Args& args) {
   }
   if (!job.empty() && !from.empty()) throw Error("ktune export", "give --from or --job, not both");
   if (!job.empty() && !to.empty()) return export_job(job, to, parts, epoch, options);
-  if (from.empty() || to.empty()) return export_usage();
+  if (from.empty() || to.empty()) return export_usage(stderr);
   nlohmann::json summary = hub::run_export(from, to, parts, options, epoch, [](size_t i, size_t n, const hub::TransferredFile& f) {
     log_info("export: [" + std::to_string(i) + "/" + std::to_string(n) + "] " + f.path + " " +
              std::to_string(f.bytes) + " bytes");

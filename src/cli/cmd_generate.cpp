@@ -67,6 +67,33 @@ constexpr const char* kUsage =
     "[--chat] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16] "
     "[--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]] [--repetition-penalty R]";
 
+constexpr const char* kHelp =
+    "\n"
+    "Answers prompts with an HF model directory (and a PEFT adapter on it), greedily unless\n"
+    "--temperature is above 0. The answers go to stdout: the text for --prompt, one JSON string a line\n"
+    "for --prompts.\n"
+    "\n"
+    "  --model DIR              config.json, *.safetensors and the tokenizer (tokenizer.json or tokenizer.model)\n"
+    "  --adapter DIR            a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)\n"
+    "  --prompt TEXT            one prompt, as it is\n"
+    "  --prompts FILE           JSON lines (\"-\": stdin), each a JSON string (the prompt), or under\n"
+    "                           --template alpaca an object with \"instruction\" and optionally \"input\"\n"
+    "  --template alpaca        ask each row as alpaca_dataset asks it in training\n"
+    "  --batch-size N           prompts answered together (default 8)\n"
+    "  --dry-run                print the prompts --prompts makes, load no model\n"
+    "  --chat                   ask the prompt as the user turn of the tokenizer's chat format, the answer\n"
+    "                           as the assistant's\n"
+    "  --max-new-tokens N       at most N tokens an answer (default 32); the tokenizer's EOS or an end-of-turn\n"
+    "                           token ends it earlier\n"
+    "  --tokenizer FILE         a tokenizer other than the model directory's\n"
+    "  --dtype fp32|bf16        the weights' storage (default fp32)\n"
+    "  --temperature T          sample at temperature T (default 0: greedy)\n"
+    "  --top-k K, --top-p P, --min-p M, --seed S\n"
+    "                           keep the K likeliest tokens / the likeliest whose probability reaches P / those at\n"
+    "                           least M times the likeliest's probability; S seeds the draws (as HF generate)\n"
+    "  --repetition-penalty R   the tokens already in the prompt or the answer: positive logits divided by R,\n"
+    "                           negative ones multiplied by it (HF's repetition_penalty)\n";
+
 std::string find_tokenizer(const fs::path& dir) {
   for (const char* name : {"tokenizer.json", "original/tokenizer.model", "tokenizer.model"})
     if (fs::exists(dir / name)) return (dir / name).string();
@@ -200,6 +227,10 @@ int cmd_generate(const Args& args) {
   DType storage = DType::F32;
   FlagArgs a("ktune generate", args);
   while (a.next()) {
+    if (a.help()) {
+      std::printf("%s\n%s", kUsage, kHelp);
+      return 0;
+    }
     if (a.is("--model")) model_dir = a.value();
     else if (a.is("--adapter")) adapter_dir = a.value();
     else if (a.is("--prompt")) prompt = a.value(), has_prompt = true;

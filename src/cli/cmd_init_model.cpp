@@ -20,12 +20,18 @@ int cmd_init_model(const Args& args) {
   uint64_t seed = 0;
   std::vector<std::string> copies;
   FlagArgs a("ktune init-model", args);
+  constexpr const char* kUsage = "usage: ktune init-model --config FILE --output-dir DIR [--seed N] [--copy FILE]";
   while (a.next()) {
+    if (a.help()) {
+      std::printf("%s\n  writes DIR/model.safetensors (weights normal(0, 0.02) drawn from --seed, default 0; norms at\n"
+                  "  identity) and DIR/config.json; each --copy FILE (a tokenizer, a generation_config.json) goes beside them\n", kUsage);
+      return 0;
+    }
     if (a.is("--config")) config_path = a.value();
     else if (a.is("--output-dir")) output_dir = a.value();
     else if (a.is("--seed")) seed = uint64_t(a.int_value(0, std::numeric_limits<long long>::max()));
     else if (a.is("--copy")) copies.push_back(a.value());
-    else a.unknown("usage: ktune init-model --config FILE --output-dir DIR [--seed N] [--copy FILE]");
+    else a.unknown(kUsage);
   }
   if (config_path.empty() || output_dir.empty()) throw Error("init-model", "--config and --output-dir are required");
   model::ModelConfig config = model::ModelConfig::from_file(config_path);

@@ -15,8 +15,9 @@
 
 namespace ktune::cli {
 
-static int initializer_usage() {
-  std::fprintf(stderr,
+// To stdout with exit 0 when asked for (--help), to stderr with exit 2 on a wrong command line.
+static int initializer_usage(std::FILE* out) {
+  std::fprintf(out,
                "usage: ktune initializer dataset|model [--storage-uri URI] [--output-dir DIR]\n"
                "         [--access-token T] [--ignore-patterns P] [--allow-patterns P] [--revision R]\n"
                "         [--hf-endpoint URL] [--s3-endpoint URL] [--s3-region R] [--aws-access-key-id K]\n"
@@ -24,15 +25,17 @@ static int initializer_usage() {
                "  env: STORAGE_URI, ACCESS_TOKEN, IGNORE_PATTERNS (comma-separated), HF_ENDPOINT,\n"
                "       AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL,\n"
                "       KTUNE_WORKSPACE (default /workspace: files go to /workspace/dataset or /workspace/model)\n");
-  return 2;
+  return out == stdout ? 0 : 2;
 }
 
 int cmd_initializer(const Args& args) {
-  if (args.empty() || args[0] == "-h" || args[0] == "--help") return initializer_usage();
+  if (args.empty()) return initializer_usage(stderr);
+  if (args[0] == "-h" || args[0] == "--help") return initializer_usage(stdout);
   hub::InitializerKind kind = hub::parse_initializer_kind(args[0]);
   hub::InitializerConfig config = hub::initializer_config_from_env(kind);
   FlagArgs a("ktune initializer", args, 1);
   while (a.next()) {
+    if (a.help()) return initializer_usage(stdout);
     const std::string flag = a.arg(), value = a.value();
     if (flag == "--storage-uri") config.storage_uri = value;
     else if (flag == "--output-dir") config.output_dir = value;

@@ -29,9 +29,35 @@ std::vector<std::string> worker_argv(const Args& args) {
   return argv;
 }
 
+int run_usage() {
+  std::printf(
+      "usage: ktune run [LAUNCHER-OPTIONS] RECIPE --config NAME|FILE [key=value | ~key ...]\n"
+      "\n"
+      "Runs a fine-tuning recipe with a bundled config (see `ktune ls`) or a YAML file; key=value\n"
+      "overrides set config keys (dotted: optimizer.lr=2e-5), ~key removes one. torchtune's `tune run`.\n"
+      "\n"
+      "launcher options (torchrun's, before the recipe; --opt VALUE or --opt=VALUE, - or _):\n"
+      "  --nproc_per_node N      worker processes on this node\n"
+      "  --nnodes N              nodes in the job\n"
+      "  --node_rank R           this node's rank\n"
+      "  --rdzv_endpoint H:P     where node 0's rendezvous store listens (or --master_addr, --master_port)\n"
+      "  --rdzv_backend static|c10d, --rdzv_id ID   as torchrun takes them\n"
+      "  --standalone            one node, its rendezvous on a free local port\n"
+      "  each also read from its PET_* variable (PET_NNODES, ...), as Kubeflow Trainer sets them\n"
+      "\n"
+      "recipes:\n");
+  for (const train::RecipeSpec& r : train::all_recipes()) std::printf("  %s\n", r.name.c_str());
+  std::printf(
+      "\n"
+      "example: ktune run lora_finetune_single_device --config llama3_2/1B_lora_single_device \\\n"
+      "           checkpointer.checkpoint_dir=/models/llama output_dir=/tmp/out epochs=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int cmd_run(const Args& args) {
+  if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) return run_usage();
   train::RunCommandLine run = train::parse_run_command_line(args);
   const train::RecipeSpec* recipe = train::find_recipe(run.recipe);
   if (recipe == nullptr) throw Error("recipe '" + run.recipe + "'", "unknown recipe (see `ktune ls`)");

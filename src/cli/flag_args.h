@@ -24,6 +24,8 @@ class FlagArgs {
   // The current argument: a flag without its `=VALUE` part, or a positional word.
   const std::string& arg() const { return arg_; }
   bool is(std::string_view flag) const { return arg_ == flag; }
+  // `-h` or `--help`: the command prints its usage to stdout and exits 0.
+  bool help() const { return arg_ == "-h" || arg_ == "--help"; }
   // A word that is not a flag (does not start with '-', or is exactly "-").
   bool positional() const;
 

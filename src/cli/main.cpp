@@ -67,8 +67,9 @@ int main(int argc, char** argv) {
   try {
     for (const Command& c : kCommands) {
       if (std::strcmp(c.name, argv[1]) != 0) continue;
-      if (c.run == nullptr) {
-        std::printf("ktune 0.1.0\n");
+      if (c.run == nullptr) {  // version
+        if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) std::printf("usage: ktune version\n");
+        else std::printf("ktune 0.1.0\n");
         return 0;
       }
       return c.run(args);
