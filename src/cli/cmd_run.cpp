@@ -59,12 +59,11 @@ int run_usage() {
 int cmd_run(const Args& args) {
   if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) return run_usage();
   train::RunCommandLine run = train::parse_run_command_line(args);
-  const train::RecipeSpec* recipe = train::find_recipe(run.recipe);
-  if (recipe == nullptr) throw Error("recipe '" + run.recipe + "'", "unknown recipe (see `ktune ls`)");
-  std::optional<dist::WorkerEnv> worker = dist::read_worker_env();
-
-  // Check the config before starting any process, so that every error comes out once.
+  // Check the recipe and the config before starting any process, so that every error comes out once
+  // (an unknown recipe named with the nearest one).
   train::RecipeConfig config = train::prepare_recipe_config(run.recipe, run.config, run.overrides);
+  const train::RecipeSpec* recipe = train::find_recipe(run.recipe);
+  std::optional<dist::WorkerEnv> worker = dist::read_worker_env();
 
   if (run.launch.launches_workers() && !worker) {
     const dist::LaunchPlan& plan = run.launch;

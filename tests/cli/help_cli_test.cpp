@@ -1,6 +1,7 @@
 // `ktune COMMAND --help` for every command `ktune --help` lists: the command's usage on stdout,
 // nothing on stderr, exit 0 (as argparse and torchrun answer --help), whatever the command does
-// with its other arguments. A wrong command line still goes to stderr with a non-zero exit.
+// with its other arguments. A wrong command line still goes to stderr with a non-zero exit (a
+// mistyped recipe with the nearest name).
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -16,17 +17,17 @@ using recipe_testing::kKtune;
 using recipe_testing::Outcome;
 using recipe_testing::sh;
 
-// stdout only, and separately whether anything reached stderr.
+// stdout, and separately what reached stderr.
 struct Split {
   int exit_code;
-  std::string out;
+  std::string out, err;
   bool any_stderr;
 };
 Split run_split(const std::string& args) {
   const std::string err_file = testing::TempDir() + "ktune_help_cli_stderr.txt";
   Outcome r = sh("(" + kKtune + " " + args + " 2>" + err_file + ")");
   Outcome err = sh("cat " + err_file);
-  return {r.exit_code, r.output, !err.output.empty()};
+  return {r.exit_code, r.output, err.output, !err.output.empty()};
 }
 
 // The command names of `ktune --help`'s list ("  NAME  summary" under "commands:").
@@ -69,6 +70,9 @@ TEST(HelpCli, HelpAfterOtherFlagsStillAnswersAndAWrongCommandLineStillFails) {
     EXPECT_NE(r.exit_code, 0) << wrong;
     EXPECT_TRUE(r.any_stderr) << wrong;
   }
+  Split typo = run_split("run lora_finetune_single_dvice --config llama3_2/1B_lora_single_device");
+  EXPECT_NE(typo.exit_code, 0);
+  EXPECT_NE(typo.err.find("did you mean `lora_finetune_single_device`?"), std::string::npos) << typo.err;
 }
 
 }  // namespace
