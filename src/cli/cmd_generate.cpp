@@ -1,7 +1,7 @@
 // `ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca]
 //                 [--batch-size N] [--dry-run]) [--chat] [--max-new-tokens N] [--tokenizer FILE]
 //                 [--dtype fp32|bf16] [--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]]
-//                 [--repetition-penalty R]`:
+//                 [--repetition-penalty R] [--no-repeat-ngram-size N]`:
 // generation with a model directory ktune (or HF) wrote, for a quick look at what a fine-tune
 // learned (model/generation.h: the prompt once, then a token a step against a KV cache).
 //   --adapter DIR   a PEFT adapter directory (adapter_config.json + adapter_model.safetensors: a
@@ -33,6 +33,9 @@
 //   --repetition-penalty R  above 1 makes the tokens of the prompt and the answer so far less
 //                   likely (HF's repetition_penalty: a positive logit divided by R, a negative one
 //                   multiplied), greedy or sampled; 1 (the default): none.
+//   --no-repeat-ngram-size N  no N tokens in a row occur twice in the prompt and the answer: a
+//                   token that would repeat one is never chosen (HF's no_repeat_ngram_size); 0
+//                   (the default): none.
 // Decoding stops at the tokenizer's EOS or an end-of-turn token (<|eot_id|>, <|im_end|>,
 // <end_of_turn>).
 #include <algorithm>
@@ -65,7 +68,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca] [--batch-size N] [--dry-run]) "
     "[--chat] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16] "
-    "[--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]] [--repetition-penalty R]";
+    "[--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]] [--repetition-penalty R] [--no-repeat-ngram-size N]";
 
 constexpr const char* kHelp =
     "\n"
@@ -92,7 +95,9 @@ constexpr const char* kHelp =
     "                           keep the K likeliest tokens / the likeliest whose probability reaches P / those at\n"
     "                           least M times the likeliest's probability; S seeds the draws (as HF generate)\n"
     "  --repetition-penalty R   the tokens already in the prompt or the answer: positive logits divided by R,\n"
-    "                           negative ones multiplied by it (HF's repetition_penalty)\n";
+    "                           negative ones multiplied by it (HF's repetition_penalty)\n"
+    "  --no-repeat-ngram-size N no N tokens in a row twice in the prompt and the answer (HF's\n"
+    "                           no_repeat_ngram_size)\n";
 
 std::string find_tokenizer(const fs::path& dir) {
   for (const char* name : {"tokenizer.json", "original/tokenizer.model", "tokenizer.model"})
@@ -244,6 +249,7 @@ int cmd_generate(const Args& args) {
     else if (a.is("--top-p")) choice.top_p = float(a.number_value()), sampling_option = true;
     else if (a.is("--min-p")) choice.min_p = float(a.number_value()), sampling_option = true;
     else if (a.is("--repetition-penalty")) choice.repetition_penalty = float(a.number_value());
+    else if (a.is("--no-repeat-ngram-size")) choice.no_repeat_ngram_size = a.int_value(0, 1 << 20);
     else if (a.is("--seed")) choice.seed = uint64_t(a.int_value(0, std::numeric_limits<int64_t>::max())), sampling_option = true;
     else if (a.is("--dtype")) storage = storage_of(a.value());
     else if (a.is("--chat")) a.expect_no_value(), chat = true;

@@ -57,10 +57,11 @@ Generated generate(Decoder& decoder, const std::vector<std::vector<int32_t>>& pr
     for (int64_t i : unfinished) {
       std::vector<int32_t>& answer = out.answers[size_t(i)];
       float* row = logits.data() + i * V;
-      if (choice.repetition_penalty != 1.0f) {  // the context: the prompt and the answer so far
+      if (uses_context(choice)) {  // the context: the prompt and the answer so far
         std::vector<int32_t> context = prompts[size_t(i)];
         context.insert(context.end(), answer.begin(), answer.end());
         apply_repetition_penalty(row, V, context.data(), int64_t(context.size()), choice.repetition_penalty);
+        ban_repeated_ngrams(row, V, context.data(), int64_t(context.size()), choice.no_repeat_ngram_size);
       }
       const int32_t next = choose_token(row, V, choice, uint64_t(answer.size()));
       if (is_stop(next)) continue;

@@ -1,6 +1,6 @@
 // Generation: append a chosen next token (model/token_choice.h: greedy, or sampled with
-// temperature, top-k, top-p, min-p; either after a repetition penalty over the prompt and the answer
-// so far) until a stop token or a length limit, the way transformers' generate() does. Each prompt
+// temperature, top-k, top-p, min-p; either after a repetition penalty and a ban on repeated n-grams
+// over the prompt and the answer so far) until a stop token or a length limit, the way transformers' generate() does. Each prompt
 // runs through the model once, then each new token alone against its key/value cache
 // (model/kv_cache.h), so an answer costs about one forward of its own tokens. Several prompts are
 // answered together: their prompts in one pass (one GEMM per projection over all their tokens,

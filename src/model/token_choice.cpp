@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -22,6 +23,12 @@ void check_token_choice(const TokenChoice& choice) {
     throw Error("min_p", "must be in [0, 1] (0: all tokens), not " + std::to_string(choice.min_p));
   if (!(choice.repetition_penalty > 0) || !std::isfinite(choice.repetition_penalty))
     throw Error("repetition_penalty", "must be positive (1: none), not " + std::to_string(choice.repetition_penalty));
+  if (choice.no_repeat_ngram_size < 0)
+    throw Error("no_repeat_ngram_size", "must be 0 (none) or positive, not " + std::to_string(choice.no_repeat_ngram_size));
+}
+
+bool uses_context(const TokenChoice& choice) {
+  return choice.repetition_penalty != 1.0f || choice.no_repeat_ngram_size > 0;
 }
 
 void apply_repetition_penalty(float* logits, int64_t V, const int32_t* context, int64_t n, float penalty) {
@@ -33,6 +40,19 @@ void apply_repetition_penalty(float* logits, int64_t V, const int32_t* context, 
     if (id < 0 || id >= V) throw Error("repetition penalty", "token id " + std::to_string(id) + " is outside the vocabulary");
     float& logit = logits[id];
     logit = logit < 0 ? logit * penalty : logit / penalty;
+  }
+}
+
+void ban_repeated_ngrams(float* logits, int64_t V, const int32_t* context, int64_t n_context, int64_t ngram_size) {
+  if (ngram_size <= 0 || n_context < ngram_size - 1) return;
+  const int64_t prefix = ngram_size - 1;            // the n - 1 tokens an n-gram's last one follows
+  const int32_t* tail = context + n_context - prefix;  // the context's last n - 1 tokens
+  // Each n-gram context[i .. i + n) whose first n - 1 tokens are the tail rules out its last.
+  for (int64_t i = 0; i + ngram_size <= n_context; ++i) {
+    if (!std::equal(tail, tail + prefix, context + i)) continue;
+    const int32_t id = context[i + prefix];
+    if (id < 0 || id >= V) throw Error("no_repeat_ngram_size", "token id " + std::to_string(id) + " is outside the vocabulary");
+    logits[id] = -std::numeric_limits<float>::infinity();
   }
 }
 

@@ -4,7 +4,8 @@
 // the most likely whose probability reaches top_p, then those at least min_p times as likely as the
 // most likely (HF's TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
 // in that order). Before either, a repetition penalty (HF's RepetitionPenaltyLogitsProcessor) makes
-// the tokens already in the context less likely. A draw is uniform01_double(seed, index): the same
+// the tokens already in the context less likely, and a token that would repeat an n-gram of the
+// context is ruled out (HF's NoRepeatNGramLogitsProcessor, no_repeat_ngram_size). A draw is uniform01_double(seed, index): the same
 // seed and index give the same token on any machine. A draw never sorts the vocabulary: the top_k
 // and top_p cuts are found by bucketing the logits by value (a few passes over them), and the draw
 // walks the kept tokens in id order.
@@ -23,10 +24,11 @@ struct TokenChoice {
   uint64_t seed = 0;
   float min_p = 0.0f;               // keep those at least min_p times as likely as the most likely (0: all)
   float repetition_penalty = 1.0f;  // > 1: the context's tokens less likely (1: none); greedy or sampled
+  int64_t no_repeat_ngram_size = 0;  // n > 0: no n-gram occurs twice in the context (0: none)
 };
 
 // Throws an Error naming the option that is out of range (temperature < 0, top_k < 0, top_p not in
-// (0, 1], min_p not in [0, 1], repetition_penalty not positive).
+// (0, 1], min_p not in [0, 1], repetition_penalty not positive, no_repeat_ngram_size < 0).
 void check_token_choice(const TokenChoice& choice);
 
 // What a sampled choice (temperature > 0) draws from: the tokens kept, most likely first (equal
@@ -46,5 +48,13 @@ int32_t argmax_token(const float* logits, int64_t V);
 // HF's repetition penalty, in place: each token id in context (once however often it occurs) has
 // its logit divided by penalty where positive, multiplied by it where negative. logits (V).
 void apply_repetition_penalty(float* logits, int64_t V, const int32_t* context, int64_t n, float penalty);
+
+// HF's no_repeat_ngram_size, in place: every token that would end an n-gram (n = ngram_size) already
+// in context, after the context's last n - 1 tokens, gets logit -inf. Nothing when the context is
+// shorter than n - 1 tokens or ngram_size is 0. logits (V); context (n_context).
+void ban_repeated_ngrams(float* logits, int64_t V, const int32_t* context, int64_t n_context, int64_t ngram_size);
+
+// Whether either of the two above has anything to do (they need the context: prompt + answer).
+bool uses_context(const TokenChoice& choice);
 
 }  // namespace ktune::model

@@ -133,7 +133,8 @@ TEST_F(GenerateCli, AnAdapterOnTheBaseAnswersAsTheMergedModel) {
 }
 
 // Sampling (--temperature, --top-k, --top-p, --seed): a seed answers the same twice and another
-// seed otherwise; --top-k 1 samples the greedy answer; bf16 weights (--dtype bf16) answer too.
+// seed otherwise; --top-k 1 samples the greedy answer; bf16 weights (--dtype bf16) answer too;
+// --no-repeat-ngram-size changes a greedy answer that repeats itself.
 TEST_F(GenerateCli, SampledAnswersFollowTheirSeedAndTopKOneIsGreedy) {
   const std::string prompts = write("prompts.jsonl", {"Reverse the list.\n\n1, 2, 3", "Sort: 5, 1, 4"});
   auto answers = [&](const std::string& flags) {
@@ -150,6 +151,9 @@ TEST_F(GenerateCli, SampledAnswersFollowTheirSeedAndTopKOneIsGreedy) {
   EXPECT_EQ(answers("--temperature 1.5 --top-k 1 --seed 5"), greedy);
   EXPECT_EQ(answers("--temperature 0"), greedy);
   EXPECT_EQ(answers("--dtype bf16").size(), 2u);
+  // A ban on repeated tokens (n-grams of 1: none of the prompt's or the answer's tokens again) takes
+  // effect: the random weights' greedy answers repeat themselves.
+  EXPECT_NE(answers("--no-repeat-ngram-size 1"), greedy);
 
   Outcome r = sh(generate("--prompt hi --top-k 5"));
   EXPECT_NE(r.exit_code, 0);
@@ -160,6 +164,9 @@ TEST_F(GenerateCli, SampledAnswersFollowTheirSeedAndTopKOneIsGreedy) {
   r = sh(generate("--prompt hi --temperature -1"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("temperature"), std::string::npos) << r.output;
+  r = sh(generate("--prompt hi --no-repeat-ngram-size -1"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--no-repeat-ngram-size"), std::string::npos) << r.output;
   r = sh(generate("--prompt hi --dtype f16"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--dtype"), std::string::npos) << r.output;

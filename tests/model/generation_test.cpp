@@ -66,6 +66,31 @@ TEST(Generation, ARepetitionPenaltyContinuesAsTransformersGenerateDoes) {
     EXPECT_EQ(together.answers[i], cases.at(i).at("continuation").get<std::vector<int32_t>>()) << "together, prompt " << i;
 }
 
+// transformers' no_repeat_ngram_size 2 and 3 (over the prompt and the answer so far) on prompts that
+// repeat part of themselves: continuations the ban changed, each answered alone and all together.
+TEST(Generation, NoRepeatedNgramsContinuesAsTransformersGenerateDoes) {
+  auto decoder = Decoder::from_pretrained(kFixture);
+  const nlohmann::json reference = greedy_reference();
+  const int max_new_tokens = reference.at("max_new_tokens").get<int>();
+  const nlohmann::json& cases = reference.at("no_repeat_ngram");
+  ASSERT_EQ(cases.size(), 4u);
+  for (int64_t n : {2, 3}) {
+    TokenChoice choice;
+    choice.no_repeat_ngram_size = n;
+    std::vector<std::vector<int32_t>> prompts, expected;
+    for (const auto& c : cases) {
+      if (c.at("ngram_size").get<int64_t>() != n) continue;
+      prompts.push_back(c.at("prompt").get<std::vector<int32_t>>());
+      expected.push_back(c.at("continuation").get<std::vector<int32_t>>());
+      EXPECT_EQ(generate(*decoder, prompts.back(), max_new_tokens, choice, [](int32_t) { return false; }), expected.back())
+          << "prompt " << c.at("prompt").dump() << ", no_repeat_ngram_size " << n;
+    }
+    ASSERT_EQ(prompts.size(), 2u);
+    const Generated together = generate(*decoder, prompts, max_new_tokens, choice, [](int32_t) { return false; });
+    EXPECT_EQ(together.answers, expected) << "together, no_repeat_ngram_size " << n;
+  }
+}
+
 TEST(Generation, StopsAtTheLimitAndRefusesAnEmptyPrompt) {
   auto decoder = Decoder::from_pretrained(kFixture);
   const nlohmann::json reference = greedy_reference();

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
@@ -66,6 +67,37 @@ TEST(TokenChoice, TheRepetitionPenaltyIsTransformersOnTheContextsTokens) {
   std::vector<float> logits = {1.0f, -1.0f};
   const int32_t outside = 2;
   EXPECT_THROW(apply_repetition_penalty(logits.data(), 2, &outside, 1, 1.5f), Error);
+}
+
+// HF's NoRepeatNGramLogitsProcessor, worked by hand: after the context's last n - 1 tokens, every
+// token that ended an n-gram starting with them is ruled out (-inf); the others keep their logits.
+TEST(TokenChoice, NoRepeatedNgramRulesOutTheTokensThatWouldRepeatOne) {
+  auto banned = [](std::vector<int32_t> context, int64_t n) {
+    std::vector<float> logits = {0.5f, 1.0f, -2.0f, 3.0f, 0.0f, 7.0f};
+    ban_repeated_ngrams(logits.data(), int64_t(logits.size()), context.data(), int64_t(context.size()), n);
+    std::vector<int32_t> out;
+    for (size_t v = 0; v < logits.size(); ++v) {
+      if (logits[v] == -std::numeric_limits<float>::infinity()) out.push_back(int32_t(v));
+      else EXPECT_NE(logits[v], -std::numeric_limits<float>::infinity());
+    }
+    return out;
+  };
+  using Ids = std::vector<int32_t>;
+  EXPECT_EQ(banned({1, 2, 3, 1, 2}, 3), Ids{3});           // (1, 2) was followed by 3
+  EXPECT_EQ(banned({1, 2, 3, 1, 2, 4, 1, 2}, 3), (Ids{3, 4}));  // and later by 4
+  EXPECT_EQ(banned({1, 2, 3, 1, 2}, 2), Ids{3});           // after 2 came only 3
+  EXPECT_EQ(banned({4, 4, 4}, 2), Ids{4});
+  EXPECT_EQ(banned({5, 0, 5}, 1), (Ids{0, 5}));            // unigrams: every token of the context
+  EXPECT_EQ(banned({1, 2, 3, 1, 2}, 4), Ids{});            // (2, 1, 2) never came before
+  EXPECT_EQ(banned({1, 2, 1}, 5), Ids{});                  // shorter than n - 1: nothing to match
+  EXPECT_EQ(banned({1, 2, 3}, 0), Ids{});                  // 0: off
+  EXPECT_EQ(banned({}, 1), Ids{});
+  std::vector<float> logits = {1.0f, 2.0f};
+  const std::vector<int32_t> outside = {1, 9, 1};  // bans 9, outside a vocabulary of 2
+  EXPECT_THROW(ban_repeated_ngrams(logits.data(), 2, outside.data(), 3, 2), Error);
+  TokenChoice negative;
+  negative.no_repeat_ngram_size = -1;
+  EXPECT_THROW(check_token_choice(negative), Error);
 }
 
 TEST(TokenChoice, DrawsFollowTheDistribution) {
