@@ -1,7 +1,8 @@
 // `ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca]
 //                 [--batch-size N] [--dry-run]) [--chat] [--max-new-tokens N] [--tokenizer FILE]
 //                 [--dtype fp32|bf16] [--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]]
-//                 [--repetition-penalty R] [--no-repeat-ngram-size N]`:
+//                 [--repetition-penalty R] [--no-repeat-ngram-size N] [--num-beams N [--length-penalty L]
+//                 [--early-stopping]]`:
 // generation with a model directory ktune (or HF) wrote, for a quick look at what a fine-tune
 // learned (model/generation.h: the prompt once, then a token a step against a KV cache).
 //   --adapter DIR   a PEFT adapter directory (adapter_config.json + adapter_model.safetensors: a
@@ -36,9 +37,14 @@
 //   --no-repeat-ngram-size N  no N tokens in a row occur twice in the prompt and the answer: a
 //                   token that would repeat one is never chosen (HF's no_repeat_ngram_size); 0
 //                   (the default): none.
+//   --num-beams N   beam search with N beams (model/beam_search.h, HF's generate(num_beams=N)): the
+//                   answer is the best of N hypotheses by log-probability sum over length^L
+//                   (--length-penalty L, default 1); --early-stopping stops once N have finished.
+//                   Greedy only (no --temperature); each prompt's beams run as one batch.
 // Decoding stops at the tokenizer's EOS or an end-of-turn token (<|eot_id|>, <|im_end|>,
 // <end_of_turn>).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +60,7 @@
 #include "core/log.h"
 #include "model/adapters/peft_adapter_dir.h"
 #include "model/decoder.h"
+#include "model/beam_search.h"
 #include "model/generation.h"
 #include "text/chat_format.h"
 #include "text/prompt_template.h"
@@ -68,7 +75,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca] [--batch-size N] [--dry-run]) "
     "[--chat] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16] "
-    "[--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]] [--repetition-penalty R] [--no-repeat-ngram-size N]";
+    "[--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]] [--repetition-penalty R] [--no-repeat-ngram-size N] "
+    "[--num-beams N [--length-penalty L] [--early-stopping]]";
 
 constexpr const char* kHelp =
     "\n"
@@ -97,7 +105,10 @@ constexpr const char* kHelp =
     "  --repetition-penalty R   the tokens already in the prompt or the answer: positive logits divided by R,\n"
     "                           negative ones multiplied by it (HF's repetition_penalty)\n"
     "  --no-repeat-ngram-size N no N tokens in a row twice in the prompt and the answer (HF's\n"
-    "                           no_repeat_ngram_size)\n";
+    "                           no_repeat_ngram_size)\n"
+    "  --num-beams N            beam search: the best of N hypotheses (HF's num_beams; greedy, no --temperature)\n"
+    "  --length-penalty L       a finished hypothesis scores its log-probability sum / length^L (default 1)\n"
+    "  --early-stopping         stop the search once N hypotheses have finished (HF's early_stopping=True)\n";
 
 std::string find_tokenizer(const fs::path& dir) {
   for (const char* name : {"tokenizer.json", "original/tokenizer.model", "tokenizer.model"})
@@ -148,10 +159,11 @@ DType storage_of(const std::string& name) {
 class Generator {
  public:
   Generator(const std::string& model_dir, const std::string& adapter_dir, const std::string& tokenizer_path, bool chat,
-            DType storage, int max_new_tokens, const model::TokenChoice& choice)
+            DType storage, int max_new_tokens, const model::TokenChoice& choice, const model::BeamOptions& beams)
       : decoder_(model::Decoder::from_pretrained(model_dir, model::LoadOptions{storage})),
         max_new_tokens_(max_new_tokens),
-        choice_(choice) {
+        choice_(choice),
+        beams_(beams) {
     if (!adapter_dir.empty()) model::load_peft_adapter(*decoder_, adapter_dir);
     // Forward only: one layer's activations are planned instead of every layer's (with no backward,
     // nothing is ever recomputed), so a long prompt takes little memory.
@@ -160,6 +172,8 @@ class Generator {
     options.path = tokenizer_path.empty() ? find_tokenizer(model_dir) : tokenizer_path;
     tokenizer_ = load_tokenizer(options);
     if (chat) chat_format_ = std::make_unique<ChatFormat>(*tokenizer_, detect_chat_format(*tokenizer_));
+    for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id)
+      if (ends_turn(*tokenizer_, id)) stop_ids_.push_back(id);
   }
 
   // The prompts answered together (model/generation.h), in order.
@@ -172,11 +186,24 @@ class Generator {
         ids.push_back(tokenizer_->encode(prompt, /*add_bos=*/true, false));
     }
     const Tokenizer& tokenizer = *tokenizer_;
+    if (beams_.num_beams > 1) return answer_by_beams(ids);
     const model::Generated generated = model::generate(*decoder_, ids, max_new_tokens_, choice_,
                                                        [&](int32_t id) { return ends_turn(tokenizer, id); });
     log_rates(generated);
     std::vector<std::string> texts;
     for (const auto& answer : generated.answers) texts.push_back(tokenizer.decode(answer, /*skip_special=*/true));
+    return texts;
+  }
+
+  // Each prompt by beam search, its beams one batch.
+  std::vector<std::string> answer_by_beams(const std::vector<std::vector<int32_t>>& ids) {
+    std::vector<std::string> texts;
+    for (const std::vector<int32_t>& prompt : ids) {
+      const model::BeamAnswer best = model::beam_search(*decoder_, prompt, max_new_tokens_, beams_, choice_, stop_ids_);
+      log_info("generate: " + std::to_string(beams_.num_beams) + " beams, the best of " + std::to_string(best.tokens.size()) +
+               " tokens scoring " + std::to_string(best.score));
+      texts.push_back(tokenizer_->decode(best.tokens, /*skip_special=*/true));
+    }
     return texts;
   }
 
@@ -200,6 +227,8 @@ class Generator {
   std::unique_ptr<ChatFormat> chat_format_;  // --chat: the tokenizer's format (it refers to tokenizer_)
   int max_new_tokens_;
   model::TokenChoice choice_;
+  model::BeamOptions beams_;
+  std::vector<int32_t> stop_ids_;  // the tokens that end an answer (ends_turn)
 };
 
 // One JSON string a line: the answer to each line's prompt, or without a generator (--dry-run)
@@ -227,8 +256,9 @@ int cmd_generate(const Args& args) {
   bool has_prompt = false;
   int max_new_tokens = 32;
   int batch_size = 8;
-  bool chat = false, dry_run = false, sampling_option = false;
+  bool chat = false, dry_run = false, sampling_option = false, beam_option = false;
   model::TokenChoice choice;
+  model::BeamOptions beams;
   DType storage = DType::F32;
   FlagArgs a("ktune generate", args);
   while (a.next()) {
@@ -250,6 +280,9 @@ int cmd_generate(const Args& args) {
     else if (a.is("--min-p")) choice.min_p = float(a.number_value()), sampling_option = true;
     else if (a.is("--repetition-penalty")) choice.repetition_penalty = float(a.number_value());
     else if (a.is("--no-repeat-ngram-size")) choice.no_repeat_ngram_size = a.int_value(0, 1 << 20);
+    else if (a.is("--num-beams")) beams.num_beams = int(a.int_value(1, 1 << 10));
+    else if (a.is("--length-penalty")) beams.length_penalty = float(a.number_value()), beam_option = true;
+    else if (a.is("--early-stopping")) a.expect_no_value(), beams.early_stopping = true, beam_option = true;
     else if (a.is("--seed")) choice.seed = uint64_t(a.int_value(0, std::numeric_limits<int64_t>::max())), sampling_option = true;
     else if (a.is("--dtype")) storage = storage_of(a.value());
     else if (a.is("--chat")) a.expect_no_value(), chat = true;
@@ -268,6 +301,12 @@ int cmd_generate(const Args& args) {
   if (sampling_option && choice.temperature == 0)
     throw Error("generate", "--top-k, --top-p, --min-p and --seed shape sampling: give --temperature above 0 with them "
                             "(without one the answer is greedy)");
+  if (beam_option && beams.num_beams == 1)
+    throw Error("generate", "--length-penalty and --early-stopping shape a beam search: give --num-beams above 1 with them");
+  if (beams.num_beams > 1 && choice.temperature != 0)
+    throw Error("--num-beams", "searches greedily: it does not go with --temperature (sampled beams are not built)");
+  if (!std::isfinite(beams.length_penalty))
+    throw Error("--length-penalty", "must be a finite number, not " + std::to_string(beams.length_penalty));
 
   std::ifstream file;
   if (!prompts_path.empty() && prompts_path != "-") {
@@ -276,7 +315,7 @@ int cmd_generate(const Args& args) {
   }
   std::unique_ptr<Generator> generator;
   if (!dry_run)
-    generator = std::make_unique<Generator>(model_dir, adapter_dir, tokenizer_path, chat, storage, max_new_tokens, choice);
+    generator = std::make_unique<Generator>(model_dir, adapter_dir, tokenizer_path, chat, storage, max_new_tokens, choice, beams);
   if (has_prompt) {
     std::printf("%s\n", generator->answer({prompt}).front().c_str());
     return 0;

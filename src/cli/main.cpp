@@ -33,7 +33,7 @@ static const Command kCommands[] = {
     {"version", "print the version", nullptr},
     {"tokenize", "text <-> token ids, JSON lines: --tokenizer FILE [--merges F] [--add-bos] [--decode]", cmd_tokenize},
     {"run", "run a recipe: [launcher args] RECIPE --config NAME|FILE key=value...", cmd_run},
-    {"generate", "answer prompts with a model directory, greedily or sampled: --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca]) [--chat] [--temperature T --top-k K --top-p P --min-p M --seed S] [--repetition-penalty R] [--no-repeat-ngram-size N]", cmd_generate},
+    {"generate", "answer prompts with a model directory, greedily or sampled: --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca]) [--chat] [--temperature T --top-k K --top-p P --min-p M --seed S] [--repetition-penalty R] [--no-repeat-ngram-size N] [--num-beams N]", cmd_generate},
     {"init-model", "write a freshly initialised HF model from a config.json", cmd_init_model},
     {"download", "fetch a model or dataset (hf://, org/repo, s3://, file://) into a folder", cmd_download},
     {"initializer", "dataset|model initializer step (STORAGE_URI, ACCESS_TOKEN, IGNORE_PATTERNS)", cmd_initializer},

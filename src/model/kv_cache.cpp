@@ -29,6 +29,19 @@ void KvCache::write(int64_t layer, const float* k, const float* v, int64_t n) {
   std::memcpy(values(layer) + offset, v, floats * sizeof(float));
 }
 
+void KvCache::copy_from(const KvCache& other) {
+  if (&other == this) return;
+  if (other.keys_.size() != keys_.size() || other.row_floats_ != row_floats_ || other.length_ > capacity_)
+    throw Error("KvCache", "cannot hold another cache of " + std::to_string(other.length_) + " tokens, " +
+                               std::to_string(other.keys_.size()) + " layers, rows of " + std::to_string(other.row_floats_));
+  const size_t floats = size_t(other.length_ * row_floats_);
+  for (size_t l = 0; l < keys_.size(); ++l) {
+    std::memcpy(keys_[l].f32(), other.keys_[l].f32(), floats * sizeof(float));
+    std::memcpy(values_[l].f32(), other.values_[l].f32(), floats * sizeof(float));
+  }
+  length_ = other.length_;
+}
+
 void KvCache::advance(int64_t n) {
   reserve(n);
   length_ += n;

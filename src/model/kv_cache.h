@@ -31,6 +31,9 @@ class KvCache {
   void reserve(int64_t n) const;
   void advance(int64_t n);
   void clear() { length_ = 0; }
+  // Holds what `other` holds (its length and rows), as a beam that continues another's prefix
+  // (model/beam_search.h). Throws an Error unless both have the same layers, row size and room.
+  void copy_from(const KvCache& other);
 
  private:
   int64_t capacity_ = 0, length_ = 0, row_floats_ = 0;

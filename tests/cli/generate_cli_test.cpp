@@ -134,7 +134,7 @@ TEST_F(GenerateCli, AnAdapterOnTheBaseAnswersAsTheMergedModel) {
 
 // Sampling (--temperature, --top-k, --top-p, --seed): a seed answers the same twice and another
 // seed otherwise; --top-k 1 samples the greedy answer; bf16 weights (--dtype bf16) answer too;
-// --no-repeat-ngram-size changes a greedy answer that repeats itself.
+// --no-repeat-ngram-size changes a greedy answer that repeats itself; --num-beams searches.
 TEST_F(GenerateCli, SampledAnswersFollowTheirSeedAndTopKOneIsGreedy) {
   const std::string prompts = write("prompts.jsonl", {"Reverse the list.\n\n1, 2, 3", "Sort: 5, 1, 4"});
   auto answers = [&](const std::string& flags) {
@@ -154,6 +154,10 @@ TEST_F(GenerateCli, SampledAnswersFollowTheirSeedAndTopKOneIsGreedy) {
   // A ban on repeated tokens (n-grams of 1: none of the prompt's or the answer's tokens again) takes
   // effect: the random weights' greedy answers repeat themselves.
   EXPECT_NE(answers("--no-repeat-ngram-size 1"), greedy);
+  // Beam search answers every prompt (model/beam_search.h is checked against transformers); one beam
+  // is the greedy answer.
+  EXPECT_EQ(answers("--num-beams 3 --length-penalty 0.5 --early-stopping").size(), 2u);
+  EXPECT_EQ(answers("--num-beams 1"), greedy);
 
   Outcome r = sh(generate("--prompt hi --top-k 5"));
   EXPECT_NE(r.exit_code, 0);
@@ -167,6 +171,12 @@ TEST_F(GenerateCli, SampledAnswersFollowTheirSeedAndTopKOneIsGreedy) {
   r = sh(generate("--prompt hi --no-repeat-ngram-size -1"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--no-repeat-ngram-size"), std::string::npos) << r.output;
+  r = sh(generate("--prompt hi --length-penalty 2"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--num-beams"), std::string::npos) << r.output;
+  r = sh(generate("--prompt hi --num-beams 2 --temperature 0.5"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--temperature"), std::string::npos) << r.output;
   r = sh(generate("--prompt hi --dtype f16"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("--dtype"), std::string::npos) << r.output;
