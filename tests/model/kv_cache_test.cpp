@@ -183,5 +183,27 @@ TEST(KvCache, RefusesTokensPastItsCapacityAndAnotherModelsShape) {
   EXPECT_EQ(other.length(), 0);
 }
 
+// A cache copied from another (a beam continuing its parent, model/beam_search.h) continues as the
+// original does; one too small, or of another model, is refused.
+TEST(KvCache, ACopyContinuesAsItsOriginal) {
+  auto llama = Decoder::from_pretrained(kFixtures + "llama");
+  const int64_t V = llama->config().vocab_size;
+  const auto tokens = some_tokens(7, V, 5);
+  std::vector<float> original(static_cast<size_t>(V)), copied(static_cast<size_t>(V));
+  KvCache cache(llama->config(), 8), copy(llama->config(), 8);
+  llama->forward_cached(tokens.data(), 5, cache, original.data());
+  copy.copy_from(cache);
+  EXPECT_EQ(copy.length(), 5);
+  llama->forward_cached(tokens.data() + 5, 2, cache, original.data());
+  llama->forward_cached(tokens.data() + 5, 2, copy, copied.data());
+  EXPECT_EQ(copied, original);  // the same rows, the same arithmetic
+
+  KvCache small(llama->config(), 4);
+  EXPECT_THROW(small.copy_from(cache), Error);
+  auto gemma = Decoder::from_pretrained(kFixtures + "gemma2");
+  KvCache gemma_cache(gemma->config(), 8);
+  EXPECT_THROW(gemma_cache.copy_from(cache), Error);
+}
+
 }  // namespace
 }  // namespace ktune::model
