@@ -46,10 +46,17 @@ std::vector<int64_t> top_indices(const std::vector<float>& scores, int64_t k) {
   std::vector<int64_t> order(scores.size());
   std::iota(order.begin(), order.end(), 0);
   k = std::min<int64_t>(k, int64_t(order.size()));
-  auto better = [&](int64_t a, int64_t b) { return scores[size_t(a)] > scores[size_t(b)] || (scores[size_t(a)] == scores[size_t(b)] && a < b); };
+  auto better = [&](int64_t a, int64_t b) {
+    const float sa = scores[size_t(a)], sb = scores[size_t(b)];
+    return sa > sb || (sa == sb && a < b);
+  };
   std::partial_sort(order.begin(), order.begin() + k, order.end(), better);
   order.resize(size_t(k));
   return order;
+}
+
+bool all_have_finished(const std::vector<Hypothesis>& hypotheses) {
+  return std::all_of(hypotheses.begin(), hypotheses.end(), [](const Hypothesis& h) { return h.finished; });
 }
 
 float length_norm(int64_t length, float length_penalty) {
@@ -62,7 +69,8 @@ void check_options(const std::vector<int32_t>& prompt, const BeamOptions& beams,
   if (!std::isfinite(beams.length_penalty))
     throw Error("length_penalty", "must be a finite number, not " + std::to_string(beams.length_penalty));
   check_token_choice(choice);
-  if (choice.temperature != 0) throw Error("beam search", "chooses greedily: temperature must be 0 (sampled beams are not built)");
+  if (choice.temperature != 0)
+    throw Error("beam search", "chooses greedily: temperature must be 0 (sampled beams are not built)");
 }
 
 }  // namespace
@@ -78,7 +86,10 @@ BeamAnswer beam_search(Decoder& decoder, const std::vector<int32_t>& prompt, int
   // Every beam starts as the prompt (its cache copied from one pass); only the first counts at first.
   const int64_t capacity = int64_t(prompt.size()) + max_new_tokens;
   std::vector<KvCache> caches, spare;
-  for (int64_t b = 0; b < N; ++b) caches.emplace_back(decoder.config(), capacity), spare.emplace_back(decoder.config(), capacity);
+  for (int64_t b = 0; b < N; ++b) {
+    caches.emplace_back(decoder.config(), capacity);
+    spare.emplace_back(decoder.config(), capacity);
+  }
   std::vector<float> logits(size_t(N * V));  // (N, V): each running beam's next-token logits
   decoder.forward_cached(prompt.data(), int64_t(prompt.size()), caches[0], logits.data());
   for (int64_t b = 1; b < N; ++b) {
@@ -115,7 +126,7 @@ BeamAnswer beam_search(Decoder& decoder, const std::vector<int32_t>& prompt, int
 
     // The finished: those of the first N continuations that end, scored by length, merged with the
     // N best so far (a continuation that does not end, or cannot count any more, is marked kNever).
-    const bool all_finished = std::all_of(finished.begin(), finished.end(), [](const Hypothesis& h) { return h.finished; });
+    const bool all_finished = all_have_finished(finished);
     const float norm = length_norm(length + 1, beams.length_penalty);
     std::vector<float> merged_scores;
     for (const Hypothesis& h : finished) merged_scores.push_back(h.score);
@@ -159,7 +170,7 @@ BeamAnswer beam_search(Decoder& decoder, const std::vector<int32_t>& prompt, int
     improvable = improvable && beatable;
     const bool every_continuation_ends =
         std::all_of(continuations.begin(), continuations.end(), [](const Continuation& c) { return c.ends; });
-    const bool now_all_finished = std::all_of(finished.begin(), finished.end(), [](const Hypothesis& h) { return h.finished; });
+    const bool now_all_finished = all_have_finished(finished);
     if (!improvable || (now_all_finished && beams.early_stopping) || every_continuation_ends) break;
 
     // Each running beam continues its parent's cache with its new token.
