@@ -209,16 +209,23 @@ int run(int argc, char** argv) {
               "output projection + loss %.1f ms (%.0f%%), the rest (projections, norms, rope, MLP) %.1f ms\n",
               prof.step_ms, prof.attention_ms, 100 * prof.attention_ms / prof.step_ms, prof.loss_ms,
               100 * prof.loss_ms / prof.step_ms, prof.step_ms - prof.attention_ms - prof.loss_ms);
+  std::printf("profile (host): %lld GEMM calls a step; the backward enqueued in %.1f ms on the host and ran %.1f ms on "
+              "the device (%s)\n",
+              (long long)prof.gemm_calls, prof.backward_host_ms, prof.backward_device_ms,
+              prof.backward_host_ms > 0.8 * prof.backward_device_ms ? "the GPU waits on the host: fewer, larger launches pay"
+                                                                      : "the host keeps ahead");
   std::printf("RESULT side=ktune model=%s mode=%s activation_checkpointing=%d activation_offloading=%d attention=%s "
               "batch=%lld seq=%lld steps=%lld step_ms=%.2f tokens_per_s=%.1f "
               "flops_per_token=%.6e tflops=%.2f mfu=%.4f loss_first=%.4f loss_last=%.4f planned_gib=%.3f "
-              "device_used_gib=%.3f run_used_gib=%.3f attention_ms=%.1f loss_ms=%.1f fwd_bwd_ms=%.1f\n",
+              "device_used_gib=%.3f run_used_gib=%.3f attention_ms=%.1f loss_ms=%.1f fwd_bwd_ms=%.1f gemm_calls=%lld "
+              "backward_host_ms=%.1f backward_device_ms=%.1f\n",
               model_name.c_str(), mode.c_str(), int(setup.activation_checkpointing), int(setup.activation_offloading),
               attention.c_str(), (long long)setup.batch, (long long)setup.seq_len, (long long)timed, step_ms,
               tokens_per_s,
               fpt, tflops, tflops / kPeakTflops, loss_first, loss_last,
               double(model.memory_plan().total()) / double(1ull << 30), double(used_after) / double(1ull << 30),
-              double(used_after - std::min(used_after, used_before)) / double(1ull << 30), prof.attention_ms, prof.loss_ms, prof.step_ms);
+              double(used_after - std::min(used_after, used_before)) / double(1ull << 30), prof.attention_ms, prof.loss_ms, prof.step_ms,
+              (long long)prof.gemm_calls, prof.backward_host_ms, prof.backward_device_ms);
   return 0;
 }
 

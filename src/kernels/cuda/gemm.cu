@@ -70,6 +70,7 @@ struct GemmContext::State {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace{kWorkspaceBytes};
   std::map<PlanKey, Plan> plans;
+  int64_t calls = 0;
 };
 
 GemmContext::GemmContext() : state_(std::make_unique<State>()) { KTUNE_CUBLAS_CHECK(cublasLtCreate(&state_->handle)); }
@@ -85,11 +86,13 @@ GemmContext::~GemmContext() {
 }
 
 int64_t GemmContext::cached_plans() const { return int64_t(state_->plans.size()); }
+int64_t GemmContext::calls() const { return state_->calls; }
 
 void GemmContext::run(const GemmCall& g, Stream stream) {
   const GemmLeadingDims ld = checked_leading_dims(g);
   if (g.M == 0 || g.N == 0) return;
   const int64_t lda = ld.lda, ldb = ld.ldb, ldc = ld.ldc;
+  ++state_->calls;
   if (g.K == 0) {
     int64_t n = g.M * g.N;
     unsigned blocks = unsigned((n + 255) / 256);

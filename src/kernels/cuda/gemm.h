@@ -55,6 +55,9 @@ class GemmContext {
 
   void run(const GemmCall& call, Stream stream = nullptr);
   int64_t cached_plans() const;
+  // The products launched so far (a strided batch counts once; empty ones none): each costs the
+  // host a cuBLASLt call, so a step of many small ones may wait on the host, not the GPU.
+  int64_t calls() const;
 
  private:
   struct State;

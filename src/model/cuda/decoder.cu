@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -2064,6 +2065,7 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   s.set_step_shape(batch, seq_len);
   s.upload_batch(config_, tokens_host, labels_host, positions, doc_ids);
   s.dropping = setup_.lora_dropout > 0;
+  const int64_t gemm_calls_before = s.gemm.calls();
   s.mark(0);
   s.forward(config_, true);
   // shard_gradients: the whole units hold this micro-batch's gradients only (the accumulators sum
@@ -2077,12 +2079,20 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
       KTUNE_CUDA_CHECK(cudaMemsetAsync(units_[size_t(u)].grads, 0, size_t(units_[size_t(u)].size) * 4, nullptr));
     s.reducing_units = true;
   }
-  const StepResult result = s.loss(config_, grad_scale, true);
+  const StepResult result = s.loss(config_, grad_scale, true);  // synchronises (its sum to the host)
+  const auto backward_start = std::chrono::steady_clock::now();
   s.backward(config_);
   s.settle_all();            // the pieces still pending (the last layers', units L + 1's and 0's)
+  const double backward_host_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - backward_start).count();
   s.reducing_units = false;
   s.wait_for_collectives();  // before finish_step's host synchronisation
   s.finish_step(config_, true, &profile_);
+  if (s.profiling) {
+    profile_.gemm_calls = s.gemm.calls() - gemm_calls_before;
+    profile_.backward_host_ms = backward_host_ms;
+    profile_.backward_device_ms = s.between(3, 1);
+  }
   return result;
 }
 

@@ -460,6 +460,12 @@ class Decoder {
     double attention_ms = 0;  // attention forward + backward (+ checkpointing's second forward), all layers
     double loss_ms = 0;       // output projection + cross-entropy (+ its gradients)
     double step_ms = 0;       // the whole forward_backward on the device
+    // Whether the step waits on the host (forward_backward only): the GEMMs it launched (cuBLASLt
+    // calls, a few µs of host time each), the host time enqueuing the backward after the loss's
+    // synchronisation, and the device time from the loss's end to the step's. Host time close to
+    // the device time means the GPU waited for its work to be enqueued.
+    int64_t gemm_calls = 0;
+    double backward_host_ms = 0, backward_device_ms = 0;
   };
   void set_profiling(bool on);
   const StepProfile& last_profile() const { return profile_; }

@@ -2573,9 +2573,11 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingGivesTheSameGradients) {
 
 // The profile's regions lie inside the step and do not overlap: attention (forward, backward and,
 // with checkpointing, its second forward) plus the loss head never exceed the whole step. The
-// events' bookkeeping, not a speed: with and without checkpointing, on both attention paths.
+// events' bookkeeping, not a speed: with and without checkpointing, on both attention paths; and
+// the host's side (GEMM calls, the backward's enqueueing against its device time) is filled in.
 KTUNE_CUDA_TEST(DecoderProfileTimesRegionsInsideTheStep) {
-  for (bool checkpointing : {false, true})
+  for (bool checkpointing : {false, true}) {
+    int64_t gemm_calls[2] = {0, 0};  // kGemm's, kFlash's
     for (auto attention : {cuda::TrainingSetup::Attention::kGemm, cuda::TrainingSetup::Attention::kFlash}) {
       cuda::TrainingSetup setup = family_setup(false, kAllProjections);
       setup.activation_checkpointing = checkpointing;
@@ -2590,7 +2592,14 @@ KTUNE_CUDA_TEST(DecoderProfileTimesRegionsInsideTheStep) {
       CHECK(p.step_ms > 0 && p.attention_ms > 0 && p.loss_ms > 0 && p.attention_ms + p.loss_ms <= p.step_ms)
           << (checkpointing ? "checkpointed" : "plain") << ": step " << p.step_ms << " ms, attention "
           << p.attention_ms << " ms, loss " << p.loss_ms << " ms";
+      CHECK(p.backward_host_ms > 0 && p.backward_device_ms > 0 && p.backward_device_ms <= p.step_ms)
+          << "backward: host " << p.backward_host_ms << " ms, device " << p.backward_device_ms << " ms";
+      gemm_calls[attention == cuda::TrainingSetup::Attention::kFlash] = p.gemm_calls;
     }
+    // The GEMM attention path runs its products per head and block: more calls than the fused kernel's step.
+    CHECK(gemm_calls[1] > 0 && gemm_calls[0] > gemm_calls[1])
+        << "GEMM calls: kGemm " << gemm_calls[0] << ", kFlash " << gemm_calls[1];
+  }
 }
 
 // ---- LoRA on the output projection (TrainingSetup::lora_on_output) ----

@@ -34,18 +34,21 @@ void store(void* p, DType t, int64_t i, float v) {
 
 }  // namespace
 
-// The distinct call shapes seen, as cached_plans() counts them on the GPU.
+// The distinct call shapes seen, as cached_plans() counts them on the GPU, and the products run.
 struct GemmContext::State {
   std::set<std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, int64_t>> shapes;
+  int64_t calls = 0;
 };
 
 GemmContext::GemmContext() : state_(std::make_unique<State>()) {}
 GemmContext::~GemmContext() = default;
 
 int64_t GemmContext::cached_plans() const { return int64_t(state_->shapes.size()); }
+int64_t GemmContext::calls() const { return state_->calls; }
 
 void GemmContext::run(const GemmCall& g, Stream) {
   const GemmLeadingDims ld = checked_leading_dims(g);
+  if (g.M > 0 && g.N > 0) ++state_->calls;  // as gemm.cu counts: empty products launch nothing
   state_->shapes.insert({g.trans_a, g.trans_b, g.M, g.N, g.K, ld.lda, ld.ldb, ld.ldc, int(g.in), int(g.out),
                          g.bias != nullptr, g.batch});
   const size_t in_bytes = g.in == DType::F32 ? 4 : 2, out_bytes = g.out == DType::F32 ? 4 : 2;
