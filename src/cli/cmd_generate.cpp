@@ -59,8 +59,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/adapters/peft_adapter_dir.h"
-#include "model/decoder.h"
 #include "model/beam_search.h"
+#include "model/decoder.h"
 #include "model/generation.h"
 #include "text/chat_format.h"
 #include "text/prompt_template.h"
@@ -200,8 +200,8 @@ class Generator {
     std::vector<std::string> texts;
     for (const std::vector<int32_t>& prompt : ids) {
       const model::BeamAnswer best = model::beam_search(*decoder_, prompt, max_new_tokens_, beams_, choice_, stop_ids_);
-      log_info("generate: " + std::to_string(beams_.num_beams) + " beams, the best of " + std::to_string(best.tokens.size()) +
-               " tokens scoring " + std::to_string(best.score));
+      log_info("generate: " + std::to_string(beams_.num_beams) + " beams; the best answer has " +
+               std::to_string(best.tokens.size()) + " tokens, score " + std::to_string(best.score));
       texts.push_back(tokenizer_->decode(best.tokens, /*skip_special=*/true));
     }
     return texts;
