@@ -3,7 +3,9 @@
 // with its other arguments. A wrong command line still goes to stderr with a non-zero exit (a
 // mistyped recipe with the nearest name).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,9 +26,11 @@ struct Split {
   bool any_stderr;
 };
 Split run_split(const std::string& args) {
-  const std::string err_file = testing::TempDir() + "ktune_help_cli_stderr.txt";
+  // One file a process: ctest runs this binary's tests as processes side by side.
+  const std::string err_file = testing::TempDir() + "ktune_help_cli_stderr." + std::to_string(getpid()) + ".txt";
   Outcome r = sh("(" + kKtune + " " + args + " 2>" + err_file + ")");
   Outcome err = sh("cat " + err_file);
+  std::remove(err_file.c_str());
   return {r.exit_code, r.output, err.output, !err.output.empty()};
 }
 
