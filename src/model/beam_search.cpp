@@ -105,12 +105,7 @@ BeamAnswer beam_search(Decoder& decoder, const std::vector<int32_t>& prompt, int
     for (int64_t b = 0; b < N; ++b) {
       float* row = logits.data() + b * V;
       log_softmax(row, V);
-      if (uses_context(choice)) {  // the prompt and this beam's answer
-        std::vector<int32_t> context = prompt;
-        context.insert(context.end(), running[size_t(b)].tokens.begin(), running[size_t(b)].tokens.end());
-        apply_repetition_penalty(row, V, context.data(), int64_t(context.size()), choice.repetition_penalty);
-        ban_repeated_ngrams(row, V, context.data(), int64_t(context.size()), choice.no_repeat_ngram_size);
-      }
+      apply_context_penalties(row, V, prompt, running[size_t(b)].tokens, choice);
       for (int64_t v = 0; v < V; ++v) sums[size_t(b * V + v)] = row[v] + running[size_t(b)].score;
     }
     std::vector<Continuation> continuations;  // the K best, best first

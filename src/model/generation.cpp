@@ -57,12 +57,7 @@ Generated generate(Decoder& decoder, const std::vector<std::vector<int32_t>>& pr
     for (int64_t i : unfinished) {
       std::vector<int32_t>& answer = out.answers[size_t(i)];
       float* row = logits.data() + i * V;
-      if (uses_context(choice)) {  // the context: the prompt and the answer so far
-        std::vector<int32_t> context = prompts[size_t(i)];
-        context.insert(context.end(), answer.begin(), answer.end());
-        apply_repetition_penalty(row, V, context.data(), int64_t(context.size()), choice.repetition_penalty);
-        ban_repeated_ngrams(row, V, context.data(), int64_t(context.size()), choice.no_repeat_ngram_size);
-      }
+      apply_context_penalties(row, V, prompts[size_t(i)], answer, choice);
       const int32_t next = choose_token(row, V, choice, uint64_t(answer.size()));
       if (is_stop(next)) continue;
       answer.push_back(next);

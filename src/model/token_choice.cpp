@@ -27,8 +27,13 @@ void check_token_choice(const TokenChoice& choice) {
     throw Error("no_repeat_ngram_size", "must be 0 (none) or positive, not " + std::to_string(choice.no_repeat_ngram_size));
 }
 
-bool uses_context(const TokenChoice& choice) {
-  return choice.repetition_penalty != 1.0f || choice.no_repeat_ngram_size > 0;
+void apply_context_penalties(float* scores, int64_t V, const std::vector<int32_t>& prompt,
+                             const std::vector<int32_t>& answer, const TokenChoice& choice) {
+  if (choice.repetition_penalty == 1.0f && choice.no_repeat_ngram_size <= 0) return;
+  std::vector<int32_t> context = prompt;
+  context.insert(context.end(), answer.begin(), answer.end());
+  apply_repetition_penalty(scores, V, context.data(), int64_t(context.size()), choice.repetition_penalty);
+  ban_repeated_ngrams(scores, V, context.data(), int64_t(context.size()), choice.no_repeat_ngram_size);
 }
 
 void apply_repetition_penalty(float* logits, int64_t V, const int32_t* context, int64_t n, float penalty) {

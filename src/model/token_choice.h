@@ -5,8 +5,8 @@
 // most likely (HF's TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
 // in that order). Before either, a repetition penalty (HF's RepetitionPenaltyLogitsProcessor) makes
 // the tokens already in the context less likely, and a token that would repeat an n-gram of the
-// context is ruled out (HF's NoRepeatNGramLogitsProcessor, no_repeat_ngram_size). A draw is uniform01_double(seed, index): the same
-// seed and index give the same token on any machine. A draw never sorts the vocabulary: the top_k
+// context is ruled out (HF's NoRepeatNGramLogitsProcessor, no_repeat_ngram_size). A draw is
+// uniform01_double(seed, index): the same seed and index give the same token on any machine. A draw never sorts the vocabulary: the top_k
 // and top_p cuts are found by bucketing the logits by value (a few passes over them), and the draw
 // walks the kept tokens in id order.
 #pragma once
@@ -54,7 +54,10 @@ void apply_repetition_penalty(float* logits, int64_t V, const int32_t* context, 
 // shorter than n - 1 tokens or ngram_size is 0. logits (V); context (n_context).
 void ban_repeated_ngrams(float* logits, int64_t V, const int32_t* context, int64_t n_context, int64_t ngram_size);
 
-// Whether either of the two above has anything to do (they need the context: prompt + answer).
-bool uses_context(const TokenChoice& choice);
+// Both of the above, as a decoding step applies them to one answer's next-token scores: over its
+// context, the prompt and the answer so far (nothing to do, nothing built, when neither is set).
+// scores (V): logits, or log-probabilities in a beam search (HF applies them there after log_softmax).
+void apply_context_penalties(float* scores, int64_t V, const std::vector<int32_t>& prompt,
+                             const std::vector<int32_t>& answer, const TokenChoice& choice);
 
 }  // namespace ktune::model
