@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "train/config.h"
 #include "train/recipe_registry.h"
@@ -28,7 +29,7 @@ int cmd_cat(const Args& args) {
   for (const std::string& a : args) {
     if (a == "--sort") {
       sort = true;
-    } else if (a == "-h" || a == "--help") {
+    } else if (is_help_flag(a)) {
       std::printf("usage: ktune cat CONFIG|FILE [--sort]\n\nPrint a config (see `ktune ls`).\n");
       return 0;
     } else if (a.rfind("-", 0) == 0) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "train/config_suggest.h"
 #include "train/recipe_registry.h"
@@ -22,7 +23,7 @@ int cmd_cp(const Args& args) {
       no_clobber = true;
     } else if (a == "--make-parents") {
       make_parents = true;
-    } else if (a == "-h" || a == "--help") {
+    } else if (is_help_flag(a)) {
       std::printf("usage: ktune cp CONFIG DEST [-n|--no-clobber] [--make-parents]\n\n"
                   "Copy a bundled config (see `ktune ls`) to DEST to edit it.\n");
       return 0;

@@ -30,7 +30,7 @@ static int initializer_usage(std::FILE* out) {
 
 int cmd_initializer(const Args& args) {
   if (args.empty()) return initializer_usage(stderr);
-  if (args[0] == "-h" || args[0] == "--help") return initializer_usage(stdout);
+  if (is_help_flag(args[0])) return initializer_usage(stdout);
   hub::InitializerKind kind = hub::parse_initializer_kind(args[0]);
   hub::InitializerConfig config = hub::initializer_config_from_env(kind);
   FlagArgs a("ktune initializer", args, 1);

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "sdk/local_backend.h"
 #include "sdk/process_identity.h"
@@ -234,7 +235,7 @@ int run_jobs(sdk::TrainerClient& client, const Args& args);
 int cmd_jobs(const Args& args) {
   if (args.empty()) return jobs_usage(stderr);
   const std::string& sub = args[0];
-  if (sub == "-h" || sub == "--help" || sub == "help") return jobs_usage(stdout);
+  if (is_help_flag(sub) || sub == "help") return jobs_usage(stdout);
   // The supervisor needs no catalog and no client: it runs one job from the registry.
   if (sub == "supervise") return sdk::supervise_command(Args(args.begin() + 1, args.end()));
   // The backend flags may come anywhere after the subcommand.

@@ -5,13 +5,14 @@
 #include <string>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "train/recipe_registry.h"
 
 namespace ktune::cli {
 
 int cmd_ls(const Args& args) {
-  if (!args.empty() && args[0] != "-h" && args[0] != "--help")
+  if (!args.empty() && !is_help_flag(args[0]))
     throw Error("ktune ls", "takes no arguments, got `" + args[0] + "`");
   if (!args.empty()) {
     std::printf("usage: ktune ls\n\nList the recipes and the configs bundled with ktune.\n");

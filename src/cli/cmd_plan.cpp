@@ -54,7 +54,7 @@ int cmd_plan(const Args& args) {
     else if (a.is("--replicate")) a.expect_no_value(), request.sharded = false;
     else if (a.is("--reshard_after_forward")) request.reshard_after_forward = a.bool_value();
     else if (a.is("--gradient_accumulation_steps")) request.gradient_accumulation_steps = int(a.int_value(1, kMany));
-    else if (a.is("-h") || a.is("--help")) {
+    else if (a.help()) {
       std::printf("usage: %s\n", kUsage);
       return 0;
     } else

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/launcher.h"
@@ -57,7 +58,7 @@ int run_usage() {
 }  // namespace
 
 int cmd_run(const Args& args) {
-  if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) return run_usage();
+  if (!args.empty() && is_help_flag(args[0])) return run_usage();
   train::RunCommandLine run = train::parse_run_command_line(args);
   // Check the recipe and the config before starting any process, so that every error comes out once
   // (an unknown recipe named with the nearest one).

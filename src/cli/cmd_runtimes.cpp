@@ -5,13 +5,14 @@
 #include <cstdio>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "runtime/v1alpha1.h"
 #include "sdk/trainer_client.h"
 
 namespace ktune::cli {
 
 int cmd_runtimes(const Args& args) {
-  if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
+  if (!args.empty() && is_help_flag(args[0])) {
     std::printf("usage: ktune runtimes [NAME]\n"
                 "  without NAME: the table of runtimes; with NAME: the runtime object as YAML\n");
     return 0;

@@ -39,7 +39,7 @@ int cmd_tokenize(const Args& args) {
     else if (a.is("--add-eos")) a.expect_no_value(), lines.add_eos = true;
     else if (a.is("--decode")) a.expect_no_value(), lines.decode = true;
     else if (a.is("--skip-special")) a.expect_no_value(), lines.skip_special = true;
-    else if (a.is("-h") || a.is("--help")) {
+    else if (a.help()) {
       std::fputs(kUsage, stdout);
       return 0;
     } else if (a.positional()) inputs.push_back(a.arg());

@@ -71,7 +71,7 @@ int cmd_train(const Args& args) {
   FlagArgs a("ktune train", args);
   constexpr long long kMany = 1000000;
   while (a.next()) {
-    if (a.is("-h") || a.is("--help")) return train_usage(stdout);
+    if (a.help()) return train_usage(stdout);
     if (a.is("--dry-run")) { a.expect_no_value(); dry_run = true; continue; }
     if (a.is("--wait")) { a.expect_no_value(); wait = true; continue; }
     if (a.is("--follow") || a.is("-f")) { a.expect_no_value(); follow = true; continue; }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "train/component_registry.h"
 #include "train/config.h"
@@ -39,7 +40,7 @@ int cmd_validate(const Args& args) {
   std::vector<std::string> overrides;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "-h" || a == "--help") {
+    if (is_help_flag(a)) {
       std::printf("usage: ktune validate CONFIG|FILE [--recipe RECIPE] [key=value | ~key ...]\n\n"
                   "Check a config (with overrides) against its recipe without loading anything.\n");
       return 0;

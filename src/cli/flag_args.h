@@ -14,6 +14,9 @@
 
 namespace ktune::cli {
 
+// `-h` or `--help`: the command prints its usage to stdout and exits 0.
+inline bool is_help_flag(std::string_view arg) { return arg == "-h" || arg == "--help"; }
+
 class FlagArgs {
  public:
   // command: what errors name ("ktune plan"); reading starts at args[first].
@@ -24,8 +27,7 @@ class FlagArgs {
   // The current argument: a flag without its `=VALUE` part, or a positional word.
   const std::string& arg() const { return arg_; }
   bool is(std::string_view flag) const { return arg_ == flag; }
-  // `-h` or `--help`: the command prints its usage to stdout and exits 0.
-  bool help() const { return arg_ == "-h" || arg_ == "--help"; }
+  bool help() const { return is_help_flag(arg_); }  // the current argument asks for the usage
   // A word that is not a flag (does not start with '-', or is exactly "-").
   bool positional() const;
 

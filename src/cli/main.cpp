@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "cli/command_table.h"
+#include "cli/flag_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "dist/process_group.h"
@@ -68,7 +69,7 @@ int main(int argc, char** argv) {
     for (const Command& c : kCommands) {
       if (std::strcmp(c.name, argv[1]) != 0) continue;
       if (c.run == nullptr) {  // version
-        if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) std::printf("usage: ktune version\n");
+        if (!args.empty() && is_help_flag(args[0])) std::printf("usage: ktune version\n");
         else std::printf("ktune 0.1.0\n");
         return 0;
       }
