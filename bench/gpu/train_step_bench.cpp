@@ -32,14 +32,67 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "core/error.h"
+#include "kernels/cuda/activation.h"
 #include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/device_memory.h"
 #include "model/cuda/decoder.h"
 
 namespace {
 
 constexpr double kPeakTflops = 990.0;  // H200 SXM, dense bf16
+
+// Host time per launch, with the launch queue held open: the default stream first waits for an event
+// recorded behind ~30 GiB of memsets on a stream of their own (milliseconds of device work), so the
+// launches enqueued meanwhile neither wait for room in the queue (there are far fewer of them than
+// its depth) nor for the device: the time is the host's alone. Without that hold, a step's host
+// time equals its device time both when the GPU waits for the host and when the host waits for a
+// full queue. Per cuBLASLt call of the GEMM attention path's shape (a strided batch of `batch`
+// (512 x 1024 x 64) scores) and per small kernel launch; -1 where the memsets ended before the
+// launches did (the figure would hold device time).
+struct LaunchCost {
+  double gemm_us = -1, kernel_us = -1;
+};
+
+LaunchCost measure_launch_cost(int64_t batch) {
+  using namespace ktune;
+  const int kLaunches = 200, kMemsets = 30;
+  const size_t kMemsetBytes = size_t(1) << 30;
+  const int64_t M = 512, N = 1024, K = 64;
+  cuda::DeviceBuffer held(kMemsetBytes), a(size_t(batch * M * K) * 2), b(size_t(batch * N * K) * 2),
+      c(size_t(batch * M * N) * 4), x(4096 * 2), y(4096 * 2);
+  cudaStream_t side = nullptr;
+  cudaEvent_t done = nullptr;
+  if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess || cudaEventCreate(&done) != cudaSuccess)
+    return {};
+  cuda::GemmContext ctx;
+  cuda::GemmCall g;  // S (M, N) f32 = Q (M, K) K^T, batched as the attention path's scores
+  g.trans_b = true, g.M = M, g.N = N, g.K = K, g.A = a.data(), g.lda = K, g.B = b.data(), g.ldb = K, g.C = c.data(),
+  g.ldc = N, g.in = DType::BF16, g.out = DType::F32, g.batch = batch, g.stride_a = M * K, g.stride_b = N * K,
+  g.stride_c = M * N;
+  auto held_time_us = [&](auto&& launch) {
+    launch();  // plans cached, the kernel loaded
+    cuda::synchronize();
+    for (int i = 0; i < kMemsets; ++i) cudaMemsetAsync(held.data(), i, kMemsetBytes, side);
+    cudaEventRecord(done, side);
+    cudaStreamWaitEvent(nullptr, done, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kLaunches; ++i) launch();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const bool still_held = cudaEventQuery(done) == cudaErrorNotReady;
+    cuda::synchronize();
+    return still_held ? us / kLaunches : -1.0;
+  };
+  LaunchCost cost;
+  cost.gemm_us = held_time_us([&] { ctx.run(g, nullptr); });
+  cost.kernel_us = held_time_us([&] { cuda::swiglu_forward(y.as<bf16_t>(), x.as<bf16_t>(), x.as<bf16_t>(), 4096); });
+  cudaEventDestroy(done);
+  cudaStreamDestroy(side);
+  return cost;
+}
 
 // Matmul FLOPs of one token's step, attention included (causal: half the T x T products).
 //   base projections + head: Pm = L (C QD + 2 C KD + QD C + 3 C I) + V C
@@ -209,23 +262,34 @@ int run(int argc, char** argv) {
               "output projection + loss %.1f ms (%.0f%%), the rest (projections, norms, rope, MLP) %.1f ms\n",
               prof.step_ms, prof.attention_ms, 100 * prof.attention_ms / prof.step_ms, prof.loss_ms,
               100 * prof.loss_ms / prof.step_ms, prof.step_ms - prof.attention_ms - prof.loss_ms);
+  // The GEMM calls' host time at the measured per-call cost, against the step's device time: the
+  // kernels' launches (a few per layer and head on the GEMM attention path) come on top.
+  const LaunchCost launch = measure_launch_cost(setup.batch);
+  const double gemm_host_ms = launch.gemm_us > 0 ? double(prof.gemm_calls) * launch.gemm_us / 1000.0 : -1.0;
   std::printf("profile (host): %lld GEMM calls a step; the backward enqueued in %.1f ms on the host and ran %.1f ms on "
-              "the device (%s)\n",
-              (long long)prof.gemm_calls, prof.backward_host_ms, prof.backward_device_ms,
-              prof.backward_host_ms > 0.8 * prof.backward_device_ms ? "the GPU waits on the host: fewer, larger launches pay"
-                                                                      : "the host keeps ahead");
+              "the device\n",
+              (long long)prof.gemm_calls, prof.backward_host_ms, prof.backward_device_ms);
+  if (gemm_host_ms > 0)
+    std::printf("profile (host): launch cost with the queue held open: %.2f us a cuBLASLt call, %.2f us a kernel; the "
+                "step's GEMM calls alone take %.1f ms of host time against its %.1f ms on the device (%s)\n",
+                launch.gemm_us, launch.kernel_us, gemm_host_ms, prof.step_ms,
+                gemm_host_ms > 0.8 * prof.step_ms ? "host-bound: the GPU waits for its launches; fewer, larger ones pay"
+                                                   : "the host keeps ahead of the device");
+  else
+    std::printf("profile (host): launch cost not measured (the memsets holding the queue ended first)\n");
   std::printf("RESULT side=ktune model=%s mode=%s activation_checkpointing=%d activation_offloading=%d attention=%s "
               "batch=%lld seq=%lld steps=%lld step_ms=%.2f tokens_per_s=%.1f "
               "flops_per_token=%.6e tflops=%.2f mfu=%.4f loss_first=%.4f loss_last=%.4f planned_gib=%.3f "
               "device_used_gib=%.3f run_used_gib=%.3f attention_ms=%.1f loss_ms=%.1f fwd_bwd_ms=%.1f gemm_calls=%lld "
-              "backward_host_ms=%.1f backward_device_ms=%.1f\n",
+              "backward_host_ms=%.1f backward_device_ms=%.1f gemm_call_us=%.2f kernel_launch_us=%.2f gemm_host_ms=%.1f\n",
               model_name.c_str(), mode.c_str(), int(setup.activation_checkpointing), int(setup.activation_offloading),
               attention.c_str(), (long long)setup.batch, (long long)setup.seq_len, (long long)timed, step_ms,
               tokens_per_s,
               fpt, tflops, tflops / kPeakTflops, loss_first, loss_last,
               double(model.memory_plan().total()) / double(1ull << 30), double(used_after) / double(1ull << 30),
               double(used_after - std::min(used_after, used_before)) / double(1ull << 30), prof.attention_ms, prof.loss_ms, prof.step_ms,
-              (long long)prof.gemm_calls, prof.backward_host_ms, prof.backward_device_ms);
+              (long long)prof.gemm_calls, prof.backward_host_ms, prof.backward_device_ms, launch.gemm_us,
+              launch.kernel_us, gemm_host_ms);
   return 0;
 }
 

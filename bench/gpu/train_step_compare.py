@@ -293,9 +293,12 @@ def main():
                       f"ktune_planned_gib={k['planned_gib']}", f"ktune_device_used_gib={k['device_used_gib']}"]
             if "attention_ms" in k and float(k.get("fwd_bwd_ms", 0)) > 0:
                 parts.append(f"ktune_attention_share={100 * float(k['attention_ms']) / float(k['fwd_bwd_ms']):.0f}%")
-            if "gemm_calls" in k:  # host-bound when the backward's enqueueing takes about its device time
+            if "gemm_calls" in k:  # host-bound when the GEMM calls' host time (queue held open) nears the step's
                 parts += [f"ktune_gemm_calls={k['gemm_calls']}", f"ktune_backward_host_ms={k['backward_host_ms']}",
                           f"ktune_backward_device_ms={k['backward_device_ms']}"]
+            if "gemm_call_us" in k:
+                parts += [f"ktune_gemm_call_us={k['gemm_call_us']}", f"ktune_kernel_launch_us={k['kernel_launch_us']}",
+                          f"ktune_gemm_host_ms={k['gemm_host_ms']}"]
         else:
             parts.append("ktune=FAILED")
         if t:

@@ -130,7 +130,8 @@ __global__ void accumulate_chunk_kernel(double* total, long long* count, const f
   }
 }
 
-// The totals and the bad-label flag, at the end of the scratch.
+// The totals and the bad-label flag: in a buffer of the caller's (linear_cross_entropy_enqueue), or
+// at the start of the scratch (linear_cross_entropy).
 struct Totals {
   double loss;
   long long count;
@@ -157,6 +158,20 @@ double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, in
                             const bf16_t* weight, const LoraHead& lora, const int32_t* labels, int64_t N, int64_t C,
                             int64_t V, float softcap, float grad_scale, int64_t chunk_tokens, void* scratch,
                             Stream stream) {
+  // the totals in the scratch's first bytes, the pass's scratch after them
+  void* totals_at = scratch;
+  void* pass_scratch = static_cast<char*>(scratch) + align256(sizeof(Totals));
+  linear_cross_entropy_enqueue(ctx, dhidden, dweight, hidden, weight, lora, labels, N, C, V, softcap, grad_scale,
+                               chunk_tokens, pass_scratch, totals_at, stream);
+  const CrossEntropyTotals totals = linear_cross_entropy_totals(totals_at, V, stream);
+  if (n_valid) *n_valid = totals.n_valid;
+  return totals.loss_sum;
+}
+
+void linear_cross_entropy_enqueue(GemmContext& ctx, float* dhidden, float* dweight, const bf16_t* hidden,
+                                  const bf16_t* weight, const LoraHead& lora, const int32_t* labels, int64_t N,
+                                  int64_t C, int64_t V, float softcap, float grad_scale, int64_t chunk_tokens,
+                                  void* scratch, void* totals_at, Stream stream) {
   check(N >= 0 && C > 0 && V > 0 && chunk_tokens > 0, "cuda cross_entropy", "sizes must be positive");
   check(lora.rank == 0 || (lora.rank > 0 && lora.b && lora.xa), "cuda cross_entropy",
         "LoRA on the head needs rank > 0, B and xa");
@@ -172,6 +187,7 @@ double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, in
   const int64_t r = lora.rank;
   const size_t cv = size_t(chunk_tokens) * size_t(V);
   char* base = static_cast<char*>(scratch);
+  auto* totals = static_cast<Totals*>(totals_at);
   float* logits = reinterpret_cast<float*>(base);  // (rows, V); DoRA: the unscaled h' Wᵀ + s xa Bᵀ
   base += align256(cv * sizeof(float));
   auto* dlogits = reinterpret_cast<bf16_t*>(base);
@@ -180,8 +196,6 @@ double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, in
   base += align256(size_t(chunk_tokens) * 4);
   auto* valid = reinterpret_cast<int32_t*>(base);
   base += align256(size_t(chunk_tokens) * 4);
-  auto* totals = reinterpret_cast<Totals*>(base);
-  base += align256(sizeof(Totals));
   // DoRA with dropout: (rows, V) f32 h Wᵀ − h' Wᵀ, then (rows, V) bf16 dz ⊙ (c − 1)
   float* aux = lora.dropped_hidden ? reinterpret_cast<float*>(base) : nullptr;
   const Totals zero{0.0, 0, kNoBadIndex};
@@ -278,16 +292,18 @@ double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, in
       ctx.run(g, stream);
     }
   }
+}
+
+size_t linear_cross_entropy_totals_bytes() { return sizeof(Totals); }
+
+CrossEntropyTotals linear_cross_entropy_totals(const void* totals_at, int64_t V, Stream stream) {
   Totals result{};
-  KTUNE_CUDA_CHECK(cudaMemcpyAsync(&result, totals, sizeof result, cudaMemcpyDeviceToHost, stream));
+  KTUNE_CUDA_CHECK(cudaMemcpyAsync(&result, totals_at, sizeof result, cudaMemcpyDeviceToHost, stream));
   KTUNE_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (result.bad_row != kNoBadIndex)
     throw Error("cuda cross_entropy: token " + std::to_string(result.bad_row),
                 "label outside [0, " + std::to_string(V) + ") and not -100");
-  const double total = result.loss;
-  const int64_t count = result.count;
-  if (n_valid) *n_valid = count;
-  return total;
+  return CrossEntropyTotals{result.loss, int64_t(result.count)};
 }
 
 }  // namespace ktune::cuda

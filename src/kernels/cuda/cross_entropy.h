@@ -15,8 +15,10 @@
 // Peak scratch: chunk_tokens * V * 6 bytes (f32 logits + bf16 dlogits), flat in N; DoRA with
 // dropout another chunk_tokens * V * 4 (h Wᵀ − h' Wᵀ, then ((c − 1) ⊙ dz) in bf16).
 // It deliberately does not average (returns the sum and the count; the caller scales through
-// grad_scale), and it synchronises once at the end to return the loss (a device-side total for a
-// fully asynchronous step is left to the recipe integration).
+// grad_scale). linear_cross_entropy synchronises once at the end to return the loss; a step that
+// should not wait enqueues with linear_cross_entropy_enqueue (the sum, the count and a bad label's row
+// stay on the device, in a buffer of the caller's) and reads them with linear_cross_entropy_totals once it has
+// enqueued the rest (the decoder's backward), so the host runs ahead of the device through the loss.
 #pragma once
 
 #include <cstddef>
@@ -74,5 +76,24 @@ double linear_cross_entropy(GemmContext& ctx, float* dhidden, float* dweight, in
                             const bf16_t* weight, const LoraHead& lora, const int32_t* labels, int64_t N, int64_t C,
                             int64_t V, float softcap, float grad_scale, int64_t chunk_tokens, void* scratch,
                             Stream stream = nullptr);
+
+// The same work, enqueued only: nothing waits. The loss's sum, its count and the first bad label's
+// row go to `totals` (device, linear_cross_entropy_totals_bytes(); apart from the scratch, which the
+// caller may reuse as soon as the pass has run), for linear_cross_entropy_totals to read.
+void linear_cross_entropy_enqueue(GemmContext& ctx, float* dhidden, float* dweight, const bf16_t* hidden,
+                                  const bf16_t* weight, const LoraHead& lora, const int32_t* labels, int64_t N,
+                                  int64_t C, int64_t V, float softcap, float grad_scale, int64_t chunk_tokens,
+                                  void* scratch, void* totals, Stream stream = nullptr);
+size_t linear_cross_entropy_totals_bytes();
+
+// What an enqueued linear_cross_entropy summed: the loss over the valid tokens and their count.
+struct CrossEntropyTotals {
+  double loss_sum = 0;
+  int64_t n_valid = 0;
+};
+
+// Waits for `stream` and reads the totals an enqueued pass left in `totals`; throws ktune::Error
+// naming the first row whose label is outside [0, V) and not -100, as linear_cross_entropy does.
+CrossEntropyTotals linear_cross_entropy_totals(const void* totals, int64_t V, Stream stream = nullptr);
 
 }  // namespace ktune::cuda

@@ -4,9 +4,10 @@
 // ::backward, LoRA on lm_head LoraAdapter::fused_output_cross_entropy (Impl::loss). Everything runs
 // on the default stream but activation offloading's copies (activation_offload.h: a stream of their
 // own, ordered by events), ZeRO-3's weight gathers and ZeRO-2's gradient reduce-scatters (the hooks'
-// stream, ordered by events: "The ZeRO-3 weight slots", "The ZeRO-2 gradient slots"); the only
-// synchronisation in a step is the loss's (linear_cross_entropy returns it) and the index-flag check
-// after it, each behind a poll of the enqueued collectives.
+// stream, ordered by events: "The ZeRO-3 weight slots", "The ZeRO-2 gradient slots"); a step has
+// one host synchronisation, at its end (the index-flag check, then the loss's sum and count, which the
+// fused loss left on the device: linear_cross_entropy_enqueue), behind a poll of the enqueued
+// collectives, so the host enqueues the backward while the device still runs the forward.
 #include "model/cuda/decoder.h"
 
 #include <cuda_bf16.h>
@@ -259,6 +260,7 @@ struct Decoder::Impl {
   DeviceBuffer rope_cos, rope_sin;  // (rope_rows, D/2) f32: the CPU RopeTable's
   int64_t rope_rows = 0;             // T_max, more once a packed step's positions reach beyond it
   IndexFlag flag;
+  DeviceBuffer loss_totals_at{linear_cross_entropy_totals_bytes()};  // the fused loss's sum and count, read at the step's end
   std::vector<Layer> layers;
   int embed = -1, final_norm = -1, head = -1;  // head == embed when tied
   // The untied head as a projection ("lm_head", (V, C)): with TrainingSetup::lora_on_output its
@@ -428,7 +430,8 @@ struct Decoder::Impl {
   // Rows [first, first + rows) of the MLP's backward, dres's rows to dln's, the weight gradients
   // accumulated; chunked, the rows' forward is run again first (into dln's rows, overwritten after).
   void mlp_rows_backward(const DecoderConfig& c, int64_t l, int64_t first, int64_t rows);
-  StepResult loss(const DecoderConfig& c, float grad_scale, bool backward);
+  void loss(const DecoderConfig& c, float grad_scale, bool backward);
+  StepResult loss_totals(const DecoderConfig& c);
   // LoRA on lm_head around the fused loss: head_xa and the loss's LoraHead before it; dA and
   // dnormed's low-rank term (from dxa in lora_g) after it.
   LoraHead head_lora_forward(const LinearRef& w, bool backward);
@@ -1735,7 +1738,6 @@ void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
   }
   rmsnorm_forward(final_normed, final_rstd, resid[size_t(L)], P(final_norm).value, N, C, c.rms_norm_eps,
                   c.norm_weight_offset);
-  wait_for_collectives();  // before the loss's host synchronisation (all the gathers read already)
 }
 
 // Layer l from x_in to x_out, saving into acts[l]. With activation checkpointing the backward runs
@@ -1854,9 +1856,8 @@ void Decoder::Impl::mlp_rows_backward(const DecoderConfig& c, int64_t l, int64_t
 // it trains; A's and B's with LoRA on lm_head); otherwise neither is touched. LoRA on lm_head follows
 // LoraAdapter::fused_output_cross_entropy: xa = x' A^T once for all N rows, the low-rank term inside
 // each chunk (linear_cross_entropy's LoraHead), then through xa after the loss.
-StepResult Decoder::Impl::loss(const DecoderConfig& c, float grad_scale, bool backward) {
+void Decoder::Impl::loss(const DecoderConfig& c, float grad_scale, bool backward) {
   const DeviceParameter& h = P(head);
-  StepResult result;
   mark(2);
   const bool adapted = output.lora_a >= 0;
   const LinearRef w = adapted ? lin(output) : LinearRef{h.value, h.grad};
@@ -1866,12 +1867,20 @@ StepResult Decoder::Impl::loss(const DecoderConfig& c, float grad_scale, bool ba
     lora.nf4_codes = w.nf4_codes, lora.nf4_scales = w.nf4_scales;
     lora.nf4_block_rows = head_rows, lora.nf4_block = head_weight;
   }
-  result.loss_sum = linear_cross_entropy(gemm, backward ? dnormed : nullptr, backward ? h.grad : nullptr,
-                                         &result.n_valid, final_normed, w.nf4_codes ? nullptr : h.value, lora, labels,
-                                         N, c.hidden_size, c.vocab_size, c.final_logit_softcap, grad_scale, ce_chunk,
-                                         ce_scratch);
+  linear_cross_entropy_enqueue(gemm, backward ? dnormed : nullptr, backward ? h.grad : nullptr, final_normed,
+                               w.nf4_codes ? nullptr : h.value, lora, labels, N, c.hidden_size, c.vocab_size,
+                               c.final_logit_softcap, grad_scale, ce_chunk, ce_scratch, loss_totals_at.data());
   if (backward && adapted) head_lora_backward(w);
   mark(3);
+}
+
+// The loss's sum and count, which the pass left on the device (loss_totals_at): read once
+// the step has been enqueued whole, so the host never waits between the forward and the backward.
+StepResult Decoder::Impl::loss_totals(const DecoderConfig& c) {
+  const CrossEntropyTotals totals = linear_cross_entropy_totals(loss_totals_at.data(), c.vocab_size);  // synchronises
+  StepResult result;
+  result.loss_sum = totals.loss_sum;
+  result.n_valid = totals.n_valid;
   return result;
 }
 
@@ -2079,7 +2088,7 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
       KTUNE_CUDA_CHECK(cudaMemsetAsync(units_[size_t(u)].grads, 0, size_t(units_[size_t(u)].size) * 4, nullptr));
     s.reducing_units = true;
   }
-  const StepResult result = s.loss(config_, grad_scale, true);  // synchronises (its sum to the host)
+  s.loss(config_, grad_scale, true);  // enqueued: its sum stays on the device until the step's end
   const auto backward_start = std::chrono::steady_clock::now();
   s.backward(config_);
   s.settle_all();            // the pieces still pending (the last layers', units L + 1's and 0's)
@@ -2088,6 +2097,7 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   s.reducing_units = false;
   s.wait_for_collectives();  // before finish_step's host synchronisation
   s.finish_step(config_, true, &profile_);
+  const StepResult result = s.loss_totals(config_);
   if (s.profiling) {
     profile_.gemm_calls = s.gemm.calls() - gemm_calls_before;
     profile_.backward_host_ms = backward_host_ms;
@@ -2104,9 +2114,10 @@ StepResult Decoder::forward_loss(const int32_t* tokens_host, const int32_t* labe
   s.dropping = false;  // evaluation: no dropout
   s.mark(0);
   s.forward(config_, false);
-  const StepResult result = s.loss(config_, 0.0f, false);
+  s.loss(config_, 0.0f, false);
+  s.wait_for_collectives();  // the forward's gathers, before finish_step's host synchronisation
   s.finish_step(config_, false, &profile_);
-  return result;
+  return s.loss_totals(config_);
 }
 
 void Decoder::set_dropout_key(uint64_t key) { impl_->dropout_key = key; }

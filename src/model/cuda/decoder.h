@@ -424,8 +424,8 @@ class Decoder {
   //     event never recorded is no wait.)
   //   wait_all(): returns once every gather enqueued so far has completed, or throws the collective's
   //     Error (a dead peer, a timeout) — by polling, never by a host wait that a dead peer could hang.
-  //     The decoder calls it before every host synchronisation that may depend on a gather (the
-  //     loss's, the end of the step, gather_weights), so that no cudaDeviceSynchronize waits on one.
+  //     The decoder calls it before every host synchronisation that may depend on a gather (the end
+  //     of a step, gather_weights), so that no cudaDeviceSynchronize waits on one.
   struct WeightGather {
     std::function<void(int64_t layer, bf16_t* slot, CUevent_st* ready, CUevent_st* done)> enqueue;
     std::function<void()> wait_all;
@@ -461,9 +461,11 @@ class Decoder {
     double loss_ms = 0;       // output projection + cross-entropy (+ its gradients)
     double step_ms = 0;       // the whole forward_backward on the device
     // Whether the step waits on the host (forward_backward only): the GEMMs it launched (cuBLASLt
-    // calls, a few µs of host time each), the host time enqueuing the backward after the loss's
-    // synchronisation, and the device time from the loss's end to the step's. Host time close to
-    // the device time means the GPU waited for its work to be enqueued.
+    // calls, a few µs of host time each), the host time enqueuing the backward (after the loss's,
+    // nothing waited for), and the device time from the loss's end to the step's. Host time well
+    // below the device time means the host kept ahead; close to it, either the GPU waited for its
+    // work to be enqueued or the host waited for room in the launch queue: bench/gpu's launch-cost
+    // line (host µs a launch, measured with the queue held open) tells which.
     int64_t gemm_calls = 0;
     double backward_host_ms = 0, backward_device_ms = 0;
   };

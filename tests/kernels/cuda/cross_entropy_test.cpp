@@ -266,5 +266,43 @@ KTUNE_CUDA_TEST(FusedLinearCrossEntropyRejectsALabelOutsideTheVocabulary) {
   CHECK(message.find("token 2") != std::string::npos) << "got: '" << message << "'";
 }
 
+// The enqueue-only form leaves its sum and count in the caller's totals buffer, apart from the
+// scratch: they equal the synchronous form's bit for bit after the scratch has been overwritten, and
+// a bad label is named when the totals are read, not when the pass is enqueued.
+KTUNE_CUDA_TEST(FusedLinearCrossEntropyEnqueuedLeavesItsTotalsOutsideTheScratch) {
+  const int64_t N = 70, C = 64, V = 300, chunk = 32;
+  auto d_h = to_device(cuda_test::to_bf16(cuda_test::rounded_to_bf16(random_floats(size_t(N * C), 7))));
+  auto d_w = to_device(cuda_test::to_bf16(cuda_test::rounded_to_bf16(random_floats(size_t(V * C), 8))));
+  std::vector<int32_t> labels(static_cast<size_t>(N));
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = i % 7 == 3 ? cpu::kIgnoreIndex : int32_t(i * 37 % V);
+  auto d_labels = to_device(labels);
+  cuda::DeviceBuffer scratch(cuda::linear_cross_entropy_scratch_bytes(chunk, V)),
+      totals(cuda::linear_cross_entropy_totals_bytes());
+  cuda::GemmContext ctx;
+  int64_t want_valid = -1;
+  const double want = cuda::linear_cross_entropy(ctx, nullptr, nullptr, &want_valid, d_h.as<bf16_t>(),
+                                                 d_w.as<bf16_t>(), d_labels.as<int32_t>(), N, C, V, 0.0f, 1.0f, chunk,
+                                                 scratch.data());
+  cuda::linear_cross_entropy_enqueue(ctx, nullptr, nullptr, d_h.as<bf16_t>(), d_w.as<bf16_t>(), cuda::LoraHead{},
+                                     d_labels.as<int32_t>(), N, C, V, 0.0f, 1.0f, chunk, scratch.data(), totals.data());
+  const std::vector<unsigned char> other(cuda::linear_cross_entropy_scratch_bytes(chunk, V), 0x5a);
+  scratch.upload(other.data(), other.size());  // the scratch reused before the totals are read
+  const cuda::CrossEntropyTotals got = cuda::linear_cross_entropy_totals(totals.data(), V);
+  CHECK(got.n_valid == want_valid && got.loss_sum == want)
+      << "enqueued " << got.loss_sum << " over " << got.n_valid << " vs " << want << " over " << want_valid;
+
+  labels[2] = int32_t(V);  // outside the vocabulary
+  auto d_bad = to_device(labels);
+  cuda::linear_cross_entropy_enqueue(ctx, nullptr, nullptr, d_h.as<bf16_t>(), d_w.as<bf16_t>(), cuda::LoraHead{},
+                                     d_bad.as<int32_t>(), N, C, V, 0.0f, 1.0f, chunk, scratch.data(), totals.data());
+  std::string message;
+  try {
+    cuda::linear_cross_entropy_totals(totals.data(), V);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("token 2") != std::string::npos) << "got: '" << message << "'";
+}
+
 }  // namespace
 }  // namespace ktune

@@ -2209,7 +2209,7 @@ KTUNE_CUDA_TEST(DecoderUploadOfBf16ValuesOrOfReadChunksStoresWhatUploadOfTheirF3
 // the next layer's enqueued while a layer computes, none of a layer still in its slot (2L - 2 the
 // first micro-batch, 2L - 4 the next: layers 0 and 1 stay from the backward; with one slot, when
 // plain_setup.prefetch_weights is off, 2L - 1 and 2L - 2, each as its layer computes), the rank's own piece in
-// place each time, every gather waited for (polled) before the loss and before the step returns;
+// place each time, every collective waited for (polled) before each host wait and before the step returns;
 // the loss and the gradients are the unsharded step's bit for bit (a full fine-tune's each unit's as
 // its stream-ordered reduce-scatter sees it, under the same schedule, and the accumulator's sums;
 // LoRA's after the step), over both micro-batches; forward_loss gathers the layers
@@ -2247,13 +2247,19 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
   // their own under the same schedule, sharing the step with the gathers.
   StreamReduceStandIn reduce(units, rank, schedule);
   std::vector<float> want_acc(size_t(sharded.optimizer_shard().size), 0.0f);
-  bool waited_before_loss = true;
-  if (full) {
-    reduce.on_enqueue = [&](int64_t u) {  // the first, after the loss: every collective polled before its sync
-      if (u == L + 1) waited_before_loss = waited_before_loss && gather.unwaited == 0 && reduce.unwaited == 0;
-    };
-    sharded.set_gradient_reduce(reduce.hook());
-  }
+  if (full) sharded.set_gradient_reduce(reduce.hook());
+  // Every host wait of the decoder's (the default stream's, the device's, a synchronous copy; not the
+  // stand-ins' own on their streams) comes after a poll of every collective enqueued so far (the
+  // emulator tells; on a GPU the step's end is checked below).
+  bool polled_before_every_wait = true;
+#ifdef KTUNE_CUDA_EMULATOR
+  struct WaitHook {
+    ~WaitHook() { ::emu::g_on_host_wait = nullptr; }
+  } unhook;
+  ::emu::g_on_host_wait = [&](CUstream_st* stream) {
+    if (!stream && (gather.unwaited > 0 || reduce.unwaited > 0)) polled_before_every_wait = false;
+  };
+#endif
   std::vector<int32_t> tokens, labels;
   batch(config, setup.batch * setup.seq_len, &tokens, &labels);
   plain.zero_grad(), sharded.zero_grad();
@@ -2273,7 +2279,8 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
     const cuda::StepResult got = sharded.forward_backward(tokens.data(), labels.data(), 0.01f);
     const std::vector<int64_t> want_order = expected_gathers(L, micro == 0 ? 0 : slots, true, slots);
     CHECK(gather.gathered == want_order) << step << ": " << gather.gathered.size() << " gathers, want " << want_order.size();
-    CHECK(gather.unwaited == 0 && waited_before_loss) << step << ": a gather not polled before a host synchronisation";
+    CHECK(gather.unwaited == 0 && polled_before_every_wait)
+        << step << ": a collective not polled before a host synchronisation";
     CHECK(gather.own_piece_in_place) << step << ": the rank's own piece was not in its place in the slot before a gather";
     CHECK(got.loss_sum == want.loss_sum && got.n_valid == want.n_valid) << step << ": loss " << got.loss_sum << " vs " << want.loss_sum;
     if (full) {  // each unit as its reduce-scatter saw it, the accumulator, and the reduce-scatters polled
@@ -2601,6 +2608,55 @@ KTUNE_CUDA_TEST(DecoderProfileTimesRegionsInsideTheStep) {
         << "GEMM calls: kGemm " << gemm_calls[0] << ", kFlash " << gemm_calls[1];
   }
 }
+
+#ifdef KTUNE_CUDA_EMULATOR
+// A step enqueues all its work before it waits for the device: every host wait of forward_backward
+// and forward_loss (a synchronisation or a synchronous copy, as the emulator logs them) comes before
+// the step's first kernel (its batch's upload) or after its last (the index check, the loss's sum),
+// so the host never stalls between the forward and the backward. LoRA and full, with checkpointing
+// and on both attention paths, and a packed batch (its document bounds are uploaded too).
+KTUNE_CUDA_TEST(DecoderStepWaitsForTheDeviceOnlyAfterEnqueuingItsWork) {
+  struct Case {
+    const char* name;
+    bool full, checkpointing;
+    cuda::TrainingSetup::Attention attention;
+  };
+  for (const Case& k : {Case{"lora [gemm attention]", false, false, cuda::TrainingSetup::Attention::kGemm},
+                        Case{"full checkpointed [gemm attention]", true, true, cuda::TrainingSetup::Attention::kGemm},
+                        Case{"lora checkpointed [flash attention]", false, true,
+                             cuda::TrainingSetup::Attention::kFlash}}) {
+    cuda::TrainingSetup setup = family_setup(k.full, kAllProjections);
+    setup.activation_checkpointing = k.checkpointing;
+    setup.attention = k.attention;
+    const cuda::DecoderConfig config = three_layers(tiny_config(true));
+    cuda::Decoder model(config, setup, 3);
+    std::vector<int32_t> tokens, labels;
+    batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+    std::vector<int32_t> positions(tokens.size()), doc_ids(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {  // two documents a row
+      const int64_t t = int64_t(i) % setup.seq_len, half = setup.seq_len / 2;
+      positions[i] = int32_t(t < half ? t : t - half), doc_ids[i] = int32_t(t < half ? 0 : 1);
+    }
+    for (bool packed : {false, true})
+      for (bool backward : {true, false}) {
+        const std::string what = std::string(k.name) + (packed ? " packed" : "") + (backward ? "" : " forward_loss");
+        const uint64_t first = ::emu::g_launches;
+        ::emu::g_host_waits.clear();
+        const cuda::StepResult r =
+            backward ? model.forward_backward(tokens.data(), labels.data(), 0.01f, 0,
+                                              packed ? positions.data() : nullptr, packed ? doc_ids.data() : nullptr)
+                     : model.forward_loss(tokens.data(), labels.data(), 0, packed ? positions.data() : nullptr,
+                                          packed ? doc_ids.data() : nullptr);
+        const uint64_t last = ::emu::g_launches;
+        CHECK(r.n_valid > 0 && std::isfinite(r.loss_sum)) << what << ": loss " << r.loss_sum << " over " << r.n_valid;
+        CHECK(last > first && !::emu::g_host_waits.empty()) << what << ": the step launched or waited for nothing";
+        for (uint64_t w : ::emu::g_host_waits)
+          CHECK(w == first || w == last) << what << ": the host waited after " << (w - first) << " of the step's "
+                                         << (last - first) << " kernels";
+      }
+  }
+}
+#endif
 
 // ---- LoRA on the output projection (TrainingSetup::lora_on_output) ----
 

@@ -68,6 +68,7 @@
 #include <utility>
 #include <vector>
 
+#define KTUNE_CUDA_EMULATOR 1  // this fake, not a CUDA toolkit's runtime: its emu:: hooks exist
 #define __global__
 #define __device__
 #define __host__
@@ -169,6 +170,17 @@ inline std::function<void()> g_body;
 inline std::mt19937 g_rng(7);
 inline cudaError_t g_last_error = cudaSuccess;
 inline uint64_t g_launches = 0;
+// Host waits: for each cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize and
+// synchronous cudaMemcpy / cudaMemset (each makes a GPU's host wait), how many kernels had been
+// launched before it; tests read it to see where a step waits (KTUNE_CUDA_EMULATOR marks this fake).
+// g_on_host_wait, when set, is called at each such wait with the stream waited for (nullptr: the
+// default stream, the whole device or a synchronous copy).
+inline std::vector<uint64_t> g_host_waits;
+inline std::function<void(CUstream_st*)> g_on_host_wait;
+inline void note_host_wait(CUstream_st* stream = nullptr) {
+  g_host_waits.push_back(g_launches);
+  if (g_on_host_wait) g_on_host_wait(stream);
+}
 
 constexpr unsigned char kGarbage = 0xff;  // fresh device / shared memory: NaN in f32 and bf16
 
@@ -615,6 +627,7 @@ inline void check_apart(const void* dst, const void* src, size_t n) {
 }
 }  // namespace emu
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+  emu::note_host_wait();
   emu::check_apart(dst, src, n);
   std::memmove(dst, src, n);
   return cudaSuccess;
@@ -625,6 +638,7 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMem
   return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void* p, int v, size_t n) {
+  emu::note_host_wait();
   std::memset(p, v, n);
   return cudaSuccess;
 }
@@ -637,6 +651,7 @@ inline cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() {
+  emu::note_host_wait();
   for (CUstream_st* s : emu::streams()) emu::run_stream(s);
   return cudaSuccess;
 }
@@ -656,6 +671,7 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  emu::note_host_wait(s);
   emu::run_stream(s);
   return cudaSuccess;
 }
@@ -691,6 +707,7 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned =
   return cudaSuccess;
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  emu::note_host_wait(e->stream);
   emu::run_stream_until(e->stream, e->upto);
   return cudaSuccess;
 }
