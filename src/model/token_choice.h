@@ -6,9 +6,9 @@
 // in that order). Before either, a repetition penalty (HF's RepetitionPenaltyLogitsProcessor) makes
 // the tokens already in the context less likely, and a token that would repeat an n-gram of the
 // context is ruled out (HF's NoRepeatNGramLogitsProcessor, no_repeat_ngram_size). A draw is
-// uniform01_double(seed, index): the same seed and index give the same token on any machine. A draw never sorts the vocabulary: the top_k
-// and top_p cuts are found by bucketing the logits by value (a few passes over them), and the draw
-// walks the kept tokens in id order.
+// uniform01_double(seed, index): the same seed and index give the same token on any machine. A draw
+// never sorts the vocabulary: the top_k and top_p cuts are found by bucketing the logits by value (a
+// few passes over them), and the draw walks the kept tokens in id order.
 #pragma once
 
 #include <cstdint>

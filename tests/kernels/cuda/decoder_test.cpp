@@ -2609,55 +2609,6 @@ KTUNE_CUDA_TEST(DecoderProfileTimesRegionsInsideTheStep) {
   }
 }
 
-#ifdef KTUNE_CUDA_EMULATOR
-// A step enqueues all its work before it waits for the device: every host wait of forward_backward
-// and forward_loss (a synchronisation or a synchronous copy, as the emulator logs them) comes before
-// the step's first kernel (its batch's upload) or after its last (the index check, the loss's sum),
-// so the host never stalls between the forward and the backward. LoRA and full, with checkpointing
-// and on both attention paths, and a packed batch (its document bounds are uploaded too).
-KTUNE_CUDA_TEST(DecoderStepWaitsForTheDeviceOnlyAfterEnqueuingItsWork) {
-  struct Case {
-    const char* name;
-    bool full, checkpointing;
-    cuda::TrainingSetup::Attention attention;
-  };
-  for (const Case& k : {Case{"lora [gemm attention]", false, false, cuda::TrainingSetup::Attention::kGemm},
-                        Case{"full checkpointed [gemm attention]", true, true, cuda::TrainingSetup::Attention::kGemm},
-                        Case{"lora checkpointed [flash attention]", false, true,
-                             cuda::TrainingSetup::Attention::kFlash}}) {
-    cuda::TrainingSetup setup = family_setup(k.full, kAllProjections);
-    setup.activation_checkpointing = k.checkpointing;
-    setup.attention = k.attention;
-    const cuda::DecoderConfig config = three_layers(tiny_config(true));
-    cuda::Decoder model(config, setup, 3);
-    std::vector<int32_t> tokens, labels;
-    batch(config, setup.batch * setup.seq_len, &tokens, &labels);
-    std::vector<int32_t> positions(tokens.size()), doc_ids(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i) {  // two documents a row
-      const int64_t t = int64_t(i) % setup.seq_len, half = setup.seq_len / 2;
-      positions[i] = int32_t(t < half ? t : t - half), doc_ids[i] = int32_t(t < half ? 0 : 1);
-    }
-    for (bool packed : {false, true})
-      for (bool backward : {true, false}) {
-        const std::string what = std::string(k.name) + (packed ? " packed" : "") + (backward ? "" : " forward_loss");
-        const uint64_t first = ::emu::g_launches;
-        ::emu::g_host_waits.clear();
-        const cuda::StepResult r =
-            backward ? model.forward_backward(tokens.data(), labels.data(), 0.01f, 0,
-                                              packed ? positions.data() : nullptr, packed ? doc_ids.data() : nullptr)
-                     : model.forward_loss(tokens.data(), labels.data(), 0, packed ? positions.data() : nullptr,
-                                          packed ? doc_ids.data() : nullptr);
-        const uint64_t last = ::emu::g_launches;
-        CHECK(r.n_valid > 0 && std::isfinite(r.loss_sum)) << what << ": loss " << r.loss_sum << " over " << r.n_valid;
-        CHECK(last > first && !::emu::g_host_waits.empty()) << what << ": the step launched or waited for nothing";
-        for (uint64_t w : ::emu::g_host_waits)
-          CHECK(w == first || w == last) << what << ": the host waited after " << (w - first) << " of the step's "
-                                         << (last - first) << " kernels";
-      }
-  }
-}
-#endif
-
 // ---- LoRA on the output projection (TrainingSetup::lora_on_output) ----
 
 // LoRA (rank 8, alpha 16) on `lora` and on lm_head, two rows of 40 tokens, the loss in chunks of 24
@@ -3304,6 +3255,54 @@ PackedLayout pack_rows(int64_t T, const std::vector<PackedRow>& rows) {
   }
   return p;
 }
+
+#ifdef KTUNE_CUDA_EMULATOR
+// A step enqueues all its work before it waits for the device: every host wait of forward_backward
+// and forward_loss (a synchronisation or a synchronous copy, as the emulator logs them) comes before
+// the step's first kernel (its batch's upload) or after its last (the index check, the loss's sum),
+// so the host never stalls between the forward and the backward. LoRA and full, with checkpointing
+// and on both attention paths, and a packed batch (its document bounds are uploaded too).
+KTUNE_CUDA_TEST(DecoderStepWaitsForTheDeviceOnlyAfterEnqueuingItsWork) {
+  struct Case {
+    const char* name;
+    bool full, checkpointing;
+    cuda::TrainingSetup::Attention attention;
+  };
+  for (const Case& k : {Case{"lora [gemm attention]", false, false, cuda::TrainingSetup::Attention::kGemm},
+                        Case{"full checkpointed [gemm attention]", true, true, cuda::TrainingSetup::Attention::kGemm},
+                        Case{"lora checkpointed [flash attention]", false, true,
+                             cuda::TrainingSetup::Attention::kFlash}}) {
+    cuda::TrainingSetup setup = family_setup(k.full, kAllProjections);
+    setup.activation_checkpointing = k.checkpointing;
+    setup.attention = k.attention;
+    const cuda::DecoderConfig config = three_layers(tiny_config(true));
+    cuda::Decoder model(config, setup, 3);
+    std::vector<int32_t> tokens, labels;
+    batch(config, setup.batch * setup.seq_len, &tokens, &labels);
+    const int64_t half = setup.seq_len / 2;
+    const PackedLayout unpacked, two_documents = pack_rows(  // two documents a row
+                                     setup.seq_len, std::vector<PackedRow>(size_t(setup.batch), {{half, setup.seq_len - half}}));
+    for (bool packed : {false, true})
+      for (bool backward : {true, false}) {
+        const std::string what = std::string(k.name) + (packed ? " packed" : "") + (backward ? "" : " forward_loss");
+        const uint64_t first = ::emu::g_launches;
+        ::emu::g_host_waits.clear();
+        const PackedLayout& layout = packed ? two_documents : unpacked;
+        const cuda::StepResult r =
+            backward ? model.forward_backward(tokens.data(), labels.data(), 0.01f, 0, layout.positions_or_null(),
+                                              layout.doc_ids_or_null())
+                     : model.forward_loss(tokens.data(), labels.data(), 0, layout.positions_or_null(),
+                                          layout.doc_ids_or_null());
+        const uint64_t last = ::emu::g_launches;
+        CHECK(r.n_valid > 0 && std::isfinite(r.loss_sum)) << what << ": loss " << r.loss_sum << " over " << r.n_valid;
+        CHECK(last > first && !::emu::g_host_waits.empty()) << what << ": the step launched or waited for nothing";
+        for (uint64_t w : ::emu::g_host_waits)
+          CHECK(w == first || w == last) << what << ": the host waited after " << (w - first) << " of the step's "
+                                         << (last - first) << " kernels";
+      }
+  }
+}
+#endif
 
 // A packed step against the CPU reference on the same packed batch (RoPE at each token's position,
 // attention masked by doc ids): two rows of 40, row 0 a one-token document, two more and padding,
