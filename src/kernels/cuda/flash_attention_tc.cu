@@ -1,23 +1,29 @@
 // Fused causal attention on the tensor cores (see flash_attention_tc.h).
 //
-// Every product is a warp's wmma bf16 16x16x16 fragments read from shared memory (f32
-// accumulators); every elementwise step (mask, softmax, dS) runs on f32 tiles in shared memory that
-// a fragment was stored to, so no code depends on which lane holds which fragment element — with
-// one exception made safe: the forward rescales its output accumulators per row, and reads each
-// element's row from a fragment loaded from a table of row numbers (same fragment type, same layout).
+// The forward keeps the scores in registers (FlashAttention-2's scheme on mma.sync m16n8k16, whose
+// fragment layout PTX fixes: mma_m16n8k16.cuh): S's accumulators are masked, soft-capped and turned
+// into P where they are, and P's accumulator pairs are, rounded to bf16, the A fragments of P V, so
+// nothing of a (16 x 64) score tile goes through shared memory. K and V tiles come in by cp.async,
+// two stages deep (the next tile's copies land while the current one computes), and are read as
+// fragments by ldmatrix (V transposed).
+// The backward uses wmma bf16 16x16x16 fragments read from shared memory (f32 accumulators), and every
+// elementwise step (mask, softmax, dS) runs on f32 tiles in shared memory that a fragment was stored
+// to, so no code there depends on which lane holds which fragment element.
 //
-// Forward, block (query tile qt, b * Hq + h), 4 warps; warp w owns query rows q0 + 16w .. + 15:
+// Forward, block (query tile qt, b * Hq + h), 4 warps; warp w owns query rows q0 + 16w .. + 15, and
+// lane 4g + t the rows g and g + 8 of those, columns 2t, 2t + 1 of every 8:
 //   for each key tile k0 = k_begin, .. + 64, .. <= q0 (the diagonal tile last; the ones above it are
 //   skipped; k_begin: the tile of the block's first query's first key in the window, q0 - window + 1,
 //   and of its smallest first_key with DocumentBounds, whichever is later; else 0):
-//     S (16 x 64) = Q_w K^T            -> shared (f32), read back scaled, soft-capped (cap tanh(s / cap));
-//                                         masked (j > i or j >= T, i - window >= j, or doc[j] != doc[i]:
-//                                         -inf) on the diagonal and last tiles and those reaching back
-//                                         past a row's window only, on every tile with doc ids (a tile
-//                                         may then mask a whole row)
-//     m' = max(m, rowmax S); P = exp(S - m') (bf16 to shared); l = l e^(m - m') + rowsum P
-//     O = O e^(m - m') + P V           (O: D/16 accumulator fragments in registers)
-//   out = O / l, lse = m + log l.  Lane 2r + half holds row r's m and l (both lanes of the pair).
+//     S (16 x 64) = Q_w K^T            (8 accumulator tiles in registers), scaled, soft-capped
+//                                      (cap tanh(s / cap)), masked (j > i or j >= T, i - window >= j,
+//                                      or doc[j] != doc[i]: -inf) on the diagonal and last tiles and
+//                                      those reaching back past a row's window only, on every tile with
+//                                      doc ids (a tile may then mask a whole row)
+//     m' = max(m, rowmax S) (over the row's 4 lanes); P = exp(S - m'); l = l e^(m - m') + rowsum P
+//                                      (l: each lane's part, summed over the 4 lanes at the end)
+//     O = O e^(m - m') + P V           (O: D/8 accumulator tiles in registers; P rounded to bf16)
+//   out = O / l, lse = m + log l.
 // Backward, block (key tile, b * Hkv + kvh), W warps (W = 4 for D = 64, 8 for D = 128; 16W keys);
 // warp w owns key rows k0 + 16w .. + 15. For each query head h of the group and each 64-query tile
 // i0 >= k0 (tiles below are fully masked) up to i_end (T; with a window k0 + 16W - 1 + window, past
@@ -46,6 +52,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/mma_m16n8k16.cuh"
 #include "kernels/cuda/wmma_bf16.cuh"
 #include "kernels/cuda/document_bounds.cuh"
 
@@ -61,19 +68,18 @@ constexpr int kLdProb = kTile + 8;   // bf16 row stride of 16 x 64 P / dS tiles 
 
 constexpr size_t align128(size_t n) { return (n + 127) / 128 * 128; }
 
-// Byte offsets into the forward block's dynamic shared memory. Row strides of D + 8 bf16 keep
-// every 16-row, 16-column fragment start 32-byte aligned (as wmma requires) and shift the banks.
+// Byte offsets into the forward block's dynamic shared memory: Q, then K and V in two stages each
+// (the next key tile's cp.async copies land in one while the warps compute on the other). Row
+// strides of D + 8 bf16 keep every row 16-byte aligned (ldmatrix, cp.async) and put the 8 rows an
+// ldmatrix reads at once in 8 different 4-bank groups.
 template <int D>
 struct ForwardLayout {
   static constexpr int kLd = D + 8;
-  static constexpr size_t q = 0;                                               // (64, D+8) bf16
-  static constexpr size_t k = q + align128(size_t(kTile) * kLd * 2);           // (64, D+8) bf16
-  static constexpr size_t v = k + align128(size_t(kTile) * kLd * 2);           // (64, D+8) bf16
-  static constexpr size_t s = v + align128(size_t(kTile) * kLd * 2);           // (4 warps, 16, 68) f32
-  static constexpr size_t p = s + align128(size_t(kForwardWarps) * 16 * kLdScore * 4);  // (4, 16, 72) bf16
-  static constexpr size_t row_scale = p + align128(size_t(kForwardWarps) * 16 * kLdProb * 2);  // (64) f32
-  static constexpr size_t rows = row_scale + align128(size_t(kTile) * 4);     // (16, 16) f32: r at (r, c)
-  static constexpr size_t bytes = rows + align128(16 * 16 * 4);
+  static constexpr size_t tile = align128(size_t(kTile) * kLd * 2);  // (64, D+8) bf16
+  static constexpr size_t q = 0;
+  static constexpr size_t k = q + tile;      // 2 stages
+  static constexpr size_t v = k + 2 * tile;  // 2 stages
+  static constexpr size_t bytes = v + 2 * tile;
 };
 
 // The backward block's: W warps, 16 W keys.
@@ -145,136 +151,171 @@ __device__ void store_rows_bf16(bf16* dst, Acc (&frags)[D / 16], float* staging,
   __syncwarp();
 }
 
-// Blocks an SM holds by shared memory (ForwardLayout: 54 KiB at D = 64, 78 KiB at D = 128); the
+// Rows first .. first+rows-1 of head h of a (B, T, H, D) bf16 tensor into dst (rows, D+8) by cp.async,
+// 16 bytes a copy; rows >= T land as 0. Part of the thread's open cp.async group (the caller commits).
+template <int D>
+__device__ void load_tile_async(bf16* dst, const bf16* src, int64_t b, int64_t first, int rows, int64_t h, int64_t H,
+                                int64_t T) {
+  constexpr int kChunks = D / 8;  // 8 bf16 per copy
+  for (int e = threadIdx.x; e < rows * kChunks; e += blockDim.x) {
+    const int r = e / kChunks, c = e % kChunks;
+    const int64_t i = first + r;
+    const bool valid = i < T;
+    ptx::cp_async_16(dst + r * (D + 8) + c * 8, valid ? src + ((b * T + i) * H + h) * D + c * 8 : src, valid);
+  }
+}
+
+// Blocks an SM holds by shared memory (ForwardLayout: 45 KiB at D = 64, 85 KiB at D = 128); the
 // register budget follows (at D = 64, four blocks leave 128 registers a thread).
 template <int D>
-__global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 4 : 2)
+__global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 3 : 2)
     forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, Params p) {
   using L = ForwardLayout<D>;
-  constexpr int kLd = L::kLd;
+  constexpr int kLd = L::kLd, kScoreTiles = kTile / 8, kOutTiles = D / 8;
+  constexpr size_t kStage = L::tile / 2;  // bf16 elements a stage
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem + L::q);
   bf16* k_s = reinterpret_cast<bf16*>(smem + L::k);
   bf16* v_s = reinterpret_cast<bf16*>(smem + L::v);
-  float* rows_s = reinterpret_cast<float*>(smem + L::rows);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float* s_w = reinterpret_cast<float*>(smem + L::s) + warp * 16 * kLdScore;     // (16, 68) this warp's S
-  bf16* p_w = reinterpret_cast<bf16*>(smem + L::p) + warp * 16 * kLdProb;        // (16, 72) this warp's P
-  float* scale_w = reinterpret_cast<float*>(smem + L::row_scale) + warp * 16;    // (16) per-row factors
+  const int g = lane >> 2, t = lane & 3;  // fragment row group and column pair (mma_m16n8k16.cuh)
+  // ldmatrix row addresses: lane's matrix lane / 8 of four; `rows8` picks rows 8..15 for matrices 1
+  // and 3 (A tiles, V), `cols8` columns 8..15 for matrices 2 and 3; K takes them the other way round.
+  const int row_in = (lane & 7) + (((lane >> 3) & 1) << 3), col_in = (lane >> 4) << 3;
+  const int key_in = (lane & 7) + ((lane >> 4) << 3), dim_in = ((lane >> 3) & 1) << 3;
 
   const int64_t b = blockIdx.y / p.Hq, h = blockIdx.y % p.Hq, kvh = h / (p.Hq / p.Hkv);
   // The longest rows (most key tiles) first: block x = 0 takes the last query tile.
   const int64_t n_tiles = (p.T + kTile - 1) / kTile, q0 = (n_tiles - 1 - int64_t(blockIdx.x)) * kTile;
-  for (int e = threadIdx.x; e < 16 * 16; e += blockDim.x) rows_s[e] = float(e / 16);
-  load_tile<D>(q_s, q, b, q0, kTile, h, p.Hq, p.T);
-  __syncthreads();
-
-  Acc row_of;  // row_of.x[e]: the row (0..15) of element e of any Acc this lane holds
-  wmma::load_matrix_sync(row_of, rows_s, 16, wmma::mem_row_major);
-  FragA qf[D / 16];
+  // This lane's two rows of the warp's 16 (fragment rows g and g + 8), and their documents (rows past
+  // T, never stored, keep the causal mask only).
+  const int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  bool doc_row[2];
+  int32_t doc_i[2];
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) wmma::load_matrix_sync(qf[kk], q_s + warp * 16 * kLd + kk * 16, kLd);
-  Acc o[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(o[n], 0.0f);
-
-  const int r = lane >> 1, half = lane & 1;  // this lane's softmax row, and its columns 2t + half
-  const int64_t i = q0 + warp * 16 + r;
-  // Row i's document (rows past T, never stored, keep the causal mask only).
-  const bool doc_row = p.doc && i < p.T;
-  const int32_t doc_i = doc_row ? p.doc[b * p.T + i] : 0;
-  float m = -INFINITY, l = 0.0f;
+  for (int r = 0; r < 2; ++r) {
+    doc_row[r] = p.doc && rows[r] < p.T;
+    doc_i[r] = doc_row[r] ? p.doc[b * p.T + rows[r]] : 0;
+  }
   const int64_t k_end = min(p.T, q0 + kTile);  // keys past the tile's last query are never visible
   // Keys before the window of the block's first query, or before its first document start, are never
   // visible (k_begin <= q0: the diagonal tile runs).
   int64_t k_lo = p.window > 0 ? max(int64_t(0), q0 - p.window + 1) : 0;
   if (p.first_key) k_lo = max(k_lo, block_first_key(p.first_key, b, p.T, q0, kTile));
-  const int64_t k_begin = k_lo / kTile * kTile;
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kTile) {
-    __syncthreads();  // every warp is done with the previous K, V tiles
-    load_tile<D>(k_s, k, b, k0, kTile, kvh, p.Hkv, p.T);
-    load_tile<D>(v_s, v, b, k0, kTile, kvh, p.Hkv, p.T);
-    __syncthreads();
-    // S (16 x 64) = Q_w K^T
+  const int64_t k_begin = k_lo / kTile * kTile, key_tiles = (k_end - k_begin + kTile - 1) / kTile;
+
+  load_tile_async<D>(q_s, q, b, q0, kTile, h, p.Hq, p.T);
+  load_tile_async<D>(k_s, k, b, k_begin, kTile, kvh, p.Hkv, p.T);
+  load_tile_async<D>(v_s, v, b, k_begin, kTile, kvh, p.Hkv, p.T);
+  ptx::cp_async_commit();
+
+  uint32_t qf[D / 16][4];  // the warp's 16 query rows as A fragments (loaded once Q has landed)
+  float o[kOutTiles][4];   // O (16 x D): output tile n holds columns 8n .. 8n + 7
 #pragma unroll
-    for (int n = 0; n < kTile / 16; ++n) {
-      Acc acc;
-      wmma::fill_fragment(acc, 0.0f);
+  for (int n = 0; n < kOutTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};  // row maxima (the same in the 4 lanes of a row)
+  float l[2] = {0.0f, 0.0f};            // this lane's part of the rows' sums (its 2 columns of each 8)
+
+  for (int64_t tile = 0; tile < key_tiles; ++tile) {
+    const int64_t k0 = k_begin + tile * kTile;
+    const size_t stage = size_t(tile & 1) * kStage;
+    if (tile + 1 < key_tiles) {  // the next tile into the other stage (its last readers passed the barrier below)
+      load_tile_async<D>(k_s + (kStage - stage), k, b, k0 + kTile, kTile, kvh, p.Hkv, p.T);
+      load_tile_async<D>(v_s + (kStage - stage), v, b, k0 + kTile, kTile, kvh, p.Hkv, p.T);
+    }
+    ptx::cp_async_commit();  // (empty on the last tile: the wait below still counts one group behind)
+    ptx::cp_async_wait<1>();  // this thread's copies of this tile (and Q) have landed ...
+    __syncthreads();          // ... and every other thread's
+    if (tile == 0) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) ptx::ldmatrix_x4(qf[kk], q_s + (warp * 16 + row_in) * kLd + kk * 16 + col_in);
+    }
+    const bf16* ks = k_s + stage;
+    const bf16* vs = v_s + stage;
+    // S (16 x 64) = Q_w K^T: score tile n holds keys k0 + 8n .. + 7
+    float s[kScoreTiles][4];
+#pragma unroll
+    for (int n = 0; n < kScoreTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int np = 0; np < kScoreTiles / 2; ++np)
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        FragBColumns kf;
-        wmma::load_matrix_sync(kf, k_s + n * 16 * kLd + kk * 16, kLd);
-        wmma::mma_sync(acc, qf[kk], kf, acc);
+        uint32_t kb[4];  // keys 16np .. +7 (dims kk*16 + 0..7, 8..15), then keys 16np + 8 .. +15
+        ptx::ldmatrix_x4(kb, ks + (np * 16 + key_in) * kLd + kk * 16 + dim_in);
+        ptx::mma_bf16_16816(s[2 * np], qf[kk], kb[0], kb[1]);
+        ptx::mma_bf16_16816(s[2 * np + 1], qf[kk], kb[2], kb[3]);
       }
-      wmma::store_matrix_sync(s_w + n * 16, acc, kLdScore, wmma::mem_row_major);
-    }
-    __syncwarp();
-    // Online softmax of row r over this lane's 32 columns and its partner's. Only the diagonal
-    // tile, the last one and (with a window) those reaching back past a row's window hold keys this
-    // row must not see: the others skip the mask. The warp's last row k0 + 16w + 15 sees key k0 iff
-    // k0 > that row - window.
-    const float* srow = s_w + r * kLdScore;
+    // cap(scale S), -inf where the key is not visible. Only the diagonal tile, the last one and (with a
+    // window) those reaching back past a row's window hold keys a row must not see, and every tile with
+    // doc ids: the others skip the mask. The warp's last row sees key k0 iff k0 > that row - window.
     const int64_t warp_last_row = q0 + warp * 16 + 15;
     const bool masked = p.doc != nullptr || k0 + kTile - 1 > q0 + warp * 16 || k0 + kTile > p.T ||
                         (p.window > 0 && k0 <= warp_last_row - p.window);  // uniform over the warp
-    // cap(scale * S[r, c]), or -inf where key k0 + c is not visible to row i (capped before the mask)
-    auto score = [&](int c) {
-      const int64_t j = k0 + c;
-      const bool visible = j <= i && j < p.T && (p.window == 0 || i - p.window < j) &&
-                           (!doc_row || p.doc[b * p.T + j] == doc_i);
-      float t;
-      return (!masked || visible) ? softcap_score(srow[c] * p.scale, p.softcap, &t) : -INFINITY;
-    };
-    float x[kTile / 2];  // this lane's scores, read from shared memory once
-    float tile_max = -INFINITY;
+    float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int t = 0; t < kTile / 2; ++t) {
-      x[t] = score(2 * t + half);
-      tile_max = fmaxf(tile_max, x[t]);
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    const float m_new = fmaxf(m, tile_max);
-    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet keeps P = 0
-    float sum = 0.0f;
-    bf16* prow = p_w + r * kLdProb;
+    for (int n = 0; n < kScoreTiles; ++n)
 #pragma unroll
-    for (int t = 0; t < kTile / 2; ++t) {
-      const float pv = __expf(x[t] - m_use);
-      sum += pv;
-      prow[2 * t + half] = __float2bfloat16_rn(pv);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    const float alpha = __expf(m - m_use);  // 0 while m = -inf
-    l = l * alpha + sum;
-    m = m_new;
-    if (half == 0) scale_w[r] = alpha;
-    __syncwarp();
-    // O = O alpha_row + P V
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n)
-#pragma unroll
-      for (int e = 0; e < Acc::num_elements; ++e) o[n].x[e] *= scale_w[int(row_of.x[e])];
-    FragA pf[kTile / 16];
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) wmma::load_matrix_sync(pf[kk], p_w + kk * 16, kLdProb);
-#pragma unroll
-    for (int n = 0; n < D / 16; ++n)
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        FragB vf;
-        wmma::load_matrix_sync(vf, v_s + kk * 16 * kLd + n * 16, kLd);
-        wmma::mma_sync(o[n], pf[kk], vf, o[n]);
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const int64_t i = rows[r], j = k0 + 8 * n + 2 * t + (e & 1);
+        const bool visible = j <= i && j < p.T && (p.window == 0 || i - p.window < j) &&
+                             (!doc_row[r] || p.doc[b * p.T + j] == doc_i[r]);
+        float tanh_unused;
+        s[n][e] = (!masked || visible) ? softcap_score(s[n][e] * p.scale, p.softcap, &tanh_unused) : -INFINITY;
+        tile_max[r] = fmaxf(tile_max[r], s[n][e]);
       }
+    // Online softmax: the rows' maxima over their 4 lanes; P = exp(S - m'), O and l rescaled by e^(m - m').
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m[r], tile_max[r]);
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet keeps P = 0
+      alpha[r] = __expf(m[r] - m_use[r]);            // 0 while m = -inf
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kScoreTiles; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = __expf(s[n][e] - m_use[e >> 1]);
+        l[e >> 1] += s[n][e];
+      }
+#pragma unroll
+    for (int n = 0; n < kOutTiles; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    // O += P V: P's score tiles 2kk, 2kk + 1 (keys 16kk .. + 15) are the A fragment of key step kk,
+    // rounded to bf16 in registers (an accumulator's (g, 2t..) pairs are an A fragment's).
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      const uint32_t pa[4] = {ptx::pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), ptx::pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                              ptx::pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              ptx::pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t vb[4];  // keys 16kk .. +7, +8 .. +15 of dims 16np .. +7, then of dims 16np + 8 .. + 15
+        ptx::ldmatrix_x4_trans(vb, vs + (kk * 16 + row_in) * kLd + np * 16 + col_in);
+        ptx::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
+        ptx::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before the next tile's copies refill it
   }
-  __syncwarp();  // the last tile's reads of scale_w and s_w are done
-  if (half == 0) scale_w[r] = 1.0f / l;
-  if (half == 0 && i < p.T) lse[(b * p.Hq + h) * p.T + i] = m + logf(l);
-  __syncwarp();
+  // out = O / l, lse = m + log l: l summed over the row's 4 lanes; two bf16 a lane and row at a time.
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n)
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int64_t i = rows[r];
+    if (i >= p.T) continue;
+    if (t == 0) lse[(b * p.Hq + h) * p.T + i] = m[r] + logf(l[r]);
+    const float inv = 1.0f / l[r];
+    bf16* dst = out + ((b * p.T + i) * p.Hq + h) * D + 2 * t;
 #pragma unroll
-    for (int e = 0; e < Acc::num_elements; ++e) o[n].x[e] *= scale_w[int(row_of.x[e])];
-  store_rows_bf16<D>(out, o, s_w, b, q0 + warp * 16, h, p.Hq, p.T);
+    for (int n = 0; n < kOutTiles; ++n)
+      *reinterpret_cast<uint32_t*>(dst + 8 * n) = ptx::pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+  }
 }
 
 // delta (B, Hq, T) = rowsum(dout * out) in f32: a warp per (b, i, h) row, in storage order.
@@ -511,7 +552,7 @@ void flash_attention_tc_forward(bf16_t* out, float* lse, const bf16_t* q, const 
                                 const AttentionShape& s, Stream stream, const int32_t* doc_ids,
                                 DocumentBounds bounds) {
   const Params p = params(s, doc_ids, bounds);
-  check_aligned(q, "q"), check_aligned(k, "k"), check_aligned(v, "v");
+  check_aligned(q, "q"), check_aligned(k, "k"), check_aligned(v, "v"), check_aligned(out, "out");
   if (s.D == 64) forward<64>(dev(out), lse, dev(q), dev(k), dev(v), p, stream);
   else forward<128>(dev(out), lse, dev(q), dev(k), dev(v), p, stream);
 }

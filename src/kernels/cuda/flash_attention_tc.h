@@ -5,8 +5,9 @@
 // convention as kernels/cuda/attention.h, whose tiled CUDA-core kernel stays the reference: either
 // forward's (out, lse) feeds either backward.
 // Forward: a block of 4 warps per (b, query head, 64 queries), each warp 16 query rows; key tiles of
-// 64 up to the diagonal only; S = Q Kᵀ and O += P V with wmma bf16 16x16x16 fragments (P rounded to
-// bf16, as flash-attention does); online softmax in f32.
+// 64 up to the diagonal only, copied in by cp.async two stages deep; S = Q Kᵀ and O += P V on mma.sync
+// m16n8k16 with S, P and O in registers (P rounded to bf16, as flash-attention does); online softmax
+// in f32.
 // Backward: delta = rowsum(dout * out); a block per (b, kv head, 64 or 128 keys) walks the query
 // tiles at or below its keys, for every query head of the group: dV += Pᵀ dO, dK += dSᵀ Q held in
 // f32 fragments (summed over the group's heads, written once as bf16), dQ += dS K added with f32
@@ -23,8 +24,8 @@
 // queries' first document start and the backward stops after the query tile of its keys' last document
 // end, skipping the tiles wholly in other documents (the same results, bit for bit; dq up to its
 // atomics' order), so a row of many short documents costs about as much as those documents.
-// It deliberately has no dropout or f32 path, and none of Hopper's wgmma / TMA: wmma, plus sm_90's
-// float4 atomicAdd.
+// It deliberately has no dropout or f32 path, and none of Hopper's wgmma / TMA: mma.sync, ldmatrix
+// and cp.async (sm_80's) forward, wmma backward, plus sm_90's float4 atomicAdd.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,8 @@
 // The emulator's own checks, so that what it is trusted to catch stays caught: a kernel missing a
 // barrier gives a wrong result under some schedule while the same kernel with it is right under all
-// three; a race between blocks shows over three launches; shuffles and wmma compute what CUDA
-// documents; reading a wmma fragment's elements as if their lane layout were known is wrong here;
+// three; a race between blocks shows over three launches; shuffles, wmma, mma.sync m16n8k16 and
+// ldmatrix compute what CUDA and PTX document (cp.async's copies land only at their wait); reading a
+// wmma fragment's elements as if their lane layout were known is wrong here;
 // fresh device memory reads as NaN; cudaMalloc and cudaFree fail as the runtime does; and (in a
 // child process each) a launch over its shared-memory limit or its __launch_bounds__, a read past a
 // cudaMalloc buffer and a barrier that not every thread reaches all end the run. Under the late
@@ -20,6 +21,7 @@
 #include <utility>
 
 #include "cuda_runtime.h"
+#include "kernels/cuda/mma_m16n8k16.cuh"
 #include "mma.h"
 
 namespace {
@@ -92,6 +94,85 @@ bool wmma_matches(bool peek) {
   return true;
 }
 
+// mma.sync m16n8k16 with its fragments built element by element from PTX's table (not through
+// ldmatrix): lane 4g + t holds A(g, 2t..2t+1), A(g+8, ..), A(g, 8+2t..), A(g+8, 8+2t..); B(2t.., g),
+// B(8+2t.., g); C(g, 2t), C(g, 2t+1), C(g+8, 2t), C(g+8, 2t+1). A(m, k) = m + k, B(k, n) = k - n,
+// C(m, n) = m n: D written back by the same table into d (16 x 8).
+void ptx_mma_kernel(float* d) {
+  namespace ptx = ktune::cuda::ptx;
+  const int lane = int(threadIdx.x), g = lane / 4, t = lane % 4;
+  auto A = [](int m, int k) { return float(m + k); };
+  auto B = [](int k, int n) { return float(k - n); };
+  const uint32_t a[4] = {ptx::pack_bf16x2(A(g, 2 * t), A(g, 2 * t + 1)),
+                         ptx::pack_bf16x2(A(g + 8, 2 * t), A(g + 8, 2 * t + 1)),
+                         ptx::pack_bf16x2(A(g, 8 + 2 * t), A(g, 9 + 2 * t)),
+                         ptx::pack_bf16x2(A(g + 8, 8 + 2 * t), A(g + 8, 9 + 2 * t))};
+  float c[4] = {float(g * 2 * t), float(g * (2 * t + 1)), float((g + 8) * 2 * t), float((g + 8) * (2 * t + 1))};
+  ptx::mma_bf16_16816(c, a, ptx::pack_bf16x2(B(2 * t, g), B(2 * t + 1, g)), ptx::pack_bf16x2(B(8 + 2 * t, g), B(9 + 2 * t, g)));
+  d[g * 8 + 2 * t] = c[0], d[g * 8 + 2 * t + 1] = c[1], d[(g + 8) * 8 + 2 * t] = c[2], d[(g + 8) * 8 + 2 * t + 1] = c[3];
+}
+
+bool ptx_mma_matches() {
+  float d[128];
+  emu_launch(emu_config(ptx_mma_kernel, 1, 32), [&] { ptx_mma_kernel(d); });
+  for (int m = 0; m < 16; ++m)
+    for (int n = 0; n < 8; ++n) {
+      float want = float(m * n);
+      for (int k = 0; k < 16; ++k) want += float(m + k) * float(k - n);
+      if (d[m * 8 + n] != want) return false;
+    }
+  return true;
+}
+
+// ldmatrix x4 (trans or not) of four 8x8 bf16 matrices in shared memory, X_i(r, c) = 64 i + 8 r + c
+// (rows 24 elements apart, lane 8i + r giving matrix i's row r); got[lane * 4 + i] = register i's
+// two halves as (low, high) element values, unpacked.
+void ldmatrix_kernel(float* got, bool trans) {
+  namespace ptx = ktune::cuda::ptx;
+  auto* x = reinterpret_cast<__nv_bfloat16*>(::emu::shared_memory());
+  for (int e = int(threadIdx.x); e < 32 * 24; e += 32) {
+    const int row = e / 24, col = e % 24;  // row 8i + r
+    x[e] = __float2bfloat16_rn(col < 8 ? float(64 * (row / 8) + 8 * (row % 8) + col) : -1.0f);
+  }
+  __syncwarp();
+  uint32_t r[4];
+  const __nv_bfloat16* row = x + threadIdx.x * 24;
+  if (trans) ptx::ldmatrix_x4_trans(r, row);
+  else ptx::ldmatrix_x4(r, row);
+  for (int i = 0; i < 4; ++i) got[(threadIdx.x * 4 + i) * 2] = ptx::low_half(r[i]), got[(threadIdx.x * 4 + i) * 2 + 1] = ptx::high_half(r[i]);
+}
+
+// Lane 4g + t holds X_i(g, 2t), X_i(g, 2t+1) plainly and X_i(2t, g), X_i(2t+1, g) transposed.
+bool ldmatrix_matches(bool trans) {
+  float got[32 * 4 * 2];
+  emu_launch(emu_config(ldmatrix_kernel, 1, 32, 32 * 24 * 2), [&] { ldmatrix_kernel(got, trans); });
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const int g = lane / 4, t = lane % 4;
+      const float lo = trans ? float(64 * i + 8 * (2 * t) + g) : float(64 * i + 8 * g + 2 * t);
+      const float hi = trans ? float(64 * i + 8 * (2 * t + 1) + g) : float(64 * i + 8 * g + 2 * t + 1);
+      if (got[(lane * 4 + i) * 2] != lo || got[(lane * 4 + i) * 2 + 1] != hi) return false;
+    }
+  return true;
+}
+
+// Each thread cp.asyncs 16 bytes into shared memory (the second group zero-filled) and reads them back
+// before its wait and after it; seen: (before, after the first group's wait, after all) per thread.
+void cp_async_kernel(const float* src, float* seen) {
+  namespace ptx = ktune::cuda::ptx;
+  float* s = reinterpret_cast<float*>(::emu::shared_memory());
+  const int i = int(threadIdx.x);
+  ptx::cp_async_16(s + 4 * i, src + 4 * i, true);
+  ptx::cp_async_commit();
+  ptx::cp_async_16(s + 128 + 4 * i, src + 4 * i, false);
+  ptx::cp_async_commit();
+  seen[3 * i] = s[4 * i];
+  ptx::cp_async_wait<1>();
+  seen[3 * i + 1] = s[4 * i] + s[128 + 4 * i];
+  ptx::cp_async_wait<0>();
+  seen[3 * i + 2] = s[128 + 4 * i];
+}
+
 // Block b reads what block b - 1 writes, with nothing ordering the two: an inter-block race.
 void neighbour_kernel(int* written, int* seen) {
   if (threadIdx.x != 0) return;
@@ -140,6 +221,29 @@ int main() {
 
   expect(wmma_matches(false), "wmma load / mma_sync / store computes A B");
   expect(!wmma_matches(true), "reading accumulator elements by an assumed lane layout is wrong");
+  expect(ptx_mma_matches(), "mma.sync m16n8k16 computes D = A B + C by PTX's fragment table");
+  expect(ldmatrix_matches(false), "ldmatrix x4 gives lane 4g + t matrix i's (g, 2t..2t+1)");
+  expect(ldmatrix_matches(true), "ldmatrix x4 .trans gives lane 4g + t matrix i's (2t..2t+1, g)");
+  {
+    float* src = nullptr;
+    cudaMalloc(&src, 128 * sizeof(float));
+    for (int e = 0; e < 128; ++e) src[e] = float(e + 1);
+    float seen[96];
+    emu_launch(emu_config(cp_async_kernel, 1, 32, 256 * sizeof(float)), [&] { cp_async_kernel(src, seen); });
+    bool held = true, landed = true;
+    for (int i = 0; i < 32; ++i) {
+      held &= std::isnan(seen[3 * i]) && std::isnan(seen[3 * i + 1]);  // the zero-fill not landed yet either
+      landed &= seen[3 * i + 2] == 0.0f;
+    }
+    expect(held, "a cp.async copy is not there before the wait that covers its group (fresh shared memory: NaN)");
+    expect(landed, "cp.async's zero-fill lands at the wait for its group");
+    expect(dies([src] {
+             float out[96];
+             emu_launch(emu_config(cp_async_kernel, 1, 32, 64 * sizeof(float)), [&] { cp_async_kernel(src, out); });
+           }),
+           "a cp.async past the block's shared memory aborts");
+    cudaFree(src);
+  }
 
   int seen_totals[3];  // three launches in a row: grid order, reversed, shuffled
   for (int& total : seen_totals) {

@@ -2,7 +2,8 @@
 // (after rewrite.py) compiles as host C++ and runs on the CPU: no GPU and no CUDA toolkit needed.
 //
 // Threads. Each CUDA thread of a block is a ucontext fiber; one runs at a time. The switch points are
-// __syncthreads, __syncwarp, the shuffles and wmma::mma_sync (fake/mma.h) — a thread runs from one to
+// __syncthreads, __syncwarp, the shuffles, wmma::mma_sync (fake/mma.h), ldmatrix and mma.sync
+// (fake/mma_m16n8k16_emulated.h) — a thread runs from one to
 // the next without interruption, so code that relies on an ordering no barrier enforces gets a
 // different ordering under another schedule. The scheduler runs the runnable fibers of a block in
 // order, in reverse or shuffled (seeded); by default block i of the n-th launch uses schedule
@@ -17,7 +18,9 @@
 // grids within the device's limits, dynamic shared memory <= 48 KiB unless cudaFuncSetAttribute
 // raised that kernel's limit (to <= 227 KiB, sm_90), blocks within the kernel's __launch_bounds__,
 // float4 atomics 16-byte aligned and on global memory, cudaMemcpy's ranges apart.
-// fake/mma.h adds wmma's alignment, ldm and bound checks.
+// fake/mma.h adds wmma's alignment, ldm and bound checks; fake/mma_m16n8k16_emulated.h those of
+// ldmatrix and cp.async (shared-memory rows and targets, 16-byte alignment), and holds cp.async's
+// copies back until a wait covers them.
 //
 // Memory. "Device" memory is host memory (cudaMalloc: 256-byte aligned, at most 141 GiB, an H200's;
 // cudaMallocHost: plain host memory), so nothing here can see a host read of device memory.
@@ -142,6 +145,14 @@ struct Fiber {
   int wait = 0;  // 0 none, 1 block barrier, 2 warp barrier
   uint64_t gen = 0;
   uint3 tid;
+  // cp.async (fake/mma_m16n8k16_emulated.h): 16-byte copies issued and not yet waited for, which
+  // land only at the cp.async.wait_group that covers them (the latest a GPU may complete them)
+  struct AsyncCopy {
+    unsigned char* dst;
+    const unsigned char* src;
+  };
+  std::vector<std::vector<AsyncCopy>> async_groups;  // committed groups, oldest first
+  std::vector<AsyncCopy> async_open;                 // issued since the last commit
 };
 
 // One block being run: its fibers, barrier generations, shared memory and the exchange slots that
@@ -156,6 +167,7 @@ struct Block {
   std::vector<int> warp_arrived;
   std::vector<float> slots;         // (warps, 32) shuffle slots
   std::vector<float> mma;           // (warps, 3, 256) mma operand exchange
+  std::vector<const unsigned char*> rows;  // (warps, 32) ldmatrix row addresses
   unsigned char* shared = nullptr;  // the launch's guarded dynamic shared memory, refilled per block
   size_t shared_bytes = 0;
   std::map<int, std::unique_ptr<unsigned char[]>> static_shared;  // `__shared__ T x[n]` by declaration id
@@ -301,6 +313,7 @@ inline void run_block(unsigned bx, unsigned by, unsigned nthreads, GuardedBytes&
   b.warp_arrived.assign(nthreads / 32, 0);
   b.slots.assign(nthreads, 0.0f);
   b.mma.assign(size_t(nthreads / 32) * 3 * 256, 0.0f);
+  b.rows.assign(nthreads, nullptr);
   b.shared_bytes = shared.bytes;
   b.shared = shared.data;
   std::memset(b.shared, kGarbage, shared.body);  // what the previous block left is not this one's
