@@ -1,14 +1,13 @@
 // Fused causal attention on the tensor cores (see flash_attention_tc.h).
 //
-// The forward keeps the scores in registers (FlashAttention-2's scheme on mma.sync m16n8k16, whose
-// fragment layout PTX fixes: mma_m16n8k16.cuh): S's accumulators are masked, soft-capped and turned
-// into P where they are, and P's accumulator pairs are, rounded to bf16, the A fragments of P V, so
-// nothing of a (16 x 64) score tile goes through shared memory. K and V tiles come in by cp.async,
-// two stages deep (the next tile's copies land while the current one computes), and are read as
-// fragments by ldmatrix (V transposed).
-// The backward uses wmma bf16 16x16x16 fragments read from shared memory (f32 accumulators), and every
-// elementwise step (mask, softmax, dS) runs on f32 tiles in shared memory that a fragment was stored
-// to, so no code there depends on which lane holds which fragment element.
+// Both directions keep their score tiles in registers (FlashAttention-2's scheme on mma.sync
+// m16n8k16, whose fragment layout PTX fixes: mma_m16n8k16.cuh): accumulators are masked, soft-capped
+// and exponentiated where they are, and an accumulator tile's (g, 2t..2t+1) pairs, rounded to bf16,
+// are the A fragment of the next product (P V forward; P^T dO and dS^T Q backward), so no score tile
+// goes through shared memory, except dS^T once backward (dQ = dS K needs it across the warps).
+// Tiles of K, V (forward) and Q, dO (backward) come in by cp.async two stages deep (the next tile's
+// copies land while the current one computes) and are read as fragments by ldmatrix, transposed
+// where the product wants them by column.
 //
 // Forward, block (query tile qt, b * Hq + h), 4 warps; warp w owns query rows q0 + 16w .. + 15, and
 // lane 4g + t the rows g and g + 8 of those, columns 2t, 2t + 1 of every 8:
@@ -29,12 +28,14 @@
 // i0 >= k0 (tiles below are fully masked) up to i_end (T; with a window k0 + 16W - 1 + window, past
 // which no query sees the block's last key; with DocumentBounds the end of the tile of the block's
 // largest last_query; the least of these: the tiles after it are fully masked too):
-//     S^T = K_w Q^T, dP^T = V_w dO^T   (16 x 64 each, f32 to shared)
+//   (Q, dO, lse and delta of the next (head, tile) pair load while this one computes), 32 queries at a time:
+//     S^T = K_w Q^T, dP^T = V_w dO^T   (16 x 32 each, accumulators in registers)
 //     s' = cap(scale S^T), P^T = exp(s' - lse_i), dS^T = P^T (dP^T - delta_i) (1 - (s'/cap)^2) scale
 //                                      (the cap's factor only with a cap; masked, window and doc ids
-//                                       too: 0; bf16)
-//     dV_w += P^T dO, dK_w += dS^T Q   (accumulator fragments in registers, over all heads and tiles)
-//     dQ (64 x D) += dS K              (block-wide, fragments split over the warps, float4 atomicAdd)
+//                                       too: 0), in place; dS^T also to shared memory as bf16
+//     dV_w += P^T dO, dK_w += dS^T Q   (accumulators in registers, over all heads and tiles)
+//   then, block-wide, dQ (64 x D) += dS K (warp w: rows 16 (w % 4) .., D / (W / 4) of the columns,
+//   added with float2 atomics into f32 scratch)
 // delta = rowsum(dout * out) comes first (its own kernel), dq is rounded to bf16 last.
 // Skipping by DocumentBounds or the window is exact: a fully masked tile leaves the forward's m = -inf,
 // l = 0 and O = 0 as they were (the tiles skipped all come before any visible key), and adds only zeros to
@@ -45,7 +46,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <string>
 
@@ -53,18 +53,15 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/mma_m16n8k16.cuh"
-#include "kernels/cuda/wmma_bf16.cuh"
 #include "kernels/cuda/document_bounds.cuh"
 
 namespace ktune::cuda {
 namespace {
 
-using namespace wmma_bf16;  // wmma, bf16, FragA, FragAColumns, FragB, FragBColumns, Acc
+using bf16 = __nv_bfloat16;
 
 constexpr int kTile = 64;           // queries per forward block, keys per forward tile, queries per backward tile
 constexpr int kForwardWarps = kTile / 16;
-constexpr int kLdScore = kTile + 4;  // f32 row stride of a warp's 16 x 64 score tile (wmma: multiple of 4)
-constexpr int kLdProb = kTile + 8;   // bf16 row stride of 16 x 64 P / dS tiles (wmma: multiple of 8)
 
 constexpr size_t align128(size_t n) { return (n + 127) / 128 * 128; }
 
@@ -82,21 +79,21 @@ struct ForwardLayout {
   static constexpr size_t bytes = v + 2 * tile;
 };
 
-// The backward block's: W warps, 16 W keys.
+// The backward block's shared memory: its K and V rows (loaded once), Q and dO tiles with their lse
+// and delta in two stages (the next (head, query tile) pair's copies land while this one computes),
+// and dS^T of the whole block (bf16, for dQ = dS K). Row strides as the forward's.
 template <int D, int W>
 struct BackwardLayout {
-  static constexpr int kLd = D + 8, kKeys = 16 * W;
+  static constexpr int kLd = D + 8, kKeys = 16 * W, kLdDs = kTile + 8;
+  static constexpr size_t rows_tile = align128(size_t(kTile) * kLd * 2);       // (64, D+8) bf16
   static constexpr size_t k = 0;                                               // (16W, D+8) bf16
   static constexpr size_t v = k + align128(size_t(kKeys) * kLd * 2);           // (16W, D+8) bf16
-  static constexpr size_t q = v + align128(size_t(kKeys) * kLd * 2);           // (64, D+8) bf16
-  static constexpr size_t dout = q + align128(size_t(kTile) * kLd * 2);        // (64, D+8) bf16
-  static constexpr size_t lse = dout + align128(size_t(kTile) * kLd * 2);      // (64) f32
-  static constexpr size_t delta = lse + align128(kTile * 4);                   // (64) f32
-  static constexpr size_t st = delta + align128(kTile * 4);                    // (W, 16, 68) f32 S^T
-  static constexpr size_t dpt = st + align128(size_t(W) * 16 * kLdScore * 4);  // (W, 16, 68) f32 dP^T
-  static constexpr size_t pt = dpt + align128(size_t(W) * 16 * kLdScore * 4);  // (W, 16, 72) bf16 P^T
-  static constexpr size_t dst = pt + align128(size_t(W) * 16 * kLdProb * 2);   // (16W, 72) bf16 dS^T
-  static constexpr size_t bytes = dst + align128(size_t(kKeys) * kLdProb * 2);
+  static constexpr size_t q = v + align128(size_t(kKeys) * kLd * 2);           // 2 stages of (64, D+8)
+  static constexpr size_t dout = q + 2 * rows_tile;                            // 2 stages of (64, D+8)
+  static constexpr size_t lse = dout + 2 * rows_tile;                          // 2 stages of (64) f32
+  static constexpr size_t delta = lse + 2 * align128(kTile * 4);               // 2 stages of (64) f32
+  static constexpr size_t dst = delta + 2 * align128(kTile * 4);               // (16W, 72) bf16 dS^T
+  static constexpr size_t bytes = dst + align128(size_t(kKeys) * kLdDs * 2);
 };
 
 constexpr int kBackwardWarps64 = 4, kBackwardWarps128 = 8;
@@ -114,42 +111,6 @@ struct Params {
   const int32_t* first_key;   // (B, T) DocumentBounds, or nullptr (every key tile from 0)
   const int32_t* last_query;  // (B, T) DocumentBounds, or nullptr (every query tile to T)
 };
-
-// Rows first .. first+rows-1 of head h of a (B, T, H, D) bf16 tensor into dst (rows, D+8), 16 bytes
-// a thread at a time; rows >= T read as 0. Needs src 16-byte aligned (checked on the host).
-template <int D>
-__device__ void load_tile(bf16* dst, const bf16* src, int64_t b, int64_t first, int rows, int64_t h, int64_t H,
-                          int64_t T) {
-  constexpr int kChunks = D / 8;  // 8 bf16 per uint4
-  for (int e = threadIdx.x; e < rows * kChunks; e += blockDim.x) {
-    const int r = e / kChunks, c = e % kChunks;
-    const int64_t i = first + r;
-    uint4 value = make_uint4(0u, 0u, 0u, 0u);
-    if (i < T) value = *reinterpret_cast<const uint4*>(src + ((b * T + i) * H + h) * D + c * 8);
-    *reinterpret_cast<uint4*>(dst + r * (D + 8) + c * 8) = value;
-  }
-}
-
-// A warp's 16 x D f32 result (frags[f] = columns 16f .. 16f+15) as bf16 rows first .. first+15 (those
-// < T) of head h of a (B, T, H, D) tensor, 64 columns at a time through the warp's (16, 68) f32 staging.
-template <int D>
-__device__ void store_rows_bf16(bf16* dst, Acc (&frags)[D / 16], float* staging, int64_t b, int64_t first,
-                                int64_t h, int64_t H, int64_t T) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int c0 = 0; c0 < D; c0 += 64) {
-    __syncwarp();  // the staging tile's previous contents are read
-#pragma unroll
-    for (int f = 0; f < 4; ++f) wmma::store_matrix_sync(staging + 16 * f, frags[c0 / 16 + f], kLdScore, wmma::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 16 * 64; e += 32) {
-      const int r = e / 64, c = e % 64;
-      const int64_t i = first + r;
-      if (i < T) dst[((b * T + i) * H + h) * D + c0 + c] = __float2bfloat16_rn(staging[r * kLdScore + c]);
-    }
-  }
-  __syncwarp();
-}
 
 // Rows first .. first+rows-1 of head h of a (B, T, H, D) bf16 tensor into dst (rows, D+8) by cp.async,
 // 16 bytes a copy; rows >= T land as 0. Part of the thread's open cp.async group (the caller commits).
@@ -253,17 +214,24 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 3 : 2)
                         (p.window > 0 && k0 <= warp_last_row - p.window);  // uniform over the warp
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < kScoreTiles; ++n)
+    for (int n = 0; n < kScoreTiles; ++n) {
+      int32_t doc_j[2] = {0, 0};  // the documents of this lane's two keys, read once for both rows
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t j = k0 + 8 * n + 2 * t + c;
+        if (masked && p.doc && j < p.T) doc_j[c] = p.doc[b * p.T + j];
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >> 1;
         const int64_t i = rows[r], j = k0 + 8 * n + 2 * t + (e & 1);
         const bool visible = j <= i && j < p.T && (p.window == 0 || i - p.window < j) &&
-                             (!doc_row[r] || p.doc[b * p.T + j] == doc_i[r]);
+                             (!doc_row[r] || doc_j[e & 1] == doc_i[r]);
         float tanh_unused;
         s[n][e] = (!masked || visible) ? softcap_score(s[n][e] * p.scale, p.softcap, &tanh_unused) : -INFINITY;
         tile_max[r] = fmaxf(tile_max[r], s[n][e]);
       }
+    }
     // Online softmax: the rows' maxima over their 4 lanes; P = exp(S - m'), O and l rescaled by e^(m - m').
     float alpha[2], m_use[2];
 #pragma unroll
@@ -333,12 +301,20 @@ __global__ void delta_kernel(float* delta, const bf16* dout, const bf16* out, in
   }
 }
 
+// Backward: a block per (key block of 16W keys, b * Hkv + kvh); see the file comment. Queries go in
+// chunks of 32 (S^T and dP^T: 2 x 4 accumulator tiles a warp), so that dK and dV's accumulators
+// (2 x D/8 tiles) fit beside them at D = 128.
 template <int D, int W>
 __global__ void __launch_bounds__(W * 32)
     backward_kernel(bf16* dk, bf16* dv, float* dq_acc, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                     const float* lse, const float* delta, Params p) {
   using L = BackwardLayout<D, W>;
-  constexpr int kLd = L::kLd, kKeys = L::kKeys;
+  constexpr int kLd = L::kLd, kKeys = L::kKeys, kLdDs = L::kLdDs, kOutTiles = D / 8;
+  constexpr int kChunk = 32, kChunkTiles = kChunk / 8;
+  constexpr size_t kRowsStage = L::rows_tile / 2;  // bf16 elements a Q / dO stage
+  // dQ (64 x D) = dS K: warp w takes query rows 16 (w % 4) .. + 15 and D / (W / 4) of the columns
+  constexpr int kDqCols = D / (W / 4), kDqTiles = kDqCols / 8;
+  static_assert(W % 4 == 0 && kDqCols % 16 == 0, "dQ's split over the warps");
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* k_s = reinterpret_cast<bf16*>(smem + L::k);
   bf16* v_s = reinterpret_cast<bf16*>(smem + L::v);
@@ -348,144 +324,203 @@ __global__ void __launch_bounds__(W * 32)
   float* delta_s = reinterpret_cast<float*>(smem + L::delta);
   bf16* dst_s = reinterpret_cast<bf16*>(smem + L::dst);  // (16W keys, 72): dS^T of the whole block
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  float* st_w = reinterpret_cast<float*>(smem + L::st) + warp * 16 * kLdScore;    // (16, 68) S^T of warp's keys
-  float* dpt_w = reinterpret_cast<float*>(smem + L::dpt) + warp * 16 * kLdScore;  // (16, 68) dP^T
-  bf16* pt_w = reinterpret_cast<bf16*>(smem + L::pt) + warp * 16 * kLdProb;       // (16, 72) P^T
+  const int g = lane >> 2, t = lane & 3;  // fragment row group and column pair (mma_m16n8k16.cuh)
+  const int row_in = (lane & 7) + (((lane >> 3) & 1) << 3), col_in = (lane >> 4) << 3;  // as the forward's
+  const int key_in = (lane & 7) + ((lane >> 4) << 3), dim_in = ((lane >> 3) & 1) << 3;
 
   const int64_t b = blockIdx.y / p.Hkv, kvh = blockIdx.y % p.Hkv, group = p.Hq / p.Hkv;
   const int64_t k0 = int64_t(blockIdx.x) * kKeys;
-  load_tile<D>(k_s, k, b, k0, kKeys, kvh, p.Hkv, p.T);
-  load_tile<D>(v_s, v, b, k0, kKeys, kvh, p.Hkv, p.T);
-  Acc dk_acc[D / 16], dv_acc[D / 16];
+  // This lane's two key rows of the warp's 16 (fragment rows g and g + 8) and their documents.
+  const int64_t keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+  int32_t doc_j[2];
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dk_acc[n], 0.0f), wmma::fill_fragment(dv_acc[n], 0.0f);
-  const int r = lane >> 1, half = lane & 1;  // this lane's key row of the warp, and its columns 2t + half
-  const int64_t j = k0 + warp * 16 + r;
-  const int32_t doc_j = p.doc && j < p.T ? p.doc[b * p.T + j] : 0;  // key row j's document
-  // The warp's K and V rows as A fragments, loaded once where registers allow (D = 64; at D = 128
-  // they would spill, and are reloaded from shared memory for every tile instead).
-  constexpr bool kHoistKv = D <= 64;
-  FragA kw[kHoistKv ? D / 16 : 1], vw[kHoistKv ? D / 16 : 1];
-  if constexpr (kHoistKv) {
-    __syncthreads();  // K, V tiles in place
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      wmma::load_matrix_sync(kw[kk], k_s + warp * 16 * kLd + kk * 16, kLd);
-      wmma::load_matrix_sync(vw[kk], v_s + warp * 16 * kLd + kk * 16, kLd);
-    }
-  }
-
+  for (int r = 0; r < 2; ++r) doc_j[r] = p.doc && keys[r] < p.T ? p.doc[b * p.T + keys[r]] : 0;
   // Queries at or past the window's end for the block's last key (k0 + 16W - 1 + window), or after the
-  // block's last document end, see none of its keys (i_end > k0: the first tile runs).
+  // block's last document end, see none of its keys (i_end > k0: the first tile runs). k0 is a multiple
+  // of 64: query tiles below it see none of these keys. Pairs (head of the group, query tile) in order.
   int64_t i_end = p.window > 0 ? min(p.T, k0 + kKeys - 1 + p.window) : p.T;
   if (p.last_query) i_end = min(i_end, block_last_query(p.last_query, b, p.T, k0, kKeys) + 1);
-  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-    // k0 is a multiple of 64: query tiles below it see none of these keys.
-    for (int64_t i0 = k0; i0 < i_end; i0 += kTile) {
-      __syncthreads();  // the previous tile's Q, dO, lse, delta and dS^T are no longer read
-      load_tile<D>(q_s, q, b, i0, kTile, h, p.Hq, p.T);
-      load_tile<D>(do_s, dout, b, i0, kTile, h, p.Hq, p.T);
-      for (int e = threadIdx.x; e < kTile; e += blockDim.x) {
-        const int64_t i = i0 + e;
-        lse_s[e] = i < p.T ? lse[(b * p.Hq + h) * p.T + i] : 0.0f;
-        delta_s[e] = i < p.T ? delta[(b * p.Hq + h) * p.T + i] : 0.0f;
-      }
-      __syncthreads();
-      // S^T = K_w Q^T and dP^T = V_w dO^T (16 keys x 64 queries)
+  const int64_t query_tiles = (i_end - k0 + kTile - 1) / kTile, pairs = group * query_tiles;
+  // Pair n's Q and dO rows by cp.async, its lse and delta by plain loads, into stage n & 1.
+  auto load_pair = [&](int64_t n) {
+    const int64_t h = kvh * group + n / query_tiles, i0 = k0 + (n % query_tiles) * kTile;
+    const size_t stage = size_t(n & 1);
+    load_tile_async<D>(q_s + stage * kRowsStage, q, b, i0, kTile, h, p.Hq, p.T);
+    load_tile_async<D>(do_s + stage * kRowsStage, dout, b, i0, kTile, h, p.Hq, p.T);
+    for (int e = threadIdx.x; e < kTile; e += blockDim.x) {
+      const int64_t i = i0 + e;
+      lse_s[stage * kTile + e] = i < p.T ? lse[(b * p.Hq + h) * p.T + i] : 0.0f;
+      delta_s[stage * kTile + e] = i < p.T ? delta[(b * p.Hq + h) * p.T + i] : 0.0f;
+    }
+  };
+  load_tile_async<D>(k_s, k, b, k0, kKeys, kvh, p.Hkv, p.T);
+  load_tile_async<D>(v_s, v, b, k0, kKeys, kvh, p.Hkv, p.T);
+  load_pair(0);
+  ptx::cp_async_commit();
+
+  // The warp's K and V rows as A fragments, loaded once where registers allow (D = 64; at D = 128
+  // they are reloaded from shared memory for every use instead).
+  constexpr bool kHoistKv = D <= 64;
+  uint32_t kw[kHoistKv ? D / 16 : 1][4], vw[kHoistKv ? D / 16 : 1][4];
+  float dk_acc[kOutTiles][4], dv_acc[kOutTiles][4];  // (16 keys x D), tile n: columns 8n .. 8n + 7
 #pragma unroll
-      for (int n = 0; n < kTile / 16; ++n) {
-        Acc s_acc, dp_acc;
-        wmma::fill_fragment(s_acc, 0.0f);
-        wmma::fill_fragment(dp_acc, 0.0f);
+  for (int n = 0; n < kOutTiles; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
+
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t h = kvh * group + pair / query_tiles, i0 = k0 + (pair % query_tiles) * kTile;
+    const size_t stage = size_t(pair & 1);
+    if (pair + 1 < pairs) load_pair(pair + 1);  // into the other stage (its readers passed the last barrier)
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<1>();  // this thread's copies of this pair (and of K, V) have landed ...
+    __syncthreads();          // ... and every other thread's, with the plain lse / delta stores
+    if constexpr (kHoistKv) {
+      if (pair == 0) {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          FragBColumns qf, dof;
-          wmma::load_matrix_sync(qf, q_s + n * 16 * kLd + kk * 16, kLd);
-          wmma::load_matrix_sync(dof, do_s + n * 16 * kLd + kk * 16, kLd);
-          if constexpr (kHoistKv) {
-            wmma::mma_sync(s_acc, kw[kk], qf, s_acc);
-            wmma::mma_sync(dp_acc, vw[kk], dof, dp_acc);
-          } else {
-            FragA kf, vf;
-            wmma::load_matrix_sync(kf, k_s + warp * 16 * kLd + kk * 16, kLd);
-            wmma::mma_sync(s_acc, kf, qf, s_acc);
-            wmma::load_matrix_sync(vf, v_s + warp * 16 * kLd + kk * 16, kLd);
-            wmma::mma_sync(dp_acc, vf, dof, dp_acc);
-          }
-        }
-        wmma::store_matrix_sync(st_w + n * 16, s_acc, kLdScore, wmma::mem_row_major);
-        wmma::store_matrix_sync(dpt_w + n * 16, dp_acc, kLdScore, wmma::mem_row_major);
-      }
-      __syncwarp();
-      // P^T and dS^T of key row r (masked entries 0)
-      const float* srow = st_w + r * kLdScore;
-      const float* dprow = dpt_w + r * kLdScore;
-      bf16* prow = pt_w + r * kLdProb;
-      bf16* dsrow = dst_s + (warp * 16 + r) * kLdProb;
-      for (int t = 0; t < kTile / 2; ++t) {
-        const int c = 2 * t + half;
-        const int64_t i = i0 + c;
-        float pv = 0.0f, ds = 0.0f;
-        if (j <= i && i < p.T && j < p.T && (p.window == 0 || i - p.window < j) &&
-            (!p.doc || p.doc[b * p.T + i] == doc_j)) {
-          float t;  // the cap's tanh: ds takes its derivative 1 - t^2 (attention.cu's order)
-          const float sc = softcap_score(srow[c] * p.scale, p.softcap, &t);
-          pv = __expf(sc - lse_s[c]);
-          ds = pv * (dprow[c] - delta_s[c]);
-          if (p.softcap > 0.0f) ds *= 1.0f - t * t;
-          ds *= p.scale;
-        }
-        prow[c] = __float2bfloat16_rn(pv);
-        dsrow[c] = __float2bfloat16_rn(ds);
-      }
-      __syncwarp();
-      // dV_w += P^T dO, dK_w += dS^T Q
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        FragA pa, dsa;
-        wmma::load_matrix_sync(pa, pt_w + kk * 16, kLdProb);
-        wmma::load_matrix_sync(dsa, dst_s + warp * 16 * kLdProb + kk * 16, kLdProb);
-#pragma unroll
-        for (int n = 0; n < D / 16; ++n) {
-          FragB dob, qb;
-          wmma::load_matrix_sync(dob, do_s + kk * 16 * kLd + n * 16, kLd);
-          wmma::mma_sync(dv_acc[n], pa, dob, dv_acc[n]);
-          wmma::load_matrix_sync(qb, q_s + kk * 16 * kLd + n * 16, kLd);
-          wmma::mma_sync(dk_acc[n], dsa, qb, dk_acc[n]);
-        }
-      }
-      __syncthreads();  // every warp's rows of dS^T are in place
-      // dQ (64 x D) += dS K: output fragment f = (query block f / (D/16), column block f % (D/16)),
-      // the warp's are f = warp, warp + W, ...; added to dq_acc through the warp's S^T tile.
-      for (int f = warp; f < (kTile / 16) * (D / 16); f += W) {
-        const int mb = f / (D / 16), nb = f % (D / 16);
-        Acc acc;
-        wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-        for (int kk = 0; kk < kKeys / 16; ++kk) {
-          FragAColumns dsf;
-          FragB kb;
-          wmma::load_matrix_sync(dsf, dst_s + kk * 16 * kLdProb + mb * 16, kLdProb);
-          wmma::load_matrix_sync(kb, k_s + kk * 16 * kLd + nb * 16, kLd);
-          wmma::mma_sync(acc, dsf, kb, acc);
-        }
-        __syncwarp();  // the staging tile's previous contents are read
-        wmma::store_matrix_sync(st_w, acc, kLdScore, wmma::mem_row_major);
-        __syncwarp();
-        // Four floats an atomic (sm_90's vector atomicAdd; dq_acc is 16-byte aligned, D a multiple of 4).
-        for (int e = lane; e < 16 * 4; e += 32) {
-          const int rr = e / 4, cc = 4 * (e % 4);
-          const int64_t i = i0 + mb * 16 + rr;
-          const float* x = st_w + rr * kLdScore + cc;
-          if (i < p.T)
-            atomicAdd(reinterpret_cast<float4*>(dq_acc + ((b * p.T + i) * p.Hq + h) * D + nb * 16 + cc),
-                      make_float4(x[0], x[1], x[2], x[3]));
+          ptx::ldmatrix_x4(kw[kk], k_s + (warp * 16 + row_in) * kLd + kk * 16 + col_in);
+          ptx::ldmatrix_x4(vw[kk], v_s + (warp * 16 + row_in) * kLd + kk * 16 + col_in);
         }
       }
     }
+    const bf16* qs = q_s + stage * kRowsStage;
+    const bf16* dos = do_s + stage * kRowsStage;
+    const float* lse_t = lse_s + stage * kTile;
+    const float* delta_t = delta_s + stage * kTile;
+    for (int c0 = 0; c0 < kTile; c0 += kChunk) {
+      // S^T = K_w Q^T and dP^T = V_w dO^T (16 keys x 32 queries): tile n holds queries c0 + 8n .. + 7
+      float st[kChunkTiles][4], dpt[kChunkTiles][4];
+#pragma unroll
+      for (int n = 0; n < kChunkTiles; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ka[4], va[4];
+        if constexpr (kHoistKv) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ka[e] = kw[kk][e], va[e] = vw[kk][e];
+        } else {
+          ptx::ldmatrix_x4(ka, k_s + (warp * 16 + row_in) * kLd + kk * 16 + col_in);
+          ptx::ldmatrix_x4(va, v_s + (warp * 16 + row_in) * kLd + kk * 16 + col_in);
+        }
+#pragma unroll
+        for (int np = 0; np < kChunkTiles / 2; ++np) {
+          uint32_t qb[4], dob[4];  // queries c0 + 16np .. + 7 (dims kk*16 + 0..7, 8..15), then + 8 .. + 15
+          ptx::ldmatrix_x4(qb, qs + (c0 + np * 16 + key_in) * kLd + kk * 16 + dim_in);
+          ptx::ldmatrix_x4(dob, dos + (c0 + np * 16 + key_in) * kLd + kk * 16 + dim_in);
+          ptx::mma_bf16_16816(st[2 * np], ka, qb[0], qb[1]);
+          ptx::mma_bf16_16816(st[2 * np + 1], ka, qb[2], qb[3]);
+          ptx::mma_bf16_16816(dpt[2 * np], va, dob[0], dob[1]);
+          ptx::mma_bf16_16816(dpt[2 * np + 1], va, dob[2], dob[3]);
+        }
+      }
+      // P^T = exp(cap(scale S^T) - lse_i) and dS^T = P^T (dP^T - delta_i) cap'(S) scale in place of S^T
+      // and dP^T (masked entries 0); dS^T also to shared memory (bf16) for dQ.
+#pragma unroll
+      for (int n = 0; n < kChunkTiles; ++n) {
+        int32_t doc_i[2] = {0, 0};  // the documents of this lane's two queries, read once for both keys
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int64_t i = i0 + c0 + 8 * n + 2 * t + cc;
+          if (p.doc && i < p.T) doc_i[cc] = p.doc[b * p.T + i];
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, c = c0 + 8 * n + 2 * t + (e & 1);
+          const int64_t i = i0 + c, j = keys[r];
+          float pv = 0.0f, ds = 0.0f;
+          if (j <= i && i < p.T && j < p.T && (p.window == 0 || i - p.window < j) &&
+              (!p.doc || doc_i[e & 1] == doc_j[r])) {
+            float th;  // the cap's tanh: ds takes its derivative 1 - th^2 (attention.cu's order)
+            const float sc = softcap_score(st[n][e] * p.scale, p.softcap, &th);
+            pv = __expf(sc - lse_t[c]);
+            ds = pv * (dpt[n][e] - delta_t[c]);
+            if (p.softcap > 0.0f) ds *= 1.0f - th * th;
+            ds *= p.scale;
+          }
+          st[n][e] = pv, dpt[n][e] = ds;
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kChunkTiles; ++n)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<uint32_t*>(dst_s + (warp * 16 + g + 8 * r) * kLdDs + c0 + 8 * n + 2 * t) =
+              ptx::pack_bf16x2(dpt[n][2 * r], dpt[n][2 * r + 1]);
+      // dV_w += P^T dO, dK_w += dS^T Q: P^T's and dS^T's tiles 2kq, 2kq + 1 (queries c0 + 16kq .. + 15)
+      // are the A fragments of query step kq, rounded to bf16 in registers
+#pragma unroll
+      for (int kq = 0; kq < kChunkTiles / 2; ++kq) {
+        const uint32_t pa[4] = {ptx::pack_bf16x2(st[2 * kq][0], st[2 * kq][1]),
+                                ptx::pack_bf16x2(st[2 * kq][2], st[2 * kq][3]),
+                                ptx::pack_bf16x2(st[2 * kq + 1][0], st[2 * kq + 1][1]),
+                                ptx::pack_bf16x2(st[2 * kq + 1][2], st[2 * kq + 1][3])};
+        const uint32_t dsa[4] = {ptx::pack_bf16x2(dpt[2 * kq][0], dpt[2 * kq][1]),
+                                 ptx::pack_bf16x2(dpt[2 * kq][2], dpt[2 * kq][3]),
+                                 ptx::pack_bf16x2(dpt[2 * kq + 1][0], dpt[2 * kq + 1][1]),
+                                 ptx::pack_bf16x2(dpt[2 * kq + 1][2], dpt[2 * kq + 1][3])};
+        const int qrow = c0 + kq * 16 + row_in;
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+          uint32_t dob[4], qb[4];  // rows: queries; dims 16np .. + 7, then + 8 .. + 15 (transposed)
+          ptx::ldmatrix_x4_trans(dob, dos + qrow * kLd + np * 16 + col_in);
+          ptx::ldmatrix_x4_trans(qb, qs + qrow * kLd + np * 16 + col_in);
+          ptx::mma_bf16_16816(dv_acc[2 * np], pa, dob[0], dob[1]);
+          ptx::mma_bf16_16816(dv_acc[2 * np + 1], pa, dob[2], dob[3]);
+          ptx::mma_bf16_16816(dk_acc[2 * np], dsa, qb[0], qb[1]);
+          ptx::mma_bf16_16816(dk_acc[2 * np + 1], dsa, qb[2], qb[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp's rows of dS^T are in place
+    // dQ (64 x D) += dS K over the block's keys: the warp's 16 query rows and kDqCols columns; dS's A
+    // fragments are dS^T's (keys, queries) tiles read transposed. Two floats an atomic (sm_90's float2).
+    {
+      const int mb = warp % 4, n_first = (warp / 4) * kDqCols;
+      float dq[kDqTiles][4];
+#pragma unroll
+      for (int n = 0; n < kDqTiles; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        uint32_t dsa[4];
+        ptx::ldmatrix_x4_trans(dsa, dst_s + (kk * 16 + key_in) * kLdDs + mb * 16 + dim_in);
+#pragma unroll
+        for (int np = 0; np < kDqTiles / 2; ++np) {
+          uint32_t kb[4];
+          ptx::ldmatrix_x4_trans(kb, k_s + (kk * 16 + row_in) * kLd + n_first + np * 16 + col_in);
+          ptx::mma_bf16_16816(dq[2 * np], dsa, kb[0], kb[1]);
+          ptx::mma_bf16_16816(dq[2 * np + 1], dsa, kb[2], kb[3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int64_t i = i0 + mb * 16 + g + 8 * r;
+        if (i >= p.T) continue;
+        float* row = dq_acc + ((b * p.T + i) * p.Hq + h) * D + n_first + 2 * t;
+#pragma unroll
+        for (int n = 0; n < kDqTiles; ++n)
+          atomicAdd(reinterpret_cast<float2*>(row + 8 * n), make_float2(dq[n][2 * r], dq[n][2 * r + 1]));
+      }
+    }
+    // (no barrier here: the next pair refills the other stage's Q / dO / lse / delta, last read before
+    // the barrier above, and writes dS^T only after its own first barrier, which every warp reaches
+    // once done with this dQ)
   }
-  store_rows_bf16<D>(dk, dk_acc, st_w, b, k0 + warp * 16, kvh, p.Hkv, p.T);
-  store_rows_bf16<D>(dv, dv_acc, st_w, b, k0 + warp * 16, kvh, p.Hkv, p.T);
+  // dK, dV rows of the warp's keys (those < T) as bf16, two columns a lane at a time.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t j = keys[r];
+    if (j >= p.T) continue;
+    bf16* dk_row = dk + ((b * p.T + j) * p.Hkv + kvh) * D + 2 * t;
+    bf16* dv_row = dv + ((b * p.T + j) * p.Hkv + kvh) * D + 2 * t;
+#pragma unroll
+    for (int n = 0; n < kOutTiles; ++n) {
+      *reinterpret_cast<uint32_t*>(dk_row + 8 * n) = ptx::pack_bf16x2(dk_acc[n][2 * r], dk_acc[n][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv_row + 8 * n) = ptx::pack_bf16x2(dv_acc[n][2 * r], dv_acc[n][2 * r + 1]);
+    }
+  }
 }
 
 __global__ void round_to_bf16_kernel(bf16* y, const float* x, int64_t n) {
@@ -563,9 +598,9 @@ void flash_attention_tc_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_
                                  const int32_t* doc_ids, DocumentBounds bounds) {
   const Params p = params(s, doc_ids, bounds);
   check_aligned(dout, "dout"), check_aligned(q, "q"), check_aligned(k, "k"), check_aligned(v, "v");
-  check_aligned(scratch, "scratch");
+  check_aligned(dk, "dk"), check_aligned(dv, "dv"), check_aligned(scratch, "scratch");
   const int64_t rows = s.B * s.T * s.Hq, nq = rows * s.D;
-  float* dq_acc = scratch;       // (B, T, Hq, D) f32, first: its float4 atomics need 16-byte alignment
+  float* dq_acc = scratch;       // (B, T, Hq, D) f32, first: its float2 atomics need 8-byte alignment
   float* delta = scratch + nq;   // (B, Hq, T)
   KTUNE_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, size_t(nq) * sizeof(float), stream));
   delta_kernel<<<blocks_for(rows * 32, 256), 256, 0, stream>>>(delta, dev(dout), dev(out), rows, s.T, s.Hq, s.D);

@@ -10,8 +10,8 @@
 // in f32.
 // Backward: delta = rowsum(dout * out); a block per (b, kv head, 64 or 128 keys) walks the query
 // tiles at or below its keys, for every query head of the group: dV += Pᵀ dO, dK += dSᵀ Q held in
-// f32 fragments (summed over the group's heads, written once as bf16), dQ += dS K added with f32
-// (float4) atomics into scratch and rounded to bf16 by a last pass (so dq's summation order is not
+// f32 registers (summed over the group's heads, written once as bf16; S, P and dS stay in registers
+// too), dQ += dS K added with f32 (float2) atomics into scratch and rounded to bf16 by a last pass (so dq's summation order is not
 // deterministic; dk's and dv's are).
 // Masks as attention.h's: key j is visible to query i iff j <= i, i - window < j with a sliding window
 // (AttentionShape::sliding_window > 0), and doc_ids[b, j] == doc_ids[b, i] with document ids (packed
@@ -25,7 +25,7 @@
 // end, skipping the tiles wholly in other documents (the same results, bit for bit; dq up to its
 // atomics' order), so a row of many short documents costs about as much as those documents.
 // It deliberately has no dropout or f32 path, and none of Hopper's wgmma / TMA: mma.sync, ldmatrix
-// and cp.async (sm_80's) forward, wmma backward, plus sm_90's float4 atomicAdd.
+// and cp.async (sm_80's), plus sm_90's float2 atomicAdd.
 #pragma once
 
 #include <cstdint>
@@ -43,13 +43,13 @@ bool flash_attention_tc_supports(const AttentionShape& s);
 int64_t flash_attention_tc_backward_scratch_floats(const AttentionShape& s);
 
 // q (B,T,Hq,D)   k, v (B,T,Hkv,D)   out (B,T,Hq,D)   lse (B,Hq,T) saved   doc_ids (B,T) or nullptr;
-// bounds: doc_ids' DocumentBounds, or {}. q, k, v 16-byte aligned. Throws ktune::Error naming the op
+// bounds: doc_ids' DocumentBounds, or {}. q, k, v and out 16-byte aligned. Throws ktune::Error naming the op
 // for a shape it does not take.
 void flash_attention_tc_forward(bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                                 const AttentionShape& s, Stream stream = nullptr, const int32_t* doc_ids = nullptr,
                                 DocumentBounds bounds = {});
 // Undoes out = softmax(mask(scale q kᵀ)) v: dq (B,T,Hq,D), dk, dv (B,T,Hkv,D) overwritten; doc_ids and
-// bounds the forward's. dout, q, k, v and scratch 16-byte aligned; scratch:
+// bounds the forward's. dout, q, k, v, dk, dv and scratch 16-byte aligned; scratch:
 // flash_attention_tc_backward_scratch_floats(s) floats.
 void flash_attention_tc_backward(bf16_t* dq, bf16_t* dk, bf16_t* dv, const bf16_t* dout, const bf16_t* q,
                                  const bf16_t* k, const bf16_t* v, const bf16_t* out, const float* lse,

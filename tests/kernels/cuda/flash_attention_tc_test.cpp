@@ -239,6 +239,15 @@ KTUNE_CUDA_TEST(FlashAttentionTcPeakedSoftmaxMatchesReferences) {
   check_flash_attention_tc("D128 peaked 1:1 T190", shape(1, 190, 2, 2, 128), 6.0f);
 }
 
+// Every warp's rows valid in blocks that walk three or more key tiles (forward) or (head, query tile)
+// pairs (backward), so that the two shared-memory stages are each refilled while the block runs: a
+// refill before every warp is done with a stage shows here (the emulator lands cp.async copies as
+// early as it may under some schedules), where the shorter cases' last tiles hold rows past T only.
+KTUNE_CUDA_TEST(FlashAttentionTcRefillsItsStagesSafely) {
+  check_flash_attention_tc("D64 gqa 2:1 T192", shape(1, 192, 2, 1, 64));
+  check_flash_attention_tc("D128 gqa 2:1 T256", shape(1, 256, 2, 1, 128));
+}
+
 // Packed rows: documents end inside and at the edges of tiles; the padding rows (from T - T/8 - b)
 // see no key of the tiles before theirs, so their first tiles are wholly masked.
 KTUNE_CUDA_TEST(FlashAttentionTcDocumentIdsMatchReferences) {

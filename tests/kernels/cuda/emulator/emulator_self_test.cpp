@@ -1,6 +1,6 @@
 // The emulator's own checks, so that what it is trusted to catch stays caught: a kernel missing a
 // barrier gives a wrong result under some schedule while the same kernel with it is right under all
-// three; a race between blocks shows over three launches; shuffles, wmma, mma.sync m16n8k16 and
+// four (a race between warps that only warp-level switch points separate needs the warp-by-warp one); a race between blocks shows over three launches; shuffles, wmma, mma.sync m16n8k16 and
 // ldmatrix compute what CUDA and PTX document (cp.async's copies land only at their wait); reading a
 // wmma fragment's elements as if their lane layout were known is wrong here;
 // fresh device memory reads as NaN; cudaMalloc and cudaFree fail as the runtime does; and (in a
@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <utility>
 
 #include "cuda_runtime.h"
@@ -173,6 +174,23 @@ void cp_async_kernel(const float* src, float* seen) {
   seen[3 * i + 2] = s[128 + 4 * i];
 }
 
+// out[w] = what warp w's lane 0 reads of warp (w + 1) % 4's slot, written before a few warp-level
+// switch points on both sides; with_barrier adds the __syncthreads that the reads need.
+void cross_warp_kernel(int* out, bool with_barrier) {
+  int* s = reinterpret_cast<int*>(::emu::shared_memory());
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (lane == 0) s[warp] = warp + 1;
+  for (int i = 0; i < 3; ++i) __syncwarp();
+  if (with_barrier) __syncthreads();
+  if (lane == 0) out[warp] = s[(warp + 1) % 4];
+}
+
+bool cross_warp_right(bool with_barrier) {
+  int out[4];
+  emu_launch(emu_config(cross_warp_kernel, 1, 128, 4 * sizeof(int)), [&] { cross_warp_kernel(out, with_barrier); });
+  return out[0] == 2 && out[1] == 3 && out[2] == 4 && out[3] == 1;
+}
+
 // Block b reads what block b - 1 writes, with nothing ordering the two: an inter-block race.
 void neighbour_kernel(int* written, int* seen) {
   if (threadIdx.x != 0) return;
@@ -211,9 +229,47 @@ int main() {
     all_right &= in_child([] { _exit(block_sum(true) == 255 * 256 / 2 ? 0 : 1); }) == 0;
     any_wrong |= in_child([] { _exit(block_sum(false) == 255 * 256 / 2 ? 0 : 1); }) == 1;
   }
+  bool cross_right = true, cross_wrong = false, round_robin_hides = true;
+  for (const char* schedule : {"order", "reverse", "shuffle", "warps"}) {
+    setenv("KTUNE_EMU_SCHEDULE", schedule, 1);
+    cross_right &= in_child([] { _exit(cross_warp_right(true) ? 0 : 1); }) == 0;
+    const bool wrong = in_child([] { _exit(cross_warp_right(false) ? 0 : 1); }) == 1;
+    cross_wrong |= wrong;
+    if (std::string(schedule) != "warps") round_robin_hides &= !wrong;
+  }
+  bool copies_held = false, copies_eager = false;
+  {
+    float* src = nullptr;  // (each schedule in a child, before this process launches anything: see above)
+    cudaMalloc(&src, 128 * sizeof(float));
+    for (int e = 0; e < 128; ++e) src[e] = float(e + 1);
+    // 0: every copy held until its wait (before: NaN, after the first wait: value + NaN, then the
+    // zero-fill); 1: every copy landed when issued; 2: anything else
+    auto copies = [src](const char* schedule) {
+      setenv("KTUNE_EMU_SCHEDULE", schedule, 1);
+      const int status = in_child([src] {
+        float seen[96];
+        emu_launch(emu_config(cp_async_kernel, 1, 32, 256 * sizeof(float)), [&] { cp_async_kernel(src, seen); });
+        bool held = true, eager = true;
+        for (int i = 0; i < 32; ++i) {
+          const float value = float(4 * i + 1);
+          held &= std::isnan(seen[3 * i]) && std::isnan(seen[3 * i + 1]) && seen[3 * i + 2] == 0.0f;
+          eager &= seen[3 * i] == value && seen[3 * i + 1] == value && seen[3 * i + 2] == 0.0f;
+        }
+        _exit(held ? 0 : eager ? 1 : 2);
+      });
+      unsetenv("KTUNE_EMU_SCHEDULE");
+      return status;
+    };
+    copies_held = copies("order") == 0 && copies("shuffle") == 0;
+    copies_eager = copies("reverse") == 1 && copies("warps") == 1;
+    cudaFree(src);
+  }
   unsetenv("KTUNE_EMU_SCHEDULE");
   expect(all_right, "a block sum with its barrier is right under every schedule");
   expect(any_wrong, "the block sum without its barrier is wrong under some schedule");
+  expect(cross_right, "warps reading each other's writes after a __syncthreads are right under every schedule");
+  expect(cross_wrong && round_robin_hides,
+         "without it (only warp-level switch points between), only the warp-by-warp schedule shows the race");
 
   float sums[64];
   emu_launch(emu_config(shuffle_kernel, 1, 64), [&] { shuffle_kernel(sums); });
@@ -224,19 +280,12 @@ int main() {
   expect(ptx_mma_matches(), "mma.sync m16n8k16 computes D = A B + C by PTX's fragment table");
   expect(ldmatrix_matches(false), "ldmatrix x4 gives lane 4g + t matrix i's (g, 2t..2t+1)");
   expect(ldmatrix_matches(true), "ldmatrix x4 .trans gives lane 4g + t matrix i's (2t..2t+1, g)");
+  expect(copies_held, "order, shuffle: a cp.async copy lands only at the wait that covers its group (before: NaN)");
+  expect(copies_eager, "reverse, warps: a cp.async copy lands when issued");
   {
     float* src = nullptr;
     cudaMalloc(&src, 128 * sizeof(float));
     for (int e = 0; e < 128; ++e) src[e] = float(e + 1);
-    float seen[96];
-    emu_launch(emu_config(cp_async_kernel, 1, 32, 256 * sizeof(float)), [&] { cp_async_kernel(src, seen); });
-    bool held = true, landed = true;
-    for (int i = 0; i < 32; ++i) {
-      held &= std::isnan(seen[3 * i]) && std::isnan(seen[3 * i + 1]);  // the zero-fill not landed yet either
-      landed &= seen[3 * i + 2] == 0.0f;
-    }
-    expect(held, "a cp.async copy is not there before the wait that covers its group (fresh shared memory: NaN)");
-    expect(landed, "cp.async's zero-fill lands at the wait for its group");
     expect(dies([src] {
              float out[96];
              emu_launch(emu_config(cp_async_kernel, 1, 32, 64 * sizeof(float)), [&] { cp_async_kernel(src, out); });

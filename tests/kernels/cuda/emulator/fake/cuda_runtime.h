@@ -6,9 +6,12 @@
 // (fake/mma_m16n8k16_emulated.h) — a thread runs from one to
 // the next without interruption, so code that relies on an ordering no barrier enforces gets a
 // different ordering under another schedule. The scheduler runs the runnable fibers of a block in
-// order, in reverse or shuffled (seeded); by default block i of the n-th launch uses schedule
-// (i + n) % 3, so every launch sees all three and a block index sees each over successive launches
-// of a test; KTUNE_EMU_SCHEDULE=order|reverse|shuffle fixes one. A missing barrier shows
+// order, in reverse or shuffled (seeded) — each runnable fiber one stretch a round, so the warps stay
+// within a switch point of each other — or warp by warp (the first warp with a runnable fiber runs
+// alone until a block barrier or its end stops it, so a warp reading another warp's writes with only
+// warp-level switch points between them reads them early); by default block i of the n-th launch uses
+// schedule (i + n) % 4, so every launch sees all four and a block index sees each over successive
+// launches of a test; KTUNE_EMU_SCHEDULE=order|reverse|shuffle|warps fixes one. A missing barrier shows
 // as wrong results under some schedule; a barrier not reached by every thread is a deadlock, which
 // aborts. Blocks run one after another (a kernel that waits for another block would deadlock here),
 // in grid order, reversed or shuffled (launch n uses n % 3), so a block that reads what another block
@@ -17,10 +20,12 @@
 // Checks, each an abort with a message: block size a multiple of 32 and <= 1024, 1-D blocks, 2-D
 // grids within the device's limits, dynamic shared memory <= 48 KiB unless cudaFuncSetAttribute
 // raised that kernel's limit (to <= 227 KiB, sm_90), blocks within the kernel's __launch_bounds__,
-// float4 atomics 16-byte aligned and on global memory, cudaMemcpy's ranges apart.
+// float4 (float2) atomics 16- (8-) byte aligned and on global memory, cudaMemcpy's ranges apart.
 // fake/mma.h adds wmma's alignment, ldm and bound checks; fake/mma_m16n8k16_emulated.h those of
-// ldmatrix and cp.async (shared-memory rows and targets, 16-byte alignment), and holds cp.async's
-// copies back until a wait covers them.
+// ldmatrix and cp.async (shared-memory rows and targets, 16-byte alignment); cp.async's copies land
+// at the earliest (when issued: schedules reverse and warps) or the latest a GPU may land them (at the
+// wait that covers them: order and shuffle), so that both a read before the wait and a refill of a
+// buffer other warps still read show.
 //
 // Memory. "Device" memory is host memory (cudaMalloc: 256-byte aligned, at most 141 GiB, an H200's;
 // cudaMallocHost: plain host memory), so nothing here can see a host read of device memory.
@@ -93,7 +98,11 @@ struct alignas(16) uint4 {
 struct alignas(16) float4 {
   float x, y, z, w;
 };
+struct alignas(8) float2 {
+  float x, y;
+};
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 
 enum cudaError_t {
@@ -168,6 +177,7 @@ struct Block {
   std::vector<float> slots;         // (warps, 32) shuffle slots
   std::vector<float> mma;           // (warps, 3, 256) mma operand exchange
   std::vector<const unsigned char*> rows;  // (warps, 32) ldmatrix row addresses
+  bool eager_copies = false;  // cp.async lands when issued (schedules reverse, warps), else at its wait
   unsigned char* shared = nullptr;  // the launch's guarded dynamic shared memory, refilled per block
   size_t shared_bytes = 0;
   std::map<int, std::unique_ptr<unsigned char[]>> static_shared;  // `__shared__ T x[n]` by declaration id
@@ -253,7 +263,8 @@ inline char* stack_of(char* pool, unsigned thread) {
   return pool + thread * (kStackBytes + page_bytes()) + page_bytes();
 }
 
-// -1: rotate (block i of launch n runs schedule (i + n) % 3); else 0 in order, 1 reverse, 2 shuffled.
+// -1: rotate (block i of launch n runs schedule (i + n) % 4); else 0 in order, 1 reverse, 2 shuffled,
+// 3 warps (one warp at a time, as far as it gets).
 inline int fixed_schedule() {
   static const int s = [] {
     const char* e = std::getenv("KTUNE_EMU_SCHEDULE");
@@ -261,7 +272,8 @@ inline int fixed_schedule() {
     if (!std::strcmp(e, "order")) return 0;
     if (!std::strcmp(e, "reverse")) return 1;
     if (!std::strcmp(e, "shuffle")) return 2;
-    fail("KTUNE_EMU_SCHEDULE must be order, reverse or shuffle");
+    if (!std::strcmp(e, "warps")) return 3;
+    fail("KTUNE_EMU_SCHEDULE must be order, reverse, shuffle or warps");
   }();
   return s;
 }
@@ -314,6 +326,7 @@ inline void run_block(unsigned bx, unsigned by, unsigned nthreads, GuardedBytes&
   b.slots.assign(nthreads, 0.0f);
   b.mma.assign(size_t(nthreads / 32) * 3 * 256, 0.0f);
   b.rows.assign(nthreads, nullptr);
+  b.eager_copies = schedule == 1 || schedule == 3;
   b.shared_bytes = shared.bytes;
   b.shared = shared.data;
   std::memset(b.shared, kGarbage, shared.body);  // what the previous block left is not this one's
@@ -332,15 +345,27 @@ inline void run_block(unsigned bx, unsigned by, unsigned nthreads, GuardedBytes&
   std::vector<int> order(nthreads);
   for (unsigned t = 0; t < nthreads; ++t) order[t] = int(t);
   if (schedule == 1) std::reverse(order.begin(), order.end());
+  auto runnable = [&b](int t) {
+    const Fiber& f = b.fibers[t];
+    return !f.done && !(f.wait == 1 && f.gen == b.block_gen) && !(f.wait == 2 && f.gen == b.warp_gen[t / 32]);
+  };
   for (;;) {
     if (schedule == 2) std::shuffle(order.begin(), order.end(), g_rng);
+    // warps: only the first warp with a runnable fiber runs this round, so it runs ahead of the others
+    // until a block barrier (or its end) stops it; its lanes only are visited
+    int first = 0, last = int(nthreads);
+    if (schedule == 3) {
+      int lead = 0;
+      while (lead < int(nthreads) && !runnable(lead)) ++lead;
+      if (lead < int(nthreads)) first = lead / 32 * 32, last = first + 32;
+    }
     bool any = false, all_done = true;
-    for (int t : order) {
+    for (int i = first; i < last; ++i) {
+      const int t = order[i];
       Fiber& f = b.fibers[t];
       if (f.done) continue;
       all_done = false;
-      if (f.wait == 1 && f.gen == b.block_gen) continue;
-      if (f.wait == 2 && f.gen == b.warp_gen[t / 32]) continue;
+      if (!runnable(t)) continue;
       f.wait = 0;
       b.current = t;
       g_tid = f.tid;
@@ -462,6 +487,15 @@ inline float4 atomicAdd(float4* p, float4 v) {  // sm_90: 16-byte aligned global
     emu::fail("float4 atomicAdd on shared memory (sm_90's vector atomics are for global memory)");
   const float4 old = *p;
   p->x += v.x, p->y += v.y, p->z += v.z, p->w += v.w;
+  return old;
+}
+inline float2 atomicAdd(float2* p, float2 v) {  // sm_90: 8-byte aligned global memory only
+  if (reinterpret_cast<uintptr_t>(p) % 8 != 0) emu::fail("float2 atomicAdd on an address not 8-byte aligned");
+  const auto* x = reinterpret_cast<const unsigned char*>(p);
+  if (emu::g_block && x >= emu::g_block->shared && x < emu::g_block->shared + emu::g_block->shared_bytes)
+    emu::fail("float2 atomicAdd on shared memory (sm_90's vector atomics are for global memory)");
+  const float2 old = *p;
+  p->x += v.x, p->y += v.y;
   return old;
 }
 inline int atomicMin(int32_t* p, int32_t v) {
@@ -789,6 +823,6 @@ inline void emu_launch(EmuConfig c, std::function<void()> body) {
   if (block_order == 1) std::reverse(blocks.begin(), blocks.end());
   if (block_order == 2) std::shuffle(blocks.begin(), blocks.end(), emu::g_rng);
   uint64_t index = launch;
-  for (const auto& [x, y] : blocks) emu::run_block(x, y, threads, shared, fixed >= 0 ? fixed : int(index++ % 3));
+  for (const auto& [x, y] : blocks) emu::run_block(x, y, threads, shared, fixed >= 0 ? fixed : int(index++ % 4));
   emu::release_guarded(shared);
 }

@@ -6,11 +6,13 @@
 // and reads back what the layout gives it; the product sums its 16 terms in f32, in order (no
 // tensor-core rounding). ldmatrix checks that each row address is 16-byte aligned and its 16 bytes
 // lie inside the block's shared memory. cp.async checks a 16-byte aligned shared target and an
-// aligned source outside shared memory, and holds the copy back: it lands only when a
-// cp_async_wait of the same thread covers its group (committed groups beyond `pending`, oldest
-// first) — the latest a GPU may complete it — so a read before the wait, or by another thread
-// without a barrier after that thread's wait, sees the old bytes (fresh shared memory: NaN).
-// Copies never committed or waited for are dropped with the block, as the kernel cannot have read them.
+// aligned source outside shared memory. Under the order and shuffle schedules it holds the copy
+// back: it lands only when a cp_async_wait of the same thread covers its group (committed groups
+// beyond `pending`, oldest first) — the latest a GPU may complete it — so a read before the wait, or
+// by another thread without a barrier after that thread's wait, sees the old bytes (fresh shared
+// memory: NaN); copies never waited for are dropped with the block, as the kernel cannot have read
+// them. Under reverse and warps (Block::eager_copies) it lands when issued — the earliest — so a
+// refill issued while another warp still reads the buffer (a missing barrier before it) shows.
 // It deliberately does not emulate other shapes, f16/tf32/int8, x1/x2 ldmatrix, or cp.async's
 // 4- and 8-byte forms.
 #pragma once
@@ -89,8 +91,13 @@ inline void cp_async_16(void* dst, const void* src, bool valid) {
   if (reinterpret_cast<uintptr_t>(src) % 16 != 0 || in_shared(src, 1))
     emu::fail("cp.async: a source not 16-byte aligned or in shared memory");
   static const unsigned char kZeros[16] = {};
+  const unsigned char* from = valid ? static_cast<const unsigned char*>(src) : kZeros;
+  if (emu::g_block->eager_copies) {
+    std::memcpy(dst, from, 16);
+    return;
+  }
   auto& f = emu::g_block->fibers[emu::g_block->current];
-  f.async_open.push_back({static_cast<unsigned char*>(dst), valid ? static_cast<const unsigned char*>(src) : kZeros});
+  f.async_open.push_back({static_cast<unsigned char*>(dst), from});
 }
 inline void cp_async_commit() {
   auto& f = emu::g_block->fibers[emu::g_block->current];
