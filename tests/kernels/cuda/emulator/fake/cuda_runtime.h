@@ -20,7 +20,7 @@
 // Checks, each an abort with a message: block size a multiple of 32 and <= 1024, 1-D blocks, 2-D
 // grids within the device's limits, dynamic shared memory <= 48 KiB unless cudaFuncSetAttribute
 // raised that kernel's limit (to <= 227 KiB, sm_90), blocks within the kernel's __launch_bounds__,
-// float4 (float2) atomics 16- (8-) byte aligned and on global memory, cudaMemcpy's ranges apart.
+// float2 atomics 8-byte aligned and on global memory, cudaMemcpy's ranges apart.
 // fake/mma.h adds wmma's alignment, ldm and bound checks; fake/mma_m16n8k16_emulated.h those of
 // ldmatrix and cp.async (shared-memory rows and targets, 16-byte alignment); cp.async's copies land
 // at the earliest (when issued: schedules reverse and warps) or the latest a GPU may land them (at the
@@ -478,15 +478,6 @@ inline unsigned __float_as_uint(float f) {
 inline float atomicAdd(float* p, float v) {
   const float old = *p;
   *p = old + v;
-  return old;
-}
-inline float4 atomicAdd(float4* p, float4 v) {  // sm_90: 16-byte aligned global memory only
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) emu::fail("float4 atomicAdd on an address not 16-byte aligned");
-  const auto* x = reinterpret_cast<const unsigned char*>(p);
-  if (emu::g_block && x >= emu::g_block->shared && x < emu::g_block->shared + emu::g_block->shared_bytes)
-    emu::fail("float4 atomicAdd on shared memory (sm_90's vector atomics are for global memory)");
-  const float4 old = *p;
-  p->x += v.x, p->y += v.y, p->z += v.z, p->w += v.w;
   return old;
 }
 inline float2 atomicAdd(float2* p, float2 v) {  // sm_90: 8-byte aligned global memory only
