@@ -140,10 +140,6 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 3 : 2)
   bf16* v_s = reinterpret_cast<bf16*>(smem + L::v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;  // fragment row group and column pair (mma_m16n8k16.cuh)
-  // ldmatrix row addresses: lane's matrix lane / 8 of four; `rows8` picks rows 8..15 for matrices 1
-  // and 3 (A tiles, V), `cols8` columns 8..15 for matrices 2 and 3; K takes them the other way round.
-  const int row_in = (lane & 7) + (((lane >> 3) & 1) << 3), col_in = (lane >> 4) << 3;
-  const int key_in = (lane & 7) + ((lane >> 4) << 3), dim_in = ((lane >> 3) & 1) << 3;
 
   const int64_t b = blockIdx.y / p.Hq, h = blockIdx.y % p.Hq, kvh = h / (p.Hq / p.Hkv);
   // The longest rows (most key tiles) first: block x = 0 takes the last query tile.
@@ -189,7 +185,7 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 3 : 2)
     __syncthreads();          // ... and every other thread's
     if (tile == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) ptx::ldmatrix_x4(qf[kk], q_s + (warp * 16 + row_in) * kLd + kk * 16 + col_in);
+      for (int kk = 0; kk < D / 16; ++kk) frag::load_a(qf[kk], q_s + warp * 16 * kLd + kk * 16, kLd);
     }
     const bf16* ks = k_s + stage;
     const bf16* vs = v_s + stage;
@@ -200,12 +196,8 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 3 : 2)
 #pragma unroll
     for (int np = 0; np < kScoreTiles / 2; ++np)
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t kb[4];  // keys 16np .. +7 (dims kk*16 + 0..7, 8..15), then keys 16np + 8 .. +15
-        ptx::ldmatrix_x4(kb, ks + (np * 16 + key_in) * kLd + kk * 16 + dim_in);
-        ptx::mma_bf16_16816(s[2 * np], qf[kk], kb[0], kb[1]);
-        ptx::mma_bf16_16816(s[2 * np + 1], qf[kk], kb[2], kb[3]);
-      }
+      for (int kk = 0; kk < D / 16; ++kk)  // K^T's (dims kk*16 .., keys 16np ..) block: K's rows by column
+        frag::mma_b_columns(s[2 * np], s[2 * np + 1], qf[kk], ks + np * 16 * kLd + kk * 16, kLd);
     // cap(scale S), -inf where the key is not visible. Only the diagonal tile, the last one and (with a
     // window) those reaching back past a row's window hold keys a row must not see, and every tile with
     // doc ids: the others skip the mask. The warp's last row sees key k0 iff k0 > that row - window.
@@ -257,16 +249,10 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 3 : 2)
     // rounded to bf16 in registers (an accumulator's (g, 2t..) pairs are an A fragment's).
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
-      const uint32_t pa[4] = {ptx::pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), ptx::pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                              ptx::pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              ptx::pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t pa[4];
+      frag::a_from_accumulators(pa, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-      for (int np = 0; np < D / 16; ++np) {
-        uint32_t vb[4];  // keys 16kk .. +7, +8 .. +15 of dims 16np .. +7, then of dims 16np + 8 .. + 15
-        ptx::ldmatrix_x4_trans(vb, vs + (kk * 16 + row_in) * kLd + np * 16 + col_in);
-        ptx::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
-        ptx::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
-      }
+      for (int np = 0; np < D / 16; ++np) frag::mma_b_rows(o[2 * np], o[2 * np + 1], pa, vs + kk * 16 * kLd + np * 16, kLd);
     }
     __syncthreads();  // every warp is done with this stage before the next tile's copies refill it
   }
@@ -325,8 +311,6 @@ __global__ void __launch_bounds__(W * 32)
   bf16* dst_s = reinterpret_cast<bf16*>(smem + L::dst);  // (16W keys, 72): dS^T of the whole block
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;  // fragment row group and column pair (mma_m16n8k16.cuh)
-  const int row_in = (lane & 7) + (((lane >> 3) & 1) << 3), col_in = (lane >> 4) << 3;  // as the forward's
-  const int key_in = (lane & 7) + ((lane >> 4) << 3), dim_in = ((lane >> 3) & 1) << 3;
 
   const int64_t b = blockIdx.y / p.Hkv, kvh = blockIdx.y % p.Hkv, group = p.Hq / p.Hkv;
   const int64_t k0 = int64_t(blockIdx.x) * kKeys;
@@ -379,8 +363,8 @@ __global__ void __launch_bounds__(W * 32)
       if (pair == 0) {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          ptx::ldmatrix_x4(kw[kk], k_s + (warp * 16 + row_in) * kLd + kk * 16 + col_in);
-          ptx::ldmatrix_x4(vw[kk], v_s + (warp * 16 + row_in) * kLd + kk * 16 + col_in);
+          frag::load_a(kw[kk], k_s + warp * 16 * kLd + kk * 16, kLd);
+          frag::load_a(vw[kk], v_s + warp * 16 * kLd + kk * 16, kLd);
         }
       }
     }
@@ -402,18 +386,14 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
           for (int e = 0; e < 4; ++e) ka[e] = kw[kk][e], va[e] = vw[kk][e];
         } else {
-          ptx::ldmatrix_x4(ka, k_s + (warp * 16 + row_in) * kLd + kk * 16 + col_in);
-          ptx::ldmatrix_x4(va, v_s + (warp * 16 + row_in) * kLd + kk * 16 + col_in);
+          frag::load_a(ka, k_s + warp * 16 * kLd + kk * 16, kLd);
+          frag::load_a(va, v_s + warp * 16 * kLd + kk * 16, kLd);
         }
 #pragma unroll
-        for (int np = 0; np < kChunkTiles / 2; ++np) {
-          uint32_t qb[4], dob[4];  // queries c0 + 16np .. + 7 (dims kk*16 + 0..7, 8..15), then + 8 .. + 15
-          ptx::ldmatrix_x4(qb, qs + (c0 + np * 16 + key_in) * kLd + kk * 16 + dim_in);
-          ptx::ldmatrix_x4(dob, dos + (c0 + np * 16 + key_in) * kLd + kk * 16 + dim_in);
-          ptx::mma_bf16_16816(st[2 * np], ka, qb[0], qb[1]);
-          ptx::mma_bf16_16816(st[2 * np + 1], ka, qb[2], qb[3]);
-          ptx::mma_bf16_16816(dpt[2 * np], va, dob[0], dob[1]);
-          ptx::mma_bf16_16816(dpt[2 * np + 1], va, dob[2], dob[3]);
+        for (int np = 0; np < kChunkTiles / 2; ++np) {  // Q^T's, dO^T's (dims kk*16 .., queries ..) blocks
+          const int rows = (c0 + np * 16) * kLd + kk * 16;
+          frag::mma_b_columns(st[2 * np], st[2 * np + 1], ka, qs + rows, kLd);
+          frag::mma_b_columns(dpt[2 * np], dpt[2 * np + 1], va, dos + rows, kLd);
         }
       }
       // P^T = exp(cap(scale S^T) - lse_i) and dS^T = P^T (dP^T - delta_i) cap'(S) scale in place of S^T
@@ -453,24 +433,14 @@ __global__ void __launch_bounds__(W * 32)
       // are the A fragments of query step kq, rounded to bf16 in registers
 #pragma unroll
       for (int kq = 0; kq < kChunkTiles / 2; ++kq) {
-        const uint32_t pa[4] = {ptx::pack_bf16x2(st[2 * kq][0], st[2 * kq][1]),
-                                ptx::pack_bf16x2(st[2 * kq][2], st[2 * kq][3]),
-                                ptx::pack_bf16x2(st[2 * kq + 1][0], st[2 * kq + 1][1]),
-                                ptx::pack_bf16x2(st[2 * kq + 1][2], st[2 * kq + 1][3])};
-        const uint32_t dsa[4] = {ptx::pack_bf16x2(dpt[2 * kq][0], dpt[2 * kq][1]),
-                                 ptx::pack_bf16x2(dpt[2 * kq][2], dpt[2 * kq][3]),
-                                 ptx::pack_bf16x2(dpt[2 * kq + 1][0], dpt[2 * kq + 1][1]),
-                                 ptx::pack_bf16x2(dpt[2 * kq + 1][2], dpt[2 * kq + 1][3])};
-        const int qrow = c0 + kq * 16 + row_in;
+        uint32_t pa[4], dsa[4];
+        frag::a_from_accumulators(pa, st[2 * kq], st[2 * kq + 1]);
+        frag::a_from_accumulators(dsa, dpt[2 * kq], dpt[2 * kq + 1]);
 #pragma unroll
-        for (int np = 0; np < D / 16; ++np) {
-          uint32_t dob[4], qb[4];  // rows: queries; dims 16np .. + 7, then + 8 .. + 15 (transposed)
-          ptx::ldmatrix_x4_trans(dob, dos + qrow * kLd + np * 16 + col_in);
-          ptx::ldmatrix_x4_trans(qb, qs + qrow * kLd + np * 16 + col_in);
-          ptx::mma_bf16_16816(dv_acc[2 * np], pa, dob[0], dob[1]);
-          ptx::mma_bf16_16816(dv_acc[2 * np + 1], pa, dob[2], dob[3]);
-          ptx::mma_bf16_16816(dk_acc[2 * np], dsa, qb[0], qb[1]);
-          ptx::mma_bf16_16816(dk_acc[2 * np + 1], dsa, qb[2], qb[3]);
+        for (int np = 0; np < D / 16; ++np) {  // dO's, Q's (queries c0 + 16kq .., dims 16np ..) blocks
+          const int rows = (c0 + kq * 16) * kLd + np * 16;
+          frag::mma_b_rows(dv_acc[2 * np], dv_acc[2 * np + 1], pa, dos + rows, kLd);
+          frag::mma_b_rows(dk_acc[2 * np], dk_acc[2 * np + 1], dsa, qs + rows, kLd);
         }
       }
     }
@@ -484,15 +454,11 @@ __global__ void __launch_bounds__(W * 32)
       for (int n = 0; n < kDqTiles; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
-        uint32_t dsa[4];
-        ptx::ldmatrix_x4_trans(dsa, dst_s + (kk * 16 + key_in) * kLdDs + mb * 16 + dim_in);
+        uint32_t dsa[4];  // dS's (queries 16mb .., keys 16kk ..) block: dS^T's rows by column
+        frag::load_a_columns(dsa, dst_s + kk * 16 * kLdDs + mb * 16, kLdDs);
 #pragma unroll
-        for (int np = 0; np < kDqTiles / 2; ++np) {
-          uint32_t kb[4];
-          ptx::ldmatrix_x4_trans(kb, k_s + (kk * 16 + row_in) * kLd + n_first + np * 16 + col_in);
-          ptx::mma_bf16_16816(dq[2 * np], dsa, kb[0], kb[1]);
-          ptx::mma_bf16_16816(dq[2 * np + 1], dsa, kb[2], kb[3]);
-        }
+        for (int np = 0; np < kDqTiles / 2; ++np)  // K's (keys 16kk .., dims n_first + 16np ..) block
+          frag::mma_b_rows(dq[2 * np], dq[2 * np + 1], dsa, k_s + kk * 16 * kLd + n_first + np * 16, kLd);
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {

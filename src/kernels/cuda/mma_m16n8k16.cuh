@@ -73,3 +73,54 @@ __device__ __forceinline__ void cp_async_wait() {
 
 }  // namespace ktune::cuda::ptx
 #endif
+
+// Whole 16 x 16 operands of those instructions, from bf16 tiles in shared memory (`tile`: the
+// operand's element (0, 0); rows `ld` elements apart, 16-byte aligned), and the accumulator-to-A
+// conversion the fused kernels chain products with. Each is one ldmatrix x4 (lane l gives row
+// l % 8 of matrix l / 8) and, for the products, two mma.sync over 16 columns.
+namespace ktune::cuda::frag {
+
+// Lane l's row within the tile for matrices (rows 0-7, 8-15) x (columns 0-7, 8-15) taken column
+// block first (A row-major, B stored by row: matrices 1 and 3 are rows 8-15) ...
+__device__ __forceinline__ int row_first_offset(int ld) {
+  const int lane = threadIdx.x & 31;
+  return ((lane & 7) + (((lane >> 3) & 1) << 3)) * ld + ((lane >> 4) << 3);
+}
+// ... or row block first (B stored by column, A stored by column: matrices 2 and 3 are rows 8-15).
+__device__ __forceinline__ int column_first_offset(int ld) {
+  const int lane = threadIdx.x & 31;
+  return ((lane & 7) + ((lane >> 4) << 3)) * ld + (((lane >> 3) & 1) << 3);
+}
+
+// The A fragment of a row-major (m, k) tile.
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const __nv_bfloat16* tile, int ld) {
+  ptx::ldmatrix_x4(a, tile + row_first_offset(ld));
+}
+// The A fragment of an (m, k) operand stored by column: the tile's rows are k, its columns m.
+__device__ __forceinline__ void load_a_columns(uint32_t (&a)[4], const __nv_bfloat16* tile, int ld) {
+  ptx::ldmatrix_x4_trans(a, tile + column_first_offset(ld));
+}
+// lo, hi (its columns n 0-7, 8-15) += A B for a (k, n) B stored by column: the tile's rows are n.
+__device__ __forceinline__ void mma_b_columns(float (&lo)[4], float (&hi)[4], const uint32_t (&a)[4],
+                                              const __nv_bfloat16* tile, int ld) {
+  uint32_t b[4];
+  ptx::ldmatrix_x4(b, tile + column_first_offset(ld));
+  ptx::mma_bf16_16816(lo, a, b[0], b[1]);
+  ptx::mma_bf16_16816(hi, a, b[2], b[3]);
+}
+// lo, hi (its columns n 0-7, 8-15) += A B for a row-major (k, n) B.
+__device__ __forceinline__ void mma_b_rows(float (&lo)[4], float (&hi)[4], const uint32_t (&a)[4],
+                                           const __nv_bfloat16* tile, int ld) {
+  uint32_t b[4];
+  ptx::ldmatrix_x4_trans(b, tile + row_first_offset(ld));
+  ptx::mma_bf16_16816(lo, a, b[0], b[1]);
+  ptx::mma_bf16_16816(hi, a, b[2], b[3]);
+}
+// The A fragment of the (16 x 16) product whose columns 0-7 and 8-15 are the accumulator tiles lo
+// and hi, rounded to bf16: an accumulator's (g, 2t..2t+1) pairs are an A fragment's.
+__device__ __forceinline__ void a_from_accumulators(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = ptx::pack_bf16x2(lo[0], lo[1]), a[1] = ptx::pack_bf16x2(lo[2], lo[3]);
+  a[2] = ptx::pack_bf16x2(hi[0], hi[1]), a[3] = ptx::pack_bf16x2(hi[2], hi[3]);
+}
+
+}  // namespace ktune::cuda::frag
