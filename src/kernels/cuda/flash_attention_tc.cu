@@ -9,11 +9,14 @@
 // copies land while the current one computes) and are read as fragments by ldmatrix, transposed
 // where the product wants them by column.
 //
-// Forward, block (query tile qt, b * Hq + h), 4 warps; warp w owns query rows q0 + 16w .. + 15, and
-// lane 4g + t the rows g and g + 8 of those, columns 2t, 2t + 1 of every 8:
-//   for each key tile k0 = k_begin, .. + 64, .. <= q0 (the diagonal tile last; the ones above it are
-//   skipped; k_begin: the tile of the block's first query's first key in the window, q0 - window + 1,
-//   and of its smallest first_key with DocumentBounds, whichever is later; else 0):
+// Forward, block (query tile qt, b * Hq + h), 4 warps, R row blocks of 64 queries (R = 2 at D = 64,
+// 1 at D = 128: ForwardLayout); warp w owns query rows q0 + 64rb + 16w .. + 15 of each row block rb,
+// and lane 4g + t the rows g and g + 8 of those, columns 2t, 2t + 1 of every 8. Each K and V fragment
+// a warp reads serves its R row blocks.
+//   for each key tile k0 = k_begin, .. + 64, .. up to the block's last query, and each row block whose
+//   tiles these are (from the tile of its first query's first key in the window, r0 - window + 1, and
+//   of its smallest first_key with DocumentBounds, whichever is later, else 0; up to the diagonal tile
+//   of the warp's rows: later ones are skipped):
 //     S (16 x 64) = Q_w K^T            (8 accumulator tiles in registers), scaled, soft-capped
 //                                      (cap tanh(s / cap)), masked (j > i or j >= T, i - window >= j,
 //                                      or doc[j] != doc[i]: -inf) on the diagonal and last tiles and
@@ -60,7 +63,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kTile = 64;           // queries per forward block, keys per forward tile, queries per backward tile
+constexpr int kTile = 64;  // keys per forward tile, queries per backward tile, and a forward row block
 constexpr int kForwardWarps = kTile / 16;
 
 constexpr size_t align128(size_t n) { return (n + 127) / 128 * 128; }
@@ -69,13 +72,19 @@ constexpr size_t align128(size_t n) { return (n + 127) / 128 * 128; }
 // (the next key tile's cp.async copies land in one while the warps compute on the other). Row
 // strides of D + 8 bf16 keep every row 16-byte aligned (ldmatrix, cp.async) and put the 8 rows an
 // ldmatrix reads at once in 8 different 4-bank groups.
+// A forward block takes kRowBlocks blocks of 64 queries (each warp 16 rows of each), so that every K
+// and V fragment a warp reads from shared memory serves 16 kRowBlocks rows: 2 at D = 64 (Q, O and S
+// of 32 rows fit in registers; shared memory would otherwise bound the products: a 64-key tile's 16
+// ldmatrix reads of K and 16 of V a warp against its 64 mma.sync for 16 rows), 1 at D = 128.
 template <int D>
 struct ForwardLayout {
+  static constexpr int kRowBlocks = D == 64 ? 2 : 1;
+  static constexpr int kQueries = kTile * kRowBlocks;  // queries a block
   static constexpr int kLd = D + 8;
   static constexpr size_t tile = align128(size_t(kTile) * kLd * 2);  // (64, D+8) bf16
-  static constexpr size_t q = 0;
-  static constexpr size_t k = q + tile;      // 2 stages
-  static constexpr size_t v = k + 2 * tile;  // 2 stages
+  static constexpr size_t q = 0;                             // (kQueries, D+8)
+  static constexpr size_t k = q + kRowBlocks * tile;         // 2 stages
+  static constexpr size_t v = k + 2 * tile;                  // 2 stages
   static constexpr size_t bytes = v + 2 * tile;
 };
 
@@ -126,13 +135,91 @@ __device__ void load_tile_async(bf16* dst, const bf16* src, int64_t b, int64_t f
   }
 }
 
-// Blocks an SM holds by shared memory (ForwardLayout: 45 KiB at D = 64, 85 KiB at D = 128); the
-// register budget follows (at D = 64, four blocks leave 128 registers a thread).
+// One warp's 16 query rows (first_row ..) against one staged 64-key tile (keys k0 ..): S = Q K^T, the
+// mask and cap, the online softmax and O += P V, all in registers. o (16 x D), m, l (the lane's two
+// rows g, g + 8), qf: the rows' A fragments; rows, doc_row, doc_i: the two rows, whether they take
+// the doc mask, and their documents.
 template <int D>
-__global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 3 : 2)
+__device__ __forceinline__ void attend_to_tile(float (&o)[D / 8][4], float* m, float* l, const uint32_t (&qf)[D / 16][4],
+                                               const bf16* ks, const bf16* vs, int64_t k0, int64_t first_row,
+                                               const int64_t* rows, const bool* doc_row, const int32_t* doc_i,
+                                               int64_t b, const Params& p) {
+  constexpr int kLd = D + 8, kScoreTiles = kTile / 8, kOutTiles = D / 8;
+  const int t = threadIdx.x & 3;
+  // S (16 x 64) = Q_w K^T: score tile n holds keys k0 + 8n .. + 7
+  float s[kScoreTiles][4];
+#pragma unroll
+  for (int n = 0; n < kScoreTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int np = 0; np < kScoreTiles / 2; ++np)
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)  // K^T's (dims kk*16 .., keys 16np ..) block: K's rows by column
+      frag::mma_b_columns(s[2 * np], s[2 * np + 1], qf[kk], ks + np * 16 * kLd + kk * 16, kLd);
+  // cap(scale S), -inf where the key is not visible. Only the diagonal tiles, the last one and (with a
+  // window) those reaching back past a row's window hold keys a row must not see, and every tile with
+  // doc ids: the others skip the mask. The last row sees key k0 iff k0 > that row - window.
+  const bool masked = p.doc != nullptr || k0 + kTile - 1 > first_row || k0 + kTile > p.T ||
+                      (p.window > 0 && k0 <= first_row + 15 - p.window);  // uniform over the warp
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < kScoreTiles; ++n) {
+    int32_t doc_j[2] = {0, 0};  // the documents of this lane's two keys, read once for both rows
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int64_t j = k0 + 8 * n + 2 * t + c;
+      if (masked && p.doc && j < p.T) doc_j[c] = p.doc[b * p.T + j];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      const int64_t i = rows[r], j = k0 + 8 * n + 2 * t + (e & 1);
+      const bool visible = j <= i && j < p.T && (p.window == 0 || i - p.window < j) &&
+                           (!doc_row[r] || doc_j[e & 1] == doc_i[r]);
+      float tanh_unused;
+      s[n][e] = (!masked || visible) ? softcap_score(s[n][e] * p.scale, p.softcap, &tanh_unused) : -INFINITY;
+      tile_max[r] = fmaxf(tile_max[r], s[n][e]);
+    }
+  }
+  // Online softmax: the rows' maxima over their 4 lanes; P = exp(S - m'), O and l rescaled by e^(m - m').
+  float alpha[2], m_use[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    const float m_new = fmaxf(m[r], tile_max[r]);
+    m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet keeps P = 0
+    alpha[r] = __expf(m[r] - m_use[r]);            // 0 while m = -inf
+    m[r] = m_new;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int n = 0; n < kScoreTiles; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[n][e] = __expf(s[n][e] - m_use[e >> 1]);
+      l[e >> 1] += s[n][e];
+    }
+#pragma unroll
+  for (int n = 0; n < kOutTiles; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+  // O += P V: P's score tiles 2kk, 2kk + 1 (keys 16kk .. + 15) are the A fragment of key step kk,
+  // rounded to bf16 in registers.
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    uint32_t pa[4];
+    frag::a_from_accumulators(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) frag::mma_b_rows(o[2 * np], o[2 * np + 1], pa, vs + kk * 16 * kLd + np * 16, kLd);
+  }
+}
+
+// Blocks an SM holds: at D = 64 two (54 KiB of shared memory, Q, O and S of 32 rows a warp in
+// registers), at D = 128 two (85 KiB).
+template <int D>
+__global__ void __launch_bounds__(kForwardWarps * 32, 2)
     forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, Params p) {
   using L = ForwardLayout<D>;
-  constexpr int kLd = L::kLd, kScoreTiles = kTile / 8, kOutTiles = D / 8;
+  constexpr int R = L::kRowBlocks, kQueries = L::kQueries;
+  constexpr int kLd = L::kLd, kOutTiles = D / 8;
   constexpr size_t kStage = L::tile / 2;  // bf16 elements a stage
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem + L::q);
@@ -143,35 +230,49 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 3 : 2)
 
   const int64_t b = blockIdx.y / p.Hq, h = blockIdx.y % p.Hq, kvh = h / (p.Hq / p.Hkv);
   // The longest rows (most key tiles) first: block x = 0 takes the last query tile.
-  const int64_t n_tiles = (p.T + kTile - 1) / kTile, q0 = (n_tiles - 1 - int64_t(blockIdx.x)) * kTile;
-  // This lane's two rows of the warp's 16 (fragment rows g and g + 8), and their documents (rows past
-  // T, never stored, keep the causal mask only).
-  const int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-  bool doc_row[2];
-  int32_t doc_i[2];
+  const int64_t n_tiles = (p.T + kQueries - 1) / kQueries, q0 = (n_tiles - 1 - int64_t(blockIdx.x)) * kQueries;
+  // Row block rb of this warp: rows q0 + 64 rb + 16 warp .. + 15; this lane's rows in it are its
+  // fragment rows g and g + 8 (row 2 rb + r below), with their documents (rows past T, never stored,
+  // keep the causal mask only).
+  auto first_row = [&](int rb) { return q0 + kTile * rb + 16 * warp; };
+  int64_t rows[2 * R];
+  bool doc_row[2 * R];
+  int32_t doc_i[2 * R];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 2 * R; ++r) {
+    rows[r] = first_row(r / 2) + g + 8 * (r % 2);
     doc_row[r] = p.doc && rows[r] < p.T;
     doc_i[r] = doc_row[r] ? p.doc[b * p.T + rows[r]] : 0;
   }
-  const int64_t k_end = min(p.T, q0 + kTile);  // keys past the tile's last query are never visible
-  // Keys before the window of the block's first query, or before its first document start, are never
-  // visible (k_begin <= q0: the diagonal tile runs).
-  int64_t k_lo = p.window > 0 ? max(int64_t(0), q0 - p.window + 1) : 0;
-  if (p.first_key) k_lo = max(k_lo, block_first_key(p.first_key, b, p.T, q0, kTile));
-  const int64_t k_begin = k_lo / kTile * kTile, key_tiles = (k_end - k_begin + kTile - 1) / kTile;
+  const int64_t k_end = min(p.T, q0 + kQueries);  // keys past the block's last query are never visible
+  // Key tiles before the window of a row block's first query, or before its first document start, are
+  // never visible to it (k_from[0] <= q0: the diagonal tile runs), and it skips them: a masked tile
+  // would still carry a NaN or Inf of theirs into O (P = 0 times NaN). Row blocks past T skip all.
+  int64_t k_from[R], k_begin = q0;
+#pragma unroll
+  for (int rb = 0; rb < R; ++rb) {
+    const int64_t r0 = q0 + kTile * rb;
+    int64_t lo = p.window > 0 ? max(int64_t(0), r0 - p.window + 1) : 0;
+    if (p.first_key && r0 < p.T) lo = max(lo, block_first_key(p.first_key, b, p.T, r0, kTile));
+    k_from[rb] = r0 < p.T ? lo / kTile * kTile : p.T;
+    k_begin = min(k_begin, k_from[rb]);
+  }
+  const int64_t key_tiles = (k_end - k_begin + kTile - 1) / kTile;
 
-  load_tile_async<D>(q_s, q, b, q0, kTile, h, p.Hq, p.T);
+  load_tile_async<D>(q_s, q, b, q0, kQueries, h, p.Hq, p.T);
   load_tile_async<D>(k_s, k, b, k_begin, kTile, kvh, p.Hkv, p.T);
   load_tile_async<D>(v_s, v, b, k_begin, kTile, kvh, p.Hkv, p.T);
   ptx::cp_async_commit();
 
-  uint32_t qf[D / 16][4];  // the warp's 16 query rows as A fragments (loaded once Q has landed)
-  float o[kOutTiles][4];   // O (16 x D): output tile n holds columns 8n .. 8n + 7
+  uint32_t qf[R][D / 16][4];  // the warp's query rows as A fragments (loaded once Q has landed)
+  float o[R][kOutTiles][4];   // O (16 x D) a row block: output tile n holds columns 8n .. 8n + 7
 #pragma unroll
-  for (int n = 0; n < kOutTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY};  // row maxima (the same in the 4 lanes of a row)
-  float l[2] = {0.0f, 0.0f};            // this lane's part of the rows' sums (its 2 columns of each 8)
+  for (int rb = 0; rb < R; ++rb)
+#pragma unroll
+    for (int n = 0; n < kOutTiles; ++n) o[rb][n][0] = o[rb][n][1] = o[rb][n][2] = o[rb][n][3] = 0.0f;
+  float m[2 * R], l[2 * R];  // row maxima (the same in the 4 lanes of a row), this lane's part of the sums
+#pragma unroll
+  for (int r = 0; r < 2 * R; ++r) m[r] = -INFINITY, l[r] = 0.0f;
 
   for (int64_t tile = 0; tile < key_tiles; ++tile) {
     const int64_t k0 = k_begin + tile * kTile;
@@ -185,80 +286,26 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 3 : 2)
     __syncthreads();          // ... and every other thread's
     if (tile == 0) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) frag::load_a(qf[kk], q_s + warp * 16 * kLd + kk * 16, kLd);
+      for (int rb = 0; rb < R; ++rb)
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+          frag::load_a(qf[rb][kk], q_s + (kTile * rb + 16 * warp) * kLd + kk * 16, kLd);
     }
     const bf16* ks = k_s + stage;
     const bf16* vs = v_s + stage;
-    // S (16 x 64) = Q_w K^T: score tile n holds keys k0 + 8n .. + 7
-    float s[kScoreTiles][4];
 #pragma unroll
-    for (int n = 0; n < kScoreTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int np = 0; np < kScoreTiles / 2; ++np)
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)  // K^T's (dims kk*16 .., keys 16np ..) block: K's rows by column
-        frag::mma_b_columns(s[2 * np], s[2 * np + 1], qf[kk], ks + np * 16 * kLd + kk * 16, kLd);
-    // cap(scale S), -inf where the key is not visible. Only the diagonal tile, the last one and (with a
-    // window) those reaching back past a row's window hold keys a row must not see, and every tile with
-    // doc ids: the others skip the mask. The warp's last row sees key k0 iff k0 > that row - window.
-    const int64_t warp_last_row = q0 + warp * 16 + 15;
-    const bool masked = p.doc != nullptr || k0 + kTile - 1 > q0 + warp * 16 || k0 + kTile > p.T ||
-                        (p.window > 0 && k0 <= warp_last_row - p.window);  // uniform over the warp
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < kScoreTiles; ++n) {
-      int32_t doc_j[2] = {0, 0};  // the documents of this lane's two keys, read once for both rows
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t j = k0 + 8 * n + 2 * t + c;
-        if (masked && p.doc && j < p.T) doc_j[c] = p.doc[b * p.T + j];
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const int64_t i = rows[r], j = k0 + 8 * n + 2 * t + (e & 1);
-        const bool visible = j <= i && j < p.T && (p.window == 0 || i - p.window < j) &&
-                             (!doc_row[r] || doc_j[e & 1] == doc_i[r]);
-        float tanh_unused;
-        s[n][e] = (!masked || visible) ? softcap_score(s[n][e] * p.scale, p.softcap, &tanh_unused) : -INFINITY;
-        tile_max[r] = fmaxf(tile_max[r], s[n][e]);
-      }
-    }
-    // Online softmax: the rows' maxima over their 4 lanes; P = exp(S - m'), O and l rescaled by e^(m - m').
-    float alpha[2], m_use[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m[r], tile_max[r]);
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet keeps P = 0
-      alpha[r] = __expf(m[r] - m_use[r]);            // 0 while m = -inf
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < kScoreTiles; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = __expf(s[n][e] - m_use[e >> 1]);
-        l[e >> 1] += s[n][e];
-      }
-#pragma unroll
-    for (int n = 0; n < kOutTiles; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    // O += P V: P's score tiles 2kk, 2kk + 1 (keys 16kk .. + 15) are the A fragment of key step kk,
-    // rounded to bf16 in registers (an accumulator's (g, 2t..) pairs are an A fragment's).
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t pa[4];
-      frag::a_from_accumulators(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int np = 0; np < D / 16; ++np) frag::mma_b_rows(o[2 * np], o[2 * np + 1], pa, vs + kk * 16 * kLd + np * 16, kLd);
+    for (int rb = 0; rb < R; ++rb) {
+      // Before the row block's first tile, or wholly after the warp's rows of it (the later row block's
+      // diagonal tile): none of the tile's keys is visible, and a fully masked tile adds nothing.
+      if (k0 < k_from[rb] || k0 > first_row(rb) + 15) continue;  // uniform over the warp
+      attend_to_tile<D>(o[rb], m + 2 * rb, l + 2 * rb, qf[rb], ks, vs, k0, first_row(rb), rows + 2 * rb,
+                        doc_row + 2 * rb, doc_i + 2 * rb, b, p);
     }
     __syncthreads();  // every warp is done with this stage before the next tile's copies refill it
   }
   // out = O / l, lse = m + log l: l summed over the row's 4 lanes; two bf16 a lane and row at a time.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 2 * R; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int64_t i = rows[r];
@@ -266,9 +313,11 @@ __global__ void __launch_bounds__(kForwardWarps * 32, D == 64 ? 3 : 2)
     if (t == 0) lse[(b * p.Hq + h) * p.T + i] = m[r] + logf(l[r]);
     const float inv = 1.0f / l[r];
     bf16* dst = out + ((b * p.T + i) * p.Hq + h) * D + 2 * t;
+    const float(&orow)[kOutTiles][4] = o[r / 2];
+    const int e = 2 * (r % 2);  // the row's two accumulator elements
 #pragma unroll
     for (int n = 0; n < kOutTiles; ++n)
-      *reinterpret_cast<uint32_t*>(dst + 8 * n) = ptx::pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + 8 * n) = ptx::pack_bf16x2(orow[n][e] * inv, orow[n][e + 1] * inv);
   }
 }
 
@@ -524,7 +573,8 @@ template <int D>
 void forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const Params& p, Stream stream) {
   constexpr size_t shared = ForwardLayout<D>::bytes;
   set_shared(forward_kernel<D>, shared);
-  dim3 grid(unsigned((p.T + kTile - 1) / kTile), unsigned(p.B * p.Hq));
+  constexpr int kQueries = ForwardLayout<D>::kQueries;
+  dim3 grid(unsigned((p.T + kQueries - 1) / kQueries), unsigned(p.B * p.Hq));
   forward_kernel<D><<<grid, kForwardWarps * 32, shared, stream>>>(out, lse, q, k, v, p);
   KTUNE_CUDA_CHECK_LAUNCH();
 }

@@ -4,8 +4,8 @@
 // Same semantics, layouts, lse (B, Hq, T) = log sum_j exp(cap(scale q_i . k_j)) and backward scratch
 // convention as kernels/cuda/attention.h, whose tiled CUDA-core kernel stays the reference: either
 // forward's (out, lse) feeds either backward.
-// Forward: a block of 4 warps per (b, query head, 64 queries), each warp 16 query rows; key tiles of
-// 64 up to the diagonal only, copied in by cp.async two stages deep; S = Q Kᵀ and O += P V on mma.sync
+// Forward: a block of 4 warps per (b, query head, 128 queries at head_dim 64, 64 at 128), each warp 16
+// rows of every 64; key tiles of 64 up to the diagonal only, copied in by cp.async two stages deep; S = Q Kᵀ and O += P V on mma.sync
 // m16n8k16 with S, P and O in registers (P rounded to bf16, as flash-attention does); online softmax
 // in f32.
 // Backward: delta = rowsum(dout * out); a block per (b, kv head, 64 or 128 keys) walks the query

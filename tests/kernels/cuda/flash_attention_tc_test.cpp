@@ -288,8 +288,9 @@ KTUNE_CUDA_TEST(FlashAttentionTcShortDocumentsMatchReferences) {
   check_flash_attention_tc("D64 short docs gqa 2:1 B3 T200", shape(3, 200, 2, 1, 64), 1.0f, short_documents(3, 200));
 }
 
-// The fused kernel's tiling, mirrored to know which tiles a block skips: forward blocks of 64 queries
-// walk key tiles of 64; backward blocks of 64 keys (D = 64) or 128 (D = 128) walk query tiles of 64.
+// The fused kernel's tiling, mirrored to know which tiles a block skips: forward row blocks of 64
+// queries (one or two a thread block) walk key tiles of 64 each; backward blocks of 64 keys (D = 64)
+// or 128 (D = 128) walk query tiles of 64.
 constexpr int64_t kTcTile = 64;
 int64_t tc_backward_keys(const cpu::AttentionShape& s) { return s.D == 64 ? 64 : 128; }
 
