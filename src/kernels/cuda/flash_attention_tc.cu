@@ -121,6 +121,17 @@ struct Params {
   const int32_t* last_query;  // (B, T) DocumentBounds, or nullptr (every query tile to T)
 };
 
+// Token i's document in batch row b: doc[b, i], or 0 past T or without doc ids.
+__device__ __forceinline__ int32_t document_of(const Params& p, int64_t b, int64_t i) {
+  return p.doc && i < p.T ? p.doc[b * p.T + i] : 0;
+}
+
+// Key j is visible to query i: causal, a real key (j < T), inside the window, and, with doc ids, in
+// i's document (doc_i, doc_j: their document_of).
+__device__ __forceinline__ bool visible(const Params& p, int64_t i, int64_t j, int32_t doc_i, int32_t doc_j) {
+  return j <= i && j < p.T && (p.window == 0 || i - p.window < j) && (!p.doc || doc_i == doc_j);
+}
+
 // Rows first .. first+rows-1 of head h of a (B, T, H, D) bf16 tensor into dst (rows, D+8) by cp.async,
 // 16 bytes a copy; rows >= T land as 0. Part of the thread's open cp.async group (the caller commits).
 template <int D>
@@ -137,13 +148,12 @@ __device__ void load_tile_async(bf16* dst, const bf16* src, int64_t b, int64_t f
 
 // One warp's 16 query rows (first_row ..) against one staged 64-key tile (keys k0 ..): S = Q K^T, the
 // mask and cap, the online softmax and O += P V, all in registers. o (16 x D), m, l (the lane's two
-// rows g, g + 8), qf: the rows' A fragments; rows, doc_row, doc_i: the two rows, whether they take
-// the doc mask, and their documents.
+// rows g, g + 8), qf: the rows' A fragments; rows, doc_i: the two rows and their documents.
 template <int D>
 __device__ __forceinline__ void attend_to_tile(float (&o)[D / 8][4], float* m, float* l, const uint32_t (&qf)[D / 16][4],
                                                const bf16* ks, const bf16* vs, int64_t k0, int64_t first_row,
-                                               const int64_t* rows, const bool* doc_row, const int32_t* doc_i,
-                                               int64_t b, const Params& p) {
+                                               const int64_t* rows, const int32_t* doc_i, int64_t b,
+                                               const Params& p) {
   constexpr int kLd = D + 8, kScoreTiles = kTile / 8, kOutTiles = D / 8;
   const int t = threadIdx.x & 3;
   // S (16 x 64) = Q_w K^T: score tile n holds keys k0 + 8n .. + 7
@@ -163,20 +173,15 @@ __device__ __forceinline__ void attend_to_tile(float (&o)[D / 8][4], float* m, f
   float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int n = 0; n < kScoreTiles; ++n) {
-    int32_t doc_j[2] = {0, 0};  // the documents of this lane's two keys, read once for both rows
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int64_t j = k0 + 8 * n + 2 * t + c;
-      if (masked && p.doc && j < p.T) doc_j[c] = p.doc[b * p.T + j];
-    }
+    const int64_t j0 = k0 + 8 * n + 2 * t;  // this lane's two keys, their documents read once for both rows
+    const int32_t doc_j[2] = {document_of(p, b, j0), document_of(p, b, j0 + 1)};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e >> 1;
-      const int64_t i = rows[r], j = k0 + 8 * n + 2 * t + (e & 1);
-      const bool visible = j <= i && j < p.T && (p.window == 0 || i - p.window < j) &&
-                           (!doc_row[r] || doc_j[e & 1] == doc_i[r]);
       float tanh_unused;
-      s[n][e] = (!masked || visible) ? softcap_score(s[n][e] * p.scale, p.softcap, &tanh_unused) : -INFINITY;
+      s[n][e] = (!masked || visible(p, rows[r], j0 + (e & 1), doc_i[r], doc_j[e & 1]))
+                    ? softcap_score(s[n][e] * p.scale, p.softcap, &tanh_unused)
+                    : -INFINITY;
       tile_max[r] = fmaxf(tile_max[r], s[n][e]);
     }
   }
@@ -232,17 +237,15 @@ __global__ void __launch_bounds__(kForwardWarps * 32, 2)
   // The longest rows (most key tiles) first: block x = 0 takes the last query tile.
   const int64_t n_tiles = (p.T + kQueries - 1) / kQueries, q0 = (n_tiles - 1 - int64_t(blockIdx.x)) * kQueries;
   // Row block rb of this warp: rows q0 + 64 rb + 16 warp .. + 15; this lane's rows in it are its
-  // fragment rows g and g + 8 (row 2 rb + r below), with their documents (rows past T, never stored,
-  // keep the causal mask only).
+  // fragment rows g and g + 8 (row 2 rb + r below), with their documents (rows past T are never
+  // stored).
   auto first_row = [&](int rb) { return q0 + kTile * rb + 16 * warp; };
   int64_t rows[2 * R];
-  bool doc_row[2 * R];
   int32_t doc_i[2 * R];
 #pragma unroll
   for (int r = 0; r < 2 * R; ++r) {
     rows[r] = first_row(r / 2) + g + 8 * (r % 2);
-    doc_row[r] = p.doc && rows[r] < p.T;
-    doc_i[r] = doc_row[r] ? p.doc[b * p.T + rows[r]] : 0;
+    doc_i[r] = document_of(p, b, rows[r]);
   }
   const int64_t k_end = min(p.T, q0 + kQueries);  // keys past the block's last query are never visible
   // Key tiles before the window of a row block's first query, or before its first document start, are
@@ -298,8 +301,8 @@ __global__ void __launch_bounds__(kForwardWarps * 32, 2)
       // Before the row block's first tile, or wholly after the warp's rows of it (the later row block's
       // diagonal tile): none of the tile's keys is visible, and a fully masked tile adds nothing.
       if (k0 < k_from[rb] || k0 > first_row(rb) + 15) continue;  // uniform over the warp
-      attend_to_tile<D>(o[rb], m + 2 * rb, l + 2 * rb, qf[rb], ks, vs, k0, first_row(rb), rows + 2 * rb,
-                        doc_row + 2 * rb, doc_i + 2 * rb, b, p);
+      attend_to_tile<D>(o[rb], m + 2 * rb, l + 2 * rb, qf[rb], ks, vs, k0, first_row(rb), rows + 2 * rb, doc_i + 2 * rb,
+                        b, p);
     }
     __syncthreads();  // every warp is done with this stage before the next tile's copies refill it
   }
@@ -365,18 +368,18 @@ __global__ void __launch_bounds__(W * 32)
   const int64_t k0 = int64_t(blockIdx.x) * kKeys;
   // This lane's two key rows of the warp's 16 (fragment rows g and g + 8) and their documents.
   const int64_t keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
-  int32_t doc_j[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) doc_j[r] = p.doc && keys[r] < p.T ? p.doc[b * p.T + keys[r]] : 0;
+  const int32_t doc_j[2] = {document_of(p, b, keys[0]), document_of(p, b, keys[1])};
   // Queries at or past the window's end for the block's last key (k0 + 16W - 1 + window), or after the
   // block's last document end, see none of its keys (i_end > k0: the first tile runs). k0 is a multiple
   // of 64: query tiles below it see none of these keys. Pairs (head of the group, query tile) in order.
   int64_t i_end = p.window > 0 ? min(p.T, k0 + kKeys - 1 + p.window) : p.T;
   if (p.last_query) i_end = min(i_end, block_last_query(p.last_query, b, p.T, k0, kKeys) + 1);
   const int64_t query_tiles = (i_end - k0 + kTile - 1) / kTile, pairs = group * query_tiles;
+  auto pair_head = [&](int64_t n) { return kvh * group + n / query_tiles; };
+  auto pair_first_query = [&](int64_t n) { return k0 + (n % query_tiles) * kTile; };
   // Pair n's Q and dO rows by cp.async, its lse and delta by plain loads, into stage n & 1.
   auto load_pair = [&](int64_t n) {
-    const int64_t h = kvh * group + n / query_tiles, i0 = k0 + (n % query_tiles) * kTile;
+    const int64_t h = pair_head(n), i0 = pair_first_query(n);
     const size_t stage = size_t(n & 1);
     load_tile_async<D>(q_s + stage * kRowsStage, q, b, i0, kTile, h, p.Hq, p.T);
     load_tile_async<D>(do_s + stage * kRowsStage, dout, b, i0, kTile, h, p.Hq, p.T);
@@ -402,7 +405,7 @@ __global__ void __launch_bounds__(W * 32)
     for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
 
   for (int64_t pair = 0; pair < pairs; ++pair) {
-    const int64_t h = kvh * group + pair / query_tiles, i0 = k0 + (pair % query_tiles) * kTile;
+    const int64_t h = pair_head(pair), i0 = pair_first_query(pair);
     const size_t stage = size_t(pair & 1);
     if (pair + 1 < pairs) load_pair(pair + 1);  // into the other stage (its readers passed the last barrier)
     ptx::cp_async_commit();
@@ -449,19 +452,14 @@ __global__ void __launch_bounds__(W * 32)
       // and dP^T (masked entries 0); dS^T also to shared memory (bf16) for dQ.
 #pragma unroll
       for (int n = 0; n < kChunkTiles; ++n) {
-        int32_t doc_i[2] = {0, 0};  // the documents of this lane's two queries, read once for both keys
-#pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-          const int64_t i = i0 + c0 + 8 * n + 2 * t + cc;
-          if (p.doc && i < p.T) doc_i[cc] = p.doc[b * p.T + i];
-        }
+        const int64_t q_first = i0 + c0 + 8 * n + 2 * t;  // this lane's two queries, read once for both keys
+        const int32_t doc_i[2] = {document_of(p, b, q_first), document_of(p, b, q_first + 1)};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1, c = c0 + 8 * n + 2 * t + (e & 1);
-          const int64_t i = i0 + c, j = keys[r];
+          const int64_t i = i0 + c;
           float pv = 0.0f, ds = 0.0f;
-          if (j <= i && i < p.T && j < p.T && (p.window == 0 || i - p.window < j) &&
-              (!p.doc || doc_i[e & 1] == doc_j[r])) {
+          if (i < p.T && visible(p, i, keys[r], doc_i[e & 1], doc_j[r])) {
             float th;  // the cap's tanh: ds takes its derivative 1 - th^2 (attention.cu's order)
             const float sc = softcap_score(st[n][e] * p.scale, p.softcap, &th);
             pv = __expf(sc - lse_t[c]);
