@@ -19,10 +19,12 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/device_memory.h"
 
 namespace ktune::cuda {
@@ -45,28 +47,27 @@ uint32_t alignment_of(const void* p) {
   return align;
 }
 
-using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, uint32_t,
-                           uint32_t, uint32_t, uint32_t, int64_t, int64_t, int64_t, int64_t>;
-
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-};
-
 // out-of-place scale for K == 0: C = beta * C (C untouched is wrong when beta != 1; beta == 0 writes 0).
 template <typename T>
 __global__ void scale_matrix(T* C, int64_t M, int64_t N, int64_t ldc, float beta) {
   int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= M * N) return;
   int64_t r = idx / N, c = idx % N;
-  float v = beta == 0.0f ? 0.0f : beta * float(C[r * ldc + c]);
-  C[r * ldc + c] = T(v);
+  float v = beta == 0.0f ? 0.0f : beta * load_f32(C, r * ldc + c);
+  store_f32(C, r * ldc + c, v);
 }
 
 }  // namespace
 
 struct GemmContext::State {
+  using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, uint32_t,
+                             uint32_t, uint32_t, uint32_t, int64_t, int64_t, int64_t, int64_t>;
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace{kWorkspaceBytes};
   std::map<PlanKey, Plan> plans;
@@ -116,11 +117,11 @@ void GemmContext::run(const GemmCall& g, Stream stream) {
     align_b = std::min(align_b, aligned_to(stride_b, in_bytes));
     align_c = std::min(align_c, aligned_to(stride_c, out_bytes));
   }
-  PlanKey key{g.trans_a, g.trans_b, g.M, g.N, g.K, lda, ldb, ldc, int(g.in), int(g.out), g.bias != nullptr,
+  State::PlanKey key{g.trans_a, g.trans_b, g.M, g.N, g.K, lda, ldb, ldc, int(g.in), int(g.out), g.bias != nullptr,
               align_a, align_b, align_c, align_bias, batch, stride_a, stride_b, stride_c};
   auto it = state_->plans.find(key);
   if (it == state_->plans.end()) {
-    Plan p;
+    State::Plan p;
     const cudaDataType_t in = cuda_type(g.in), out = cuda_type(g.out);
     KTUNE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     // cuBLASLt's A is our B, its B our A (see the top of the file).
@@ -135,6 +136,10 @@ void GemmContext::run(const GemmCall& g, Stream stream) {
       cudaDataType_t bias_type = out;
       KTUNE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                         sizeof bias_type));
+      // The heuristic reads the bias pointer's value for the alignment it may assume (cublasLt.h):
+      // set before it runs, not only before each matmul (align_bias is in the key).
+      const void* bias = g.bias;
+      KTUNE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
     }
     // Stored column-major shapes: ours-B is (N, K) or (K, N); ours-A is (K, M) or (M, K); C is (N, M).
     KTUNE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, ldb));
@@ -154,17 +159,18 @@ void GemmContext::run(const GemmCall& g, Stream stream) {
 
     cublasLtMatmulPreference_t pref = nullptr;
     KTUNE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = kWorkspaceBytes;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    const uint64_t ws = kWorkspaceBytes;  // the attribute is a uint64_t
     // cuBLASLt's A is our B and vice versa.
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b, sizeof align_b);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a, sizeof align_a);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c);
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c);
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[4] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    for (const auto& [attribute, bytes] : alignments)
+      if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(state_->handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(state_->handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
       cublasLtMatrixLayoutDestroy(p.a);
@@ -180,7 +186,7 @@ void GemmContext::run(const GemmCall& g, Stream stream) {
     p.algo = result.algo;
     it = state_->plans.emplace(key, p).first;
   }
-  Plan& p = it->second;
+  State::Plan& p = it->second;
   if (g.bias) {
     const void* bias = g.bias;
     KTUNE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));

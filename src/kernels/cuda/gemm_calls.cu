@@ -1,6 +1,6 @@
 // The CPU gemm's signatures on the GPU (kernels/cuda/gemm.h), each one GemmCall for a GemmContext,
-// and the GEMM ceiling the benchmarks print. Apart from gemm.cu (the context over cuBLASLt), so that
-// the host emulator (tests/kernels/cuda/emulator) runs these over its host GemmContext as they are.
+// and the GEMM ceiling the benchmarks print: the wrappers over gemm.cu's GemmContext (the context
+// itself, over cuBLASLt, is gemm.cu's).
 #include <cuda_runtime.h>
 
 #include <algorithm>
