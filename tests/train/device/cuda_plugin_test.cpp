@@ -290,9 +290,10 @@ TEST(CudaPlugin, OnAGpuAStepTrainsWhatItShouldAndComesBackIntoTheHostModel) {
 }
 
 // ---- Data parallelism on the GPU step, W ranks as W processes ----
-// Only over the emulated step (KTUNE_TEST_CUDA_STEP_PLUGIN): its device memory is host memory, so a
-// Gloo group carries the collectives (on GPUs the recipe gives the trainer an NCCL group, one GPU a
-// rank, which this machine cannot test).
+// Only over the emulated step (KTUNE_TEST_CUDA_STEP_PLUGIN): the ranks' group is the plugin's own,
+// the real NCCL process group (over the emulator's fake NCCL there: each rank process its own
+// emulated device), as the recipe makes it. On GPUs this needs one GPU a rank, which one-GPU
+// machines lack: the recipes' two-GPU runs (cuda_recipe_test.cpp) are the GPU check.
 
 // A different (2, 16) batch per rank r: tokens and labels shifted by r.
 FixedShapeBatch rank_batch(const TinyRun& r, int rank) {
@@ -403,7 +404,7 @@ void expect_streamed_values(CudaTrainer& many, int rank, model::Decoder& host) {
 // bits: "value.<name>" after the steps, "state.<name>" from rank 0's gathered moments) and the norms.
 void sharded_rank(int world, int rank, int port, const ShardedCase& how, const std::string& out) {
   dist::TcpStore store("127.0.0.1", port, std::chrono::seconds(60));
-  auto group = dist::make_gloo_process_group(store, "gpu", rank, world, "127.0.0.1", std::chrono::seconds(60));
+  auto group = make_gpu_process_group(store, "gpu", rank, world, std::chrono::seconds(60));
   const bool lora = how.lora;
   TinyRun ref = tiny_run(lora, false, how.qlora, how.tied, false, how.layers);
   TinyRun shard = tiny_run(lora, false, how.qlora, how.tied, false, how.layers);
@@ -550,7 +551,7 @@ void expect_sharded_equals_one_gpu(int world, const ShardedCase& how) {
   if (const char* emulated = std::getenv("KTUNE_TEST_CUDA_STEP_PLUGIN"); emulated && *emulated) {      \
     setenv("KTUNE_CUDA_STEP_PLUGIN", emulated, 1);                                                     \
   } else {                                                                                             \
-    GTEST_SKIP() << "needs the emulated GPU step (host memory for a Gloo group); on GPUs it runs over NCCL"; \
+    GTEST_SKIP() << "needs the emulated GPU step (a device a rank; GPUs run the recipes' two-GPU tests)"; \
   }
 
 // ZeRO-2: the gradients reduce-scattered unit by unit as the backward goes, accumulated over two

@@ -338,6 +338,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     fail_with("in-place C == D with different layouts (cuBLASLt requires Cdesc to match Ddesc)");
   if (C != D && overlap(D, d_bytes, C, extent_bytes(*c))) fail_with("D partly overlaps C (undefined)");
 
+  emu::DeviceAccess open;  // the matmul reads and writes device memory
   const float alpha_f = *static_cast<const float*>(alpha), beta_f = *static_cast<const float*>(beta);
   const auto bias_t = bias_type_of(*desc, *d);
   const int64_t m = int64_t(s.m), n = int64_t(s.n), k = int64_t(s.k);

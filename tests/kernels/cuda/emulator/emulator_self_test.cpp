@@ -5,7 +5,8 @@
 // wmma fragment's elements as if their lane layout were known is wrong here;
 // fresh device memory reads as NaN; cudaMalloc and cudaFree fail as the runtime does; and (in a
 // child process each) a launch over its shared-memory limit or its __launch_bounds__, a read past a
-// cudaMalloc buffer and a barrier that not every thread reaches all end the run. Under the late
+// cudaMalloc buffer and a barrier that not every thread reaches all end the run; so does the host
+// (or a host function) reading or writing a cudaMalloc buffer, which copies and memsets still reach. Under the late
 // stream schedule a non-blocking stream's copy lands only when waited for, so a read that does not
 // wait sees the old bytes, and an outgoing copy not waited for takes what was written after it. An
 // operation waiting for other processes holds its stream (cudaStreamQuery: not ready), and a copy
@@ -20,6 +21,7 @@
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cuda_runtime.h"
 #include "kernels/cuda/mma_m16n8k16.cuh"
@@ -220,6 +222,13 @@ int in_child(const std::function<void()>& fn) {
 }
 bool dies(const std::function<void()>& fn) { return in_child(fn) == -1; }
 
+// d[e] = e + 1 for e < n, copied from the host (the host cannot write device memory).
+void upload_counting(float* d, int n) {
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int e = 0; e < n; ++e) values[size_t(e)] = float(e + 1);
+  cudaMemcpy(d, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice);
+}
+
 }  // namespace
 
 int main() {
@@ -241,7 +250,7 @@ int main() {
   {
     float* src = nullptr;  // (each schedule in a child, before this process launches anything: see above)
     cudaMalloc(&src, 128 * sizeof(float));
-    for (int e = 0; e < 128; ++e) src[e] = float(e + 1);
+    upload_counting(src, 128);
     // 0: every copy held until its wait (before: NaN, after the first wait: value + NaN, then the
     // zero-fill); 1: every copy landed when issued; 2: anything else
     auto copies = [src](const char* schedule) {
@@ -285,7 +294,7 @@ int main() {
   {
     float* src = nullptr;
     cudaMalloc(&src, 128 * sizeof(float));
-    for (int e = 0; e < 128; ++e) src[e] = float(e + 1);
+    upload_counting(src, 128);
     expect(dies([src] {
              float out[96];
              emu_launch(emu_config(cp_async_kernel, 1, 32, 64 * sizeof(float)), [&] { cp_async_kernel(src, out); });
@@ -305,8 +314,28 @@ int main() {
          "a block reading another block's writes sees different values over three launches");
 
   float* d = nullptr;
-  expect(cudaMalloc(&d, 64 * sizeof(float)) == cudaSuccess && std::isnan(d[0]) && std::isnan(d[63]),
+  float fresh[64];
+  expect(cudaMalloc(&d, 64 * sizeof(float)) == cudaSuccess &&
+             cudaMemcpy(fresh, d, sizeof fresh, cudaMemcpyDeviceToHost) == cudaSuccess && std::isnan(fresh[0]) &&
+             std::isnan(fresh[63]),
          "fresh device memory reads as NaN");
+  expect(dies([d] { std::printf("%f\n", double(d[0])); }) && dies([d] { d[1] = 1.0f; }),
+         "the host reading or writing a cudaMalloc buffer outside a device operation faults");
+  expect(!dies([d] {
+    float one = 1.0f, back = 0.0f;
+    cudaMemcpy(d + 1, &one, sizeof one, cudaMemcpyHostToDevice);
+    cudaMemset(d + 2, 0, sizeof(float));
+    cudaMemcpy(&back, d + 1, sizeof back, cudaMemcpyDeviceToHost);
+    if (back != 1.0f) std::abort();
+  }),
+         "copies and memsets reach it (they are device operations)");
+  expect(dies([d] {
+    cudaStream_t s = nullptr;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaLaunchHostFunc(s, [](void* p) { static_cast<float*>(p)[0] = 2.0f; }, d);
+    cudaStreamSynchronize(s);
+  }),
+         "a host function (cudaLaunchHostFunc) writing it faults: it is host code");
   void* huge = nullptr;
   expect(cudaMalloc(&huge, size_t(1) << 52) == cudaErrorMemoryAllocation && huge == nullptr &&
              cudaGetLastError() == cudaErrorMemoryAllocation && cudaGetLastError() == cudaSuccess,

@@ -28,7 +28,8 @@
 // buffer other warps still read show.
 //
 // Memory. "Device" memory is host memory (cudaMalloc: 256-byte aligned, at most 141 GiB, an H200's;
-// cudaMallocHost: plain host memory), so nothing here can see a host read of device memory.
+// cudaMallocHost: plain host memory); outside device operations it is inaccessible (PROT_NONE, see
+// DeviceAccess), so a host read or write of device memory crashes here as it would on a GPU.
 // Streams. Kernels, and every copy or memset on the default stream, run when called. A stream created
 // with cudaStreamNonBlocking holds its copies and memsets back under the late schedule
 // (KTUNE_EMU_STREAMS=late when the stream is created; eager, the default, runs them when called):
@@ -56,11 +57,13 @@
 // unsynchronised `x += v` never loses an update here, and blocks never overlap.
 #pragma once
 #include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -72,6 +75,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <utility>
 #include <vector>
@@ -436,6 +440,87 @@ inline std::map<void*, GuardedBytes>& allocations() {
   return a;
 }
 
+// Device memory is the host's here, but a GPU's host cannot dereference it: every cudaMalloc'd
+// buffer is inaccessible (PROT_NONE) except to device operations, so host code that reads or writes
+// one crashes the test at that line, as it would crash on a GPU. A device operation — a launch, a copy
+// or memset when it runs, cudaFree's check of its slack, the fake cuBLASLt's matmul, a fake NCCL
+// collective's step — holds a DeviceAccess for its duration (nested on its thread). What it touches
+// opens on first touch, 64 KiB at a time (the SIGSEGV handler below, which opens a buffer's pages only
+// for a thread inside a device operation), and closes again when the thread's outermost DeviceAccess
+// ends: the cost follows the memory an operation touches, not all that is allocated. A host function
+// (cudaLaunchHostFunc) holds none: it is host code. A fault anywhere else (past a buffer's end, a
+// fiber's stack guard, a host access) keeps its default action: the process dies of SIGSEGV.
+constexpr size_t kOpenChunkBytes = size_t(64) << 10;
+// Read by the SIGSEGV handler: volatile, with signal fences around the operation's accesses, so that
+// the compiler neither drops the count nor moves an access across it.
+inline thread_local volatile int t_device_access_depth = 0;
+inline thread_local std::vector<std::pair<void*, size_t>> t_opened;  // ranges this thread opened
+inline std::mutex& device_access_mutex() {  // guards allocations() against concurrent cudaMalloc / cudaFree
+  static std::mutex m;
+  return m;
+}
+// The buffer whose bytes [data, data + body) hold address a, or nullptr.
+inline const GuardedBytes* device_buffer_at(const void* a) {
+  auto& all = allocations();
+  auto it = all.upper_bound(const_cast<void*>(a));
+  if (it == all.begin()) return nullptr;
+  --it;
+  const auto* p = static_cast<const unsigned char*>(a);
+  return p < it->second.data + it->second.body ? &it->second : nullptr;
+}
+inline void close_device_buffer(const GuardedBytes& g) {  // the mapping but its guard page (always closed)
+  if (mprotect(g.map, g.map_bytes - page_bytes(), PROT_NONE) != 0) fail("mprotect of a device buffer failed");
+}
+inline void device_fault(int, siginfo_t* info, void*) {
+  const GuardedBytes* g = device_buffer_at(info->si_addr);
+  if (g != nullptr && t_device_access_depth > 0) {  // a device operation's first touch: open its chunk
+    const auto a = reinterpret_cast<uintptr_t>(info->si_addr), first = reinterpret_cast<uintptr_t>(g->map),
+               end = first + g->map_bytes - page_bytes();
+    const uintptr_t from = std::max(first, a / kOpenChunkBytes * kOpenChunkBytes);
+    const uintptr_t to = std::min(end, from + kOpenChunkBytes);
+    if (mprotect(reinterpret_cast<void*>(from), to - from, PROT_READ | PROT_WRITE) == 0) {
+      t_opened.emplace_back(reinterpret_cast<void*>(from), to - from);
+      return;  // the access runs again, now allowed
+    }
+  }
+  if (g != nullptr) {
+    static const char msg[] = "emu: the host read or wrote device memory (a cudaMalloc buffer) outside any device "
+                              "operation: on a GPU this faults too\n";
+    ssize_t ignored = write(2, msg, sizeof msg - 1);
+    (void)ignored;
+  }
+  signal(SIGSEGV, SIG_DFL);  // returning re-runs the access, which now ends the process
+}
+inline void install_device_fault_handler() {
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = device_fault;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, nullptr);
+    return true;
+  }();
+  (void)installed;
+}
+class DeviceAccess {
+ public:
+  DeviceAccess() {
+    t_device_access_depth = t_device_access_depth + 1;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+  ~DeviceAccess() {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    t_device_access_depth = t_device_access_depth - 1;
+    if (t_device_access_depth > 0) return;
+    // Ranges of buffers freed meanwhile may be unmapped (mprotect fails) or mapped anew (closing
+    // them is right: a fresh buffer starts closed).
+    for (const auto& [at, bytes] : t_opened) mprotect(at, bytes, PROT_NONE);
+    t_opened.clear();
+  }
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
+
 }  // namespace emu
 
 #define threadIdx (::emu::g_tid)
@@ -563,6 +648,9 @@ inline cudaError_t cudaMalloc(void** p, size_t bytes) {
   emu::GuardedBytes g;
   if (!emu::allocate_guarded(g, bytes, 256))
     return emu_error(cudaErrorMemoryAllocation);  // not cleared, as on the device
+  emu::install_device_fault_handler();
+  emu::close_device_buffer(g);
+  std::lock_guard<std::mutex> lock(emu::device_access_mutex());
   emu::allocations()[g.data] = g;
   *p = g.data;
   return cudaSuccess;
@@ -573,6 +661,8 @@ cudaError_t cudaMalloc(T** p, size_t bytes) {
 }
 inline cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
+  emu::DeviceAccess open;
+  std::lock_guard<std::mutex> lock(emu::device_access_mutex());
   auto a = emu::allocations().find(p);
   if (a == emu::allocations().end()) return emu_error(cudaErrorInvalidValue);
   if (!emu::slack_untouched(a->second)) {
@@ -667,21 +757,29 @@ inline void check_apart(const void* dst, const void* src, size_t n) {
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
   emu::note_host_wait();
   emu::check_apart(dst, src, n);
+  emu::DeviceAccess open;
   std::memmove(dst, src, n);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s = nullptr) {
   emu::check_apart(dst, src, n);
-  emu::enqueue(s, [=] { std::memmove(dst, src, n); });
+  emu::enqueue(s, [=] {
+    emu::DeviceAccess open;
+    std::memmove(dst, src, n);
+  });
   return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void* p, int v, size_t n) {
   emu::note_host_wait();
+  emu::DeviceAccess open;
   std::memset(p, v, n);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s = nullptr) {
-  emu::enqueue(s, [=] { std::memset(p, v, n); });
+  emu::enqueue(s, [=] {
+    emu::DeviceAccess open;
+    std::memset(p, v, n);
+  });
   return cudaSuccess;
 }
 inline cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
@@ -800,6 +898,7 @@ inline void emu_launch(EmuConfig c, std::function<void()> body) {
                      : "");
     std::abort();
   }
+  emu::DeviceAccess open;
   emu::g_bdim = c.block;
   emu::g_gdim = c.grid;
   emu::g_body = std::move(body);

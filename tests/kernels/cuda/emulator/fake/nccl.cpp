@@ -299,7 +299,10 @@ ncclResult_t collective(ncclComm_t handle, Kind kind, const void* sendbuff, void
       CallShape{c->calls++, uint32_t(kind), uint32_t(dtype), 0, uint64_t(count), kind == Kind::kBroadcast ? root : -1};
   std::function<void()> enqueue = [stream, c, call] {
     if (call->count == 0) return;  // nothing to move, no barrier (every rank skips it alike)
-    emu::enqueue_waiting(stream, [c, call] { return call->step(*c); });
+    emu::enqueue_waiting(stream, [c, call] {
+      emu::DeviceAccess open;  // a collective reads and writes device buffers
+      return call->step(*c);
+    });
   };
   if (c->blocking) {
     enqueue();
