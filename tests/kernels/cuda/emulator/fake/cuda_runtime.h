@@ -151,7 +151,6 @@ constexpr size_t kDeviceBytes = size_t(141) << 30;  // an H200
 constexpr size_t kStackBytes = 128 * 1024;          // per thread; kernels keep fragments on it
 
 struct Fiber {
-  ucontext_t ctx;
   jmp_buf jb;
   bool started = false;
   bool done = false;
@@ -282,8 +281,8 @@ inline int fixed_schedule() {
   return s;
 }
 
-// Switches without a signal-mask syscall: a fiber is entered once through swapcontext, then resumed
-// and left with _setjmp/_longjmp (swapcontext's sigprocmask made the emulation syscall-bound).
+// Switches without a signal-mask syscall: a fiber is resumed and left with _setjmp/_longjmp
+// (swapcontext's sigprocmask made the emulation syscall-bound); only making one (below) swaps contexts.
 inline void yield() {
   if (!_setjmp(g_block->fibers[g_block->current].jb)) _longjmp(g_sched_jb, 1);
 }
@@ -315,10 +314,41 @@ inline void warp_barrier() {
   yield();
 }
 
+// The parked fibers: one a stack of stack_pool, each in trampoline's loop, waiting at its park point
+// for the block that next gives it a thread. Made once a stack (getcontext, makecontext and
+// swapcontext cost system calls) and reused by every block after, as long as the pool keeps its stacks.
+struct ParkedFiber {
+  jmp_buf park;
+};
+inline std::unique_ptr<ParkedFiber[]> g_parked;
+inline char* g_parked_pool = nullptr;  // the stack pool they run on
+inline unsigned g_parked_count = 0, g_starting = 0;
+
 inline void trampoline() {
-  g_body();
-  g_block->fibers[g_block->current].done = true;
-  _longjmp(g_sched_jb, 1);
+  const unsigned stack = g_starting;
+  for (;;) {
+    if (!_setjmp(g_parked[stack].park)) _longjmp(g_sched_jb, 1);  // parked until a block starts it
+    g_body();
+    g_block->fibers[g_block->current].done = true;
+  }
+}
+
+// Parked fibers on stacks 0 .. threads-1 of `pool` (all made anew when the pool was remapped).
+inline void park_fibers(char* pool, unsigned threads) {
+  if (pool != g_parked_pool) {
+    g_parked.reset(new ParkedFiber[threads]);
+    g_parked_pool = pool, g_parked_count = 0;
+  }
+  for (; g_parked_count < threads; ++g_parked_count) {
+    ucontext_t ctx;
+    getcontext(&ctx);
+    ctx.uc_stack.ss_sp = stack_of(pool, g_parked_count);
+    ctx.uc_stack.ss_size = kStackBytes;
+    ctx.uc_link = nullptr;
+    makecontext(&ctx, trampoline, 0);
+    g_starting = g_parked_count;
+    if (!_setjmp(g_sched_jb)) swapcontext(&g_sched, &ctx);  // runs to its park point and comes back
+  }
 }
 
 inline void run_block(unsigned bx, unsigned by, unsigned nthreads, GuardedBytes& shared, int schedule) {
@@ -336,16 +366,8 @@ inline void run_block(unsigned bx, unsigned by, unsigned nthreads, GuardedBytes&
   std::memset(b.shared, kGarbage, shared.body);  // what the previous block left is not this one's
   g_block = &b;
   g_bid.x = bx, g_bid.y = by;
-  char* stacks = stack_pool(nthreads);
-  for (unsigned t = 0; t < nthreads; ++t) {
-    Fiber& f = b.fibers[t];
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = stack_of(stacks, t);
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = nullptr;
-    f.tid.x = t;
-    makecontext(&f.ctx, trampoline, 0);
-  }
+  park_fibers(stack_pool(nthreads), nthreads);
+  for (unsigned t = 0; t < nthreads; ++t) b.fibers[t].tid.x = t;
   std::vector<int> order(nthreads);
   for (unsigned t = 0; t < nthreads; ++t) order[t] = int(t);
   if (schedule == 1) std::reverse(order.begin(), order.end());
@@ -376,7 +398,7 @@ inline void run_block(unsigned bx, unsigned by, unsigned nthreads, GuardedBytes&
       if (!_setjmp(g_sched_jb)) {
         if (!f.started) {
           f.started = true;
-          swapcontext(&g_sched, &f.ctx);
+          _longjmp(g_parked[t].park, 1);  // thread t runs on stack t
         } else {
           _longjmp(f.jb, 1);
         }
