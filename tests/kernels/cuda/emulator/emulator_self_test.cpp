@@ -5,8 +5,9 @@
 // wmma fragment's elements as if their lane layout were known is wrong here;
 // fresh device memory reads as NaN; cudaMalloc and cudaFree fail as the runtime does; and (in a
 // child process each) a launch over its shared-memory limit or its __launch_bounds__, a read past a
-// cudaMalloc buffer and a barrier that not every thread reaches all end the run; so does the host
-// (or a host function) reading or writing a cudaMalloc buffer, which copies and memsets still reach. Under the late
+// cudaMalloc buffer and a barrier that not every thread reaches all end the run; so do the host
+// (or a host function) reading or writing a cudaMalloc buffer, which copies and memsets still reach,
+// and a launch argument that points into neither device nor pinned memory. Under the late
 // stream schedule a non-blocking stream's copy lands only when waited for, so a read that does not
 // wait sees the old bytes, and an outgoing copy not waited for takes what was written after it. An
 // operation waiting for other processes holds its stream (cudaStreamQuery: not ready), and a copy
@@ -329,6 +330,16 @@ int main() {
     if (back != 1.0f) std::abort();
   }),
          "copies and memsets reach it (they are device operations)");
+  expect(!dies([d] {
+    float* pinned = nullptr;
+    cudaMallocHost(reinterpret_cast<void**>(&pinned), 16 * sizeof(float));
+    emu::check_kernel_pointers(d, d + 64, pinned, static_cast<const float*>(nullptr), 3, 1.5f);
+  }) && dies([d] {
+    float on_the_stack[4];
+    emu::check_kernel_pointers(d, on_the_stack);
+  }) && dies([d] { emu::check_kernel_pointers(d + 65); }),
+         "a launch's pointer arguments: device, one past its end, pinned and null pass; a host array or "
+         "past the end aborts");
   expect(dies([d] {
     cudaStream_t s = nullptr;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);

@@ -2,7 +2,10 @@
 what C++ cannot express:
 
   kernel<<<grid, block[, shared[, stream]]>>>(args);
-      -> emu_launch(emu_config(kernel, grid, block[, shared[, stream]]), [&] { kernel(args); });
+      -> emu_launch(emu_config(kernel, grid, block[, shared[, stream]]),
+                    [&] { ::emu::check_kernel_pointers(args); kernel(args); });
+     (the check: every pointer argument null or into device or pinned memory, as a GPU needs; the
+     arguments are evaluated twice, which ktune's launches, free of side effects, allow)
      (a template kernel launched with deduced arguments has no address to name: `nullptr` stands for
      it, and the emulator holds that launch to the default 48 KiB of dynamic shared memory)
   extern __shared__ [__align__(n)] T smem[];
@@ -84,7 +87,7 @@ def rewrite(src):
         name, _, given = kernel.partition("<")
         needed = template_kernels.get(name.split("::")[-1], 0)
         key = kernel if top_level_count(given.rpartition(">")[0]) >= needed else "nullptr"
-        text = f"emu_launch(emu_config({key}, {config}), [&] {{ {kernel}({args}); }});"
+        text = f"emu_launch(emu_config({key}, {config}), [&] {{ ::emu::check_kernel_pointers({args}); {kernel}({args}); }});"
         return same_lines(re.sub(r"\s*\n\s*", " ", text), m.group(0))
 
     src = re.sub(r"([\w:]+(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);", launch, src, flags=re.S)

@@ -20,7 +20,8 @@
 // Checks, each an abort with a message: block size a multiple of 32 and <= 1024, 1-D blocks, 2-D
 // grids within the device's limits, dynamic shared memory <= 48 KiB unless cudaFuncSetAttribute
 // raised that kernel's limit (to <= 227 KiB, sm_90), blocks within the kernel's __launch_bounds__,
-// float2 atomics 8-byte aligned and on global memory, cudaMemcpy's ranges apart.
+// float2 atomics 8-byte aligned and on global memory, cudaMemcpy's ranges apart, a launch's pointer
+// arguments into device or pinned memory (check_kernel_pointers).
 // fake/mma.h adds wmma's alignment, ldm and bound checks; fake/mma_m16n8k16_emulated.h those of
 // ldmatrix and cp.async (shared-memory rows and targets, 16-byte alignment); cp.async's copies land
 // at the earliest (when issued: schedules reverse and warps) or the latest a GPU may land them (at the
@@ -77,6 +78,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -462,6 +464,43 @@ inline std::map<void*, GuardedBytes>& allocations() {
   return a;
 }
 
+// Pinned host allocations made by cudaMallocHost (mapped into the device's address space, as under
+// UVA on a GPU: a kernel may read them), by address, with their sizes.
+inline std::map<void*, size_t>& pinned_allocations() {
+  static std::map<void*, size_t> a;
+  return a;
+}
+
+// A kernel's pointer argument must be null or point into (or one past) a cudaMalloc'd or a
+// cudaMallocHost'd buffer: any other host pointer — a std::vector's data, a stack array, malloc'd
+// memory — is an illegal address on a GPU, though here it reads fine. rewrite.py calls this with every
+// launch's arguments. It deliberately sees the arguments' own types only, not pointers inside structs.
+template <typename T>
+void check_kernel_pointer(const T& arg, int index) {  // T as a kernel parameter takes it: arrays decayed
+  if constexpr (std::is_pointer_v<T>) {
+    if (arg == nullptr) return;
+    const auto* p = reinterpret_cast<const unsigned char*>(arg);
+    auto inside = [p](const auto& all, auto bytes_of) {
+      auto it = all.upper_bound(const_cast<void*>(static_cast<const void*>(p)));
+      if (it == all.begin()) return false;
+      --it;
+      const auto* first = static_cast<const unsigned char*>(it->first);
+      return p <= first + bytes_of(it->second);
+    };
+    if (inside(allocations(), [](const GuardedBytes& g) { return g.bytes; }) ||
+        inside(pinned_allocations(), [](size_t bytes) { return bytes; }))
+      return;
+    std::fprintf(stderr, "emu: kernel argument %d is a host pointer %p (neither cudaMalloc'd nor cudaMallocHost'd): "
+                 "an illegal address on a GPU\n", index, static_cast<const void*>(p));
+    std::abort();
+  }
+}
+template <typename... A>
+void check_kernel_pointers(A... args) {  // by value, as a launch passes them
+  int index = 0;
+  (check_kernel_pointer(args, index++), ...);
+}
+
 // Device memory is the host's here, but a GPU's host cannot dereference it: every cudaMalloc'd
 // buffer is inaccessible (PROT_NONE) except to device operations, so host code that reads or writes
 // one crashes the test at that line, as it would crash on a GPU. A device operation — a launch, a copy
@@ -697,9 +736,16 @@ inline cudaError_t cudaFree(void* p) {
 }
 inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
   *p = std::malloc(std::max<size_t>(bytes, 1));
-  return *p ? cudaSuccess : emu_error(cudaErrorMemoryAllocation);
+  if (!*p) return emu_error(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(emu::device_access_mutex());
+  emu::pinned_allocations()[*p] = bytes;
+  return cudaSuccess;
 }
 inline cudaError_t cudaFreeHost(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(emu::device_access_mutex());
+    emu::pinned_allocations().erase(p);
+  }
   std::free(p);
   return cudaSuccess;
 }
