@@ -83,14 +83,21 @@ TEST(Launcher, AWorkerKilledFromOutsideIsNamedWithItsPeakMemory) {
 
 // Rank 0 loses its peer and exits; the launcher, woken by that, reaps rank 0 first (and starts
 // stopping the others) and rank 1, already dead of a SIGKILL it did not send, after: that death is
-// still the cause, not a worker the launcher stopped.
+// still the cause, not a worker the launcher stopped. The order is the scheduler's: when the
+// launcher's 200 ms poll wakes between rank 1's death and rank 0's exit, it reaps rank 1 first and
+// stops rank 0 (rank 0 is then not listed), the easy case. Every run must name the cause; up to three
+// runs are made for one where rank 0 was reaped first (listed after the cause), the case under test.
 TEST(Launcher, AWorkerKilledFromOutsideIsTheCauseWhenItsPeerIsReapedFirst) {
-  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
-  Result r = run("1 2 0 " + endpoint + " killed1_quietly");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("job failed: rank 1 (node0, pid "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("was killed by signal Killed (not by its parent"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("; after it: rank 0 (node0"), std::string::npos) << r.output;
+  bool peer_reaped_first = false;
+  for (int attempt = 0; attempt < 3 && !peer_reaped_first; ++attempt) {
+    std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+    Result r = run("1 2 0 " + endpoint + " killed1_quietly");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("job failed: rank 1 (node0, pid "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("was killed by signal Killed (not by its parent"), std::string::npos) << r.output;
+    peer_reaped_first = r.output.find("; after it: rank 0 (node0") != std::string::npos;
+  }
+  EXPECT_TRUE(peer_reaped_first) << "in three runs the launcher never reaped rank 0 before rank 1";
 }
 
 TEST(Launcher, TheCauseIsNamedFirstEvenWhenItsPeersRecordTheirLostPeerBeforeIt) {
