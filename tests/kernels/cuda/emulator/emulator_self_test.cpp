@@ -7,7 +7,8 @@
 // child process each) a launch over its shared-memory limit or its __launch_bounds__, a read past a
 // cudaMalloc buffer and a barrier that not every thread reaches all end the run; so do the host
 // (or a host function) reading or writing a cudaMalloc buffer, which copies and memsets still reach,
-// and a launch argument that points into neither device nor pinned memory. Under the late
+// and a launch argument, or a pointer field of a struct argument, that points into neither device nor
+// pinned memory. Under the late
 // stream schedule a non-blocking stream's copy lands only when waited for, so a read that does not
 // wait sees the old bytes, and an outgoing copy not waited for takes what was written after it. An
 // operation waiting for other processes holds its stream (cudaStreamQuery: not ready), and a copy
@@ -208,6 +209,19 @@ void half_barrier_kernel() {
   if (threadIdx.x < 32) __syncthreads();
 }
 
+// A kernel's struct argument, as the attention kernels' Params: its pointers are checked field by field.
+struct Span {
+  const float* data;
+  int64_t count;
+};
+struct KernelParams {
+  int64_t rows;
+  float scale;
+  const float* x;
+  const float* optional;  // may be null
+  Span span;
+};
+
 // fn run in a child process: its exit status, or -1 when it ended abnormally (abort or a fault).
 int in_child(const std::function<void()>& fn) {
   std::fflush(stdout);
@@ -340,6 +354,16 @@ int main() {
   }) && dies([d] { emu::check_kernel_pointers(d + 65); }),
          "a launch's pointer arguments: device, one past its end, pinned and null pass; a host array or "
          "past the end aborts");
+  expect(!dies([d] {
+    emu::check_kernel_pointers(KernelParams{4, 0.5f, d, nullptr, {d + 8, 2}}, 1);
+  }) && dies([d] {
+    float on_the_stack[4];
+    emu::check_kernel_pointers(KernelParams{4, 0.5f, d, on_the_stack, {d, 2}});
+  }) && dies([d] {
+    std::vector<float> host(4);
+    emu::check_kernel_pointers(KernelParams{4, 0.5f, d, nullptr, {host.data(), 2}});
+  }),
+         "a struct argument's pointer fields, nested ones too, are held to the same rule");
   expect(dies([d] {
     cudaStream_t s = nullptr;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);

@@ -21,7 +21,8 @@
 // grids within the device's limits, dynamic shared memory <= 48 KiB unless cudaFuncSetAttribute
 // raised that kernel's limit (to <= 227 KiB, sm_90), blocks within the kernel's __launch_bounds__,
 // float2 atomics 8-byte aligned and on global memory, cudaMemcpy's ranges apart, a launch's pointer
-// arguments into device or pinned memory (check_kernel_pointers).
+// arguments, and the pointer fields of its struct arguments, into device or pinned memory
+// (check_kernel_pointers).
 // fake/mma.h adds wmma's alignment, ldm and bound checks; fake/mma_m16n8k16_emulated.h those of
 // ldmatrix and cp.async (shared-memory rows and targets, 16-byte alignment); cp.async's copies land
 // at the earliest (when issued: schedules reverse and warps) or the latest a GPU may land them (at the
@@ -471,28 +472,85 @@ inline std::map<void*, size_t>& pinned_allocations() {
   return a;
 }
 
+// The record of the buffer in `all` (first byte -> record) that holds address a, or nullptr: a buffer
+// holds [first, first + bytes_of(record)), and, when one_past, its one-past-the-end address too.
+template <typename Map, typename BytesOf>
+auto buffer_holding(Map& all, const void* a, BytesOf bytes_of, bool one_past) -> decltype(&all.begin()->second) {
+  auto it = all.upper_bound(const_cast<void*>(a));
+  if (it == all.begin()) return nullptr;
+  --it;
+  const auto* first = static_cast<const unsigned char*>(it->first);
+  const auto* p = static_cast<const unsigned char*>(a);
+  const auto* end = first + bytes_of(it->second);
+  return p < end || (one_past && p == end) ? &it->second : nullptr;
+}
+
+// The number of fields of an aggregate T: the most initialisers T{...} takes (C++20 aggregates; a
+// field that is itself an array would be miscounted, and no kernel argument has one).
+struct AnyField {
+  template <typename U>
+  operator U() const;  // unevaluated only
+};
+template <typename T, typename... F>
+constexpr size_t field_count() {
+  if constexpr (requires { T{F{}..., AnyField{}}; })
+    return field_count<T, F..., AnyField>();
+  else
+    return sizeof...(F);
+}
+// f(field) for every field of the aggregate t, through a structured binding.
+#define KTUNE_EMU_FIELDS_CASE(n, ...)      \
+  else if constexpr (count == n) {         \
+    const auto& [__VA_ARGS__] = t;         \
+    for_each_of(f, __VA_ARGS__);           \
+  }
+template <typename F, typename... A>
+void for_each_of(F& f, const A&... a) {
+  (f(a), ...);
+}
+template <typename T, typename F>
+void for_each_field(const T& t, F f) {
+  constexpr size_t count = field_count<T>();
+  if constexpr (count == 0) {
+  }
+  KTUNE_EMU_FIELDS_CASE(1, a)
+  KTUNE_EMU_FIELDS_CASE(2, a, b)
+  KTUNE_EMU_FIELDS_CASE(3, a, b, c)
+  KTUNE_EMU_FIELDS_CASE(4, a, b, c, d)
+  KTUNE_EMU_FIELDS_CASE(5, a, b, c, d, e)
+  KTUNE_EMU_FIELDS_CASE(6, a, b, c, d, e, g)
+  KTUNE_EMU_FIELDS_CASE(7, a, b, c, d, e, g, h)
+  KTUNE_EMU_FIELDS_CASE(8, a, b, c, d, e, g, h, i)
+  KTUNE_EMU_FIELDS_CASE(9, a, b, c, d, e, g, h, i, j)
+  KTUNE_EMU_FIELDS_CASE(10, a, b, c, d, e, g, h, i, j, k)
+  KTUNE_EMU_FIELDS_CASE(11, a, b, c, d, e, g, h, i, j, k, l)
+  KTUNE_EMU_FIELDS_CASE(12, a, b, c, d, e, g, h, i, j, k, l, m)
+  KTUNE_EMU_FIELDS_CASE(13, a, b, c, d, e, g, h, i, j, k, l, m, n_)
+  KTUNE_EMU_FIELDS_CASE(14, a, b, c, d, e, g, h, i, j, k, l, m, n_, o)
+  KTUNE_EMU_FIELDS_CASE(15, a, b, c, d, e, g, h, i, j, k, l, m, n_, o, q)
+  KTUNE_EMU_FIELDS_CASE(16, a, b, c, d, e, g, h, i, j, k, l, m, n_, o, q, r)
+  else static_assert(count <= 16, "a kernel's struct argument with more than 16 fields: extend for_each_field");
+}
+#undef KTUNE_EMU_FIELDS_CASE
+
 // A kernel's pointer argument must be null or point into (or one past) a cudaMalloc'd or a
 // cudaMallocHost'd buffer: any other host pointer — a std::vector's data, a stack array, malloc'd
 // memory — is an illegal address on a GPU, though here it reads fine. rewrite.py calls this with every
-// launch's arguments. It deliberately sees the arguments' own types only, not pointers inside structs.
+// launch's arguments; a struct argument (an aggregate, as the attention kernels' Params) has each of
+// its fields checked the same way, nested structs included. `index` names the argument in the message.
 template <typename T>
 void check_kernel_pointer(const T& arg, int index) {  // T as a kernel parameter takes it: arrays decayed
   if constexpr (std::is_pointer_v<T>) {
     if (arg == nullptr) return;
-    const auto* p = reinterpret_cast<const unsigned char*>(arg);
-    auto inside = [p](const auto& all, auto bytes_of) {
-      auto it = all.upper_bound(const_cast<void*>(static_cast<const void*>(p)));
-      if (it == all.begin()) return false;
-      --it;
-      const auto* first = static_cast<const unsigned char*>(it->first);
-      return p <= first + bytes_of(it->second);
-    };
-    if (inside(allocations(), [](const GuardedBytes& g) { return g.bytes; }) ||
-        inside(pinned_allocations(), [](size_t bytes) { return bytes; }))
+    const void* p = static_cast<const void*>(arg);
+    if (buffer_holding(allocations(), p, [](const GuardedBytes& g) { return g.bytes; }, true) != nullptr ||
+        buffer_holding(pinned_allocations(), p, [](size_t bytes) { return bytes; }, true) != nullptr)
       return;
-    std::fprintf(stderr, "emu: kernel argument %d is a host pointer %p (neither cudaMalloc'd nor cudaMallocHost'd): "
-                 "an illegal address on a GPU\n", index, static_cast<const void*>(p));
+    std::fprintf(stderr, "emu: kernel argument %d is or holds a host pointer %p (neither cudaMalloc'd nor "
+                 "cudaMallocHost'd): an illegal address on a GPU\n", index, p);
     std::abort();
+  } else if constexpr (std::is_class_v<T> && std::is_aggregate_v<T>) {
+    for_each_field(arg, [index](const auto& field) { check_kernel_pointer(field, index); });
   }
 }
 template <typename... A>
@@ -522,12 +580,7 @@ inline std::mutex& device_access_mutex() {  // guards allocations() against conc
 }
 // The buffer whose bytes [data, data + body) hold address a, or nullptr.
 inline const GuardedBytes* device_buffer_at(const void* a) {
-  auto& all = allocations();
-  auto it = all.upper_bound(const_cast<void*>(a));
-  if (it == all.begin()) return nullptr;
-  --it;
-  const auto* p = static_cast<const unsigned char*>(a);
-  return p < it->second.data + it->second.body ? &it->second : nullptr;
+  return buffer_holding(allocations(), a, [](const GuardedBytes& g) { return g.body; }, false);
 }
 inline void close_device_buffer(const GuardedBytes& g) {  // the mapping but its guard page (always closed)
   if (mprotect(g.map, g.map_bytes - page_bytes(), PROT_NONE) != 0) fail("mprotect of a device buffer failed");
@@ -633,6 +686,11 @@ inline float2 atomicAdd(float2* p, float2 v) {  // sm_90: 8-byte aligned global 
     emu::fail("float2 atomicAdd on shared memory (sm_90's vector atomics are for global memory)");
   const float2 old = *p;
   p->x += v.x, p->y += v.y;
+  return old;
+}
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+  const unsigned old = *p;
+  if (v > old) *p = v;
   return old;
 }
 inline int atomicMin(int32_t* p, int32_t v) {
