@@ -19,34 +19,10 @@ namespace {
 
 constexpr int64_t kGrain = 16384;  // elements a thread must have before a split pays
 
-struct Coefficients {
-  float decay;          // 1 - lr*wd
-  float one_minus_b1;   // lerp weight
-  float b2, one_minus_b2;
-  float step_size;      // lr / bias_correction1
-  float inv_bc2_sqrt;   // 1 / sqrt(bias_correction2)
-  float eps;
-};
-
-Coefficients coefficients(const AdamWStep& s) {
-  check(s.step >= 1, "adamw", "step is 1-based, got " + std::to_string(s.step));
-  double bc1 = 1.0 - std::pow(double(s.beta1), double(s.step));
-  double bc2 = 1.0 - std::pow(double(s.beta2), double(s.step));
-  Coefficients c;
-  c.decay = float(1.0 - double(s.lr) * double(s.weight_decay));
-  c.one_minus_b1 = float(1.0 - double(s.beta1));
-  c.b2 = s.beta2;
-  c.one_minus_b2 = float(1.0 - double(s.beta2));
-  c.step_size = float(double(s.lr) / bc1);
-  c.inv_bc2_sqrt = float(1.0 / std::sqrt(bc2));
-  c.eps = s.eps;
-  return c;
-}
-
 }  // namespace
 
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s) {
-  const Coefficients c = coefficients(s);
+  const AdamWCoefficients c = adamw_coefficients(s);
   parallel_for(n, [&](int64_t i0, int64_t i1) {
 #pragma omp simd
     for (int64_t i = i0; i < i1; ++i) {
@@ -64,7 +40,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
 
 void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int64_t n, const AdamWStep& s,
                      uint64_t seed) {
-  const Coefficients c = coefficients(s);
+  const AdamWCoefficients c = adamw_coefficients(s);
   const uint64_t key = splitmix64(seed);
   parallel_for(n, [&](int64_t i0, int64_t i1) {
 #pragma omp simd

@@ -13,25 +13,6 @@
 namespace ktune::cuda {
 namespace {
 
-struct Coefficients {
-  float decay, one_minus_b1, b2, one_minus_b2, step_size, inv_bc2_sqrt, eps;
-};
-
-Coefficients coefficients(const AdamWStep& s) {
-  check(s.step >= 1, "cuda adamw", "step is 1-based, got " + std::to_string(s.step));
-  double bc1 = 1.0 - std::pow(double(s.beta1), double(s.step));
-  double bc2 = 1.0 - std::pow(double(s.beta2), double(s.step));
-  Coefficients c;
-  c.decay = float(1.0 - double(s.lr) * double(s.weight_decay));
-  c.one_minus_b1 = float(1.0 - double(s.beta1));
-  c.b2 = s.beta2;
-  c.one_minus_b2 = float(1.0 - double(s.beta2));
-  c.step_size = float(double(s.lr) / bc1);
-  c.inv_bc2_sqrt = float(1.0 / std::sqrt(bc2));
-  c.eps = s.eps;
-  return c;
-}
-
 // core/dtype.h's f32_to_bf16_stochastic: add 16 random bits below the kept half, truncate.
 __device__ __forceinline__ uint16_t bf16_stochastic(float f, uint32_t random16) {
   uint32_t bits = __float_as_uint(f);
@@ -44,7 +25,7 @@ __device__ __forceinline__ uint16_t bf16_stochastic(float f, uint32_t random16) 
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 
-__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n, Coefficients c) {
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n, AdamWCoefficients c) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float g = grad[i];
@@ -58,7 +39,7 @@ __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v
 }
 
 __global__ void adamw_bf16_kernel(uint16_t* param, const float* grad, uint16_t* m, uint16_t* v, int64_t n,
-                                  Coefficients c, uint64_t key, int64_t first) {
+                                  AdamWCoefficients c, uint64_t key, int64_t first) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float g = grad[i];
@@ -138,7 +119,7 @@ void accumulate_inplace(float* y, const float* x, int64_t n, Stream stream) {
 }
 
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s, Stream stream) {
-  const Coefficients c = coefficients(s);
+  const AdamWCoefficients c = adamw_coefficients(s);
   if (n == 0) return;
   adamw_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(param, grad, m, v, n, c);
   KTUNE_CUDA_CHECK_LAUNCH();
@@ -146,7 +127,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
 
 void adamw_step_bf16(bf16_t* param, const float* grad, bf16_t* m, bf16_t* v, int64_t n, const AdamWStep& s,
                      uint64_t seed, Stream stream, int64_t first) {
-  const Coefficients c = coefficients(s);
+  const AdamWCoefficients c = adamw_coefficients(s);
   if (n == 0) return;
   adamw_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(param, grad, m, v, n, c, splitmix64(seed), first);
   KTUNE_CUDA_CHECK_LAUNCH();

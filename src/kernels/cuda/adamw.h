@@ -15,6 +15,8 @@
 namespace ktune::cuda {
 
 using cpu::AdamWStep;
+using cpu::AdamWCoefficients;
+using cpu::adamw_coefficients;
 
 // param, grad, m, v: (n) on the device
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWStep& s,
