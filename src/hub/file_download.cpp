@@ -14,15 +14,6 @@
 
 namespace ktune::hub {
 
-const char* fetch_outcome_name(FetchOutcome outcome) {
-  switch (outcome) {
-    case FetchOutcome::Downloaded: return "downloaded";
-    case FetchOutcome::Resumed: return "resumed";
-    case FetchOutcome::UpToDate: return "up to date";
-  }
-  return "?";
-}
-
 static int64_t file_size(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return -1;
@@ -222,6 +213,19 @@ void check_room_for(const TargetDir& target, const std::vector<DownloadJob>& job
   std::vector<uint64_t> to_write;
   for (const DownloadJob& job : jobs) to_write.push_back(bytes_to_fetch(target, job));
   target.check_room(to_write, origin);
+}
+
+void download_all(HttpClient& client, const TargetDir& target, const std::vector<DownloadJob>& jobs,
+                  const RetryPolicy& policy, const std::string& origin, TransferReport& report,
+                  const ProgressFn& progress) {
+  check_room_for(target, jobs, origin);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    FetchResult fr = download_file(client, target, jobs[i], policy);
+    report.bytes_transferred += fr.bytes_transferred;
+    report.files.push_back({jobs[i].name, fr.size, fr.outcome});
+    if (progress) progress(i + 1, jobs.size(), report.files.back());
+  }
+  target.remove_partial_dir_if_empty();
 }
 
 }  // namespace ktune::hub

@@ -15,6 +15,7 @@
 
 #include "hub/http_client.h"
 #include "hub/target_dir.h"
+#include "hub/transfer.h"
 
 namespace ktune::hub {
 
@@ -24,9 +25,6 @@ struct ExpectedContent {
   std::string git_sha1;  // git blob id (Hub regular files)
   std::string md5;       // S3 single-part ETag
 };
-
-enum class FetchOutcome { Downloaded, Resumed, UpToDate };
-const char* fetch_outcome_name(FetchOutcome outcome);
 
 struct DownloadJob {
   std::string origin;       // "hf://org/repo", "s3://bucket/prefix": the place named in errors
@@ -53,6 +51,13 @@ FetchResult download_file(HttpClient& client, const TargetDir& target, const Dow
 // place at its size: nothing; a partial: the rest; a size the store did not give: nothing), before
 // the first byte (TargetDir::check_room).
 void check_room_for(const TargetDir& target, const std::vector<DownloadJob>& jobs, const std::string& origin);
+
+// A store's whole download: check_room_for, then every job in turn through download_file, each one
+// added to `report` (its file, the bytes transferred) and handed to `progress`, then the partial
+// folder removed when nothing is left in it. The first failure throws (what is done stays done).
+void download_all(HttpClient& client, const TargetDir& target, const std::vector<DownloadJob>& jobs,
+                  const RetryPolicy& policy, const std::string& origin, TransferReport& report,
+                  const ProgressFn& progress);
 
 // True when `path` exists and agrees with every part of `expected` that is known (size first,
 // digests next). A file with nothing known to compare against is never "up to date".

@@ -12,6 +12,7 @@
 
 #include "core/log.h"
 #include "hub/digest.h"
+#include "hub/file_download.h"
 
 namespace ktune::hub {
 
@@ -183,14 +184,7 @@ TransferReport HfHubClient::download(const std::string& repo_id, HfRepoType type
     const std::string where = origin + ": file '" + s.path + "'";
     job.explain_error = [this, where, repo_id, type](const HttpResponse& r) { raise(r, where, repo_id, type); };
   }
-  check_room_for(target, jobs, report.source);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    FetchResult fr = download_file(http_, target, jobs[i], options_.retry);
-    report.bytes_transferred += fr.bytes_transferred;
-    report.files.push_back({jobs[i].name, fr.size, fr.outcome});
-    if (progress) progress(i + 1, jobs.size(), report.files.back());
-  }
-  target.remove_partial_dir_if_empty();
+  download_all(http_, target, jobs, options_.retry, report.source, report, progress);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

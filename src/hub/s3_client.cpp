@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "hub/digest.h"
+#include "hub/file_download.h"
 
 namespace ktune::hub {
 
@@ -224,14 +225,7 @@ TransferReport S3Client::download(const std::string& bucket, const std::string& 
     const std::string where = "s3://" + bucket + "/" + key;
     job.explain_error = [this, where](const HttpResponse& r) { raise(r, where); };
   }
-  check_room_for(target, jobs, origin);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    FetchResult fr = download_file(http_, target, jobs[i], options_.retry);
-    report.bytes_transferred += fr.bytes_transferred;
-    report.files.push_back({jobs[i].name, fr.size, fr.outcome});
-    if (progress) progress(i + 1, jobs.size(), report.files.back());
-  }
-  target.remove_partial_dir_if_empty();
+  download_all(http_, target, jobs, options_.retry, origin, report, progress);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

@@ -9,9 +9,18 @@
 #include <string>
 #include <vector>
 
-#include "hub/file_download.h"
-
 namespace ktune::hub {
+
+// How a file came to be at the destination.
+enum class FetchOutcome { Downloaded, Resumed, UpToDate };
+inline const char* fetch_outcome_name(FetchOutcome outcome) {
+  switch (outcome) {
+    case FetchOutcome::Downloaded: return "downloaded";
+    case FetchOutcome::Resumed: return "resumed";
+    case FetchOutcome::UpToDate: return "up to date";
+  }
+  return "?";
+}
 
 struct TransferredFile {
   std::string path;  // relative to the source root / destination root

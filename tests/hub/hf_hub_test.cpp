@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "hub/digest.h"
 #include "hub/hf_hub.h"
+#include "hub/target_dir.h"
 #include "test_processes.h"
 
 using namespace ktune::hub;
