@@ -18,8 +18,10 @@
 //          --activation-checkpointing=1 (torchtune's enable_activation_checkpointing; 0 by default)
 //          --activation-offloading=1 (torchtune's enable_activation_offloading, with checkpointing; 0 by default)
 //          --ce-chunk=512 (tokens per chunk of the fused loss; 0, the default, is the decoder's own)
-//          --attention=gemm (tensor-core GEMMs, the default) | tensor_core (the fused FlashAttention-2,
-//          flash_attention_tc.h) | flash (the tiled CUDA-core kernel).
+//          --attention=auto (the default, as the recipes: every kernel timed on one layer, the fastest
+//          that agrees with the others taken, model/cuda/attention_choice.h; its line is printed) | gemm
+//          (tensor-core GEMMs) | tensor_core (the fused FlashAttention-2, flash_attention_tc.h) | flash
+//          (the tiled CUDA-core kernel). RESULT's attention= is the kernel that ran.
 //          --nf4-gemm=dequantize (qlora: W into bf16 scratch, then cuBLASLt; the default) | fused
 //          (kernels/cuda/nf4_gemm.h, TrainingSetup::nf4_fused_gemm)
 // It deliberately has no data loading, no checkpointing, no gradient accumulation: the step only.
@@ -39,6 +41,7 @@
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/device_memory.h"
+#include "model/cuda/attention_choice.h"
 #include "model/cuda/decoder.h"
 
 namespace {
@@ -164,14 +167,22 @@ int run(int argc, char** argv) {
   setup.activation_checkpointing = arg(argc, argv, "activation-checkpointing", 0) != 0;
   setup.activation_offloading = arg(argc, argv, "activation-offloading", 0) != 0;
   setup.ce_chunk_tokens = arg(argc, argv, "ce-chunk", 0);
-  const std::string attention = arg_s(argc, argv, "attention", "gemm");
-  if (attention != "gemm" && attention != "tensor_core" && attention != "flash") {
-    std::fprintf(stderr, "--attention must be gemm, tensor_core or flash, not %s\n", attention.c_str());
+  const std::string asked = arg_s(argc, argv, "attention", "auto");
+  if (asked != "auto" && asked != "gemm" && asked != "tensor_core" && asked != "flash") {
+    std::fprintf(stderr, "--attention must be auto, gemm, tensor_core or flash, not %s\n", asked.c_str());
     return 2;
   }
-  setup.attention = attention == "gemm"          ? cuda::TrainingSetup::Attention::kGemm
-                    : attention == "tensor_core" ? cuda::TrainingSetup::Attention::kTensorCore
-                                                 : cuda::TrainingSetup::Attention::kFlash;
+  setup.attention = asked == "gemm"          ? cuda::TrainingSetup::Attention::kGemm
+                    : asked == "tensor_core" ? cuda::TrainingSetup::Attention::kTensorCore
+                    : asked == "flash"       ? cuda::TrainingSetup::Attention::kFlash
+                                             : cuda::TrainingSetup::Attention::kAuto;
+  if (setup.attention == cuda::TrainingSetup::Attention::kAuto) {  // as the recipes choose (attention_choice.h)
+    const std::vector<cuda::AttentionTrial> trials =
+        cuda::time_attention_kernels(cuda::attention_trial_shape(config, setup));
+    setup.attention = cuda::pick_attention(trials);
+    std::printf("%s\n", cuda::describe_attention_trials(trials, setup.attention).c_str());
+  }
+  const std::string attention = cuda::attention_name(setup.attention);
   const std::string nf4_gemm = arg_s(argc, argv, "nf4-gemm", "dequantize");
   if (nf4_gemm != "dequantize" && nf4_gemm != "fused") {
     std::fprintf(stderr, "--nf4-gemm must be dequantize or fused, not %s\n", nf4_gemm.c_str());

@@ -13,8 +13,10 @@ hang in one leaves the others running. Prints a table (tokens/s, step ms, MFU ag
 with ktune's FLOP count, peak memory) and ktune/torch ratios, and one summary line per mode:
   SUMMARY mode=lora ktune_tokens_per_s=... torch_tokens_per_s=... ratio=... ktune_mfu=... ...
 Exit code: 0 when every part ran; 1 when some part failed (the table says which); 77 without a GPU.
-ktune runs with --attention=gemm (tensor-core GEMMs) unless told otherwise; when that part fails it
-is rerun once with the tiled CUDA-core kernel (--attention=flash), and the failure is still reported.
+ktune runs with --attention=auto (as the recipes: every attention kernel timed on one layer, the
+fastest that agrees with the others taken; the binary prints the trials) unless told otherwise; when
+that part fails it is rerun once with the tiled CUDA-core kernel (--attention=flash), and the failure
+is still reported. --also-attention K reruns the LoRA step with K, unless the first run ran K.
 Memory: ktune's figure is its planned arenas (parameters, gradients, AdamW state, activations, loss
 scratch) and the driver's in-use total; torch's is max_memory_allocated and max_memory_reserved.
 It deliberately runs random tokens: the step's speed, not a training result.
@@ -204,8 +206,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=20)
     ap.add_argument("--timeout", type=float, default=120, help="seconds for each part (ktune or torch, each mode)")
-    ap.add_argument("--attention", default="gemm", choices=["gemm", "flash", "tensor_core"],
-                    help="ktune's attention kernels")
+    ap.add_argument("--attention", default="auto", choices=["auto", "gemm", "flash", "tensor_core"],
+                    help="ktune's attention kernels (auto: timed on the GPU, as the recipes choose)")
     ap.add_argument("--also-attention", default="", choices=["", "gemm", "flash", "tensor_core"],
                     help="run ktune's LoRA step once more with these attention kernels (an extra row)")
     ap.add_argument("--memory-check", action="store_true",
@@ -230,11 +232,11 @@ def main():
         if krc == 77:
             print("SKIP gpu train-step benchmark: no CUDA device")
             return 77
-        if k is None and args.attention == "gemm" and krc != 124:  # (a timeout leaves no time to retry)
-            # The tensor-core attention path is the newest part: fall back to the tiled kernel so
+        if k is None and args.attention != "flash" and krc != 124:  # (a timeout leaves no time to retry)
+            # The tensor-core attention paths are the newest part: fall back to the tiled kernel so
             # the rest of the step still gets measured (and say so).
-            failed.append(f"ktune {mode} with gemm attention (exit {krc})")
-            fallback = [c.replace("--attention=gemm", "--attention=flash") for c in common]
+            failed.append(f"ktune {mode} with {args.attention} attention (exit {krc})")
+            fallback = [c.replace(f"--attention={args.attention}", "--attention=flash") for c in common]
             k, krc, _ = run_part([args.binary, f"--mode={mode}", *fallback, f"--max-seconds={int(args.max_seconds)}"],
                                  args.timeout)
         if k is None:
@@ -247,7 +249,8 @@ def main():
             failed.append(f"torch {mode} (exit {trc})")
         rows.append((mode, k, t))
     extra = None  # (attention, the LoRA step's RESULT with --also-attention)
-    if args.also_attention and args.also_attention != args.attention and "lora" in args.modes.split(","):
+    lora_ran = next((k.get("attention") for mode, k, _ in rows if mode == "lora" and k), args.attention)
+    if args.also_attention and args.also_attention != lora_ran and "lora" in args.modes.split(","):
         other = [c.replace(f"--attention={args.attention}", f"--attention={args.also_attention}") for c in common]
         x, xrc, _ = run_part([args.binary, "--mode=lora", *other, f"--max-seconds={int(args.max_seconds)}"], args.timeout)
         if x is None:

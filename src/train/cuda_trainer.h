@@ -127,6 +127,9 @@ class CudaTrainer {
 
   // The planned device memory and what the driver reports in use.
   virtual std::string memory_report() const = 0;
+  // The attention kernels the step runs and why: the user's (KTUNE_CUDA_ATTENTION), or the trials that
+  // chose them on this GPU (auto, model/cuda/attention_choice.h).
+  virtual std::string attention_report() const = 0;
 };
 
 // How the GPU step reads a host parameter at its upload: elements [first, first + count) of it, as

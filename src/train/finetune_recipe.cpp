@@ -141,14 +141,16 @@ bool cuda_prefetches_layer_weights() {
   return env_choice("KTUNE_ZERO3_PREFETCH", {"1", "0"}, "1 (the default) or 0") == "1";
 }
 
-// The GPU step's attention kernels (cuda::TrainingSetup::Attention): env KTUNE_CUDA_ATTENTION = gemm
-// (the default: cuBLASLt GEMMs over one head's scores), tensor_core (the fused FlashAttention-2 on the
-// tensor cores, head_dim 64/128) or flash (tiled, on the CUDA cores). Until they are measured on a
-// GPU, the choice stays with the user.
+// The GPU step's attention kernels (cuda::TrainingSetup::Attention): env KTUNE_CUDA_ATTENTION = auto
+// (the default: each kernel timed on the GPU at the planned shape before training, the fastest that
+// agrees with the others chosen, model/cuda/attention_choice.h), gemm (cuBLASLt GEMMs over one head's
+// scores), tensor_core (the fused FlashAttention-2 on the tensor cores, head_dim 64/128) or flash
+// (tiled, on the CUDA cores).
 cuda::TrainingSetup::Attention cuda_attention_mode() {
-  const std::string mode = env_choice("KTUNE_CUDA_ATTENTION", {"gemm", "tensor_core", "flash"},
-                                      "gemm (the default), tensor_core or flash");
-  return mode == "gemm"          ? cuda::TrainingSetup::Attention::kGemm
+  const std::string mode = env_choice("KTUNE_CUDA_ATTENTION", {"auto", "gemm", "tensor_core", "flash"},
+                                      "auto (the default), gemm, tensor_core or flash");
+  return mode == "auto"          ? cuda::TrainingSetup::Attention::kAuto
+         : mode == "gemm"        ? cuda::TrainingSetup::Attention::kGemm
          : mode == "tensor_core" ? cuda::TrainingSetup::Attention::kTensorCore
                                  : cuda::TrainingSetup::Attention::kFlash;
 }
@@ -696,6 +698,7 @@ void FinetuneRecipe::setup_gpu_training() {
                  : "QLoRA: each NF4 weight is dequantised into bf16 scratch before its GEMM "
                    "(KTUNE_CUDA_NF4_GEMM=dequantize, the default)");
   log_info(gpu_->memory_report());
+  log_info(gpu_->attention_report());
 }
 
 void FinetuneRecipe::release_host_values() {

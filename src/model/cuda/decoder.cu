@@ -495,6 +495,8 @@ void refuse_if_larger_than_free_memory(const Decoder::MemoryPlan& plan, const Tr
 Decoder::Decoder(const DecoderConfig& config, const TrainingSetup& setup, uint64_t seed)
     : config_(config), setup_(setup), impl_(std::make_unique<Impl>()) {
   validate();
+  check(setup.attention != TrainingSetup::Attention::kAuto, "cuda decoder",
+        "TrainingSetup::attention is kAuto: choose the kernel first (model/cuda/attention_choice.h)");
   allocate(true);
   init_parameters(seed);
 }

@@ -163,8 +163,10 @@ struct TrainingSetup {
   // head's (B, T, T) scores at a time), kFlash (kernels/cuda/attention.h: tiled, on the CUDA cores)
   // or kTensorCore (kernels/cuda/flash_attention_tc.h: fused FlashAttention-2 on the tensor cores,
   // head_dim 64 or 128 only, other head sizes run kGemm; sliding windows and soft-caps included).
-  // All three take doc ids (packed steps).
-  enum class Attention { kGemm, kFlash, kTensorCore } attention = Attention::kGemm;
+  // All three take doc ids (packed steps). kAuto: the fastest of them that agrees with the others on
+  // this GPU (model/cuda/attention_choice.h), chosen before the decoder is built (the recipes' trainer
+  // does): the constructor refuses it; Decoder::plan plans it as kGemm, the larger scratch.
+  enum class Attention { kGemm, kFlash, kTensorCore, kAuto } attention = Attention::kGemm;
   // QLoRA (the CPU LoraOptions::quantize_base): the frozen base weight of every projection that
   // carries LoRA (lora_on; all seven in torchtune's QLoRA recipes; lm_head with lora_on_output) held
   // on the device only as NF4

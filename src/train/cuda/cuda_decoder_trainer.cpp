@@ -3,6 +3,7 @@
 // uses only plain structs of the host side (model::Parameter, Tensor, the plan) and its own copies
 // of src/core and of the NCCL process group (with the rendezvous store's client, which it calls on
 // the binary's store), so that the plugin needs nothing else of the binary.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <exception>
@@ -18,6 +19,7 @@
 #include "dist/tcp_store.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/device_memory.h"
+#include "model/cuda/attention_choice.h"
 #include "model/cuda/decoder.h"
 #include "train/cuda_trainer.h"
 
@@ -261,6 +263,8 @@ class CudaDecoderTrainer final : public CudaTrainer {
   }
 
   std::string memory_report() const override { return device_.memory_report(); }
+  std::string attention_report() const override { return attention_report_; }
+  void set_attention_report(std::string report) { attention_report_ = std::move(report); }
 
  private:
   // (B, T): 0 < B, T <= the planned ones (the step runs on (B, T)).
@@ -415,7 +419,54 @@ class CudaDecoderTrainer final : public CudaTrainer {
   // stream_optimizer_state: the moments' gathers planned and run, and the buffer the last one filled.
   int64_t moment_gathers_ = 0, moment_gathers_done_ = 0;
   const bf16_t* gathered_moment_ = nullptr;
+  std::string attention_report_;
 };
+
+// Every GPU's trials, gathered so that all of them take the same kernel: per kernel the mean time,
+// the largest difference any GPU saw, and a failure anywhere (trials are in the same order on every GPU:
+// they depend on the shape alone).
+void gather_trials(std::vector<cuda::AttentionTrial>& trials, dist::ProcessGroup& gpus) {
+  const int64_t n = int64_t(trials.size()) * 3, world = gpus.size();
+  std::vector<float> mine;  // per trial: ms, error, failed (0 / 1)
+  for (const cuda::AttentionTrial& t : trials)
+    mine.insert(mine.end(), {float(t.ms), float(t.error), t.failure.empty() ? 0.0f : 1.0f});
+  cuda::DeviceBuffer in(size_t(n) * sizeof(float)), all(size_t(n * world) * sizeof(float));
+  in.upload(mine.data(), mine.size() * sizeof(float));
+  gpus.all_gather(all.as<float>(), in.as<float>(), n);
+  std::vector<float> every(size_t(n * world));
+  all.download(every.data(), every.size() * sizeof(float));
+  for (size_t i = 0; i < trials.size(); ++i) {
+    cuda::AttentionTrial& t = trials[i];
+    double ms = 0.0, error = 0.0;
+    for (int64_t r = 0; r < world; ++r) {
+      const float* theirs = every.data() + r * n + int64_t(i) * 3;
+      ms += theirs[0] / double(world);
+      error = std::max(error, double(theirs[1]));
+      if (theirs[2] != 0.0f && t.failure.empty()) t.failure = "failed on GPU " + std::to_string(r);
+    }
+    t.ms = ms;
+    t.error = error;
+  }
+}
+
+// The plan with TrainingSetup::attention kAuto replaced by the kernel chosen on this GPU, the same
+// on every GPU of `gpus` (nullptr or one: this GPU's alone); report: the line that says so.
+CudaStepPlan with_attention_chosen(const CudaStepPlan& plan, dist::ProcessGroup* gpus, std::string* report) {
+  CudaStepPlan chosen = plan;
+  if (plan.setup.attention != cuda::TrainingSetup::Attention::kAuto) {
+    *report = std::string("attention kernels: ") + cuda::attention_name(plan.setup.attention) +
+              " (as set: KTUNE_CUDA_ATTENTION; not timed)";
+    return chosen;
+  }
+  std::vector<cuda::AttentionTrial> trials =
+      cuda::time_attention_kernels(cuda::attention_trial_shape(plan.model, plan.setup));
+  const bool several = gpus != nullptr && gpus->size() > 1;
+  if (several) gather_trials(trials, *gpus);
+  chosen.setup.attention = cuda::pick_attention(trials);
+  *report = cuda::describe_attention_trials(trials, chosen.setup.attention) +
+            (several ? " (over " + std::to_string(gpus->size()) + " GPUs: mean times, largest differences)" : "");
+  return chosen;
+}
 
 }  // namespace
 
@@ -439,5 +490,9 @@ extern "C" __attribute__((visibility("default"))) ktune::dist::ProcessGroup* ktu
 extern "C" __attribute__((visibility("default"))) ktune::train::CudaTrainer* ktune_create_cuda_trainer(
     const std::vector<ktune::model::Parameter*>* host, const ktune::train::CudaStepPlan* plan, uint64_t seed,
     const ktune::train::HostReader* read, ktune::dist::ProcessGroup* gpus) {
-  return new ktune::train::CudaDecoderTrainer(*host, *plan, seed, *read, gpus);
+  std::string attention;
+  const ktune::train::CudaStepPlan chosen = ktune::train::with_attention_chosen(*plan, gpus, &attention);
+  auto* trainer = new ktune::train::CudaDecoderTrainer(*host, chosen, seed, *read, gpus);
+  trainer->set_attention_report(std::move(attention));
+  return trainer;
 }

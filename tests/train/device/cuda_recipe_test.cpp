@@ -123,6 +123,18 @@ int64_t total(const std::map<std::string, int64_t>& counts) {
 
 class CudaRecipeTest : public recipe_testing::TinyModelRecipeTest {
  protected:
+  // The attention kernels these runs take: the environment's KTUNE_CUDA_ATTENTION when it names one
+  // (to test another path), else gemm. Not auto, the recipes' default, which times the kernels on the
+  // device and takes the fastest: runs that compare digit for digit (two GPUs against one, a resume
+  // against the run it resumes) would depend on the timings. KTUNE_CUDA_ATTENTION=auto has its own test.
+  void SetUp() override {
+    static const std::string pinned = [] {
+      const char* v = std::getenv("KTUNE_CUDA_ATTENTION");
+      return std::string(v && *v && std::string(v) != "auto" ? v : "gemm");
+    }();
+    setenv("KTUNE_CUDA_ATTENTION", pinned.c_str(), 1);
+    TinyModelRecipeTest::SetUp();
+  }
   Outcome run(const std::string& launcher, const std::string& recipe, const std::string& config,
               const std::string& device, const std::string& extra, const std::string& output) {
     return run_tiny(launcher, recipe, config, "dtype=bf16 device=" + device + " " + extra, output);
@@ -238,6 +250,10 @@ TEST_F(CudaRecipeTest, LoraOnTheGpuTracksTheCpuRunAndWritesTheSameAdapter) {
   ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 " + sized(8, 8), &gpu));
   EXPECT_NE(gpu.output.find("training on the GPU"), std::string::npos) << gpu.output;
   EXPECT_NE(gpu.output.find("planned device memory"), std::string::npos) << gpu.output;
+  EXPECT_NE(gpu.output.find("attention kernels: " + std::string(std::getenv("KTUNE_CUDA_ATTENTION")) +
+                            " (as set: KTUNE_CUDA_ATTENTION; not timed)"),
+            std::string::npos)
+      << gpu.output;
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
   expect_same_layout("adapter_model.safetensors");
   EXPECT_TRUE(fs::exists(out("gpu") + "/epoch_0/adapter_config.json"));
@@ -440,6 +456,25 @@ TEST_F(CudaRecipeTest, FullFinetuneOnTheGpuTracksTheCpuRun) {
   expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
   expect_metric_tracks("grad_norm", size_t(steps(8)), 0.10);
   expect_same_layout("model-00001-of-00001.safetensors");
+}
+
+// KTUNE_CUDA_ATTENTION=auto (the recipes' default): before training, every attention kernel runs one
+// layer's forward and backward at the planned shape on the GPU; they agree with each other, and the
+// step takes the fastest of them (its line in the log), then trains as the CPU run does.
+TEST_F(CudaRecipeTest, LoraOnTheGpuTimesTheAttentionKernelsAndTakesTheFastestThatAgrees) {
+  SKIP_WITHOUT_GPUS(1);
+  setenv("KTUNE_CUDA_ATTENTION", "auto", 1);
+  Outcome gpu;
+  ASSERT_NO_FATAL_FAILURE(run_on_both("lora", "epochs=1 max_steps_per_epoch=2 batch_size=2", &gpu));
+  const size_t line = gpu.output.find("attention kernels timed (forward + backward of one layer): gemm ");
+  ASSERT_NE(line, std::string::npos) << gpu.output;
+  const std::string timed = gpu.output.substr(line, gpu.output.find('\n', line) - line);
+  // the tiny model's head_dim (32) leaves the fused kernel out: the GEMM path and the tiled kernel
+  EXPECT_NE(timed.find(", flash "), std::string::npos) << timed;
+  EXPECT_EQ(timed.find("left out"), std::string::npos) << timed;
+  EXPECT_TRUE(timed.find("; chose gemm") != std::string::npos || timed.find("; chose flash") != std::string::npos)
+      << timed;
+  expect_tracks(losses(out("cpu")), losses(out("gpu")), 0.05);
 }
 
 TEST_F(CudaRecipeTest, AGpuRunResumesFromAMidEpochCheckpoint) {

@@ -1,0 +1,250 @@
+// Times the attention kernels on this GPU and keeps the fastest that agrees (see attention_choice.h).
+#include "model/cuda/attention_choice.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/attention_gemm.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/flash_attention_tc.h"
+
+namespace ktune::cuda {
+namespace {
+
+using Kernel = TrainingSetup::Attention;
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 1024;
+
+int blocks_for(int64_t n) { return int(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks)); }
+
+// x[i] = a value in [-range, range) rounded to bf16, a hash of (seed, i): every candidate reads the
+// same inputs.
+__global__ void fill_uniform_kernel(__nv_bfloat16* x, int64_t n, uint32_t seed, float range) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = (uint32_t(i) ^ uint32_t(i >> 32) * 0x27D4EB2Fu) * 0x9E3779B1u ^ seed;
+    h ^= h >> 16, h *= 0x85EBCA6Bu, h ^= h >> 13, h *= 0xC2B2AE35u, h ^= h >> 16;
+    x[i] = __float2bfloat16_rn((float(h >> 8) * (2.0f / 16777216.0f) - 1.0f) * range);
+  }
+}
+
+// out[0] = max |a - b| (infinite where either is NaN), out[1] = max(|a|, |b|), over n values, as the
+// bits of non-negative floats (which order as their bits do). out starts at 0.
+__global__ void max_difference_kernel(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t n, unsigned* out) {
+  float difference = 0.0f, magnitude = 0.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    const float d = fabsf(x - y);
+    difference = fmaxf(difference, d <= 3.0e38f ? d : INFINITY);  // NaN compares false: infinite
+    magnitude = fmaxf(magnitude, fmaxf(fabsf(x), fabsf(y)));
+  }
+  difference = warp_max(difference);
+  magnitude = warp_max(magnitude);
+  if ((threadIdx.x & 31) == 0) {
+    atomicMax(&out[0], __float_as_uint(difference));
+    atomicMax(&out[1], __float_as_uint(magnitude));
+  }
+}
+
+struct Inputs {
+  DeviceBuffer q, k, v, dout;  // (B,T,Hq,D) (B,T,Hkv,D) (B,T,Hkv,D) (B,T,Hq,D) bf16
+};
+struct Outputs {
+  DeviceBuffer out, lse, dq, dk, dv;  // (B,T,Hq,D) bf16, (B,Hq,T) f32, (B,T,Hq,D), (B,T,Hkv,D) x 2 bf16
+};
+
+int64_t q_elements(const AttentionShape& s) { return s.B * s.T * s.Hq * s.D; }
+int64_t kv_elements(const AttentionShape& s) { return s.B * s.T * s.Hkv * s.D; }
+
+DeviceBuffer random_bf16(int64_t n, uint32_t seed, float range) {
+  DeviceBuffer b(size_t(n) * sizeof(bf16_t));
+  fill_uniform_kernel<<<blocks_for(n), kThreads>>>(b.as<__nv_bfloat16>(), n, seed, range);
+  KTUNE_CUDA_CHECK(cudaGetLastError());
+  return b;
+}
+
+Outputs allocate_outputs(const AttentionShape& s) {
+  const size_t q = size_t(q_elements(s)) * sizeof(bf16_t), kv = size_t(kv_elements(s)) * sizeof(bf16_t);
+  return Outputs{DeviceBuffer(q), DeviceBuffer(size_t(s.B * s.Hq * s.T) * sizeof(float)), DeviceBuffer(q),
+                 DeviceBuffer(kv), DeviceBuffer(kv)};
+}
+
+// One forward + backward of `kernel` on `in` into `o`, enqueued on the default stream.
+void run_attention(Kernel kernel, const AttentionShape& s, const Inputs& in, Outputs& o, GemmContext& gemm,
+                   void* gemm_scratch, float* scratch) {
+  const auto* q = in.q.as<bf16_t>();
+  const auto* k = in.k.as<bf16_t>();
+  const auto* v = in.v.as<bf16_t>();
+  const auto* dout = in.dout.as<bf16_t>();
+  auto* out = o.out.as<bf16_t>();
+  auto* lse = o.lse.as<float>();
+  switch (kernel) {
+    case Kernel::kGemm:
+      attention_gemm_forward(gemm, out, lse, q, k, v, s, gemm_scratch);
+      attention_gemm_backward(gemm, o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out, lse, s,
+                              gemm_scratch);
+      return;
+    case Kernel::kTensorCore:
+      flash_attention_tc_forward(out, lse, q, k, v, s);
+      flash_attention_tc_backward(o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out, lse, s,
+                                  scratch);
+      return;
+    case Kernel::kFlash:
+      attention_forward(out, lse, q, k, v, nullptr, s);
+      attention_backward(o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out, lse, nullptr, s,
+                         scratch);
+      return;
+    case Kernel::kAuto:
+      break;
+  }
+  throw Error("attention choice", "kAuto is not a kernel");
+}
+
+// The largest relative difference of out, dq, dk, dv between two candidates' outputs.
+double outputs_difference(const Outputs& a, const Outputs& b, const AttentionShape& s) {
+  const int64_t nq = q_elements(s), nkv = kv_elements(s);
+  auto of = [](const DeviceBuffer& x, const DeviceBuffer& y, int64_t n) {
+    return max_relative_difference(x.as<bf16_t>(), y.as<bf16_t>(), n);
+  };
+  return std::max({of(a.out, b.out, nq), of(a.dq, b.dq, nq), of(a.dk, b.dk, nkv), of(a.dv, b.dv, nkv)});
+}
+
+std::string format(const char* pattern, double value) {
+  char text[64];
+  std::snprintf(text, sizeof text, pattern, value);
+  return text;
+}
+
+}  // namespace
+
+double max_relative_difference(const bf16_t* a, const bf16_t* b, int64_t n) {
+  DeviceBuffer bits(2 * sizeof(unsigned));
+  bits.zero();
+  if (n > 0) {
+    max_difference_kernel<<<blocks_for(n), kThreads>>>(reinterpret_cast<const __nv_bfloat16*>(a),
+                                                      reinterpret_cast<const __nv_bfloat16*>(b), n, bits.as<unsigned>());
+    KTUNE_CUDA_CHECK(cudaGetLastError());
+  }
+  unsigned host[2] = {0, 0};
+  bits.download(host, sizeof host);
+  float difference = 0.0f, magnitude = 0.0f;
+  std::memcpy(&difference, &host[0], sizeof difference);
+  std::memcpy(&magnitude, &host[1], sizeof magnitude);
+  if (difference == 0.0f) return 0.0;
+  if (std::isinf(difference)) return std::numeric_limits<double>::infinity();
+  return magnitude > 0.0f ? double(difference) / double(magnitude) : std::numeric_limits<double>::infinity();
+}
+
+const char* attention_name(TrainingSetup::Attention kernel) {
+  switch (kernel) {
+    case Kernel::kGemm: return "gemm";
+    case Kernel::kTensorCore: return "tensor_core";
+    case Kernel::kFlash: return "flash";
+    case Kernel::kAuto: return "auto";
+  }
+  return "?";
+}
+
+AttentionShape attention_trial_shape(const DecoderConfig& config, const TrainingSetup& setup) {
+  const float scale = config.attention_scale > 0 ? config.attention_scale : 1.0f / std::sqrt(float(config.head_dim));
+  return AttentionShape{setup.batch, setup.seq_len, config.num_heads, config.num_kv_heads, config.head_dim, scale, 0,
+                        config.attn_logit_softcap};
+}
+
+std::vector<AttentionTrial> time_attention_kernels(const AttentionShape& s, int repeats) {
+  check(repeats >= 1, "attention choice", "repeats must be >= 1, got " + std::to_string(repeats));
+  check(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0 && s.Hq % s.Hkv == 0, "attention choice",
+        "a shape with positive sizes and Hq a multiple of Hkv");
+  std::vector<AttentionTrial> trials;
+  for (Kernel k : {Kernel::kGemm, Kernel::kTensorCore, Kernel::kFlash})
+    if (k != Kernel::kTensorCore || flash_attention_tc_supports(s)) trials.push_back(AttentionTrial{k});
+  // q, k in [-r, r) with r^2 / 3 = 2 / (scale sqrt(D)): scores of standard deviation ~2, so that each
+  // row's softmax is peaked (uniform inputs in [-1, 1) leave it nearly flat, where a wrong scale or a
+  // lost key hardly shows); v, dout in [-1, 1).
+  const float qk_range = std::sqrt(6.0f / (s.scale * std::sqrt(float(s.D))));
+  const Inputs in{random_bf16(q_elements(s), 1, qk_range), random_bf16(kv_elements(s), 2, qk_range),
+                  random_bf16(kv_elements(s), 3, 1.0f), random_bf16(q_elements(s), 4, 1.0f)};
+  GemmContext gemm;
+  DeviceBuffer gemm_scratch(attention_gemm_scratch_bytes(s));
+  const int64_t scratch_floats = std::max(attention_backward_scratch_floats(s),
+                                          flash_attention_tc_supports(s) ? flash_attention_tc_backward_scratch_floats(s) : 0);
+  DeviceBuffer scratch(size_t(scratch_floats) * sizeof(float));
+  std::vector<Outputs> outputs;
+  for (size_t i = 0; i < trials.size(); ++i) outputs.push_back(allocate_outputs(s));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  KTUNE_CUDA_CHECK(cudaEventCreate(&start));
+  KTUNE_CUDA_CHECK(cudaEventCreate(&stop));
+  for (size_t i = 0; i < trials.size(); ++i) {
+    AttentionTrial& t = trials[i];
+    try {  // a kernel this GPU refuses (resources, shared memory) is out, not the end of the run
+      run_attention(t.kernel, s, in, outputs[i], gemm, gemm_scratch.data(), scratch.as<float>());  // compared, warms up
+      synchronize();
+      t.ms = std::numeric_limits<double>::infinity();
+      for (int r = 0; r < repeats; ++r) {
+        KTUNE_CUDA_CHECK(cudaEventRecord(start));
+        run_attention(t.kernel, s, in, outputs[i], gemm, gemm_scratch.data(), scratch.as<float>());
+        KTUNE_CUDA_CHECK(cudaEventRecord(stop));
+        KTUNE_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0.0f;
+        KTUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        t.ms = std::min(t.ms, double(ms));
+      }
+    } catch (const std::exception& e) {
+      (void)cudaGetLastError();  // clears a launch's error; a fault that poisons the context fails the rest too
+      t.failure = e.what();
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  for (size_t i = 0; i < trials.size(); ++i) {
+    trials[i].error = std::numeric_limits<double>::infinity();
+    if (!trials[i].failure.empty()) continue;
+    for (size_t j = 0; j < trials.size(); ++j)
+      if (j != i && trials[j].failure.empty())
+        trials[i].error = std::min(trials[i].error, outputs_difference(outputs[i], outputs[j], s));
+  }
+  synchronize();
+  return trials;
+}
+
+TrainingSetup::Attention pick_attention(const std::vector<AttentionTrial>& trials) {
+  const AttentionTrial* best = nullptr;
+  for (const AttentionTrial& t : trials)
+    if (t.agrees() && (best == nullptr || t.ms < best->ms)) best = &t;
+  return best ? best->kernel : Kernel::kGemm;
+}
+
+std::string describe_attention_trials(const std::vector<AttentionTrial>& trials, TrainingSetup::Attention chosen) {
+  std::string text = "attention kernels timed (forward + backward of one layer):";
+  bool any_agrees = false;
+  for (size_t i = 0; i < trials.size(); ++i) {
+    const AttentionTrial& t = trials[i];
+    text += std::string(i ? "," : "") + " " + attention_name(t.kernel);
+    if (!t.failure.empty()) {
+      text += " failed (" + t.failure + ")";
+      continue;
+    }
+    text += format(" %.3f ms", t.ms);
+    text += t.agrees() ? format(" (agrees to %.1e)", t.error)
+                       : std::isinf(t.error) ? std::string(" (nothing to compare with: left out)")
+                                             : format(" (differs by %.3g from the others: left out)", t.error);
+    any_agrees |= t.agrees();
+  }
+  text += std::string("; chose ") + attention_name(chosen);
+  if (!any_agrees) text += " (no two kernels agree on this GPU: the GEMM path runs; please report this)";
+  return text;
+}
+
+}  // namespace ktune::cuda

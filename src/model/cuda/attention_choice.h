@@ -1,0 +1,62 @@
+// Which attention kernels a GPU step runs, measured on the GPU it runs on (TrainingSetup::attention =
+// kAuto, the recipes' default). Each candidate — the GEMM path (kernels/cuda/attention_gemm.h), the
+// fused tensor-core kernel where the head size allows (flash_attention_tc.h) and the tiled kernel
+// (attention.h) — runs the forward + backward of one layer at the planned (batch, seq_len, heads,
+// head_dim, scale, soft-cap) on the same random bf16 inputs (q and k large enough for scores of
+// standard deviation ~2: a peaked softmax, where a wrong scale or a lost key shows; on nearly flat rows
+// a 10% scale error moved the outputs by 4%). The candidates' results are compared
+// with each other: a candidate whose out, dq, dk or dv differ from every other candidate's by more
+// than kAttentionAgreement of the larger magnitude is out, so a kernel that computes something else
+// on this GPU (a race, a fragment layout the emulator does not share) is never chosen. Of the rest
+// the fastest (the least of `repeats` timed runs, CUDA events) is the choice; when no two agree, the
+// GEMM path, with the trials in the report to say so.
+// Costs a few hundred ms before training and transient device memory (the inputs, every candidate's
+// outputs and scratch: ~0.6 GiB at Llama-3.2-1B, batch 4 x 2048), freed before the decoder's arenas
+// are allocated. It deliberately times one layer without a window or document ids: a full causal
+// row is the most any step's attention computes, and every layer runs the kernel chosen here.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/attention.h"  // AttentionShape
+#include "model/cuda/decoder.h"      // TrainingSetup::Attention
+
+namespace ktune::cuda {
+
+// Two kernels agree when every output differs by at most this fraction of its larger magnitude:
+// the paths round P, dS and the outputs to bf16 at different places (0.5-0.7% apart on the tests'
+// shapes), while a wrong mask, tile or barrier is off by tens of percent (the fused kernel's
+// forward with a 10% larger scale: 46% at head_dim 64, 6.5% under a saturating soft-cap of 2).
+inline constexpr double kAttentionAgreement = 0.05;
+
+struct AttentionTrial {
+  TrainingSetup::Attention kernel = TrainingSetup::Attention::kGemm;
+  double ms = 0;     // the fastest timed forward + backward
+  double error = 0;  // the least, over the other candidates, of the largest relative difference
+  std::string failure;  // why it did not run on this GPU (a launch it refused), or empty
+  bool agrees() const { return failure.empty() && error <= kAttentionAgreement; }
+};
+
+// max |a - b| / max(|a|, |b|) over n bf16 device values: 0 when they are equal (all zeros too),
+// infinite when either holds a NaN or an infinity.
+double max_relative_difference(const bf16_t* a, const bf16_t* b, int64_t n);
+
+// "gemm", "tensor_core", "flash" (KTUNE_CUDA_ATTENTION's words), "auto".
+const char* attention_name(TrainingSetup::Attention kernel);
+
+// The candidates for `shape` (the tiled kernel, the GEMM path, the fused one where its head_dim
+// allows), each run once to compare and `repeats` times to time, on the current device.
+std::vector<AttentionTrial> time_attention_kernels(const AttentionShape& shape, int repeats = 3);
+
+// The fastest agreeing trial's kernel; kGemm when none agrees.
+TrainingSetup::Attention pick_attention(const std::vector<AttentionTrial>& trials);
+
+// One line: every trial's time and agreement, and the choice.
+std::string describe_attention_trials(const std::vector<AttentionTrial>& trials, TrainingSetup::Attention chosen);
+
+// The shape the trials time for a model and a plan: the planned batch and seq_len, the model's heads,
+// head_dim, attention scale and soft-cap, no window.
+AttentionShape attention_trial_shape(const DecoderConfig& config, const TrainingSetup& setup);
+
+}  // namespace ktune::cuda

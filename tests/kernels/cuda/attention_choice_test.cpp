@@ -1,0 +1,105 @@
+// The attention kernels' choice on the GPU at hand (model/cuda/attention_choice.h): every candidate
+// runs at the planned shape, the candidates agree with each other (a kernel that computes something
+// else would differ by tens of percent; the bf16 roundings leave ~1%), each has a time, and the pick is
+// the fastest that agrees; one that differs or failed is never picked, and with none agreeing the GEMM
+// path is. Also the difference the comparison rests on: relative to the larger magnitude, NaN and
+// infinities infinite, equal arrays 0.
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cuda_test_harness.h"
+#include "model/cuda/attention_choice.h"
+
+namespace ktune {
+namespace {
+
+using cuda::AttentionTrial;
+using Kernel = cuda::TrainingSetup::Attention;
+using cuda_test::to_bf16;
+using cuda_test::to_device;
+
+double difference_of(const std::vector<float>& a, const std::vector<float>& b) {
+  const cuda::DeviceBuffer da = to_device(to_bf16(a)), db = to_device(to_bf16(b));
+  return cuda::max_relative_difference(da.as<bf16_t>(), db.as<bf16_t>(), int64_t(a.size()));
+}
+
+void check_trials(const cpu::AttentionShape& s, const std::vector<Kernel>& expected, const std::string& what) {
+  const std::vector<AttentionTrial> trials = cuda::time_attention_kernels(s, 2);
+  CHECK(trials.size() == expected.size()) << what << ": " << trials.size() << " trials";
+  if (trials.size() != expected.size()) return;
+  double fastest = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < trials.size(); ++i) {
+    const AttentionTrial& t = trials[i];
+    CHECK(t.kernel == expected[i]) << what << ": trial " << i << " is " << cuda::attention_name(t.kernel);
+    CHECK(t.failure.empty()) << what << ": " << cuda::attention_name(t.kernel) << " failed: " << t.failure;
+    // bf16 roundings at different places: ~1% apart; the agreement bound is 5%
+    CHECK(t.error < 0.03) << what << ": " << cuda::attention_name(t.kernel) << " differs by " << t.error;
+    CHECK(t.ms >= 0.0 && std::isfinite(t.ms)) << what << ": " << cuda::attention_name(t.kernel) << " took " << t.ms;
+    fastest = std::min(fastest, t.ms);
+  }
+  const Kernel chosen = cuda::pick_attention(trials);
+  for (const AttentionTrial& t : trials) {
+    if (t.kernel == chosen) {
+      CHECK(t.ms == fastest) << what << ": chose " << cuda::attention_name(chosen);
+    }
+  }
+  const std::string line = cuda::describe_attention_trials(trials, chosen);
+  std::printf("%s: %s\n", what.c_str(), line.c_str());  // on a GPU, its times
+  CHECK(line.find(std::string("chose ") + cuda::attention_name(chosen)) != std::string::npos) << line;
+}
+
+KTUNE_CUDA_TEST(AttentionChoiceTimesTheThreeKernelsAtHeadDim64AndTheyAgree) {
+  check_trials(cpu::AttentionShape{2, 80, 4, 2, 64, 0.125f, 0, 0.0f}, {Kernel::kGemm, Kernel::kTensorCore, Kernel::kFlash},
+               "D=64 GQA");
+}
+
+KTUNE_CUDA_TEST(AttentionChoiceWithASoftCapAndOneKvHead) {
+  check_trials(cpu::AttentionShape{1, 70, 2, 1, 128, 0.5f, 0, 2.0f}, {Kernel::kGemm, Kernel::kTensorCore, Kernel::kFlash},
+               "D=128 MQA soft-cap 2");
+}
+
+KTUNE_CUDA_TEST(AttentionChoiceLeavesTheFusedKernelOutForAHeadSizeItLacks) {
+  check_trials(cpu::AttentionShape{2, 40, 2, 2, 48, 0.25f, 0, 0.0f}, {Kernel::kGemm, Kernel::kFlash}, "D=48");
+}
+
+KTUNE_CUDA_TEST(AttentionChoicePicksTheFastestThatAgrees) {
+  AttentionTrial gemm{Kernel::kGemm, 3.0, 0.01, ""};
+  AttentionTrial tc{Kernel::kTensorCore, 1.0, 0.01, ""};
+  AttentionTrial flash{Kernel::kFlash, 9.0, 0.01, ""};
+  CHECK(cuda::pick_attention({gemm, tc, flash}) == Kernel::kTensorCore);
+  AttentionTrial wrong_tc = tc;
+  wrong_tc.error = 0.4;  // fastest, but it computes something else
+  CHECK(cuda::pick_attention({gemm, wrong_tc, flash}) == Kernel::kGemm);
+  const std::string line = cuda::describe_attention_trials({gemm, wrong_tc, flash}, Kernel::kGemm);
+  CHECK(line.find("tensor_core 1.000 ms (differs by 0.4 from the others: left out)") != std::string::npos) << line;
+  AttentionTrial failed_tc{Kernel::kTensorCore, 0.0, 0.0, "too many resources requested for launch"};
+  CHECK(!failed_tc.agrees());
+  CHECK(cuda::pick_attention({gemm, failed_tc, flash}) == Kernel::kGemm);
+  AttentionTrial slow_gemm = gemm;
+  slow_gemm.ms = 20.0;
+  CHECK(cuda::pick_attention({slow_gemm, failed_tc, flash}) == Kernel::kFlash);
+  AttentionTrial gemm_apart = gemm, flash_apart = flash;
+  gemm_apart.error = flash_apart.error = 0.5;  // two kernels that disagree: neither is trusted
+  CHECK(cuda::pick_attention({gemm_apart, flash_apart}) == Kernel::kGemm);
+  const std::string none = cuda::describe_attention_trials({gemm_apart, flash_apart}, Kernel::kGemm);
+  CHECK(none.find("no two kernels agree") != std::string::npos) << none;
+}
+
+KTUNE_CUDA_TEST(AttentionChoiceDifferenceIsRelativeToTheLargerMagnitude) {
+  CHECK(difference_of({1.0f, -2.0f, 0.5f}, {1.0f, -2.0f, 0.5f}) == 0.0);
+  CHECK(difference_of({0.0f, 0.0f}, {0.0f, 0.0f}) == 0.0);
+  CHECK(std::fabs(difference_of({1.0f, -4.0f, 0.5f}, {1.0f, -4.0f, 1.5f}) - 0.25) < 1e-6);
+  CHECK(std::fabs(difference_of({0.0f, 0.0f}, {0.0f, 2.0f}) - 1.0) < 1e-6);
+  CHECK(std::isinf(difference_of({1.0f, std::nanf("")}, {1.0f, 1.0f})));
+  CHECK(std::isinf(difference_of({1.0f, 1.0f}, {1.0f, std::numeric_limits<float>::infinity()})));
+  std::vector<float> many(100000, 0.25f), other = many;
+  other[77777] = 0.5f;  // one element in the middle of a long array, past the first block's reach
+  CHECK(std::fabs(difference_of(many, other) - 0.5) < 1e-6);
+}
+
+}  // namespace
+}  // namespace ktune
