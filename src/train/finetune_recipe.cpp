@@ -651,6 +651,7 @@ void FinetuneRecipe::setup_gpu_training() {
   // them the parameters' values), which the GPU step quantises into the CPU quantiser's codes (under
   // ZeRO-3 only its own blocks).
   gpu_ = make_cuda_trainer(model_->parameters(), plan, seed_, model::read_stored_f32, nccl_.get());
+  log_info(gpu_->attention_report());  // every rank: with auto, each says what it timed and took (the same)
   release_host_values();
   if (!rank0_) return;
   log_info("GPU step: bf16 weights, activations and AdamW moments, f32 gradients and accumulation, stochastically "
@@ -698,7 +699,6 @@ void FinetuneRecipe::setup_gpu_training() {
                  : "QLoRA: each NF4 weight is dequantised into bf16 scratch before its GEMM "
                    "(KTUNE_CUDA_NF4_GEMM=dequantize, the default)");
   log_info(gpu_->memory_report());
-  log_info(gpu_->attention_report());
 }
 
 void FinetuneRecipe::release_host_values() {

@@ -661,6 +661,29 @@ TEST_F(CudaRecipeTest, TwoGpusLoraSavingAdapterWeightsOnlyKeepOnlyTheAdaptersOnR
   EXPECT_EQ(rank1.gradients, 0) << r.output;
 }
 
+// KTUNE_CUDA_ATTENTION=auto over two GPUs: every GPU times the kernels, the trials are all-gathered,
+// and both take the same kernel from the same figures (the mean time, the largest difference): the two
+// ranks log one line, word for word, naming both GPUs.
+TEST_F(CudaRecipeTest, TwoGpusTimeTheAttentionKernelsTogetherAndTakeTheSameOne) {
+  SKIP_WITHOUT_GPUS(2);
+  setenv("KTUNE_CUDA_ATTENTION", "auto", 1);
+  Outcome r = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", "cuda",
+                  "epochs=1 max_steps_per_epoch=2 batch_size=2", out());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(losses(out()).size(), 2u);
+  auto line_of = [&r](const std::string& rank) {
+    const std::string start = rank + " INFO: attention kernels timed (forward + backward of one layer): ";
+    const size_t at = r.output.find(start);
+    return at == std::string::npos ? std::string()
+                                   : r.output.substr(at + start.size(), r.output.find('\n', at) - at - start.size());
+  };
+  const std::string rank0 = line_of("[rank0]"), rank1 = line_of("[rank1]");
+  ASSERT_FALSE(rank0.empty()) << r.output;
+  EXPECT_EQ(rank0, rank1);
+  EXPECT_NE(rank0.find(" (over 2 GPUs: mean times, largest differences)"), std::string::npos) << rank0;
+  EXPECT_EQ(rank0.find("left out"), std::string::npos) << rank0;
+}
+
 // KTUNE_ZERO3_PREFETCH=0: a ZeRO-3 full fine-tune over two GPUs with one weight slot (each layer
 // gathered as it computes, nothing prefetched) logs the default run's losses digit for digit and
 // writes its checkpoint byte for byte, and its memory report says so; a value other than 0 or 1 is
