@@ -10,6 +10,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -81,9 +82,28 @@ Outputs allocate_outputs(const AttentionShape& s) {
                  DeviceBuffer(kv), DeviceBuffer(kv)};
 }
 
+// One candidate's device state besides the inputs and outputs: the GEMM path's cuBLASLt context and
+// scores scratch, or the fused / tiled kernels' backward scratch. Allocated for its trial only (the GEMM
+// path's scores take 10 B T^2 bytes: at long T that may not fit, and then that candidate alone fails).
+struct Scratch {
+  std::unique_ptr<GemmContext> gemm;
+  DeviceBuffer bytes;
+};
+Scratch scratch_for(Kernel kernel, const AttentionShape& s) {
+  Scratch r;
+  if (kernel == Kernel::kGemm) {
+    r.gemm = std::make_unique<GemmContext>();
+    r.bytes = DeviceBuffer(attention_gemm_scratch_bytes(s));
+  } else {
+    const int64_t floats = kernel == Kernel::kTensorCore ? flash_attention_tc_backward_scratch_floats(s)
+                                                         : attention_backward_scratch_floats(s);
+    r.bytes = DeviceBuffer(size_t(floats) * sizeof(float));
+  }
+  return r;
+}
+
 // One forward + backward of `kernel` on `in` into `o`, enqueued on the default stream.
-void run_attention(Kernel kernel, const AttentionShape& s, const Inputs& in, Outputs& o, GemmContext& gemm,
-                   void* gemm_scratch, float* scratch) {
+void run_attention(Kernel kernel, const AttentionShape& s, const Inputs& in, Outputs& o, Scratch& scratch) {
   const auto* q = in.q.as<bf16_t>();
   const auto* k = in.k.as<bf16_t>();
   const auto* v = in.v.as<bf16_t>();
@@ -92,24 +112,64 @@ void run_attention(Kernel kernel, const AttentionShape& s, const Inputs& in, Out
   auto* lse = o.lse.as<float>();
   switch (kernel) {
     case Kernel::kGemm:
-      attention_gemm_forward(gemm, out, lse, q, k, v, s, gemm_scratch);
-      attention_gemm_backward(gemm, o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out, lse, s,
-                              gemm_scratch);
+      attention_gemm_forward(*scratch.gemm, out, lse, q, k, v, s, scratch.bytes.data());
+      attention_gemm_backward(*scratch.gemm, o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out,
+                              lse, s, scratch.bytes.data());
       return;
     case Kernel::kTensorCore:
       flash_attention_tc_forward(out, lse, q, k, v, s);
       flash_attention_tc_backward(o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out, lse, s,
-                                  scratch);
+                                  scratch.bytes.as<float>());
       return;
     case Kernel::kFlash:
       attention_forward(out, lse, q, k, v, nullptr, s);
       attention_backward(o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out, lse, nullptr, s,
-                         scratch);
+                         scratch.bytes.as<float>());
       return;
     case Kernel::kAuto:
       break;
   }
   throw Error("attention choice", "kAuto is not a kernel");
+}
+
+// Device time of fn's work on the default stream, in ms (CUDA events).
+template <typename Fn>
+double device_ms(Fn&& fn) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  KTUNE_CUDA_CHECK(cudaEventCreate(&start));
+  KTUNE_CUDA_CHECK(cudaEventCreate(&stop));
+  float ms = 0.0f;
+  try {
+    KTUNE_CUDA_CHECK(cudaEventRecord(start));
+    fn();
+    KTUNE_CUDA_CHECK(cudaEventRecord(stop));
+    KTUNE_CUDA_CHECK(cudaEventSynchronize(stop));
+    KTUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  } catch (...) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    throw;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return double(ms);
+}
+
+// Times one candidate into t.ms (or says why it failed in t.failure): its scratch allocated, a first
+// run (its outputs are compared afterwards; it also warms up, cuBLASLt's plans among it), then up to
+// `repeats` timed runs, the least kept. A candidate whose first run took over 3x `best` (the fastest so
+// far) is timed no further: it cannot win.
+void time_candidate(AttentionTrial& t, const AttentionShape& s, const Inputs& in, Outputs& o, int repeats, double best) {
+  try {  // a kernel this GPU refuses (resources, shared memory, memory) is out, not the end of the run
+    Scratch scratch = scratch_for(t.kernel, s);
+    t.ms = device_ms([&] { run_attention(t.kernel, s, in, o, scratch); });
+    if (t.ms > 3.0 * best) return;
+    t.ms = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < repeats; ++r) t.ms = std::min(t.ms, device_ms([&] { run_attention(t.kernel, s, in, o, scratch); }));
+  } catch (const std::exception& e) {
+    (void)cudaGetLastError();  // clears a launch's error; a fault that poisons the context fails the rest too
+    t.failure = e.what();
+  }
 }
 
 // The largest relative difference of out, dq, dk, dv between two candidates' outputs.
@@ -176,38 +236,13 @@ std::vector<AttentionTrial> time_attention_kernels(const AttentionShape& s, int 
   const float qk_range = std::sqrt(6.0f / (s.scale * std::sqrt(float(s.D))));
   const Inputs in{random_bf16(q_elements(s), 1, qk_range), random_bf16(kv_elements(s), 2, qk_range),
                   random_bf16(kv_elements(s), 3, 1.0f), random_bf16(q_elements(s), 4, 1.0f)};
-  GemmContext gemm;
-  DeviceBuffer gemm_scratch(attention_gemm_scratch_bytes(s));
-  const int64_t scratch_floats = std::max(attention_backward_scratch_floats(s),
-                                          flash_attention_tc_supports(s) ? flash_attention_tc_backward_scratch_floats(s) : 0);
-  DeviceBuffer scratch(size_t(scratch_floats) * sizeof(float));
   std::vector<Outputs> outputs;
   for (size_t i = 0; i < trials.size(); ++i) outputs.push_back(allocate_outputs(s));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  KTUNE_CUDA_CHECK(cudaEventCreate(&start));
-  KTUNE_CUDA_CHECK(cudaEventCreate(&stop));
+  double best = std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < trials.size(); ++i) {
-    AttentionTrial& t = trials[i];
-    try {  // a kernel this GPU refuses (resources, shared memory) is out, not the end of the run
-      run_attention(t.kernel, s, in, outputs[i], gemm, gemm_scratch.data(), scratch.as<float>());  // compared, warms up
-      synchronize();
-      t.ms = std::numeric_limits<double>::infinity();
-      for (int r = 0; r < repeats; ++r) {
-        KTUNE_CUDA_CHECK(cudaEventRecord(start));
-        run_attention(t.kernel, s, in, outputs[i], gemm, gemm_scratch.data(), scratch.as<float>());
-        KTUNE_CUDA_CHECK(cudaEventRecord(stop));
-        KTUNE_CUDA_CHECK(cudaEventSynchronize(stop));
-        float ms = 0.0f;
-        KTUNE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        t.ms = std::min(t.ms, double(ms));
-      }
-    } catch (const std::exception& e) {
-      (void)cudaGetLastError();  // clears a launch's error; a fault that poisons the context fails the rest too
-      t.failure = e.what();
-    }
+    time_candidate(trials[i], s, in, outputs[i], repeats, best);
+    if (trials[i].failure.empty()) best = std::min(best, trials[i].ms);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   for (size_t i = 0; i < trials.size(); ++i) {
     trials[i].error = std::numeric_limits<double>::infinity();
     if (!trials[i].failure.empty()) continue;
