@@ -167,8 +167,13 @@ void time_candidate(AttentionTrial& t, const AttentionShape& s, const Inputs& in
     t.ms = std::numeric_limits<double>::infinity();
     for (int r = 0; r < repeats; ++r) t.ms = std::min(t.ms, device_ms([&] { run_attention(t.kernel, s, in, o, scratch); }));
   } catch (const std::exception& e) {
-    (void)cudaGetLastError();  // clears a launch's error; a fault that poisons the context fails the rest too
     t.failure = e.what();
+    (void)cudaGetLastError();  // clears a launch's error (a refused configuration); a fault stays:
+    const cudaError_t after = cudaDeviceSynchronize();
+    if (after != cudaSuccess)  // an illegal address or the like poisons the context: nothing more runs here
+      throw Error("attention choice", std::string("the ") + attention_name(t.kernel) + " kernel's trial failed (" +
+                                          t.failure + ") and left the GPU unusable for this process (" +
+                                          cudaGetErrorString(after) + ")");
   }
 }
 

@@ -458,8 +458,14 @@ CudaStepPlan with_attention_chosen(const CudaStepPlan& plan, dist::ProcessGroup*
               " (as set: KTUNE_CUDA_ATTENTION; not timed)";
     return chosen;
   }
-  std::vector<cuda::AttentionTrial> trials =
-      cuda::time_attention_kernels(cuda::attention_trial_shape(plan.model, plan.setup));
+  std::vector<cuda::AttentionTrial> trials;
+  try {
+    trials = cuda::time_attention_kernels(cuda::attention_trial_shape(plan.model, plan.setup));
+  } catch (const Error& e) {
+    throw Error("device=cuda: KTUNE_CUDA_ATTENTION=auto",
+                std::string(e.what()) + "; set KTUNE_CUDA_ATTENTION to gemm, tensor_core or flash to train without "
+                                        "the trials (and please report this)");
+  }
   const bool several = gpus != nullptr && gpus->size() > 1;
   if (several) gather_trials(trials, *gpus);
   chosen.setup.attention = cuda::pick_attention(trials);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "cuda_test_harness.h"
 #include "model/cuda/attention_choice.h"
 
@@ -87,6 +88,33 @@ KTUNE_CUDA_TEST(AttentionChoicePicksTheFastestThatAgrees) {
   CHECK(cuda::pick_attention({gemm_apart, flash_apart}) == Kernel::kGemm);
   const std::string none = cuda::describe_attention_trials({gemm_apart, flash_apart}, Kernel::kGemm);
   CHECK(none.find("no two kernels agree") != std::string::npos) << none;
+}
+
+// kAuto is a request to the trainer, not a kernel: a decoder built with it refuses (naming the header that
+// resolves it), while Decoder::plan plans it as the GEMM path (the larger scratch), and the trial shape is
+// the plan's batch and seq_len with the model's heads, scale and soft-cap, no window.
+KTUNE_CUDA_TEST(AttentionChoiceAutoIsResolvedBeforeADecoderIsBuilt) {
+  cuda::DecoderConfig c;
+  c.vocab_size = 96, c.hidden_size = 64, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 16;
+  c.intermediate_size = 128, c.rms_norm_eps = 1e-5f, c.rope_theta = 10000.0f, c.attn_logit_softcap = 30.0f;
+  c.sliding_window = {8, 0};
+  cuda::TrainingSetup setup;
+  setup.batch = 2, setup.seq_len = 24, setup.full_finetune = true;
+  setup.attention = Kernel::kAuto;
+  std::string refusal;
+  try {
+    cuda::Decoder refused(c, setup, 1);
+  } catch (const Error& e) {
+    refusal = e.what();
+  }
+  CHECK(refusal.find("kAuto") != std::string::npos && refusal.find("attention_choice.h") != std::string::npos)
+      << refusal;
+  cuda::TrainingSetup gemm = setup;
+  gemm.attention = Kernel::kGemm;
+  CHECK(cuda::Decoder::plan(c, setup).total() == cuda::Decoder::plan(c, gemm).total());
+  const cpu::AttentionShape shape = cuda::attention_trial_shape(c, setup);
+  CHECK(shape.B == 2 && shape.T == 24 && shape.Hq == 4 && shape.Hkv == 2 && shape.D == 16 && shape.scale == 0.25f &&
+        shape.sliding_window == 0 && shape.softcap == 30.0f);
 }
 
 KTUNE_CUDA_TEST(AttentionChoiceDifferenceIsRelativeToTheLargerMagnitude) {
