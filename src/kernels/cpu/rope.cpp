@@ -97,8 +97,11 @@ void rope_backward(float* dx, const int32_t* positions, const RopeTable& table, 
   rotate(dx, positions, table, N, H, D, -1.0f);
 }
 
-void rope_forward_reference(float* x, const int32_t* positions, const RopeTable& table, int64_t N, int64_t H,
-                            int64_t D) {
+namespace {
+
+// The plain reference of rotate(): double arithmetic, no threads; sign as there.
+void rotate_reference(float* x, const int32_t* positions, const RopeTable& table, int64_t N, int64_t H, int64_t D,
+                      double sign) {
   const int64_t half = D / 2;
   for (int64_t n = 0; n < N; ++n) {
     check_position(positions[n], n, table);
@@ -106,8 +109,8 @@ void rope_forward_reference(float* x, const int32_t* positions, const RopeTable&
       float* v = x + (n * H + h) * D;
       // HF: q * cos + rotate_half(q) * sin with cos = cat(c, c), rotate_half(q) = cat(-q2, q1).
       for (int64_t i = 0; i < half; ++i) {
-        double c = table.cos(positions[n])[i], s = table.sin(positions[n])[i];
-        double a = v[i], b = v[i + half];
+        const double c = table.cos(positions[n])[i], s = sign * table.sin(positions[n])[i];
+        const double a = v[i], b = v[i + half];
         v[i] = float(a * c - b * s);
         v[i + half] = float(b * c + a * s);
       }
@@ -115,21 +118,16 @@ void rope_forward_reference(float* x, const int32_t* positions, const RopeTable&
   }
 }
 
+}  // namespace
+
+void rope_forward_reference(float* x, const int32_t* positions, const RopeTable& table, int64_t N, int64_t H,
+                            int64_t D) {
+  rotate_reference(x, positions, table, N, H, D, 1.0);
+}
+
 void rope_backward_reference(float* dx, const int32_t* positions, const RopeTable& table, int64_t N, int64_t H,
                              int64_t D) {
-  const int64_t half = D / 2;
-  for (int64_t n = 0; n < N; ++n) {
-    check_position(positions[n], n, table);
-    for (int64_t h = 0; h < H; ++h) {
-      float* v = dx + (n * H + h) * D;
-      for (int64_t i = 0; i < half; ++i) {
-        double c = table.cos(positions[n])[i], s = table.sin(positions[n])[i];
-        double a = v[i], b = v[i + half];
-        v[i] = float(a * c + b * s);
-        v[i + half] = float(b * c - a * s);
-      }
-    }
-  }
+  rotate_reference(dx, positions, table, N, H, D, -1.0);
 }
 
 }  // namespace ktune::cpu
