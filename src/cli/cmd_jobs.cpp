@@ -15,6 +15,7 @@
 
 #include "cli/command_table.h"
 #include "cli/flag_args.h"
+#include "cli/job_wait.h"
 #include "core/error.h"
 #include "sdk/local_backend.h"
 #include "sdk/process_identity.h"
@@ -207,17 +208,8 @@ int jobs_wait(sdk::TrainerClient& client, const Args& args) {
     if (!s.empty()) statuses.insert(s);
   const double timeout = p.flags.count("--timeout") ? std::atof(p.flags["--timeout"].c_str()) : 600;
   const double interval = p.flags.count("--interval") ? std::atof(p.flags["--interval"].c_str()) : std::min(2.0, timeout / 4);
-  try {
-    types::TrainJob j = client.wait_for_job_status(name, statuses, timeout, interval);
-    std::printf("%s %s\n", j.name.c_str(), j.status.c_str());
-    return 0;
-  } catch (const sdk::JobFailedError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  } catch (const sdk::WaitTimeoutError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 3;
-  }
+  return wait_exit_code(client, name, statuses, timeout, interval,
+                        [](const types::TrainJob& j) { std::printf("%s %s\n", j.name.c_str(), j.status.c_str()); });
 }
 
 int jobs_delete(sdk::TrainerClient& client, const Args& args) {

@@ -12,6 +12,7 @@
 
 #include "cli/command_table.h"
 #include "cli/flag_args.h"
+#include "cli/job_wait.h"
 #include "core/error.h"
 #include "sdk/kubernetes_backend.h"
 #include "sdk/trainer_client.h"
@@ -153,18 +154,10 @@ int cmd_train(const Args& args) {
     });
   }
   if (!wait && !follow) return 0;
-  try {
-    types::TrainJob done = client.wait_for_job_status(job, {types::kTrainJobComplete}, timeout > 0 ? timeout : 1e9,
-                                                      follow ? 0.2 : 1.0);
-    std::fprintf(stderr, "TrainJob %s %s\n", job.c_str(), done.status.c_str());
-    return 0;
-  } catch (const sdk::JobFailedError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  } catch (const sdk::WaitTimeoutError& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 3;
-  }
+  return wait_exit_code(client, job, {types::kTrainJobComplete}, timeout > 0 ? timeout : 1e9, follow ? 0.2 : 1.0,
+                        [&job](const types::TrainJob& done) {
+                          std::fprintf(stderr, "TrainJob %s %s\n", job.c_str(), done.status.c_str());
+                        });
 }
 
 }  // namespace ktune::cli
