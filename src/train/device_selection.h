@@ -33,6 +33,10 @@ DeviceChoice choose_step_device(const std::string& device, bool cuda_built, int 
 struct CudaStepPlan {
   cuda::DecoderConfig model;
   cuda::TrainingSetup setup;
+  // The tokens of a typical document in the step's rows (the training samples' mean length when
+  // batches are packed or padding-free: rows of several samples), 0 for rows of one sample each: the
+  // attention kernels' trials (KTUNE_CUDA_ATTENTION=auto) run on rows of such documents.
+  int64_t attention_document_tokens = 0;
   std::vector<std::string> gaps;  // "<config key or model feature>: <what the GPU step lacks>"
 };
 

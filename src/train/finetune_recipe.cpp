@@ -162,6 +162,13 @@ bool cuda_nf4_fused_gemm() {
   return env_choice("KTUNE_CUDA_NF4_GEMM", {"dequantize", "fused"}, "dequantize (the default) or fused") == "fused";
 }
 
+// The samples' mean length in tokens, rounded (at least 1).
+int64_t mean_sample(const TokenizedDataset& dataset) {
+  double total = 0.0;
+  for (int64_t i = 0; i < dataset.size(); ++i) total += double(dataset.length(i));
+  return dataset.size() > 0 ? std::max<int64_t>(1, std::llround(total / double(dataset.size()))) : 1;
+}
+
 int64_t longest_sample(const TokenizedDataset& dataset) {
   int64_t longest = 1;
   for (int64_t i = 0; i < dataset.size(); ++i) longest = std::max(longest, dataset.length(i));
@@ -283,6 +290,7 @@ class FinetuneRecipe {
   std::unique_ptr<dist::ProcessGroup> nccl_;  // distributed GPU runs: the GPUs' group (outlives gpu_)
   std::unique_ptr<CudaTrainer> gpu_;
   int64_t gpu_seq_len_ = 0;                   // the GPU step's planned T: the longest sample (train or val)
+  int64_t gpu_document_tokens_ = 0;           // a training row's typical document (CudaStepPlan's), 0: one a row
   std::optional<CosineWithWarmup> schedule_;
   std::unique_ptr<MetricLogger> metrics_;
 
@@ -403,6 +411,8 @@ void FinetuneRecipe::setup_data() {
   loader_->set_epoch(0);
   gpu_seq_len_ = std::max(gpu_seq_len_, longest_sample(*dataset_));
   if (packed) gpu_seq_len_ = std::max(gpu_seq_len_, max_seq_len);  // packs are max_seq_len long
+  // rows of several samples (packs, or padding-free rows): their documents are the samples
+  gpu_document_tokens_ = packed || padding_free_ != PaddingFree::kOff ? mean_sample(*dataset_) : 0;
 
   if (cfg_.datasets_val.empty()) return;
   bool val_split = false;
@@ -625,6 +635,7 @@ void FinetuneRecipe::setup_gpu_training() {
   if (!plan.gaps.empty()) throw Error("device=" + cfg_.device, describe_gaps(plan.gaps));
   plan.setup.lora_seed = seed_;  // the adapters' LoraOptions::seed (the masks' function is the CPU adapter's)
   plan.setup.attention = cuda_attention_mode();
+  plan.attention_document_tokens = gpu_document_tokens_;
   plan.setup.nf4_fused_gemm = cuda_nf4_fused_gemm();
   select_cuda_device(devices_.local_rank);
   const bool sharded = group_.size() > 1 && shard_parameters(recipe_);  // else one GPU, or replicas

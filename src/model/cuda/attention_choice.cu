@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/device_memory.h"
+#include "kernels/cuda/document_bounds.h"
 #include "kernels/cuda/flash_attention_tc.h"
 
 namespace ktune::cuda {
@@ -61,7 +62,33 @@ __global__ void max_difference_kernel(const __nv_bfloat16* a, const __nv_bfloat1
 
 struct Inputs {
   DeviceBuffer q, k, v, dout;  // (B,T,Hq,D) (B,T,Hkv,D) (B,T,Hkv,D) (B,T,Hq,D) bf16
+  // The rows' documents: (B, T) doc ids and their bounds, on the host (the GEMM path's shapes) and on
+  // the device (every kernel's masks, the fused and tiled kernels' skipping); empty: none.
+  std::vector<int32_t> doc, first_key, last_query;
+  DeviceBuffer device_doc, device_first_key, device_last_query;
+  const int32_t* doc_ids() const { return doc.empty() ? nullptr : device_doc.as<int32_t>(); }
+  DocumentBounds device_bounds() const {
+    return doc.empty() ? DocumentBounds{} : DocumentBounds{device_first_key.as<int32_t>(), device_last_query.as<int32_t>()};
+  }
+  HostDocumentBounds host_bounds() const {
+    return doc.empty() ? HostDocumentBounds{} : HostDocumentBounds{first_key.data(), last_query.data()};
+  }
 };
+
+// Every row of `in` cut into documents of `tokens` tokens (the last one shorter), with their bounds.
+void add_documents(Inputs& in, const AttentionShape& s, int64_t tokens) {
+  const size_t n = size_t(s.B * s.T);
+  in.doc.resize(n), in.first_key.resize(n), in.last_query.resize(n);
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t i = 0; i < s.T; ++i) in.doc[size_t(b * s.T + i)] = int32_t(i / tokens);
+  document_bounds(in.first_key.data(), in.last_query.data(), in.doc.data(), s.B, s.T);
+  auto upload = [n](const std::vector<int32_t>& host) {
+    DeviceBuffer d(n * sizeof(int32_t));
+    d.upload(host.data(), n * sizeof(int32_t));
+    return d;
+  };
+  in.device_doc = upload(in.doc), in.device_first_key = upload(in.first_key), in.device_last_query = upload(in.last_query);
+}
 struct Outputs {
   DeviceBuffer out, lse, dq, dk, dv;  // (B,T,Hq,D) bf16, (B,Hq,T) f32, (B,T,Hq,D), (B,T,Hkv,D) x 2 bf16
 };
@@ -110,21 +137,22 @@ void run_attention(Kernel kernel, const AttentionShape& s, const Inputs& in, Out
   const auto* dout = in.dout.as<bf16_t>();
   auto* out = o.out.as<bf16_t>();
   auto* lse = o.lse.as<float>();
+  const int32_t* doc = in.doc_ids();
   switch (kernel) {
     case Kernel::kGemm:
-      attention_gemm_forward(*scratch.gemm, out, lse, q, k, v, s, scratch.bytes.data());
+      attention_gemm_forward(*scratch.gemm, out, lse, q, k, v, s, scratch.bytes.data(), nullptr, doc, in.host_bounds());
       attention_gemm_backward(*scratch.gemm, o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out,
-                              lse, s, scratch.bytes.data());
+                              lse, s, scratch.bytes.data(), nullptr, doc, in.host_bounds());
       return;
     case Kernel::kTensorCore:
-      flash_attention_tc_forward(out, lse, q, k, v, s);
+      flash_attention_tc_forward(out, lse, q, k, v, s, nullptr, doc, in.device_bounds());
       flash_attention_tc_backward(o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out, lse, s,
-                                  scratch.bytes.as<float>());
+                                  scratch.bytes.as<float>(), nullptr, doc, in.device_bounds());
       return;
     case Kernel::kFlash:
-      attention_forward(out, lse, q, k, v, nullptr, s);
-      attention_backward(o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out, lse, nullptr, s,
-                         scratch.bytes.as<float>());
+      attention_forward(out, lse, q, k, v, doc, in.device_bounds(), s);
+      attention_backward(o.dq.as<bf16_t>(), o.dk.as<bf16_t>(), o.dv.as<bf16_t>(), dout, q, k, v, out, lse, doc,
+                         in.device_bounds(), s, scratch.bytes.as<float>());
       return;
     case Kernel::kAuto:
       break;
@@ -228,7 +256,7 @@ AttentionShape attention_trial_shape(const DecoderConfig& config, const Training
                         config.attn_logit_softcap};
 }
 
-std::vector<AttentionTrial> time_attention_kernels(const AttentionShape& s, int repeats) {
+std::vector<AttentionTrial> time_attention_kernels(const AttentionShape& s, int64_t document_tokens, int repeats) {
   check(repeats >= 1, "attention choice", "repeats must be >= 1, got " + std::to_string(repeats));
   check(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0 && s.Hq % s.Hkv == 0, "attention choice",
         "a shape with positive sizes and Hq a multiple of Hkv");
@@ -239,8 +267,9 @@ std::vector<AttentionTrial> time_attention_kernels(const AttentionShape& s, int 
   // row's softmax is peaked (uniform inputs in [-1, 1) leave it nearly flat, where a wrong scale or a
   // lost key hardly shows); v, dout in [-1, 1).
   const float qk_range = std::sqrt(6.0f / (s.scale * std::sqrt(float(s.D))));
-  const Inputs in{random_bf16(q_elements(s), 1, qk_range), random_bf16(kv_elements(s), 2, qk_range),
-                  random_bf16(kv_elements(s), 3, 1.0f), random_bf16(q_elements(s), 4, 1.0f)};
+  Inputs in{random_bf16(q_elements(s), 1, qk_range), random_bf16(kv_elements(s), 2, qk_range),
+            random_bf16(kv_elements(s), 3, 1.0f), random_bf16(q_elements(s), 4, 1.0f)};
+  if (document_tokens > 0 && document_tokens < s.T) add_documents(in, s, document_tokens);
   std::vector<Outputs> outputs;
   for (size_t i = 0; i < trials.size(); ++i) outputs.push_back(allocate_outputs(s));
   double best = std::numeric_limits<double>::infinity();
@@ -266,8 +295,11 @@ TrainingSetup::Attention pick_attention(const std::vector<AttentionTrial>& trial
   return best ? best->kernel : Kernel::kGemm;
 }
 
-std::string describe_attention_trials(const std::vector<AttentionTrial>& trials, TrainingSetup::Attention chosen) {
-  std::string text = "attention kernels timed (forward + backward of one layer):";
+std::string describe_attention_trials(const std::vector<AttentionTrial>& trials, TrainingSetup::Attention chosen,
+                                      int64_t document_tokens) {
+  std::string text = "attention kernels timed (forward + backward of one layer";
+  if (document_tokens > 0) text += ", rows of documents of " + std::to_string(document_tokens) + " tokens";
+  text += "):";
   bool any_agrees = false;
   for (size_t i = 0; i < trials.size(); ++i) {
     const AttentionTrial& t = trials[i];

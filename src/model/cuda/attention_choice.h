@@ -12,8 +12,8 @@
 // GEMM path, with the trials in the report to say so.
 // Costs a few hundred ms before training and transient device memory (the inputs, every candidate's
 // outputs and scratch: ~0.6 GiB at Llama-3.2-1B, batch 4 x 2048), freed before the decoder's arenas
-// are allocated. It deliberately times one layer without a window or document ids: a full causal
-// row is the most any step's attention computes, and every layer runs the kernel chosen here.
+// are allocated. It deliberately times one layer without a window: every layer runs the kernel chosen
+// here, and most layers of most models have none.
 #pragma once
 
 #include <string>
@@ -45,15 +45,21 @@ double max_relative_difference(const bf16_t* a, const bf16_t* b, int64_t n);
 // "gemm", "tensor_core", "flash" (KTUNE_CUDA_ATTENTION's words), "auto".
 const char* attention_name(TrainingSetup::Attention kernel);
 
-// The candidates for `shape` (the tiled kernel, the GEMM path, the fused one where its head_dim
-// allows), each run once to compare and `repeats` times to time, on the current device.
-std::vector<AttentionTrial> time_attention_kernels(const AttentionShape& shape, int repeats = 3);
+// The candidates for `shape` (the GEMM path, the fused one where its head_dim allows, the tiled
+// kernel), each run once to compare and up to `repeats` times to time, on the current device.
+// document_tokens > 0 (and < T): every row cut into documents of that many tokens (the last shorter),
+// given to each kernel as doc ids with their DocumentBounds, as a packed or padding-free step gives
+// them: the kernels skip what the documents mask by different rules, so the documents a run's rows
+// hold can change which is fastest. 0: one causal document a row.
+std::vector<AttentionTrial> time_attention_kernels(const AttentionShape& shape, int64_t document_tokens = 0,
+                                                   int repeats = 3);
 
 // The fastest agreeing trial's kernel; kGemm when none agrees.
 TrainingSetup::Attention pick_attention(const std::vector<AttentionTrial>& trials);
 
-// One line: every trial's time and agreement, and the choice.
-std::string describe_attention_trials(const std::vector<AttentionTrial>& trials, TrainingSetup::Attention chosen);
+// One line: the rows' documents, every trial's time and agreement, and the choice.
+std::string describe_attention_trials(const std::vector<AttentionTrial>& trials, TrainingSetup::Attention chosen,
+                                      int64_t document_tokens = 0);
 
 // The shape the trials time for a model and a plan: the planned batch and seq_len, the model's heads,
 // head_dim, attention scale and soft-cap, no window.

@@ -458,9 +458,11 @@ CudaStepPlan with_attention_chosen(const CudaStepPlan& plan, dist::ProcessGroup*
               " (as set: KTUNE_CUDA_ATTENTION; not timed)";
     return chosen;
   }
+  const cuda::AttentionShape shape = cuda::attention_trial_shape(plan.model, plan.setup);
+  const int64_t documents = plan.attention_document_tokens < shape.T ? plan.attention_document_tokens : 0;
   std::vector<cuda::AttentionTrial> trials;
   try {
-    trials = cuda::time_attention_kernels(cuda::attention_trial_shape(plan.model, plan.setup));
+    trials = cuda::time_attention_kernels(shape, documents);
   } catch (const Error& e) {
     throw Error("device=cuda: KTUNE_CUDA_ATTENTION=auto",
                 std::string(e.what()) + "; set KTUNE_CUDA_ATTENTION to gemm, tensor_core or flash to train without "
@@ -469,7 +471,7 @@ CudaStepPlan with_attention_chosen(const CudaStepPlan& plan, dist::ProcessGroup*
   const bool several = gpus != nullptr && gpus->size() > 1;
   if (several) gather_trials(trials, *gpus);
   chosen.setup.attention = cuda::pick_attention(trials);
-  *report = cuda::describe_attention_trials(trials, chosen.setup.attention) +
+  *report = cuda::describe_attention_trials(trials, chosen.setup.attention, documents) +
             (several ? " (over " + std::to_string(gpus->size()) + " GPUs: mean times, largest differences)" : "");
   return chosen;
 }

@@ -28,8 +28,9 @@ double difference_of(const std::vector<float>& a, const std::vector<float>& b) {
   return cuda::max_relative_difference(da.as<bf16_t>(), db.as<bf16_t>(), int64_t(a.size()));
 }
 
-void check_trials(const cpu::AttentionShape& s, const std::vector<Kernel>& expected, const std::string& what) {
-  const std::vector<AttentionTrial> trials = cuda::time_attention_kernels(s, 2);
+void check_trials(const cpu::AttentionShape& s, const std::vector<Kernel>& expected, const std::string& what,
+                  int64_t document_tokens = 0) {
+  const std::vector<AttentionTrial> trials = cuda::time_attention_kernels(s, document_tokens, 2);
   CHECK(trials.size() == expected.size()) << what << ": " << trials.size() << " trials";
   if (trials.size() != expected.size()) return;
   double fastest = std::numeric_limits<double>::infinity();
@@ -48,7 +49,7 @@ void check_trials(const cpu::AttentionShape& s, const std::vector<Kernel>& expec
       CHECK(t.ms == fastest) << what << ": chose " << cuda::attention_name(chosen);
     }
   }
-  const std::string line = cuda::describe_attention_trials(trials, chosen);
+  const std::string line = cuda::describe_attention_trials(trials, chosen, document_tokens);
   std::printf("%s: %s\n", what.c_str(), line.c_str());  // on a GPU, its times
   CHECK(line.find(std::string("chose ") + cuda::attention_name(chosen)) != std::string::npos) << line;
 }
@@ -61,6 +62,15 @@ KTUNE_CUDA_TEST(AttentionChoiceTimesTheThreeKernelsAtHeadDim64AndTheyAgree) {
 KTUNE_CUDA_TEST(AttentionChoiceWithASoftCapAndOneKvHead) {
   check_trials(cpu::AttentionShape{1, 70, 2, 1, 128, 0.5f, 0, 2.0f}, {Kernel::kGemm, Kernel::kTensorCore, Kernel::kFlash},
                "D=128 MQA soft-cap 2");
+}
+
+// Rows of documents (a padding-free or packed step's): every kernel masks across them and skips what they
+// hide by its own rules (the GEMM path by blocks of rows, the others by tiles), and they still agree.
+KTUNE_CUDA_TEST(AttentionChoiceOnRowsOfDocuments) {
+  check_trials(cpu::AttentionShape{2, 150, 4, 2, 64, 0.125f, 0, 0.0f}, {Kernel::kGemm, Kernel::kTensorCore, Kernel::kFlash},
+               "D=64 documents of 40", 40);
+  const std::string line = cuda::describe_attention_trials({AttentionTrial{Kernel::kGemm, 1.0, 0.0, ""}}, Kernel::kGemm, 40);
+  CHECK(line.find("(forward + backward of one layer, rows of documents of 40 tokens):") != std::string::npos) << line;
 }
 
 KTUNE_CUDA_TEST(AttentionChoiceLeavesTheFusedKernelOutForAHeadSizeItLacks) {
