@@ -87,9 +87,22 @@ KTUNE_CUDA_TEST(AttentionChoicePicksTheFastestThatAgrees) {
   CHECK(cuda::pick_attention({gemm, wrong_tc, flash}) == Kernel::kGemm);
   const std::string line = cuda::describe_attention_trials({gemm, wrong_tc, flash}, Kernel::kGemm);
   CHECK(line.find("tensor_core 1.000 ms (differs by 0.4 from the others: left out)") != std::string::npos) << line;
+  AttentionTrial nan_tc = tc;
+  nan_tc.error = std::numeric_limits<double>::infinity();  // NaN in its outputs
+  const std::string nan_line = cuda::describe_attention_trials({gemm, nan_tc, flash}, Kernel::kGemm);
+  CHECK(nan_line.find("tensor_core 1.000 ms (differs by inf from the others: left out)") != std::string::npos)
+      << nan_line;
   AttentionTrial failed_tc{Kernel::kTensorCore, 0.0, 0.0, "too many resources requested for launch"};
   CHECK(!failed_tc.agrees());
   CHECK(cuda::pick_attention({gemm, failed_tc, flash}) == Kernel::kGemm);
+  AttentionTrial failed_flash{Kernel::kFlash, 0.0, 0.0, "out of memory"};
+  AttentionTrial lone_gemm = gemm;
+  lone_gemm.error = std::numeric_limits<double>::infinity();  // the only one that ran: nothing to compare with
+  const std::string lone = cuda::describe_attention_trials({lone_gemm, failed_tc, failed_flash}, Kernel::kGemm);
+  CHECK(lone.find("gemm 3.000 ms (nothing to compare with: left out), tensor_core failed (too many resources "
+                  "requested for launch), flash failed (out of memory); chose gemm (no two kernels agree") !=
+        std::string::npos)
+      << lone;
   AttentionTrial slow_gemm = gemm;
   slow_gemm.ms = 20.0;
   CHECK(cuda::pick_attention({slow_gemm, failed_tc, flash}) == Kernel::kFlash);
