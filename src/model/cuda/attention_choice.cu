@@ -10,6 +10,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -295,9 +296,56 @@ TrainingSetup::Attention pick_attention(const std::vector<AttentionTrial>& trial
   return best ? best->kernel : Kernel::kGemm;
 }
 
+std::vector<AttentionLayerGroup> attention_layer_groups(const DecoderConfig& config, const TrainingSetup& setup) {
+  std::map<int64_t, int64_t> layers_by_window;
+  for (int64_t l = 0; l < config.num_layers; ++l) {
+    const int64_t window = config.window(l) >= setup.seq_len ? 0 : config.window(l);  // as the decoder drops it
+    ++layers_by_window[window];
+  }
+  std::vector<AttentionLayerGroup> groups;
+  for (const auto& [window, layers] : layers_by_window) groups.push_back(AttentionLayerGroup{window, layers});
+  return groups;
+}
+
+std::vector<AttentionTrial> time_attention_kernels_for_layers(const DecoderConfig& config, const TrainingSetup& setup,
+                                                              int64_t document_tokens) {
+  const std::vector<AttentionLayerGroup> groups = attention_layer_groups(config, setup);
+  AttentionShape shape = attention_trial_shape(config, setup);
+  std::vector<AttentionTrial> combined;
+  for (const AttentionLayerGroup& g : groups) {
+    shape.sliding_window = g.window;
+    std::vector<AttentionTrial> trials = time_attention_kernels(shape, document_tokens);
+    if (groups.size() == 1) return trials;
+    if (combined.empty()) {
+      combined = trials;
+      for (AttentionTrial& t : combined) t.ms = 0.0, t.error = 0.0;
+    }
+    for (size_t i = 0; i < trials.size(); ++i) {  // the same kernels in the same order: they depend on D alone
+      AttentionTrial& c = combined[i];
+      c.ms += trials[i].ms * double(g.layers);
+      c.error = std::max(c.error, trials[i].error);
+      if (c.failure.empty() && !trials[i].failure.empty())
+        c.failure = trials[i].failure + (g.window ? " (window " + std::to_string(g.window) + ")" : "");
+    }
+  }
+  return combined;
+}
+
+std::string attention_trials_scope(const std::vector<AttentionLayerGroup>& groups) {
+  if (groups.size() <= 1) return "one layer";
+  int64_t layers = 0;
+  std::string parts;
+  for (const AttentionLayerGroup& g : groups) {
+    layers += g.layers;
+    parts += (parts.empty() ? "" : ", ") + std::to_string(g.layers) +
+             (g.window ? " with a window of " + std::to_string(g.window) : std::string(" without"));
+  }
+  return "all " + std::to_string(layers) + " layers: " + parts;
+}
+
 std::string describe_attention_trials(const std::vector<AttentionTrial>& trials, TrainingSetup::Attention chosen,
-                                      int64_t document_tokens) {
-  std::string text = "attention kernels timed (forward + backward of one layer";
+                                      int64_t document_tokens, const std::string& scope) {
+  std::string text = "attention kernels timed (forward + backward of " + scope;
   if (document_tokens > 0) text += ", rows of documents of " + std::to_string(document_tokens) + " tokens";
   text += "):";
   bool any_agrees = false;

@@ -12,8 +12,8 @@
 // GEMM path, with the trials in the report to say so.
 // Costs a few hundred ms before training and transient device memory (the inputs, every candidate's
 // outputs and scratch: ~0.6 GiB at Llama-3.2-1B, batch 4 x 2048), freed before the decoder's arenas
-// are allocated. It deliberately times one layer without a window: every layer runs the kernel chosen
-// here, and most layers of most models have none.
+// are allocated. It deliberately chooses one kernel for every layer (a layer's window changes what the
+// kernels skip, so each distinct window is timed, but not a kernel per layer).
 #pragma once
 
 #include <string>
@@ -54,12 +54,32 @@ const char* attention_name(TrainingSetup::Attention kernel);
 std::vector<AttentionTrial> time_attention_kernels(const AttentionShape& shape, int64_t document_tokens = 0,
                                                    int repeats = 3);
 
+// A model's layers as the trials see them: each distinct window (0: none; a window reaching back over
+// the whole planned row is none, as the decoder drops it) and how many layers have it, by window.
+struct AttentionLayerGroup {
+  int64_t window = 0;
+  int64_t layers = 0;
+};
+std::vector<AttentionLayerGroup> attention_layer_groups(const DecoderConfig& config, const TrainingSetup& setup);
+
+// The trials for a model's layers: time_attention_kernels at the trial shape with each group's window,
+// combined per kernel — its time summed over the model's layers (a group's time times its layers), its
+// largest difference over the groups, a failure in any. With one group (no windows, Llama's and Qwen's
+// layers) that is one layer's trials as they are. Mistral's windows shorter than the row and Gemma2's
+// windowed alternate layers are timed as they run: the GEMM path and the tiled kernels skip a window's
+// keys by other rules than the fused one's.
+std::vector<AttentionTrial> time_attention_kernels_for_layers(const DecoderConfig& config, const TrainingSetup& setup,
+                                                              int64_t document_tokens);
+// What the trials timed, for describe_attention_trials: "one layer", or "all 26 layers: 13 with a window
+// of 4096, 13 without" with several groups.
+std::string attention_trials_scope(const std::vector<AttentionLayerGroup>& groups);
+
 // The fastest agreeing trial's kernel; kGemm when none agrees.
 TrainingSetup::Attention pick_attention(const std::vector<AttentionTrial>& trials);
 
-// One line: the rows' documents, every trial's time and agreement, and the choice.
+// One line: what was timed (`scope`), the rows' documents, every trial's time and agreement, and the choice.
 std::string describe_attention_trials(const std::vector<AttentionTrial>& trials, TrainingSetup::Attention chosen,
-                                      int64_t document_tokens = 0);
+                                      int64_t document_tokens = 0, const std::string& scope = "one layer");
 
 // The shape the trials time for a model and a plan: the planned batch and seq_len, the model's heads,
 // head_dim, attention scale and soft-cap, no window.

@@ -458,11 +458,10 @@ CudaStepPlan with_attention_chosen(const CudaStepPlan& plan, dist::ProcessGroup*
               " (as set: KTUNE_CUDA_ATTENTION; not timed)";
     return chosen;
   }
-  const cuda::AttentionShape shape = cuda::attention_trial_shape(plan.model, plan.setup);
-  const int64_t documents = plan.attention_document_tokens < shape.T ? plan.attention_document_tokens : 0;
+  const int64_t documents = plan.attention_document_tokens < plan.setup.seq_len ? plan.attention_document_tokens : 0;
   std::vector<cuda::AttentionTrial> trials;
   try {
-    trials = cuda::time_attention_kernels(shape, documents);
+    trials = cuda::time_attention_kernels_for_layers(plan.model, plan.setup, documents);
   } catch (const Error& e) {
     throw Error("device=cuda: KTUNE_CUDA_ATTENTION=auto",
                 std::string(e.what()) + "; set KTUNE_CUDA_ATTENTION to gemm, tensor_core or flash to train without "
@@ -471,7 +470,8 @@ CudaStepPlan with_attention_chosen(const CudaStepPlan& plan, dist::ProcessGroup*
   const bool several = gpus != nullptr && gpus->size() > 1;
   if (several) gather_trials(trials, *gpus);
   chosen.setup.attention = cuda::pick_attention(trials);
-  *report = cuda::describe_attention_trials(trials, chosen.setup.attention, documents) +
+  *report = cuda::describe_attention_trials(trials, chosen.setup.attention, documents,
+                                            cuda::attention_trials_scope(cuda::attention_layer_groups(plan.model, plan.setup))) +
             (several ? " (over " + std::to_string(gpus->size()) + " GPUs: mean times, largest differences)" : "");
   return chosen;
 }

@@ -140,6 +140,34 @@ KTUNE_CUDA_TEST(AttentionChoiceAutoIsResolvedBeforeADecoderIsBuilt) {
         shape.sliding_window == 0 && shape.softcap == 30.0f);
 }
 
+// Windowed layers (Mistral's window shorter than the row, Gemma2's alternate ones) are timed with their
+// window: one trial set a distinct window, each kernel's time summed over the layers; a window reaching
+// over the whole row counts as none, as the decoder drops it.
+KTUNE_CUDA_TEST(AttentionChoiceTimesEachDistinctWindowOfTheLayers) {
+  cuda::DecoderConfig c;
+  c.vocab_size = 96, c.hidden_size = 128, c.num_layers = 4, c.num_heads = 2, c.num_kv_heads = 1, c.head_dim = 64;
+  c.intermediate_size = 128, c.rms_norm_eps = 1e-5f, c.rope_theta = 10000.0f;
+  c.sliding_window = {24, 0, 24, 200};  // 200 >= seq_len: none
+  cuda::TrainingSetup setup;
+  setup.batch = 1, setup.seq_len = 72;
+  const std::vector<cuda::AttentionLayerGroup> groups = cuda::attention_layer_groups(c, setup);
+  CHECK(groups.size() == 2 && groups[0].window == 0 && groups[0].layers == 2 && groups[1].window == 24 &&
+        groups[1].layers == 2);
+  const std::string scope = cuda::attention_trials_scope(groups);
+  CHECK(scope == "all 4 layers: 2 without, 2 with a window of 24") << scope;
+  CHECK(cuda::attention_trials_scope({cuda::AttentionLayerGroup{0, 16}}) == "one layer");
+  const std::vector<AttentionTrial> trials = cuda::time_attention_kernels_for_layers(c, setup, 20);
+  CHECK(trials.size() == 3);
+  for (const AttentionTrial& t : trials) {
+    CHECK(t.failure.empty() && t.error < 0.03 && t.ms > 0.0) << cuda::attention_name(t.kernel) << ": " << t.error;
+  }
+  const std::string line = cuda::describe_attention_trials(trials, cuda::pick_attention(trials), 20, scope);
+  std::printf("windows: %s\n", line.c_str());
+  CHECK(line.find("(forward + backward of all 4 layers: 2 without, 2 with a window of 24, rows of documents of 20 "
+                  "tokens): gemm ") != std::string::npos)
+      << line;
+}
+
 KTUNE_CUDA_TEST(AttentionChoiceDifferenceIsRelativeToTheLargerMagnitude) {
   CHECK(difference_of({1.0f, -2.0f, 0.5f}, {1.0f, -2.0f, 0.5f}) == 0.0);
   CHECK(difference_of({0.0f, 0.0f}, {0.0f, 0.0f}) == 0.0);
