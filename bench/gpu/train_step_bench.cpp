@@ -177,12 +177,9 @@ int run(int argc, char** argv) {
                     : asked == "flash"       ? cuda::TrainingSetup::Attention::kFlash
                                              : cuda::TrainingSetup::Attention::kAuto;
   if (setup.attention == cuda::TrainingSetup::Attention::kAuto) {  // as the recipes choose (attention_choice.h)
-    const std::vector<cuda::AttentionTrial> trials =
-        cuda::time_attention_kernels_for_layers(config, setup, 0);  // unpacked rows of random tokens
-    setup.attention = cuda::pick_attention(trials);
-    std::printf("%s\n", cuda::describe_attention_trials(trials, setup.attention, 0,
-                                                        cuda::attention_trials_scope(cuda::attention_layer_groups(config, setup)))
-                             .c_str());
+    const cuda::LayerTrials timed = cuda::time_attention_kernels_for_layers(config, setup, 0);  // unpacked rows
+    setup.attention = cuda::pick_attention(timed.trials);
+    std::printf("%s\n", cuda::describe_attention_trials(timed, setup.attention).c_str());
   }
   const std::string attention = cuda::attention_name(setup.attention);
   const std::string nf4_gemm = arg_s(argc, argv, "nf4-gemm", "dequantize");

@@ -307,15 +307,21 @@ std::vector<AttentionLayerGroup> attention_layer_groups(const DecoderConfig& con
   return groups;
 }
 
-std::vector<AttentionTrial> time_attention_kernels_for_layers(const DecoderConfig& config, const TrainingSetup& setup,
-                                                              int64_t document_tokens) {
+LayerTrials time_attention_kernels_for_layers(const DecoderConfig& config, const TrainingSetup& setup,
+                                              int64_t document_tokens) {
   const std::vector<AttentionLayerGroup> groups = attention_layer_groups(config, setup);
   AttentionShape shape = attention_trial_shape(config, setup);
-  std::vector<AttentionTrial> combined;
+  LayerTrials timed;
+  timed.scope = attention_trials_scope(groups);
+  timed.document_tokens = document_tokens > 0 && document_tokens < shape.T ? document_tokens : 0;
+  std::vector<AttentionTrial>& combined = timed.trials;
   for (const AttentionLayerGroup& g : groups) {
     shape.sliding_window = g.window;
-    std::vector<AttentionTrial> trials = time_attention_kernels(shape, document_tokens);
-    if (groups.size() == 1) return trials;
+    std::vector<AttentionTrial> trials = time_attention_kernels(shape, timed.document_tokens);
+    if (groups.size() == 1) {
+      combined = std::move(trials);
+      break;
+    }
     if (combined.empty()) {
       combined = trials;
       for (AttentionTrial& t : combined) t.ms = 0.0, t.error = 0.0;
@@ -328,7 +334,7 @@ std::vector<AttentionTrial> time_attention_kernels_for_layers(const DecoderConfi
         c.failure = trials[i].failure + (g.window ? " (window " + std::to_string(g.window) + ")" : "");
     }
   }
-  return combined;
+  return timed;
 }
 
 std::string attention_trials_scope(const std::vector<AttentionLayerGroup>& groups) {
@@ -343,10 +349,10 @@ std::string attention_trials_scope(const std::vector<AttentionLayerGroup>& group
   return "all " + std::to_string(layers) + " layers: " + parts;
 }
 
-std::string describe_attention_trials(const std::vector<AttentionTrial>& trials, TrainingSetup::Attention chosen,
-                                      int64_t document_tokens, const std::string& scope) {
-  std::string text = "attention kernels timed (forward + backward of " + scope;
-  if (document_tokens > 0) text += ", rows of documents of " + std::to_string(document_tokens) + " tokens";
+std::string describe_attention_trials(const LayerTrials& timed, TrainingSetup::Attention chosen) {
+  const std::vector<AttentionTrial>& trials = timed.trials;
+  std::string text = "attention kernels timed (forward + backward of " + timed.scope;
+  if (timed.document_tokens > 0) text += ", rows of documents of " + std::to_string(timed.document_tokens) + " tokens";
   text += "):";
   bool any_agrees = false;
   const auto ran = std::count_if(trials.begin(), trials.end(), [](const AttentionTrial& t) { return t.failure.empty(); });

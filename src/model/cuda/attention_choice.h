@@ -62,24 +62,33 @@ struct AttentionLayerGroup {
 };
 std::vector<AttentionLayerGroup> attention_layer_groups(const DecoderConfig& config, const TrainingSetup& setup);
 
+// What the trials timed, for describe_attention_trials: "one layer", or "all 26 layers: 13 with a window
+// of 4096, 13 without" with several groups.
+std::string attention_trials_scope(const std::vector<AttentionLayerGroup>& groups);
+
+// A model's trials and what they timed, as describe_attention_trials says it.
+struct LayerTrials {
+  std::vector<AttentionTrial> trials;  // one a candidate kernel
+  std::string scope = "one layer";     // attention_trials_scope of the layers' groups
+  int64_t document_tokens = 0;         // the rows' documents as timed (0: one a row)
+};
+
 // The trials for a model's layers: time_attention_kernels at the trial shape with each group's window,
 // combined per kernel — its time summed over the model's layers (a group's time times its layers), its
 // largest difference over the groups, a failure in any. With one group (no windows, Llama's and Qwen's
 // layers) that is one layer's trials as they are. Mistral's windows shorter than the row and Gemma2's
 // windowed alternate layers are timed as they run: the GEMM path and the tiled kernels skip a window's
-// keys by other rules than the fused one's.
-std::vector<AttentionTrial> time_attention_kernels_for_layers(const DecoderConfig& config, const TrainingSetup& setup,
-                                                              int64_t document_tokens);
-// What the trials timed, for describe_attention_trials: "one layer", or "all 26 layers: 13 with a window
-// of 4096, 13 without" with several groups.
-std::string attention_trials_scope(const std::vector<AttentionLayerGroup>& groups);
+// keys by other rules than the fused one's. document_tokens as time_attention_kernels takes them
+// (documents as long as the planned row or longer are none, and the result says 0).
+LayerTrials time_attention_kernels_for_layers(const DecoderConfig& config, const TrainingSetup& setup,
+                                              int64_t document_tokens);
 
 // The fastest agreeing trial's kernel; kGemm when none agrees.
 TrainingSetup::Attention pick_attention(const std::vector<AttentionTrial>& trials);
 
-// One line: what was timed (`scope`), the rows' documents, every trial's time and agreement, and the choice.
-std::string describe_attention_trials(const std::vector<AttentionTrial>& trials, TrainingSetup::Attention chosen,
-                                      int64_t document_tokens = 0, const std::string& scope = "one layer");
+// One line: what was timed (its scope), the rows' documents, every trial's time and agreement, and the
+// choice.
+std::string describe_attention_trials(const LayerTrials& timed, TrainingSetup::Attention chosen);
 
 // The shape the trials time for a model and a plan: the planned batch and seq_len, the model's heads,
 // head_dim, attention scale and soft-cap, no window.

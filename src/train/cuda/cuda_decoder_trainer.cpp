@@ -458,20 +458,18 @@ CudaStepPlan with_attention_chosen(const CudaStepPlan& plan, dist::ProcessGroup*
               " (as set: KTUNE_CUDA_ATTENTION; not timed)";
     return chosen;
   }
-  const int64_t documents = plan.attention_document_tokens < plan.setup.seq_len ? plan.attention_document_tokens : 0;
-  std::vector<cuda::AttentionTrial> trials;
+  cuda::LayerTrials timed;
   try {
-    trials = cuda::time_attention_kernels_for_layers(plan.model, plan.setup, documents);
+    timed = cuda::time_attention_kernels_for_layers(plan.model, plan.setup, plan.attention_document_tokens);
   } catch (const Error& e) {
     throw Error("device=cuda: KTUNE_CUDA_ATTENTION=auto",
                 std::string(e.what()) + "; set KTUNE_CUDA_ATTENTION to gemm, tensor_core or flash to train without "
                                         "the trials (and please report this)");
   }
   const bool several = gpus != nullptr && gpus->size() > 1;
-  if (several) gather_trials(trials, *gpus);
-  chosen.setup.attention = cuda::pick_attention(trials);
-  *report = cuda::describe_attention_trials(trials, chosen.setup.attention, documents,
-                                            cuda::attention_trials_scope(cuda::attention_layer_groups(plan.model, plan.setup))) +
+  if (several) gather_trials(timed.trials, *gpus);
+  chosen.setup.attention = cuda::pick_attention(timed.trials);
+  *report = cuda::describe_attention_trials(timed, chosen.setup.attention) +
             (several ? " (over " + std::to_string(gpus->size()) + " GPUs: mean times, largest differences)" : "");
   return chosen;
 }

@@ -49,7 +49,7 @@ void check_trials(const cpu::AttentionShape& s, const std::vector<Kernel>& expec
       CHECK(t.ms == fastest) << what << ": chose " << cuda::attention_name(chosen);
     }
   }
-  const std::string line = cuda::describe_attention_trials(trials, chosen, document_tokens);
+  const std::string line = cuda::describe_attention_trials({trials, "one layer", document_tokens}, chosen);
   std::printf("%s: %s\n", what.c_str(), line.c_str());  // on a GPU, its times
   CHECK(line.find(std::string("chose ") + cuda::attention_name(chosen)) != std::string::npos) << line;
 }
@@ -69,7 +69,7 @@ KTUNE_CUDA_TEST(AttentionChoiceWithASoftCapAndOneKvHead) {
 KTUNE_CUDA_TEST(AttentionChoiceOnRowsOfDocuments) {
   check_trials(cpu::AttentionShape{2, 150, 4, 2, 64, 0.125f, 0, 0.0f}, {Kernel::kGemm, Kernel::kTensorCore, Kernel::kFlash},
                "D=64 documents of 40", 40);
-  const std::string line = cuda::describe_attention_trials({AttentionTrial{Kernel::kGemm, 1.0, 0.0, ""}}, Kernel::kGemm, 40);
+  const std::string line = cuda::describe_attention_trials({{AttentionTrial{Kernel::kGemm, 1.0, 0.0, ""}}, "one layer", 40}, Kernel::kGemm);
   CHECK(line.find("(forward + backward of one layer, rows of documents of 40 tokens):") != std::string::npos) << line;
 }
 
@@ -85,11 +85,11 @@ KTUNE_CUDA_TEST(AttentionChoicePicksTheFastestThatAgrees) {
   AttentionTrial wrong_tc = tc;
   wrong_tc.error = 0.4;  // fastest, but it computes something else
   CHECK(cuda::pick_attention({gemm, wrong_tc, flash}) == Kernel::kGemm);
-  const std::string line = cuda::describe_attention_trials({gemm, wrong_tc, flash}, Kernel::kGemm);
+  const std::string line = cuda::describe_attention_trials({{gemm, wrong_tc, flash}}, Kernel::kGemm);
   CHECK(line.find("tensor_core 1.000 ms (differs by 0.4 from the others: left out)") != std::string::npos) << line;
   AttentionTrial nan_tc = tc;
   nan_tc.error = std::numeric_limits<double>::infinity();  // NaN in its outputs
-  const std::string nan_line = cuda::describe_attention_trials({gemm, nan_tc, flash}, Kernel::kGemm);
+  const std::string nan_line = cuda::describe_attention_trials({{gemm, nan_tc, flash}}, Kernel::kGemm);
   CHECK(nan_line.find("tensor_core 1.000 ms (differs by inf from the others: left out)") != std::string::npos)
       << nan_line;
   AttentionTrial failed_tc{Kernel::kTensorCore, 0.0, 0.0, "too many resources requested for launch"};
@@ -98,7 +98,7 @@ KTUNE_CUDA_TEST(AttentionChoicePicksTheFastestThatAgrees) {
   AttentionTrial failed_flash{Kernel::kFlash, 0.0, 0.0, "out of memory"};
   AttentionTrial lone_gemm = gemm;
   lone_gemm.error = std::numeric_limits<double>::infinity();  // the only one that ran: nothing to compare with
-  const std::string lone = cuda::describe_attention_trials({lone_gemm, failed_tc, failed_flash}, Kernel::kGemm);
+  const std::string lone = cuda::describe_attention_trials({{lone_gemm, failed_tc, failed_flash}}, Kernel::kGemm);
   CHECK(lone.find("gemm 3.000 ms (nothing to compare with: left out), tensor_core failed (too many resources "
                   "requested for launch), flash failed (out of memory); chose gemm (no two kernels agree") !=
         std::string::npos)
@@ -109,7 +109,7 @@ KTUNE_CUDA_TEST(AttentionChoicePicksTheFastestThatAgrees) {
   AttentionTrial gemm_apart = gemm, flash_apart = flash;
   gemm_apart.error = flash_apart.error = 0.5;  // two kernels that disagree: neither is trusted
   CHECK(cuda::pick_attention({gemm_apart, flash_apart}) == Kernel::kGemm);
-  const std::string none = cuda::describe_attention_trials({gemm_apart, flash_apart}, Kernel::kGemm);
+  const std::string none = cuda::describe_attention_trials({{gemm_apart, flash_apart}}, Kernel::kGemm);
   CHECK(none.find("no two kernels agree") != std::string::npos) << none;
 }
 
@@ -156,12 +156,13 @@ KTUNE_CUDA_TEST(AttentionChoiceTimesEachDistinctWindowOfTheLayers) {
   const std::string scope = cuda::attention_trials_scope(groups);
   CHECK(scope == "all 4 layers: 2 without, 2 with a window of 24") << scope;
   CHECK(cuda::attention_trials_scope({cuda::AttentionLayerGroup{0, 16}}) == "one layer");
-  const std::vector<AttentionTrial> trials = cuda::time_attention_kernels_for_layers(c, setup, 20);
-  CHECK(trials.size() == 3);
-  for (const AttentionTrial& t : trials) {
+  const cuda::LayerTrials timed = cuda::time_attention_kernels_for_layers(c, setup, 20);
+  CHECK(timed.trials.size() == 3);
+  CHECK(timed.scope == scope && timed.document_tokens == 20) << timed.scope << ", " << timed.document_tokens;
+  for (const AttentionTrial& t : timed.trials) {
     CHECK(t.failure.empty() && t.error < 0.03 && t.ms > 0.0) << cuda::attention_name(t.kernel) << ": " << t.error;
   }
-  const std::string line = cuda::describe_attention_trials(trials, cuda::pick_attention(trials), 20, scope);
+  const std::string line = cuda::describe_attention_trials(timed, cuda::pick_attention(timed.trials));
   std::printf("windows: %s\n", line.c_str());
   CHECK(line.find("(forward + backward of all 4 layers: 2 without, 2 with a window of 24, rows of documents of 20 "
                   "tokens): gemm ") != std::string::npos)
