@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "hub/file_download.h"
 #include "hub/target_dir.h"
 
 namespace ktune::hub {

@@ -59,13 +59,13 @@ std::string_view rstrip_spaces(std::string_view s) {
 void append(std::vector<int32_t>& to, const std::vector<int32_t>& from) { to.insert(to.end(), from.begin(), from.end()); }
 
 // torchtune's last step of every tokenize_messages: with a limit, out marked truncated when longer
-// than it, then tokens and mask cut to it, their last items set to end / end_mask when given.
-void truncate_messages(TokenizedMessages& out, int64_t max_seq_len, std::optional<int32_t> end,
-                       std::optional<uint8_t> end_mask) {
+// than it, then tokens and mask cut to it; with an end token, the last token set to it and its mask
+// to end_mask.
+void truncate_messages(TokenizedMessages& out, int64_t max_seq_len, std::optional<int32_t> end, uint8_t end_mask) {
   if (max_seq_len <= 0) return;
   if ((int64_t)out.tokens.size() > max_seq_len) out.truncated = true;
   truncate_torchtune<int32_t>(out.tokens, max_seq_len, end);
-  truncate_torchtune<uint8_t>(out.mask, max_seq_len, end_mask);
+  truncate_torchtune<uint8_t>(out.mask, max_seq_len, end ? std::optional<uint8_t>(end_mask) : std::nullopt);
 }
 
 }  // namespace
@@ -205,8 +205,7 @@ TokenizedMessages ChatFormat::tokenize_llama3(const std::vector<Message>& in, bo
     out.tokens.push_back(eos);
     out.mask.push_back(1);
   }
-  truncate_messages(out, max_seq_len_, add_end_tokens ? std::optional<int32_t>(eos) : std::nullopt,
-                    add_end_tokens ? std::optional<uint8_t>(1) : std::nullopt);
+  truncate_messages(out, max_seq_len_, add_end_tokens ? std::optional<int32_t>(eos) : std::nullopt, 1);
   return out;
 }
 
@@ -264,8 +263,7 @@ TokenizedMessages ChatFormat::tokenize_chatml(const std::vector<Message>& in, bo
     out.tokens.push_back(eos);
     out.mask.push_back(out.mask.empty() ? 1 : out.mask.back());
   }
-  truncate_messages(out, max_seq_len_, add_end_tokens ? std::optional<int32_t>(eos) : std::nullopt,
-                    add_end_tokens ? std::optional<uint8_t>(1) : std::nullopt);
+  truncate_messages(out, max_seq_len_, add_end_tokens ? std::optional<int32_t>(eos) : std::nullopt, 1);
   return out;
 }
 
@@ -310,8 +308,7 @@ TokenizedMessages ChatFormat::tokenize_gemma(const std::vector<Message>& in, boo
     out.tokens.push_back(*eos);
     out.mask.push_back(out.mask.back());
   }
-  truncate_messages(out, max_seq_len_, add_end_tokens ? std::optional<int32_t>(*eos) : std::nullopt,
-                    add_end_tokens ? std::optional<uint8_t>(1) : std::nullopt);
+  truncate_messages(out, max_seq_len_, add_end_tokens ? std::optional<int32_t>(*eos) : std::nullopt, 1);
   return out;
 }
 
@@ -353,7 +350,7 @@ TokenizedMessages ChatFormat::tokenize_no_special_tokens(const std::vector<Messa
       break;
     }
   }
-  truncate_messages(out, max_seq_len_, eos, eos ? std::optional<uint8_t>(last_masked ? 1 : 0) : std::nullopt);
+  truncate_messages(out, max_seq_len_, eos, last_masked ? 1 : 0);
   return out;
 }
 
