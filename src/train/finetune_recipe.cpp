@@ -23,6 +23,7 @@
 #include "data/padding_free.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/nf4.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
 #include "text/chat_format.h"
@@ -518,6 +519,8 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
     options.dropout = float(cfg_.model.lora_dropout);
     options.use_dora = cfg_.model.use_dora;
     options.quantize_base = cfg_.model.quantize_base;
+    // torchao's NF4 in the dtype torchtune's model holds the base in (a GPU run is bf16 only)
+    options.nf4_arithmetic = cfg_.dtype == TrainDtype::BF16 ? cpu::Nf4Arithmetic::kBf16 : cpu::Nf4Arithmetic::kF32;
     options.nf4_on_demand = on_gpu;  // the GPU quantises its own copy; a save makes the codes it merges
     options.dora_magnitudes_later = options.use_dora && group_.size() > 1;  // a share a rank, summed
     options.seed = seed_;

@@ -304,8 +304,8 @@ TEST(CrossEntropy, Nf4HeadEqualsTheF32HeadOnItsDequantisedWeight) {
   const int64_t N = k.N, C = k.C, V = k.V, R = k.R;
   std::vector<uint8_t> codes(size_t(V * C / 2));
   std::vector<float> scales(size_t(V * C / 64)), dequantised(size_t(V * C));
-  nf4_quantize(codes.data(), scales.data(), k.weight.data(), V * C);
-  nf4_dequantize(dequantised.data(), codes.data(), scales.data(), V * C);
+  nf4_quantize(codes.data(), scales.data(), k.weight.data(), V * C, Nf4Arithmetic::kBf16);
+  nf4_dequantize(dequantised.data(), codes.data(), scales.data(), V * C, Nf4Arithmetic::kBf16);
   std::vector<float> dh_a(size_t(N * C)), dh_b(size_t(N * C)), dxa_a(size_t(N * R)), dxa_b(size_t(N * R));
   std::vector<float> db_a(size_t(V * R), 0.0f), db_b(size_t(V * R), 0.0f), dm_a(size_t(V), 0.0f), dm_b(size_t(V), 0.0f);
   OutputHead f32 = k.head(dequantised.data());

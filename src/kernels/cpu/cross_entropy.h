@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/cpu/nf4.h"
 
 namespace ktune::cpu {
 
@@ -33,6 +34,7 @@ struct OutputHead {
   const float* weight = nullptr;        // (V, C)
   const uint8_t* nf4_codes = nullptr;   // (V*C/2)
   const float* nf4_scales = nullptr;    // (V*C/64)
+  Nf4Arithmetic nf4_arithmetic = Nf4Arithmetic::kBf16;
   int64_t rank = 0;
   const float* lora_b = nullptr;        // (V, rank)
   float lora_scale = 0.0f;              // s

@@ -1,18 +1,20 @@
-// NF4 dequantisation: a thread per byte (two values), the 16 codes in constant memory.
+// NF4 dequantisation: a thread per byte (two values), the 16 codes in constant memory: torchao's values
+// rounded to bf16, the table a bf16 weight's NF4 is made with (the scales, made by the CPU quantiser in
+// bf16 arithmetic, are bf16 values too), so code * scale is exact in f32 and its bf16 rounding torchao's.
 #include "kernels/cuda/nf4.h"
 
 #include <string>
 
 #include "core/error.h"
-#include "kernels/cpu/nf4.h"  // KTUNE_NF4_CODE_VALUES (a plain header)
+#include "kernels/cpu/nf4.h"  // KTUNE_NF4_CODE_VALUES_BF16 (a plain header)
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 
 namespace ktune::cuda {
 namespace {
 
-// The CPU's kNf4Codes (bitsandbytes' NF4 table), from the same initialiser.
-__constant__ float kCodes[16] = KTUNE_NF4_CODE_VALUES;
+// The CPU's kNf4CodesBf16, from the same initialiser.
+__constant__ float kCodes[16] = KTUNE_NF4_CODE_VALUES_BF16;
 
 template <typename T>
 __global__ void nf4_dequantize_kernel(T* x, const uint8_t* codes, const float* scales, int64_t bytes) {

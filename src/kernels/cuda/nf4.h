@@ -1,6 +1,7 @@
-// QLoRA's NF4 on the GPU, in the CPU op's layout (kernels/cpu/nf4.h, bitsandbytes): blocks of 64
-// over the flattened tensor, an f32 absmax scale per block, two codes a byte, first value in the
-// high nibble. Dequantisation to bf16 (for the tensor-core GEMM) or f32, and the frozen-base linear
+// QLoRA's NF4 on the GPU, in the CPU op's layout (kernels/cpu/nf4.h, torchao's NF4 in bf16 arithmetic):
+// blocks of 64 over the flattened tensor, an f32 scale per block (torchao's double-quantised scale, a bf16
+// value), two codes a byte, first value in the high nibble. Dequantisation to bf16 (for the tensor-core
+// GEMM: bf16(code * scale), torchao's value) or f32 (the exact product), and the frozen-base linear
 // y = x @ dequant(W)^T that dequantises W into caller scratch and runs one cuBLASLt GEMM.
 // It deliberately does not quantise on the GPU (weights are quantised once, on load, by the CPU
 // code). The GEMM with the dequantisation fused into its main loop is nf4_gemm.h; this path is its

@@ -21,7 +21,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "kernels/cpu/nf4.h"  // KTUNE_NF4_CODE_VALUES, kNf4BlockSize (plain header)
+#include "kernels/cpu/nf4.h"  // KTUNE_NF4_CODE_VALUES_BF16, kNf4BlockSize (plain header)
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/wmma_bf16.cuh"
@@ -31,7 +31,7 @@ namespace {
 
 using namespace wmma_bf16;  // wmma, bf16, FragA, FragAColumns, FragB, FragBColumns, Acc
 
-__constant__ float kCodes[16] = KTUNE_NF4_CODE_VALUES;  // the CPU's kNf4Codes
+__constant__ float kCodes[16] = KTUNE_NF4_CODE_VALUES_BF16;  // the CPU's kNf4CodesBf16
 
 constexpr int kBM = 64, kBN = 64, kBK = 32, kThreads = 128;
 constexpr int kLdA = kBK + 8;   // a_s[m][k]; +8 bf16 keeps wmma's 32-byte alignment and spreads banks

@@ -29,19 +29,21 @@ float row_norm(const float* row, int64_t n) {
 // another dtype (a GPU run's host, which maps a bf16 checkpoint rather than copy it to f32, or an
 // f32 or f16 one under bf16 storage) read as stored a chunk of whole blocks at a time
 // (read_stored_f32, which refuses what it cannot read), so that its codes are those of its stored
-// values without an f32 copy of the weight.
-void quantize_to_nf4(uint8_t* codes, float* scales, const Parameter& weight) {
+// values without an f32 copy of the weight; the scales, double quantised over the whole tensor, once
+// every chunk's blocks have their absmax.
+void quantize_to_nf4(uint8_t* codes, float* scales, const Parameter& weight, cpu::Nf4Arithmetic arithmetic) {
   const Tensor& value = weight.value;
   const int64_t n = value.numel();
   if (value.dtype() == DType::F32 && !value_in_other_dtype(weight))
-    return cpu::nf4_quantize(codes, scales, value.f32(), n);
+    return cpu::nf4_quantize(codes, scales, value.f32(), n, arithmetic);
   constexpr int64_t kChunk = 1024 * cpu::kNf4BlockSize;
   std::vector<float> wide(size_t(std::min(n, kChunk)));
   for (int64_t first = 0; first < n; first += kChunk) {
     const int64_t m = std::min(kChunk, n - first);
     read_stored_f32(weight, first, m, wide.data());
-    cpu::nf4_quantize(codes + first / 2, scales + first / cpu::kNf4BlockSize, wide.data(), m);
+    cpu::nf4_quantize_blocks(codes + first / 2, scales + first / cpu::kNf4BlockSize, wide.data(), m, arithmetic);
   }
+  cpu::nf4_double_quantize_scales(scales, n / cpu::kNf4BlockSize, arithmetic);
 }
 
 }  // namespace
@@ -72,7 +74,7 @@ LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
     if (!options.nf4_on_demand) {
       nf4_codes_.resize(size_t(n / 2));
       nf4_scales_.resize(size_t(n / 64));
-      quantize_to_nf4(nf4_codes_.data(), nf4_scales_.data(), *base.weight);
+      quantize_to_nf4(nf4_codes_.data(), nf4_scales_.data(), *base.weight, options.nf4_arithmetic);
       nf4_scratch_.resize(cpu::nf4_linear_scratch_floats(in_, out_));
       base.weight->value = Tensor();  // the base weight is gone: only NF4 remains
     }
@@ -144,11 +146,11 @@ Tensor LoraAdapter::base_weight(const Linear& base) const {
     check(base.weight->value.defined(), module_, "its base value was released: this host model no longer has it");
     std::vector<uint8_t> codes(size_t(out_ * in_ / 2));
     std::vector<float> scales(size_t(out_ * in_ / cpu::kNf4BlockSize));
-    quantize_to_nf4(codes.data(), scales.data(), *base.weight);
-    cpu::nf4_dequantize(w.f32(), codes.data(), scales.data(), out_ * in_);
+    quantize_to_nf4(codes.data(), scales.data(), *base.weight, options_.nf4_arithmetic);
+    cpu::nf4_dequantize(w.f32(), codes.data(), scales.data(), out_ * in_, options_.nf4_arithmetic);
     return w;
   }
-  cpu::nf4_dequantize(w.f32(), nf4_codes_.data(), nf4_scales_.data(), out_ * in_);
+  cpu::nf4_dequantize(w.f32(), nf4_codes_.data(), nf4_scales_.data(), out_ * in_, options_.nf4_arithmetic);
   return w;
 }
 
@@ -160,7 +162,8 @@ size_t LoraAdapter::base_weight_bytes(const Linear& base) const {
 void LoraAdapter::base_forward(float* y, const float* x, int64_t N, const Linear& base) {
   check_computes();
   if (options_.quantize_base)
-    cpu::nf4_linear_forward(y, x, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, nf4_scratch_.data());
+    cpu::nf4_linear_forward(y, x, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, options_.nf4_arithmetic,
+                            nf4_scratch_.data());
   else
     cpu::gemm(false, true, N, out_, in_, 1.0f, x, base.weight->value.f32(), 0.0f, y);
 }
@@ -168,7 +171,8 @@ void LoraAdapter::base_forward(float* y, const float* x, int64_t N, const Linear
 void LoraAdapter::base_backward_input(float* dx, const float* dy, int64_t N, const Linear& base, float* scratch) {
   check_computes();
   if (options_.quantize_base)
-    cpu::nf4_linear_backward_input(dx, dy, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, nf4_scratch_.data(), true);
+    cpu::nf4_linear_backward_input(dx, dy, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, options_.nf4_arithmetic,
+                                   nf4_scratch_.data(), true);
   else
     cpu::gemm(false, false, N, in_, out_, 1.0f, dy, base.weight->value.f32(), 1.0f, dx);
 }
@@ -182,7 +186,8 @@ void LoraAdapter::compute_dora_scale(const float* base_weight) {
   for (int64_t o0 = 0; o0 < out_; o0 += kRowBlock) {
     const int64_t m = std::min(kRowBlock, out_ - o0);
     if (options_.quantize_base)
-      cpu::nf4_dequantize_range(rows.data(), nf4_codes_.data(), nf4_scales_.data(), o0 * in_, (o0 + m) * in_);
+      cpu::nf4_dequantize_range(rows.data(), nf4_codes_.data(), nf4_scales_.data(), o0 * in_, (o0 + m) * in_,
+                                options_.nf4_arithmetic);
     else
       std::memcpy(rows.data(), base_weight + o0 * in_, sizeof(float) * size_t(m * in_));
     cpu::gemm(false, false, m, in_, r, scale_, lora_b_.value.f32() + o0 * r, lora_a_.value.f32(), 1.0f, rows.data());
@@ -354,6 +359,7 @@ double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid,
   head.weight = options_.quantize_base ? nullptr : base_weight;
   head.nf4_codes = options_.quantize_base ? nf4_codes_.data() : nullptr;
   head.nf4_scales = options_.quantize_base ? nf4_scales_.data() : nullptr;
+  head.nf4_arithmetic = options_.nf4_arithmetic;
   head.rank = r;
   head.lora_b = lora_b_.value.f32();
   head.lora_scale = scale_;

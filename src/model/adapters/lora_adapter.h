@@ -2,8 +2,9 @@
 //   LoRA:  y = base(x) + s · B(A(dropout(x)))                     s = alpha / r (alpha / √r: rsLoRA)
 //   DoRA:  y = c ⊙ (x Wᵀ + s · B(A x)) + b,   c = m / ‖W + s·B·A‖_row  (the norm detached, as PEFT)
 //          with dropout (PEFT's variant): y = x Wᵀ + b + (c − 1) ⊙ x' Wᵀ + c ⊙ s · B(A x'), x' = dropout(x)
-//   QLoRA: the base W kept only in NF4 (blocks of 64, an f32 scale each; kernels/cpu/nf4.h): the
-//          f32 (or bf16) weight is freed when the adapter attaches and never rebuilt whole in training.
+//   QLoRA: the base W kept only in NF4 (torchao's, as torchtune's QLoRA: blocks of 64, double-quantised
+//          scales held as an f32 each; kernels/cpu/nf4.h): the f32 (or bf16) weight is freed when the
+//          adapter attaches and never rebuilt whole in training.
 // Parameters are named as PEFT names them (`base_model.model.<module>.lora_A.weight`, `…lora_B.weight`,
 // `…lora_magnitude_vector`), so saving an adapter is writing parameters() as they are.
 // Init as PEFT: A kaiming-uniform (bound 1/√in), B zero, m the row norms of W.
@@ -23,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/nf4.h"
 #include "model/linear.h"
 
 namespace ktune::model {
@@ -36,6 +38,9 @@ struct LoraOptions {
   bool use_dora = false;
   bool use_rslora = false;
   bool quantize_base = false;  // QLoRA: NF4 base
+  // QLoRA: the arithmetic its NF4 is made and read in, torchao's in the dtype torchtune's model holds
+  // the base in (kernels/cpu/nf4.h): bf16 under dtype=bf16 (and for a GPU's host model), f32 under fp32.
+  cpu::Nf4Arithmetic nf4_arithmetic = cpu::Nf4Arithmetic::kBf16;
   uint64_t seed = 0;
   // QLoRA on a host model that never computes (a GPU run's: its GPU quantises its own copy of the
   // base): the base stays the Linear's value (a view of a mapped checkpoint) and NF4 codes are made

@@ -168,14 +168,15 @@ T* offset(T* p, int64_t n) {
   return p ? p + n : nullptr;
 }
 
-// x (numel) quantised on the host (the CPU quantiser): codes (numel / 2) bytes, scales (numel / 64) f32.
+// x (numel) quantised on the host (the CPU quantiser, in bf16 arithmetic: torchao's NF4 of a bf16
+// model, as the GPU step trains): codes (numel / 2) bytes, scales (numel / 64) f32.
 struct Nf4OnHost {
   std::vector<uint8_t> codes;
   std::vector<float> scales;
 };
 Nf4OnHost quantize_on_host(const float* x, int64_t numel) {
   Nf4OnHost q{std::vector<uint8_t>(size_t(numel / 2)), std::vector<float>(size_t(numel / cpu::kNf4BlockSize))};
-  cpu::nf4_quantize(q.codes.data(), q.scales.data(), x, numel);
+  cpu::nf4_quantize(q.codes.data(), q.scales.data(), x, numel, cpu::Nf4Arithmetic::kBf16);
   return q;
 }
 
@@ -1168,36 +1169,38 @@ void Decoder::store_bf16(const DeviceParameter& p, const bf16_t* host) {
 
 void Decoder::upload_nf4(const DeviceParameter& p, const ValueReader& read, int64_t chunk) {
   const int64_t block = cpu::kNf4BlockSize, blocks_a_read = std::max<int64_t>(1, chunk / block);
+  const cpu::Nf4Arithmetic bf16 = cpu::Nf4Arithmetic::kBf16;
   Nf4OnHost q{std::vector<uint8_t>(size_t(p.numel / 2)), std::vector<float>(size_t(p.numel / block))};
   std::vector<float> wide;
-  auto quantize_blocks = [&](int64_t first, int64_t end) {  // blocks [first, end) into their places in q
+  // blocks [first, end): their codes into q and their absmax into q.scales, or (codes false) the absmax alone
+  auto read_blocks = [&](int64_t first, int64_t end, bool codes) {
     for (int64_t b = first; b < end; b += blocks_a_read) {
       const int64_t n = std::min(blocks_a_read, end - b) * block;
       wide.resize(size_t(n));
       read(b * block, n, wide.data());
-      cpu::nf4_quantize(q.codes.data() + b * block / 2, q.scales.data() + b, wide.data(), n);
+      if (codes)
+        cpu::nf4_quantize_blocks(q.codes.data() + b * block / 2, q.scales.data() + b, wide.data(), n, bf16);
+      else
+        cpu::nf4_block_absmax(q.scales.data() + b, wide.data(), n, bf16);
     }
   };
+  const int64_t blocks = p.numel / block;
   if (!weights_sharded(p)) {
-    quantize_blocks(0, p.numel / block);
+    read_blocks(0, blocks, true);
+    cpu::nf4_double_quantize_scales(q.scales.data(), blocks, bf16);
     return copy_nf4_to_device(p.nf4_codes, p.nf4_scales, q);
   }
   // ZeRO-3: this rank's part of the codes' and the scales' bytes, counted in bf16 elements as the unit
-  // is. Only the 64-value blocks that part holds are read and quantised (a bf16 element of the codes is
-  // 4 values, of block e / 16; of the scales half a block's f32 scale, block e / 2), not the whole
-  // tensor on every GPU: 1/W of the reading and the quantising each.
-  const int64_t code_elements = p.numel / 4, scale_elements = p.numel / block * 2;
+  // is. Only the 64-value blocks whose codes that part holds are quantised (a bf16 element of the codes
+  // is 4 values, of block e / 16): 1/W of the quantising on each GPU. Every block's absmax is read: the
+  // scales are double quantised over the whole tensor (their mean, and their groups of 256).
+  const int64_t code_elements = p.numel / 4, scale_elements = blocks * 2;
   const WeightRange codes = weight_piece_range(p.weight_layer, p.weight_offset, code_elements);
-  const WeightRange scales = weight_piece_range(p.weight_layer, p.nf4_scales_offset, scale_elements);
-  int64_t c0 = codes.begin / 16, c1 = (codes.end + 15) / 16, s0 = scales.begin / 2, s1 = (scales.end + 1) / 2;
-  if (c0 >= c1) c0 = c1 = s0;  // no codes here: the scales' blocks alone
-  if (s0 >= s1) s0 = s1 = c0;
-  if (std::max(c0, s0) <= std::min(c1, s1)) {  // the two ranges meet: their union, each block read once
-    quantize_blocks(std::min(c0, s0), std::max(c1, s1));
-  } else {
-    quantize_blocks(c0, c1);
-    quantize_blocks(s0, s1);
-  }
+  const int64_t c0 = std::min(codes.begin / 16, blocks), c1 = std::max(c0, std::min((codes.end + 15) / 16, blocks));
+  read_blocks(0, c0, false);
+  read_blocks(c0, c1, true);
+  read_blocks(c1, blocks, false);
+  cpu::nf4_double_quantize_scales(q.scales.data(), blocks, bf16);
   write_piece(p.weight_layer, p.weight_offset, q.codes.data(), code_elements);
   write_piece(p.weight_layer, p.nf4_scales_offset, q.scales.data(), scale_elements);
 }
@@ -1397,7 +1400,7 @@ std::vector<float> Decoder::download_value(const std::string& name) {
     std::vector<float> scales(size_t(p.numel / cpu::kNf4BlockSize)), out(size_t(p.numel));
     copy_to_host(codes.data(), p.nf4_codes, codes.size());
     copy_to_host(scales.data(), p.nf4_scales, scales.size() * sizeof(float));
-    cpu::nf4_dequantize(out.data(), codes.data(), scales.data(), p.numel);
+    cpu::nf4_dequantize(out.data(), codes.data(), scales.data(), p.numel, cpu::Nf4Arithmetic::kBf16);
     return out;
   }
   std::vector<bf16_t> host(size_t(p.numel));

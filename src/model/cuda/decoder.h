@@ -171,8 +171,9 @@ struct TrainingSetup {
   // carries LoRA (lora_on; all seven in torchtune's QLoRA recipes; lm_head with lora_on_output) held
   // on the device only as NF4
   // (DeviceParameter::nf4_codes / nf4_scales, kernels/cpu/nf4.h's layout: blocks of 64, an f32
-  // absmax scale each), quantised on the host when uploaded, with the CPU quantiser's arithmetic
-  // (kernels/cpu/nf4_codes.cpp, compiled in), so the codes are the CPU engine's bit for bit. Each GEMM that reads such
+  // scale each, torchao's double-quantised one), quantised on the host when uploaded by the CPU quantiser
+  // in bf16 arithmetic (kernels/cpu/nf4_codes.cpp, compiled in: torchtune's QLoRA's NF4 of a bf16 model),
+  // so the codes and scales are the CPU engine's bit for bit. Each GEMM that reads such
   // a weight dequantises it to bf16 scratch first (one projection at a time; lm_head's a block of head_block_rows
   // vocabulary rows at a time, inside the fused loss). Needs LoRA and no full_finetune.
   bool quantize_base = false;
@@ -289,7 +290,7 @@ struct DeviceParameter {
   int64_t weight_layer = -1, weight_offset = 0, nf4_scales_offset = 0;
   int64_t unit = 0;  // trainable: its gradient unit (gradient_units(); unit 0 unless shard_gradients)
   uint8_t* nf4_codes = nullptr;  // TrainingSetup::quantize_base: (numel / 2) bytes, two codes a byte
-  float* nf4_scales = nullptr;   // (numel / 64) f32 absmax scales (both in the slot when sharded, as value)
+  float* nf4_scales = nullptr;   // (numel / 64) f32 scales, double quantised (both in the slot when sharded, as value)
 };
 
 struct StepResult {
@@ -315,7 +316,8 @@ class Decoder {
 
   // Host f32 values, rounded to bf16 (nearest even) on the way in; widened on the way out. An NF4
   // base weight (quantize_base) is quantised on the way in (cpu::nf4_quantize) and dequantised on the way
-  // out (code value * block scale, f32): uploading what download_value returned gives the same codes.
+  // out (bf16(code value * block scale), as torchao): uploading what download_value returned gives the
+  // same codes (not the same scales: the double quantisation's mean and groups move).
   void upload(const std::string& name, const std::vector<float>& values);
   // Host bf16 values as they are (a bf16 checkpoint's mapped pages: no f32 widening, nor a bf16 copy,
   // on the way in), the same as upload() of their f32 widening; an NF4 base widens them to quantise,
@@ -330,8 +332,8 @@ class Decoder {
   // 64-value blocks, at least one), so that the host holds one chunk in f32 and in bf16 rather than
   // a converted copy of the whole value (a file read in another dtype than the GPU's: the embedding
   // of Gemma 2 27B's f32 checkpoint is 2.4 GB in bf16). With shard_weights, a layer's parameter reads
-  // only the elements of this rank's piece (an NF4 one the blocks its piece of the codes and scales
-  // covers): 1/W of the value's pages on each of W ranks.
+  // only the elements of this rank's piece: 1/W of the value's pages on each of W ranks (an NF4 one
+  // reads every block, for its absmax, and quantises the blocks its piece of the codes covers).
   void upload_read(const std::string& name, const ValueReader& read, int64_t chunk = kUploadChunk);
   // With shard_weights, a layer's parameter: upload writes this rank's piece only; download_value
   // reads the layer's weight slot and throws unless its layer is gathered there (gather_weights).
@@ -526,7 +528,7 @@ class Decoder {
   // A weight slot holding layer `layer` no longer holds what its pieces do: the next use gathers it.
   void slot_stale(int64_t layer);
   // The values `read` gives (p.numel, `chunk` at a time in whole blocks) quantised on the host into
-  // p's NF4 codes and scales (sharded: only the blocks of this rank's piece of them).
+  // p's NF4 codes and scales (sharded: codes only for the blocks of this rank's piece of them).
   void upload_nf4(const DeviceParameter& p, const ValueReader& read, int64_t chunk);
   // bf16 values into p's storage: the whole of it, or with shard_weights this rank's piece.
   void store_bf16(const DeviceParameter& p, const bf16_t* host);

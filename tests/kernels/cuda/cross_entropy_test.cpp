@@ -138,9 +138,8 @@ void check_fused_loss_with_dora(float softcap, bool dropped) {
   const std::vector<float> w0 = random_floats(static_cast<size_t>(V * C), 23, -0.5f, 0.5f);
   std::vector<uint8_t> codes(w0.size() / 2);
   std::vector<float> scales(w0.size() / 64), weight(w0.size());
-  cpu::nf4_quantize(codes.data(), scales.data(), w0.data(), V * C);
-  cpu::nf4_dequantize(weight.data(), codes.data(), scales.data(), V * C);
-  weight = cuda_test::rounded_to_bf16(weight);  // what the GEMMs read
+  cpu::nf4_quantize(codes.data(), scales.data(), w0.data(), V * C, cpu::Nf4Arithmetic::kBf16);
+  cpu::nf4_dequantize(weight.data(), codes.data(), scales.data(), V * C, cpu::Nf4Arithmetic::kBf16);  // what the GEMMs read
   auto xa = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(N * r), 24));
   auto lora_b = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(V * r), 25, -0.5f, 0.5f));
   const std::vector<float> c = random_floats(static_cast<size_t>(V), 26, 0.8f, 1.2f);

@@ -906,28 +906,13 @@ KTUNE_CUDA_TEST(DecoderTensorCoreAttentionWindowAndSoftcapMatchCpuReference) {
   }
 }
 
-// QLoRA's NF4 as bitsandbytes defines it, written independently of the quantiser under test (the
-// CPU engine's nf4_quantize_reference's formulation): per block of 64 the absmax, each value the code
-// nearest (in double) to x / absmax (the GPU step quantises with the CPU engine's own nf4_quantize,
-// compiled into it; this reference stays independent of it). The two
-// formulations part only for a value within an ulp of a code midpoint (f32 midpoints against double
-// distances: 4 of 2000 random 8192-value tensors); the uploads below have none (checked on the CPU).
+// QLoRA's NF4 as torchao makes it of a bf16 weight: the CPU engine's plain reference (an element and an
+// operation at a time, held to torchao's own output by tests/kernels/nf4_test.cpp's fixture), not the
+// blockwise quantiser the GPU step compiles in.
 void nf4_reference(const std::vector<float>& x, std::vector<uint8_t>* codes, std::vector<float>* scales) {
   codes->assign(x.size() / 2, 0);
   scales->assign(x.size() / 64, 0.0f);
-  for (size_t b = 0; b < scales->size(); ++b) {
-    double absmax = 0;
-    for (size_t i = 0; i < 64; ++i) absmax = std::max(absmax, std::fabs(double(x[b * 64 + i])));
-    (*scales)[b] = float(absmax);
-    for (size_t i = 0; i < 64; ++i) {
-      const double v = absmax > 0 ? double(x[b * 64 + i]) / absmax : 0.0;
-      int best = 0;
-      for (int c = 1; c < 16; ++c)
-        if (std::fabs(v - cpu::kNf4Codes[c]) < std::fabs(v - cpu::kNf4Codes[best])) best = c;
-      const size_t e = b * 64 + i;
-      (*codes)[e / 2] |= uint8_t(e % 2 == 0 ? best << 4 : best);
-    }
-  }
+  cpu::nf4_quantize_reference(codes->data(), scales->data(), x.data(), int64_t(x.size()), cpu::Nf4Arithmetic::kBf16);
 }
 
 cuda::TrainingSetup qlora_setup(std::initializer_list<int> lora) {
@@ -967,14 +952,14 @@ KTUNE_CUDA_TEST(DecoderQloraBaseIsNf4OfTheUploadedWeights) {
     cuda::copy_to_host(codes.data(), p.nf4_codes, codes.size());
     cuda::copy_to_host(scales.data(), p.nf4_scales, scales.size() * sizeof(float));
     CHECK(codes == want_codes) << p.name << ": NF4 codes differ from the reference quantisation";
-    CHECK(scales == want_scales) << p.name << ": NF4 block scales differ from the absmax";
+    CHECK(scales == want_scales) << p.name << ": NF4 block scales differ from the double-quantised absmax";
     const std::vector<float> values = model.download_value(p.name);
     bool dequantised = values.size() == x.size();
     for (size_t i = 0; dequantised && i < values.size(); ++i) {
       const uint8_t code = (i % 2 == 0) ? want_codes[i / 2] >> 4 : want_codes[i / 2] & 0x0f;
-      dequantised = values[i] == cpu::kNf4Codes[code] * want_scales[i / 64];
+      dequantised = values[i] == cpu::nf4_value(code, want_scales[i / 64], cpu::Nf4Arithmetic::kBf16);
     }
-    CHECK(dequantised) << p.name << ": download_value must return code value * block scale";
+    CHECK(dequantised) << p.name << ": download_value must return bf16(code value * block scale)";
     model.upload(p.name, values);
     cuda::synchronize();
     cuda::copy_to_host(codes.data(), p.nf4_codes, codes.size());
@@ -2670,7 +2655,8 @@ KTUNE_CUDA_TEST(DecoderLoraOnOutputWithDropoutAndQloraMatchesCpuReference) {
   const std::vector<float> w = cuda_test::random_floats(size_t(head.numel), 31, -0.2f, 0.2f);
   std::vector<uint8_t> codes(size_t(head.numel / 2)), want_codes(codes.size());
   std::vector<float> want_scales(size_t(head.numel / cpu::kNf4BlockSize));
-  cpu::nf4_quantize(want_codes.data(), want_scales.data(), w.data(), head.numel);  // the CPU adapter's codes
+  cpu::nf4_quantize(want_codes.data(), want_scales.data(), w.data(), head.numel,
+                    cpu::Nf4Arithmetic::kBf16);  // the CPU adapter's codes
   for (int upload = 0; upload < 2; ++upload) {  // the values, then what download_value gives back (the trainer's path)
     model.upload("lm_head.weight", upload == 0 ? w : model.download_value("lm_head.weight"));
     cuda::copy_to_host(codes.data(), head.nf4_codes, codes.size());

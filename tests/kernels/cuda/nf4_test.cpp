@@ -1,4 +1,4 @@
-// NF4 dequantisation on the GPU against the bitsandbytes layout computed here (the CPU nf4.cpp
+// NF4 dequantisation on the GPU against torchao's layout computed here (the CPU nf4.cpp
 // cannot be linked on the GPU machine: it needs oneDNN), and the frozen-base linear over NF4
 // weights against a double loop over the dequantised (bf16-rounded) weights; the GEMM with the
 // dequantisation fused in (nf4_gemm.h) against the same loops and against the plain path.
@@ -14,11 +14,11 @@ using cuda_test::from_device;
 using cuda_test::random_floats;
 using cuda_test::to_device;
 
-// The 16 NF4 codes (design/formats-and-traps.md; kernels/cpu/nf4.cpp's kNf4Codes).
-const float kCodes[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
-                          -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
-                          0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f, 0.33791524171829224f,
-                          0.44070982933044434f, 0.5626170039176941f, 0.7229568362236023f, 1.0f};
+// torchao's 16 NF4 codes (torchao.dtypes.nf4tensor: -1.0, -0.6962, ..., 0.7230, 1.0) as a bf16 tensor
+// holds them: the table a bf16 weight is dequantised with (kernels/cpu/nf4.h's kNf4CodesBf16).
+const float kCodes[16] = {-1.0f,           -0.6953125f,    -0.5234375f, -0.39453125f, -0.28515625f, -0.1845703125f,
+                          -0.09130859375f, 0.0f,           0.07958984375f, 0.1611328125f, 0.24609375f, 0.337890625f,
+                          0.44140625f,     0.5625f,        0.72265625f,    1.0f};
 
 std::vector<float> dequantize(const std::vector<uint8_t>& codes, const std::vector<float>& scales) {
   std::vector<float> x(codes.size() * 2);
@@ -36,7 +36,7 @@ std::vector<uint8_t> random_codes(size_t bytes, uint32_t seed) {
   return c;
 }
 
-KTUNE_CUDA_TEST(Nf4DequantizeMatchesTheBitsandbytesLayout) {
+KTUNE_CUDA_TEST(Nf4DequantizeMatchesTorchaosLayout) {
   const int64_t n = 64 * 300;
   auto codes = random_codes(static_cast<size_t>(n / 2), 1);
   auto scales = random_floats(static_cast<size_t>(n / 64), 2, 0.01f, 2.0f);

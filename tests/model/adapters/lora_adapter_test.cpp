@@ -292,6 +292,31 @@ TEST(LoraAdapter, QloraKeepsOnlyNf4AndMatchesLoraOnTheDequantisedBase) {
   expect_matches_finite_differences(loss, f.x.data(), int64_t(f.x.size()), dx.data(), "dx");
 }
 
+// The adapter's NF4 is made and read in its options' arithmetic (torchao's in the run's dtype): its
+// base is the kernels' dequantisation of the kernels' quantisation in that arithmetic, for each of the
+// two (bf16: every value a bf16 one), and the two differ.
+TEST(LoraAdapter, QloraQuantisesInItsOptionsArithmetic) {
+  std::vector<float> bases[2];
+  for (cpu::Nf4Arithmetic arithmetic : {cpu::Nf4Arithmetic::kBf16, cpu::Nf4Arithmetic::kF32}) {
+    Fixture f;
+    const std::vector<float> original(f.weight.value.f32(), f.weight.value.f32() + f.out * f.in);
+    auto adapter = f.attach({.rank = 4, .quantize_base = true, .nf4_arithmetic = arithmetic});
+    const int64_t n = f.out * f.in;
+    std::vector<uint8_t> codes(size_t(n / 2));
+    std::vector<float> scales(size_t(n / 64)), want(static_cast<size_t>(n));
+    cpu::nf4_quantize(codes.data(), scales.data(), original.data(), n, arithmetic);
+    cpu::nf4_dequantize(want.data(), codes.data(), scales.data(), n, arithmetic);
+    Tensor base = adapter->base_weight(f.linear);
+    std::vector<float>& got = bases[arithmetic == cpu::Nf4Arithmetic::kF32];
+    got.assign(base.f32(), base.f32() + n);
+    EXPECT_EQ(got, want) << cpu::nf4_arithmetic_name(arithmetic);
+    if (arithmetic == cpu::Nf4Arithmetic::kBf16) {
+      for (float v : got) ASSERT_EQ(v, bf16_to_f32(f32_to_bf16(v)));
+    }
+  }
+  EXPECT_NE(bases[0], bases[1]);
+}
+
 // A GPU run's host keeps a bf16 checkpoint's base as bf16 (mapped, not copied to f32): QLoRA
 // quantises it to the codes of its values widened to f32 (across the widening's chunks: 320 x 256
 // values, more than one), and DoRA starts its magnitudes from them, as for the same values in f32.
