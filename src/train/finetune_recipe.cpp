@@ -627,8 +627,9 @@ void FinetuneRecipe::setup_cpu_training(DType storage, int64_t trainable_bytes) 
                            ? "dtype=bf16: the frozen base is stored bf16; the LoRA adapters, their gradients and "
                              "AdamW state stay f32 (they are tiny)"
                            : std::string("dtype=bf16: the ") + (cfg_.model.quantize_base ? "QLoRA" : "DoRA") +
-                                 " base is kept f32 (its adapters compute on an f32 base; QLoRA's becomes NF4) and "
-                                 "the adapters are f32; merged checkpoints are written in bf16";
+                                 " base is kept f32 (its adapters compute on an f32 base; QLoRA's becomes NF4, "
+                                 "torchao's in bf16 as torchtune makes it) and the adapters are f32; merged "
+                                 "checkpoints are written in bf16";
     log_info(what + "; state " + (sharded_ ? "per rank: " : "") + state.str());
   }
 }
