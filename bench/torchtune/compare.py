@@ -3,7 +3,8 @@
 
 Same model shape (a Llama 3.2-style decoder with the real Llama 3 tokenizer and vocabulary, random
 weights), same data (bench/torchtune/data/train.jsonl, alpaca format, unshuffled), same batch, sequence length,
-dtype (fp32, or bf16 with --dtype), optimizer (AdamW) and thread count. Full fine-tune and LoRA.
+dtype (fp32, or bf16 with --dtype), optimizer (AdamW) and thread count. Full fine-tune and LoRA
+(and QLoRA with --kinds ...,qlora: the same LoRA over an NF4 base, torchao's on both sides).
 For each tool it reads the per-step times from the tool's own DiskLogger lines (label tokens /
 tokens_per_second_per_gpu), drops the first WARMUP steps, and takes the peak RSS of the whole
 process (wait4's ru_maxrss). Prints both figures and their ratios; then, against the GEMM ceiling
@@ -11,7 +12,10 @@ measured in the same run, each tool's FLOP rate on the arithmetic it does (count
 torchtune's own dataset code makes: padded positions, the samples' tokens (ktune's padding-free row),
 labelled positions)
 and the largest speed ratio any step doing ktune's arithmetic could reach — the bound on what the
-ratio can show here.
+ratio can show here. It also prints each tool's loss at the first step: the same weights and batch,
+and LoRA's B starts at zero, so there it is the frozen base's loss (QLoRA's: the NF4 base's), and the
+two tools' losses agree to the arithmetic's rounding (fp32: ~1e-6) only where their models compute the
+same function.
 
     python3 bench/torchtune/compare.py --ktune build/release/bin/ktune --tune /path/venv/bin/tune
 
@@ -74,8 +78,8 @@ def overrides(kind, model_dir, out_dir, steps, batch, seq_len, tool, dtype="fp32
     ]
     if kind == "full":
         common += ["optimizer_in_bwd=False"]
-    if kind == "lora":
-        common += ["model.lora_rank=16", "model.lora_alpha=32", "model.lora_dropout=0.0",
+    if kind in ("lora", "qlora"):
+        common += ["model.quantize_base=" + str(kind == "qlora"),"model.lora_rank=16", "model.lora_alpha=32", "model.lora_dropout=0.0",
                    "model.lora_attn_modules=[q_proj,v_proj,output_proj]", "model.apply_lora_to_mlp=True"]
     if tool == "ktune":
         component = "ktune.models.hf_model" if kind == "full" else "ktune.models.lora_hf_model"
@@ -150,7 +154,8 @@ STEP_LINE = re.compile(r"Step (\d+) \| (.*)")
 
 
 def step_times(log_dir, warmup):
-    """(step seconds, label tokens) of each step after the warmup, from the DiskLogger's log_*.txt."""
+    """(step, tokens/s, loss) of each step after the warmup, from the DiskLogger's log_*.txt, and the first
+    step's loss."""
     logs = [f for f in os.listdir(log_dir) if f.startswith("log_") and f.endswith(".txt")]
     if len(logs) != 1:
         sys.exit(f"expected one log_*.txt in {log_dir}, found {logs}")
@@ -162,8 +167,8 @@ def step_times(log_dir, warmup):
         values = dict(kv.split(":", 1) for kv in m.group(2).split())
         if "tokens_per_second_per_gpu" not in values:  # a validation line
             continue
-        rows.append((int(m.group(1)), float(values["tokens_per_second_per_gpu"])))
-    return rows[warmup:]
+        rows.append((int(m.group(1)), float(values["tokens_per_second_per_gpu"]), float(values["loss"])))
+    return rows[warmup:], rows[0][2] if rows else float("nan")
 
 
 def gemm_ceiling(ktune_build, threads, dtype):
@@ -225,7 +230,7 @@ def main():
 
     results = {}
     for kind in args.kinds.split(","):
-        recipe = f"{kind}_finetune_single_device"
+        recipe = "full_finetune_single_device" if kind == "full" else "lora_finetune_single_device"
         config = f"llama3_2/1B_{kind}_single_device"
         for tool, exe in (("torchtune", args.tune), ("ktune", args.ktune)):
             out_dir = os.path.join(work, f"{tool}_{kind}")
@@ -233,11 +238,13 @@ def main():
             argv = [exe, "run", recipe, "--config", config] + overrides(kind, model_dir, out_dir, args.steps, args.batch,
                                                                        args.seq_len, tool, args.dtype)
             wall, rss = run(argv, env, os.path.join(work, f"{tool}_{kind}.log"))
-            rows = step_times(os.path.join(out_dir, "logs"), args.warmup)
+            rows, first_loss = step_times(os.path.join(out_dir, "logs"), args.warmup)
             # Each step's seconds: its label tokens (the same data for both) over the logged rate.
-            seconds = sum(shapes[step - 1]["labels"] / tps for step, tps in rows)
-            results[(kind, tool)] = dict(rows=rows, rss=rss, wall=wall, seconds=seconds)
+            seconds = sum(shapes[step - 1]["labels"] / tps for step, tps, _ in rows)
+            results[(kind, tool)] = dict(rows=rows, rss=rss, wall=wall, seconds=seconds, first_loss=first_loss)
         t, k = results[(kind, "torchtune")], results[(kind, "ktune")]
+        print(f"{kind:4s} first step's loss: torchtune {t['first_loss']:.6f}, ktune {k['first_loss']:.6f} "
+              f"(relative difference {abs(k['first_loss'] - t['first_loss']) / abs(t['first_loss']):.1e})")
         print(f"{kind:4s} torchtune {labels / t['seconds']:8.1f} tokens/s  peak RSS {t['rss'] / 2**20:7.0f} MiB  (wall {t['wall']:.0f} s)")
         print(f"{kind:4s} ktune     {labels / k['seconds']:8.1f} tokens/s  peak RSS {k['rss'] / 2**20:7.0f} MiB  (wall {k['wall']:.0f} s)")
         print(f"{kind:4s} ratio: ktune/torchtune speed {t['seconds'] / k['seconds']:.2f}x (target >= 3x), "

@@ -4,7 +4,7 @@
 # torchtune 0.6.1 needs torchao 0.10, which PEFT (used by the tests) refuses, so both live in a
 # virtual environment of their own: $KTUNE_TORCHTUNE_VENV, default BUILD_DIR/torchtune-venv,
 # created on first use (it sees the system's torch through --system-site-packages).
-# Environment: TORCHTUNE_BENCH_STEPS (default 8), TORCHTUNE_BENCH_KINDS (default full,lora),
+# Environment: TORCHTUNE_BENCH_STEPS (default 8), TORCHTUNE_BENCH_KINDS (default full,lora; qlora too),
 # TORCHTUNE_BENCH_DTYPE (default fp32; or bf16).
 set -euo pipefail
 BUILD=$(realpath "${1:-build/release}")

@@ -1,5 +1,5 @@
 // QLoRA's 4-bit NormalFloat (NF4) as torchao's NF4Tensor makes it (torchtune's QLoRA: to_nf4 with
-// blocks of 64 and scaler blocks of 256), so that ktune's frozen base is torchtune's to the bit:
+// blocks of 64 and scaler blocks of 256), so that an NF4 base is torchtune's to the bit:
 //   codes   each value of a block of 64 over the flattened tensor, divided by the block's absmax, to the
 //           nearest of torchao's 16 code values (the first on a tie; a block of zeros, 0/0, takes code 0),
 //           two codes a byte, the first value in the high nibble;

@@ -168,7 +168,8 @@ struct TrainingSetup {
   // does): the constructor refuses it; Decoder::plan plans it as kGemm, the larger scratch.
   enum class Attention { kGemm, kFlash, kTensorCore, kAuto } attention = Attention::kGemm;
   // QLoRA (the CPU LoraOptions::quantize_base): the frozen base weight of every projection that
-  // carries LoRA (lora_on; all seven in torchtune's QLoRA recipes; lm_head with lora_on_output) held
+  // carries LoRA (lora_on; torchtune's QLoRA recipes adapt q, v, o and the MLP, and quantise the unadapted
+  // k_proj too, which this keeps bf16; lm_head with lora_on_output, which torchtune keeps unquantised) held
   // on the device only as NF4
   // (DeviceParameter::nf4_codes / nf4_scales, kernels/cpu/nf4.h's layout: blocks of 64, an f32
   // scale each, torchao's double-quantised one), quantised on the host when uploaded by the CPU quantiser
