@@ -15,6 +15,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/random_bits.h"
 #include "gradient_check.h"
 #include "kernels/cpu/linear.h"
 
@@ -43,24 +44,19 @@ Quantised quantise(const std::vector<float>& x, Nf4Arithmetic arithmetic, bool r
   return q;
 }
 
-// make_nf4_fixture.py's inputs, computed in f32 in the same order of operations (so the same bits).
-uint64_t splitmix64(uint64_t x) {
-  uint64_t z = x + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+// make_nf4_fixture.py's inputs, computed in f32 in the same order of operations (so the same bits),
+// from the same splitmix64 (core/random_bits.h).
 
 std::vector<float> fixture_inputs(int64_t numel, uint64_t seed, bool equal_absmax, int64_t zero_block) {
   std::vector<float> x(static_cast<size_t>(numel));
   for (int64_t i = 0; i < numel; ++i) {
-    const uint64_t u = splitmix64(uint64_t(i) ^ seed) >> 40;
+    const uint64_t u = ktune::splitmix64(uint64_t(i) ^ seed) >> 40;
     const float centred = float(int64_t(u) - (int64_t(1) << 23)) * 0x1p-23f;
     if (equal_absmax) {
       x[size_t(i)] = i % 64 == 0 ? 0.5f : centred * 0.5f;
       continue;
     }
-    const uint64_t hb = splitmix64(uint64_t(i / 64 + 0x5EED) ^ seed);
+    const uint64_t hb = ktune::splitmix64(uint64_t(i / 64 + 0x5EED) ^ seed);
     const int k = int((hb >> 60) % 6), m = int((hb >> 56) % 3);
     x[size_t(i)] = centred * std::ldexp(1.0f, -k) * (1.0f + float(m) / 4.0f);
   }
@@ -203,7 +199,9 @@ TEST(Nf4, ScalesAreDoubleQuantisedInGroupsOf256) {
         if (g0 == 512) last_group_error = std::max(last_group_error, error);
       }
     }
-    if (arithmetic == kF32) EXPECT_LT(last_group_error, 0.002) << "the last group's grid is its own";
+    if (arithmetic == kF32) {
+      EXPECT_LT(last_group_error, 0.002) << "the last group's grid is its own";
+    }
   }
 }
 

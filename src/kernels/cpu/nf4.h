@@ -58,11 +58,19 @@ void nf4_quantize_blocks(uint8_t* codes, float* absmax, const float* x, int64_t 
 void nf4_block_absmax(float* absmax, const float* x, int64_t n, Nf4Arithmetic arithmetic);
 void nf4_double_quantize_scales(float* scales, int64_t blocks, Nf4Arithmetic arithmetic);
 
+// The result of one tensor operation as the arithmetic holds it: rounded to bf16 under bf16.
+inline float nf4_rounded(float x, Nf4Arithmetic arithmetic) {
+  return arithmetic == Nf4Arithmetic::kBf16 ? bf16_to_f32(f32_to_bf16(x)) : x;
+}
+// The arithmetic's code values: kNf4CodesBf16 under bf16, kNf4Codes under f32.
+inline const float* nf4_code_table(Nf4Arithmetic arithmetic) {
+  return arithmetic == Nf4Arithmetic::kBf16 ? kNf4CodesBf16 : kNf4Codes;
+}
+
 // One value dequantised: bf16(code value · scale) under bf16 (exact in f32 before the rounding: both
 // factors are bf16 values), code value · scale in f32 under f32.
 inline float nf4_value(uint8_t code, float scale, Nf4Arithmetic arithmetic) {
-  if (arithmetic == Nf4Arithmetic::kF32) return kNf4Codes[code] * scale;
-  return bf16_to_f32(f32_to_bf16(kNf4CodesBf16[code] * scale));
+  return nf4_rounded(nf4_code_table(arithmetic)[code] * scale, arithmetic);
 }
 
 void nf4_dequantize(float* x, const uint8_t* codes, const float* scales, int64_t n, Nf4Arithmetic arithmetic);
@@ -79,8 +87,9 @@ void nf4_linear_forward(float* y, const float* x, const uint8_t* codes, const fl
 void nf4_linear_backward_input(float* dx, const float* dy, const uint8_t* codes, const float* scales, int64_t N,
                                int64_t in, int64_t out, Nf4Arithmetic arithmetic, float* scratch, bool accumulate_dx);
 
-// torchao's steps written out plainly, an element and an operation at a time (the 16 distances of each
-// value, the scalers' mean summed in double): what the tests hold nf4_quantize to.
+// torchao's codes written out plainly, an element and an operation at a time (each value's 16
+// distances in turn), and the scales by nf4_double_quantize_scales (itself plain, held to torchao by the
+// tests' fixture): what the tests hold nf4_quantize's blockwise codes to.
 void nf4_quantize_reference(uint8_t* codes, float* scales, const float* x, int64_t n, Nf4Arithmetic arithmetic);
 
 }  // namespace ktune::cpu

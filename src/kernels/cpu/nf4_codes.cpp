@@ -33,24 +33,15 @@ const char* nf4_arithmetic_name(Nf4Arithmetic arithmetic) {
 
 namespace {
 
-// The result of one tensor operation as torchao's arithmetic holds it: rounded to bf16 under bf16.
-inline float rounded(float x, Nf4Arithmetic arithmetic) {
-  return arithmetic == Nf4Arithmetic::kBf16 ? bf16_to_f32(f32_to_bf16(x)) : x;
-}
-
-const float* code_table(Nf4Arithmetic arithmetic) {
-  return arithmetic == Nf4Arithmetic::kBf16 ? kNf4CodesBf16 : kNf4Codes;
-}
-
 // torchao's quantize_tensor_nearest for one scaled value v: the code whose distance |v - code|,
 // computed in the arithmetic, is least; the first of equals (torch's min); code 0 for NaN (torch's min
 // gives the index of the first NaN, and every distance of a NaN is NaN).
 uint8_t nearest_code(float v, Nf4Arithmetic arithmetic) {
-  const float* table = code_table(arithmetic);
+  const float* table = nf4_code_table(arithmetic);
   uint8_t best = 0;
-  float best_distance = std::fabs(rounded(v - table[0], arithmetic));
+  float best_distance = std::fabs(nf4_rounded(v - table[0], arithmetic));
   for (uint8_t c = 1; c < 16; ++c) {
-    const float distance = std::fabs(rounded(v - table[c], arithmetic));
+    const float distance = std::fabs(nf4_rounded(v - table[c], arithmetic));
     if (distance < best_distance) best = c, best_distance = distance;  // false for NaN: code 0 stays
   }
   return best;
@@ -70,7 +61,7 @@ const std::array<uint8_t, 65536>& bf16_codes() {
 float block_values(float* x, const float* xb, Nf4Arithmetic arithmetic) {
   float absmax = 0.0f;
   for (int64_t i = 0; i < kNf4BlockSize; ++i) {
-    x[i] = rounded(xb[i], arithmetic);
+    x[i] = nf4_rounded(xb[i], arithmetic);
     absmax = std::max(absmax, std::fabs(x[i]));
   }
   return absmax;
@@ -109,7 +100,7 @@ void quantize_block(uint8_t* codes, float* absmax, const float* xb, Nf4Arithmeti
 // q of one centred scale: round half to even (torch.round), clamped to int8. 0 for 0 · inf (a group
 // whose scales all equal the mean: its factor is infinite, and any q dequantises to the mean).
 float quantized_scaler(float centred, float factor, Nf4Arithmetic arithmetic) {
-  const float q = std::nearbyint(rounded(centred * factor, arithmetic));
+  const float q = std::nearbyint(nf4_rounded(centred * factor, arithmetic));
   return std::isnan(q) ? 0.0f : std::clamp(q, -128.0f, 127.0f);
 }
 
@@ -130,7 +121,6 @@ void nf4_check_blocks(int64_t n) {
 
 void nf4_quantize_blocks(uint8_t* codes, float* absmax, const float* x, int64_t n, Nf4Arithmetic arithmetic) {
   nf4_check_blocks(n);
-  if (arithmetic == Nf4Arithmetic::kBf16) bf16_codes();  // made once, before the threads look it up
   parallel_for(n / kNf4BlockSize, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       quantize_block(codes + b * kNf4BlockSize / 2, absmax + b, x + b * kNf4BlockSize, arithmetic);
@@ -149,19 +139,19 @@ void nf4_double_quantize_scales(float* scales, int64_t blocks, Nf4Arithmetic ari
   if (blocks == 0) return;
   double sum = 0;
   for (int64_t b = 0; b < blocks; ++b) sum += scales[b];
-  const float mean = rounded(float(sum) / float(blocks), arithmetic);
+  const float mean = nf4_rounded(float(sum) / float(blocks), arithmetic);
   float centred[kNf4ScalerBlockSize];
   for (int64_t g0 = 0; g0 < blocks; g0 += kNf4ScalerBlockSize) {
     const int64_t size = std::min(kNf4ScalerBlockSize, blocks - g0);
     float largest = 0.0f;
     for (int64_t i = 0; i < size; ++i) {
-      centred[i] = rounded(scales[g0 + i] - mean, arithmetic);
+      centred[i] = nf4_rounded(scales[g0 + i] - mean, arithmetic);
       largest = std::max(largest, std::fabs(centred[i]));
     }
-    const float factor = rounded(256.0f / rounded(2.0f * largest, arithmetic), arithmetic);
+    const float factor = nf4_rounded(256.0f / nf4_rounded(2.0f * largest, arithmetic), arithmetic);
     for (int64_t i = 0; i < size; ++i) {
       const float q = quantized_scaler(centred[i], factor, arithmetic);
-      scales[g0 + i] = rounded(rounded(q / factor, arithmetic) + mean, arithmetic);
+      scales[g0 + i] = nf4_rounded(nf4_rounded(q / factor, arithmetic) + mean, arithmetic);
     }
   }
 }
@@ -191,11 +181,11 @@ void nf4_quantize_reference(uint8_t* codes, float* scales, const float* x, int64
   for (int64_t b = 0; b < n / kNf4BlockSize; ++b) {
     float absmax = 0.0f;
     for (int64_t i = 0; i < kNf4BlockSize; ++i)
-      absmax = std::max(absmax, std::fabs(rounded(x[b * kNf4BlockSize + i], arithmetic)));
+      absmax = std::max(absmax, std::fabs(nf4_rounded(x[b * kNf4BlockSize + i], arithmetic)));
     scales[b] = absmax;
     for (int64_t i = 0; i < kNf4BlockSize; ++i) {
       const int64_t e = b * kNf4BlockSize + i;
-      const uint8_t code = nearest_code(rounded(rounded(x[e], arithmetic) / absmax, arithmetic), arithmetic);
+      const uint8_t code = nearest_code(nf4_rounded(nf4_rounded(x[e], arithmetic) / absmax, arithmetic), arithmetic);
       codes[e / 2] = e % 2 == 0 ? uint8_t(code << 4) : uint8_t(codes[e / 2] | code);
     }
   }
