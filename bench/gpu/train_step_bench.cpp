@@ -163,6 +163,7 @@ int run(int argc, char** argv) {
     setup.lora_alpha = 128;
     for (int p : {cuda::kQ, cuda::kV, cuda::kO, cuda::kGate, cuda::kUp, cuda::kDown}) setup.lora_on[p] = true;
     setup.quantize_base = mode == "qlora";
+    setup.quantize_unadapted = setup.quantize_base;  // a Llama: k_proj's base NF4 too, as torchtune's QLoRA
   }
   setup.activation_checkpointing = arg(argc, argv, "activation-checkpointing", 0) != 0;
   setup.activation_offloading = arg(argc, argv, "activation-offloading", 0) != 0;

@@ -69,18 +69,27 @@ Tensor in_dtype(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : 
 // The model as HF names it, in order, each tensor made only when the writer reaches it (so that a save
 // holds one merged projection at a time, not the merged model): a projection whose adapter is among
 // `adapters` merged with it (LoraAdapter::merged_weight: a bf16-stored base widened into an f32 copy;
-// QLoRA's from its NF4 base), any other parameter as it is; in `dtype`. A parameter among `streamed` (the trainable
+// QLoRA's from its NF4 base), one among `frozen_nf4` its dequantised NF4, any other parameter as it
+// is; in `dtype`. A parameter among `streamed` (the trainable
 // values a save streams, StreamedTensors) is planned with that shape and no produce(): its values come
 // from the stream. One among `in_turn` (FrozenInTurn) is planned with that shape, its value read only
 // when produce() runs. Tied heads are not parameters: not written.
 std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
                                                     const std::vector<std::shared_ptr<model::LoraAdapter>>& adapters,
+                                                    const std::vector<std::shared_ptr<model::FrozenNf4Adapter>>& frozen_nf4,
                                                     DType dtype, const std::map<std::string, Shape>& streamed,
                                                     const std::map<std::string, Shape>& in_turn) {
-  std::map<std::string, std::pair<const model::Linear*, const model::LoraAdapter*>> adapted;  // by weight name
-  for (model::Linear* linear : decoder.linears())
+  // By weight name: the projection, and the weight a plain Linear would need in its place.
+  std::map<std::string, std::pair<const model::Linear*, std::function<Tensor()>>> adapted;
+  for (model::Linear* linear : decoder.linears()) {
+    if (!linear->adapter) continue;
     for (const auto& a : adapters)
-      if (linear->adapter && a.get() == linear->adapter.get()) adapted[linear->weight->name] = {linear, a.get()};
+      if (a.get() == linear->adapter.get())
+        adapted[linear->weight->name] = {linear, [linear, a] { return a->merged_weight(*linear); }};
+    for (const auto& f : frozen_nf4)
+      if (f.get() == linear->adapter.get())
+        adapted[linear->weight->name] = {linear, [linear, f] { return f->merged_weight(*linear); }};
+  }
   std::vector<io::PlannedTensor> tensors;
   for (model::Parameter* p : decoder.parameters()) {
     if (p->name.rfind("base_model.model.", 0) == 0) continue;  // adapter parameters
@@ -98,9 +107,9 @@ std::vector<io::PlannedTensor> merged_model_tensors(model::Decoder& decoder,
                          }});
       continue;
     }
-    const auto [linear, adapter] = it->second;
+    const auto& [linear, merged] = it->second;
     tensors.push_back({p->name, dtype, Shape{linear->out, linear->in},
-                       [linear, adapter, dtype] { return in_dtype(adapter->merged_weight(*linear), dtype); }});
+                       [merged, dtype] { return in_dtype(merged(), dtype); }});
   }
   return tensors;
 }
@@ -302,7 +311,8 @@ void HfCheckpointer::write_checkpoint(const SaveRequest& request, const fs::path
     if (request.frozen.hold)
       for (const io::TensorSpec& t : request.frozen.tensors) frozen[t.name] = t.shape;
     std::vector<io::PlannedTensor> tensors =
-        merged_model_tensors(*request.decoder, request.adapters, request.weights_dtype, streamed, frozen);
+        merged_model_tensors(*request.decoder, request.adapters, request.frozen_nf4,
+                             request.weights_dtype, streamed, frozen);
     for (io::PlannedTensor& t : tensors)
       if (frozen.count(t.name)) in_turn[t.name] = std::exchange(t.produce, nullptr);  // not written at the opening
     model_files = open_model_files(tmp, checkpoint_dir_, tensors);

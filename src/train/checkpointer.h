@@ -28,6 +28,7 @@
 
 #include "core/tensor.h"
 #include "io/safetensors.h"
+#include "model/adapters/frozen_nf4_adapter.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
 
@@ -73,6 +74,8 @@ struct SaveRequest {
   std::string name;                              // "epoch_0", "step_40"
   model::Decoder* decoder = nullptr;
   std::vector<std::shared_ptr<model::LoraAdapter>> adapters;  // empty: full fine-tune
+  // QLoRA's layer projections without LoRA: the merged model holds their dequantised NF4 (torchtune's)
+  std::vector<std::shared_ptr<model::FrozenNf4Adapter>> frozen_nf4;
   std::optional<AdapterDescription> adapter;
   bool adapter_weights_only = false;             // save_adapter_weights_only: no merged model
   DType weights_dtype = DType::BF16;             // of the merged model files

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "model/adapters/frozen_nf4_adapter.h"
 #include "model/adapters/lora_adapter.h"
 
 namespace ktune::train {
@@ -57,8 +58,8 @@ cuda::DecoderConfig map_model(const model::ModelConfig& mc, std::vector<std::str
 }
 
 // The training: LoRA placement and everything the recipe config asks of the step.
-cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe, int64_t batch, int64_t seq_len,
-                              std::vector<std::string>& gaps) {
+cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe, const model::ModelConfig& mc,
+                              int64_t batch, int64_t seq_len, std::vector<std::string>& gaps) {
   cuda::TrainingSetup s;
   s.batch = batch;
   s.seq_len = seq_len;
@@ -84,6 +85,8 @@ cuda::TrainingSetup map_setup(const RecipeConfig& cfg, const RecipeSpec& recipe,
     if (!known) gaps.push_back("LoRA on " + module);
   }
   s.quantize_base = cfg.model.quantize_base;  // QLoRA: NF4 bases (lm_head's if adapted), the CPU quantiser's codes
+  // and, as the CPU recipe attaches model::FrozenNf4Adapter, the layers' unadapted projections' (torchtune's)
+  s.quantize_unadapted = s.quantize_base && model::qlora_quantizes_unadapted(mc.family);
   s.lora_dropout = float(cfg.model.lora_dropout);  // the CPU adapters' mask function (lora_seed: the recipe's)
   s.use_dora = cfg.model.use_dora;  // PEFT's DoRA, the CPU adapter's math (magnitude uploaded by name; lm_head's too)
   return s;
@@ -95,7 +98,7 @@ CudaStepPlan plan_cuda_step(const RecipeConfig& cfg, const RecipeSpec& recipe, c
                             int64_t batch, int64_t seq_len) {
   CudaStepPlan plan;
   plan.model = map_model(mc, plan.gaps);
-  plan.setup = map_setup(cfg, recipe, batch, seq_len, plan.gaps);
+  plan.setup = map_setup(cfg, recipe, mc, batch, seq_len, plan.gaps);
   return plan;
 }
 

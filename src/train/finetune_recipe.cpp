@@ -24,6 +24,7 @@
 #include "io/safetensors.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/nf4.h"
+#include "model/adapters/frozen_nf4_adapter.h"
 #include "model/adapters/lora_adapter.h"
 #include "model/decoder.h"
 #include "text/chat_format.h"
@@ -283,6 +284,8 @@ class FinetuneRecipe {
   std::unique_ptr<HfCheckpointer> checkpointer_;
   std::unique_ptr<model::Decoder> model_;
   std::vector<std::shared_ptr<model::LoraAdapter>> adapters_;
+  // QLoRA on Llama, Mistral, Gemma 2: the layer projections without LoRA, their bases NF4 too (torchtune's)
+  std::vector<std::shared_ptr<model::FrozenNf4Adapter>> frozen_nf4_;
   std::optional<AdapterDescription> adapter_description_;
   std::vector<model::Parameter*> trainable_;
   std::vector<io::TensorSpec> trainable_specs_;  // their names, dtypes and shapes, as a save plans them
@@ -526,6 +529,10 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
     options.seed = seed_;
     model::LoraTargets targets{cfg_.model.lora_attn_modules, cfg_.model.apply_lora_to_mlp, cfg_.model.apply_lora_to_output};
     adapters_ = model::attach_lora(*model_, targets, options);
+    // As torchtune's QLoRA builders: Llama, Mistral and Gemma 2 hold the layers' other projections in
+    // NF4 too (FrozenNF4Linear), Qwen2 keeps them in the model's dtype.
+    if (options.quantize_base && model::qlora_quantizes_unadapted(mc.family))
+      frozen_nf4_ = model::attach_frozen_nf4(*model_, options.nf4_arithmetic, options.nf4_on_demand);
     if (options.dora_magnitudes_later) share_dora_magnitudes();
     adapter_description_ = AdapterDescription{options, model::lora_target_modules(targets)};
   } else {
@@ -547,9 +554,17 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
     setup_gpu_training();
   else
     setup_cpu_training(storage, trainable_bytes);
+  std::string adapted;
+  if (recipe_.lora) {
+    adapted = " (adapters on " + std::to_string(adapters_.size()) + " projections";
+    if (!frozen_nf4_.empty())
+      adapted += "; the frozen bases of the layers' " + std::to_string(frozen_nf4_.size()) +
+                 " other projections NF4 too, as torchtune's QLoRA";
+    adapted += ")";
+  }
   if (rank0_)
     log_info("model: " + mc.model_type + ", " + std::to_string(mc.num_parameters()) + " parameters, " +
-             std::to_string(n_trainable) + " trainable" + (recipe_.lora ? " (adapters on " + std::to_string(adapters_.size()) + " projections)" : ""));
+             std::to_string(n_trainable) + " trainable" + adapted);
 }
 
 // Each rank makes the magnitudes of adapters rank, rank + W, ... (the row norms of their bases: QLoRA's
@@ -722,8 +737,10 @@ void FinetuneRecipe::release_host_values() {
   // and its frozen base where a merged model is written. A full fine-tune's saves stream the trained
   // values from the GPUs (CudaTrainer::stream_trainable): nothing kept.
   model_->release_values([&](const model::Parameter& p) { return !rank0_ || !(p.trainable ? recipe_.lora : merged_saved); });
-  if (!rank0_ || !merged_saved)  // what an adapter holds of its base (QLoRA's NF4, unless made on demand): as the frozen base
+  if (!rank0_ || !merged_saved) {  // what an adapter holds of its base (QLoRA's NF4, unless made on demand): as the frozen base
     for (const auto& a : adapters_) a->release_base();
+    for (const auto& f : frozen_nf4_) f->release_base();
+  }
   malloc_trim(0);  // the freed values were heap blocks (below glibc's dynamic mmap threshold): back to the OS
   int64_t value_bytes = 0, grad_bytes = 0, nf4_bytes = 0;
   for (const model::Parameter* p : model_->parameters()) {
@@ -735,8 +752,10 @@ void FinetuneRecipe::release_host_values() {
   // Rank 0 of a LoRA run: the frozen values it keeps for its saves are the files' pages, read for the
   // upload; dropped from its resident memory until a save reads them again.
   const int64_t mapped_bytes = model_->drop_mapped_pages();
-  if (cfg_.model.quantize_base)  // NF4 codes and scales the adapters hold (none when made on demand)
+  if (cfg_.model.quantize_base) {  // NF4 codes and scales the adapters hold (none when made on demand)
     for (const auto& a : adapters_) nf4_bytes += int64_t(a->base_weight_bytes(model_->linear(a->module_name())));
+    for (const auto& f : frozen_nf4_) nf4_bytes += int64_t(f->base_weight_bytes());
+  }
   const std::string role =
       !rank0_ ? "rank " + std::to_string(group_.rank()) + ": no values, its GPU holds them and rank 0 writes the checkpoints"
       : !recipe_.lora ? "rank 0: no values, a save streams the trained ones from the GPUs as it writes them"
@@ -822,6 +841,7 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
     r.name = name;
     r.decoder = model_.get();
     r.adapters = adapters_;
+    r.frozen_nf4 = frozen_nf4_;
     r.adapter = adapter_description_;
     r.adapter_weights_only = cfg_.save_adapter_weights_only;
     r.weights_dtype = saved_weights_dtype();

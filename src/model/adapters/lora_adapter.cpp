@@ -25,27 +25,6 @@ float row_norm(const float* row, int64_t n) {
   return float(std::sqrt(sum));
 }
 
-// NF4 codes and scales of an f32 or bf16 weight as the model stores it (n values): one held in
-// another dtype (a GPU run's host, which maps a bf16 checkpoint rather than copy it to f32, or an
-// f32 or f16 one under bf16 storage) read as stored a chunk of whole blocks at a time
-// (read_stored_f32, which refuses what it cannot read), so that its codes are those of its stored
-// values without an f32 copy of the weight; the scales, double quantised over the whole tensor, once
-// every chunk's blocks have their absmax.
-void quantize_to_nf4(uint8_t* codes, float* scales, const Parameter& weight, cpu::Nf4Arithmetic arithmetic) {
-  const Tensor& value = weight.value;
-  const int64_t n = value.numel();
-  if (value.dtype() == DType::F32 && !value_in_other_dtype(weight))
-    return cpu::nf4_quantize(codes, scales, value.f32(), n, arithmetic);
-  constexpr int64_t kChunk = 1024 * cpu::kNf4BlockSize;
-  std::vector<float> wide(size_t(std::min(n, kChunk)));
-  for (int64_t first = 0; first < n; first += kChunk) {
-    const int64_t m = std::min(kChunk, n - first);
-    read_stored_f32(weight, first, m, wide.data());
-    cpu::nf4_quantize_blocks(codes + first / 2, scales + first / cpu::kNf4BlockSize, wide.data(), m, arithmetic);
-  }
-  cpu::nf4_double_quantize_scales(scales, n / cpu::kNf4BlockSize, arithmetic);
-}
-
 }  // namespace
 
 LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
@@ -66,19 +45,7 @@ LoraAdapter::LoraAdapter(Linear& base, const LoraOptions& options)
   float* a = lora_a_.value.f32();
   for (int64_t i = 0; i < r * in_; ++i) a[i] = (2.0f * uniform01(seed, uint64_t(i)) - 1.0f) * bound;
 
-  if (options.quantize_base) {
-    const int64_t n = in_ * out_;
-    check(n % 64 == 0, module_, "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(n));
-    base.weight->grad = Tensor();
-    base.weight->trainable = false;
-    if (!options.nf4_on_demand) {
-      nf4_codes_.resize(size_t(n / 2));
-      nf4_scales_.resize(size_t(n / 64));
-      quantize_to_nf4(nf4_codes_.data(), nf4_scales_.data(), *base.weight, options.nf4_arithmetic);
-      nf4_scratch_.resize(cpu::nf4_linear_scratch_floats(in_, out_));
-      base.weight->value = Tensor();  // the base weight is gone: only NF4 remains
-    }
-  }
+  if (options.quantize_base) nf4_.emplace(base, options.nf4_arithmetic, options.nf4_on_demand);
   if (options.use_dora) {
     magnitude_.name = prefix + ".lora_magnitude_vector";
     magnitude_.value = Tensor::zeros({out_});
@@ -114,80 +81,47 @@ int64_t LoraAdapter::scratch_floats(int64_t N) const {
 }
 
 void LoraAdapter::release_base() {
-  if (!options_.quantize_base) return;
-  std::vector<uint8_t>().swap(nf4_codes_);
-  std::vector<float>().swap(nf4_scales_);
-  std::vector<float>().swap(nf4_scratch_);
-  base_released_ = true;
-}
-
-void LoraAdapter::check_base_held() const {
-  check(!base_released_, module_, "its NF4 base was released (release_base): this host model no longer computes");
-}
-
-void LoraAdapter::check_computes() const {
-  check_base_held();
-  check(!(options_.quantize_base && options_.nf4_on_demand), module_,
-        "its NF4 base is made on demand (LoraOptions::nf4_on_demand: a GPU run's host model, whose GPU computes): "
-        "this host model does not compute");
+  if (nf4_) nf4_->release();
 }
 
 Tensor LoraAdapter::base_weight(const Linear& base) const {
-  check_base_held();
-  if (!options_.quantize_base) {
-    const Tensor& w = base.weight->value;
-    if (w.dtype() == DType::F32 && !value_in_other_dtype(*base.weight)) return w;
-    Tensor wide = Tensor::empty(w.shape());  // widened from bf16, or an f32 value read as its bf16 storage
-    read_stored_f32(*base.weight, 0, w.numel(), wide.f32());
-    return wide;
-  }
-  Tensor w = Tensor::empty({out_, in_});
-  if (options_.nf4_on_demand) {  // the codes the eager path holds, made for this call only
-    check(base.weight->value.defined(), module_, "its base value was released: this host model no longer has it");
-    std::vector<uint8_t> codes(size_t(out_ * in_ / 2));
-    std::vector<float> scales(size_t(out_ * in_ / cpu::kNf4BlockSize));
-    quantize_to_nf4(codes.data(), scales.data(), *base.weight, options_.nf4_arithmetic);
-    cpu::nf4_dequantize(w.f32(), codes.data(), scales.data(), out_ * in_, options_.nf4_arithmetic);
-    return w;
-  }
-  cpu::nf4_dequantize(w.f32(), nf4_codes_.data(), nf4_scales_.data(), out_ * in_, options_.nf4_arithmetic);
-  return w;
+  if (nf4_) return nf4_->dequantized(base);
+  const Tensor& w = base.weight->value;
+  if (w.dtype() == DType::F32 && !value_in_other_dtype(*base.weight)) return w;
+  Tensor wide = Tensor::empty(w.shape());  // widened from bf16, or an f32 value read as its bf16 storage
+  read_stored_f32(*base.weight, 0, w.numel(), wide.f32());
+  return wide;
 }
 
 size_t LoraAdapter::base_weight_bytes(const Linear& base) const {
-  if (options_.quantize_base) return nf4_codes_.size() + nf4_scales_.size() * sizeof(float);
+  if (nf4_) return nf4_->bytes();
   return base.weight->value.defined() ? base.weight->value.bytes() : 0;
 }
 
 void LoraAdapter::base_forward(float* y, const float* x, int64_t N, const Linear& base) {
-  check_computes();
-  if (options_.quantize_base)
-    cpu::nf4_linear_forward(y, x, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, options_.nf4_arithmetic,
-                            nf4_scratch_.data());
+  if (nf4_)
+    nf4_->forward(y, x, N);
   else
     cpu::gemm(false, true, N, out_, in_, 1.0f, x, base.weight->value.f32(), 0.0f, y);
 }
 
 void LoraAdapter::base_backward_input(float* dx, const float* dy, int64_t N, const Linear& base, float* scratch) {
-  check_computes();
-  if (options_.quantize_base)
-    cpu::nf4_linear_backward_input(dx, dy, nf4_codes_.data(), nf4_scales_.data(), N, in_, out_, options_.nf4_arithmetic,
-                                   nf4_scratch_.data(), true);
+  if (nf4_)
+    nf4_->backward_input(dx, dy, N);
   else
     cpu::gemm(false, false, N, in_, out_, 1.0f, dy, base.weight->value.f32(), 1.0f, dx);
 }
 
 void LoraAdapter::compute_dora_scale(const float* base_weight) {
-  check_computes();
+  if (nf4_) nf4_->check_computes();
   // ‖W + s·B·A‖ per row, a block of rows at a time: rows = W[block] + s · B[block] @ A
   const int64_t r = options_.rank;
   std::vector<float>& rows = dropout_rows_;
   rows.resize(size_t(std::max<int64_t>(kRowBlock * in_, int64_t(rows.size()))));
   for (int64_t o0 = 0; o0 < out_; o0 += kRowBlock) {
     const int64_t m = std::min(kRowBlock, out_ - o0);
-    if (options_.quantize_base)
-      cpu::nf4_dequantize_range(rows.data(), nf4_codes_.data(), nf4_scales_.data(), o0 * in_, (o0 + m) * in_,
-                                options_.nf4_arithmetic);
+    if (nf4_)
+      nf4_->dequantize_rows(rows.data(), o0, m);
     else
       std::memcpy(rows.data(), base_weight + o0 * in_, sizeof(float) * size_t(m * in_));
     cpu::gemm(false, false, m, in_, r, scale_, lora_b_.value.f32() + o0 * r, lora_a_.value.f32(), 1.0f, rows.data());
@@ -322,7 +256,7 @@ void LoraAdapter::backward(float* dx, const float* dy, const float* x, int64_t N
 size_t LoraAdapter::fused_output_scratch_floats(int64_t chunk_tokens) const {
   cpu::OutputHead head;
   head.rank = options_.rank;
-  head.nf4_codes = options_.quantize_base ? nf4_codes_.data() : nullptr;
+  head.nf4_codes = nf4_ ? nf4_->codes() : nullptr;
   head.dora = options_.use_dora;
   return cpu::linear_cross_entropy_scratch_floats(chunk_tokens, out_, in_, head);
 }
@@ -333,8 +267,8 @@ double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid,
                                                float* scratch) {
   const int64_t r = options_.rank, C = in_;
   const bool dropping = options_.dropout > 0.0f && training_;
-  check(options_.quantize_base || base_weight != nullptr, module_, "the fused loss needs the f32 base weight");
-  check_computes();
+  check(nf4_ || base_weight != nullptr, module_, "the fused loss needs the f32 base weight");
+  if (nf4_) nf4_->check_computes();
   // xa (N, r) = dropout(hidden) Aᵀ, once for all rows (ignored rows cost N·C·r, small beside the head).
   head_xa_.resize(size_t(N * r));
   // DoRA with dropout: PEFT's base term (c − 1) ⊙ x' Wᵀ needs the dropped rows x' (N, C) themselves.
@@ -356,9 +290,9 @@ double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid,
   if (options_.use_dora) compute_dora_scale(options_.quantize_base ? nullptr : base_weight);
 
   cpu::OutputHead head;
-  head.weight = options_.quantize_base ? nullptr : base_weight;
-  head.nf4_codes = options_.quantize_base ? nf4_codes_.data() : nullptr;
-  head.nf4_scales = options_.quantize_base ? nf4_scales_.data() : nullptr;
+  head.weight = nf4_ ? nullptr : base_weight;
+  head.nf4_codes = nf4_ ? nf4_->codes() : nullptr;
+  head.nf4_scales = nf4_ ? nf4_->scales() : nullptr;
   head.nf4_arithmetic = options_.nf4_arithmetic;
   head.rank = r;
   head.lora_b = lora_b_.value.f32();

@@ -2,9 +2,10 @@
 //   LoRA:  y = base(x) + s · B(A(dropout(x)))                     s = alpha / r (alpha / √r: rsLoRA)
 //   DoRA:  y = c ⊙ (x Wᵀ + s · B(A x)) + b,   c = m / ‖W + s·B·A‖_row  (the norm detached, as PEFT)
 //          with dropout (PEFT's variant): y = x Wᵀ + b + (c − 1) ⊙ x' Wᵀ + c ⊙ s · B(A x'), x' = dropout(x)
-//   QLoRA: the base W kept only in NF4 (torchao's, as torchtune's QLoRA: blocks of 64, double-quantised
-//          scales held as an f32 each; kernels/cpu/nf4.h): the f32 (or bf16) weight is freed when the
-//          adapter attaches and never rebuilt whole in training.
+//   QLoRA: the base W kept only in NF4 (Nf4Base: torchao's, as torchtune's QLoRA: blocks of 64,
+//          double-quantised scales held as an f32 each; kernels/cpu/nf4.h): the f32 (or bf16) weight is
+//          freed when the adapter attaches and never rebuilt whole in training. (The projections QLoRA
+//          leaves without LoRA: FrozenNf4Adapter.)
 // Parameters are named as PEFT names them (`base_model.model.<module>.lora_A.weight`, `…lora_B.weight`,
 // `…lora_magnitude_vector`), so saving an adapter is writing parameters() as they are.
 // Init as PEFT: A kaiming-uniform (bound 1/√in), B zero, m the row norms of W.
@@ -24,7 +25,10 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "kernels/cpu/nf4.h"
+#include "model/adapters/nf4_base.h"
 #include "model/linear.h"
 
 namespace ktune::model {
@@ -124,14 +128,7 @@ class LoraAdapter : public LinearAdapter {
   int64_t in_ = 0, out_ = 0;
   float scale_ = 1.0f;
   Parameter lora_a_, lora_b_, magnitude_;
-  // QLoRA base
-  std::vector<uint8_t> nf4_codes_;
-  std::vector<float> nf4_scales_;
-  std::vector<float> nf4_scratch_;
-  bool base_released_ = false;  // release_base
-  void check_base_held() const;
-  // check_base_held(), and not a base made NF4 on demand (nothing to compute on).
-  void check_computes() const;
+  std::optional<Nf4Base> nf4_;  // QLoRA's base (options_.quantize_base)
   // DoRA: per output row, ‖W + sBA‖ and m / ‖·‖ (recomputed each forward; the weights do not
   // change between a forward and its backward)
   std::vector<float> weight_norm_, dora_scale_;

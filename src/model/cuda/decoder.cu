@@ -533,6 +533,7 @@ void Decoder::validate() const {
   check(setup.full_finetune || any_lora, "cuda decoder", "nothing to train: neither full_finetune nor LoRA");
   check(!setup.quantize_base || (any_lora && !setup.full_finetune), "cuda decoder",
         "quantize_base (QLoRA) needs LoRA and a frozen base (no full_finetune)");
+  check(!setup.quantize_unadapted || setup.quantize_base, "cuda decoder", "quantize_unadapted needs quantize_base");
   check(setup.lora_dropout >= 0.0f && setup.lora_dropout < 1.0f, "cuda decoder", "lora_dropout must be in [0, 1)");
   check(!setup.use_dora || (any_lora && !setup.full_finetune), "cuda decoder",
         "use_dora (DoRA) needs LoRA and a frozen base (no full_finetune)");
@@ -638,17 +639,18 @@ void Decoder::allocate(bool on_device) {
     }
   }
 
-  // QLoRA: the base weights of the adapted projections in NF4 (codes + scales instead of bf16 values).
-  // lm_head's is dequantised a block of head_rows vocabulary rows at a time (the fused loss, DoRA's norms).
+  // QLoRA: the base weights of the adapted projections in NF4 (codes + scales instead of bf16 values),
+  // and with quantize_unadapted those of the layers' other projections. lm_head's (adapted only) is
+  // dequantised a block of head_rows vocabulary rows at a time (the fused loss, DoRA's norms).
   s.head_rows = std::min(V, setup_.head_block_rows > 0 ? setup_.head_block_rows : kDefaultHeadBlockRows);
   std::vector<bool> nf4(params_.size(), false);
   int64_t nf4_largest = 0;
   if (setup_.quantize_base) {
-    std::vector<const Impl::Linear*> adapted = {&s.output};  // lm_head's W too when it carries LoRA
+    std::vector<const Impl::Linear*> quantized = {&s.output};  // lm_head's W too when it carries LoRA
     for (const Impl::Layer& layer : s.layers)
-      for (const Impl::Linear& lin : layer.proj) adapted.push_back(&lin);
-    for (const Impl::Linear* lin : adapted) {
-      if (lin->lora_a < 0) continue;
+      for (const Impl::Linear& lin : layer.proj) quantized.push_back(&lin);
+    for (const Impl::Linear* lin : quantized) {
+      if (lin->lora_a < 0 && (lin == &s.output || !setup_.quantize_unadapted)) continue;
       const DeviceParameter& w = params_[size_t(lin->weight)];
       check(w.numel % cpu::kNf4BlockSize == 0, "cuda decoder: parameter " + w.name,
             "QLoRA needs out*in divisible by 64 (NF4 blocks), got " + std::to_string(w.numel));

@@ -45,7 +45,8 @@
 // are those without checkpointing; the activation arena shrinks by (num_layers - 1) layers' worth.
 //
 // QLoRA (TrainingSetup::quantize_base): the adapted projections' frozen base weights as NF4 (lm_head's
-// too when it carries LoRA, as the CPU adapter does). LoRA dropout (TrainingSetup::lora_dropout): the
+// too when it carries LoRA, as the CPU adapter does; with quantize_unadapted the layers' other
+// projections too, as the CPU FrozenNf4Adapter). LoRA dropout (TrainingSetup::lora_dropout): the
 // CPU adapter's masks, redrawn on the device. DoRA (TrainingSetup::use_dora): the CPU adapter's math
 // (dora.h), on lm_head too (inside the fused loss, cross_entropy.h's LoraHead).
 //
@@ -168,9 +169,8 @@ struct TrainingSetup {
   // does): the constructor refuses it; Decoder::plan plans it as kGemm, the larger scratch.
   enum class Attention { kGemm, kFlash, kTensorCore, kAuto } attention = Attention::kGemm;
   // QLoRA (the CPU LoraOptions::quantize_base): the frozen base weight of every projection that
-  // carries LoRA (lora_on; torchtune's QLoRA recipes adapt q, v, o and the MLP, and quantise the unadapted
-  // k_proj too, which this keeps bf16; lm_head with lora_on_output, which torchtune keeps unquantised) held
-  // on the device only as NF4
+  // carries LoRA (lora_on; lm_head with lora_on_output, which torchtune keeps unquantised), and with
+  // quantize_unadapted of the layers' other projections too, held on the device only as NF4
   // (DeviceParameter::nf4_codes / nf4_scales, kernels/cpu/nf4.h's layout: blocks of 64, an f32
   // scale each, torchao's double-quantised one), quantised on the host when uploaded by the CPU quantiser
   // in bf16 arithmetic (kernels/cpu/nf4_codes.cpp, compiled in: torchtune's QLoRA's NF4 of a bf16 model),
@@ -178,6 +178,11 @@ struct TrainingSetup {
   // a weight dequantises it to bf16 scratch first (one projection at a time; lm_head's a block of head_block_rows
   // vocabulary rows at a time, inside the fused loss). Needs LoRA and no full_finetune.
   bool quantize_base = false;
+  // QLoRA: the layers' projections without LoRA in NF4 too (the CPU model::FrozenNf4Adapter): what
+  // torchtune's Llama, Mistral and Gemma 2 QLoRA builders do (FrozenNF4Linear; its QLoRA configs adapt
+  // q, v, o and the MLP, so k_proj); its Qwen2 ones keep them in bf16 (model::qlora_quantizes_unadapted).
+  // Needs quantize_base. lm_head without LoRA stays bf16 either way.
+  bool quantize_unadapted = false;
   // QLoRA: the layers' NF4 projections (without DoRA, of shapes kernels/cuda/nf4_gemm.h takes) run
   // the GEMM that dequantises W tile by tile in shared memory (forward and input gradient) instead of
   // dequantising W into bf16 scratch for cuBLASLt; the scratch is then planned only for the weights

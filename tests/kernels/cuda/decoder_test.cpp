@@ -921,24 +921,34 @@ cuda::TrainingSetup qlora_setup(std::initializer_list<int> lora) {
   return setup;
 }
 
-// quantize_base: exactly the adapted projections' base weights live as NF4 (no bf16 copy), their
+// QLoRA as torchtune's Llama, Mistral and Gemma 2 builders make it: the layers' unadapted
+// projections' bases NF4 too (quantize_unadapted).
+cuda::TrainingSetup qlora_all_bases_setup(std::initializer_list<int> lora) {
+  cuda::TrainingSetup setup = qlora_setup(lora);
+  setup.quantize_unadapted = true;
+  return setup;
+}
+
+// quantize_base: exactly the adapted projections' base weights live as NF4 (with quantize_unadapted:
+// every layer projection's; lm_head without LoRA and the embeddings never) (no bf16 copy), their
 // codes and scales are the reference quantisation of what was uploaded, download_value returns code *
 // scale, uploading that again gives the same codes (the CPU adapter's dequantised base re-uploads
 // exactly), and the memory plan holds the NF4 bytes instead of bf16.
-KTUNE_CUDA_TEST(DecoderQloraBaseIsNf4OfTheUploadedWeights) {
-  const cuda::DecoderConfig config = tiny_qwen2_config(true);
-  const cuda::TrainingSetup setup = qlora_setup({cuda::kQ, cuda::kV, cuda::kDown});
+void expect_nf4_bases_of_uploaded_weights(const std::string& what, const cuda::DecoderConfig& config,
+                                          const cuda::TrainingSetup& setup, int64_t want_nf4_params) {
   cuda::Decoder model(config, setup, 9);
   randomise(model, 500);
   int64_t nf4_params = 0, nf4_values = 0;
   for (auto& p : model.parameters()) {
-    const bool adapted_base = p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0 &&
-                              p.name.rfind("model.layers.", 0) == 0 &&
-                              (p.name.find("q_proj") != std::string::npos || p.name.find("v_proj") != std::string::npos ||
-                               p.name.find("down_proj") != std::string::npos);
-    CHECK((p.nf4_codes != nullptr) == adapted_base) << p.name << (adapted_base ? " must" : " must not") << " be NF4";
+    const bool layer_weight = p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0 &&
+                              p.name.rfind("model.layers.", 0) == 0 && p.name.find("_proj") != std::string::npos;
+    const bool adapted = p.name.find("q_proj") != std::string::npos || p.name.find("v_proj") != std::string::npos ||
+                         p.name.find("down_proj") != std::string::npos;
+    const bool nf4_base = layer_weight && (adapted || setup.quantize_unadapted);
+    CHECK((p.nf4_codes != nullptr) == nf4_base) << what << ": " << p.name << (nf4_base ? " must" : " must not")
+                                                << " be NF4";
     if (!p.nf4_codes) {
-      CHECK(p.value != nullptr) << p.name;
+      CHECK(p.value != nullptr) << what << ": " << p.name;
       continue;
     }
     CHECK(p.value == nullptr && p.grad == nullptr && p.nf4_scales != nullptr) << p.name << ": NF4 only, frozen";
@@ -965,19 +975,36 @@ KTUNE_CUDA_TEST(DecoderQloraBaseIsNf4OfTheUploadedWeights) {
     cuda::copy_to_host(codes.data(), p.nf4_codes, codes.size());
     CHECK(codes == want_codes) << p.name << ": re-uploading the dequantised weight changed its codes";
   }
-  CHECK(nf4_params == 2 * 3) << "NF4 weights: " << nf4_params;
+  CHECK(nf4_params == want_nf4_params) << what << ": NF4 weights: " << nf4_params;
   const cuda::Decoder::MemoryPlan plan = model.memory_plan();
   const size_t nf4_min = size_t(nf4_values / 2 + nf4_values / 16);
   CHECK(plan.nf4_base >= nf4_min && plan.nf4_base <= nf4_min + size_t(2 * 256 * nf4_params) &&
         plan.parameters > plan.nf4_base && plan.nf4_scratch >= size_t(config.intermediate_size * config.hidden_size * 2))
-      << "memory plan: nf4_base " << plan.nf4_base << " (codes + scales " << nf4_min << "), parameters " << plan.parameters
-      << ", scratch " << plan.nf4_scratch;
+      << what << ": memory plan: nf4_base " << plan.nf4_base << " (codes + scales " << nf4_min << "), parameters "
+      << plan.parameters << ", scratch " << plan.nf4_scratch;
   cuda::TrainingSetup plain = setup;
-  plain.quantize_base = false;
+  plain.quantize_base = plain.quantize_unadapted = false;
   cuda::Decoder bf16_model(config, plain, 9);
   CHECK(bf16_model.memory_plan().parameters >= model.memory_plan().parameters + size_t(nf4_values) * 2 - plan.nf4_base)
-      << "the NF4 plan must drop the bf16 copies: " << bf16_model.memory_plan().parameters << " vs "
+      << what << ": the NF4 plan must drop the bf16 copies: " << bf16_model.memory_plan().parameters << " vs "
       << model.memory_plan().parameters;
+}
+
+KTUNE_CUDA_TEST(DecoderQloraBaseIsNf4OfTheUploadedWeights) {
+  const cuda::DecoderConfig config = tiny_qwen2_config(true);
+  expect_nf4_bases_of_uploaded_weights("adapted q,v,down", config, qlora_setup({cuda::kQ, cuda::kV, cuda::kDown}),
+                                       2 * 3);
+  expect_nf4_bases_of_uploaded_weights("every layer projection", config,
+                                       qlora_all_bases_setup({cuda::kQ, cuda::kV, cuda::kDown}), 2 * 7);
+  cuda::TrainingSetup refused = qlora_all_bases_setup({cuda::kQ});
+  refused.quantize_base = false;
+  bool threw = false;
+  try {
+    cuda::Decoder::plan(config, refused);
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("quantize_unadapted needs quantize_base") != std::string::npos;
+  }
+  CHECK(threw) << "quantize_unadapted without quantize_base must be refused";
 }
 
 // A QLoRA step against the CPU reference on the dequantised NF4 weights (as the GPU's GEMMs read
@@ -987,6 +1014,10 @@ KTUNE_CUDA_TEST(DecoderQloraStepMatchesCpuReference) {
   check_step("qlora q,v,o,mlp tied", tiny_config(true), qlora_setup(kAllButKey));
   check_step_with("qwen2 qlora q,v,down untied [gemm attention]", tiny_qwen2_config(false),
                   qlora_setup({cuda::kQ, cuda::kV, cuda::kDown}));
+  // torchtune's Llama QLoRA: k_proj without LoRA, its base NF4 too; and the MLP unadapted and NF4
+  check_step("qlora q,v,o,mlp tied, k_proj NF4 too", tiny_config(true), qlora_all_bases_setup(kAllButKey));
+  check_step_with("qlora q,v untied, k, o and the MLP NF4 too [gemm attention]", tiny_config(false),
+                  qlora_all_bases_setup({cuda::kQ, cuda::kV}));
 }
 
 // TrainingSetup::nf4_fused_gemm: the NF4 projections the fused GEMM takes (kernels/cuda/nf4_gemm.h:
@@ -1814,8 +1845,9 @@ Zero3Bytes lora_zero3_bytes(const cuda::DecoderConfig& c, const cuda::TrainingSe
     const int64_t in = dims[p][0], out = dims[p][1];
     const bool biased = (c.qkv_bias && p <= cuda::kV) || (c.o_bias && p == cuda::kO) || (c.mlp_bias && p >= cuda::kGate);
     if (biased) layer += elements(out);
-    if (s.lora_on[p] && s.quantize_base && nf4_in_units) layer += int64_t(nf4(in * out) / 2);
-    else if (s.lora_on[p] && s.quantize_base) nf4_a_layer += nf4(in * out);
+    const bool nf4_base = s.quantize_base && (s.lora_on[p] || s.quantize_unadapted);
+    if (nf4_base && nf4_in_units) layer += int64_t(nf4(in * out) / 2);
+    else if (nf4_base) nf4_a_layer += nf4(in * out);
     else layer += elements(in * out);
     if (s.lora_on[p]) whole_a_layer += bytes(r * in) + bytes(out * r) + (s.use_dora ? bytes(out) : 0);
   }
@@ -1907,6 +1939,7 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBasePlanPiecesAndTwoSlots) {
   } setups[] = {{"lora q,v", family_setup(false, {cuda::kQ, cuda::kV})},
                 {"dora all but k", dora(family_setup(false, kAllButKey))},
                 {"qlora q,v,o,mlp", qlora_setup(kAllButKey)},
+                {"qlora q,v,o,mlp, k NF4 too", qlora_all_bases_setup(kAllButKey)},
                 {"qlora dora all but k", dora(qlora_setup(kAllButKey))},
                 {"qlora all + lm_head", with_head(qlora_setup(kAllProjections))}};
   for (const auto& k : setups)
@@ -2297,8 +2330,9 @@ void expect_sharded_weights_step(const std::string& case_name, const cuda::Decod
       << " gathers";
   // The last layer is in its slot after forward_loss, layer 0 is not; AdamW moves a full fine-tune's
   // pieces on, and then no layer is (LoRA's frozen base stays). o_proj's weight where it is bf16, else
-  // (QLoRA on o) the input norm's; QLoRA's NF4 weights likewise (v_proj's: adapted in every QLoRA case).
-  const bool o_nf4 = setup.quantize_base && setup.lora_on[cuda::kO];
+  // (QLoRA on o, or o NF4 unadapted) the input norm's; QLoRA's NF4 weights likewise (v_proj's: adapted
+  // in every QLoRA case).
+  const bool o_nf4 = setup.quantize_base && (setup.lora_on[cuda::kO] || setup.quantize_unadapted);
   const std::string tensor = o_nf4 ? "input_layernorm.weight" : "self_attn.o_proj.weight";
   const std::string q0 = "model.layers.0." + tensor, q_last = "model.layers." + std::to_string(L - 1) + "." + tensor;
   const std::string v0 = "model.layers.0.self_attn.v_proj.weight",
@@ -2406,6 +2440,8 @@ KTUNE_CUDA_TEST(DecoderShardedWeightsLoraBaseStepPrefetchesEachLayerAndGivesTheU
                               with(qlora_setup(kAllButKey), false, false, 0.0f), 2, 0, "late");
   expect_sharded_weights_step("qlora all but k rank 1 of 2", tiny_config(true),
                               with(qlora_setup(kAllButKey), false, false, 0.0f), 2, 1, "eager");
+  expect_sharded_weights_step("qlora q,v, the other projections NF4 too, dropout 0.1 rank 1 of 2", tiny_config(false),
+                              with(qlora_all_bases_setup({cuda::kQ, cuda::kV}), false, false, 0.1f), 2, 1, "late");
   expect_sharded_weights_step("qlora dora dropout 0.1 checkpointed rank 2 of 3", tiny_config(true),
                               with(qlora_setup(kAllButKey), true, true, 0.1f), 3, 2, "late");
   cuda::TrainingSetup fused = with(qlora_setup(kAllButKey), true, false, 0.0f);

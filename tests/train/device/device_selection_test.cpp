@@ -105,6 +105,19 @@ TEST(PlanCudaStep, QloraDoraAndLoraDropoutGoToTheGpuStepAsConfigured) {
   EXPECT_EQ(plain.setup.lora_dropout, 0.0f);
 }
 
+// As the CPU recipe attaches model::FrozenNf4Adapter: the layers' unadapted projections NF4 too under
+// QLoRA for the families whose torchtune QLoRA builders quantise them (all but Qwen2), never without it.
+TEST(PlanCudaStep, QloraQuantisesTheUnadaptedProjectionsAsTorchtunesBuildersForTheFamily) {
+  const RecipeConfig qlora = tiny("lora_finetune_single_device", {"model.quantize_base=True"});
+  const RecipeConfig lora = tiny("lora_finetune_single_device");
+  const RecipeSpec& recipe = *find_recipe("lora_finetune_single_device");
+  for (const std::string name : {"llama", "mistral", "gemma2", "qwen2"}) {
+    const bool unadapted = name != "qwen2";
+    EXPECT_EQ(plan_cuda_step(qlora, recipe, family(name), 2, 64).setup.quantize_unadapted, unadapted) << name;
+    EXPECT_FALSE(plan_cuda_step(lora, recipe, family(name), 2, 64).setup.quantize_unadapted) << name;
+  }
+}
+
 TEST(PlanCudaStep, ActivationCheckpointingAndOffloadingGoToTheGpuStepAsConfigured) {
   for (const std::string recipe : {"lora_finetune_single_device", "full_finetune_single_device"}) {
     for (int setting = 0; setting < 3; ++setting) {  // neither, checkpointing, checkpointing + offloading

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "io/safetensors.h"
+#include "kernels/cpu/nf4.h"
 #include "model/decoder.h"
 #include "tiny_recipe_run.h"
 
@@ -277,6 +278,45 @@ TEST_F(RecipeTest, DoraMagnitudesMadeAShareARankAreOneProcesssBitForBit) {
     }
     EXPECT_GT(magnitudes, 3) << "fewer adapters than ranks: no share to sum";
   }
+}
+
+// QLoRA on a Llama holds every layer projection's base in NF4, the unadapted ones too (k, o and the
+// MLP here: torchtune's FrozenNF4Linear), and its merged model holds each as torchtune's state-dict
+// hook writes it, the dequantised NF4: with lr=0 (B stays 0) every layer projection of the saved model
+// is the plain reference quantiser's dequantisation of the original (f32 arithmetic under fp32),
+// bit for bit, and every other tensor the original. Two ranks (the base sharded) save the same bytes.
+TEST_F(RecipeTest, QloraQuantisesTheUnadaptedProjectionsTooAndSavesThemDequantisedAsTorchtune) {
+  const std::string args = "epochs=1 max_steps_per_epoch=1 batch_size=2 optimizer.lr=0 model.quantize_base=True "
+                           "model.lora_rank=4 model.lora_attn_modules=[q_proj,v_proj] model.apply_lora_to_mlp=False";
+  Outcome one = run("", "lora_finetune_single_device", "lora_single_device", args, out("one"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("adapters on 8 projections; the frozen bases of the layers' 20 other projections NF4 too"),
+            std::string::npos)
+      << one.output;
+  io::SafetensorsFile original = io::SafetensorsFile::open(model() + "/model.safetensors");
+  io::SafetensorsFile merged = io::SafetensorsFile::open(out("one") + "/epoch_0/model-00001-of-00001.safetensors");
+  int quantised = 0;
+  for (const std::string& name : original.names()) {
+    const Tensor x = original.to_f32(name), y = merged.to_f32(name);
+    ASSERT_EQ(x.numel(), y.numel()) << name;
+    Tensor want = x;
+    if (name.rfind("model.layers.", 0) == 0 && name.find("_proj.weight") != std::string::npos) {
+      ++quantised;
+      const int64_t n = x.numel();
+      std::vector<uint8_t> codes(static_cast<size_t>(n / 2));
+      std::vector<float> scales(static_cast<size_t>(n / cpu::kNf4BlockSize));
+      cpu::nf4_quantize_reference(codes.data(), scales.data(), x.f32(), n, cpu::Nf4Arithmetic::kF32);
+      want = Tensor::empty(x.shape());
+      cpu::nf4_dequantize(want.f32(), codes.data(), scales.data(), n, cpu::Nf4Arithmetic::kF32);
+    }
+    EXPECT_EQ(std::memcmp(want.raw(), y.raw(), want.bytes()), 0) << name << " is not its expected merged value";
+  }
+  EXPECT_EQ(quantised, 4 * 7);
+  Outcome two = run("--nproc_per_node 2 --standalone", "lora_finetune_distributed", "lora_single_device", args, out("two"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_EQ(max_abs_diff(out("one") + "/epoch_0/model-00001-of-00001.safetensors",
+                         out("two") + "/epoch_0/model-00001-of-00001.safetensors"),
+            0.0);
 }
 
 TEST_F(RecipeTest, ShardedResumeFromAMidEpochCheckpointContinuesExactly) {
