@@ -126,24 +126,24 @@ void bench_nf4(int64_t M, int64_t out, int64_t in) {
   try {
     ktune::cuda::GemmContext ctx;
     ktune::cuda::DeviceBuffer x(size_t(M * in) * 2), y(size_t(M * out) * 2), dy(size_t(M * out) * 2),
-        dx(size_t(M * in) * 2), codes(size_t(out * in / 2)), scales(size_t(out * in / 64) * 4),
+        dx(size_t(M * in) * 2), codes(size_t(out * in / 2)), scales(size_t(out * in / 64) * 2),
         scratch(size_t(out * in) * 2);
     for (auto* b : {&x, &dy}) cudaMemset(b->data(), 0x3c, b->bytes());  // 0.0115 everywhere
     cudaMemset(codes.data(), 0x9e, codes.bytes());                     // small nonzero codes
-    const std::vector<float> scale(size_t(out * in / 64), 0.05f);
-    scales.upload(scale.data(), scale.size() * 4);
+    const std::vector<bf16_t> scale(size_t(out * in / 64), ktune::f32_to_bf16(0.05f));  // held as bf16
+    scales.upload(scale.data(), scale.size() * 2);
     auto plain_fwd = [&] {
-      ktune::cuda::nf4_dequantize(scratch.as<bf16_t>(), codes.as<uint8_t>(), scales.as<float>(), out * in);
+      ktune::cuda::nf4_dequantize(scratch.as<bf16_t>(), codes.as<uint8_t>(), scales.as<bf16_t>(), out * in);
       ktune::cuda::gemm_bf16_out_bf16(ctx, false, true, M, out, in, 1.0f, x.as<bf16_t>(), scratch.as<bf16_t>(), 0.0f,
                                       y.as<bf16_t>());
     };
     auto plain_bwd = [&] {
-      ktune::cuda::nf4_dequantize(scratch.as<bf16_t>(), codes.as<uint8_t>(), scales.as<float>(), out * in);
+      ktune::cuda::nf4_dequantize(scratch.as<bf16_t>(), codes.as<uint8_t>(), scales.as<bf16_t>(), out * in);
       ktune::cuda::gemm_bf16_out_bf16(ctx, false, false, M, in, out, 1.0f, dy.as<bf16_t>(), scratch.as<bf16_t>(), 0.0f,
                                       dx.as<bf16_t>());
     };
     ktune::cuda::Nf4GemmCall f;
-    f.M = M, f.N = out, f.K = in, f.A = x.as<bf16_t>(), f.codes = codes.as<uint8_t>(), f.scales = scales.as<float>();
+    f.M = M, f.N = out, f.K = in, f.A = x.as<bf16_t>(), f.codes = codes.as<uint8_t>(), f.scales = scales.as<bf16_t>();
     f.w_transposed = true, f.C = y.as<bf16_t>(), f.out = ktune::DType::BF16;
     ktune::cuda::Nf4GemmCall b = f;
     b.N = in, b.K = out, b.A = dy.as<bf16_t>(), b.w_transposed = false, b.C = dx.as<bf16_t>();

@@ -9,7 +9,8 @@
 // to bf16 as PyTorch's bf16 tensors do (the weight itself read as its bf16 rounding, the codes' values
 // rounded to bf16, a value dequantised to bf16(code · scale)); under f32 plainly in f32.
 // Stored: the codes and each block's scale as an f32 (the dequantised double-quantised scaler, as
-// torchao computes it before each use), not torchao's int8 scalers: 4.5 bits a value, not 4.13.
+// torchao computes it before each use), not torchao's int8 scalers: 4.5 bits a value, not 4.13 (the GPU
+// step holds them as bf16, which in bf16 arithmetic they are: 4.25).
 // A tensor whose block count is not a multiple of 256 (torchao refuses one) ends in a shorter group.
 // The linear ops dequantise a block of weight rows at a time into caller scratch and multiply with
 // gemm(): the f32 weight never exists in full.

@@ -56,7 +56,7 @@ struct LoraHead {
   // nf4_block_rows vocabulary rows at a time into nf4_block ((nf4_block_rows, C) bf16;
   // nf4_block_rows * C a multiple of 64).
   const uint8_t* nf4_codes = nullptr;
-  const float* nf4_scales = nullptr;
+  const bf16_t* nf4_scales = nullptr;
   int64_t nf4_block_rows = 0;
   bf16_t* nf4_block = nullptr;
 };

@@ -63,8 +63,8 @@ __device__ __forceinline__ void load_a_tile(bf16* a_s, const bf16* A, int64_t M,
 
 // out[0 .. 15] = W's flattened elements first .. first + 15 (first a multiple of 16), dequantised
 // and rounded to bf16 as nf4_dequantize does.
-__device__ __forceinline__ void dequantize_16(bf16* out, const uint8_t* codes, const float* scales, int64_t first) {
-  const float scale = scales[first / cpu::kNf4BlockSize];
+__device__ __forceinline__ void dequantize_16(bf16* out, const uint8_t* codes, const bf16* scales, int64_t first) {
+  const float scale = __bfloat162float(scales[first / cpu::kNf4BlockSize]);
   const uint8_t* bytes = codes + first / 2;
   for (int j = 0; j < 8; ++j) {
     const uint8_t byte = bytes[j];
@@ -75,7 +75,7 @@ __device__ __forceinline__ void dequantize_16(bf16* out, const uint8_t* codes, c
 
 // The B tile of k0 in W's orientation (see the top of the file).
 template <bool kWTransposed>
-__device__ __forceinline__ void dequantize_b_tile(bf16* b_s, const uint8_t* codes, const float* scales, int64_t N,
+__device__ __forceinline__ void dequantize_b_tile(bf16* b_s, const uint8_t* codes, const bf16* scales, int64_t N,
                                                   int64_t K, int64_t n0, int64_t k0) {
   if (kWTransposed) {  // W (N, K): thread t: W row n0 + t / 2, columns k0 + 16 (t % 2) .. + 15
     const int n = threadIdx.x / 2, k = 16 * (threadIdx.x % 2);
@@ -88,7 +88,7 @@ __device__ __forceinline__ void dequantize_b_tile(bf16* b_s, const uint8_t* code
 
 template <typename TC, bool kWTransposed>
 __global__ void __launch_bounds__(kThreads) nf4_gemm_kernel(TC* C, const bf16* A, const uint8_t* codes,
-                                                            const float* scales, const TC* bias, int64_t M, int64_t N,
+                                                            const bf16* scales, const TC* bias, int64_t M, int64_t N,
                                                             int64_t K, float alpha, float beta) {
   extern __shared__ __align__(128) unsigned char smem[];  // kSharedBytes: a_s | b_s | c_s
   bf16* a_s = reinterpret_cast<bf16*>(smem);
@@ -146,11 +146,12 @@ void launch(const Nf4GemmCall& g, Stream stream) {
   auto* C = static_cast<TC*>(g.C);
   const auto* bias = static_cast<const TC*>(g.bias);
   const auto* A = reinterpret_cast<const bf16*>(g.A);
+  const auto* scales = reinterpret_cast<const bf16*>(g.scales);
   if (g.w_transposed)
-    nf4_gemm_kernel<TC, true><<<grid, kThreads, kSharedBytes, stream>>>(C, A, g.codes, g.scales, bias, g.M, g.N,
+    nf4_gemm_kernel<TC, true><<<grid, kThreads, kSharedBytes, stream>>>(C, A, g.codes, scales, bias, g.M, g.N,
                                                                      g.K, g.alpha, g.beta);
   else
-    nf4_gemm_kernel<TC, false><<<grid, kThreads, kSharedBytes, stream>>>(C, A, g.codes, g.scales, bias, g.M, g.N,
+    nf4_gemm_kernel<TC, false><<<grid, kThreads, kSharedBytes, stream>>>(C, A, g.codes, scales, bias, g.M, g.N,
                                                                      g.K, g.alpha, g.beta);
   KTUNE_CUDA_CHECK_LAUNCH();
 }

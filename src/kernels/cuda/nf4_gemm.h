@@ -25,7 +25,7 @@ struct Nf4GemmCall {
   float alpha = 1.0f, beta = 0.0f;  // beta == 0 never reads C
   const bf16_t* A = nullptr;        // (M, K) row-major, packed, 16-byte aligned
   const uint8_t* codes = nullptr;   // W's NF4 codes (N*K/2 bytes)
-  const float* scales = nullptr;    // W's block scales (N*K/64)
+  const bf16_t* scales = nullptr;   // W's block scales (N*K/64)
   // true (a linear's forward, y = x W^T): W is (N, K) and B(k, n) = W[n, k];
   // false (its input gradient, dx = dy W): W is (K, N) and B(k, n) = W[k, n].
   bool w_transposed = true;

@@ -142,7 +142,7 @@ struct LinearRef {
   const bf16_t* bias = nullptr;  // (out) or nullptr
   float* dbias = nullptr;        // (out) f32, nullptr: no bias or frozen
   const uint8_t* nf4_codes = nullptr;  // QLoRA: W in NF4 (w is nullptr), dequantised before each use
-  const float* nf4_scales = nullptr;
+  const bf16_t* nf4_scales = nullptr;
   float dropout = 0;          // > 0: the adapter reads dropout(x) (this pass trains and LoRA dropout is on)
   uint64_t dropout_seed = 0;  // lora_dropout_seed(lora_seed, key, module) for this pass
   int64_t dropout_first = 0;  // the mask index of x's first element (a slice of rows: first row * in)
@@ -169,11 +169,24 @@ T* offset(T* p, int64_t n) {
 }
 
 // x (numel) quantised on the host (the CPU quantiser, in bf16 arithmetic: torchao's NF4 of a bf16
-// model, as the GPU step trains): codes (numel / 2) bytes, scales (numel / 64) f32.
+// model, as the GPU step trains): codes (numel / 2) bytes, scales (numel / 64) f32, each a bf16 value.
 struct Nf4OnHost {
   std::vector<uint8_t> codes;
   std::vector<float> scales;
 };
+
+// The scales as the device holds them: bf16, each exactly its f32 value (the bf16 arithmetic's
+// q / factor + mean is rounded to bf16); refused otherwise, as a scale the device would change.
+std::vector<bf16_t> scales_as_bf16(const std::vector<float>& scales) {
+  std::vector<bf16_t> held(scales.size());
+  for (size_t i = 0; i < scales.size(); ++i) {
+    held[i] = ktune::f32_to_bf16(scales[i]);
+    const float back = ktune::bf16_to_f32(held[i]);
+    check(back == scales[i] || (std::isnan(back) && std::isnan(scales[i])), "cuda decoder: NF4",
+          "block scale " + std::to_string(i) + " is not a bf16 value");
+  }
+  return held;
+}
 Nf4OnHost quantize_on_host(const float* x, int64_t numel) {
   Nf4OnHost q{std::vector<uint8_t>(size_t(numel / 2)), std::vector<float>(size_t(numel / cpu::kNf4BlockSize))};
   cpu::nf4_quantize(q.codes.data(), q.scales.data(), x, numel, cpu::Nf4Arithmetic::kBf16);
@@ -181,9 +194,10 @@ Nf4OnHost quantize_on_host(const float* x, int64_t numel) {
 }
 
 // The whole of q into codes and scales on the device (p's own, or its layer's slot).
-void copy_nf4_to_device(uint8_t* codes, float* scales, const Nf4OnHost& q) {
+void copy_nf4_to_device(uint8_t* codes, bf16_t* scales, const Nf4OnHost& q) {
   copy_to_device(codes, q.codes.data(), q.codes.size());
-  copy_to_device(scales, q.scales.data(), q.scales.size() * sizeof(float));
+  const std::vector<bf16_t> held = scales_as_bf16(q.scales);
+  copy_to_device(scales, held.data(), held.size() * sizeof(bf16_t));
 }
 
 }  // namespace
@@ -717,7 +731,7 @@ void Decoder::allocate(bool on_device) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const size_t n = size_t(params_[i].numel);
     if (layer_weight_sharded(i)) continue;
-    if (nf4[i]) nf4_bytes += aligned(n / 2) + aligned(n / size_t(cpu::kNf4BlockSize) * sizeof(float));
+    if (nf4[i]) nf4_bytes += aligned(n / 2) + aligned(n / size_t(cpu::kNf4BlockSize) * sizeof(bf16_t));
     else pbytes += aligned(n * 2);
   }
   pbytes += nf4_bytes;
@@ -953,13 +967,13 @@ void Decoder::allocate(bool on_device) {
       if (nf4[i]) {  // the codes' and the scales' bytes at their places (256-byte aligned)
         p.nf4_scales_offset = nf4_scales_offset[i];
         p.nf4_codes = reinterpret_cast<uint8_t*>(slot + p.weight_offset);
-        p.nf4_scales = reinterpret_cast<float*>(slot + p.nf4_scales_offset);
+        p.nf4_scales = slot + p.nf4_scales_offset;
       } else {
         p.value = slot + p.weight_offset;
       }
     } else if (nf4[i]) {
       p.nf4_codes = s.param_arena->allocate_n<uint8_t>(size_t(p.numel / 2));
-      p.nf4_scales = s.param_arena->allocate_n<float>(size_t(p.numel / cpu::kNf4BlockSize));
+      p.nf4_scales = s.param_arena->allocate_n<bf16_t>(size_t(p.numel / cpu::kNf4BlockSize));
     } else {
       p.value = s.param_arena->allocate_n<bf16_t>(size_t(p.numel));
     }
@@ -1196,7 +1210,7 @@ void Decoder::upload_nf4(const DeviceParameter& p, const ValueReader& read, int6
   // is. Only the 64-value blocks whose codes that part holds are quantised (a bf16 element of the codes
   // is 4 values, of block e / 16): 1/W of the quantising on each GPU. Every block's absmax is read: the
   // scales are double quantised over the whole tensor (their mean, and their groups of 256).
-  const int64_t code_elements = p.numel / 4, scale_elements = blocks * 2;
+  const int64_t code_elements = p.numel / 4, scale_elements = blocks;
   const WeightRange codes = weight_piece_range(p.weight_layer, p.weight_offset, code_elements);
   const int64_t c0 = std::min(codes.begin / 16, blocks), c1 = std::max(c0, std::min((codes.end + 15) / 16, blocks));
   read_blocks(0, c0, false);
@@ -1204,7 +1218,7 @@ void Decoder::upload_nf4(const DeviceParameter& p, const ValueReader& read, int6
   read_blocks(c1, blocks, false);
   cpu::nf4_double_quantize_scales(q.scales.data(), blocks, bf16);
   write_piece(p.weight_layer, p.weight_offset, q.codes.data(), code_elements);
-  write_piece(p.weight_layer, p.nf4_scales_offset, q.scales.data(), scale_elements);
+  write_piece(p.weight_layer, p.nf4_scales_offset, scales_as_bf16(q.scales).data(), scale_elements);
 }
 
 void Decoder::write_piece(int64_t layer, int64_t offset, const void* host, int64_t n) {
@@ -1248,7 +1262,7 @@ std::vector<int64_t> Decoder::weight_unit_layout(const std::vector<int64_t>& lay
       offset[i] = offset_in_unit[i];
     } else if (nf4[i]) {
       offset[i] = place(l, n / 2);
-      (*nf4_scales_offset)[i] = place(l, n / size_t(cpu::kNf4BlockSize) * sizeof(float));
+      (*nf4_scales_offset)[i] = place(l, n / size_t(cpu::kNf4BlockSize) * sizeof(bf16_t));
     } else {
       offset[i] = place(l, n * sizeof(bf16_t));
     }
@@ -1399,9 +1413,11 @@ std::vector<float> Decoder::download_value(const std::string& name) {
             std::to_string(p.weight_layer) + ") first, on every rank");
   if (p.nf4_codes) {
     std::vector<uint8_t> codes(size_t(p.numel / 2));
-    std::vector<float> scales(size_t(p.numel / cpu::kNf4BlockSize)), out(size_t(p.numel));
+    std::vector<bf16_t> held(size_t(p.numel / cpu::kNf4BlockSize));
+    std::vector<float> scales(held.size()), out(size_t(p.numel));
     copy_to_host(codes.data(), p.nf4_codes, codes.size());
-    copy_to_host(scales.data(), p.nf4_scales, scales.size() * sizeof(float));
+    copy_to_host(held.data(), p.nf4_scales, held.size() * sizeof(bf16_t));
+    for (size_t b = 0; b < held.size(); ++b) scales[b] = ktune::bf16_to_f32(held[b]);
     cpu::nf4_dequantize(out.data(), codes.data(), scales.data(), p.numel, cpu::Nf4Arithmetic::kBf16);
     return out;
   }

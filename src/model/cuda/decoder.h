@@ -171,8 +171,8 @@ struct TrainingSetup {
   // QLoRA (the CPU LoraOptions::quantize_base): the frozen base weight of every projection that
   // carries LoRA (lora_on; lm_head with lora_on_output, which torchtune keeps unquantised), and with
   // quantize_unadapted of the layers' other projections too, held on the device only as NF4
-  // (DeviceParameter::nf4_codes / nf4_scales, kernels/cpu/nf4.h's layout: blocks of 64, an f32
-  // scale each, torchao's double-quantised one), quantised on the host when uploaded by the CPU quantiser
+  // (DeviceParameter::nf4_codes / nf4_scales, kernels/cpu/nf4.h's layout: blocks of 64, a scale
+  // each, torchao's double-quantised one, a bf16 value held as bf16), quantised on the host when uploaded by the CPU quantiser
   // in bf16 arithmetic (kernels/cpu/nf4_codes.cpp, compiled in: torchtune's QLoRA's NF4 of a bf16 model),
   // so the codes and scales are the CPU engine's bit for bit. Each GEMM that reads such
   // a weight dequantises it to bf16 scratch first (one projection at a time; lm_head's a block of head_block_rows
@@ -292,11 +292,13 @@ struct DeviceParameter {
   bf16_t* shard_value = nullptr;
   // shard_weights: the layer whose weight unit holds this parameter's bf16 value (-1: held whole) and
   // its first element's place in that unit (and in its weight slot); an NF4 parameter's codes are
-  // there (numel / 4 bf16 elements' bytes) and its scales at nf4_scales_offset (numel / 32).
+  // there (numel / 4 bf16 elements' bytes) and its scales at nf4_scales_offset (numel / 64).
   int64_t weight_layer = -1, weight_offset = 0, nf4_scales_offset = 0;
   int64_t unit = 0;  // trainable: its gradient unit (gradient_units(); unit 0 unless shard_gradients)
   uint8_t* nf4_codes = nullptr;  // TrainingSetup::quantize_base: (numel / 2) bytes, two codes a byte
-  float* nf4_scales = nullptr;   // (numel / 64) f32 scales, double quantised (both in the slot when sharded, as value)
+  // (numel / 64) scales, double quantised in bf16 arithmetic and so bf16 values, held as bf16 (4.25 bits a
+  // weight with the codes; torchao's int8 + a factor per 256 blocks: 4.13) (both in the slot when sharded, as value)
+  bf16_t* nf4_scales = nullptr;
 };
 
 struct StepResult {

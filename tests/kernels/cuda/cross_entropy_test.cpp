@@ -180,7 +180,7 @@ void check_fused_loss_with_dora(float softcap, bool dropped) {
   }
 
   auto d_h = to_device(cuda_test::to_bf16(hidden)), d_hd = to_device(cuda_test::to_bf16(hd));
-  auto d_w = to_device(cuda_test::to_bf16(weight)), d_codes = to_device(codes), d_scales = to_device(scales);
+  auto d_w = to_device(cuda_test::to_bf16(weight)), d_codes = to_device(codes), d_scales = to_device(cuda_test::to_bf16(scales));  // bf16 values, held as bf16
   auto d_xa = to_device(cuda_test::to_bf16(xa)), d_b = to_device(cuda_test::to_bf16(lora_b));
   auto d_c = to_device(c), d_norm = to_device(norm), d_labels = to_device(labels);
   cuda::DeviceBuffer d_block(size_t(block * C) * 2);
@@ -199,7 +199,7 @@ void check_fused_loss_with_dora(float softcap, bool dropped) {
     lora.dora_scale = d_c.as<float>(), lora.weight_norm = d_norm.as<float>(), lora.dmagnitude = d_dm.as<float>();
     if (dropped) lora.dropped_hidden = d_hd.as<bf16_t>(), lora.ddropped_hidden = d_dhd.as<float>();
     if (nf4) {
-      lora.nf4_codes = d_codes.as<uint8_t>(), lora.nf4_scales = d_scales.as<float>();
+      lora.nf4_codes = d_codes.as<uint8_t>(), lora.nf4_scales = d_scales.as<bf16_t>();
       lora.nf4_block_rows = block, lora.nf4_block = d_block.as<bf16_t>();
     }
     Got got;
@@ -230,11 +230,11 @@ void check_fused_loss_with_dora(float softcap, bool dropped) {
   }
   // The blocks' dequantisation itself is exact anywhere: block by block equals whole.
   cuda::DeviceBuffer d_whole(weight.size() * 2);
-  cuda::nf4_dequantize(d_whole.as<bf16_t>(), d_codes.as<uint8_t>(), d_scales.as<float>(), V * C);
+  cuda::nf4_dequantize(d_whole.as<bf16_t>(), d_codes.as<uint8_t>(), d_scales.as<bf16_t>(), V * C);
   std::vector<bf16_t> blocks(weight.size());
   for (int64_t v0 = 0; v0 < V; v0 += block) {
     const int64_t rows = std::min(block, V - v0);
-    cuda::nf4_dequantize(d_block.as<bf16_t>(), d_codes.as<uint8_t>() + v0 * C / 2, d_scales.as<float>() + v0 * C / 64,
+    cuda::nf4_dequantize(d_block.as<bf16_t>(), d_codes.as<uint8_t>() + v0 * C / 2, d_scales.as<bf16_t>() + v0 * C / 64,
                          rows * C);
     const std::vector<bf16_t> part = from_device<bf16_t>(d_block, size_t(rows * C));
     std::copy(part.begin(), part.end(), blocks.begin() + v0 * C);

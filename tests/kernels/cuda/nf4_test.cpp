@@ -39,12 +39,12 @@ std::vector<uint8_t> random_codes(size_t bytes, uint32_t seed) {
 KTUNE_CUDA_TEST(Nf4DequantizeMatchesTorchaosLayout) {
   const int64_t n = 64 * 300;
   auto codes = random_codes(static_cast<size_t>(n / 2), 1);
-  auto scales = random_floats(static_cast<size_t>(n / 64), 2, 0.01f, 2.0f);
+  auto scales = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(n / 64), 2, 0.01f, 2.0f));  // bf16, as held
   auto want = dequantize(codes, scales);
-  auto d_codes = to_device(codes), d_scales = to_device(scales);
+  auto d_codes = to_device(codes), d_scales = to_device(cuda_test::to_bf16(scales));
   cuda::DeviceBuffer d_x(static_cast<size_t>(n) * 4), d_xb(static_cast<size_t>(n) * 2);
-  cuda::nf4_dequantize(d_x.as<float>(), d_codes.as<uint8_t>(), d_scales.as<float>(), n);
-  cuda::nf4_dequantize(d_xb.as<bf16_t>(), d_codes.as<uint8_t>(), d_scales.as<float>(), n);
+  cuda::nf4_dequantize(d_x.as<float>(), d_codes.as<uint8_t>(), d_scales.as<bf16_t>(), n);
+  cuda::nf4_dequantize(d_xb.as<bf16_t>(), d_codes.as<uint8_t>(), d_scales.as<bf16_t>(), n);
   auto got = from_device<float>(d_x, want.size());
   CHECK_CLOSE(got.data(), want.data(), n, 0.0, 0.0);  // one f32 multiply on both sides: exact
   auto got_b = cuda_test::from_bf16(from_device<bf16_t>(d_xb, want.size()));
@@ -55,7 +55,7 @@ KTUNE_CUDA_TEST(Nf4DequantizeMatchesTorchaosLayout) {
 KTUNE_CUDA_TEST(Nf4LinearForwardAndInputGradientMatchDequantizedGemm) {
   const int64_t N = 24, in = 128, out = 96;
   auto codes = random_codes(static_cast<size_t>(out * in / 2), 3);
-  auto scales = random_floats(static_cast<size_t>(out * in / 64), 4, 0.05f, 0.5f);
+  auto scales = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(out * in / 64), 4, 0.05f, 0.5f));
   auto w = cuda_test::rounded_to_bf16(dequantize(codes, scales));  // what the GEMM multiplies
   auto x = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(N * in), 5));
   auto dy = cuda_test::rounded_to_bf16(random_floats(static_cast<size_t>(N * out), 6));
@@ -72,14 +72,14 @@ KTUNE_CUDA_TEST(Nf4LinearForwardAndInputGradientMatchDequantizedGemm) {
       dx[size_t(r * in + i)] += float(acc);  // accumulate_dx
     }
   }
-  auto d_codes = to_device(codes), d_scales = to_device(scales);
+  auto d_codes = to_device(codes), d_scales = to_device(cuda_test::to_bf16(scales));
   auto d_x = to_device(cuda_test::to_bf16(x)), d_dy = to_device(cuda_test::to_bf16(dy)), d_dx = to_device(dx0);
   cuda::DeviceBuffer d_y(y.size() * 4), scratch(static_cast<size_t>(out * in) * 2);
   cuda::GemmContext ctx;
-  cuda::nf4_linear_forward(ctx, d_y.as<float>(), d_x.as<bf16_t>(), d_codes.as<uint8_t>(), d_scales.as<float>(), N, in,
+  cuda::nf4_linear_forward(ctx, d_y.as<float>(), d_x.as<bf16_t>(), d_codes.as<uint8_t>(), d_scales.as<bf16_t>(), N, in,
                            out, scratch.as<bf16_t>());
   cuda::nf4_linear_backward_input(ctx, d_dx.as<float>(), d_dy.as<bf16_t>(), d_codes.as<uint8_t>(),
-                                  d_scales.as<float>(), N, in, out, scratch.as<bf16_t>(), true);
+                                  d_scales.as<bf16_t>(), N, in, out, scratch.as<bf16_t>(), true);
   auto got_y = from_device<float>(d_y, y.size()), got_dx = from_device<float>(d_dx, dx.size());
   // bf16 products are exact in f32; f32 accumulation over <= 128 terms of size <= 0.5: 1e-5.
   CHECK_CLOSE(got_y.data(), y.data(), int64_t(y.size()), 1e-5, 1e-5);
@@ -109,7 +109,7 @@ struct Nf4GemmInputs {
 Nf4GemmInputs nf4_gemm_inputs(int64_t M, int64_t w_numel, int64_t K, uint32_t seed) {
   Nf4GemmInputs in;
   in.codes = random_codes(size_t(w_numel / 2), seed);
-  in.scales = random_floats(size_t(w_numel / 64), seed + 1, 0.05f, 0.5f);
+  in.scales = cuda_test::rounded_to_bf16(random_floats(size_t(w_numel / 64), seed + 1, 0.05f, 0.5f));
   in.w = cuda_test::rounded_to_bf16(dequantize(in.codes, in.scales));
   in.x = cuda_test::rounded_to_bf16(random_floats(size_t(M * K), seed + 2));
   return in;
@@ -125,11 +125,12 @@ KTUNE_CUDA_TEST(Nf4GemmFusedMatchesTheDequantizedProductInBothOrientations) {
     for (float beta : {0.0f, 1.0f}) {
       std::vector<float> want(size_t(M * N));
       for (size_t i = 0; i < want.size(); ++i) want[i] = float(0.5 * product[i] + beta * double(c0[i]));
-      auto d_codes = to_device(in.codes), d_scales = to_device(in.scales), d_x = to_device(cuda_test::to_bf16(in.x));
+      auto d_codes = to_device(in.codes), d_scales = to_device(cuda_test::to_bf16(in.scales));
+      auto d_x = to_device(cuda_test::to_bf16(in.x));
       auto d_c = to_device(c0);
       cuda::Nf4GemmCall g;
       g.M = M, g.N = N, g.K = K, g.alpha = 0.5f, g.beta = beta;
-      g.A = d_x.as<bf16_t>(), g.codes = d_codes.as<uint8_t>(), g.scales = d_scales.as<float>();
+      g.A = d_x.as<bf16_t>(), g.codes = d_codes.as<uint8_t>(), g.scales = d_scales.as<bf16_t>();
       g.w_transposed = transposed, g.C = d_c.as<float>(), g.out = DType::F32;
       cuda::nf4_gemm(g);
       auto got = from_device<float>(d_c, want.size());
@@ -151,11 +152,12 @@ KTUNE_CUDA_TEST(Nf4GemmFusedWritesBf16WithBiasAndBeta) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n)
       want[size_t(m * N + n)] = float(product[size_t(m * N + n)] + y0[size_t(m * N + n)] + bias[size_t(n)]);
-  auto d_codes = to_device(in.codes), d_scales = to_device(in.scales), d_x = to_device(cuda_test::to_bf16(in.x));
+  auto d_codes = to_device(in.codes), d_scales = to_device(cuda_test::to_bf16(in.scales));
+  auto d_x = to_device(cuda_test::to_bf16(in.x));
   auto d_y = to_device(cuda_test::to_bf16(y0)), d_bias = to_device(cuda_test::to_bf16(bias));
   cuda::Nf4GemmCall g;
   g.M = M, g.N = N, g.K = K, g.beta = 1.0f, g.A = d_x.as<bf16_t>(), g.codes = d_codes.as<uint8_t>();
-  g.scales = d_scales.as<float>(), g.C = d_y.as<bf16_t>(), g.out = DType::BF16, g.bias = d_bias.as<bf16_t>();
+  g.scales = d_scales.as<bf16_t>(), g.C = d_y.as<bf16_t>(), g.out = DType::BF16, g.bias = d_bias.as<bf16_t>();
   cuda::nf4_gemm(g);
   auto got = cuda_test::from_bf16(from_device<bf16_t>(d_y, want.size()));
   CHECK_CLOSE(got.data(), want.data(), M * N, 1e-5, 1.0 / 256);  // within half a bf16 step (+ f32 sums)
@@ -167,18 +169,18 @@ KTUNE_CUDA_TEST(Nf4GemmFusedEqualsThePlainPath) {
   const int64_t N = 24, in = 256, out = 128;
   auto inputs = nf4_gemm_inputs(N, out * in, in, 51);
   auto dy = cuda_test::to_bf16(random_floats(size_t(N * out), 52));
-  auto d_codes = to_device(inputs.codes), d_scales = to_device(inputs.scales);
+  auto d_codes = to_device(inputs.codes), d_scales = to_device(cuda_test::to_bf16(inputs.scales));
   auto d_x = to_device(cuda_test::to_bf16(inputs.x)), d_dy = to_device(dy);
   cuda::DeviceBuffer y_plain(size_t(N * out) * 4), y_fused(size_t(N * out) * 4), dx_plain(size_t(N * in) * 4),
       dx_fused(size_t(N * in) * 4), scratch(size_t(out * in) * 2);
   cuda::GemmContext ctx;
-  cuda::nf4_linear_forward(ctx, y_plain.as<float>(), d_x.as<bf16_t>(), d_codes.as<uint8_t>(), d_scales.as<float>(), N,
+  cuda::nf4_linear_forward(ctx, y_plain.as<float>(), d_x.as<bf16_t>(), d_codes.as<uint8_t>(), d_scales.as<bf16_t>(), N,
                            in, out, scratch.as<bf16_t>());
   cuda::nf4_linear_backward_input(ctx, dx_plain.as<float>(), d_dy.as<bf16_t>(), d_codes.as<uint8_t>(),
-                                  d_scales.as<float>(), N, in, out, scratch.as<bf16_t>(), false);
+                                  d_scales.as<bf16_t>(), N, in, out, scratch.as<bf16_t>(), false);
   cuda::Nf4GemmCall g;
   g.M = N, g.N = out, g.K = in, g.A = d_x.as<bf16_t>(), g.codes = d_codes.as<uint8_t>();
-  g.scales = d_scales.as<float>(), g.w_transposed = true, g.C = y_fused.as<float>();
+  g.scales = d_scales.as<bf16_t>(), g.w_transposed = true, g.C = y_fused.as<float>();
   cuda::nf4_gemm(g);
   g.N = in, g.K = out, g.A = d_dy.as<bf16_t>(), g.w_transposed = false, g.C = dx_fused.as<float>();
   cuda::nf4_gemm(g);
@@ -192,9 +194,9 @@ KTUNE_CUDA_TEST(Nf4GemmRefusesShapesItDoesNotTake) {
   CHECK(cuda::nf4_gemm_supports(4096, 14336));
   CHECK(!cuda::nf4_gemm_supports(96, 128)) << "N not a multiple of 64";
   CHECK(!cuda::nf4_gemm_supports(128, 32)) << "K not a multiple of 64";
-  cuda::DeviceBuffer a(64 * 64 * 2 + 16), codes(96 * 64 / 2), scales(96 * 64 / 64 * 4), c(64 * 96 * 4);
+  cuda::DeviceBuffer a(64 * 64 * 2 + 16), codes(96 * 64 / 2), scales(96 * 64 / 64 * 2), c(64 * 96 * 4);
   cuda::Nf4GemmCall g;
-  g.M = 64, g.N = 96, g.K = 64, g.A = a.as<bf16_t>(), g.codes = codes.as<uint8_t>(), g.scales = scales.as<float>();
+  g.M = 64, g.N = 96, g.K = 64, g.A = a.as<bf16_t>(), g.codes = codes.as<uint8_t>(), g.scales = scales.as<bf16_t>();
   g.C = c.as<float>();
   auto refused = [](const cuda::Nf4GemmCall& call, const std::string& says) {
     try {
