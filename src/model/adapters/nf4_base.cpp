@@ -54,8 +54,8 @@ void Nf4Base::check_held() const {
 void Nf4Base::check_computes() const {
   check_held();
   check(!on_demand_, module_,
-        "its NF4 base is made on demand (LoraOptions::nf4_on_demand: a GPU run's host model, whose GPU computes): "
-        "this host model does not compute");
+        "its NF4 base is made on demand (a GPU run's host model, whose GPU computes): this host model does not "
+        "compute");
 }
 
 Tensor Nf4Base::dequantized(const Linear& base) const {
