@@ -11,11 +11,7 @@ FrozenNf4Adapter::FrozenNf4Adapter(Linear& base, cpu::Nf4Arithmetic arithmetic, 
 }
 
 void FrozenNf4Adapter::forward(float* y, const float* x, int64_t N, const Linear& base, float* saved) {
-  nf4_.forward(y, x, N);  // (N, out)
-  if (!base.bias) return;
-  const float* bias = base.bias->value.f32();  // (out)
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < base.out; ++o) y[n * base.out + o] += bias[o];
+  nf4_.forward(y, x, N, base.bias ? base.bias->value.f32() : nullptr);  // (N, out)
 }
 
 void FrozenNf4Adapter::backward(float* dx, const float* dy, const float* x, int64_t N, const Linear& base,

@@ -185,14 +185,7 @@ void LoraAdapter::forward(float* y, const float* x, int64_t N, const Linear& bas
       }
     return;
   }
-  if (options_.quantize_base) {
-    base_forward(y, x, N, base);
-    if (base.bias) {
-      const float* bias = base.bias->value.f32();  // (out)
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t o = 0; o < out_; ++o) y[n * out_ + o] += bias[o];
-    }
-  }
+  if (nf4_) nf4_->forward(y, x, N, base.bias ? base.bias->value.f32() : nullptr);  // y = x Wᵀ + b
   cpu::gemm(false, true, N, out_, r, scale_, xa, lora_b_.value.f32(), 1.0f, y);  // y += s · xa Bᵀ
 }
 

@@ -80,9 +80,12 @@ void Nf4Base::dequantize_rows(float* rows, int64_t first_row, int64_t count) con
                             arithmetic_);
 }
 
-void Nf4Base::forward(float* y, const float* x, int64_t N) {
+void Nf4Base::forward(float* y, const float* x, int64_t N, const float* bias) {
   check_computes();
   cpu::nf4_linear_forward(y, x, codes_.data(), scales_.data(), N, in_, out_, arithmetic_, scratch_.data());
+  if (!bias) return;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < out_; ++o) y[n * out_ + o] += bias[o];
 }
 
 void Nf4Base::backward_input(float* dx, const float* dy, int64_t N) {

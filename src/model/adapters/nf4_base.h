@@ -33,8 +33,8 @@ class Nf4Base {
   Tensor dequantized(const Linear& base) const;
   // Rows [first_row, first_row + count) of W dequantised into rows (count, in).
   void dequantize_rows(float* rows, int64_t first_row, int64_t count) const;
-  // y (N, out) = x (N, in) Wᵀ, no bias.
-  void forward(float* y, const float* x, int64_t N);
+  // y (N, out) = x (N, in) Wᵀ (+ bias (out), f32, when not nullptr).
+  void forward(float* y, const float* x, int64_t N, const float* bias = nullptr);
   // dx (N, in) += dy (N, out) W.
   void backward_input(float* dx, const float* dy, int64_t N);
 
