@@ -63,6 +63,11 @@ bool nf4_gemm_fused(bool fused, bool dora, int64_t out, int64_t in) {
 }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// shard_gradients: whether the whole gradient units 0 (the embedding) and L + 1 (the final norm, the
+// head) share one buffer: when the head is untied, so that nothing writes unit 0 before the
+// embedding's backward, the last kernel of the backward (decoder.h, TrainingSetup::shard_gradients).
+bool whole_units_shared(const DecoderConfig& c) { return !c.tie_word_embeddings; }
+
 // Carves typed slices out of an arena, or (arena == nullptr) only adds up their aligned bytes.
 struct Carver {
   DeviceArena* arena = nullptr;
@@ -309,7 +314,8 @@ struct Decoder::Impl {
   bf16_t *dres = nullptr, *dtmp = nullptr, *dln = nullptr;       // (N, C)
   // shard_gradients: the two layer gradient slots (layer l's gradients written into slot l % 2,
   // zeroed before each layer's backward writes them), and the gradient reduce's channels: each of the
-  // two slots and the whole units 0 and L + 1 (channel_of), with its events (ready: recorded on the
+  // two slots and the whole units 0 and L + 1 (channel_of; one channel when they share their buffer,
+  // whole_units_shared: an untied head), with its events (ready: recorded on the
   // default stream behind the unit's backward; reduced: recorded by the hook on its stream behind the
   // reduce-scatter) and the unit whose reduce-scatter it has enqueued and whose piece is not yet in
   // the accumulator (-1: none). "The ZeRO-2 gradient slots" below says who waits on whom.
@@ -319,6 +325,7 @@ struct Decoder::Impl {
   cudaEvent_t grad_ready[kReduceChannels] = {}, grad_reduced[kReduceChannels] = {};
   int64_t reducing[kReduceChannels] = {-1, -1, -1, -1};
   const std::vector<Decoder::GradientUnit>* grad_units = nullptr;  // nullptr: the gradients not sharded
+  bool whole_units_shared = false;  // units 0 and L + 1 in one buffer (an untied head; see decoder.h)
   const Decoder::GradientReduce* gradient_reduce = nullptr;
   float* grad_accumulator = nullptr;  // OptimizerShard::grad
   int64_t grad_shard = 0;
@@ -708,8 +715,9 @@ void Decoder::allocate(bool on_device) {
   size_t grad_slot_bytes = 0;
   if (setup_.shard_gradients) {
     plan_bytes_.grad_accumulators = aligned(size_t(shard_.size) * 4);
-    plan_bytes_.grad_whole_units =
-        aligned(size_t(units_[0].size) * 4) + aligned(size_t(units_[size_t(L + 1)].size) * 4);
+    const size_t embedding_unit = aligned(size_t(units_[0].size) * 4),
+                 top_unit = aligned(size_t(units_[size_t(L + 1)].size) * 4);
+    plan_bytes_.grad_whole_units = whole_units_shared(c) ? std::max(embedding_unit, top_unit) : embedding_unit + top_unit;
     for (int64_t l = 0; l < L; ++l)
       grad_slot_bytes = std::max(grad_slot_bytes, aligned(size_t(units_[size_t(1 + l)].size) * 4));
     plan_bytes_.grad_layer_slots = Impl::kGradSlots * grad_slot_bytes;
@@ -925,8 +933,14 @@ void Decoder::allocate(bool on_device) {
   shard_.v = s.optim_arena->allocate_n<bf16_t>(size_t(shard_.size));
   if (setup_.shard_gradients) {
     shard_.grad = s.grad_arena->allocate_n<float>(size_t(shard_.size));
-    units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
-    units_[size_t(L + 1)].grads = s.grad_arena->allocate_n<float>(size_t(units_[size_t(L + 1)].size));
+    s.whole_units_shared = whole_units_shared(c);
+    if (s.whole_units_shared) {
+      units_[0].grads = s.grad_arena->allocate_n<float>(size_t(std::max(units_[0].size, units_[size_t(L + 1)].size)));
+      units_[size_t(L + 1)].grads = units_[0].grads;
+    } else {
+      units_[0].grads = s.grad_arena->allocate_n<float>(size_t(units_[0].size));
+      units_[size_t(L + 1)].grads = s.grad_arena->allocate_n<float>(size_t(units_[size_t(L + 1)].size));
+    }
     s.grad_slot_bytes = grad_slot_bytes;
     for (int k = 0; k < Impl::kGradSlots; ++k)
       s.grad_slot[k] = static_cast<float*>(s.grad_arena->allocate(s.grad_slot_bytes));
@@ -1337,7 +1351,10 @@ void Decoder::Impl::use_weights(int64_t layer) {
 
 // ---- The ZeRO-2 gradient slots (shard_gradients) ----
 // Layer l's gradients are written into gradient slot l % 2; units 0 (the embedding) and L + 1 (the
-// final norm, an untied lm_head) have buffers of their own. Two streams touch them: the DEFAULT
+// final norm, an untied lm_head) have buffers of their own, or with an untied head one between them
+// (whole_units_shared): unit L + 1's reduce-scatter is enqueued after the loss and the final norm,
+// and the backward settles it (waits for it, adds its piece) and zeroes the buffer for the embedding
+// right before the embedding's backward, so the one channel serves both in turn. Two streams touch them: the DEFAULT
 // stream (the slot zeroed, the layer's backward kernels that write it, then this rank's reduced
 // piece added into its accumulator) and the reduce hook's stream (the in-place reduce-scatter,
 // GradientReduce::enqueue). Who waits on whom, for the channel of a unit (the slot, or the unit's own
@@ -1366,7 +1383,7 @@ void Decoder::Impl::use_weights(int64_t layer) {
 int Decoder::Impl::channel_of(int64_t unit) const {
   const int64_t L = int64_t(grad_units->size()) - 2;
   if (unit == 0) return kGradSlots;
-  if (unit == L + 1) return kGradSlots + 1;
+  if (unit == L + 1) return whole_units_shared ? kGradSlots : kGradSlots + 1;
   return int((unit - 1) % kGradSlots);
 }
 
@@ -1484,7 +1501,8 @@ std::string Decoder::memory_report() const {
   if (setup_.shard_gradients)
     os << "; gradients sharded (ZeRO-2): this GPU's f32 accumulators " << gib(m.grad_accumulators)
        << ", two layers' slots (one written, one reduce-scattering) " << gib(m.grad_layer_slots)
-       << ", the embedding's and the final norm + head's whole "
+       << (whole_units_shared(config_) ? ", the final norm + head's and then the embedding's whole, in one buffer "
+                                        : ", the embedding's and the final norm + head's whole ")
        << gib(m.grad_whole_units);
   if (setup_.shard_weights)
     os << "; weights sharded (ZeRO-3): this GPU's pieces of the layers' "
@@ -2069,6 +2087,11 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
     reduce_unit(1 + l);  // layer l's gradients are complete: its slot's reduce-scatter enqueued
   }
   const DeviceParameter& e = P(embed);
+  if (reducing_units && whole_units_shared) {  // unit L + 1's piece added, its buffer zeroed for unit 0
+    settle(channel_of(0));
+    const Decoder::GradientUnit& unit = (*grad_units)[0];
+    KTUNE_CUDA_CHECK(cudaMemsetAsync(unit.grads, 0, size_t(unit.size) * 4, nullptr));
+  }
   if (e.grad) embedding_backward(e.grad, dres, tokens, N, C, V, embed_scale, flag.data());
   reduce_unit(0);  // the last: its piece is added by settle_all once the backward returns
 }
@@ -2107,8 +2130,10 @@ StepResult Decoder::forward_backward(const int32_t* tokens_host, const int32_t* 
   if (setup_.shard_gradients) {
     check(bool(gradient_reduce_.enqueue) && bool(gradient_reduce_.wait_all), "cuda decoder",
           "shard_gradients: no gradient reduce set (set_gradient_reduce) to reduce the gradients");
-    for (int64_t u : {int64_t(0), config_.num_layers + 1})
+    for (int64_t u : {config_.num_layers + 1, int64_t(0)}) {
+      if (u == 0 && s.whole_units_shared) continue;  // zeroed by the backward once unit L + 1 is reduced
       KTUNE_CUDA_CHECK(cudaMemsetAsync(units_[size_t(u)].grads, 0, size_t(units_[size_t(u)].size) * 4, nullptr));
+    }
     s.reducing_units = true;
   }
   s.loss(config_, grad_scale, true);  // enqueued: its sum stays on the device until the step's end

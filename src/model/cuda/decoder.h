@@ -232,7 +232,11 @@ struct TrainingSetup {
   // optimizer_shards * 64 floats and rank r owns the piece [r S_u, (r + 1) S_u) of unit u. The device
   // holds units 0 and L + 1 whole, TWO layer slots (each the largest layer unit; layer l's gradients
   // are written into slot l % 2) and this rank's f32 accumulator of its pieces (the shard,
-  // OptimizerShard::grad). As soon as a unit's gradients of the micro-batch are complete (after the
+  // OptimizerShard::grad). With an untied head units 0 and L + 1 share one buffer (the larger's
+  // size): unit L + 1's gradients are complete after the loss and the final norm, the embedding's
+  // are written only by the backward's last kernel, and by then unit L + 1's reduce-scatter, enqueued
+  // before the layers' backward, has long finished (the backward waits for it and adds its piece
+  // before it zeroes the buffer for the embedding). A tied head writes unit 0 in the loss: two buffers. As soon as a unit's gradients of the micro-batch are complete (after the
   // final norm's backward, after each layer's, after the embedding's) forward_backward hands the unit
   // to the gradient reduce (set_gradient_reduce), which enqueues its in-place reduce-scatter on the
   // collectives' stream while the next layer's backward runs into the other slot (FSDP's overlap);
@@ -496,7 +500,8 @@ class Decoder {
     size_t host_offload = 0;  // pinned HOST memory for offloaded layer inputs (activation_offloading; not in total())
     // Of gradients, with shard_gradients: this rank's accumulators, the two layer slots (each the
     // largest layer unit: one is written by a layer's backward while the other's reduce-scatter
-    // runs), and the two whole units (the embedding's; the final norm's and an untied lm_head's).
+    // runs), and the two whole units (the embedding's; the final norm's and an untied lm_head's: one
+    // buffer as large as the larger of the two when the head is untied, TrainingSetup::shard_gradients).
     size_t grad_accumulators = 0, grad_layer_slots = 0, grad_whole_units = 0;
     // Of parameters, with shard_weights: this rank's pieces of the layers' weight units (bf16, QLoRA's
     // NF4 codes and scales included) and the two weight slots, each as large as the largest unit (the

@@ -1351,7 +1351,9 @@ Zero2Bytes zero2_bytes(const cuda::DecoderConfig& c, int64_t world) {
   z.shard_floats = size_t((embed + c.num_layers * layer + top) / world);
   z.accumulators = bytes(int64_t(z.shard_floats));
   z.slots = 2 * bytes(layer);
-  z.whole = bytes(embed) + bytes(top);
+  // An untied head's unit and the embedding's share one buffer (the head's is reduced before the
+  // embedding's backward writes); a tied head writes the embedding's unit in the loss: two.
+  z.whole = c.tie_word_embeddings ? bytes(embed) + bytes(top) : std::max(bytes(embed), bytes(top));
   return z;
 }
 
@@ -1405,7 +1407,7 @@ KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsTwoLayerSlotsAndTwoWholeU
         << what << ": sharding the gradients changed more than the gradients and the AdamW state";
     const std::unique_ptr<cuda::Decoder> built = decoder_as_planned(what, config, setup, planned);
     cuda::Decoder& model = *built;
-    // Layer l's gradients in slot l % 2 (unit 1 + l's buffer); every other unit a buffer of its own.
+    // Layer l's gradients in slot l % 2 (unit 1 + l's buffer).
     const auto& units = model.gradient_units();
     CHECK(int64_t(units.size()) == config.num_layers + 2) << what << ": " << units.size() << " units";
     for (const auto& p : model.parameters()) {
@@ -1422,6 +1424,15 @@ KTUNE_CUDA_TEST(DecoderShardedGradientsPlanAccumulatorsTwoLayerSlotsAndTwoWholeU
     CHECK(units[1].grads != units[2].grads && (units[2].grads - units[1].grads >= slot_floats ||
                                                units[1].grads - units[2].grads >= slot_floats))
         << what << ": the two layer slots are one, or overlap";
+    // The whole units: one buffer between them under an untied head, two apart under a tied one.
+    const auto& embedding = units[0];
+    const auto& top = units[size_t(config.num_layers + 1)];
+    if (config.tie_word_embeddings) {
+      CHECK(top.grads - embedding.grads >= embedding.size || embedding.grads - top.grads >= top.size)
+          << what << ": a tied head's whole units overlap (the loss writes both)";
+    } else {
+      CHECK(top.grads == embedding.grads) << what << ": an untied head's whole units are two buffers";
+    }
   });
   // A 1B full fine-tune (batch 2 x 2048, checkpointing): W = 1 (no sharding), 2 and 8.
   const double gib = double(1ull << 30);

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""The CUDA-only tree builds on a bare GPU machine: a check that runs here, without a GPU.
+
+scripts/gpu-check.sh builds the CUDA backend's tests and benchmarks (-DKTUNE_CPU_ENGINE=OFF) on a
+machine that has the CUDA toolkit, CMake, a C++ compiler and Python, but none of Debian's -dev
+packages (issue 8). This machine has those packages, so a build here would not notice a header or a
+library that only they provide. This script configures the same tree, takes the commands that
+build gpu-check's three targets (`ninja -t commands`), and:
+  - runs each compile command as a dependency listing (the compiler's -M: every header it reads),
+    and attributes each header to what provides it: this source tree, the build tree, the CUDA
+    toolkit, or (dpkg -S) a Debian package, of which only the compiler's and the C library's are
+    allowed (gcc, g++, libstdc++, libgcc, libc, the kernel headers);
+  - reads each link command's libraries the same way (CUDA's, the build tree's own archives, and
+    the compiler's and C library's: libgomp, libpthread, libm, ...).
+Anything else is printed with the source that reads it, and the check fails (exit 1). Exit 77: it
+cannot run here (no nvcc, ninja or dpkg), which the test harness reports as skipped.
+
+  check_cuda_only_tree.py SOURCE_DIR WORK_DIR
+"""
+import concurrent.futures
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+TARGETS = ["ktune_cuda_kernels_tests", "ktune_gpu_gemm_bench", "ktune_gpu_train_step_bench"]
+# Debian packages a machine with a C++ compiler has: the compiler's own and the C library's.
+ALLOWED_PACKAGES = re.compile(
+    r"^(libc6|libc6-dev|libc-dev-bin|linux-libc-dev|libstdc\+\+-\d+-dev|libstdc\+\+6|libgcc-\d+-dev|libgcc-s1|"
+    r"gcc-\d+|g\+\+-\d+|cpp-\d+|libgomp1)(:[a-z0-9]+)?$")
+# Libraries named with -l that the toolkit or the compiler and C library provide.
+ALLOWED_LINK_NAMES = {"cudart", "cudart_static", "cudadevrt", "cublas", "cublasLt", "cuda", "culibos", "dl", "rt", "pthread",
+                      "m", "gomp", "stdc++", "gcc_s", "gcc"}
+SOURCE_SUFFIXES = (".cpp", ".cc", ".cxx", ".c", ".cu")
+
+
+def skip(why):
+    print(f"SKIP check_cuda_only_tree: {why}")
+    sys.exit(77)
+
+
+def run(cmd, cwd, what):
+    r = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        print(f"FAIL {what}: exit {r.returncode}\n{r.stdout[-4000:]}{r.stderr[-4000:]}")
+        sys.exit(1)
+    return r.stdout
+
+
+def cuda_root(nvcc):
+    return os.path.realpath(os.path.join(os.path.dirname(os.path.realpath(nvcc)), ".."))
+
+
+def compile_source(argv):
+    """The source file of a compile command (the argument after -c), or None (not a compile)."""
+    if "-c" not in argv:
+        return None
+    i = argv.index("-c")
+    if i + 1 < len(argv) and argv[i + 1].endswith(SOURCE_SUFFIXES):
+        return argv[i + 1]
+    return None
+
+
+def dependency_command(argv):
+    """A compile command turned into its compiler's dependency listing (-M to stdout): without the
+    launcher (ccache), -c, its output and its own depfile options."""
+    while argv and os.path.basename(argv[0]) in ("ccache", "sccache"):
+        argv = argv[1:]
+    out, skip_next = [], False
+    for a in argv:
+        if skip_next:
+            skip_next = False
+            continue
+        if a in ("-o", "-MT", "-MF", "-MQ"):
+            skip_next = True
+            continue
+        if a in ("-c", "-MD", "-MMD") or a.startswith(("-MF", "-MT")):
+            continue
+        out.append(a)
+    return out + ["-M"]
+
+
+def parse_make_deps(text):
+    """The prerequisites of make-style rules (`obj: a.h b.h \\`)."""
+    deps = []
+    for rule in text.replace("\\\n", " ").splitlines():
+        if ":" not in rule:
+            continue
+        _, _, rest = rule.partition(": ")
+        if not rest and rule.endswith(":"):
+            continue
+        deps.extend(p.replace("\\ ", " ") for p in re.split(r"(?<!\\) +", rest.strip()) if p)
+    return deps
+
+
+def list_dependencies(build, argv):
+    source = compile_source(argv)
+    r = subprocess.run(dependency_command(argv), cwd=build, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+    if r.returncode != 0:
+        return source, None, r.stderr[-3000:]
+    paths = [os.path.normpath(p if os.path.isabs(p) else os.path.join(build, p)) for p in parse_make_deps(r.stdout)]
+    return source, paths, None
+
+
+def packages_of(paths):
+    """dpkg -S over the paths: {path: package} for those a package owns (others are left out)."""
+    owners = {}
+    paths = sorted(paths)
+    for i in range(0, len(paths), 200):
+        r = subprocess.run(["dpkg", "-S"] + paths[i:i + 200], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True)
+        for line in r.stdout.splitlines():
+            pkgs, _, path = line.partition(": ")
+            if path:
+                owners[path] = pkgs.split(",")[0].strip()
+    # dpkg knows a file by the path its package installed; a merged /usr may report it under /lib.
+    for p in paths:
+        if p not in owners:
+            real = os.path.realpath(p)
+            if real != p:
+                alt = packages_of_one(real)
+                if alt:
+                    owners[p] = alt
+    return owners
+
+
+def packages_of_one(path):
+    r = subprocess.run(["dpkg", "-S", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = r.stdout.splitlines()[0] if r.stdout else ""
+    return line.partition(": ")[0].split(",")[0].strip() or None
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__)
+        sys.exit(2)
+    source_dir, work = os.path.realpath(sys.argv[1]), os.path.realpath(sys.argv[2])
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+    if not nvcc:
+        skip("no nvcc")
+    if not shutil.which("ninja"):
+        skip("no ninja")
+    if not shutil.which("dpkg"):
+        skip("no dpkg: the headers' packages cannot be told apart")
+    cuda = cuda_root(nvcc)
+    build = os.path.join(work, "cuda-only")
+    shutil.rmtree(build, ignore_errors=True)
+    os.makedirs(build)
+    env_cuda = dict(os.environ, CUDACXX=nvcc)
+    r = subprocess.run(["cmake", "-S", source_dir, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                        "-DKTUNE_CPU_ENGINE=OFF", "-DKTUNE_CUDA=ON", "-DKTUNE_CCACHE="], env=env_cuda,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        print(f"FAIL configure of the CUDA-only tree (as scripts/gpu-check.sh does):\n{r.stdout[-4000:]}")
+        sys.exit(1)
+    commands = run(["ninja", "-t", "commands"] + TARGETS, build, "ninja -t commands").splitlines()
+    compiles, links = [], []
+    for line in commands:
+        for part in line.split(" && "):
+            argv = shlex.split(part.strip().lstrip(":").strip()) if part.strip() not in (":", "") else []
+            if not argv:
+                continue
+            if compile_source(argv):
+                compiles.append(argv)
+            elif "-o" in argv and os.path.basename(argv[argv.index("-o") + 1]) in TARGETS:
+                links.append(argv)
+    if not compiles or len(links) != len(TARGETS):
+        print(f"FAIL: found {len(compiles)} compile and {len(links)} link commands for {', '.join(TARGETS)}")
+        sys.exit(1)
+
+    inside = (source_dir + os.sep, build + os.sep, cuda + os.sep)
+    readers = {}  # outside path -> the first source that reads it
+    failures = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for source, paths, error in pool.map(lambda a: list_dependencies(build, a), compiles):
+            if paths is None:
+                failures.append(f"{source}: the dependency listing failed:\n{error}")
+                continue
+            for p in paths:
+                if not p.startswith(inside) and not os.path.realpath(p).startswith(inside):
+                    readers.setdefault(p, source)
+    link_paths = {}
+    for argv in links:
+        target = os.path.basename(argv[argv.index("-o") + 1])
+        for a in argv:
+            if a.startswith("-l") and a[2:] not in ALLOWED_LINK_NAMES:
+                failures.append(f"{target} links -l{a[2:]}, which neither CUDA nor the compiler provides")
+            elif os.path.isabs(a) and re.search(r"\.(so(\.\d+)*|a)$", a):
+                p = os.path.normpath(a)
+                if not p.startswith(inside) and not os.path.realpath(p).startswith(inside):
+                    link_paths.setdefault(p, target)
+    owners = packages_of(list(readers) + list(link_paths))
+    refused = {}  # package (or "no package") -> [(header, the first source that reads it)]
+    for p, source in sorted(readers.items()):
+        pkg = owners.get(p)
+        if not pkg or not ALLOWED_PACKAGES.match(pkg):
+            refused.setdefault(pkg or "no package", []).append((p, os.path.relpath(source, source_dir)))
+    for pkg, headers in sorted(refused.items()):
+        sources = sorted({s for _, s in headers})
+        failures.append(f"{len(headers)} header(s) of {pkg}, e.g. {headers[0][0]}, read by {', '.join(sources[:5])}"
+                        + (f" and {len(sources) - 5} more" if len(sources) > 5 else ""))
+    for p, target in sorted(link_paths.items()):
+        pkg = owners.get(p)
+        if not pkg or not ALLOWED_PACKAGES.match(pkg):
+            failures.append(f"{target} links {p} ({pkg or 'no package'})")
+    packages = sorted({owners[p] for p in list(readers) + list(link_paths) if p in owners})
+    print(f"CUDA-only tree ({', '.join(TARGETS)}): {len(compiles)} sources, {len(readers)} headers and "
+          f"{len(link_paths)} libraries from outside the source tree and the CUDA toolkit ({cuda}), "
+          f"from the packages: {', '.join(packages) or 'none'}")
+    if failures:
+        print("FAIL: the bare GPU machine (the CUDA toolkit, a compiler, no -dev packages) lacks what these need:")
+        for f in failures:
+            print("  " + f)
+        sys.exit(1)
+    print("PASS: every header and library is the source tree's, the CUDA toolkit's, or the compiler's and C library's")
+
+
+if __name__ == "__main__":
+    main()
