@@ -522,6 +522,18 @@ class Decoder {
   Decoder(const DecoderConfig& config, const TrainingSetup& setup, PlanOnly);
   void validate() const;
   void allocate(bool on_device);  // false: only plan_bytes_ (Decoder::plan)
+  // allocate()'s phases (decoder.cu), each filling in the Layout that the later ones read: the
+  // parameter table, QLoRA's NF4 set, the gradient units (returns the gradient arena's bytes), the
+  // parameters' storage (returns the parameter arena's bytes); then, on the device, the gradient
+  // buffers, ZeRO-3's weight slots and every parameter's pointers.
+  struct Layout;
+  void declare_parameters(Layout& lay);
+  void choose_nf4(Layout& lay);
+  size_t lay_out_gradients(Layout& lay);
+  size_t lay_out_parameters(Layout& lay, size_t* nf4_bytes);
+  void allocate_gradients(const Layout& lay);
+  void allocate_weight_slots(const Layout& lay);
+  void place_parameters(const Layout& lay);
   void init_parameters(uint64_t seed);
   // shard_weights: each parameter's place in its layer's weight unit (-1: held whole; an NF4 one's
   // codes, its scales' in *nf4_scales_offset), weight_units_ sized.
