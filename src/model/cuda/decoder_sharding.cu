@@ -23,7 +23,7 @@ void Decoder::slot_stale(int64_t layer) {
 // Layer l's weight unit: a full fine-tune's every layer parameter at its gradient's place in gradient
 // unit 1 + l (AdamW's pieces are the gradients' pieces); LoRA's the layer's frozen parameters, each at
 // a 256-byte aligned place: a bf16 one's values, an NF4 one's codes (numel / 2 bytes) and then its
-// scales (numel / 64 f32). Each unit padded to optimizer_shards * 64 elements.
+// scales (numel / 64 bf16). Each unit padded to optimizer_shards * 64 elements.
 std::vector<int64_t> Decoder::weight_unit_layout(const std::vector<int64_t>& layer_of,
                                                  const std::vector<bool>& trainable, const std::vector<bool>& nf4,
                                                  const std::vector<int64_t>& offset_in_unit,
