@@ -12,6 +12,8 @@ build gpu-check's three targets (`ninja -t commands`), and:
     allowed (gcc, g++, libstdc++, libgcc, libc, the kernel headers);
   - reads each link command's libraries the same way (CUDA's, the build tree's own archives, and
     the compiler's and C library's: libgomp, libpthread, libm, ...).
+  - reads the Python scripts gpu-check.sh runs (bench/gpu/*_compare.py) for imports beyond the
+    standard library and the GPU machine's PyTorch, transformers and PEFT.
 Anything else is printed with the source that reads it, and the check fails (exit 1). Exit 77: it
 cannot run here (no nvcc, ninja or dpkg), which the test harness reports as skipped.
 
@@ -26,6 +28,10 @@ import subprocess
 import sys
 
 TARGETS = ["ktune_cuda_kernels_tests", "ktune_gpu_gemm_bench", "ktune_gpu_train_step_bench"]
+# The Python that scripts/gpu-check.sh runs there, and what the GPU machine's Python has besides its
+# standard library (issue 8: PyTorch, transformers, PEFT).
+GPU_CHECK_SCRIPT = "scripts/gpu-check.sh"
+GPU_MACHINE_PACKAGES = {"torch", "transformers", "peft"}
 # Debian packages a machine with a C++ compiler has: the compiler's own and the C library's.
 ALLOWED_PACKAGES = re.compile(
     r"^(libc6|libc6-dev|libc-dev-bin|linux-libc-dev|libstdc\+\+-\d+-dev|libstdc\+\+6|libgcc-\d+-dev|libgcc-s1|"
@@ -133,6 +139,32 @@ def packages_of_one(path):
     return line.partition(": ")[0].split(",")[0].strip() or None
 
 
+def python_scripts_of(source_dir):
+    """The .py files scripts/gpu-check.sh runs (`python3 PATH`)."""
+    text = open(os.path.join(source_dir, GPU_CHECK_SCRIPT)).read()
+    return sorted(set(re.findall(r"python3\s+([\w./-]+\.py)", text)))
+
+
+def foreign_imports(path):
+    """The top-level modules a script imports (anywhere in it) that are neither the standard
+    library's, the GPU machine's packages, nor a module beside the script: [(module, line)]."""
+    import ast
+    tree = ast.parse(open(path).read(), path)
+    here = {os.path.splitext(f)[0] for f in os.listdir(os.path.dirname(path))}
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        for name in names:
+            top = name.split(".")[0]
+            if top not in sys.stdlib_module_names and top not in GPU_MACHINE_PACKAGES and top not in here:
+                found.append((top, node.lineno))
+    return found
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__)
@@ -210,12 +242,22 @@ def main():
     print(f"CUDA-only tree ({', '.join(TARGETS)}): {len(compiles)} sources, {len(readers)} headers and "
           f"{len(link_paths)} libraries from outside the source tree and the CUDA toolkit ({cuda}), "
           f"from the packages: {', '.join(packages) or 'none'}")
+    scripts = python_scripts_of(source_dir)
+    if not scripts:
+        failures.append(f"found no `python3 SCRIPT.py` in {GPU_CHECK_SCRIPT}")
+    for script in scripts:
+        for module, line in foreign_imports(os.path.join(source_dir, script)):
+            failures.append(f"{script}:{line} imports {module}, which the GPU machine's Python lacks "
+                            f"(it has the standard library and {', '.join(sorted(GPU_MACHINE_PACKAGES))})")
+    print(f"gpu-check's Python ({', '.join(scripts)}): imports checked against the standard library and "
+          f"{', '.join(sorted(GPU_MACHINE_PACKAGES))}")
     if failures:
         print("FAIL: the bare GPU machine (the CUDA toolkit, a compiler, no -dev packages) lacks what these need:")
         for f in failures:
             print("  " + f)
         sys.exit(1)
-    print("PASS: every header and library is the source tree's, the CUDA toolkit's, or the compiler's and C library's")
+    print("PASS: every header and library is the source tree's, the CUDA toolkit's, or the compiler's and C library's; "
+          "every import the standard library's or the GPU machine's packages")
 
 
 if __name__ == "__main__":
