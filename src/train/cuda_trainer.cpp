@@ -35,6 +35,7 @@ struct Plugin {
   CudaStepDeviceCountFn device_count = nullptr;
   CudaStepSelectDeviceFn select_device = nullptr;
   CudaStepMakeProcessGroupFn make_process_group = nullptr;
+  CudaStepPlanMemoryFn plan_memory = nullptr;
 };
 
 const Plugin& plugin() {
@@ -53,6 +54,7 @@ const Plugin& plugin() {
   p.select_device = reinterpret_cast<CudaStepSelectDeviceFn>(symbol(kCudaStepSelectDeviceSymbol));
   p.create = reinterpret_cast<CreateCudaTrainerFn>(symbol(kCreateCudaTrainerSymbol));
   p.make_process_group = reinterpret_cast<CudaStepMakeProcessGroupFn>(symbol(kCudaStepMakeProcessGroupSymbol));
+  p.plan_memory = reinterpret_cast<CudaStepPlanMemoryFn>(symbol(kCudaStepPlanMemorySymbol));
   loaded = p;
   return loaded;
 }
@@ -75,6 +77,12 @@ std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore& store
                                                            int size, std::chrono::milliseconds timeout) {
   return std::unique_ptr<dist::ProcessGroup>(
       plugin().make_process_group(&store, &prefix, rank, size, int64_t(timeout.count())));
+}
+
+cuda::Decoder::MemoryPlan plan_cuda_memory(const CudaStepPlan& plan) {
+  cuda::Decoder::MemoryPlan memory;
+  plugin().plan_memory(&plan, &memory);
+  return memory;
 }
 
 bool cuda_backend_built() { return true; }
@@ -102,6 +110,10 @@ std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Paramete
 std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore&, const std::string& prefix, int rank, int,
                                                            std::chrono::milliseconds) {
   throw Error("GPU process group '" + prefix + "' rank " + std::to_string(rank), "this build has no CUDA backend");
+}
+
+cuda::Decoder::MemoryPlan plan_cuda_memory(const CudaStepPlan&) {
+  throw Error("device=cuda", "this build has no CUDA backend (configured with KTUNE_CUDA=OFF or without nvcc)");
 }
 
 bool cuda_backend_built() { return false; }

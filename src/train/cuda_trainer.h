@@ -159,8 +159,15 @@ std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Paramete
 std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore& store, const std::string& prefix, int rank,
                                                            int size, std::chrono::milliseconds timeout);
 
+// The GPU step's device memory for `plan` (cuda::Decoder::plan: what a run with it allocates on each
+// GPU), computed by the plugin without touching any device, so that it answers on a machine without
+// a GPU (`ktune plan --device cuda`). Throws ktune::Error as make_cuda_trainer does (no backend, no
+// plugin) and for a plan the GPU step refuses (naming why).
+cuda::Decoder::MemoryPlan plan_cuda_memory(const CudaStepPlan& plan);
+
 // The plugin's exported functions (C linkage, so that dlsym finds them by these names).
 extern "C" {
+using CudaStepPlanMemoryFn = void (*)(const CudaStepPlan* plan, cuda::Decoder::MemoryPlan* out);
 using CreateCudaTrainerFn = CudaTrainer* (*)(const std::vector<model::Parameter*>* host, const CudaStepPlan* plan,
                                              uint64_t seed, const HostReader* read, dist::ProcessGroup* gpus);
 using CudaStepDeviceCountFn = int (*)();
@@ -178,6 +185,7 @@ inline constexpr const char* kCreateCudaTrainerSymbol = "ktune_create_cuda_train
 inline constexpr const char* kCudaStepDeviceCountSymbol = "ktune_cuda_step_device_count";
 inline constexpr const char* kCudaStepSelectDeviceSymbol = "ktune_cuda_step_select_device";
 inline constexpr const char* kCudaStepMakeProcessGroupSymbol = "ktune_cuda_step_make_process_group";
+inline constexpr const char* kCudaStepPlanMemorySymbol = "ktune_cuda_step_plan_memory";
 
 // This build has the CUDA backend; the GPUs it can see (0 without a driver or without the backend).
 // A plugin named by KTUNE_CUDA_STEP_PLUGIN is asked instead: the emulated step

@@ -102,6 +102,15 @@ CudaStepPlan plan_cuda_step(const RecipeConfig& cfg, const RecipeSpec& recipe, c
   return plan;
 }
 
+void shard_cuda_step(CudaStepPlan& plan, int world, int rank, bool shard_layer_weights, bool prefetch) {
+  if (world <= 1) return;
+  plan.setup.optimizer_shards = world;
+  plan.setup.optimizer_shard = rank;
+  plan.setup.shard_gradients = plan.setup.full_finetune;
+  plan.setup.shard_weights = shard_layer_weights;
+  plan.setup.prefetch_weights = prefetch;
+}
+
 std::string describe_gaps(const std::vector<std::string>& gaps) {
   std::string text = "the GPU step does not do";
   for (size_t i = 0; i < gaps.size(); ++i) text += (i ? "; " : " ") + gaps[i];

@@ -45,6 +45,12 @@ struct CudaStepPlan {
 CudaStepPlan plan_cuda_step(const RecipeConfig& cfg, const RecipeSpec& recipe, const model::ModelConfig& mc,
                             int64_t batch, int64_t seq_len);
 
+// A distributed run's sharding of the GPU step, rank `rank` of `world` GPUs (a sharded recipe: FSDP's
+// layout): the AdamW state over the GPUs; a full fine-tune's gradients too (ZeRO-2); and, with
+// shard_layer_weights, the layers' weights (ZeRO-3: a full fine-tune's, or LoRA's frozen base), each
+// gathered a layer ahead with prefetch. One GPU, or replicas: nothing.
+void shard_cuda_step(CudaStepPlan& plan, int world, int rank, bool shard_layer_weights, bool prefetch);
+
 // "device=cuda: the GPU step does not do …; set device=cpu to train on the CPU" for a refused plan.
 std::string describe_gaps(const std::vector<std::string>& gaps);
 

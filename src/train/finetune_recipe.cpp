@@ -659,17 +659,11 @@ void FinetuneRecipe::setup_gpu_training() {
   select_cuda_device(devices_.local_rank);
   const bool sharded = group_.size() > 1 && shard_parameters(recipe_);  // else one GPU, or replicas
   const bool prefetch = cuda_prefetches_layer_weights();  // checked on every run, used where ZeRO-3 shards
-  if (sharded) {
-    plan.setup.optimizer_shards = group_.size();
-    plan.setup.optimizer_shard = group_.rank();
-    // A full fine-tune shards the gradients too (ZeRO-2: each layer's reduced as its backward ends)
-    // and the layers' weights (ZeRO-3: each gathered before its forward and backward) unless
-    // cuda_shards_layer_weights says no; LoRA's gradients are small and stay in one buffer (ZeRO-1),
-    // and LoRA / DoRA / QLoRA shard the layers' frozen base the same way (QLoRA's NF4 codes and scales too).
-    plan.setup.shard_gradients = plan.setup.full_finetune;
-    plan.setup.shard_weights = cuda_shards_layer_weights(cfg_);
-    plan.setup.prefetch_weights = prefetch;
-  }
+  // A full fine-tune shards the gradients too (ZeRO-2: each layer's reduced as its backward ends)
+  // and the layers' weights (ZeRO-3: each gathered before its forward and backward) unless
+  // cuda_shards_layer_weights says no; LoRA's gradients are small and stay in one buffer (ZeRO-1),
+  // and LoRA / DoRA / QLoRA shard the layers' frozen base the same way (QLoRA's NF4 codes and scales too).
+  if (sharded) shard_cuda_step(plan, group_.size(), group_.rank(), cuda_shards_layer_weights(cfg_), prefetch);
   if (group_.size() > 1) {
     check(devices_.store != nullptr, "device=cuda", "a distributed run needs its rendezvous store to join NCCL");
     nccl_ = make_gpu_process_group(*devices_.store, "ktune/nccl", group_.rank(), group_.size(),

@@ -68,13 +68,21 @@ struct GemmContext::State {
     cublasLtMatmulAlgo_t algo{};
   };
 
+  // Made by the first product (ensure_handle), so that a context nothing multiplies with touches no
+  // device: Decoder::plan builds one to plan memory on a machine without a GPU.
   cublasLtHandle_t handle = nullptr;
-  DeviceBuffer workspace{kWorkspaceBytes};
+  DeviceBuffer workspace;
   std::map<PlanKey, Plan> plans;
   int64_t calls = 0;
+
+  void ensure_handle() {
+    if (handle) return;
+    workspace = DeviceBuffer(kWorkspaceBytes);
+    KTUNE_CUBLAS_CHECK(cublasLtCreate(&handle));
+  }
 };
 
-GemmContext::GemmContext() : state_(std::make_unique<State>()) { KTUNE_CUBLAS_CHECK(cublasLtCreate(&state_->handle)); }
+GemmContext::GemmContext() : state_(std::make_unique<State>()) {}
 
 GemmContext::~GemmContext() {
   for (auto& [key, p] : state_->plans) {
@@ -83,7 +91,7 @@ GemmContext::~GemmContext() {
     cublasLtMatrixLayoutDestroy(p.c);
     cublasLtMatmulDescDestroy(p.desc);
   }
-  cublasLtDestroy(state_->handle);
+  if (state_->handle) cublasLtDestroy(state_->handle);
 }
 
 int64_t GemmContext::cached_plans() const { return int64_t(state_->plans.size()); }
@@ -119,6 +127,7 @@ void GemmContext::run(const GemmCall& g, Stream stream) {
   }
   State::PlanKey key{g.trans_a, g.trans_b, g.M, g.N, g.K, lda, ldb, ldc, int(g.in), int(g.out), g.bias != nullptr,
               align_a, align_b, align_c, align_bias, batch, stride_a, stride_b, stride_c};
+  state_->ensure_handle();
   auto it = state_->plans.find(key);
   if (it == state_->plans.end()) {
     State::Plan p;

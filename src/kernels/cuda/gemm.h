@@ -4,7 +4,9 @@
 // Inputs bf16 (tensor cores) or f32 (strict f32 compute, no TF32); the result f32 or bf16; the
 // accumulation is always f32. An optional bias (N) is fused as cuBLASLt's epilogue (linear's b).
 // A GemmContext owns the cuBLASLt handle, a 32 MiB workspace and the plans (descriptors plus the
-// heuristic's algorithm) cached per shape, so a training step runs no heuristic after the first.
+// heuristic's algorithm) cached per shape, so a training step runs no heuristic after the first; the
+// handle and the workspace are made by its first product (a context that multiplies nothing touches
+// no device).
 // Strided-batched products (GemmCall::batch) share one plan. It deliberately does not do FP8, or any
 // epilogue beyond the bias; a context is not thread-safe (one per thread or stream).
 #pragma once

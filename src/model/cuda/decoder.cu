@@ -208,6 +208,8 @@ void Decoder::allocate(bool on_device) {
   if (!on_device) return;
   // Sized: refused here when larger than the device, before any arena is allocated.
   refuse_if_larger_than_free_memory(plan_bytes_, setup_);
+  s.index_flag = std::make_unique<IndexFlag>();
+  s.loss_totals_at = DeviceBuffer(linear_cross_entropy_totals_bytes());
   s.param_arena = std::make_unique<DeviceArena>("cuda decoder parameters", pbytes);
   s.grad_arena = std::make_unique<DeviceArena>("cuda decoder gradients", gbytes);
   s.optim_arena = std::make_unique<DeviceArena>("cuda decoder AdamW state", obytes);

@@ -512,7 +512,8 @@ class Decoder {
   };
   MemoryPlan memory_plan() const { return plan_bytes_; }
   // The plan a Decoder(config, setup) would allocate, computed without allocating it (no arena, no
-  // parameter initialised; it touches the device only as far as a GEMM context and an index flag).
+  // parameter initialised) and without touching any device: it runs where no GPU is (`ktune plan
+  // --device cuda`). kAuto (a choice made on the GPU) plans the GEMM attention path's scratch.
   static MemoryPlan plan(const DecoderConfig& config, const TrainingSetup& setup);
   std::string memory_report() const;
 

@@ -178,8 +178,9 @@ struct Decoder::Impl {
   std::unique_ptr<DeviceArena> param_arena, grad_arena, optim_arena, act_arena;
   DeviceBuffer rope_cos, rope_sin;  // (rope_rows, D/2) f32: the CPU RopeTable's
   int64_t rope_rows = 0;             // T_max, more once a packed step's positions reach beyond it
-  IndexFlag flag;
-  DeviceBuffer loss_totals_at{linear_cross_entropy_totals_bytes()};  // the fused loss's sum and count, read at the step's end
+  // Made by allocate(on_device), so that Decoder::plan touches no device (as the GEMM context's handle):
+  std::unique_ptr<IndexFlag> index_flag;  // a token id or rotary position out of range, seen by a kernel
+  DeviceBuffer loss_totals_at;            // the fused loss's sum and count, read at the step's end
   std::vector<Layer> layers;
   int embed = -1, final_norm = -1, head = -1;  // head == embed when tied
   // The untied head as a projection ("lm_head", (V, C)): with TrainingSetup::lora_on_output its

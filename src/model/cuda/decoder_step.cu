@@ -91,7 +91,7 @@ void Decoder::Impl::forward(const DecoderConfig& c, bool for_backward) {
   // Offloading: input j (resid[j]) claims its slot before it is written and is sent to the host
   // (if a later input takes the slot) once it is.
   if (offloading) offload.claim(0);
-  embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, flag.data());
+  embedding_forward(resid[0], tokens, P(embed).value, N, C, V, embed_scale, index_flag->data());
   if (offloading) offload.stored(0, N * C, for_backward);
   for (int64_t l = 0; l < L; ++l) {
     // ZeRO-3: layer l's weights in their slot (gathered now only where no prefetch brought them), and
@@ -131,8 +131,8 @@ void Decoder::Impl::attention_half(const DecoderConfig& c, int64_t l, const bf16
   linear_forward(a.q, a.ln1, lin(layer.proj[kQ]), a.xa[kQ], 0.0f);
   linear_forward(a.k, a.ln1, lin(layer.proj[kK]), a.xa[kK], 0.0f);
   linear_forward(a.v, a.ln1, lin(layer.proj[kV]), a.xa[kV], 0.0f);
-  rope_forward(a.q, positions, rope, N, Hq, D, flag.data());
-  rope_forward(a.k, positions, rope, N, Hkv, D, flag.data());
+  rope_forward(a.q, positions, rope, N, Hq, D, index_flag->data());
+  rope_forward(a.k, positions, rope, N, Hkv, D, index_flag->data());
   mark(attn_event(l, recompute ? 4 : 0));
   if (layer.kernel == TrainingSetup::Attention::kTensorCore)
     flash_attention_tc_forward(a.att, a.lse, a.q, a.k, a.v, layer.attention, nullptr, step_docs, step_bounds);
@@ -357,7 +357,7 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
     const Decoder::GradientUnit& unit = (*grad_units)[0];
     KTUNE_CUDA_CHECK(cudaMemsetAsync(unit.grads, 0, size_t(unit.size) * 4, nullptr));
   }
-  if (e.grad) embedding_backward(e.grad, dres, tokens, N, C, V, embed_scale, flag.data());
+  if (e.grad) embedding_backward(e.grad, dres, tokens, N, C, V, embed_scale, index_flag->data());
   reduce_unit(0);  // the last: its piece is added by settle_all once the backward returns
 }
 
@@ -423,8 +423,8 @@ void Decoder::Impl::layer_backward(const DecoderConfig& c, int64_t l, bool need_
                        attn_scratch);
   mark(attn_event(l, 3));
   attention_backward_ran[size_t(l)] = true;
-  rope_backward(dq, positions, rope, N, Hq, D, flag.data());
-  rope_backward(dk, positions, rope, N, Hkv, D, flag.data());
+  rope_backward(dq, positions, rope, N, Hq, D, index_flag->data());
+  rope_backward(dk, positions, rope, N, Hkv, D, index_flag->data());
   bf16_t* dx = need_dx ? dln : nullptr;
   linear_backward(dx, false, dq, a.ln1, lin(layer.proj[kQ]), a.xa[kQ]);
   linear_backward(dx, true, dk, a.ln1, lin(layer.proj[kK]), a.xa[kK]);
@@ -437,7 +437,7 @@ void Decoder::Impl::layer_backward(const DecoderConfig& c, int64_t l, bool need_
 // The end of a pass: the index flag's check (synchronises) and, when profiling, the times.
 void Decoder::Impl::finish_step(const DecoderConfig& c, bool with_backward, Decoder::StepProfile* profile) {
   mark(1);
-  flag.check("cuda decoder: token id or rotary position");  // synchronises
+  index_flag->check("cuda decoder: token id or rotary position");  // synchronises
   if (!profiling) return;
   KTUNE_CUDA_CHECK(cudaEventSynchronize(events[1]));
   *profile = StepProfile{};

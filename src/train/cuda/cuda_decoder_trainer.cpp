@@ -493,6 +493,11 @@ extern "C" __attribute__((visibility("default"))) ktune::dist::ProcessGroup* ktu
       .release();
 }
 
+extern "C" __attribute__((visibility("default"))) void ktune_cuda_step_plan_memory(
+    const ktune::train::CudaStepPlan* plan, ktune::cuda::Decoder::MemoryPlan* out) {
+  *out = ktune::cuda::Decoder::plan(plan->model, plan->setup);
+}
+
 extern "C" __attribute__((visibility("default"))) ktune::train::CudaTrainer* ktune_create_cuda_trainer(
     const std::vector<ktune::model::Parameter*>* host, const ktune::train::CudaStepPlan* plan, uint64_t seed,
     const ktune::train::HostReader* read, ktune::dist::ProcessGroup* gpus) {
