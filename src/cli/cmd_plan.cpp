@@ -41,7 +41,7 @@ std::vector<std::string> split_commas(const std::string& list) {
 
 int cmd_plan(const Args& args) {
   train::ShardingPlanRequest request;
-  train::GpuMemoryPlanRequest gpu;  // --device cuda's own flags; the shared ones are copied from request
+  train::GpuMemoryPlanRequest gpu;  // --device cuda's own flags (the rest: request's)
   std::string model, device = "cpu";
   std::string gpu_flag;  // the last flag given that only --device cuda takes
   auto gpu_switch = [&](const std::string& flag) -> bool* {  // --device cuda's switches
@@ -92,14 +92,7 @@ int cmd_plan(const Args& args) {
     throw Error("ktune plan " + gpu_flag, "plans the GPU step's memory: it needs --device cuda");
   request.model = train::model_config_by_name_or_path(model);
   if (device == "cuda") {
-    gpu.model = request.model;
-    gpu.nnodes = request.nnodes, gpu.nproc_per_node = request.nproc_per_node;
-    gpu.lora = request.lora || gpu.quantize_base || gpu.use_dora;
-    gpu.lora_rank = request.lora_rank;
-    gpu.lora_attn_modules = request.lora_attn_modules;
-    gpu.apply_lora_to_mlp = request.apply_lora_to_mlp;
-    gpu.sharded = request.sharded;
-    gpu.reshard_after_forward = request.reshard_after_forward;
+    gpu.shared = request;
     std::fputs(train::format_gpu_memory_plan(gpu).c_str(), stdout);
     return 0;
   }

@@ -31,26 +31,28 @@ std::string gib(size_t bytes) {
 
 // The request as the recipe config a run would read (only what the GPU step's plan depends on).
 CudaStepPlan plan_of(const GpuMemoryPlanRequest& r, int world) {
+  const ShardingPlanRequest& shared = r.shared;
+  const bool lora = shared.lora || r.quantize_base || r.use_dora;
   RecipeConfig cfg;
   cfg.dtype = TrainDtype::BF16;
   cfg.enable_activation_checkpointing = r.activation_checkpointing;
   cfg.enable_activation_offloading = r.activation_offloading;
-  cfg.fsdp_reshard_after_forward = r.reshard_after_forward;
-  cfg.model.lora = r.lora;
-  cfg.model.lora_rank = int(r.lora_rank);
-  cfg.model.lora_alpha = 2.0 * double(r.lora_rank);  // no bearing on memory
-  cfg.model.lora_attn_modules = r.lora_attn_modules;
-  cfg.model.apply_lora_to_mlp = r.apply_lora_to_mlp;
+  cfg.fsdp_reshard_after_forward = shared.reshard_after_forward;
+  cfg.model.lora = lora;
+  cfg.model.lora_rank = int(shared.lora_rank);
+  cfg.model.lora_alpha = 2.0 * double(shared.lora_rank);  // no bearing on memory
+  cfg.model.lora_attn_modules = shared.lora_attn_modules;
+  cfg.model.apply_lora_to_mlp = shared.apply_lora_to_mlp;
   cfg.model.apply_lora_to_output = r.apply_lora_to_output;
   cfg.model.quantize_base = r.quantize_base;
   cfg.model.use_dora = r.use_dora;
   RecipeSpec recipe;
-  recipe.lora = r.lora;
+  recipe.lora = lora;
   recipe.distributed = world > 1;
-  recipe.name = std::string(r.lora ? "lora" : "full") + "_finetune_" + (world > 1 ? "distributed" : "single_device");
-  CudaStepPlan plan = plan_cuda_step(cfg, recipe, r.model, r.batch_size, r.max_seq_len);
+  recipe.name = std::string(lora ? "lora" : "full") + "_finetune_" + (world > 1 ? "distributed" : "single_device");
+  CudaStepPlan plan = plan_cuda_step(cfg, recipe, shared.model, r.batch_size, r.max_seq_len);
   if (!plan.gaps.empty()) throw Error("ktune plan --device cuda", describe_gaps(plan.gaps));
-  if (r.sharded) shard_cuda_step(plan, world, 0, r.reshard_after_forward, /*prefetch=*/true);
+  if (shared.sharded) shard_cuda_step(plan, world, 0, shared.reshard_after_forward, /*prefetch=*/true);
   return plan;
 }
 
@@ -71,7 +73,7 @@ std::string format_gpu_memory_plan(const GpuMemoryPlanRequest& r) {
         "--batch_size and --max_seq_len must be >= 1");
   check(!r.activation_offloading || r.activation_checkpointing, "ktune plan --activation_offloading",
         "offloading moves the layer inputs that activation checkpointing keeps: add --activation_checkpointing");
-  const int world = r.nnodes * r.nproc_per_node;
+  const int world = r.shared.nnodes * r.shared.nproc_per_node;
   CudaStepPlan plan = plan_of(r, world);
   using A = cuda::TrainingSetup::Attention;
   struct Path {

@@ -10,20 +10,16 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "train/sharding_plan.h"
 
 namespace ktune::train {
 
+// The model, world, recipe and LoRA placement as `ktune plan` takes them for either device (its
+// bytes_per_value and gradient_accumulation_steps have no bearing here: the GPU step is bf16 and
+// accumulates in place), and what only the GPU plan needs.
 struct GpuMemoryPlanRequest {
-  model::ModelConfig model;
-  int nnodes = 1, nproc_per_node = 1;
-  bool lora = false;
-  int64_t lora_rank = 8;
-  std::vector<std::string> lora_attn_modules = {"q_proj", "v_proj"};
-  bool apply_lora_to_mlp = false, apply_lora_to_output = false;
-  bool quantize_base = false, use_dora = false;
-  bool sharded = true;                 // false: every GPU a replica (KTUNE_DATA_PARALLEL=replicate)
-  bool reshard_after_forward = true;   // false: ZeRO-2's layout (the layers' weights whole)
+  ShardingPlanRequest shared;  // sharded false: every GPU a replica; reshard_after_forward false: ZeRO-2
+  bool apply_lora_to_output = false, quantize_base = false, use_dora = false;
   int64_t batch_size = 2, max_seq_len = 2048;
   bool activation_checkpointing = false, activation_offloading = false;
 };
