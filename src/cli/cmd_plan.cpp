@@ -44,6 +44,7 @@ int cmd_plan(const Args& args) {
   train::GpuMemoryPlanRequest gpu;  // --device cuda's own flags (the rest: request's)
   std::string model, device = "cpu";
   std::string gpu_flag;  // the last flag given that only --device cuda takes
+  bool fp32_asked = false;
   auto gpu_switch = [&](const std::string& flag) -> bool* {  // --device cuda's switches
     if (flag == "--activation_checkpointing") return &gpu.activation_checkpointing;
     if (flag == "--activation_offloading") return &gpu.activation_offloading;
@@ -66,7 +67,7 @@ int cmd_plan(const Args& args) {
     } else if (a.is("--dtype")) {
       std::string d = a.value();
       if (d == "bf16") request.bytes_per_value = 2;
-      else if (d == "fp32") request.bytes_per_value = 4;
+      else if (d == "fp32") request.bytes_per_value = 4, fp32_asked = true;
       else throw Error("ktune plan --dtype", "'" + d + "' is neither bf16 nor fp32");
     } else if (a.is("--lora_rank")) request.lora_rank = int(a.int_value(1, kMany));
     else if (a.is("--lora_attn_modules")) request.lora_attn_modules = split_commas(a.value());
@@ -92,6 +93,7 @@ int cmd_plan(const Args& args) {
     throw Error("ktune plan " + gpu_flag, "plans the GPU step's memory: it needs --device cuda");
   request.model = train::model_config_by_name_or_path(model);
   if (device == "cuda") {
+    check(!fp32_asked, "ktune plan --dtype fp32", "the GPU step trains in bf16 only (dtype=bf16, its default)");
     gpu.shared = request;
     std::fputs(train::format_gpu_memory_plan(gpu).c_str(), stdout);
     return 0;

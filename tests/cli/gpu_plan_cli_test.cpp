@@ -107,12 +107,17 @@ TEST(GpuPlanCli, QloraHoldsItsBasesInNf4AndOffloadingNeedsCheckpointing) {
   EXPECT_NE(refused.output.find("--activation_checkpointing"), std::string::npos) << refused.output;
 }
 
-TEST(GpuPlanCli, TheGpuFlagsWithoutDeviceCudaAreRefusedNamingTheFlag) {
+TEST(GpuPlanCli, GpuFlagsWithoutDeviceCudaFp32AndUnknownDevicesAreRefused) {
   Outcome r = sh(kKtune + " plan --model llama3_2/1B --batch_size 4");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("ktune plan --batch_size: plans the GPU step's memory: it needs --device cuda"),
             std::string::npos)
       << r.output;
+  Outcome fp32 = sh(kKtune + " plan --model llama3_2/1B --device cuda --dtype fp32");
+  EXPECT_NE(fp32.exit_code, 0);
+  EXPECT_TRUE(fp32.output.find("the GPU step trains in bf16 only") != std::string::npos ||
+              fp32.output.find("has no CUDA backend") != std::string::npos)
+      << fp32.output;
   Outcome wrong = sh(kKtune + " plan --model llama3_2/1B --device tpu");
   EXPECT_NE(wrong.exit_code, 0);
   EXPECT_NE(wrong.output.find("'tpu' is neither cpu nor cuda"), std::string::npos) << wrong.output;
