@@ -102,9 +102,14 @@ void select_cuda_device(int index) { plugin().select_device(index); }
 
 #else  // no CUDA backend in this build
 
+namespace {
+constexpr const char* kNoCudaBackend =
+    "this build has no CUDA backend (configured with KTUNE_CUDA=OFF or without nvcc)";
+}  // namespace
+
 std::unique_ptr<CudaTrainer> make_cuda_trainer(const std::vector<model::Parameter*>&, const CudaStepPlan&, uint64_t,
                                                const HostReader&, dist::ProcessGroup*) {
-  throw Error("device=cuda", "this build has no CUDA backend (configured with KTUNE_CUDA=OFF or without nvcc)");
+  throw Error("device=cuda", kNoCudaBackend);
 }
 
 std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore&, const std::string& prefix, int rank, int,
@@ -113,7 +118,7 @@ std::unique_ptr<dist::ProcessGroup> make_gpu_process_group(dist::TcpStore&, cons
 }
 
 cuda::Decoder::MemoryPlan plan_cuda_memory(const CudaStepPlan&) {
-  throw Error("device=cuda", "this build has no CUDA backend (configured with KTUNE_CUDA=OFF or without nvcc)");
+  throw Error("device=cuda", kNoCudaBackend);
 }
 
 bool cuda_backend_built() { return false; }

@@ -20,8 +20,6 @@ struct KnownGpu {
   double gib;
 };
 constexpr KnownGpu kKnownGpus[] = {{"H100 80GB", 79.6}, {"H200", 140.4}};
-// What a run keeps free beside its arenas (cuBLASLt's workspace, the rotary table; Decoder's refusal).
-constexpr double kKeptFreeGib = 64.0 / 1024.0;
 
 std::string gib(size_t bytes) {
   char text[32];
@@ -46,10 +44,8 @@ CudaStepPlan plan_of(const GpuMemoryPlanRequest& r, int world) {
   cfg.model.apply_lora_to_output = r.apply_lora_to_output;
   cfg.model.quantize_base = r.quantize_base;
   cfg.model.use_dora = r.use_dora;
-  RecipeSpec recipe;
+  RecipeSpec recipe;  // plan_cuda_step reads whether it trains LoRA; the sharding follows below
   recipe.lora = lora;
-  recipe.distributed = world > 1;
-  recipe.name = std::string(lora ? "lora" : "full") + "_finetune_" + (world > 1 ? "distributed" : "single_device");
   CudaStepPlan plan = plan_cuda_step(cfg, recipe, shared.model, r.batch_size, r.max_seq_len);
   if (!plan.gaps.empty()) throw Error("ktune plan --device cuda", describe_gaps(plan.gaps));
   if (shared.sharded) shard_cuda_step(plan, world, 0, shared.reshard_after_forward, /*prefetch=*/true);
@@ -121,8 +117,10 @@ std::string format_gpu_memory_plan(const GpuMemoryPlanRequest& r) {
   add("  total        " + gib(m.total()) + " with the " + most.name + " attention path, the most of the three (" +
       totals + "; a run's auto choice takes the fastest on its GPU)");
   if (m.host_offload) add("  pinned host  " + gib(m.host_offload) + " (activation offloading, host memory)");
-  const double need = double(m.total()) / double(1ull << 30) + kKeptFreeGib;
-  std::string fits = "fits (the total and 64 MiB kept free; the CUDA context's few hundred MiB not counted):";
+  // As a run refuses a plan: the arenas and the margin it keeps free beside them.
+  const double need = double(m.total() + cuda::Decoder::kFreeMemoryMargin) / double(1ull << 30);
+  std::string fits = "fits (the total and " + std::to_string(cuda::Decoder::kFreeMemoryMargin >> 20) +
+                     " MiB kept free; the CUDA context's few hundred MiB not counted):";
   for (const KnownGpu& g : kKnownGpus) {
     char part[96];
     std::snprintf(part, sizeof part, " %s (%.1f GiB) %s%s", g.name, g.gib, need <= g.gib ? "yes" : "no",

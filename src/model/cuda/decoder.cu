@@ -26,14 +26,14 @@ std::string gib(size_t bytes) {
 }
 
 
-// Refuses a plan larger than the device's free memory (less 64 MiB for cuBLASLt's workspace and the
-// rotary table) before any arena is allocated (Decoder::allocate, once sized): what it holds, and
-// what would shrink it.
+// Refuses a plan larger than the device's free memory less Decoder::kFreeMemoryMargin (cuBLASLt's
+// workspace, the rotary table) before any arena is allocated (Decoder::allocate, once sized): what it
+// holds, and what would shrink it.
 void refuse_if_larger_than_free_memory(const Decoder::MemoryPlan& plan, const TrainingSetup& setup) {
   size_t used = 0, total = 0;
   device_memory_info(&used, &total);
-  const size_t free_bytes = total - std::min(used, total), margin = size_t(64) << 20;
-  if (plan.total() + margin <= free_bytes) return;
+  const size_t free_bytes = total - std::min(used, total);
+  if (plan.total() + Decoder::kFreeMemoryMargin <= free_bytes) return;
   std::string shrink;
   auto add = [&](const std::string& what) { shrink += (shrink.empty() ? "" : "; ") + what; };
   if (!setup.activation_checkpointing) add("enable_activation_checkpointing=True");

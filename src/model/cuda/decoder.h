@@ -236,9 +236,10 @@ struct TrainingSetup {
   // size): unit L + 1's gradients are complete after the loss and the final norm, the embedding's
   // are written only by the backward's last kernel, and by then unit L + 1's reduce-scatter, enqueued
   // before the layers' backward, has long finished (the backward waits for it and adds its piece
-  // before it zeroes the buffer for the embedding). A tied head writes unit 0 in the loss: two buffers. As soon as a unit's gradients of the micro-batch are complete (after the
-  // final norm's backward, after each layer's, after the embedding's) forward_backward hands the unit
-  // to the gradient reduce (set_gradient_reduce), which enqueues its in-place reduce-scatter on the
+  // before it zeroes the buffer for the embedding). A tied head writes unit 0 in the loss: two
+  // buffers. As soon as a unit's gradients of the micro-batch are complete (after the final norm's
+  // backward, after each layer's, after the embedding's) forward_backward hands the unit to the
+  // gradient reduce (set_gradient_reduce), which enqueues its in-place reduce-scatter on the
   // collectives' stream while the next layer's backward runs into the other slot (FSDP's overlap);
   // the decoder adds this rank's reduced piece into the accumulator on the default stream once that
   // reduce-scatter is done, right before the slot is zeroed for the layer two below, and at the end
@@ -515,6 +516,9 @@ class Decoder {
   // parameter initialised) and without touching any device: it runs where no GPU is (`ktune plan
   // --device cuda`). kAuto (a choice made on the GPU) plans the GEMM attention path's scratch.
   static MemoryPlan plan(const DecoderConfig& config, const TrainingSetup& setup);
+  // What a run keeps free beside its planned arenas (cuBLASLt's workspace, the rotary table): a plan
+  // larger than the device's free memory less this is refused before anything is allocated.
+  static constexpr size_t kFreeMemoryMargin = size_t(64) << 20;
   std::string memory_report() const;
 
  private:
