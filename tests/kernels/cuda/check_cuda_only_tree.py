@@ -112,31 +112,24 @@ def list_dependencies(build, argv):
 
 
 def packages_of(paths):
-    """dpkg -S over the paths: {path: package} for those a package owns (others are left out)."""
-    owners = {}
-    paths = sorted(paths)
-    for i in range(0, len(paths), 200):
-        r = subprocess.run(["dpkg", "-S"] + paths[i:i + 200], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    """dpkg -S over the paths: {path: package} for those a package owns (others are left out). dpkg
+    knows a file by the path its package installed, which a merged /usr may reach through a link, so
+    each path's real path is asked in the same calls."""
+    asked = sorted(set(paths) | {os.path.realpath(p) for p in paths})
+    found = {}
+    for i in range(0, len(asked), 200):
+        r = subprocess.run(["dpkg", "-S"] + asked[i:i + 200], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                            text=True)
         for line in r.stdout.splitlines():
             pkgs, _, path = line.partition(": ")
             if path:
-                owners[path] = pkgs.split(",")[0].strip()
-    # dpkg knows a file by the path its package installed; a merged /usr may report it under /lib.
+                found[path] = pkgs.split(",")[0].strip()
+    owners = {}
     for p in paths:
-        if p not in owners:
-            real = os.path.realpath(p)
-            if real != p:
-                alt = packages_of_one(real)
-                if alt:
-                    owners[p] = alt
+        owner = found.get(p) or found.get(os.path.realpath(p))
+        if owner:
+            owners[p] = owner
     return owners
-
-
-def packages_of_one(path):
-    r = subprocess.run(["dpkg", "-S", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = r.stdout.splitlines()[0] if r.stdout else ""
-    return line.partition(": ")[0].split(",")[0].strip() or None
 
 
 def python_scripts_of(source_dir):
@@ -165,6 +158,88 @@ def foreign_imports(path):
     return found
 
 
+def build_commands(build):
+    """The compile and link commands (argv lists) that build TARGETS in the configured tree."""
+    compiles, links = [], []
+    for line in run(["ninja", "-t", "commands"] + TARGETS, build, "ninja -t commands").splitlines():
+        for part in line.split(" && "):
+            argv = shlex.split(part.strip().lstrip(":").strip()) if part.strip() not in (":", "") else []
+            if not argv:
+                continue
+            if compile_source(argv):
+                compiles.append(argv)
+            elif "-o" in argv and os.path.basename(argv[argv.index("-o") + 1]) in TARGETS:
+                links.append(argv)
+    if not compiles or len(links) != len(TARGETS):
+        print(f"FAIL: found {len(compiles)} compile and {len(links)} link commands for {', '.join(TARGETS)}")
+        sys.exit(1)
+    return compiles, links
+
+
+def native_failures(source_dir, build, cuda, compiles, links):
+    """What the compiles read and the links name from outside the trees that no allowed package owns."""
+    inside = (source_dir + os.sep, build + os.sep, cuda + os.sep)
+
+    def outside(path):
+        return not path.startswith(inside) and not os.path.realpath(path).startswith(inside)
+
+    readers = {}  # outside header -> the first source that reads it
+    failures = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for source, paths, error in pool.map(lambda a: list_dependencies(build, a), compiles):
+            if paths is None:
+                failures.append(f"{source}: the dependency listing failed:\n{error}")
+                continue
+            for p in paths:
+                if outside(p):
+                    readers.setdefault(p, source)
+    link_paths = {}  # outside library -> the target that links it
+    for argv in links:
+        target = os.path.basename(argv[argv.index("-o") + 1])
+        for a in argv:
+            if a.startswith("-l") and a[2:] not in ALLOWED_LINK_NAMES:
+                failures.append(f"{target} links -l{a[2:]}, which neither CUDA nor the compiler provides")
+            elif os.path.isabs(a) and re.search(r"\.(so(\.\d+)*|a)$", a) and outside(os.path.normpath(a)):
+                link_paths.setdefault(os.path.normpath(a), target)
+    owners = packages_of(list(readers) + list(link_paths))
+
+    def refused_owner(path):  # its package (or "no package") when that is not an allowed one, else None
+        pkg = owners.get(path)
+        return None if pkg and ALLOWED_PACKAGES.match(pkg) else pkg or "no package"
+
+    refused = {}  # package -> [(header, the first source that reads it)]
+    for p, source in sorted(readers.items()):
+        if refused_owner(p):
+            refused.setdefault(refused_owner(p), []).append((p, os.path.relpath(source, source_dir)))
+    for pkg, headers in sorted(refused.items()):
+        sources = sorted({s for _, s in headers})
+        failures.append(f"{len(headers)} header(s) of {pkg}, e.g. {headers[0][0]}, read by {', '.join(sources[:5])}"
+                        + (f" and {len(sources) - 5} more" if len(sources) > 5 else ""))
+    for p, target in sorted(link_paths.items()):
+        if refused_owner(p):
+            failures.append(f"{target} links {p} ({refused_owner(p)})")
+    packages = sorted({owners[p] for p in list(readers) + list(link_paths) if p in owners})
+    print(f"CUDA-only tree ({', '.join(TARGETS)}): {len(compiles)} sources, {len(readers)} headers and "
+          f"{len(link_paths)} libraries from outside the source tree and the CUDA toolkit ({cuda}), "
+          f"from the packages: {', '.join(packages) or 'none'}")
+    return failures
+
+
+def python_failures(source_dir):
+    """The imports of gpu-check's Python scripts that the GPU machine's Python lacks."""
+    failures = []
+    scripts = python_scripts_of(source_dir)
+    if not scripts:
+        failures.append(f"found no `python3 SCRIPT.py` in {GPU_CHECK_SCRIPT}")
+    for script in scripts:
+        for module, line in foreign_imports(os.path.join(source_dir, script)):
+            failures.append(f"{script}:{line} imports {module}, which the GPU machine's Python lacks "
+                            f"(it has the standard library and {', '.join(sorted(GPU_MACHINE_PACKAGES))})")
+    print(f"gpu-check's Python ({', '.join(scripts)}): imports checked against the standard library and "
+          f"{', '.join(sorted(GPU_MACHINE_PACKAGES))}")
+    return failures
+
+
 def main():
     if len(sys.argv) != 3:
         print(__doc__)
@@ -177,80 +252,17 @@ def main():
         skip("no ninja")
     if not shutil.which("dpkg"):
         skip("no dpkg: the headers' packages cannot be told apart")
-    cuda = cuda_root(nvcc)
     build = os.path.join(work, "cuda-only")
     shutil.rmtree(build, ignore_errors=True)
     os.makedirs(build)
-    env_cuda = dict(os.environ, CUDACXX=nvcc)
     r = subprocess.run(["cmake", "-S", source_dir, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                        "-DKTUNE_CPU_ENGINE=OFF", "-DKTUNE_CUDA=ON", "-DKTUNE_CCACHE="], env=env_cuda,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                        "-DKTUNE_CPU_ENGINE=OFF", "-DKTUNE_CUDA=ON", "-DKTUNE_CCACHE="],
+                       env=dict(os.environ, CUDACXX=nvcc), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         print(f"FAIL configure of the CUDA-only tree (as scripts/gpu-check.sh does):\n{r.stdout[-4000:]}")
         sys.exit(1)
-    commands = run(["ninja", "-t", "commands"] + TARGETS, build, "ninja -t commands").splitlines()
-    compiles, links = [], []
-    for line in commands:
-        for part in line.split(" && "):
-            argv = shlex.split(part.strip().lstrip(":").strip()) if part.strip() not in (":", "") else []
-            if not argv:
-                continue
-            if compile_source(argv):
-                compiles.append(argv)
-            elif "-o" in argv and os.path.basename(argv[argv.index("-o") + 1]) in TARGETS:
-                links.append(argv)
-    if not compiles or len(links) != len(TARGETS):
-        print(f"FAIL: found {len(compiles)} compile and {len(links)} link commands for {', '.join(TARGETS)}")
-        sys.exit(1)
-
-    inside = (source_dir + os.sep, build + os.sep, cuda + os.sep)
-    readers = {}  # outside path -> the first source that reads it
-    failures = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for source, paths, error in pool.map(lambda a: list_dependencies(build, a), compiles):
-            if paths is None:
-                failures.append(f"{source}: the dependency listing failed:\n{error}")
-                continue
-            for p in paths:
-                if not p.startswith(inside) and not os.path.realpath(p).startswith(inside):
-                    readers.setdefault(p, source)
-    link_paths = {}
-    for argv in links:
-        target = os.path.basename(argv[argv.index("-o") + 1])
-        for a in argv:
-            if a.startswith("-l") and a[2:] not in ALLOWED_LINK_NAMES:
-                failures.append(f"{target} links -l{a[2:]}, which neither CUDA nor the compiler provides")
-            elif os.path.isabs(a) and re.search(r"\.(so(\.\d+)*|a)$", a):
-                p = os.path.normpath(a)
-                if not p.startswith(inside) and not os.path.realpath(p).startswith(inside):
-                    link_paths.setdefault(p, target)
-    owners = packages_of(list(readers) + list(link_paths))
-    refused = {}  # package (or "no package") -> [(header, the first source that reads it)]
-    for p, source in sorted(readers.items()):
-        pkg = owners.get(p)
-        if not pkg or not ALLOWED_PACKAGES.match(pkg):
-            refused.setdefault(pkg or "no package", []).append((p, os.path.relpath(source, source_dir)))
-    for pkg, headers in sorted(refused.items()):
-        sources = sorted({s for _, s in headers})
-        failures.append(f"{len(headers)} header(s) of {pkg}, e.g. {headers[0][0]}, read by {', '.join(sources[:5])}"
-                        + (f" and {len(sources) - 5} more" if len(sources) > 5 else ""))
-    for p, target in sorted(link_paths.items()):
-        pkg = owners.get(p)
-        if not pkg or not ALLOWED_PACKAGES.match(pkg):
-            failures.append(f"{target} links {p} ({pkg or 'no package'})")
-    packages = sorted({owners[p] for p in list(readers) + list(link_paths) if p in owners})
-    print(f"CUDA-only tree ({', '.join(TARGETS)}): {len(compiles)} sources, {len(readers)} headers and "
-          f"{len(link_paths)} libraries from outside the source tree and the CUDA toolkit ({cuda}), "
-          f"from the packages: {', '.join(packages) or 'none'}")
-    scripts = python_scripts_of(source_dir)
-    if not scripts:
-        failures.append(f"found no `python3 SCRIPT.py` in {GPU_CHECK_SCRIPT}")
-    for script in scripts:
-        for module, line in foreign_imports(os.path.join(source_dir, script)):
-            failures.append(f"{script}:{line} imports {module}, which the GPU machine's Python lacks "
-                            f"(it has the standard library and {', '.join(sorted(GPU_MACHINE_PACKAGES))})")
-    print(f"gpu-check's Python ({', '.join(scripts)}): imports checked against the standard library and "
-          f"{', '.join(sorted(GPU_MACHINE_PACKAGES))}")
+    compiles, links = build_commands(build)
+    failures = native_failures(source_dir, build, cuda_root(nvcc), compiles, links) + python_failures(source_dir)
     if failures:
         print("FAIL: the bare GPU machine (the CUDA toolkit, a compiler, no -dev packages) lacks what these need:")
         for f in failures:
