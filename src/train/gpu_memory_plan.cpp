@@ -110,7 +110,8 @@ std::string format_gpu_memory_plan(const GpuMemoryPlanRequest& r) {
              gib(m.grad_layer_slots) + ", the embedding's and head's " + gib(m.grad_whole_units) + ")";
   add(grads);
   add("  AdamW state  " + gib(m.optimizer));
-  add("  activations  " + gib(m.activations) + " (the loss's scratch " + gib(m.loss_scratch) +
+  add("  activations  " + gib(m.activations) + " (the loss's scratch " + gib(m.loss_scratch) + ", " +
+      gib(m.loss_overlaid) + " of it over buffers the loss leaves idle" +
       (m.nf4_scratch ? ", NF4 dequantisation " + gib(m.nf4_scratch) : std::string()) + ")");
   std::string totals;
   for (const Path& p : paths) totals += std::string(totals.empty() ? "" : ", ") + p.name + " " + gib(p.memory.total());

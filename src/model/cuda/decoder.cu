@@ -168,9 +168,10 @@ struct Decoder::Impl::ActivationNeeds {
   bool any_bias_grad = false;        // a trainable bias: the ones vector
   bool any_gemm_attention = false, any_flash_attention = false, any_tc_attention = false;
   AttentionShape attention{};        // the planned step's, for the attention kernels' scratch
-  // Outputs of the layout: activation offloading's device slots and the loss's phase scratch bytes.
+  // Outputs of the layout: activation offloading's device slots, the loss's phase scratch bytes and
+  // how many of them lie over buffers the loss leaves idle (the loss block).
   std::vector<bf16_t*> offload_slots;
-  size_t loss_bytes = 0;
+  size_t loss_bytes = 0, loss_overlaid = 0;
 };
 
 void Decoder::allocate(bool on_device) {
@@ -203,6 +204,7 @@ void Decoder::allocate(bool on_device) {
   plan_bytes_.optimizer = obytes;
   plan_bytes_.activations = count.bytes;
   plan_bytes_.loss_scratch = needs.loss_bytes;
+  plan_bytes_.loss_overlaid = needs.loss_overlaid;
   plan_bytes_.host_offload =
       s.offloading ? ActivationOffload::host_bytes(config_.num_layers + 1, s.N * config_.hidden_size) : 0;
   if (!on_device) return;
@@ -553,12 +555,13 @@ Decoder::Impl::ActivationNeeds Decoder::Impl::plan_step(const DecoderConfig& c, 
 }
 
 // The activation arena's layout, run once to count (k without an arena) and once to carve: the
-// residual stream (in offloading's slots), each layer's saved activations (one layer's, shared, with
-// checkpointing), the batch, the backward's buffers and one phase-scratch region.
+// residual stream (in offloading's slots), the batch, the backward's buffers, the loss block (each
+// layer's saved activations, or with checkpointing the one layer's all share, and the attention
+// gradients, the loss's scratch over them) and one phase-scratch region.
 void Decoder::Impl::lay_out_activations(const DecoderConfig& c, const TrainingSetup& setup, ActivationNeeds& needs,
                                         Carver& k) {
-  const int64_t C = c.hidden_size, I = c.intermediate_size, QD = c.num_heads * c.head_dim,
-                KD = c.num_kv_heads * c.head_dim, L = c.num_layers, V = c.vocab_size, r = lora_rank;
+  const int64_t C = c.hidden_size, QD = c.num_heads * c.head_dim, KD = c.num_kv_heads * c.head_dim,
+                L = c.num_layers, V = c.vocab_size, r = lora_rank;
   resid.assign(size_t(L + 1), nullptr);
   if (offloading) {  // the L + 1 share the two slots: resid[j] in slot j % kSlots
     needs.offload_slots.assign(size_t(ActivationOffload::slot_count(L + 1)), nullptr);
@@ -567,9 +570,63 @@ void Decoder::Impl::lay_out_activations(const DecoderConfig& c, const TrainingSe
   } else {
     for (auto& x : resid) x = k.take<bf16_t>(N * C);
   }
-  // Every layer's saved activations; with activation checkpointing, one layer's that all share
-  // (each layer's forward is run again into them before its backward), the residual stream above
-  // being what is kept per layer.
+  final_rstd = k.take<float>(N);
+  tokens = k.take<int32_t>(N);
+  labels = k.take<int32_t>(N);
+  positions = k.take<int32_t>(N);
+  doc_ids = k.take<int32_t>(N);
+  doc_first_key = k.take<int32_t>(N);
+  doc_last_query = k.take<int32_t>(N);
+  // dres and dln back to back, (N, C) bf16 each: the loss's f32 (N, C) gradient before them
+  // (the backward's first kernel reads it into dtmp; dres and dln are written after).
+  dnormed = k.take<float>(N * C);
+  dres = reinterpret_cast<bf16_t*>(dnormed);
+  dln = dres + N * C;
+  dtmp = k.take<bf16_t>(N * C);
+  final_normed = dtmp;  // the loss reads it; the backward writes dtmp only after the loss
+  lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
+  head_xa = output.lora_a >= 0 ? k.take<bf16_t>(N * r) : nullptr;
+  output.dora_norm = needs.head_dora ? k.take<float>(V) : nullptr;  // (V) from before the loss to its end
+  output.dora_scale = needs.head_dora ? k.take<float>(V) : nullptr;
+  ones = needs.any_bias_grad ? k.take<bf16_t>(N) : nullptr;
+  // Phase scratch: the fused loss's chunk (used by the loss, between the forward and the backward;
+  // with QLoRA on lm_head also a block of the head's W dequantised, with DoRA on lm_head and dropout
+  // x' and its gradient, all read during the loss), the attention kernels' (inside one layer's
+  // attention) and the projections' (inside one linear_forward / linear_backward: the NF4 weight
+  // dequantised, LoRA dropout's x', DoRA's; LoRA on lm_head uses x' just before the fused loss and
+  // just after it, never during it, and DoRA's norms of lm_head just before it). One stream runs them
+  // one after another and none reads what another phase left. Sizes first.
+  Overlay loss, attention, projection;
+  lay_out_phase_scratch(c, setup, needs, loss, attention, projection);
+  needs.loss_bytes = loss.bytes;
+  // The loss block: buffers the loss leaves idle, back to back, with the loss's scratch laid over
+  // them (grown to its size where they are smaller): the backward's attention gradients (written
+  // first by the last layer's backward, after the loss) and, with checkpointing, the one layer's
+  // activations every layer shares (the backward runs each layer's forward again into them, the
+  // last layer's too, before reading them).
+  const size_t block_start = k.bytes;
+  lay_out_layer_activations(c, k);
+  const size_t attention_grads_start = k.bytes;
+  datt = k.take<bf16_t>(N * QD);
+  dq = k.take<bf16_t>(N * QD);
+  dk = k.take<bf16_t>(N * KD);
+  dv = k.take<bf16_t>(N * KD);
+  char* loss_base = checkpointing ? reinterpret_cast<char*>(acts[0].ln1) : reinterpret_cast<char*>(datt);
+  const size_t idle = k.bytes - (checkpointing ? block_start : attention_grads_start);
+  if (loss.bytes > idle) k.take<char>(int64_t(loss.bytes - idle));
+  needs.loss_overlaid = std::min(loss.bytes, idle);
+  // The attention kernels' and the projections' scratch overlay one region, as large as the larger.
+  char* phase = k.take<char>(int64_t(std::max(attention.bytes, projection.bytes)));
+  Overlay loss_at{loss_base}, attention_at{phase}, projection_at{phase};
+  lay_out_phase_scratch(c, setup, needs, loss_at, attention_at, projection_at);
+}
+
+// Every layer's saved activations; with activation checkpointing, one layer's that all share (each
+// layer's forward is run again into them before its backward), the residual stream being what is
+// kept per layer.
+void Decoder::Impl::lay_out_layer_activations(const DecoderConfig& c, Carver& k) {
+  const int64_t C = c.hidden_size, I = c.intermediate_size, QD = c.num_heads * c.head_dim,
+                KD = c.num_kv_heads * c.head_dim, L = c.num_layers, r = lora_rank;
   acts.assign(size_t(L), Acts{});
   for (int64_t l = 0; l < L; ++l) {
     Acts& a = acts[size_t(l)];
@@ -610,43 +667,6 @@ void Decoder::Impl::lay_out_activations(const DecoderConfig& c, const TrainingSe
       a.rstd_down = k.take<float>(N);
     }
   }
-  final_rstd = k.take<float>(N);
-  tokens = k.take<int32_t>(N);
-  labels = k.take<int32_t>(N);
-  positions = k.take<int32_t>(N);
-  doc_ids = k.take<int32_t>(N);
-  doc_first_key = k.take<int32_t>(N);
-  doc_last_query = k.take<int32_t>(N);
-  // dres and dln back to back, (N, C) bf16 each: the loss's f32 (N, C) gradient before them
-  // (the backward's first kernel reads it into dtmp; dres and dln are written after).
-  dnormed = k.take<float>(N * C);
-  dres = reinterpret_cast<bf16_t*>(dnormed);
-  dln = dres + N * C;
-  dtmp = k.take<bf16_t>(N * C);
-  final_normed = dtmp;  // the loss reads it; the backward writes dtmp only after the loss
-  datt = k.take<bf16_t>(N * QD);
-  dq = k.take<bf16_t>(N * QD);
-  dk = k.take<bf16_t>(N * KD);
-  dv = k.take<bf16_t>(N * KD);
-  lora_g = r > 0 ? k.take<bf16_t>(N * r) : nullptr;
-  head_xa = output.lora_a >= 0 ? k.take<bf16_t>(N * r) : nullptr;
-  output.dora_norm = needs.head_dora ? k.take<float>(V) : nullptr;  // (V) from before the loss to its end
-  output.dora_scale = needs.head_dora ? k.take<float>(V) : nullptr;
-  ones = needs.any_bias_grad ? k.take<bf16_t>(N) : nullptr;
-  // Phase scratch: the fused loss's chunk (used by the loss, between the forward and the backward;
-  // with QLoRA on lm_head also a block of the head's W dequantised, with DoRA on lm_head and dropout
-  // x' and its gradient, all read during the loss), the attention kernels' (inside one layer's
-  // attention) and the projections' (inside one linear_forward / linear_backward: the NF4 weight
-  // dequantised, LoRA dropout's x', DoRA's; LoRA on lm_head uses x' just before the fused loss and
-  // just after it, never during it, and DoRA's norms of lm_head just before it). One stream runs them
-  // one after another and none reads what another phase left, so the three overlay one region, as
-  // large as the largest of them.
-  Overlay loss, attention, projection;  // sizes first
-  lay_out_phase_scratch(c, setup, needs, loss, attention, projection);
-  needs.loss_bytes = loss.bytes;
-  char* phase = k.take<char>(int64_t(std::max({loss.bytes, attention.bytes, projection.bytes})));
-  Overlay loss_at{phase}, attention_at{phase}, projection_at{phase};
-  lay_out_phase_scratch(c, setup, needs, loss_at, attention_at, projection_at);
 }
 
 // The three phases' scratch, each from its overlay's start (lay_out_activations).
@@ -692,7 +712,8 @@ std::string Decoder::memory_report() const {
   const MemoryPlan& m = plan_bytes_;
   os << "planned device memory: parameters " << gib(m.parameters) << ", gradients " << gib(m.gradients)
      << ", AdamW state " << gib(m.optimizer) << ", activations " << gib(m.activations)
-     << " (of which the loss's scratch " << gib(m.loss_scratch) << ", chunks of " << impl_->ce_chunk << " tokens"
+     << " (of which the loss's scratch " << gib(m.loss_scratch) << ", chunks of " << impl_->ce_chunk << " tokens, "
+     << gib(m.loss_overlaid) << " of it over buffers the loss leaves idle"
      << (setup_.activation_checkpointing ? "; checkpointed: each layer's input kept, one layer's recomputed, the MLP " +
                                                std::to_string(impl_->mlp_rows) + " tokens at a time"
                                          : std::string())

@@ -494,6 +494,8 @@ class Decoder {
     size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0;
     size_t loss_scratch = 0;  // of activations: the fused loss's phase scratch (its chunk; with QLoRA on
                               // lm_head a block of W's rows, with DoRA on it and dropout x' and its gradient)
+    size_t loss_overlaid = 0;  // of loss_scratch: the bytes laid over buffers the loss leaves idle (the
+                               // attention gradients; with checkpointing the shared layer's activations)
     size_t nf4_base = 0;     // of parameters: the NF4 codes and scales held whole (quantize_base; with
                              // shard_weights lm_head's only, the layers' in weight_pieces and the slots)
     size_t nf4_scratch = 0;  // of activations: the largest NF4 weight dequantised to bf16 (quantize_base; lm_head's

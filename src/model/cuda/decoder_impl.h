@@ -274,7 +274,8 @@ struct Decoder::Impl {
   uint64_t dropout_key = 0, lora_seed = 0;
   float dropout_p = 0;
   bool dropping = false;  // this pass applies LoRA dropout (forward_backward with lora_dropout > 0)
-  bool checkpointing = false;  // TrainingSetup::activation_checkpointing: acts[l] all alias one layer's
+  bool checkpointing = false;  // TrainingSetup::activation_checkpointing: acts[l] all alias one layer's,
+                               // which the loss's scratch overwrites (the last layer's is recomputed too)
   bool offloading = false;     // TrainingSetup::activation_offloading: resid[0 .. L] in offload's slots
   // The MLP's rows at a time: with checkpointing, chunks of mlp_rows tokens (gate, up and act hold
   // one chunk, (mlp_rows, I); the backward runs each chunk's forward again just before its
@@ -284,7 +285,7 @@ struct Decoder::Impl {
   float* attn_scratch = nullptr;     // kFlash: the backward's rowsums
   float* attn_tc_scratch = nullptr;  // kTensorCore: the backward's delta and f32 dq
   void* attn_gemm_scratch = nullptr;  // kGemm: one head's scores, both directions
-  void* ce_scratch = nullptr;
+  void* ce_scratch = nullptr;  // the loss's scratch, over the loss block (buffers idle during the loss)
   size_t ce_scratch_bytes = 0;
   // profiling: event pairs (start, stop) per timed region; [0] the step, [1] the loss, then attention
   bool profiling = false;
@@ -337,6 +338,7 @@ struct Decoder::Impl {
                             const std::vector<bool>& nf4, const std::vector<bool>& trainable);
   void lay_out_activations(const DecoderConfig& c, const TrainingSetup& setup, ActivationNeeds& needs,
                            decoder_internal::Carver& k);
+  void lay_out_layer_activations(const DecoderConfig& c, decoder_internal::Carver& k);
   void lay_out_phase_scratch(const DecoderConfig& c, const TrainingSetup& setup, const ActivationNeeds& needs,
                              decoder_internal::Overlay& loss, decoder_internal::Overlay& attention,
                              decoder_internal::Overlay& projection);

@@ -363,7 +363,6 @@ void Decoder::Impl::backward(const DecoderConfig& c) {
 
 // What layer l's backward needs in place first; more_below: the backward goes on to layer l - 1.
 void Decoder::Impl::ready_layer_for_backward(const DecoderConfig& c, int64_t l, bool more_below) {
-  const int64_t L = c.num_layers;
   // ZeRO-3: layer l's weights in their slot for checkpointing's recompute and the backward both (the
   // forward's last two layers are still there), and layer l - 1's gather enqueued into the other
   // slot, to run while layer l computes, if the loop goes on to layer l - 1.
@@ -376,9 +375,8 @@ void Decoder::Impl::ready_layer_for_backward(const DecoderConfig& c, int64_t l, 
   if (offloading) offload.acquire(l);
   if (offloading && l > 0 && more_below) offload.prefetch(l - 1, N * c.hidden_size);
   // Checkpointing: the layer's attention half again, from its saved input (the MLP runs again
-  // chunk by chunk in mlp_rows_backward). The last layer's is still there from the forward (the
-  // loss and the final norm's backward use scratch of their own).
-  if (checkpointing && l < L - 1) attention_half(c, l, resid[size_t(l)], true);
+  // chunk by chunk in mlp_rows_backward); the last layer's too: the loss's scratch lay over it.
+  if (checkpointing) attention_half(c, l, resid[size_t(l)], true);
   // ZeRO-2: layer l's gradient slot (layer l + 2's until now) free once layer l + 2's reduce-scatter
   // is done and its piece added into the accumulator, then zeroed for layer l's gradients (as late
   // as this: the recompute above writes no gradient, and runs while that reduce-scatter does).

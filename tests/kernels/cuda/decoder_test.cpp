@@ -3017,9 +3017,20 @@ size_t layer_activation_bytes(const cuda::DecoderConfig& c, const cuda::Training
   return bytes;
 }
 
-// The plan with checkpointing holds one layer's activations instead of num_layers': exactly
-// (num_layers - 1) layers' worth less, the rest of the plan unchanged; Decoder::plan is what a
-// decoder allocates. And the figures at torchtune's recipe shapes (printed; no device memory used).
+// The attention gradients' bytes, (N, Hq D) bf16 twice (d att, d q) and (N, Hkv D) twice (d k, d v):
+// idle during the loss, as the one layer's activations checkpointing shares are.
+size_t attention_gradient_bytes(const cuda::DecoderConfig& c, const cuda::TrainingSetup& s) {
+  auto slice = [](int64_t n) { return (size_t(std::max<int64_t>(n, 1)) * 2 + 255) / 256 * 256; };
+  const int64_t N = s.batch * s.seq_len;
+  return slice(N * c.num_heads * c.head_dim) * 2 + slice(N * c.num_kv_heads * c.head_dim) * 2;
+}
+
+// The plan with checkpointing holds one layer's activations instead of num_layers', and the loss's
+// scratch lies over buffers the loss leaves idle (the loss block: the attention gradients, and with
+// checkpointing the one layer's activations too), the block as large as the larger of the two: so
+// (num_layers - 1) layers' worth less, and what the larger block absorbs of the loss's scratch, the
+// rest of the plan unchanged; Decoder::plan is what a decoder allocates. And the figures at
+// torchtune's recipe shapes (printed; no device memory used).
 KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
   struct Shape {
     const char* what;
@@ -3038,10 +3049,18 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
     ac.activation_checkpointing = true;
     const cuda::Decoder::MemoryPlan plain = cuda::Decoder::plan(shape.config, shape.setup);
     const cuda::Decoder::MemoryPlan checkpointed = cuda::Decoder::plan(shape.config, ac);
-    const size_t want = size_t(shape.config.num_layers - 1) * layer_activation_bytes(shape.config, shape.setup);
+    const size_t layer = layer_activation_bytes(shape.config, shape.setup);
+    const size_t grads = attention_gradient_bytes(shape.config, shape.setup), loss = plain.loss_scratch;
+    // plain: every layer's activations, then the loss block max(grads, loss); checkpointed: the
+    // block max(one layer + grads, loss).
+    const size_t want = size_t(shape.config.num_layers) * layer + std::max(grads, loss) - std::max(layer + grads, loss);
     CHECK(plain.activations - checkpointed.activations == want)
         << shape.what << ": activations " << plain.activations << " -> " << checkpointed.activations
         << " with checkpointing, " << want << " less expected";
+    CHECK(plain.loss_overlaid == std::min(grads, loss) && checkpointed.loss_overlaid == std::min(layer + grads, loss))
+        << shape.what << ": of the loss's " << loss << " scratch bytes " << plain.loss_overlaid << " (checkpointed "
+        << checkpointed.loss_overlaid << ") over idle buffers, the attention gradients " << grads << ", a layer's "
+        << "activations " << layer;
     CHECK(plain.parameters == checkpointed.parameters && plain.gradients == checkpointed.gradients &&
           plain.optimizer == checkpointed.optimizer && plain.loss_scratch == checkpointed.loss_scratch)
         << shape.what << ": checkpointing changed more than the activations";
@@ -3063,7 +3082,9 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
     const cuda::Decoder::MemoryPlan in_chunks = cuda::Decoder::plan(shape.config, chunked);
     auto slice = [](int64_t n) { return (size_t(n) * 2 + 255) / 256 * 256; };
     const int64_t I = shape.config.intermediate_size;
-    CHECK(checkpointed.activations - in_chunks.activations == 3 * (slice(N * I) - slice(16 * I)))
+    const size_t chunked_layer = layer - 3 * (slice(N * I) - slice(16 * I));
+    CHECK(checkpointed.activations - in_chunks.activations ==
+          std::max(layer + grads, loss) - std::max(chunked_layer + grads, loss))
         << shape.what << ": the MLP in chunks of 16 planned " << in_chunks.activations << ", unchunked "
         << checkpointed.activations;
     for (const cuda::TrainingSetup& setup : {shape.setup, ac, offload, chunked}) {
@@ -3118,11 +3139,11 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
       s.activation_checkpointing = s.activation_offloading = true;
       const cuda::Decoder::MemoryPlan m = cuda::Decoder::plan(llama3b, s);
       std::printf("     Llama-3.2-3B %s, batch 2 x 4096, checkpointing + offloading, %s attention: total %.3f GiB "
-                  "(parameters %.3f, gradients + AdamW %.3f, activations %.3f of which loss chunk %.3f); "
-                  "torchtune's published %.1f GiB\n",
+                  "(parameters %.3f, gradients + AdamW %.3f, activations %.3f; the loss chunk %.3f, %.3f of it over "
+                  "idle buffers); torchtune's published %.1f GiB\n",
                   qlora ? "qlora" : "lora", attention == A::kGemm ? "gemm" : "tensor-core", m.total() / gib,
                   m.parameters / gib, (m.gradients + m.optimizer) / gib, m.activations / gib, m.loss_scratch / gib,
-                  qlora ? 4.6 : 8.5);
+                  m.loss_overlaid / gib, qlora ? 4.6 : 8.5);
     }
   // Llama-3.1-8B (untied 128256-token head) QLoRA, torchtune's llama3_1/8B_qlora_single_device
   // (rank 8, alpha 16 on q, k, v, o and the MLP, checkpointing) with apply_lora_to_output, batch 2 x 4096.
@@ -3134,12 +3155,15 @@ KTUNE_CUDA_TEST(DecoderActivationCheckpointingPlansOneLayerOfActivations) {
   q8.quantize_base = q8.activation_checkpointing = true;
   const cuda::Decoder::MemoryPlan m8 = cuda::Decoder::plan(llama8b, q8);
   std::printf("     Llama-3.1-8B qlora + lm_head, batch 2 x 4096, checkpointing: total %.3f GiB (parameters %.3f, "
-              "activations %.3f of which loss scratch %.3f, NF4 dequantisation scratch %.3f)\n",
-              m8.total() / gib, m8.parameters / gib, m8.activations / gib, m8.loss_scratch / gib, m8.nf4_scratch / gib);
+              "activations %.3f; the loss scratch %.3f, %.3f of it over idle buffers; NF4 dequantisation scratch "
+              "%.3f)\n",
+              m8.total() / gib, m8.parameters / gib, m8.activations / gib, m8.loss_scratch / gib,
+              m8.loss_overlaid / gib, m8.nf4_scratch / gib);
   q8.use_dora = true, q8.lora_dropout = 0.05f;  // DoRA on every adapter, lm_head's with dropout: x' kept through the loss
   const cuda::Decoder::MemoryPlan d8 = cuda::Decoder::plan(llama8b, q8);
-  std::printf("     the same with DoRA and dropout 0.05: total %.3f GiB (activations %.3f of which loss scratch %.3f)\n",
-              d8.total() / gib, d8.activations / gib, d8.loss_scratch / gib);
+  std::printf("     the same with DoRA and dropout 0.05: total %.3f GiB (activations %.3f; the loss scratch %.3f, %.3f "
+              "of it over idle buffers)\n",
+              d8.total() / gib, d8.activations / gib, d8.loss_scratch / gib, d8.loss_overlaid / gib);
 }
 
 // ---- a step shorter than the plan (forward_backward / forward_loss's seq_len) ----
