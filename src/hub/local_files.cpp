@@ -1,5 +1,8 @@
 #include "hub/local_files.h"
 
+#include <fcntl.h>
+#include <linux/fs.h>  // FICLONE
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,52 +21,68 @@ namespace ktune::hub {
 
 namespace fs = std::filesystem;
 
-// Copies (or links) `from` to target/name through a partial file; returns the outcome.
+// `from`'s bytes into `to` (made): a copy-on-write clone where the filesystem shares blocks
+// (FICLONE: btrfs, XFS; instant, no space used until either side changes), a copy otherwise. Never
+// a hard link: editing the fetched copy in place must not edit the source.
+static void copy_bytes(const std::string& from, const std::string& to, const std::string& origin,
+                       const std::string& name) {
+  const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) throw Error(from, std::string("cannot read: ") + std::strerror(errno));
+  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out < 0) {
+    const int err = errno;
+    ::close(in);
+    throw Error(origin + ": file '" + name + "'", "cannot create " + to + ": " + std::strerror(err));
+  }
+  const bool cloned = ::ioctl(out, FICLONE, in) == 0;
+  ::close(in);
+  ::close(out);
+  if (cloned) return;
+  std::error_code ec;
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+  if (ec) {
+    ::unlink(to.c_str());
+    throw Error(origin + ": file '" + name + "'", "copy failed: " + ec.message());
+  }
+}
+
+// Copies `from` to target/name through a partial file; returns the outcome.
 static FetchOutcome place_file(const std::string& from, const TargetDir& target, const std::string& name,
-                               const std::string& origin, bool allow_hard_links) {
+                               const std::string& origin) {
   std::string final_path = target.resolve(name, origin);
   struct stat src, dst;
   if (::stat(from.c_str(), &src) != 0) throw Error(from, std::string("cannot read: ") + std::strerror(errno));
   if (::stat(final_path.c_str(), &dst) == 0 && dst.st_dev == src.st_dev && dst.st_ino == src.st_ino)
-    return FetchOutcome::UpToDate;  // already the same file (hard link)
+    return FetchOutcome::UpToDate;  // the target is the source itself
   ::mkdir((target.root() + "/.ktune-download").c_str(), 0755);
   std::string partial = target.partial_path(name, std::to_string(src.st_size));
   ::unlink(partial.c_str());
-  bool linked = allow_hard_links && ::link(from.c_str(), partial.c_str()) == 0;
-  if (!linked) {
-    std::error_code ec;
-    fs::copy_file(from, partial, fs::copy_options::overwrite_existing, ec);
-    if (ec) {
-      ::unlink(partial.c_str());
-      throw Error(origin + ": file '" + name + "'", "copy failed: " + ec.message());
-    }
-  }
+  copy_bytes(from, partial, origin, name);
   target.commit(partial, final_path, origin);
   return FetchOutcome::Downloaded;
 }
 
-// Bytes place_file writes for `from`: none where target/name is that file already (a hard link) or
-// where a hard link will place it (allowed, and on the target's filesystem).
+// Bytes place_file writes for `from`: none where target/name is that file already; all of them
+// otherwise (a clone may take none, but nothing tells beforehand).
 static uint64_t bytes_to_place(const std::string& from, const TargetDir& target, const std::string& name,
-                               const std::string& origin, bool allow_hard_links) {
+                               const std::string& origin) {
   const std::string final_path = target.resolve(name, origin);  // refuses an unsafe name, before any write
-  struct stat src, dst, root;
+  struct stat src, dst;
   if (::stat(from.c_str(), &src) != 0) return 0;  // place_file says why
   if (::stat(final_path.c_str(), &dst) == 0 && dst.st_dev == src.st_dev && dst.st_ino == src.st_ino) return 0;
-  if (allow_hard_links && ::stat(target.root().c_str(), &root) == 0 && root.st_dev == src.st_dev) return 0;
   return uint64_t(src.st_size);
 }
 
 // TargetDir::check_room for placing `files` (absolute source, relative name) under target.
 static void check_room_to_place(const std::vector<std::pair<std::string, std::string>>& files, const TargetDir& target,
-                                const std::string& origin, bool allow_hard_links) {
+                                const std::string& origin) {
   std::vector<uint64_t> to_write;
-  for (const auto& [from, name] : files) to_write.push_back(bytes_to_place(from, target, name, origin, allow_hard_links));
+  for (const auto& [from, name] : files) to_write.push_back(bytes_to_place(from, target, name, origin));
   target.check_room(to_write, origin);
 }
 
 TransferReport copy_local_tree(const std::string& source, const PatternFilter& filter, const std::string& output_dir,
-                               bool allow_hard_links, const ProgressFn& progress) {
+                               const ProgressFn& progress) {
   auto t0 = std::chrono::steady_clock::now();
   const std::string origin = "file://" + source;
   std::error_code ec;
@@ -86,12 +105,12 @@ TransferReport copy_local_tree(const std::string& source, const PatternFilter& f
   TargetDir target(output_dir);
   for (const auto& c : chosen) target.resolve(c.second, origin);
   if (chosen.empty()) throw Error(origin, "no file there passes the allow/ignore patterns");
-  check_room_to_place(chosen, target, origin, allow_hard_links);
+  check_room_to_place(chosen, target, origin);
   TransferReport report;
   report.source = origin;
   report.destination = target.root();
   for (size_t i = 0; i < chosen.size(); ++i) {
-    FetchOutcome outcome = place_file(chosen[i].first, target, chosen[i].second, origin, allow_hard_links);
+    FetchOutcome outcome = place_file(chosen[i].first, target, chosen[i].second, origin);
     uint64_t bytes = uint64_t(fs::file_size(chosen[i].first));
     if (outcome != FetchOutcome::UpToDate) report.bytes_transferred += bytes;
     report.files.push_back({chosen[i].second, bytes, outcome});
@@ -109,11 +128,11 @@ TransferReport copy_items_to_dir(const std::vector<UploadItem>& items, const std
   const std::string origin = "file://" + target.root();
   std::vector<std::pair<std::string, std::string>> placed;  // absolute source, relative name
   for (const UploadItem& item : items) placed.emplace_back(item.local_path, item.remote_path);
-  check_room_to_place(placed, target, origin, /*allow_hard_links=*/false);
+  check_room_to_place(placed, target, origin);
   TransferReport report;
   report.destination = origin;
   for (size_t i = 0; i < items.size(); ++i) {
-    place_file(items[i].local_path, target, items[i].remote_path, origin, /*allow_hard_links=*/false);
+    place_file(items[i].local_path, target, items[i].remote_path, origin);
     uint64_t bytes = uint64_t(fs::file_size(items[i].local_path));
     report.bytes_transferred += bytes;
     report.files.push_back({items[i].remote_path, bytes, FetchOutcome::Downloaded});

@@ -62,7 +62,7 @@ TransferReport download_uri(const StorageUri& uri, const std::string& output_dir
       return client.download(uri.bucket, uri.subpath, options.filter, output_dir, progress);
     }
     case StorageScheme::File:
-      return copy_local_tree(uri.path, options.filter, output_dir, options.allow_hard_links, progress);
+      return copy_local_tree(uri.path, options.filter, output_dir, progress);
   }
   throw Error(uri.text, "unsupported storage URI");
 }

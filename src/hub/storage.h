@@ -24,7 +24,6 @@ struct StorageOptions {
   std::string hf_revision = "main";
   S3Options s3;                             // endpoint, region, keys (see s3_options_from_env)
   RetryPolicy retry;
-  bool allow_hard_links = true;             // file:// downloads
   std::string commit_message = "Upload with ktune export";  // hf:// uploads
 };
 

@@ -3,7 +3,10 @@
 // file://; `ktune download` in both spellings; `ktune export` to file://, s3:// and hf://. Every
 // run checks that the token and the S3 secret appear in no output and no written file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "test_processes.h"
@@ -186,6 +189,35 @@ TEST_F(Cli, ADownloadLargerThanTheDiskIsRefusedBeforeItsFirstByte) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find(" bytes free: free space or choose another destination"), std::string::npos) << r.err;
+}
+
+// file:// gives a copy of its own: writing into a fetched file in place (as json.dump(open(p, "w"))
+// does) leaves the source as it was, and the source keeps one link (no hard link shares its inode);
+// fetching again copies again rather than calling a changed copy up to date.
+TEST_F(Cli, AFileDownloadIsACopyOfItsOwn) {
+  TempDir dir;
+  write_file(dir / "src/config.json", "{\"rope_theta\": 500000.0}");
+  write_file(dir / "src/model.safetensors", std::string(3000, 'w'));
+  CommandResult r =
+      run_command({ktune_binary(), "download", "file://" + (dir / "src"), "--output-dir", dir / "copy"}, base_env());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* name : {"config.json", "model.safetensors"}) {
+    struct stat source {};
+    ASSERT_EQ(::stat((dir / "src/" + name).c_str(), &source), 0);
+    EXPECT_EQ(source.st_nlink, 1u) << name << ": the source gained a link";
+  }
+  {
+    std::ofstream edit(dir / "copy/config.json", std::ios::trunc);  // in place: same inode
+    edit << "{\"rope_theta\": 1.0}";
+  }
+  std::filesystem::resize_file(dir / "copy/model.safetensors", 1000);
+  EXPECT_EQ(read_file(dir / "src/config.json"), "{\"rope_theta\": 500000.0}");
+  EXPECT_EQ(read_file(dir / "src/model.safetensors"), std::string(3000, 'w'));
+  r = run_command({ktune_binary(), "download", "file://" + (dir / "src"), "--output-dir", dir / "copy"}, base_env());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("up to date"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file(dir / "copy/model.safetensors"), std::string(3000, 'w'));
+  EXPECT_EQ(read_file(dir / "copy/config.json"), "{\"rope_theta\": 500000.0}");
 }
 
 TEST_F(Cli, InitializerFromS3AndFromFile) {
