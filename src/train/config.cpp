@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -330,11 +331,18 @@ static ConfigNode convert(const YAML::Node& node, const std::string& source) {
       return list;
     }
     case YAML::NodeType::Map: {
+      // A key twice in one mapping is refused, as OmegaConf's loader refuses it (torchtune's
+      // configs): a second `epochs:` further down a copied config would otherwise win unseen.
       ConfigNode map = ConfigNode::map();
+      std::map<std::string, YAML::Mark> first_seen;
       for (const auto& kv : node) {
         if (!kv.first.IsScalar())
           throw Error(place(source, kv.first.Mark()), "a config key must be a plain string, not a collection");
-        map.set(kv.first.Scalar(), convert(kv.second, source));
+        const std::string& key = kv.first.Scalar();
+        if (const auto [it, fresh] = first_seen.emplace(key, kv.first.Mark()); !fresh)
+          throw Error(place(source, kv.first.Mark()),
+                      "duplicate key '" + key + "' (first at " + place(source, it->second) + "): give it once");
+        map.set(key, convert(kv.second, source));
       }
       return map;
     }

@@ -189,10 +189,18 @@ class Checker {
         }
         for (std::size_t i = 0; i < v.items().size(); ++i) {
           const ConfigNode& item = v.items()[i];
-          if (!item.is_string())
+          if (!item.is_string()) {
             add(key + "." + std::to_string(i), std::string("expected a string, got ") + item.kind_name() + " " + item.to_inline());
-          else
-            check_allowed(key, item.as_string(), p);
+            continue;
+          }
+          check_allowed(key, item.as_string(), p);
+          // A choice from a fixed set (the adapted modules) listed twice is a typo, not a wish.
+          for (std::size_t j = 0; !p.allowed.empty() && j < i; ++j)
+            if (v.items()[j].is_string() && v.items()[j].as_string() == item.as_string()) {
+              add(key, "lists '" + item.as_string() + "' twice (items " + std::to_string(j) + " and " +
+                           std::to_string(i) + ")");
+              break;
+            }
         }
         return;
       case ParamType::StringOrList:

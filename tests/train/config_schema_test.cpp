@@ -165,6 +165,8 @@ TEST(ConfigSchema, ImpossibleCombinationsAreRefused) {
   m = refusal(kLora, kLoraCfg, {"model.lora_attn_modules=[]", "model.apply_lora_to_mlp=False"});
   EXPECT_HAS(m, "LoRA would train nothing");
 
+  m = refusal(kLora, kLoraCfg, {"model.lora_attn_modules=[q_proj,v_proj,q_proj]"});
+  EXPECT_HAS(m, "config key model.lora_attn_modules: lists 'q_proj' twice (items 0 and 2)");
   m = refusal(kLora, kLoraCfg, {"model.lora_attn_modules=[q_proj,w_proj]"});
   EXPECT_HAS(m, "`w_proj` is not one of q_proj, k_proj, v_proj, output_proj");
 }

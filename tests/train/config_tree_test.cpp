@@ -61,6 +61,22 @@ TEST(ConfigTree, SyntaxErrorNamesFileLineAndColumn) {
   }
 }
 
+// OmegaConf (torchtune's loader) refuses a key given twice in one mapping; so does ktune, naming
+// both places. The same key in two different mappings is two keys.
+TEST(ConfigTree, ADuplicateKeyIsRefusedNamingBothLines) {
+  try {
+    load_config_yaml("epochs: 3\nmax_steps_per_epoch: null\noptimizer:\n  lr: 1e-3\nepochs: 1\n", "dup.yaml");
+    FAIL() << "expected an error";
+  } catch (const ktune::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dup.yaml:5:1: duplicate key 'epochs' (first at dup.yaml:1:1)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(load_config_yaml("optimizer:\n  lr: 1\n  lr: 2\n", "nested.yaml"), ktune::Error);
+  const ConfigNode t = load_config_yaml("a:\n  lr: 1\nb:\n  lr: 2\n", "apart.yaml");
+  EXPECT_EQ(t.find_path("b.lr")->as_int(), 2);
+}
+
 TEST(ConfigTree, NonMappingDocumentIsRefused) {
   EXPECT_THROW(load_config_yaml("- a\n- b\n", "list.yaml"), ktune::Error);
   EXPECT_TRUE(load_config_yaml("", "empty.yaml").is_map());
