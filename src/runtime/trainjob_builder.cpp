@@ -301,6 +301,26 @@ v1alpha1::Initializer trainjob_initializer(const types::Initializer& initializer
   return out;
 }
 
+void check_torchtune_config(const types::TorchTuneConfig& config) {
+  std::vector<Error> bad;
+  auto at_least = [&](const std::optional<int>& value, const std::string& field, int min) {
+    if (value && *value < min)
+      bad.emplace_back("trainer.config." + field, "expected at least " + std::to_string(min) + ", got " + std::to_string(*value));
+  };
+  at_least(config.batch_size, "batch_size", 1);
+  at_least(config.epochs, "epochs", 1);
+  at_least(config.num_nodes, "num_nodes", 1);
+  if (config.peft_config) {
+    const types::LoraConfig& l = *config.peft_config;
+    at_least(l.lora_rank, "peft_config.lora_rank", 1);
+    at_least(l.lora_alpha, "peft_config.lora_alpha", 1);
+    if (l.lora_dropout && !(*l.lora_dropout >= 0.0 && *l.lora_dropout < 1.0))
+      bad.emplace_back("trainer.config.peft_config.lora_dropout",
+                       "expected from 0 up to, not including, 1, got " + py_float(*l.lora_dropout));
+  }
+  if (!bad.empty()) throw Errors(std::move(bad));
+}
+
 v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Initializer* initializer,
                                  const types::Trainer& trainer, const std::string& name) {
   v1alpha1::TrainJob job;
@@ -312,6 +332,7 @@ v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Ini
     if (init.dataset || init.model) job.spec.initializer = init;
   }
   if (const auto* b = std::get_if<types::BuiltinTrainer>(&trainer)) {
+    check_torchtune_config(b->config);
     v1alpha1::Trainer t;
     if (b->config.num_nodes && *b->config.num_nodes) t.num_nodes = *b->config.num_nodes;
     if (!b->config.resources_per_node.empty()) t.resources_per_node = resources_per_node(b->config.resources_per_node);

@@ -28,6 +28,13 @@ inline constexpr const char* kModelPath = "/workspace/model";
 std::vector<std::string> torchtune_args(const types::TorchTuneConfig& config, const types::Initializer* initializer,
                                         bool upstream_exact = false);
 
+// A TorchTuneConfig's numbers within what the trainer's config schema takes, every problem at once
+// (Errors, each named trainer.config.<field>): batch_size, epochs, num_nodes, LoRA's rank and alpha
+// at least 1, its dropout in [0, 1).
+// make_trainjob checks before it renders, since the rendering drops a 0 as upstream's does (`if
+// config.epochs:`): epochs=0 would otherwise train the config's default number of epochs.
+void check_torchtune_config(const types::TorchTuneConfig& config);
+
 // resources_per_node {"gpu": 2, "cpu": 4, "memory": "16Gi"} -> ResourceRequirements, aliases as
 // upstream: gpu -> nvidia.com/gpu, storage -> ephemeral-storage, mig-<p> -> nvidia.com/mig-<p>;
 // requests = limits. Throws Error on GPU and MIG together or two MIG kinds.

@@ -132,6 +132,17 @@ class ErrorsBecomeValueError(unittest.TestCase):
         self.assertIn("4 errors", str(cm.exception))
         self.assertIn("expected one of DataType (bf16, fp32), got 'bf17'", str(cm.exception))
 
+    def test_numbers_the_trainer_would_refuse_are_listed_before_any_job(self):
+        # epochs=0 would be dropped from the args (as upstream's `if config.epochs:` drops it) and train
+        # the config's default; rank 0 and dropout 2.0 the trainer refuses. All three named at plan time.
+        with self.assertRaises(ValueError) as cm:
+            self.client.plan("torchtune-llama3.2-1b", None,
+                             BuiltinTrainer(config=TorchTuneConfig(epochs=0, peft_config=LoraConfig(lora_rank=0,
+                                                                                                   lora_dropout=2.0))))
+        where = [w for w, _ in cm.exception.errors]
+        self.assertEqual(where, ["trainer.config.epochs", "trainer.config.peft_config.lora_rank",
+                                 "trainer.config.peft_config.lora_dropout"])
+
     def test_control_plane_validation_lists_every_problem(self):
         trainer = CustomTrainer(func=lambda: None)
         with self.assertRaises(ValueError):  # a lambda has no source to ship

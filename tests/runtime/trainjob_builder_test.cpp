@@ -273,6 +273,33 @@ TEST(MakeTrainJob, BuiltinTrainerBecomesTuneRunWithRenderedArgs) {
                                std::regex("^[a-z][0-9a-f]{11}$")));
 }
 
+// Numbers the trainer would refuse, or the rendering would drop (a 0, as upstream's `if
+// config.epochs:` does), are refused when the TrainJob is made, every one in one message.
+TEST(MakeTrainJob, OutOfRangeNumbersAreRefusedTogetherBeforeTheJobIsMade) {
+  types::BuiltinTrainer b;
+  b.config.epochs = 0;
+  b.config.batch_size = 0;
+  types::LoraConfig lora;
+  lora.lora_rank = 0;
+  lora.lora_dropout = 2.0;
+  b.config.peft_config = lora;
+  try {
+    make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "bad-job");
+    FAIL() << "expected an error";
+  } catch (const Errors& e) {
+    std::vector<std::string> got;
+    for (const Error& one : e.errors()) got.push_back(one.where() + ": " + one.what_only());
+    EXPECT_EQ(got, (std::vector<std::string>{
+                       "trainer.config.batch_size: expected at least 1, got 0",
+                       "trainer.config.epochs: expected at least 1, got 0",
+                       "trainer.config.peft_config.lora_rank: expected at least 1, got 0",
+                       "trainer.config.peft_config.lora_dropout: expected from 0 up to, not including, 1, got 2.0"}));
+  }
+  b.config.epochs = 1, b.config.batch_size = 2;
+  b.config.peft_config->lora_rank = 8, b.config.peft_config->lora_dropout = 0.05;
+  EXPECT_NO_THROW(make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "good-job"));
+}
+
 TEST(MakeTrainJob, CustomTrainerScriptIsEmbeddedAndStartedWithTheRuntimeEntrypoint) {
   types::Runtime rt;
   rt.name = "torch-distributed";
