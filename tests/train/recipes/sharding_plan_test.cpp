@@ -98,6 +98,31 @@ TEST(ShardingPlan, BadRequestsAreRefusedNamingTheField) {
   EXPECT_EQ(model_config_by_name_or_path("meta-llama/Llama-3.3-70B-Instruct").num_parameters(), 70553706496);
 }
 
+// Every model a runtime ships (manifests/make_runtimes.py) is known to the planner by its config
+// name and its Hugging Face name, and its shape gives the parameter count its model card publishes
+// (to the card's rounding: 0.49B, 1.54B, ...; Qwen2.5-7B's card truncates 7.6156B to 7.61B).
+TEST(ShardingPlan, KnowsEveryRuntimesModelWithItsPublishedSize) {
+  const struct {
+    const char* name;
+    const char* hub_name;
+    double billions, rounding;
+  } models[] = {{"qwen2_5/0.5B", "Qwen/Qwen2.5-0.5B-Instruct", 0.49, 0.005},
+                {"qwen2_5/1.5B", "Qwen/Qwen2.5-1.5B-Instruct", 1.54, 0.005},
+                {"qwen2_5/3B", "Qwen/Qwen2.5-3B-Instruct", 3.09, 0.005},
+                {"qwen2_5/7B", "Qwen/Qwen2.5-7B-Instruct", 7.62, 0.005},
+                {"mistral/7B", "mistralai/Mistral-7B-v0.1", 7.24, 0.005},
+                {"gemma2/2B", "google/gemma-2-2b", 2.61, 0.005},
+                {"gemma2/9B", "google/gemma-2-9b", 9.24, 0.005},
+                {"gemma2/27B", "google/gemma-2-27b", 27.2, 0.05},
+                {"llama3_1/70B", "meta-llama/Llama-3.1-70B-Instruct", 70.6, 0.05}};
+  for (const auto& m : models) {
+    const model::ModelConfig by_name = model_config_by_name_or_path(m.name);
+    const double billions = double(by_name.num_parameters()) / 1e9;
+    EXPECT_NEAR(billions, m.billions, m.rounding) << m.name;
+    EXPECT_EQ(model_config_by_name_or_path(m.hub_name).num_parameters(), by_name.num_parameters()) << m.hub_name;
+  }
+}
+
 TEST(ShardingPlan, AgreesWithWhatShardedDataParallelHolds) {
   model::ModelConfig c = model::ModelConfig::llama_like(97, 48, 3, 4, 2, 72);
   for (bool lora : {false, true}) {
