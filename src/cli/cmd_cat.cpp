@@ -23,6 +23,12 @@ static void sort_keys(train::ConfigNode& node) {
   }
 }
 
+// To stdout with exit 0 when asked for (--help), to stderr with exit 2 when no config is named.
+static int cat_usage(std::FILE* out) {
+  std::fprintf(out, "usage: ktune cat CONFIG|FILE [--sort]\n\nPrint a config (see `ktune ls`).\n");
+  return out == stdout ? 0 : 2;
+}
+
 int cmd_cat(const Args& args) {
   bool sort = false;
   std::string name;
@@ -30,8 +36,7 @@ int cmd_cat(const Args& args) {
     if (a == "--sort") {
       sort = true;
     } else if (is_help_flag(a)) {
-      std::printf("usage: ktune cat CONFIG|FILE [--sort]\n\nPrint a config (see `ktune ls`).\n");
-      return 0;
+      return cat_usage(stdout);
     } else if (a.rfind("-", 0) == 0) {
       throw Error("ktune cat", "unknown option `" + a + "` (option: --sort)");
     } else if (!name.empty()) {
@@ -40,7 +45,7 @@ int cmd_cat(const Args& args) {
       name = a;
     }
   }
-  if (name.empty()) throw Error("ktune cat", "usage: ktune cat CONFIG|FILE [--sort]");
+  if (name.empty()) return cat_usage(stderr);
   if (train::find_recipe(name) != nullptr)
     throw Error("ktune cat " + name, "'" + name + "' is a recipe, not a config: name a config (see `ktune ls`)");
   train::ConfigSource source = train::find_config(name);

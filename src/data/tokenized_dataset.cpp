@@ -20,6 +20,13 @@ std::vector<int32_t> TokenizedDataset::labels(int64_t i) const {
   return out;
 }
 
+int64_t TokenizedDataset::num_targets() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < size(); ++i)
+    for (int64_t k = offsets_[i] + 1; k < offsets_[i + 1]; ++k) n += trained_[size_t(k)] != 0;
+  return n;
+}
+
 void TokenizedDataset::shrink_to_fit() {
   tokens_.shrink_to_fit();
   trained_.shrink_to_fit();

@@ -35,6 +35,9 @@ class TokenizedDataset {
   // Labels as torchtune's SFTTransform makes them: the token where trained, -100 elsewhere.
   // Unshifted: the recipe shifts them by one position, as torchtune's recipes do.
   std::vector<int32_t> labels(int64_t i) const;
+  // Tokens a step has a loss on: the trained ones after each sample's first (the shifted labels
+  // predict token k from the tokens before it, so a sample's first token is never a target).
+  int64_t num_targets() const;
 
   // Build statistics: samples longer than max_seq_len that were cut, rows read.
   int64_t num_truncated = 0;

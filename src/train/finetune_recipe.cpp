@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -251,12 +253,14 @@ class FinetuneRecipe {
   }
   // The learning rate of the next step; throws when the loss is not finite (before any update).
   double next_lr(double loss) const;
+  double lr_at(int64_t step) const;  // the lr of optimizer step `step` (0-based), the schedule's
   int64_t optimizer_steps() const { return gpu_ ? gpu_->optimizer_steps() : optimizer_->steps(); }
   // dataset_val: the token-mean loss over the whole validation set, every rank its share, no
   // gradients; logged as val_loss.
   void validate(int64_t epoch);
   void resume();
   void save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch);
+  void check_resumed_trainable(const std::map<std::string, Tensor>& saved, const std::string& dir) const;
   // A full fine-tune's trained values from the GPUs or the CPU shards, unit by unit, to `sink` (none:
   // this rank's part in the gathers only); collective.
   void stream_trained_values(const io::TensorSink& sink);
@@ -395,6 +399,13 @@ void FinetuneRecipe::setup_data() {
   bool packed = false, split = false;
   dataset_ = build_datasets(cfg_.datasets, &packed, &split);
   if (packed && max_seq_len <= 0) throw Error("dataset.packed", "packing needs tokenizer.max_seq_len to be set");
+  if (dataset_->size() > 0 && dataset_->num_targets() == 0)  // a loss of 0 / 0 tokens: nothing to learn from
+    throw Error("dataset", "no sample has a token to train on: every label is masked" +
+                               (dataset_->num_truncated > 0
+                                    ? " (" + std::to_string(dataset_->num_truncated) + " of " +
+                                          std::to_string(dataset_->size()) + " samples were cut to tokenizer.max_seq_len=" +
+                                          std::to_string(max_seq_len) + " before their responses: raise it)"
+                                    : std::string(" (the responses are empty, or train_on_input is needed)")));
   if (rank0_) {
     log_info("dataset: " + std::to_string(dataset_->size()) + " samples, " + std::to_string(dataset_->num_tokens()) +
              " tokens" + (dataset_->num_truncated ? ", " + std::to_string(dataset_->num_truncated) +
@@ -767,6 +778,28 @@ void FinetuneRecipe::release_host_values() {
            " (" + role + "); resident now " + mib(read_memory_stats().rss_bytes));
 }
 
+// The checkpoint's trainable weights are this run's, name for name and shape for shape, before any
+// is loaded: a run resumed with another LoRA rank or other adapted modules is refused naming the
+// tensor, not halfway through with a bare shape error.
+void FinetuneRecipe::check_resumed_trainable(const std::map<std::string, Tensor>& saved, const std::string& dir) const {
+  const std::string hint = ": resume with the model settings the checkpoint was trained with (e.g. model.lora_rank, "
+                           "model.lora_attn_modules, model.apply_lora_to_mlp, model.apply_lora_to_output)";
+  for (const io::TensorSpec& mine : trainable_specs_) {
+    auto it = saved.find(mine.name);
+    if (it == saved.end()) throw Error(dir, "the recipe state has no weights for " + mine.name + ", which this run trains" + hint);
+    if (it->second.shape() != mine.shape)
+      throw Error(dir + ": " + mine.name, "saved with shape " + it->second.shape().str() + ", this run's is " +
+                                              mine.shape.str() + hint);
+  }
+  if (saved.size() > trainable_specs_.size()) {
+    std::set<std::string> mine;
+    for (const io::TensorSpec& spec : trainable_specs_) mine.insert(spec.name);
+    for (const auto& [name, tensor] : saved)
+      if (!mine.count(name))
+        throw Error(dir, "the recipe state holds weights for " + name + ", which this run does not train" + hint);
+  }
+}
+
 void FinetuneRecipe::resume() {
   group_.barrier();  // rank 0 has put right what an interrupted save left (setup)
   std::optional<std::string> latest = checkpointer_->find_latest();
@@ -779,6 +812,15 @@ void FinetuneRecipe::resume() {
                              std::to_string(group_.size()) + " (resume with the same world size)");
   if (s.value("recipe", std::string()) != recipe_.name)
     throw Error(*latest, "was written by recipe " + s.value("recipe", std::string("?")) + ", not " + recipe_.name);
+  check_resumed_trainable(point.trainable, *latest);
+  const int64_t step_in_epoch = s.at("step_in_epoch").get<int64_t>();
+  if (step_in_epoch > 0 && s.contains("gradient_accumulation_steps") &&
+      s["gradient_accumulation_steps"].get<int64_t>() != cfg_.gradient_accumulation_steps)
+    throw Error(*latest, "stopped at step " + std::to_string(step_in_epoch) + " of an epoch with gradient_accumulation_steps=" +
+                             std::to_string(s["gradient_accumulation_steps"].get<int64_t>()) + "; this run has " +
+                             std::to_string(cfg_.gradient_accumulation_steps) +
+                             " (the epoch's remaining batches would be counted in other steps): resume with the same "
+                             "value, or from a checkpoint at an epoch's end");
   const int64_t steps_done = s.at("optimizer_steps").get<int64_t>();
   if (sharded_) {
     sharded_->load_full_parameters(point.trainable, *latest + " recipe state");
@@ -797,7 +839,7 @@ void FinetuneRecipe::resume() {
   }
   global_step_ = s.at("global_step").get<int64_t>();
   start_epoch_ = s.at("epoch").get<int64_t>();
-  resume_step_in_epoch_ = s.at("step_in_epoch").get<int64_t>();
+  resume_step_in_epoch_ = step_in_epoch;
   seed_ = s.at("seed").get<uint64_t>();
   if (s.contains("loader") && !s["loader"].is_null()) resume_loader_ = LoaderState::from_json(s["loader"]);
   last_checkpoint_ = *latest;
@@ -842,6 +884,7 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
     r.recipe_state = {{"recipe", recipe_.name}, {"epoch", next_epoch}, {"step_in_epoch", step_in_epoch},
                       {"global_step", global_step_}, {"optimizer_steps", optimizer_steps()},
                       {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},
+                      {"gradient_accumulation_steps", cfg_.gradient_accumulation_steps},
                       {"loader", step_in_epoch > 0 ? loader_->state().to_json() : nlohmann::json(nullptr)}};
     bool moments_streamed = false, values_streamed = false, frozen_streamed = false;  // whether the save reached the streams
     if (gpu_)
@@ -1020,7 +1063,11 @@ double FinetuneRecipe::next_lr(double loss) const {
     throw Error("training at step " + std::to_string(global_step_ + 1),
                 "the loss is " + std::to_string(loss) + "; stopped before updating the weights" +
                     (last_checkpoint_.empty() ? std::string() : "; the last good checkpoint is " + last_checkpoint_));
-  return cfg_.optimizer.lr * (schedule_ ? schedule_->multiplier(global_step_) : 1.0);
+  return lr_at(global_step_);
+}
+
+double FinetuneRecipe::lr_at(int64_t step) const {
+  return cfg_.optimizer.lr * (schedule_ ? schedule_->multiplier(step) : 1.0);
 }
 
 void FinetuneRecipe::train() {
@@ -1042,10 +1089,12 @@ void FinetuneRecipe::train() {
     while (step_in_epoch < steps_per_epoch_) {
       const auto step_start = std::chrono::steady_clock::now();
       const StepOutcome step = gpu_ ? gpu_step() : cpu_step();
-      const double loss = step.loss, lr = step.lr;
+      const double loss = step.loss;
       const std::optional<double>& grad_norm = step.grad_norm;
       ++global_step_;
       ++step_in_epoch;
+      // As torchtune's recipes log it: get_lr after lr_scheduler.step(), i.e. the next update's lr.
+      const double lr = lr_at(global_step_);
 
       const double step_seconds = seconds_since(step_start);
       if (steps_this_run++ > 0) {
@@ -1076,7 +1125,11 @@ void FinetuneRecipe::train() {
     char timing[160];
     std::snprintf(timing, sizeof timing, "%.1f s; mean step %.4f s over %lld steps after the first", seconds_since(run_start),
                   later_steps ? later_steps_seconds / double(later_steps) : 0.0, (long long)later_steps);
-    log_info("training done: " + std::to_string(global_step_) + " steps in " + timing + "; peak RSS " +
+    const std::string steps = steps_this_run == global_step_
+                                  ? std::to_string(global_step_) + " steps"
+                                  : std::to_string(steps_this_run) + " steps (to step " + std::to_string(global_step_) +
+                                        ", resumed at " + std::to_string(global_step_ - steps_this_run) + ")";
+    log_info("training done: " + steps + " in " + timing + "; peak RSS " +
              std::to_string(read_memory_stats().peak_rss_bytes >> 20) + " MiB (" +
              std::to_string(peak_rss_before_save_ >> 20) + " MiB before the first checkpoint)");
     if (gpu_) log_info("GPU memory: " + gpu_->memory_report());

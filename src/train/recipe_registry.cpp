@@ -104,8 +104,7 @@ ConfigSource find_config(const std::string& name_or_file) {
     if (!in.good() && !in.eof()) throw Error(name_or_file, "cannot read config file");
     return {name_or_file, ss.str(), false};
   }
-  throw Error("--config " + name_or_file,
-              "neither a bundled config (see `ktune ls`) nor a readable file" +
+  throw Error(name_or_file, "neither a bundled config (see `ktune ls`) nor a readable file" +
                   did_you_mean(strip_yaml_suffix(name_or_file), bundled_config_names()));
 }
 

@@ -83,6 +83,14 @@ TEST(ConfigCli, CatPrintsConfigWithCommentsOrSorted) {
   EXPECT_LT(out.find("batch_size:"), out.find("checkpointer:"));
   EXPECT_EQ(out.find("# Config"), std::string::npos);
   EXPECT_THROW(cmd_cat({"lora_finetune_single_device"}), ktune::Error);
+  // An unknown name is named as given (no --config was), with a suggestion.
+  try {
+    cmd_cat({"llama3_2/1B_lora_single_devic"});
+    FAIL();
+  } catch (const ktune::Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("llama3_2/1B_lora_single_devic: neither a bundled config", 0), 0u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("llama3_2/1B_lora_single_device"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ConfigCli, ValidateSaysWellFormedOrListsEveryError) {
@@ -104,4 +112,13 @@ TEST(ConfigCli, ValidateSaysWellFormedOrListsEveryError) {
   out = run_captured(cmd_validate, {"--recipe", "full_finetune_distributed", (dir / "mine.yaml").string()});
   EXPECT_EQ(out, "Config is well-formed!\n");
   EXPECT_THROW(cmd_validate({"--recipe", "lora_finetune_single_device", (dir / "mine.yaml").string()}), ktune::Errors);
+  // One config: a second one (torchtune's validate takes one) is refused, naming both, never
+  // silently validated in place of the first.
+  try {
+    cmd_validate({"llama3_2/1B_full", "--config", "llama3_2/1B_lora_single_device", "model.lora_rank=0"});
+    FAIL();
+  } catch (const ktune::Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--config llama3_2/1B_lora_single_device: given twice (first: llama3_2/1B_full): validate takes one config");
+  }
 }

@@ -48,6 +48,10 @@ TEST_F(RecipeTest, FullFinetuneLossFallsAndWritesTorchtunesLayout) {
   auto l = losses(out());
   ASSERT_EQ(l.size(), 24u);
   EXPECT_LT(l.rbegin()->second, 0.6 * l.begin()->second) << "loss " << l.begin()->second << " -> " << l.rbegin()->second;
+  // lr logged as torchtune's recipes log it: read after the step's scheduler update, so step s shows
+  // the warmup's s / 5 of 1e-3 (the lr of the update after it), never the 0 the first update used.
+  const auto lr = losses(out(), "lr");
+  for (int step = 1; step <= 4; ++step) EXPECT_NEAR(lr.at(step), 1e-3 * step / 5, 1e-12) << "step " << step;
   for (const char* f : {"epoch_0/model-00001-of-00001.safetensors", "epoch_1/model.safetensors.index.json",
                         "epoch_1/config.json", "epoch_1/tokenizer.json", "epoch_1/recipe_state/recipe_state.json"})
     EXPECT_TRUE(fs::exists(fs::path(out()) / f)) << f;
@@ -448,6 +452,58 @@ TEST_F(RecipeTest, ResumingWithAnotherWorldSizeIsRefusedNamingBothSizes) {
   EXPECT_NE(one.exit_code, 0) << one.output;
   EXPECT_NE(one.output.find("step_1"), std::string::npos) << one.output;
   EXPECT_NE(one.output.find("was written by 2 ranks; this run has 1"), std::string::npos) << one.output;
+}
+
+// A dataset whose every label is masked (here each prompt cut to 8 tokens before its response) stops
+// the run before its first step, saying why, instead of training on nothing with a loss of 0.
+TEST_F(RecipeTest, ADatasetWithNothingToTrainOnIsRefusedBeforeTheFirstStep) {
+  Outcome r = run("", "full_finetune_single_device", "full_single_device",
+                  "epochs=1 max_steps_per_epoch=2 tokenizer.max_seq_len=8", out());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("error: dataset: no sample has a token to train on: every label is masked ("), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("samples were cut to tokenizer.max_seq_len=8 before their responses: raise it)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("Step 1 |"), std::string::npos) << r.output;
+}
+
+// A resume whose trained weights would not fit the checkpoint's is refused before any is loaded,
+// naming the checkpoint, the tensor and both shapes (another LoRA rank), or the tensor the run would
+// train that the checkpoint lacks (another module adapted); a mid-epoch resume with another
+// gradient_accumulation_steps is refused naming both values (the epoch's remaining batches would be
+// counted in other steps), while the same value resumes.
+TEST_F(RecipeTest, ResumingWithOtherAdaptersOrAccumulationIsRefusedNamingWhat) {
+  const std::string args = "epochs=1 max_steps_per_epoch=4 batch_size=2 save_every_n_steps=1";
+  const std::string trained = " model.lora_rank=4 gradient_accumulation_steps=2";
+  Outcome first = run("", "lora_finetune_single_device", "lora_single_device", args + trained, out());
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  fs::remove_all(out() + "/epoch_0");
+  for (int step : {2, 3, 4}) fs::remove_all(out() + "/step_" + std::to_string(step));  // step_1 the latest
+  Outcome rank = run("", "lora_finetune_single_device", "lora_single_device",
+                     args + " model.lora_rank=8 gradient_accumulation_steps=2 resume_from_checkpoint=True", out());
+  EXPECT_NE(rank.exit_code, 0) << rank.output;
+  EXPECT_NE(rank.output.find("step_1: base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight: saved with "
+                             "shape (4, "),
+            std::string::npos)
+      << rank.output;
+  EXPECT_NE(rank.output.find("resume with the model settings the checkpoint was trained with"), std::string::npos)
+      << rank.output;
+  Outcome modules = run("", "lora_finetune_single_device", "lora_single_device",
+                        args + trained + " model.apply_lora_to_mlp=False resume_from_checkpoint=True", out());
+  EXPECT_NE(modules.exit_code, 0) << modules.output;
+  EXPECT_NE(modules.output.find("the recipe state holds weights for base_model.model.model.layers.0.mlp."),
+            std::string::npos)
+      << modules.output;
+  Outcome accumulation = run("", "lora_finetune_single_device", "lora_single_device",
+                             args + " model.lora_rank=4 gradient_accumulation_steps=1 resume_from_checkpoint=True", out());
+  EXPECT_NE(accumulation.exit_code, 0) << accumulation.output;
+  EXPECT_NE(accumulation.output.find("stopped at step 1 of an epoch with gradient_accumulation_steps=2; this run has 1"),
+            std::string::npos)
+      << accumulation.output;
+  Outcome same =
+      run("", "lora_finetune_single_device", "lora_single_device", args + trained + " resume_from_checkpoint=True", out());
+  EXPECT_EQ(same.exit_code, 0) << same.output;
 }
 
 // Every rank loads the checkpoint itself and the ranks compare fingerprints of their weights instead

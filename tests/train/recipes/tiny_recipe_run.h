@@ -112,7 +112,7 @@ inline std::map<int, std::string> logged(const std::string& output_dir, const st
     if (e.path().filename().string().rfind("log_", 0) != 0) continue;
     std::ifstream in(e.path());
     std::string line;
-    const std::regex pattern("Step (\\d+) \\| " + metric + ":([0-9.eE+-]+)");
+    const std::regex pattern("Step (\\d+) \\|.* " + metric + ":([0-9.eE+-]+)");  // any metric of the line
     std::smatch m;
     while (std::getline(in, line))
       if (std::regex_search(line, m, pattern)) result[std::stoi(m[1])] = m[2];
