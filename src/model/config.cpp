@@ -21,22 +21,35 @@ struct Reader {
   std::string at(const std::string& key) const { return where + ": key " + key; }
   bool has(const std::string& key) const { return j.contains(key) && !j[key].is_null(); }
 
-  int64_t integer(const std::string& key) const {
+  // A size of the model: positive, and at most kMaxSize (2^26: larger than any vocabulary, width
+  // or context of a model this trains; a bigger value is a corrupt file, not a model to allocate).
+  static constexpr int64_t kMaxSize = int64_t(1) << 26;
+  int64_t integer(const std::string& key, int64_t max = kMaxSize) const {
     if (!has(key)) throw Error(at(key), "missing (required for " + j.value("model_type", std::string("?")) + ")");
-    return integer_value(key);
+    return integer_value(key, max);
   }
-  int64_t integer(const std::string& key, int64_t fallback) const { return has(key) ? integer_value(key) : fallback; }
-  int64_t integer_value(const std::string& key) const {
+  int64_t integer_or(const std::string& key, int64_t fallback, int64_t max = kMaxSize) const {
+    return has(key) ? integer_value(key, max) : fallback;
+  }
+  int64_t integer_value(const std::string& key, int64_t max) const {
     const json& v = j[key];
     if (!v.is_number_integer()) throw Error(at(key), "must be an integer, got " + v.dump());
     int64_t x = v.get<int64_t>();
     if (x <= 0) throw Error(at(key), "must be positive, got " + std::to_string(x));
+    if (x > max) throw Error(at(key), "must be at most " + std::to_string(max) + ", got " + std::to_string(x));
     return x;
   }
   double number(const std::string& key, double fallback) const {
     if (!has(key)) return fallback;
     if (!j[key].is_number()) throw Error(at(key), "must be a number, got " + j[key].dump());
     return j[key].get<double>();
+  }
+  // A scale, an epsilon, a base: a finite number above 0.
+  double positive_number(const std::string& key, double fallback) const {
+    const double x = number(key, fallback);
+    if (!(x > 0) || !std::isfinite(x))
+      throw Error(at(key), "must be a positive number, got " + (has(key) ? j[key].dump() : std::to_string(x)));
+    return x;
   }
   bool boolean(const std::string& key, bool fallback) const {
     if (!has(key)) return fallback;
@@ -55,15 +68,13 @@ void read_rope(const Reader& r, ModelConfig& c) {
   // 4.x: rope_theta and rope_scaling {rope_type | type, factor, ...}.
   const json* scaling = nullptr;
   std::string scaling_key;
-  c.rope_theta = float(r.number("rope_theta", c.rope_theta));
+  c.rope_theta = float(r.positive_number("rope_theta", c.rope_theta));
   if (r.has("rope_parameters")) {
     scaling_key = "rope_parameters";
     scaling = &r.j["rope_parameters"];
     if (!scaling->is_object()) throw Error(r.at(scaling_key), "must be an object");
-    if (scaling->contains("rope_theta")) {
-      if (!(*scaling)["rope_theta"].is_number()) throw Error(r.at("rope_parameters.rope_theta"), "must be a number");
-      c.rope_theta = (*scaling)["rope_theta"].get<float>();
-    }
+    if (scaling->contains("rope_theta"))
+      c.rope_theta = float(Reader{*scaling, r.where + ": key rope_parameters"}.positive_number("rope_theta", 0.0));
   } else if (r.has("rope_scaling")) {
     scaling_key = "rope_scaling";
     scaling = &r.j["rope_scaling"];
@@ -76,7 +87,7 @@ void read_rope(const Reader& r, ModelConfig& c) {
   if (type != "llama3" && type != "linear")
     throw Error(r.at(scaling_key + ".rope_type"), "rope type '" + type + "' is not supported (default, linear, llama3 are)");
   c.rope_scaling.type = type;
-  c.rope_scaling.factor = float(s.number("factor", 1.0));
+  c.rope_scaling.factor = float(s.positive_number("factor", 1.0));
   if (type == "llama3") {
     for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
       if (!s.has(k)) throw Error(r.at(scaling_key + "." + k), "missing (required for llama3 rope scaling)");
@@ -141,9 +152,9 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
   c.vocab_size = r.integer("vocab_size");
   c.hidden_size = r.integer("hidden_size");
   c.intermediate_size = r.integer("intermediate_size");
-  c.num_layers = r.integer("num_hidden_layers");
+  c.num_layers = r.integer("num_hidden_layers", 4096);  // no model has more; a larger count is a corrupt file
   c.num_heads = r.integer("num_attention_heads");
-  c.num_kv_heads = r.integer("num_key_value_heads", c.num_heads);
+  c.num_kv_heads = r.integer_or("num_key_value_heads", c.num_heads);
   if (c.num_heads % c.num_kv_heads != 0)
     throw Error(r.at("num_key_value_heads"), std::to_string(c.num_kv_heads) + " does not divide num_attention_heads " +
                                                  std::to_string(c.num_heads));
@@ -155,8 +166,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     c.head_dim = c.hidden_size / c.num_heads;
   }
   if (c.head_dim % 2 != 0) throw Error(r.at("head_dim"), "must be even for rotary embeddings");
-  c.max_position_embeddings = r.integer("max_position_embeddings", 8192);
-  c.rms_norm_eps = float(r.number("rms_norm_eps", 1e-6));
+  c.max_position_embeddings = r.integer_or("max_position_embeddings", 8192);
+  c.rms_norm_eps = float(r.positive_number("rms_norm_eps", 1e-6));
   c.torch_dtype = r.string("torch_dtype", r.string("dtype", "float32"));
   read_rope(r, c);
   c.attention_scale = float(1.0 / std::sqrt(double(c.head_dim)));
@@ -182,11 +193,11 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     case Family::Qwen2: {
       c.qkv_bias = true;
       c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
-      int64_t window = r.boolean("use_sliding_window", false) ? r.integer("sliding_window", 0) : 0;
+      int64_t window = r.boolean("use_sliding_window", false) ? r.integer_or("sliding_window", 0) : 0;
       if (r.has("layer_types")) {
         c.sliding_window = read_layer_types(r, c.num_layers, window);
       } else if (window > 0) {
-        int64_t first = r.integer("max_window_layers", c.num_layers);
+        int64_t first = r.integer_or("max_window_layers", c.num_layers);
         for (int64_t l = first; l < c.num_layers; ++l) c.sliding_window[size_t(l)] = window;
       }
       break;
@@ -196,7 +207,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       if (r.has("layer_types"))
         throw Error(r.at("layer_types"), "mistral with per-layer attention types (Ministral) is not supported");
       // Absent means HF's class default (4096); null means full attention.
-      int64_t window = !r.j.contains("sliding_window") ? 4096 : r.integer("sliding_window", 0);
+      int64_t window = !r.j.contains("sliding_window") ? 4096 : r.integer_or("sliding_window", 0);
       c.sliding_window.assign(size_t(c.num_layers), window);
       break;
     }
@@ -212,7 +223,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       if (qpas <= 0) throw Error(r.at("query_pre_attn_scalar"), "must be positive");
       c.attention_scale = float(std::pow(qpas, -0.5));
       // Absent means HF's class default (4096); null means full attention.
-      int64_t window = !r.j.contains("sliding_window") ? 4096 : r.integer("sliding_window", 0);
+      int64_t window = !r.j.contains("sliding_window") ? 4096 : r.integer_or("sliding_window", 0);
       if (r.has("layer_types")) {
         c.sliding_window = read_layer_types(r, c.num_layers, window);
       } else if (window > 0) {  // HF's default: even layers (0, 2, ...) slide

@@ -129,6 +129,18 @@ TEST(ModelConfig, BadValuesAreNamed) {
   expect_error(R"({"model_type":"llama",)" + base + R"(,"num_attention_heads":2,"rope_scaling":{"rope_type":"llama3","factor":8}})",
                "low_freq_factor");
   expect_error("{not json", "not valid JSON");
+  // Values no model has: named with their key before anything is sized by them.
+  const std::string llama = R"({"model_type":"llama",)" + base + R"(,"num_attention_heads":2)";
+  expect_error(llama + R"(,"rms_norm_eps":-1})", "key rms_norm_eps: must be a positive number, got -1");
+  expect_error(llama + R"(,"rope_theta":0})", "key rope_theta: must be a positive number, got 0");
+  expect_error(llama + R"(,"rope_parameters":{"rope_type":"default","rope_theta":-5.0}})",
+               "key rope_parameters: key rope_theta: must be a positive number, got -5.0");
+  expect_error(R"({"model_type":"llama","vocab_size":10,"hidden_size":8,"intermediate_size":16,
+    "num_hidden_layers":1000000000000,"num_attention_heads":2})",
+               "key num_hidden_layers: must be at most 4096, got 1000000000000");
+  expect_error(R"({"model_type":"llama","vocab_size":100000000000,"hidden_size":8,"intermediate_size":16,
+    "num_hidden_layers":1,"num_attention_heads":2})",
+               "key vocab_size: must be at most 67108864");
 }
 
 }  // namespace
