@@ -41,6 +41,8 @@ StorageUri parse_storage_uri(const std::string& text) {
   std::string rest;
   if (text.rfind("hf://", 0) == 0) {
     rest = text.substr(5);
+    if (!rest.empty() && rest.front() == '/')  // hf:///tmp/model: a local path under the Hub's scheme
+      throw Error(where, "no repo id after hf:// (a local folder is file://" + rest + ")");
   } else if (text.find("://") == std::string::npos && !text.empty() && text.front() != '/' && text.front() != '.') {
     rest = text;  // torchtune's `tune download org/repo`
   } else {

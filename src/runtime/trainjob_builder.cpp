@@ -265,8 +265,13 @@ template <typename HuggingFace>
 v1alpha1::InitializerSpec hugging_face_spec(const HuggingFace& hf) {
   v1alpha1::InitializerSpec s;
   // ktune: a bare "org/repo" (as the design's example writes it) becomes hf://org/repo, so the
-  // initializer never has to guess the provider.
-  s.storage_uri = has_scheme(hf.storage_uri) ? hf.storage_uri : "hf://" + hf.storage_uri;
+  // initializer never has to guess the provider; a local path is refused, not made a repo id.
+  const std::string& uri = hf.storage_uri;
+  if (!has_scheme(uri) && (uri.empty() || uri.front() == '/' || uri.front() == '.' || uri.front() == '~'))
+    throw Error("storage_uri '" + uri + "'", uri.empty() ? "empty: give hf://org/repo"
+                                                         : "a local path, not a Hugging Face repo: write file://" + uri +
+                                                               " for a folder the initializer copies");
+  s.storage_uri = has_scheme(uri) ? uri : "hf://" + uri;
   add_env(s.env, "IGNORE_PATTERNS", hf.ignore_patterns);
   add_env(s.env, "ACCESS_TOKEN", hf.access_token);
   return s;

@@ -148,6 +148,7 @@ TEST(StorageUris, ParsesEveryForm) {
   EXPECT_EQ(file.path, "/data/model");
   EXPECT_THROW(parse_storage_uri("gs://bucket/x"), ktune::Error);
   EXPECT_THROW(parse_storage_uri("hf://org/../x"), ktune::Error);
+  EXPECT_THROW(parse_storage_uri("hf:///tmp/model"), ktune::Error);  // no org: a local path
   EXPECT_THROW(parse_storage_uri("s3://"), ktune::Error);
 }
 

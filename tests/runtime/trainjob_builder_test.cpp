@@ -199,6 +199,19 @@ TEST(InitializerEnv, BareHuggingFaceRepoGetsTheHfScheme) {
   const v1alpha1::Initializer got = trainjob_initializer(init);
   EXPECT_EQ(*got.dataset->storage_uri, "hf://tatsu-lab/alpaca/data");
   EXPECT_EQ(*got.model->storage_uri, "hf://meta-llama/Llama-3.2-1B-Instruct");
+  // A local path is not made a repo id (hf:///tmp/model would ask the Hub for "tmp/model"): refused,
+  // with the file:// spelling the initializer copies.
+  init.model = types::HuggingFaceModelInitializer{"/tmp/qa/model"};
+  try {
+    trainjob_initializer(init);
+    FAIL() << "a local path accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "storage_uri '/tmp/qa/model': a local path, not a Hugging Face repo: write file:///tmp/qa/model for a "
+              "folder the initializer copies");
+  }
+  init.model = types::HuggingFaceModelInitializer{"./model"};
+  EXPECT_THROW(trainjob_initializer(init), Error);
 }
 
 TEST(ResourcesPerNode, MatchTheUpstreamSdkAliases) {
