@@ -185,12 +185,14 @@ std::string LocalBackend::submit(const TrainJobPlan& plan_in) {
   const std::string name = plan_in.job_name.empty() ? generate_job_name() : plan_in.job_name;
   check(!config_.ktune_exe.empty(), "local backend",
         "cannot find the ktune binary that supervises local jobs: put `ktune` on PATH or set KTUNE_EXE");
-  check(!registry().find(name), "job " + name, "a TrainJob with this name already exists (ktune jobs delete " + name + ")");
+  check(!registry().find(name), "job " + name,
+        "a TrainJob with this name already exists (ktune jobs delete " + name + " --workspace frees the name)");
 
   const std::string workspace = fs::absolute(fs::path(config_.workspace_root) / name).lexically_normal().string();
   std::error_code ec;
   check(!fs::exists(workspace) || fs::is_empty(workspace), workspace,
-        "the job's workspace already exists and is not empty");
+        "the job's workspace already exists and is not empty (left by a deleted job " + name +
+            "? remove it, or delete jobs with --workspace / delete_job(name, remove_workspace=True))");
   for (const char* sub : {"", "/logs", "/progress"}) {
     fs::create_directories(workspace + sub, ec);
     check(!ec, workspace + sub, "cannot create the job workspace: " + ec.message());

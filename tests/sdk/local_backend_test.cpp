@@ -395,9 +395,22 @@ TEST(LocalBackend, RefusesBadPlansBeforeWritingAnything) {
     backend.submit(p);
     FAIL() << "a second job of the same name was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("already exists"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("already exists (ktune jobs delete b123456789ab --workspace frees the name)"),
+              std::string::npos)
+        << e.what();
   }
   wait_terminal(backend, "b123456789ab");
+  // Deleted with its files kept, the name is still taken by them, and the refusal says how to free it.
+  backend.delete_job("b123456789ab");
+  try {
+    backend.submit(p);
+    FAIL() << "a job was started over a deleted job's files";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the job's workspace already exists and is not empty (left by a deleted job "
+                                         "b123456789ab? remove it, or delete jobs with --workspace"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(LocalBackend, ListsJobsOldestFirstAndFiltersByRuntime) {
