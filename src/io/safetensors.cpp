@@ -176,13 +176,26 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   std::sort(infos.begin(), infos.end(), [](const SafetensorsInfo& a, const SafetensorsInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
-  for (size_t i = 1; i < infos.size(); ++i) {
-    const SafetensorsInfo& prev = infos[i - 1];
-    const SafetensorsInfo& cur = infos[i];
-    // Empty tensors occupy nothing and may share an offset with anything.
-    if (cur.begin < prev.end && cur.end > cur.begin)
-      throw Error(path + ": tensor " + cur.name, "data overlaps tensor " + prev.name);
+  // The tensors tile the data buffer, one after another with no gap and nothing after the last, as
+  // the safetensors format (and HF's reader, which refuses "file not fully covered") requires.
+  // Empty tensors occupy nothing and may share an offset with anything.
+  uint64_t covered = 0;
+  const SafetensorsInfo* last = nullptr;
+  for (const SafetensorsInfo& cur : infos) {
+    if (cur.end == cur.begin) continue;
+    if (cur.begin < covered) throw Error(path + ": tensor " + cur.name, "data overlaps tensor " + last->name);
+    if (cur.begin > covered)
+      throw Error(path + ": tensor " + cur.name,
+                  "data starts at byte " + std::to_string(cur.begin) + " of the data buffer, leaving " +
+                      std::to_string(cur.begin - covered) + " bytes no tensor covers " +
+                      (last ? "after tensor " + last->name : std::string("at its start")));
+    covered = cur.end;
+    last = &cur;
   }
+  if (covered != f.data_bytes_)
+    throw Error(path, "the data buffer holds " + std::to_string(f.data_bytes_ - covered) + " bytes after the last tensor's " +
+                          "data (" + std::to_string(f.data_bytes_) + " bytes, the tensors cover " +
+                          std::to_string(covered) + "): a damaged or appended-to file");
   for (SafetensorsInfo& info : infos) {
     f.names_.push_back(info.name);
     f.infos_.emplace(info.name, std::move(info));

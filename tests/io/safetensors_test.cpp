@@ -324,6 +324,20 @@ TEST_F(SafetensorsTest, OverlappingTensorsAreRefused) {
   expect_error(write_raw("ov.safetensors", header, std::string(12, '\0')), {"tensor b", "overlaps tensor a"});
 }
 
+// The tensors must tile the data buffer as HF's reader requires ("file not fully covered"): a gap
+// between two tensors, or bytes after the last (a file appended to), are refused naming where.
+TEST_F(SafetensorsTest, BytesNoTensorCoversAreRefused) {
+  std::string header =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})";
+  expect_error(write_raw("gap.safetensors", header, std::string(16, '\0')),
+               {"tensor b", "leaving 4 bytes no tensor covers after tensor a"});
+  header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  expect_error(write_raw("tail.safetensors", header, std::string(24, '\0')),
+               {"tail.safetensors", "holds 16 bytes after the last tensor's data"});
+  header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  expect_error(write_raw("front.safetensors", header, std::string(12, '\0')), {"tensor a", "at its start"});
+}
+
 TEST_F(SafetensorsTest, SizeThatDisagreesWithShapeIsRefused) {
   std::string header = R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})";
   expect_error(write_raw("s.safetensors", header, std::string(8, '\0')), {"tensor a", "needs 12"});
