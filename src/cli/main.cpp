@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ktune: unknown command '%s' (see `ktune --help`)\n", argv[1]);
     return 2;
   } catch (const std::exception& e) {  // ktune::Errors too: its what() lists every error
-    std::string message = ktune::redact(e.what());
+    std::string message = ktune::printable(ktune::redact(e.what()));
     std::fprintf(stderr, "error: %s\n", message.c_str());
     // For the launcher, when this is one of its workers (a no-op when the recipe recorded it already).
     ktune::dist::record_worker_error(message, dynamic_cast<const ktune::dist::PeerLostError*>(&e) != nullptr);

@@ -20,5 +20,9 @@ void register_secret(const std::string& secret);
 // Replaces registered secrets and anything shaped like a token (hf_…, "Bearer …",
 // "Authorization: …", AWS secret keys after "aws_secret_access_key=") with "***".
 std::string redact(const std::string& text);
+// The text safe to print on a terminal: valid UTF-8 (file names, CJK, emoji) and newlines and tabs
+// kept, any other byte (a control character, a byte of no valid UTF-8 sequence: a damaged file's
+// bytes quoted in an error) written as \xHH.
+std::string printable(const std::string& text);
 
 }  // namespace ktune
