@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/process_identity.h"
 #include "io/safetensors.h"
+#include "train/copied_files_check.h"
 
 namespace fs = std::filesystem;
 
@@ -420,6 +421,11 @@ std::optional<SaveLeftover> save_leftover(const fs::path& path) {
 }
 
 }  // namespace
+
+void HfCheckpointer::check_copied_files() const {
+  if (!fs::is_directory(checkpoint_dir_)) return;  // load_model names a missing checkpoint_dir
+  train::check_copied_files(checkpoint_dir_, non_weight_files(checkpoint_dir_));
+}
 
 std::vector<std::string> HfCheckpointer::recover_interrupted_saves() const {
   std::vector<std::string> changes;

@@ -145,6 +145,8 @@ class HfCheckpointer {
   // before any rank looks for a checkpoint. Returns a line per change.
   std::vector<std::string> recover_interrupted_saves() const;
   ResumePoint load_resume_point(const std::string& dir) const;
+  // Refuses, before training, a damaged JSON file among those a save copies (copied_files_check.h).
+  void check_copied_files() const;
 
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
   const std::string& output_dir() const { return output_dir_; }

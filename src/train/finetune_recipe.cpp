@@ -328,6 +328,7 @@ void FinetuneRecipe::setup() {
   if (rank0_) log_info(device.reason);
   checkpointer_ = std::make_unique<HfCheckpointer>(cfg_.checkpointer.checkpoint_dir, cfg_.checkpointer.checkpoint_files,
                                                    cfg_.output_dir);
+  checkpointer_->check_copied_files();  // every rank: the same files, the same verdict
   if (rank0_)  // what a run killed in the middle of a save left (resume() waits for this on every rank)
     for (const std::string& change : checkpointer_->recover_interrupted_saves()) log_warn("interrupted save: " + change);
   setup_data();
