@@ -150,6 +150,16 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
                                         "' is not supported (llama, qwen2, mistral, gemma2 are)");
 
   c.vocab_size = r.integer("vocab_size");
+  // The ids generation starts and stops with (HF: an id or a list of ids) are ids of the vocabulary.
+  for (const char* key : {"bos_token_id", "eos_token_id"}) {
+    if (!r.has(key)) continue;
+    const json& v = r.j[key];
+    const json ids = v.is_array() ? v : json::array({v});
+    for (const json& id : ids)
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= c.vocab_size)
+        throw Error(r.at(key), "must be a token id below vocab_size " + std::to_string(c.vocab_size) + " (or a list of them), got " +
+                                   v.dump());
+  }
   c.hidden_size = r.integer("hidden_size");
   c.intermediate_size = r.integer("intermediate_size");
   c.num_layers = r.integer("num_hidden_layers", 4096);  // no model has more; a larger count is a corrupt file

@@ -138,6 +138,9 @@ TEST(ModelConfig, BadValuesAreNamed) {
   expect_error(R"({"model_type":"llama","vocab_size":10,"hidden_size":8,"intermediate_size":16,
     "num_hidden_layers":1000000000000,"num_attention_heads":2})",
                "key num_hidden_layers: must be at most 4096, got 1000000000000");
+  expect_error(llama + R"(,"eos_token_id":9999})", "key eos_token_id: must be a token id below vocab_size 10");
+  expect_error(llama + R"(,"eos_token_id":[1,2,10]})", "key eos_token_id: must be a token id below vocab_size 10");
+  expect_error(llama + R"(,"bos_token_id":"<s>"})", "key bos_token_id");
   expect_error(R"({"model_type":"llama","vocab_size":100000000000,"hidden_size":8,"intermediate_size":16,
     "num_hidden_layers":1,"num_attention_heads":2})",
                "key vocab_size: must be at most 67108864");
