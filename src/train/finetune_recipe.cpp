@@ -33,6 +33,7 @@
 #include "train/checkpointer.h"
 #include "train/cuda_trainer.h"
 #include "train/device_selection.h"
+#include "train/known_models.h"
 #include "train/lr_scheduler.h"
 #include "train/memory_stats.h"
 #include "train/metric_logger.h"
@@ -329,6 +330,10 @@ void FinetuneRecipe::setup() {
   checkpointer_ = std::make_unique<HfCheckpointer>(cfg_.checkpointer.checkpoint_dir, cfg_.checkpointer.checkpoint_files,
                                                    cfg_.output_dir);
   checkpointer_->check_copied_files();  // every rank: the same files, the same verdict
+  if (const fs::path config = fs::path(cfg_.checkpointer.checkpoint_dir) / "config.json";
+      cfg_.model.family != "hf" && fs::is_regular_file(config))  // a size-specific builder: the checkpoint's shape
+    check_builder_matches_checkpoint(cfg_.model.component, cfg_.model.family, cfg_.model.size,
+                                     model::ModelConfig::from_file(config.string()), config.string());
   if (rank0_)  // what a run killed in the middle of a save left (resume() waits for this on every rank)
     for (const std::string& change : checkpointer_->recover_interrupted_saves()) log_warn("interrupted save: " + change);
   setup_data();

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "train/known_models.h"
 #include "train/sharded_layout.h"
 
 namespace ktune::train {
@@ -199,84 +200,12 @@ std::string format_sharding_plan(const ShardingPlanRequest& r, const ShardingPla
 }
 
 model::ModelConfig model_config_by_name_or_path(const std::string& name) {
-  // HF config.json values of the public checkpoints (the fields that size the model).
-  static const std::map<std::string, std::string> known = {
-      {"llama3_3/70B",
-       R"({"model_type":"llama","vocab_size":128256,"hidden_size":8192,"intermediate_size":28672,"num_hidden_layers":80,
-           "num_attention_heads":64,"num_key_value_heads":8,"rms_norm_eps":1e-5,"rope_theta":500000.0,
-           "max_position_embeddings":131072,"tie_word_embeddings":false})"},
-      {"llama3_1/8B",
-       R"({"model_type":"llama","vocab_size":128256,"hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,
-           "num_attention_heads":32,"num_key_value_heads":8,"rms_norm_eps":1e-5,"rope_theta":500000.0,
-           "max_position_embeddings":131072,"tie_word_embeddings":false})"},
-      {"llama3_2/1B",
-       R"({"model_type":"llama","vocab_size":128256,"hidden_size":2048,"intermediate_size":8192,"num_hidden_layers":16,
-           "num_attention_heads":32,"num_key_value_heads":8,"head_dim":64,"rms_norm_eps":1e-5,"rope_theta":500000.0,
-           "max_position_embeddings":131072,"tie_word_embeddings":true})"},
-      {"llama3_2/3B",
-       R"({"model_type":"llama","vocab_size":128256,"hidden_size":3072,"intermediate_size":8192,"num_hidden_layers":28,
-           "num_attention_heads":24,"num_key_value_heads":8,"head_dim":128,"rms_norm_eps":1e-5,"rope_theta":500000.0,
-           "max_position_embeddings":131072,"tie_word_embeddings":true})"},
-      {"llama3_1/70B",  // Llama 3.3 70B's shape
-       R"({"model_type":"llama","vocab_size":128256,"hidden_size":8192,"intermediate_size":28672,"num_hidden_layers":80,
-           "num_attention_heads":64,"num_key_value_heads":8,"rms_norm_eps":1e-5,"rope_theta":500000.0,
-           "max_position_embeddings":131072,"tie_word_embeddings":false})"},
-      {"qwen2_5/0.5B",
-       R"({"model_type":"qwen2","vocab_size":151936,"hidden_size":896,"intermediate_size":4864,"num_hidden_layers":24,
-           "num_attention_heads":14,"num_key_value_heads":2,"rms_norm_eps":1e-6,"rope_theta":1000000.0,
-           "max_position_embeddings":32768,"tie_word_embeddings":true})"},
-      {"qwen2_5/1.5B",
-       R"({"model_type":"qwen2","vocab_size":151936,"hidden_size":1536,"intermediate_size":8960,"num_hidden_layers":28,
-           "num_attention_heads":12,"num_key_value_heads":2,"rms_norm_eps":1e-6,"rope_theta":1000000.0,
-           "max_position_embeddings":32768,"tie_word_embeddings":true})"},
-      {"qwen2_5/3B",
-       R"({"model_type":"qwen2","vocab_size":151936,"hidden_size":2048,"intermediate_size":11008,"num_hidden_layers":36,
-           "num_attention_heads":16,"num_key_value_heads":2,"rms_norm_eps":1e-6,"rope_theta":1000000.0,
-           "max_position_embeddings":32768,"tie_word_embeddings":true})"},
-      {"qwen2_5/7B",
-       R"({"model_type":"qwen2","vocab_size":152064,"hidden_size":3584,"intermediate_size":18944,"num_hidden_layers":28,
-           "num_attention_heads":28,"num_key_value_heads":4,"rms_norm_eps":1e-6,"rope_theta":1000000.0,
-           "max_position_embeddings":32768,"tie_word_embeddings":false})"},
-      {"mistral/7B",
-       R"({"model_type":"mistral","vocab_size":32000,"hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,
-           "num_attention_heads":32,"num_key_value_heads":8,"rms_norm_eps":1e-5,"rope_theta":10000.0,
-           "sliding_window":4096,"max_position_embeddings":32768,"tie_word_embeddings":false})"},
-      {"gemma2/2B",
-       R"({"model_type":"gemma2","vocab_size":256000,"hidden_size":2304,"intermediate_size":9216,"num_hidden_layers":26,
-           "num_attention_heads":8,"num_key_value_heads":4,"head_dim":256,"query_pre_attn_scalar":256,
-           "rms_norm_eps":1e-6,"rope_theta":10000.0,"sliding_window":4096,"attn_logit_softcapping":50.0,
-           "final_logit_softcapping":30.0,"hidden_activation":"gelu_pytorch_tanh","max_position_embeddings":8192,
-           "tie_word_embeddings":true})"},
-      {"gemma2/9B",
-       R"({"model_type":"gemma2","vocab_size":256000,"hidden_size":3584,"intermediate_size":14336,"num_hidden_layers":42,
-           "num_attention_heads":16,"num_key_value_heads":8,"head_dim":256,"query_pre_attn_scalar":224,
-           "rms_norm_eps":1e-6,"rope_theta":10000.0,"sliding_window":4096,"attn_logit_softcapping":50.0,
-           "final_logit_softcapping":30.0,"hidden_activation":"gelu_pytorch_tanh","max_position_embeddings":8192,
-           "tie_word_embeddings":true})"},
-      {"gemma2/27B",
-       R"({"model_type":"gemma2","vocab_size":256000,"hidden_size":4608,"intermediate_size":36864,"num_hidden_layers":46,
-           "num_attention_heads":32,"num_key_value_heads":16,"head_dim":128,"query_pre_attn_scalar":144,
-           "rms_norm_eps":1e-6,"rope_theta":10000.0,"sliding_window":4096,"attn_logit_softcapping":50.0,
-           "final_logit_softcapping":30.0,"hidden_activation":"gelu_pytorch_tanh","max_position_embeddings":8192,
-           "tie_word_embeddings":true})"}};
-  // The Hugging Face repositories the runtimes (manifests/make_runtimes.py) fetch, and the meta-llama names.
-  static const std::map<std::string, std::string> aliases = {
-      {"meta-llama/Llama-3.3-70B-Instruct", "llama3_3/70B"}, {"meta-llama/Llama-3.1-8B-Instruct", "llama3_1/8B"},
-      {"meta-llama/Llama-3.1-8B", "llama3_1/8B"},            {"meta-llama/Llama-3.2-1B-Instruct", "llama3_2/1B"},
-      {"meta-llama/Llama-3.2-1B", "llama3_2/1B"},            {"meta-llama/Llama-3.2-3B-Instruct", "llama3_2/3B"},
-      {"meta-llama/Llama-3.2-3B", "llama3_2/3B"},            {"meta-llama/Llama-3.1-70B-Instruct", "llama3_1/70B"},
-      {"Qwen/Qwen2.5-0.5B-Instruct", "qwen2_5/0.5B"},        {"Qwen/Qwen2.5-1.5B-Instruct", "qwen2_5/1.5B"},
-      {"Qwen/Qwen2.5-3B-Instruct", "qwen2_5/3B"},            {"Qwen/Qwen2.5-7B-Instruct", "qwen2_5/7B"},
-      {"mistralai/Mistral-7B-v0.1", "mistral/7B"},           {"google/gemma-2-2b", "gemma2/2B"},
-      {"google/gemma-2-9b", "gemma2/9B"},                    {"google/gemma-2-27b", "gemma2/27B"}};
-  std::string key = name;
-  if (auto a = aliases.find(name); a != aliases.end()) key = a->second;
-  if (auto k = known.find(key); k != known.end()) return model::ModelConfig::from_json_text(k->second, "known model " + key);
+  if (std::optional<model::ModelConfig> known = known_model(name)) return *known;
   namespace fs = std::filesystem;
   if (fs::is_directory(name)) return model::ModelConfig::from_file((fs::path(name) / "config.json").string());
   if (fs::is_regular_file(name)) return model::ModelConfig::from_file(name);
   std::string names;
-  for (const auto& [k, v] : known) names += (names.empty() ? "" : ", ") + k;
+  for (const std::string& k : known_model_names()) names += (names.empty() ? "" : ", ") + k;
   throw Error("plan: --model", "'" + name + "' is neither a known model (" + names +
                                    ", or their Hugging Face names) nor a config.json or model directory");
 }

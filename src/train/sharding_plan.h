@@ -71,8 +71,8 @@ ShardingPlan plan_sharding(const ShardingPlanRequest& request);
 // The plan as `ktune plan` prints it: one quantity per line, GiB with bytes in parentheses.
 std::string format_sharding_plan(const ShardingPlanRequest& request, const ShardingPlan& plan);
 
-// The HF config of a known model by name ("meta-llama/Llama-3.3-70B-Instruct", "llama3_3/70B",
-// "llama3_1/8B", "llama3_2/1B", "llama3_2/3B"), or of a config.json / model directory path.
+// The HF config of a known model by name (train/known_models.h: "llama3_3/70B",
+// "meta-llama/Llama-3.3-70B-Instruct", "qwen2_5/7B", ...), or of a config.json / model directory path.
 model::ModelConfig model_config_by_name_or_path(const std::string& name_or_path);
 
 }  // namespace ktune::train

@@ -454,6 +454,23 @@ TEST_F(RecipeTest, ResumingWithAnotherWorldSizeIsRefusedNamingBothSizes) {
   EXPECT_NE(one.output.find("was written by 2 ranks; this run has 1"), std::string::npos) << one.output;
 }
 
+// A size-specific builder (lora_llama3_2_1b) builds Llama 3.2 1B whatever the checkpoint holds: a
+// checkpoint of another shape (the tiny model) is refused before anything loads, naming both shapes
+// and the builders that take any config.json (torchtune fails here loading the state dict).
+TEST_F(RecipeTest, ASizeSpecificBuilderRefusesACheckpointOfAnotherShape) {
+  Outcome r = run("", "lora_finetune_single_device", "lora_single_device",
+                  "epochs=1 max_steps_per_epoch=1 model=torchtune.models.llama3_2.lora_llama3_2_1b "
+                  "checkpointer.model_type=LLAMA3_2",
+                  out());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("error: model._component_ torchtune.models.llama3_2.lora_llama3_2_1b: builds llama3_2/1B "
+                          "(llama, hidden_size 2048, intermediate_size 8192, 16 layers, 32 heads (8 key/value), "
+                          "vocab_size 128256), but " + model() + "/config.json describes another model"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("ktune.models.hf_model / lora_hf_model / qlora_hf_model"), std::string::npos) << r.output;
+}
+
 // A dataset whose every label is masked (here each prompt cut to 8 tokens before its response) stops
 // the run before its first step, saying why, instead of training on nothing with a loss of 0.
 TEST_F(RecipeTest, ADatasetWithNothingToTrainOnIsRefusedBeforeTheFirstStep) {
