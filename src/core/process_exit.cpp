@@ -35,13 +35,19 @@ std::string describe_process_exit(int wait_status, const struct rusage* usage, b
   if (WIFEXITED(wait_status)) return "exited with code " + std::to_string(WEXITSTATUS(wait_status));
   if (!WIFSIGNALED(wait_status)) return "stopped";
   std::string text = std::string("was killed by signal ") + strsignal(WTERMSIG(wait_status));
-  if (WTERMSIG(wait_status) == SIGKILL && !sent_by_parent)
-    text += std::string(" (not by its parent: the kernel's out-of-memory killer sends SIGKILL when memory runs out") +
-            (usage != nullptr ? "; its peak resident memory was " + gib_text(double(usage->ru_maxrss) * 1024.0) +
-                                    ", of " + gib_text(memory_limit_bytes()) + " this machine allows"
-                              : std::string()) +
-            ")";
-  return text;
+  if (WTERMSIG(wait_status) != SIGKILL || sent_by_parent) return text;
+  if (usage == nullptr)
+    return text + " (not by its parent: the kernel's out-of-memory killer sends SIGKILL when memory runs out)";
+  // The out-of-memory killer picks the process that holds the most memory: one that peaked far below
+  // the limit was more likely killed by someone (kill -9) than by it.
+  const double peak = double(usage->ru_maxrss) * 1024.0, limit = memory_limit_bytes();
+  const std::string memory = "its peak resident memory was " + gib_text(peak) + ", of " + gib_text(limit) +
+                             " this machine allows";
+  if (peak < kOomSuspectFraction * limit)
+    return text + " (not by its parent, and hardly by the out-of-memory killer: " + memory +
+           "; another process's kill -9?)";
+  return text + " (not by its parent: the kernel's out-of-memory killer sends SIGKILL when memory runs out; " + memory +
+         ")";
 }
 
 }  // namespace ktune

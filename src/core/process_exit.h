@@ -1,7 +1,8 @@
 // How a child process ended, in words, for the launcher's and the job supervisor's reports. A
 // SIGKILL that the parent did not send is most often the kernel's out-of-memory killer: the words
 // say so, with the child's peak resident memory (from wait4's rusage) against the memory this
-// machine, or its cgroup, allows.
+// machine, or its cgroup, allows; unless that peak was under kOomSuspectFraction of it (the killer
+// takes the process holding the most), when the words say another process's kill -9 is likelier.
 #pragma once
 
 #include <sys/resource.h>
@@ -9,6 +10,8 @@
 #include <string>
 
 namespace ktune {
+
+inline constexpr double kOomSuspectFraction = 0.25;
 
 // "exited with code N", "was killed by signal NAME" (+ the out-of-memory hint, above, when the
 // signal is SIGKILL and !sent_by_parent), or "stopped". usage: the child's, or nullptr.
