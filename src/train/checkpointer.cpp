@@ -181,6 +181,20 @@ nlohmann::json read_json(const fs::path& path) {
   }
 }
 
+// config.json as a merged model's save writes it: the input's, saying the dtype the merged files
+// hold (torch_dtype, and transformers 5's dtype where the config has it), so that a load with
+// dtype="auto" keeps a bf16 model in bf16 (torchtune copies the input's config unchanged: a bf16
+// run's outputs then claim float32). Empty when there is no config.json or it is not an object.
+std::string config_as_saved(const fs::path& config, DType weights) {
+  if (!fs::is_regular_file(config)) return "";
+  nlohmann::json j = read_json(config);
+  if (!j.is_object()) return "";
+  const char* name = weights == DType::BF16 ? "bfloat16" : weights == DType::F16 ? "float16" : "float32";
+  j["torch_dtype"] = name;
+  if (j.contains("dtype")) j["dtype"] = name;
+  return j.dump(2) + "\n";
+}
+
 // Every tensor of a recipe-state file in the dtype it was saved in (f32 or bf16: what training
 // keeps) as a view of the file's read-only mapping (another dtype: an f32 copy). Nothing is read
 // until a consumer copies out what it needs, so a rank of a sharded run faults in only its own
@@ -317,6 +331,9 @@ void HfCheckpointer::write_checkpoint(const SaveRequest& request, const fs::path
     for (io::PlannedTensor& t : tensors)
       if (frozen.count(t.name)) in_turn[t.name] = std::exchange(t.produce, nullptr);  // not written at the opening
     model_files = open_model_files(tmp, checkpoint_dir_, tensors);
+    if (const std::string config = config_as_saved(fs::path(checkpoint_dir_) / "config.json", request.weights_dtype);
+        !config.empty())
+      io::write_file_atomic((tmp / "config.json").string(), config);
   }
   if (!in_turn.empty()) {
     request.frozen.hold([&](const std::vector<std::string>& names) {
@@ -381,6 +398,9 @@ CheckpointBytes HfCheckpointer::planned_bytes(const std::vector<io::TensorSpec>&
   }
   for (const fs::path& rel : non_weight_files(checkpoint_dir_))
     bytes.other += int64_t(fs::file_size(fs::path(checkpoint_dir_) / rel));
+  const fs::path config = fs::path(checkpoint_dir_) / "config.json";
+  if (const std::string saved = config_as_saved(config, weights_dtype); !saved.empty() && !(lora && adapter_weights_only))
+    bytes.other += int64_t(saved.size()) - int64_t(fs::file_size(config));  // rewritten with the merged dtype
   return bytes;
 }
 

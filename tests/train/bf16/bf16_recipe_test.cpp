@@ -61,6 +61,11 @@ TEST_F(Bf16RecipeTest, StartupLineStatesEightBytesPerParameterAndStateIsWrittenI
     io::SafetensorsFile f32 = io::SafetensorsFile::open(out("fp") + "/epoch_0/" + f);
     for (const std::string& name : f32.names()) EXPECT_EQ(f32.info(name).dtype, "F32") << f << ": " << name;
   }
+  // Each merged model's config.json says the dtype its files hold (a load with dtype="auto" keeps it).
+  for (const auto& [run, dtype] : {std::pair{"bf", "bfloat16"}, std::pair{"fp", "float32"}}) {
+    std::ifstream config_in(out(run) + "/epoch_0/config.json");
+    EXPECT_EQ(nlohmann::json::parse(config_in).value("torch_dtype", std::string()), dtype) << run;
+  }
 }
 
 TEST_F(Bf16RecipeTest, ResumeFromAMidEpochBf16CheckpointContinuesBitForBit) {
