@@ -8,9 +8,12 @@
 // The tiny model (examples/quickstart, random weights from `ktune init-model`) ships a tokenizer.json
 // rather than Llama 3's original/tokenizer.model, so the test installs its own copy of the
 // torchtune-llama3.2-1b runtime in $KTUNE_HOME/runtimes whose tokenizer.path says so: that is also
-// the proof that a runtime there replaces the builtin one. The architecture comes from the model's
-// config.json, so the 1B config trains the tiny model. Labelled slow (a few seconds a job; it runs
-// the whole engine). It does not check what the model learns (tests/train does).
+// the proof that a runtime there replaces the builtin one. Nor is it Llama 3.2 1B's shape, which the
+// config's lora_llama3_2_1b builder refuses (as torchtune's does), so the node's `tune run` is this
+// ktune with one override more, model=ktune.models.lora_hf_model (the architecture from config.json),
+// through a two-line trainer script (BackendConfig::trainer_command, KTUNE_TRAINER_COMMAND).
+// Labelled slow (a few seconds a job; it runs the whole engine). It does not check what the model
+// learns (tests/train does).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -77,6 +80,10 @@ class RealTrainer : public ::testing::Test {
     yaml.replace(at, from.size(), "tokenizer.path=/workspace/model/tokenizer.json");
     fs::create_directories(home_.path() + "/runtimes");
     std::ofstream(home_.path() + "/runtimes/torchtune-llama3.2-1b.yaml") << yaml;
+    // `tune run ARGS` on the node: this ktune, the tiny model's builder after the plan's overrides.
+    trainer_ = home_.path() + "/tiny_trainer.sh";
+    std::ofstream(trainer_) << "#!/bin/sh\nexec '" << kKtune << "' run \"$@\" model=ktune.models.lora_hf_model\n";
+    fs::permissions(trainer_, fs::perms::owner_all);
     // The tiny model trains fastest on one thread (its GEMMs are too small for a parallel region).
     setenv("KTUNE_NUM_THREADS", "1", 1);
   }
@@ -124,12 +131,14 @@ class RealTrainer : public ::testing::Test {
 
   TempHome home_;
   std::string src_;
+  std::string trainer_;  // the node's trainer: ktune run with the tiny model's builder
 };
 
 TEST_F(RealTrainer, TrainerClientRunsALoraFineTuneOfTheTinyModelThroughFileInitializers) {
   BackendConfig config;
   config.home = home_.path();
-  config.ktune_exe = kKtune;  // supervises the job and stands for `tune`
+  config.ktune_exe = kKtune;  // supervises the job
+  config.trainer_command = {trainer_};  // stands for `tune run`
   config.stop_grace_seconds = 2;
   TrainerClient client(config);
 
@@ -198,7 +207,8 @@ TEST_F(RealTrainer, KtuneTrainCliRunsTheSameJobWithASingleFileDataset) {
   file.close();
 
   const std::string out = home_.path() + "/.stdout", err = home_.path() + "/.stderr";
-  const std::string env = "env KTUNE_HOME='" + home_.path() + "' KTUNE_EXE='" + kKtune + "' ";
+  const std::string env =
+      "env KTUNE_HOME='" + home_.path() + "' KTUNE_EXE='" + kKtune + "' KTUNE_TRAINER_COMMAND='" + trainer_ + "' ";
   const std::string train = env + "'" + kKtune + "' train --runtime torchtune-llama3.2-1b --model file://" + src_ +
                             "/model --dataset file://" + src_ + "/rows.jsonl --lora-rank 8 --lora-alpha 16 " +
                             "--epochs 1 --batch-size 8 --dtype fp32 --name cli-real --follow";
