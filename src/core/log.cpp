@@ -5,6 +5,8 @@
 #include <regex>
 #include <vector>
 
+#include "core/utf8.h"
+
 namespace ktune {
 
 static LogLevel g_level = LogLevel::Info;
@@ -21,28 +23,13 @@ void register_secret(const std::string& secret) {
   g_secrets.push_back(secret);
 }
 
-// The length of the valid UTF-8 sequence at text[i] (1 to 4), or 0 if none starts there (stray
-// continuation bytes, overlong forms, surrogates, values past U+10FFFF, a cut-off sequence).
-static size_t utf8_sequence_length(const std::string& text, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char b = byte(i);
-  if (b < 0x80) return 1;
-  size_t n = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
-  if (n == 0 || i + n > text.size()) return 0;
-  for (size_t k = 1; k < n; ++k)
-    if ((byte(i + k) & 0xC0) != 0x80) return 0;
-  const unsigned char c = byte(i + 1);
-  if ((b == 0xE0 && c < 0xA0) || (b == 0xED && c > 0x9F) || (b == 0xF0 && c < 0x90) || (b == 0xF4 && c > 0x8F))
-    return 0;  // overlong, a surrogate, or past U+10FFFF
-  return n;
-}
-
 std::string printable(const std::string& text) {
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const unsigned char b = static_cast<unsigned char>(text[i]);
-    const size_t n = utf8_sequence_length(text, i);
+    int bad = 0;
+    const size_t n = size_t(utf8_well_formed_length(text, i, &bad));
     if (n > 0 && (b >= 0x20 || b == '\n' || b == '\t') && b != 0x7F) {
       out.append(text, i, n);
       i += n;

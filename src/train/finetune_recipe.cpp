@@ -836,11 +836,7 @@ void FinetuneRecipe::resume() {
     gpu_->upload_trainable(point.trainable, *latest);
     gpu_->load_optimizer_state(point.optimizer_state, steps_done, *latest);
   } else {
-    for (model::Parameter* p : trainable_) {
-      auto it = point.trainable.find(p->name);
-      if (it == point.trainable.end()) throw Error(*latest, "recipe state has no weights for " + p->name);
-      p->value.copy_from(it->second);
-    }
+    for (model::Parameter* p : trainable_) p->value.copy_from(point.trainable.at(p->name));  // checked above
     optimizer_->load_state(point.optimizer_state, steps_done, *latest);
   }
   global_step_ = s.at("global_step").get<int64_t>();
