@@ -176,7 +176,7 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
     c.head_dim = c.hidden_size / c.num_heads;
   }
   if (c.head_dim % 2 != 0) throw Error(r.at("head_dim"), "must be even for rotary embeddings");
-  c.max_position_embeddings = r.integer_or("max_position_embeddings", 8192);
+  c.max_position_embeddings = r.integer_or("max_position_embeddings", 0);
   c.rms_norm_eps = float(r.positive_number("rms_norm_eps", 1e-6));
   c.torch_dtype = r.string("torch_dtype", r.string("dtype", "float32"));
   read_rope(r, c);

@@ -23,7 +23,8 @@ struct ModelConfig {
   std::string model_type;  // as in config.json: "llama", "qwen2", "mistral", "gemma2"
   Family family = Family::Llama;
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
-  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0, max_position_embeddings = 0;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int64_t max_position_embeddings = 0;  // the longest sequence the model was made for; 0: config.json does not say
   float rms_norm_eps = 1e-6f;
   float rope_theta = 10000.0f;
   cpu::RopeScaling rope_scaling;  // type "" = none

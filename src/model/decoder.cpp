@@ -175,10 +175,10 @@ Decoder::~Decoder() = default;
 void Decoder::build_parameters() {
   const ModelConfig& c = config_;
   const int64_t C = c.hidden_size, I = c.intermediate_size;
-  // The table starts at min(max_position_embeddings, 4096) rows (Llama 3.1's 131072 would be 64 MiB)
-  // and grows when a batch reaches further (prepare()).
-  rope_ = std::make_unique<cpu::RopeTable>(c.head_dim, c.rope_theta, c.rope_scaling,
-                                           std::clamp<int64_t>(c.max_position_embeddings, 1, 4096));
+  // The table starts at min(max_position_embeddings, 4096) rows (Llama 3.1's 131072 would be 64 MiB;
+  // 4096 where config.json does not say) and grows when a batch reaches further (prepare()).
+  const int64_t first_rows = c.max_position_embeddings > 0 ? std::min<int64_t>(c.max_position_embeddings, 4096) : 4096;
+  rope_ = std::make_unique<cpu::RopeTable>(c.head_dim, c.rope_theta, c.rope_scaling, first_rows);
   // Gemma: sqrt(hidden) rounded to the dtype of the weights, as HF does (embed_scale.to(weight.dtype)).
   embed_scale_ = c.scale_embeddings ? float(std::sqrt(double(C))) : 1.0f;
   if (storage_ == DType::BF16) embed_scale_ = bf16_to_f32(f32_to_bf16(embed_scale_));

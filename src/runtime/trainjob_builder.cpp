@@ -360,15 +360,7 @@ v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Ini
       // packages, and start it with the runtime's entrypoint (torchrun for torch runtimes).
       std::string entry = runtime.trainer.command.empty() ? "python" : join(runtime.trainer.command, " ");
       std::string script;
-      if (!c->packages_to_install.empty()) {
-        std::vector<std::string> quoted;
-        for (const auto& p : c->packages_to_install) quoted.push_back(sh_quote(p));
-        std::string options = "--index-url " + sh_quote(c->pip_index_urls.empty() ? "https://pypi.org/simple" : c->pip_index_urls[0]);
-        for (size_t i = 1; i < c->pip_index_urls.size(); ++i) options += " --extra-index-url " + sh_quote(c->pip_index_urls[i]);
-        script += "if ! [ -x \"$(command -v pip)\" ]; then python -m ensurepip || python -m ensurepip --user; fi\n";
-        script += "PIP_DISABLE_PIP_VERSION_CHECK=1 python -m pip install --quiet --no-warn-script-location " + options +
-                  " --user " + join(quoted, " ") + "\n";
-      }
+      if (!c->packages_to_install.empty()) script += pip_install_script(c->packages_to_install, c->pip_index_urls);
       script += "read -r -d '' SCRIPT << 'EOM'\n" + c->script + "\nEOM\n";
       script += "printf \"%s\" \"$SCRIPT\" > \"ktune_train.py\"\n";
       script += entry + " \"ktune_train.py\"";
@@ -380,6 +372,32 @@ v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Ini
     job.spec.trainer = t;
   }
   return job;
+}
+
+// The lines a function's script starts with to install its packages, with upstream's policy: for
+// the user first, then system-wide (an image whose Python is a virtual environment refuses --user),
+// both allowed past PEP 668's externally-managed marker; pip's output kept in a log shown only when
+// both fail, and then the script stops (exit 1) rather than start a function without its packages.
+std::string pip_install_script(const std::vector<std::string>& packages, const std::vector<std::string>& index_urls) {
+  std::vector<std::string> quoted;
+  for (const auto& p : packages) quoted.push_back(sh_quote(p));
+  std::string options = "--index-url " + sh_quote(index_urls.empty() ? "https://pypi.org/simple" : index_urls[0]);
+  for (size_t i = 1; i < index_urls.size(); ++i) options += " --extra-index-url " + sh_quote(index_urls[i]);
+  const std::string pip = "PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install --quiet "
+                          "--no-warn-script-location " + options;
+  std::string s;
+  s += "if ! [ -x \"$(command -v pip)\" ]; then python -m ensurepip || python -m ensurepip --user; fi\n";
+  s += "KTUNE_PACKAGES=(" + join(quoted, " ") + ")\n";
+  s += "if " + pip + " --user \"${KTUNE_PACKAGES[@]}\" > pip_install.log 2>&1; then\n";
+  s += "  echo \"installed Python packages (user): ${KTUNE_PACKAGES[*]}\"\n";
+  s += "elif " + pip + " \"${KTUNE_PACKAGES[@]}\" >> pip_install.log 2>&1; then\n";
+  s += "  echo \"installed Python packages (system-wide): ${KTUNE_PACKAGES[*]}\"\n";
+  s += "else\n";
+  s += "  echo \"ERROR: failed to install Python packages: ${KTUNE_PACKAGES[*]}\" >&2\n";
+  s += "  cat pip_install.log >&2\n";
+  s += "  exit 1\n";
+  s += "fi\n";
+  return s;
 }
 
 std::string generate_job_name() {

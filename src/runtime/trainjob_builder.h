@@ -49,6 +49,10 @@ v1alpha1::Initializer trainjob_initializer(const types::Initializer& initializer
 v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Initializer* initializer,
                                  const types::Trainer& trainer, const std::string& name = "");
 
+// The bash lines a CustomTrainer's function runs first to install packages_to_install: for the
+// user, else system-wide; when both fail, pip's log on stderr and exit 1 (see the .cpp).
+std::string pip_install_script(const std::vector<std::string>& packages, const std::vector<std::string>& index_urls);
+
 // A letter + 11 hex characters, as upstream: "a1b2c3d4e5f6" shapes (12 characters).
 std::string generate_job_name();
 

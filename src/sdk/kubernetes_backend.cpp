@@ -426,6 +426,27 @@ Json KubernetesBackend::trainjob_object(const TrainJobPlan& plan) const {
   return job;
 }
 
+// The job's Secret is made before the job, so a name already taken is first met as a Secret that
+// exists (409): it names the TrainJob that holds the name when there is one, else the Secret left
+// without its job.
+void KubernetesBackend::refuse_taken_name(const std::string& name, const std::string& secret_name,
+                                          const KubernetesApiError& conflict) {
+  try {
+    request("GET", trainjobs_path() + "/" + hub::url_encode(name, false));
+  } catch (const KubernetesApiError& e) {
+    if (e.status() == 404)
+      throw KubernetesApiError(conflict.where(), conflict.what_only() + " (no TrainJob " + name +
+                                                     " owns it: kubectl delete secret " + secret_name + " -n " +
+                                                     namespace_ + " frees the name)",
+                               409);
+    throw conflict;
+  }
+  throw KubernetesApiError("TrainJob " + namespace_ + "/" + name,
+                           "409 AlreadyExists: a TrainJob with this name already exists (ktune jobs delete " + name +
+                               " frees the name)",
+                           409);
+}
+
 std::string KubernetesBackend::submit(const TrainJobPlan& plan) {
   const Json job = trainjob_object(plan);
   const std::string name = str(at(job, "metadata"), "name");
@@ -443,7 +464,12 @@ std::string KubernetesBackend::submit(const TrainJobPlan& plan) {
       register_secret(v);
       secret["stringData"][k] = v;
     }
-    request("POST", secrets_path, secret.dump());
+    try {
+      request("POST", secrets_path, secret.dump());
+    } catch (const KubernetesApiError& e) {
+      if (e.status() != 409) throw;
+      refuse_taken_name(name, plan.secret_name, e);
+    }
   }
   Json created;
   try {
@@ -523,21 +549,50 @@ std::string KubernetesBackend::container_state(const std::string& pod, const std
   return phase == "Succeeded" || phase == "Failed" ? "terminated" : "running";
 }
 
-void KubernetesBackend::get_job_logs(const std::string& name, const std::string& step, bool follow,
-                                     const LogLineSink& sink) {
-  std::string pod;
+// The pod that runs `step` now, other than `previous` (one that is gone): "" when there is none and,
+// without follow or once the job has ended, none will come. While following, waits for one past Pending.
+std::string KubernetesBackend::step_pod(const std::string& name, const std::string& step, bool follow,
+                                        const std::string& previous) {
   while (true) {
     const TrainJobRecord job = get_job(name);
     const StepRecord* s = job.step(step);
-    if (s && !s->pod_name.empty() && s->status != kCreated) {
-      pod = s->pod_name;
-      break;
-    }
-    if (!follow || is_terminal(job.status)) return;  // as upstream: no pod past Pending, no lines
+    if (s && !s->pod_name.empty() && s->pod_name != previous && s->status != kCreated) return s->pod_name;
+    if (!follow || is_terminal(job.status)) return "";  // as upstream: no pod past Pending, no lines
     std::this_thread::sleep_for(std::chrono::duration<double>(poll_interval_));
   }
+}
+
+void KubernetesBackend::get_job_logs(const std::string& name, const std::string& step, bool follow,
+                                     const LogLineSink& sink) {
   static const std::regex index_suffix("-[0-9]+$");
   const std::string container = std::regex_replace(step, index_suffix, "");
+  // A step's pod may go away while its log is followed (evicted, its node lost) and JobSet start a
+  // new one: the log goes on with the replacement's, from its start, and says so.
+  std::string previous;
+  try {
+    while (true) {
+      const std::string pod = step_pod(name, step, follow, previous);
+      if (pod.empty()) {
+        if (!previous.empty())
+          log_warn("the pod " + previous + " of " + name + "/" + step + " is gone and no other pod runs the step: " +
+                   "its log ends here, possibly before its end");
+        return;
+      }
+      if (!previous.empty())
+        log_warn("the pod " + previous + " of " + name + "/" + step + " is gone; following its replacement " + pod +
+                 " from its start");
+      if (!read_pod_log(pod, container, follow, sink)) return;
+      previous = pod;
+    }
+  } catch (const StopReading&) {
+    return;
+  }
+}
+
+// Reads one pod's log of `container` into sink, following it while the container runs. Returns true
+// when the pod went away before its container ended (a follow cut short), false when the log was read.
+bool KubernetesBackend::read_pod_log(const std::string& pod, const std::string& container, bool follow,
+                                     const LogLineSink& sink) {
   const std::string base = connection_.server + "/api/v1/namespaces/" + hub::url_encode(namespace_, false) + "/pods/" +
                            hub::url_encode(pod, false) + "/log?container=" + hub::url_encode(container, false);
   const std::string where = "kubernetes GET pods/" + pod + "/log";
@@ -570,45 +625,41 @@ void KubernetesBackend::get_job_logs(const std::string& name, const std::string&
     return true;
   };
 
-  try {
-    if (!follow) {
-      std::string cut;
+  if (!follow) {
+    std::string cut;
+    read(false, &cut);
+    return false;
+  }
+  // Follow until the container has ended. The API server may end a stream early (a timeout, a
+  // restarted kubelet or apiserver) or the connection may drop: while the container still runs,
+  // the stream is reopened from the last line's time.
+  constexpr int kMaxFruitlessReopens = 5;
+  int fruitless = 0;
+  while (true) {
+    const int64_t before_time = resume.time_ns;
+    const size_t before_count = resume.lines_at_time;
+    std::string cut;
+    const bool clean = read(true, &cut);
+    const bool progress = resume.time_ns != before_time || resume.lines_at_time != before_count;
+    fruitless = progress ? 0 : fruitless + 1;
+    const std::string state = container_state(pod, container);
+    if (state == "gone") return true;
+    if (state == "terminated") {
+      // Its log is complete now. A stream cut (or ended early by the server) just before the
+      // container's last lines would miss them: read the rest once, without follow (the lines
+      // already delivered are skipped).
       read(false, &cut);
-      return;
+      return false;
     }
-    // Follow until the container has ended. The API server may end a stream early (a timeout, a
-    // restarted kubelet or apiserver) or the connection may drop: while the container still runs,
-    // the stream is reopened from the last line's time.
-    constexpr int kMaxFruitlessReopens = 5;
-    int fruitless = 0;
-    while (true) {
-      const int64_t before_time = resume.time_ns;
-      const size_t before_count = resume.lines_at_time;
-      std::string cut;
-      const bool clean = read(true, &cut);
-      const bool progress = resume.time_ns != before_time || resume.lines_at_time != before_count;
-      fruitless = progress ? 0 : fruitless + 1;
-      const std::string state = container_state(pod, container);
-      if (state == "gone") return;
-      if (state == "terminated") {
-        // Its log is complete now. A stream cut (or ended early by the server) just before the
-        // container's last lines would miss them: read the rest once, without follow (the lines
-        // already delivered are skipped).
-        read(false, &cut);
-        return;
-      }
-      if (fruitless >= kMaxFruitlessReopens) {
-        if (clean) return;  // the server keeps closing an idle stream: nothing more to wait for here
-        throw Error(where, "the log stream of the running container keeps failing (" + std::to_string(fruitless) +
-                               " attempts without a new line): " + cut);
-      }
-      log_debug("the log stream of " + pod + " " + (clean ? "ended" : "was cut (" + cut + ")") +
-                " while the container runs; reopening it from " +
-                (resume.time_ns >= 0 ? format_rfc3339_seconds(resume.time_ns) : std::string("the start")));
-      if (fruitless > 0) std::this_thread::sleep_for(std::chrono::duration<double>(poll_interval_ * fruitless));
+    if (fruitless >= kMaxFruitlessReopens) {
+      if (clean) return false;  // the server keeps closing an idle stream: nothing more to wait for here
+      throw Error(where, "the log stream of the running container keeps failing (" + std::to_string(fruitless) +
+                             " attempts without a new line): " + cut);
     }
-  } catch (const StopReading&) {
-    return;
+    log_debug("the log stream of " + pod + " " + (clean ? "ended" : "was cut (" + cut + ")") +
+              " while the container runs; reopening it from " +
+              (resume.time_ns >= 0 ? format_rfc3339_seconds(resume.time_ns) : std::string("the start")));
+    if (fruitless > 0) std::this_thread::sleep_for(std::chrono::duration<double>(poll_interval_ * fruitless));
   }
 }
 

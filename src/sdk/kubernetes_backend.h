@@ -82,8 +82,13 @@ class KubernetesBackend : public Backend {
   TrainJobRecord record_of(const v1alpha1::Json& trainjob);
   const v1alpha1::TrainingRuntime* runtime_of(const std::string& kind, const std::string& name);
   std::string trainjobs_path() const;
+  // A submit whose Secret exists (409): throws naming the TrainJob that holds the name, or the Secret.
+  [[noreturn]] void refuse_taken_name(const std::string& name, const std::string& secret_name,
+                                      const KubernetesApiError& conflict);
   // The state of a pod's container: "running", "waiting", "terminated", or "gone" (no such pod).
   std::string container_state(const std::string& pod, const std::string& container);
+  std::string step_pod(const std::string& name, const std::string& step, bool follow, const std::string& previous);
+  bool read_pod_log(const std::string& pod, const std::string& container, bool follow, const LogLineSink& sink);
 
   KubeConnection connection_;
   std::string namespace_;

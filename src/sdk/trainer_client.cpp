@@ -92,6 +92,7 @@ types::TrainJob TrainerClient::to_sdk_job(const TrainJobRecord& r) const {
     types::Step step;
     step.name = s.name;
     step.status = s.status;
+    step.pod_name = s.pod_name.empty() ? s.name : s.pod_name;  // locally the step's name, as upstream's local backend
     step.device = s.device;
     step.device_count = s.device_count;
     j.steps.push_back(step);

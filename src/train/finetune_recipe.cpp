@@ -204,6 +204,7 @@ class FinetuneRecipe {
   // the ranks shuffle alike and seed their adapters alike.
   uint64_t agreed_seed() const;
   void setup_data();
+  void check_rows_fit_positions(const model::ModelConfig& mc) const;
   // Tokenizes every dataset of `configs` into one; says whether any is packed / splits across packs.
   std::shared_ptr<TokenizedDataset> build_datasets(const std::vector<DatasetConfig>& configs, bool* packed, bool* split);
   // on_gpu: device=cuda with a GPU, where the GPU step (gpu_) runs the steps and optimizer_ and
@@ -531,6 +532,7 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   if (tokenizer_->vocab_size() > mc.vocab_size)
     throw Error("tokenizer.path", "the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
                                       " ids but the model's vocab_size is " + std::to_string(mc.vocab_size));
+  check_rows_fit_positions(mc);
   if (recipe_.lora) {
     check(cfg_.model.lora, "model", "the " + recipe_.name + " recipe needs a LoRA model builder (lora_… or qlora_…)");
     model::LoraOptions options;
@@ -582,6 +584,20 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   if (rank0_)
     log_info("model: " + mc.model_type + ", " + std::to_string(mc.num_parameters()) + " parameters, " +
              std::to_string(n_trainable) + " trainable" + adapted);
+}
+
+// As torchtune's TransformerDecoder refuses a sequence longer than its max_seq_len (at the step that
+// meets it), before any step: the longest row the run makes (a sample, train or val, or a pack)
+// against config.json's max_position_embeddings. Positions past it were never trained (HF's
+// transformers computes them anyway): a longer context is the model's config to state.
+void FinetuneRecipe::check_rows_fit_positions(const model::ModelConfig& mc) const {
+  if (mc.max_position_embeddings <= 0 || gpu_seq_len_ <= mc.max_position_embeddings) return;
+  const std::string config = (fs::path(cfg_.checkpointer.checkpoint_dir) / "config.json").string();
+  throw Error("dataset", "rows of up to " + std::to_string(gpu_seq_len_) + " tokens are longer than the model's " +
+                             std::to_string(mc.max_position_embeddings) + " positions (max_position_embeddings in " +
+                             config + "): set tokenizer.max_seq_len=" + std::to_string(mc.max_position_embeddings) +
+                             " or less to cut them, or raise max_position_embeddings if the model (its RoPE scaling) "
+                             "is made for longer");
 }
 
 // Each rank makes the magnitudes of adapters rank, rank + W, ... (the row norms of their bases: QLoRA's

@@ -2,8 +2,14 @@
 // what the real upstream SDK renders (fixtures/sdk_torchtune_args.json, made by the script beside
 // it), plus ktune's documented departures, the job name shape and the CustomTrainer command.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -17,6 +23,7 @@ namespace ktune {
 namespace {
 
 using nlohmann::json;
+namespace fs = std::filesystem;
 
 json load_fixture() {
   std::ifstream in(std::string(KTUNE_SOURCE_DIR) + "/tests/runtime/fixtures/sdk_torchtune_args.json");
@@ -338,6 +345,58 @@ TEST(MakeTrainJob, CustomTrainerScriptIsEmbeddedAndStartedWithTheRuntimeEntrypoi
   both.command = {"python", "x.py"};
   EXPECT_THROW(make_trainjob(rt, nullptr, both), Error);
   EXPECT_THROW(make_trainjob(rt, nullptr, types::CustomTrainer{}), Error);
+}
+
+// The function's script, run by bash with a `python` on PATH whose pip fails as asked: a --user
+// install refused (a virtual environment's Python) falls back to a system-wide one; both refused
+// stops the script with exit 1, pip's log on stderr, before the entrypoint starts.
+TEST(MakeTrainJob, CustomTrainerPackagesInstallForTheUserElseSystemWideElseTheScriptStops) {
+  const fs::path dir = fs::temp_directory_path() / ("ktune_pip_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "bin");
+  {
+    std::ofstream python(dir / "bin" / "python");  // records its arguments; fails --user or every install as told
+    python << "#!/bin/bash\necho \"PIP_BREAK_SYSTEM_PACKAGES=$PIP_BREAK_SYSTEM_PACKAGES $*\" >> \"$CALLS\"\n"
+              "case \"$FAIL:$*\" in all:*install*) echo 'pip: no index'; exit 1;; user:*--user*) echo 'pip: "
+              "Can not perform a --user install'; exit 1;; esac\nexit 0\n";
+  }
+  fs::permissions(dir / "bin" / "python", fs::perms::owner_all);
+  types::Runtime rt;
+  rt.name = "torch-distributed";
+  rt.trainer.command = {"echo", "started"};
+  types::CustomTrainer c;
+  c.script = "print('hi')";
+  c.packages_to_install = {"transformers[torch]", "peft"};
+  const std::string cmd = make_trainjob(rt, nullptr, c, "custom").spec.trainer->command.at(2);
+  std::ofstream(dir / "job.sh") << cmd;  // what the pod's `bash -c` runs
+  auto run = [&](const std::string& fail) {
+    fs::remove(dir / "calls");
+    const std::string line = "cd " + dir.string() + " && PATH=" + (dir / "bin").string() + ":/usr/bin:/bin CALLS=" +
+                             (dir / "calls").string() + " FAIL=" + fail + " bash job.sh 2>&1";
+    std::string out;
+    FILE* p = ::popen(line.c_str(), "r");
+    char buf[512];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int status = ::pclose(p);
+    std::ifstream calls(dir / "calls");
+    std::string recorded((std::istreambuf_iterator<char>(calls)), {});
+    return std::tuple{WEXITSTATUS(status), out, recorded};
+  };
+  auto [rc, out, calls] = run("none");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("installed Python packages (user): transformers[torch] peft"), std::string::npos) << out;
+  EXPECT_NE(out.find("started ktune_train.py"), std::string::npos) << out;
+  EXPECT_NE(calls.find("PIP_BREAK_SYSTEM_PACKAGES=1 -m pip install --quiet --no-warn-script-location --index-url "
+                       "https://pypi.org/simple --user transformers[torch] peft"), std::string::npos) << calls;
+  std::tie(rc, out, calls) = run("user");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("installed Python packages (system-wide): transformers[torch] peft"), std::string::npos) << out;
+  EXPECT_NE(out.find("started ktune_train.py"), std::string::npos) << out;
+  std::tie(rc, out, calls) = run("all");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("ERROR: failed to install Python packages: transformers[torch] peft"), std::string::npos) << out;
+  EXPECT_NE(out.find("pip: no index"), std::string::npos) << out;
+  EXPECT_EQ(out.find("started"), std::string::npos) << out;
+  fs::remove_all(dir);
 }
 
 TEST(SecretEnv, TokensAndKeysAreSecret) {

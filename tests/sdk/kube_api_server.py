@@ -21,11 +21,12 @@ The test drives it through a second, plain-HTTP control port (no credentials nee
   GET  /_test/requests  the recorded requests, in order (and tls_failures, held_released, secrets)
 LOG = {"lines": [...], "times": [RFC 3339 with nanoseconds, one per line] (default: one line every
 0.4 s from 2026-12-02T10:02:00Z), "hold_after": k, "drops": [{"at": i, "how": "reset"|"clean",
-"partial": bool, "container_ends": bool}], "ends": true}. A followed stream sends the lines from sinceTime on (whole seconds,
+"partial": bool, "container_ends": bool, "replaced_by": POD}], "ends": true}. A followed stream sends the lines from sinceTime on (whole seconds,
 as the kubelet sees it; `timestamps=true` prefixes each with its time); at a drop's line index it
 either cuts the connection (reset: no closing chunk, half of line i sent first when partial) or
 ends the response as if the API server had timed it out (clean); each drop happens once, and with
-container_ends the container has exited by then. After the
+container_ends the container has exited by then; with replaced_by the pod is gone, another of that
+name in its place (as JobSet replaces an evicted pod). After the
 last line of a followed stream the container has ended (unless "ends" is false): the pod turns
 Succeeded with the container terminated, and the stream closes. A held log (hold_after k) sends k
 lines, then waits (up to 30 s) for /_test/release, then sends the rest and records whether the
@@ -391,6 +392,8 @@ class Handler(BaseHTTPRequestHandler):
             if drop is not None and i == drop["at"]:
                 if drop.get("container_ends"):  # it exits while the stream is down
                     self.end_container(pod, container)
+                if drop.get("replaced_by"):  # the pod is gone (evicted) and JobSet made another
+                    self.replace_pod(pod, drop["replaced_by"])
                 if drop.get("how", "reset") == "clean":
                     break  # the response ends properly, the container still runs
                 if drop.get("partial"):
@@ -407,6 +410,17 @@ class Handler(BaseHTTPRequestHandler):
                 self.end_container(pod, container)
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+    def replace_pod(self, pod, new_name):
+        with LOCK:
+            for job in STATE["pods"].values():
+                for i, p in enumerate(job):
+                    if p["metadata"]["name"] == pod:
+                        new = json.loads(json.dumps(p))
+                        new["metadata"]["name"] = new_name
+                        new["metadata"]["creationTimestamp"] = now()
+                        job[i] = new
+                        return
 
     def end_container(self, pod, container):
         with LOCK:

@@ -66,6 +66,28 @@ TEST_F(KubernetesLogStreamTest, ACutOrEarlyEndedStreamIsReopenedWithoutRepeatsOr
                                                      "container=node&timestamps=true&sinceTime=2026-12-02T10%3A02%3A03Z"}));
 }
 
+// The pod is evicted mid-stream and JobSet starts another for the step: the follow goes on with the
+// replacement's log from its start (the step ran again), saying so, instead of ending quietly.
+TEST_F(KubernetesLogStreamTest, APodReplacedMidStreamIsFollowedInItsReplacement) {
+  const std::vector<std::string> first = numbered_lines(6), second = {"restarted: step 1", "restarted: step 2"};
+  const std::string job = "job-evicted";
+  ASSERT_EQ(submit(job), job);
+  const Json node = pod(job, "node", 0, "Running", "2026-12-02T10:02:00Z");
+  const std::string evicted = node["metadata"]["name"], replacement = evicted + "-r";
+  set_state({{"pods", {{job, Json::array({node})}}},
+             {"logs", {{evicted + "/node", {{"lines", first}, {"drops", Json::array({{{"at", 3}, {"replaced_by", replacement}}})}}},
+                       {replacement + "/node", {{"lines", second}}}}}});
+  KubernetesBackend k = backend();
+  k.set_poll_interval(0.01);
+  std::vector<std::string> lines;
+  testing::internal::CaptureStderr();
+  k.get_job_logs(job, "node-0", true, [&](const std::string& l) { return lines.push_back(l), true; });
+  const std::string warned = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(lines, (std::vector<std::string>{first[0], first[1], first[2], second[0], second[1]}));
+  EXPECT_NE(warned.find("the pod " + evicted + " of " + job + "/node-0 is gone; following its replacement " + replacement +
+                        " from its start"), std::string::npos) << warned;
+}
+
 // The stream is cut and the container exits before it could be reopened: the rest is read once,
 // without follow, from where the cut left off.
 TEST_F(KubernetesLogStreamTest, ACutStreamOfAContainerThatEndedMeanwhileIsReadToItsEnd) {

@@ -298,7 +298,10 @@ TEST_F(KubernetesBackendTest, StatusFollowsUpstreamsMappingOfConditionsAndPods) 
   EXPECT_EQ(k.list_jobs().size(), 2u);
   EXPECT_EQ(k.list_jobs("torchtune-llama3.3-70b").size(), 1u);
   TrainerClient client(make_backend(), RuntimeCatalog::builtin());
-  EXPECT_EQ(client.wait_for_job_status("job-a", {"Complete"}, 10, 0.1).status, "Complete");
+  const types::TrainJob done = client.wait_for_job_status("job-a", {"Complete"}, 10, 0.1);
+  EXPECT_EQ(done.status, "Complete");
+  ASSERT_EQ(done.steps.size(), 1u);
+  EXPECT_EQ(done.steps[0].pod_name, "job-a-node-0-0-00");  // the pod, as upstream's Step.pod_name
   EXPECT_THROW(client.wait_for_job_status("job-b", {"Complete"}, 0.5, 0.1), WaitTimeoutError);
   // Deleting removes the job and its Secret.
   client.delete_job("job-a");
@@ -352,10 +355,18 @@ TEST_F(KubernetesBackendTest, ApiServerErrorsSurfaceWithTheirMessage) {
   EXPECT_NE(missing.find("TrainJob team-a/nope"), std::string::npos) << missing;
   EXPECT_NE(missing.find("404 NotFound: trainjobs.trainer.kubeflow.org \"nope\" not found"), std::string::npos) << missing;
   EXPECT_NE(error_of([&] { k.delete_job("nope"); }).find("404 NotFound"), std::string::npos);
-  // 409: the same name twice; the second Secret is refused first.
+  // 409: the same name twice; the second Secret is refused first, and the error names the TrainJob
+  // that holds the name (the Secret itself is left as it was).
   ASSERT_EQ(submit("dup"), "dup");
   const std::string dup = error_of([&] { submit("dup"); });
-  EXPECT_NE(dup.find("409 AlreadyExists: secrets \"dup-ktune-secrets\" already exists"), std::string::npos) << dup;
+  EXPECT_NE(dup.find("TrainJob team-a/dup: 409 AlreadyExists: a TrainJob with this name already exists "
+                     "(ktune jobs delete dup frees the name)"), std::string::npos) << dup;
+  EXPECT_TRUE(requests()["secrets"].contains("dup-ktune-secrets"));
+  // A Secret left without its TrainJob: named, with the command that frees the name.
+  set_state({{"secrets", {{"orphan-ktune-secrets", {{"metadata", {{"name", "orphan-ktune-secrets"}}}}}}}});
+  const std::string orphan = error_of([&] { submit("orphan"); });
+  EXPECT_NE(orphan.find("409 AlreadyExists: secrets \"orphan-ktune-secrets\" already exists (no TrainJob orphan owns it: "
+                        "kubectl delete secret orphan-ktune-secrets -n team-a frees the name)"), std::string::npos) << orphan;
   // 403 on the TrainJob: the message says why, and the Secret made for it is deleted again.
   set_state({{"errors", Json::array({{{"method", "POST"},
                                       {"path", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs"},
@@ -372,7 +383,7 @@ TEST_F(KubernetesBackendTest, ApiServerErrorsSurfaceWithTheirMessage) {
   KubernetesBackend wrong(parse_kubeconfig(kubeconfig_text("wrong-token-value-99"), kubeconfig_), "");
   const std::string unauthorized = error_of([&] { wrong.list_jobs(); });
   EXPECT_NE(unauthorized.find("401 Unauthorized"), std::string::npos) << unauthorized;
-  for (const std::string& text : {missing, dup, forbidden, unauthorized}) {
+  for (const std::string& text : {missing, dup, orphan, forbidden, unauthorized}) {
     EXPECT_EQ(text.find(kToken), std::string::npos);
     EXPECT_EQ(text.find("wrong-token-value-99"), std::string::npos);
   }
@@ -405,7 +416,19 @@ TEST_F(KubernetesBackendTest, JobsCommandsWorkOnTheKubernetesBackend) {
   EXPECT_NE(other_ns.err.find("TrainJob team-b/cli-job"), std::string::npos) << other_ns.err;
   const CommandResult del = ktune({"jobs", "delete", "cli-job", "--backend", "kubernetes"});
   EXPECT_EQ(del.exit_code, 0) << del.err;
-  for (const CommandResult* r : {&list, &get, &logs, &other_ns, &del}) {
+  // `ktune runtimes` takes the same flags: the cluster's runtimes, read from the API server.
+  const CommandResult runtimes = ktune({"runtimes", "--backend", "kubernetes", "--namespace", "team-a"});
+  ASSERT_EQ(runtimes.exit_code, 0) << runtimes.err;
+  EXPECT_TRUE(std::regex_search(runtimes.out, std::regex("\ntorchtune-llama3.2-1b +builtin-trainer +torchtune "))) << runtimes.out;
+  EXPECT_EQ(requests()["requests"].back()["path"], "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainingruntimes");
+  const CommandResult one = ktune({"runtimes", "torchtune-llama3.2-1b", "--backend=kubernetes"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_NE(one.out.find("kind: ClusterTrainingRuntime"), std::string::npos) << one.out;
+  const CommandResult unknown = ktune({"runtimes", "--bogus"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_NE(unknown.err.find("ktune runtimes: unknown argument '--bogus'\nusage: ktune runtimes [NAME] [--backend local|kubernetes]"),
+            std::string::npos) << unknown.err;
+  for (const CommandResult* r : {&list, &get, &logs, &other_ns, &del, &runtimes, &one}) {
     EXPECT_EQ(r->out.find(kToken), std::string::npos);
     EXPECT_EQ(r->err.find(kToken), std::string::npos);
   }

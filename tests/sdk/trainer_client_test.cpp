@@ -107,6 +107,7 @@ TEST(TrainerClient, ShowsJobsAsUpstreamsTrainJobWithStepsAndDevices) {
   EXPECT_EQ(j.steps[1].name, "node-0");
   EXPECT_EQ(j.steps[1].status, "Complete");
   EXPECT_EQ(j.steps[1].device_count, "2");
+  EXPECT_EQ(j.steps[1].pod_name, "node-0");  // no pod: the step's name, as upstream's local-process backend
   ASSERT_EQ(client.list_jobs().size(), 1u);
   EXPECT_EQ(client.list_jobs("torchtune-llama3.2-1b").size(), 1u);
   EXPECT_EQ(client.list_jobs("torchtune-qwen2.5-7b").size(), 0u);

@@ -485,6 +485,24 @@ TEST_F(RecipeTest, ADatasetWithNothingToTrainOnIsRefusedBeforeTheFirstStep) {
   EXPECT_EQ(r.output.find("Step 1 |"), std::string::npos) << r.output;
 }
 
+// Rows longer than the model's positions (packs of 1024 tokens; the tiny model's config.json says
+// max_position_embeddings 512) are refused before the first step, naming both lengths, the file and
+// the ways out (torchtune's decoder refuses such a row at the step that meets it); packs of 512 train.
+TEST_F(RecipeTest, RowsLongerThanTheModelsPositionsAreRefusedBeforeTheFirstStep) {
+  Outcome r = run("", "full_finetune_single_device", "full_single_device",
+                  "epochs=1 max_steps_per_epoch=1 batch_size=1 dataset.packed=True tokenizer.max_seq_len=1024", out());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("error: dataset: rows of up to 1024 tokens are longer than the model's 512 positions "
+                          "(max_position_embeddings in " + model() + "/config.json): set tokenizer.max_seq_len=512 or less"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("Step 1 |"), std::string::npos) << r.output;
+  Outcome fits = run("", "full_finetune_single_device", "full_single_device",
+                     "epochs=1 max_steps_per_epoch=1 batch_size=1 dataset.packed=True tokenizer.max_seq_len=512", out());
+  EXPECT_EQ(fits.exit_code, 0) << fits.output;
+  EXPECT_NE(fits.output.find("training done: 1 steps"), std::string::npos) << fits.output;
+}
+
 // A resume whose trained weights would not fit the checkpoint's is refused before any is loaded,
 // naming the checkpoint, the tensor and both shapes (another LoRA rank), or the tensor the run would
 // train that the checkpoint lacks (another module adapted); a mid-epoch resume with another
