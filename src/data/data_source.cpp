@@ -127,6 +127,54 @@ std::vector<std::string> list_files(const fs::path& dir) {
 
 bool has_wildcard(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
+// Files under `dir` matching the pattern's components parts[i..], as HF datasets resolves a
+// data_files pattern (fsspec's glob): `*`, `?` and `[...]` within one path component, `**` any number
+// of folders; hidden names (leading '.') only where the pattern spells the dot.
+void glob_walk(const fs::path& dir, const std::vector<std::string>& parts, size_t i, std::vector<std::string>& out) {
+  if (i == parts.size()) {
+    if (fs::is_regular_file(dir)) out.push_back(dir.string());
+    return;
+  }
+  const std::string& part = parts[i];
+  if (!has_wildcard(part)) {
+    glob_walk(dir / part, parts, i + 1, out);
+    return;
+  }
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  std::vector<fs::path> entries;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) entries.push_back(entry.path());
+  std::sort(entries.begin(), entries.end());
+  if (part == "**") {
+    if (i + 1 == parts.size()) {  // a trailing `**`: every file below
+      for (const fs::path& e : entries)
+        if (fs::is_regular_file(e) && e.filename().string()[0] != '.') out.push_back(e.string());
+    } else {
+      glob_walk(dir, parts, i + 1, out);  // no folder
+    }
+    for (const fs::path& e : entries)
+      if (fs::is_directory(e) && e.filename().string()[0] != '.') glob_walk(e, parts, i, out);  // one more
+    return;
+  }
+  for (const fs::path& e : entries)
+    if (fnmatch(part.c_str(), e.filename().c_str(), FNM_PERIOD) == 0) glob_walk(e, parts, i + 1, out);
+}
+
+// The files a data_files pattern names, sorted and each once; relative patterns start at `base`.
+std::vector<std::string> glob_files(const fs::path& base, const std::string& pattern) {
+  const fs::path full = (fs::path(pattern).is_absolute() ? fs::path(pattern) : base / pattern).lexically_normal();
+  fs::path root = full.root_path();
+  std::vector<std::string> parts;
+  for (const fs::path& component : full.relative_path()) parts.push_back(component.string());
+  size_t fixed = 0;  // the leading folders without a wildcard: where the walk starts
+  while (fixed + 1 < parts.size() && !has_wildcard(parts[fixed])) root /= parts[fixed++];
+  std::vector<std::string> out;
+  glob_walk(root.empty() ? fs::path(".") : root, parts, fixed, out);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 }  // namespace
 
 std::vector<SplitSlice> parse_split(const std::string& expression) {
@@ -201,12 +249,9 @@ DataFiles resolve_data_files(const std::string& source, const std::string& data_
     for (const std::string& spec : data_files) {
       fs::path p = fs::path(spec).is_absolute() ? fs::path(spec) : base / spec;
       if (has_wildcard(spec)) {
-        fs::path root = fs::path(spec).is_absolute() ? fs::path("/") : base;
-        std::string pattern = fs::path(spec).is_absolute() ? spec : (base / spec).lexically_normal().string();
-        size_t before = files.size();
-        for (const std::string& f : list_files(root))
-          if (fnmatch(pattern.c_str(), fs::path(f).lexically_normal().c_str(), 0) == 0) files.push_back(f);
-        if (files.size() == before) throw Error("dataset.data_files", "no file matches '" + pattern + "'");
+        const std::vector<std::string> matched = glob_files(base, spec);
+        if (matched.empty()) throw Error("dataset.data_files", "no file matches '" + p.lexically_normal().string() + "'");
+        files.insert(files.end(), matched.begin(), matched.end());
       } else {
         if (!fs::is_regular_file(p)) throw Error("dataset.data_files", "'" + p.string() + "' is not a file");
         files.push_back(p.string());
@@ -238,7 +283,11 @@ DataFiles resolve_data_files(const std::string& source, const std::string& data_
     }
     files = std::move(kept);
   }
-  out.description = data_format_name(*format) + " files " + (explicit_files ? "given by data_files" : "in " + base.string());
+  std::string named;  // the files data_files gave, for errors about what they hold (the first three)
+  for (size_t i = 0; i < files.size() && i < 3; ++i) named += (i ? ", " : "") + files[i];
+  if (files.size() > 3) named += " and " + std::to_string(files.size() - 3) + " more";
+  out.description = data_format_name(*format) + " files " +
+                    (explicit_files ? "given by data_files (" + named + ")" : "in " + base.string());
   if (files.empty())
     throw Error(explicit_files ? "dataset.data_files" : "dataset.data_dir",
                 "no " + data_format_name(*format) + " files in '" + base.string() + "'");

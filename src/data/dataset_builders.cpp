@@ -221,6 +221,7 @@ TokenizedDataset build_dataset(const DatasetOptions& o, const ChatFormat& format
     for (int64_t i = 0; i < n; ++i) {  // in order: the first bad row is the one reported
       if (errors[(size_t)i]) std::rethrow_exception(errors[(size_t)i]);
       const TokenizedMessages& t = results[(size_t)i];
+      if (t.tokens.empty() && data.num_empty++ == 0) data.first_empty = pending[(size_t)i].second.where();
       if (t.truncated) ++data.num_truncated;
       trained.resize(t.mask.size());
       for (size_t k = 0; k < t.mask.size(); ++k) trained[k] = t.mask[k] ? 0 : 1;

@@ -43,6 +43,10 @@ class TokenizedDataset {
   int64_t num_truncated = 0;
   int64_t num_rows_read = 0;
   int64_t max_seq_len = 0;  // the limit samples were cut to (0: none)
+  // Samples of no token (empty text, which Llama 3's tokenizer encodes as nothing; torchtune keeps
+  // them, and a step of only such samples fails): how many, and the first's row ("file: row 3 (line 4)").
+  int64_t num_empty = 0;
+  std::string first_empty;
 
   void shrink_to_fit();
   size_t memory_bytes() const;  // bytes held by the buffers

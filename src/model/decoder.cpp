@@ -264,6 +264,29 @@ void Decoder::allocate_grads() {
   }
 }
 
+namespace {
+
+// config.json ties the head to the embedding, and the checkpoint holds an lm_head.weight as well:
+// many save a copy of the embedding there, which the tie then stands for; a head of other values is
+// a model the tie would change (transformers keeps such a head untied, with a warning), so it is
+// refused, naming both, rather than dropped.
+void check_tied_head(const io::SafetensorsCheckpoint& ckpt, const std::string& dir) {
+  const io::SafetensorsFile& head_file = ckpt.file_of("lm_head.weight");
+  const io::SafetensorsFile& embed_file = ckpt.file_of("model.embed_tokens.weight");
+  const io::SafetensorsInfo& head = head_file.info("lm_head.weight");
+  const io::SafetensorsInfo& embed = embed_file.info("model.embed_tokens.weight");
+  const bool same = head.shape == embed.shape && head.dtype == embed.dtype &&
+                    std::memcmp(head_file.address("lm_head.weight"), embed_file.address("model.embed_tokens.weight"),
+                                size_t(head.end - head.begin)) == 0;
+  if (!same)
+    throw Error(head_file.path() + ": tensor lm_head.weight",
+                "differs from model.embed_tokens.weight, but " + dir + "/config.json says tie_word_embeddings: true "
+                "(the tie would drop this head; transformers keeps it untied): set tie_word_embeddings to false "
+                "to train the checkpoint's head, or remove lm_head.weight to tie");
+}
+
+}  // namespace
+
 std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const LoadOptions& options) {
   if (options.storage != DType::F32 && options.storage != DType::BF16)
     throw Error(dir, std::string("weights can be stored in f32 or bf16, not ") + dtype_name(options.storage));
@@ -316,6 +339,7 @@ std::unique_ptr<Decoder> Decoder::from_pretrained(const std::string& dir, const 
                                       : std::string(" (some held in the files' dtype, read as ") +
                                             dtype_name(options.storage) + ")"));
   }
+  if (config.tie_word_embeddings && ckpt.contains("lm_head.weight")) check_tied_head(ckpt, dir);
   int64_t ignored = 0;
   for (const std::string& name : ckpt.names()) {
     if (used.count(name)) continue;

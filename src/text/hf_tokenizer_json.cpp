@@ -528,11 +528,12 @@ std::unique_ptr<Tokenizer> load_vocab_merges_tokenizer(const std::string& vocab_
     }
   }
   tok->finalize();
-  // torchtune's qwen2 tokenizer: no BOS; EOS and PAD <|endoftext|> — unless the config says otherwise.
+  // torchtune's Qwen2 / Qwen2.5 tokenizer: no BOS, EOS <|im_end|> (its __init__'s eos_token default;
+  // the docstring's <|endoftext|> is not what runs), PAD <|endoftext|> — unless the config says otherwise.
   resolve_special_ids(*tok, config_path);
   SpecialTokenNames names = read_tokenizer_config(config_path);
   if (!names.bos.set) tok->bos.reset();
-  if (!names.eos.set) tok->eos = tok->token_to_id("<|endoftext|>");
+  if (!names.eos.set) tok->eos = tok->token_to_id("<|im_end|>");
   if (!names.pad.set) tok->pad = tok->token_to_id("<|endoftext|>");
   return tok;
 }

@@ -285,6 +285,25 @@ void add_training_components(std::vector<ComponentSpec>& out) {
          "Comet needs the network; use torchtune.training.metric_logging.DiskLogger");
   refuse("torchtune.modules.loss.ForwardKLWithChunkedOutputLoss", ComponentKind::Loss,
          "knowledge distillation is not a ktune recipe");
+  // torchtune's named datasets: each is a general builder with its columns fixed and a Hub source;
+  // with the data fetched (the dataset initializer, `ktune download`), the general one reads it.
+  const std::string fetched = "ktune has no builder of that name; with the data fetched (ktune download), ";
+  refuse("torchtune.datasets.samsum_dataset", ComponentKind::Dataset,
+         fetched + "torchtune.datasets.instruct_dataset with source: <folder>, column_map: {input: dialogue, output: "
+                   "summary} and tokenizer.prompt_template: torchtune.data.SummarizeTemplate makes its samples");
+  refuse("torchtune.datasets.grammar_dataset", ComponentKind::Dataset,
+         fetched + "torchtune.datasets.instruct_dataset with source: <folder> and tokenizer.prompt_template: "
+                   "torchtune.data.GrammarErrorCorrectionTemplate makes its samples");
+  refuse("torchtune.datasets.slimorca_dataset", ComponentKind::Dataset,
+         fetched + "torchtune.datasets.chat_dataset with source: <folder>, conversation_column: conversations and "
+                   "conversation_style: sharegpt makes its samples");
+  refuse("torchtune.datasets.wikitext_dataset", ComponentKind::Dataset,
+         fetched + "torchtune.datasets.text_completion_dataset with source: <folder> and column: page makes its samples");
+  refuse("torchtune.datasets.cnn_dailymail_articles_dataset", ComponentKind::Dataset,
+         fetched + "torchtune.datasets.text_completion_dataset with source: <folder> and column: article makes its samples");
+  for (const char* preference : {"torchtune.datasets.preference_dataset", "torchtune.datasets.stack_exchange_paired_dataset",
+                                 "torchtune.datasets.hh_rlhf_helpful_dataset"})
+    refuse(preference, ComponentKind::Dataset, "preference pairs train DPO/PPO recipes, which ktune does not have");
 }
 
 std::vector<ComponentSpec> build_registry() {

@@ -1,5 +1,6 @@
 // The per-recipe schema and the checks. See config_schema.h.
 #include "train/config_schema.h"
+#include "train/prompt_templates.h"
 
 #include <algorithm>
 #include <cmath>
@@ -460,6 +461,13 @@ class Checker {
 
     // Packing needs a fixed sequence length.
     const ConfigNode* tokenizer = tree_.find("tokenizer");
+    if (const ConfigNode* pt = tokenizer && tokenizer->is_map() ? tokenizer->find("prompt_template") : nullptr) {
+      try {
+        prompt_template_from_config(*pt);
+      } catch (const Error& e) {
+        errors_.push_back(e);
+      }
+    }
     const ConfigNode* max_seq_len = tokenizer && tokenizer->is_map() ? tokenizer->find("max_seq_len") : nullptr;
     bool has_max_len = max_seq_len != nullptr && max_seq_len->is_int();
     for (const char* key : {"dataset", "dataset_val"}) {

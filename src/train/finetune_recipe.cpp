@@ -39,6 +39,7 @@
 #include "train/metric_logger.h"
 #include "train/optimizer.h"
 #include "train/progress_bar.h"
+#include "train/prompt_templates.h"
 #include "train/sharded_data_parallel.h"
 #include "train/weights_fingerprint.h"
 
@@ -55,25 +56,6 @@ ChatFormatKind chat_format_for(const TokenizerConfig& t, const Tokenizer& tokeni
   if (t.family == "gemma" || t.family == "gemma2") return ChatFormatKind::kGemma;
   if (t.family == "mistral") return ChatFormatKind::kMistral;
   return detect_chat_format(tokenizer);
-}
-
-DatasetOptions dataset_options(const DatasetConfig& d) {
-  DatasetOptions o;
-  o.component = d.component;
-  o.source = d.source;
-  o.data_dir = d.data_dir;
-  o.data_files = d.data_files;
-  o.split = d.split;
-  o.column_map = d.column_map;
-  o.train_on_input = d.train_on_input;
-  o.new_system_prompt = d.new_system_prompt;
-  o.packed = d.packed;
-  o.split_across_pack = d.split_across_pack;
-  o.conversation_column = d.conversation_column;
-  o.conversation_style = d.conversation_style;
-  o.column = d.column;
-  o.add_eos = d.add_eos;
-  return o;
 }
 
 // How unpacked batches reach the model (data/padding_free.h; the loss and gradients are the same):
@@ -205,6 +187,7 @@ class FinetuneRecipe {
   uint64_t agreed_seed() const;
   void setup_data();
   void check_rows_fit_positions(const model::ModelConfig& mc) const;
+  void warn_on_other_model_type(const model::ModelConfig& mc) const;
   // Tokenizes every dataset of `configs` into one; says whether any is packed / splits across packs.
   std::shared_ptr<TokenizedDataset> build_datasets(const std::vector<DatasetConfig>& configs, bool* packed, bool* split);
   // on_gpu: device=cuda with a GPU, where the GPU step (gpu_) runs the steps and optimizer_ and
@@ -399,9 +382,18 @@ void FinetuneRecipe::setup_data() {
   t.path = cfg_.tokenizer.path;
   t.merges_file = cfg_.tokenizer.merges_file;
   t.config_path = cfg_.tokenizer.tokenizer_config_path;
+  // ktune.models.hf_tokenizer reads its special tokens (eos, pad) and chat template from the
+  // tokenizer_config.json beside the tokenizer.json unless told another, as HF's AutoTokenizer does
+  // from the model's directory.
+  if (const fs::path beside = fs::path(t.path).parent_path() / "tokenizer_config.json";
+      cfg_.tokenizer.family == "hf" && t.config_path.empty() && fs::is_regular_file(beside)) {
+    t.config_path = beside.string();
+    if (rank0_) log_info("tokenizer: special tokens and chat template from " + t.config_path);
+  }
   tokenizer_ = load_tokenizer(t);
   const int64_t max_seq_len = cfg_.tokenizer.max_seq_len.value_or(0);
-  format_ = std::make_unique<ChatFormat>(*tokenizer_, chat_format_for(cfg_.tokenizer, *tokenizer_), max_seq_len);
+  format_ = std::make_unique<ChatFormat>(*tokenizer_, chat_format_for(cfg_.tokenizer, *tokenizer_), max_seq_len,
+                                         prompt_template_from_config(cfg_.tokenizer.prompt_template));
 
   bool packed = false, split = false;
   dataset_ = build_datasets(cfg_.datasets, &packed, &split);
@@ -462,7 +454,11 @@ std::shared_ptr<TokenizedDataset> FinetuneRecipe::build_datasets(const std::vect
   for (const DatasetConfig& d : configs) {
     DatasetOptions options = dataset_options(d);
     TokenizedDataset part = build_dataset(options, *format_);
-    for (int64_t i = 0; i < part.size(); ++i) dataset->add(part.tokens(i), part.trained(i));
+    for (int64_t i = 0; i < part.size(); ++i)
+      if (part.length(i) > 0) dataset->add(part.tokens(i), part.trained(i));  // an empty one has nothing to train
+    if (part.num_empty > 0 && rank0_)  // torchtune keeps them, and its step fails on a batch of them
+      log_warn(std::to_string(part.num_empty) + " sample" + (part.num_empty > 1 ? "s" : "") +
+               " of no token (empty text) left out; the first: " + part.first_empty);
     dataset->num_truncated += part.num_truncated;
     dataset->num_rows_read += part.num_rows_read;
     *packed = *packed || d.packed;
@@ -533,6 +529,7 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
     throw Error("tokenizer.path", "the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
                                       " ids but the model's vocab_size is " + std::to_string(mc.vocab_size));
   check_rows_fit_positions(mc);
+  warn_on_other_model_type(mc);
   if (recipe_.lora) {
     check(cfg_.model.lora, "model", "the " + recipe_.name + " recipe needs a LoRA model builder (lora_… or qlora_…)");
     model::LoraOptions options;
@@ -598,6 +595,20 @@ void FinetuneRecipe::check_rows_fit_positions(const model::ModelConfig& mc) cons
                              config + "): set tokenizer.max_seq_len=" + std::to_string(mc.max_position_embeddings) +
                              " or less to cut them, or raise max_position_embeddings if the model (its RoPE scaling) "
                              "is made for longer");
+}
+
+// checkpointer.model_type names the family torchtune's checkpointer would convert; ktune reads the
+// model config.json describes whatever it says. A model_type of another family is a config written
+// for another model: said, not refused (the run trains what config.json describes).
+void FinetuneRecipe::warn_on_other_model_type(const model::ModelConfig& mc) const {
+  static const std::map<std::string, std::string> kHfModelType = {
+      {"LLAMA2", "llama"}, {"LLAMA3", "llama"}, {"LLAMA3_2", "llama"}, {"QWEN2", "qwen2"},
+      {"GEMMA", "gemma"},  {"GEMMA2", "gemma2"}, {"MISTRAL", "mistral"}};
+  auto it = kHfModelType.find(cfg_.checkpointer.model_type);
+  if (!rank0_ || it == kHfModelType.end() || it->second == mc.model_type) return;
+  log_warn("checkpointer.model_type=" + cfg_.checkpointer.model_type + " is for " + it->second + " models, but " +
+           (fs::path(cfg_.checkpointer.checkpoint_dir) / "config.json").string() + " describes " + mc.model_type +
+           ": the run trains what config.json describes");
 }
 
 // Each rank makes the magnitudes of adapters rank, rank + W, ... (the row norms of their bases: QLoRA's

@@ -31,6 +31,9 @@ void read(const ConfigNode& m, const char* key, double& out) {
 void read(const ConfigNode& m, const char* key, std::string& out) {
   if (const ConfigNode* n = get(m, key)) out = n->as_string();
 }
+void read(const ConfigNode& m, const char* key, std::optional<bool>& out) {
+  if (const ConfigNode* n = get(m, key)) out = n->as_bool();
+}
 void read(const ConfigNode& m, const char* key, std::optional<int>& out) {
   if (const ConfigNode* n = get(m, key)) out = static_cast<int>(n->as_int());
 }
@@ -230,6 +233,25 @@ ConfigNode prepare_config_tree(const RecipeSpec& recipe, const std::string& conf
   errors.insert(errors.end(), problems.begin(), problems.end());
   if (!errors.empty()) throw Errors(std::move(errors));
   return tree;
+}
+
+ktune::DatasetOptions dataset_options(const DatasetConfig& d) {
+  DatasetOptions o;
+  o.component = d.component;
+  o.source = d.source;
+  o.data_dir = d.data_dir;
+  o.data_files = d.data_files;
+  o.split = d.split;
+  o.column_map = d.column_map;
+  o.train_on_input = d.train_on_input;
+  o.new_system_prompt = d.new_system_prompt;
+  o.packed = d.packed;
+  o.split_across_pack = d.split_across_pack;
+  o.conversation_column = d.conversation_column;
+  o.conversation_style = d.conversation_style;
+  o.column = d.column;
+  o.add_eos = d.add_eos;
+  return o;
 }
 
 RecipeConfig prepare_recipe_config(const std::string& recipe_name, const std::string& config_name_or_file,

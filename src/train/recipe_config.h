@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "data/dataset_builders.h"
 #include "train/component_registry.h"
 #include "train/config.h"
 #include "train/recipe_registry.h"
@@ -75,7 +76,7 @@ struct DatasetConfig {
   std::string conversation_style;   // chat: sharegpt | openai
   std::string column = "text";      // text_completion
   bool add_eos = true;              // text_completion
-  bool split_across_pack = true;    // text_completion
+  std::optional<bool> split_across_pack;  // text_completion's (default true); the others' packs never split a sample
 };
 
 struct OptimizerConfig {
@@ -155,6 +156,10 @@ RecipeConfig make_recipe_config(const ConfigNode& tree, const RecipeSpec& recipe
 // make_recipe_config. Throws ktune::Errors holding every problem found along the way.
 RecipeConfig prepare_recipe_config(const std::string& recipe_name, const std::string& config_name_or_file,
                                    const std::vector<std::string>& overrides);
+
+// A dataset entry as the data layer's builders take it (split_across_pack left unset unless the
+// config sets it: the builder's default then applies, as torchtune's builders set theirs).
+ktune::DatasetOptions dataset_options(const DatasetConfig& dataset);
 
 // The same steps without the typing, for `ktune validate` and `ktune cat`: the resolved tree.
 ConfigNode prepare_config_tree(const RecipeSpec& recipe, const std::string& config_name_or_file,

@@ -49,6 +49,26 @@ TEST(ChatFormat, MatchesTorchtuneTokenizeMessagesOnEveryFixtureCase) {
   EXPECT_GT(truncated, 10);  // the small max_seq_len cases do cut
 }
 
+// torchtune's tag templates (tokenizer.prompt_template) around a conversation's messages, against
+// its Llama 3 and Qwen 2.5 tokenize_messages (fixtures/prompt_template_cases.json): the template's
+// tags as torchtune defines them, the same ids and the same mask, cut to max_seq_len or not.
+TEST(ChatFormat, PromptTemplatesMatchTorchtuneOnEveryFixtureCase) {
+  nlohmann::json cases = load_json(testing::fixtures_dir() + "/prompt_template_cases.json");
+  ASSERT_EQ(cases.size(), 16u);
+  for (const auto& c : cases) {
+    PromptTemplate tpl;
+    for (const auto& [role, tags] : c.at("tags").items()) tpl.tags[role] = {tags.at(0), tags.at(1)};
+    const std::string format = c.at("format");
+    auto tok = testing::tokenizer_for(format);
+    ChatFormat chat(*tok, parse_chat_format(format), c.at("max_seq_len").get<int64_t>(), tpl);
+    TokenizedMessages got = chat.tokenize(messages_from(c.at("messages")), true);
+    std::vector<bool> got_mask(got.mask.begin(), got.mask.end());
+    const std::string label = c.at("template").dump() + " / " + format + " / max_seq_len " + c.at("max_seq_len").dump();
+    EXPECT_EQ(got.tokens, c.at("tokens").get<std::vector<int32_t>>()) << label << "\n  text: " << tok->decode(got.tokens);
+    EXPECT_EQ(got_mask, c.at("mask").get<std::vector<bool>>()) << label;
+  }
+}
+
 TEST(ChatFormat, Llama3AssistantHeaderIsTrainedAndPromptIsMasked) {
   testing::ByteTokenizer tok(testing::ByteTokenizer::Flavour::kLlama3);
   ChatFormat chat(tok, ChatFormatKind::kLlama3);

@@ -2,6 +2,10 @@
 // splits (fixtures/dataset_cases.json): identical tokens and labels, sample by sample. Then the
 // bad-input errors and the truncation count.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 #include "data/dataset_builders.h"
@@ -119,11 +123,33 @@ TEST(DatasetBuilderErrors, UnknownConversationStyleAndRole) {
   expect_contains(build_error(o), "dataset.conversation_column");
 }
 
+// A blank line of a text corpus is a row of empty text, which Llama 3's tokenizer encodes as no
+// token at all: kept as torchtune keeps it, counted, and its row named (the recipes leave such
+// samples out, saying so).
+TEST(DatasetBuilders, RowsOfNoTokensAreCountedNamingTheFirst) {
+  const std::string dir = ::testing::TempDir() + "ktune_empty_rows_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/corpus.txt") << "hello\n\nworld\n";
+  testing::ByteTokenizer tok(testing::ByteTokenizer::Flavour::kLlama3);
+  ChatFormat format(tok, ChatFormatKind::kLlama3, 64);
+  DatasetOptions o;
+  o.component = "torchtune.datasets.text_completion_dataset";
+  o.source = "text";
+  o.data_files = {dir + "/corpus.txt"};
+  TokenizedDataset d = build_dataset(o, format);
+  ASSERT_EQ(d.size(), 3);
+  EXPECT_EQ(d.length(1), 0);
+  EXPECT_EQ(d.num_empty, 1);
+  EXPECT_EQ(d.first_empty, dir + "/corpus.txt: row 1 (line 2)");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DatasetBuilderErrors, EmptyDatasetEmptySplitAndBadSplit) {
   DatasetOptions o;
   o.source = "json";
   o.data_files = {bad_dir() + "/empty.jsonl"};
   expect_contains(build_error(o), "selects no rows");
+  expect_contains(build_error(o), "given by data_files (" + bad_dir() + "/empty.jsonl)");  // which file was empty
   o.data_files = {files_dir() + "/qa.jsonl"};
   o.column_map = {{"input", "question"}, {"output", "answer"}};
   o.split = "train[13:]";

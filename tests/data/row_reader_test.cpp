@@ -2,6 +2,10 @@
 // quoting, CRLF, embedded newlines), Parquet and both Arrow IPC framings; HF split slicing and
 // file naming; and the bad inputs, each with an error that names its place.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 #include "data/data_source.h"
@@ -11,6 +15,7 @@
 namespace ktune {
 namespace {
 
+namespace fs = std::filesystem;
 using testing::bad_dir;
 using testing::files_dir;
 
@@ -166,6 +171,33 @@ TEST(DataFiles, GlobsAreRelativeToDataDirAndFormUnnamedTrainSplit) {
   ASSERT_EQ(f.splits.count("train"), 1u);
   ASSERT_EQ(f.splits["train"].size(), 2u);
   EXPECT_NE(f.splits["train"][0].find("train_a.jsonl"), std::string::npos);
+}
+
+// data_files patterns resolve as HF datasets' resolve_pattern does (the expected lists are what
+// datasets 4.x returned for this tree): `*` stays inside one folder, `**` spans folders, hidden
+// names are skipped, and an absolute pattern walks only below its fixed folders.
+TEST(DataFiles, GlobPatternsMatchFolderByFolderAsHfDatasets) {
+  const fs::path dir = fs::temp_directory_path() / ("ktune_glob_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  for (const char* f : {"d/a1.jsonl", "d/sub/x1.jsonl", "d/.hidden1.jsonl", "d/.h/y1.jsonl", "d/b2.jsonl"}) {
+    fs::create_directories((dir / f).parent_path());
+    std::ofstream(dir / f) << "{\"text\": \"x\"}\n";
+  }
+  auto resolved = [&](const std::string& pattern) {
+    std::vector<std::string> out;
+    DataFiles files = resolve_data_files("json", dir.string(), {pattern});
+    for (const std::string& f : files.splits["train"])
+      out.push_back(fs::path(f).lexically_relative(dir).string());
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(resolved("d/*1.jsonl"), (V{"d/a1.jsonl"}));
+  EXPECT_EQ(resolved("d/**/*1.jsonl"), (V{"d/a1.jsonl", "d/sub/x1.jsonl"}));
+  EXPECT_EQ(resolved((dir / "d/*.jsonl").string()), (V{"d/a1.jsonl", "d/b2.jsonl"}));
+  EXPECT_EQ(resolved("d/**"), (V{"d/a1.jsonl", "d/b2.jsonl", "d/sub/x1.jsonl"}));
+  EXPECT_EQ(resolved("d/*/*.jsonl"), (V{"d/sub/x1.jsonl"}));
+  expect_contains(error_of([&] { resolved("d/*.csv"); }), "no file matches '" + (dir / "d/*.csv").string() + "'");
+  fs::remove_all(dir);
 }
 
 TEST(DataFilesErrors, MissingSplitEmptySplitAndUnknownSource) {

@@ -67,6 +67,28 @@ TEST_F(ModelBadInput, MissingTensorIsNamed) {
   expect_load_error({dir_.string(), "model.layers.1.mlp.up_proj.weight", "missing"});
 }
 
+// config.json ties the head to the embedding (the fixture does) while the checkpoint holds an
+// lm_head.weight of other values: refused, naming the file, the tensor and the way out, not silently
+// dropped; a head that is a copy of the embedding (as some tied checkpoints save) loads.
+TEST_F(ModelBadInput, ATiedConfigOverAHeadOfItsOwnIsRefused) {
+  auto add_head = [&](bool copy_of_embedding) {
+    rewrite([&](std::vector<io::NamedTensor>& ts) {
+      std::erase_if(ts, [](const io::NamedTensor& t) { return t.name == "lm_head.weight"; });
+      Tensor head;
+      for (auto& t : ts)
+        if (t.name == "model.embed_tokens.weight") head = t.tensor.clone();
+      ASSERT_GT(head.numel(), 0);
+      if (!copy_of_embedding) head.f32()[0] += 1.0f;
+      ts.push_back({"lm_head.weight", head});
+    });
+  };
+  add_head(false);
+  expect_load_error({weights() + ": tensor lm_head.weight", "differs from model.embed_tokens.weight",
+                     "tie_word_embeddings: true", "set tie_word_embeddings to false"});
+  add_head(true);
+  EXPECT_NO_THROW(Decoder::from_pretrained(dir_.string()));
+}
+
 TEST_F(ModelBadInput, WrongShapeIsNamed) {
   rewrite([](std::vector<io::NamedTensor>& ts) {
     for (auto& t : ts)

@@ -171,8 +171,8 @@ TEST(QwenVocabMerges, AddsQwen2SpecialTokensAfterTheVocabulary) {
   EXPECT_EQ(tok->token_to_id("<|im_end|>"), base + 2);
   EXPECT_EQ(tok->token_to_id("<|file_sep|>"), base + 21);
   EXPECT_FALSE(tok->bos_id().has_value());
-  EXPECT_EQ(tok->eos_id(), base);
-  EXPECT_EQ(tok->pad_id(), base);
+  EXPECT_EQ(tok->eos_id(), base + 2);  // <|im_end|>: torchtune 0.6.1's Qwen2_5Tokenizer(eos_token=IM_END)
+  EXPECT_EQ(tok->pad_id(), base);      // <|endoftext|>
 }
 
 TEST(QwenVocabMerges, ExplicitMergesFileIsUsed) {

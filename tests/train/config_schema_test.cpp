@@ -3,9 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/error.h"
 #include "train/config_schema.h"
+#include "train/prompt_templates.h"
 #include "train/recipe_config.h"
 #include "train/recipe_registry.h"
 
@@ -121,6 +126,12 @@ TEST(ConfigSchema, ComponentOfTheWrongKindOrUnsupportedIsRefusedWithReason) {
   EXPECT_HAS(m, "is a loss, not a optimizer");
   m = refusal(kFull, kFullCfg, {"optimizer=bitsandbytes.optim.PagedAdamW8bit"});
   EXPECT_HAS(m, "is not supported by ktune: bitsandbytes optimizers are CUDA-only");
+  // torchtune's named datasets: the general builder and columns that make the same samples.
+  m = refusal(kFull, kFullCfg, {"dataset=torchtune.datasets.samsum_dataset"});
+  EXPECT_HAS(m, "is not supported by ktune: ktune has no builder of that name; with the data fetched (ktune download), "
+                "torchtune.datasets.instruct_dataset with source: <folder>, column_map: {input: dialogue, output: summary}");
+  m = refusal(kFull, kFullCfg, {"dataset=torchtune.datasets.stack_exchange_paired_dataset"});
+  EXPECT_HAS(m, "preference pairs train DPO/PPO recipes");
 }
 
 TEST(ConfigSchema, ComponentWrittenAsPlainStringIsRefused) {
@@ -275,4 +286,55 @@ TEST(ConfigSchema, QloraFromBuilderOrFromQuantizeBase) {
   auto q = prepare_recipe_config(kLora, "qwen2_5/0.5B_qlora_single_device", {});
   EXPECT_TRUE(q.model.quantize_base);
   EXPECT_EQ(q.tokenizer.merges_file, "/tmp/Qwen2.5-0.5B-Instruct/merges.txt");
+}
+
+// Packing as torchtune's builders pack: instruct, alpaca and chat datasets keep each sample whole in
+// one pack (PackedDataset's split_across_pack=False, which they do not expose); text completion cuts
+// the token stream at every pack's end unless its split_across_pack says otherwise.
+TEST(ConfigSchema, PacksSplitSamplesOnlyForTextCompletionUnlessItSaysOtherwise) {
+  using ktune::train::dataset_options;
+  auto alpaca = prepare_recipe_config(kLora, kLoraCfg, {"dataset.packed=True", "tokenizer.max_seq_len=256"});
+  EXPECT_FALSE(ktune::split_across_pack(dataset_options(alpaca.datasets.at(0))));
+  const std::string text = "dataset._component_=torchtune.datasets.text_completion_dataset";
+  const std::string source = "dataset.source=/data/corpus";  // a local directory: not read here
+  auto split = prepare_recipe_config(kLora, kLoraCfg, {text, source, "dataset.packed=True", "tokenizer.max_seq_len=256"});
+  EXPECT_TRUE(ktune::split_across_pack(dataset_options(split.datasets.at(0))));
+  auto whole = prepare_recipe_config(kLora, kLoraCfg,
+                                     {text, source, "dataset.packed=True", "dataset.split_across_pack=False", "tokenizer.max_seq_len=256"});
+  EXPECT_FALSE(ktune::split_across_pack(dataset_options(whole.datasets.at(0))));
+  EXPECT_HAS(refusal(kLora, kLoraCfg, {"dataset.split_across_pack=True"}), "split_across_pack");  // not alpaca's
+}
+
+// tokenizer.prompt_template: torchtune's templates by dotted name carry torchtune's own tags (those
+// tests/data/fixtures/prompt_template_cases.json recorded from torchtune 0.6.1), a dict is a custom
+// template, and anything else is refused by validation, naming the key and the templates that work.
+TEST(ConfigSchema, PromptTemplatesByNameOrDictAsTorchtuneReadsThem) {
+  using ktune::train::prompt_template_from_config;
+  std::ifstream in(std::string(KTUNE_SOURCE_DIR) + "/tests/data/fixtures/prompt_template_cases.json");
+  ASSERT_TRUE(in);
+  int named = 0;
+  for (const auto& c : nlohmann::json::parse(in)) {
+    const std::string override_value = c.at("template").is_string()
+                                           ? c.at("template").get<std::string>()
+                                           : "{system: ['<<SYS>> ', ' <</SYS>>'], user: ['Q: ', \"\\nA: \"], assistant: ['', ' [END]']}";
+    auto cfg = prepare_recipe_config(kLora, kLoraCfg, {"tokenizer.prompt_template=" + override_value});
+    std::optional<ktune::PromptTemplate> t = prompt_template_from_config(cfg.tokenizer.prompt_template);
+    ASSERT_TRUE(t.has_value()) << c.at("template");
+    std::map<std::string, std::pair<std::string, std::string>> want;
+    for (const auto& [role, tags] : c.at("tags").items()) want[role] = {tags.at(0), tags.at(1)};
+    EXPECT_EQ(t->tags, want) << c.at("template");
+    named += c.at("template").is_string();
+  }
+  EXPECT_GT(named, 0);
+  auto none = prepare_recipe_config(kLora, kLoraCfg, {});
+  EXPECT_FALSE(prompt_template_from_config(none.tokenizer.prompt_template).has_value());
+  EXPECT_HAS(refusal(kLora, kLoraCfg, {"tokenizer.prompt_template=no.such.Template"}),
+             "config key tokenizer.prompt_template: unknown prompt template `no.such.Template`; expected one of "
+             "torchtune.data.GrammarErrorCorrectionTemplate");
+  EXPECT_HAS(refusal(kLora, kLoraCfg, {"tokenizer.prompt_template=torchtune.data.ChatMLTemplate"}),
+             "formats whole conversations its own way");
+  EXPECT_HAS(refusal(kLora, kLoraCfg, {"tokenizer.prompt_template={robot: ['a', 'b']}"}),
+             "config key tokenizer.prompt_template.robot: not a role");
+  EXPECT_HAS(refusal(kLora, kLoraCfg, {"tokenizer.prompt_template={user: ['only one']}"}),
+             "config key tokenizer.prompt_template.user: must be a list of two strings");
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -77,13 +78,36 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
   result.options.dora_magnitudes_later = true;    // the magnitudes come from the file
 
   const nlohmann::json* targets = value_of(config, "target_modules");
+  if (targets && targets->is_string()) {  // a regular expression (PEFT: re.fullmatch over each module's name)
+    const std::string pattern = targets->get<std::string>();
+    if (pattern == "all-linear")
+      throw Error(where("target_modules"), "\"all-linear\" is PEFT's shorthand, which its save_pretrained writes out as "
+                                           "the module names; list them");
+    try {
+      std::regex check(pattern);
+    } catch (const std::regex_error& e) {
+      throw Error(where("target_modules"), "the regular expression '" + pattern + "' is not one ktune reads (ECMAScript "
+                                           "syntax): " + e.what());
+    }
+    result.target_regex = pattern;
+    return result;
+  }
   if (!targets || !targets->is_array() || targets->empty())
-    throw Error(where("target_modules"), "expected a list of module names (a regex or \"all-linear\" is not supported)");
+    throw Error(where("target_modules"), "expected a list of module names or a regular expression");
   for (const auto& t : *targets) {
     if (!t.is_string()) throw Error(where("target_modules"), "expected module names, got " + t.dump());
     result.target_modules.push_back(t.get<std::string>());
   }
   return result;
+}
+
+bool peft_targets(const PeftAdapterConfig& config, const std::string& name) {
+  if (config.target_regex) return std::regex_match(name, std::regex(*config.target_regex));
+  for (const std::string& t : config.target_modules)
+    if (name == t || (name.size() > t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0 &&
+                      name[name.size() - t.size() - 1] == '.'))
+      return true;
+  return false;
 }
 
 std::vector<std::shared_ptr<LoraAdapter>> load_peft_adapter(Decoder& decoder, const std::string& dir) {
@@ -93,16 +117,15 @@ std::vector<std::shared_ptr<LoraAdapter>> load_peft_adapter(Decoder& decoder, co
   if (!fs::exists(weights_path)) throw Error(weights_path, "missing: the adapter's weights");
   const io::SafetensorsFile file = io::SafetensorsFile::open(weights_path);
 
-  const auto& wanted = config.target_modules;
-  if (std::find(wanted.begin(), wanted.end(), "lm_head") != wanted.end() && decoder.config().tie_word_embeddings)
+  if (decoder.config().tie_word_embeddings && peft_targets(config, "lm_head"))
     throw Error(config_path + ": target_modules",
                 "names lm_head, but this model ties its output layer to the embeddings (no projection of its own)");
   std::vector<std::shared_ptr<LoraAdapter>> adapters;
-  std::set<std::string> matched, used;
+  std::set<std::string> matched, used;  // the list entries that named a projection; the tensors taken
   for (Linear* linear : decoder.linears()) {
-    const std::string suffix = module_suffix(linear->name);
-    if (std::find(wanted.begin(), wanted.end(), suffix) == wanted.end()) continue;
-    matched.insert(suffix);
+    if (!peft_targets(config, linear->name)) continue;
+    for (const std::string& t : config.target_modules)
+      if (peft_targets(PeftAdapterConfig{{}, {t}, std::nullopt}, linear->name)) matched.insert(t);
     auto adapter = std::make_shared<LoraAdapter>(*linear, config.options);
     for (Parameter* p : adapter->parameters()) {
       if (!file.contains(p->name)) throw Error(weights_path, "has no tensor " + p->name + " (the adapter of " + linear->name + ")");
@@ -127,8 +150,10 @@ std::vector<std::shared_ptr<LoraAdapter>> load_peft_adapter(Decoder& decoder, co
     linear->adapter = adapter;
     adapters.push_back(adapter);
   }
-  for (const std::string& t : wanted)
+  for (const std::string& t : config.target_modules)
     if (!matched.count(t)) throw Error(config_path + ": target_modules", "'" + t + "' matches no projection of this model");
+  if (config.target_regex && adapters.empty())
+    throw Error(config_path + ": target_modules", "'" + *config.target_regex + "' matches no projection of this model");
   for (const std::string& name : file.names())
     if (!used.count(name)) throw Error(weights_path, "holds " + name + ", which no targeted projection of this model takes");
   decoder.adapters_changed();

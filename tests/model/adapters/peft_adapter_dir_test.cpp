@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -108,7 +109,7 @@ TEST_F(PeftAdapterDirRefusal, NamesTheKeyItCannotHonour) {
     return refusal(c);
   };
   EXPECT_NE(edited("peft_type", "IA3").find("peft_type"), std::string::npos);
-  EXPECT_NE(edited("target_modules", "all-linear").find("target_modules"), std::string::npos);
+  EXPECT_NE(edited("target_modules", "all-linear").find("PEFT's shorthand"), std::string::npos);
   EXPECT_NE(edited("target_modules", {"q_proj", "c_attn"}).find("'c_attn' matches no projection"), std::string::npos);
   EXPECT_NE(edited("target_modules", {"q_proj", "lm_head"}).find("ties its output layer"), std::string::npos);
   EXPECT_NE(edited("rank_pattern", {{"q_proj", 8}}).find("rank_pattern"), std::string::npos);
@@ -129,6 +130,28 @@ TEST_F(PeftAdapterDirRefusal, NamesTheKeyItCannotHonour) {
       << more;
   // And the unedited copy loads.
   EXPECT_EQ(refusal(config_), "(loaded)");
+  // The same modules named as PEFT may name them (its rule: the whole name, or a dotted suffix of
+  // it; a string is a regular expression over the whole name): full paths, as PEFT saves
+  // "all-linear", partial paths, and a regex all load; a regex that matches nothing is refused.
+  nlohmann::json full = nlohmann::json::array(), partial = nlohmann::json::array();
+  std::set<std::string> kinds;
+  const io::SafetensorsFile weights = io::SafetensorsFile::open((dir_ / "adapter_model.safetensors").string());
+  for (const std::string& name : weights.names()) {
+    const std::string prefix = "base_model.model.", tail = ".lora_A.weight";
+    if (name.size() < tail.size() || name.compare(name.size() - tail.size(), tail.size(), tail) != 0) continue;
+    const std::string module = name.substr(prefix.size(), name.size() - prefix.size() - tail.size());
+    full.push_back(module);
+    const std::string two = module.substr(module.rfind('.', module.rfind('.') - 1) + 1);  // self_attn.q_proj
+    if (kinds.insert(two).second) partial.push_back(two);
+  }
+  ASSERT_GT(full.size(), partial.size());
+  EXPECT_EQ(edited("target_modules", full), "(loaded)");
+  EXPECT_EQ(edited("target_modules", partial), "(loaded)");
+  std::string alternatives;
+  for (const auto& k : kinds) alternatives += (alternatives.empty() ? "" : "|") + k.substr(k.find('.') + 1);
+  EXPECT_EQ(edited("target_modules", "model\\.layers\\.\\d+\\..*\\.(" + alternatives + ")"), "(loaded)");
+  EXPECT_NE(edited("target_modules", ".*\\.c_attn").find("'.*\\.c_attn' matches no projection"), std::string::npos);
+  EXPECT_NE(edited("target_modules", {"layers.0.self_attn.q_proj.x"}).find("matches no projection"), std::string::npos);
   fs::remove(dir_ / "adapter_model.safetensors");
   EXPECT_NE(refusal(config_).find("adapter_model.safetensors"), std::string::npos);
 }

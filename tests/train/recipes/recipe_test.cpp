@@ -503,6 +503,33 @@ TEST_F(RecipeTest, RowsLongerThanTheModelsPositionsAreRefusedBeforeTheFirstStep)
   EXPECT_NE(fits.output.find("training done: 1 steps"), std::string::npos) << fits.output;
 }
 
+// A text corpus with blank lines: their samples (no token: Llama 3's encoding of empty text) are left
+// out with a warning naming the first, and the run trains on the rest; torchtune's step fails on a
+// batch of them. The tokenizer's special tokens come from the tokenizer_config.json beside its
+// tokenizer.json (eos <|eot_id|>, as HF's AutoTokenizer reads them), and the run says so.
+TEST_F(RecipeTest, BlankLinesOfATextCorpusAreLeftOutSayingWhere) {
+  const std::string corpus = (dir_ / "corpus.txt").string();
+  std::ofstream(corpus) << "sort 3 1 2\n\nreverse 1 2 3 4\n\n\nsort 9 8 7\n";
+  Outcome r = run("", "full_finetune_single_device", "full_single_device",
+                  "epochs=1 batch_size=1 dataset._component_=torchtune.datasets.text_completion_dataset dataset.source=text "
+                  "dataset.data_files=" + corpus + " ~dataset.train_on_input",
+                  out());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("3 samples of no token (empty text) left out; the first: " + corpus + ": row 1 (line 2)"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dataset: 3 samples"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tokenizer: special tokens and chat template from " + model() + "/tokenizer_config.json"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("training done: 3 steps"), std::string::npos) << r.output;
+  // A model_type of another family (the tiny model is a llama) is said, and the run trains.
+  Outcome gemma = run("", "full_finetune_single_device", "full_single_device",
+                      "epochs=1 max_steps_per_epoch=1 checkpointer.model_type=GEMMA2", out("gemma"));
+  EXPECT_EQ(gemma.exit_code, 0) << gemma.output;
+  EXPECT_NE(gemma.output.find("WARN: checkpointer.model_type=GEMMA2 is for gemma2 models, but " + model() +
+                              "/config.json describes llama: the run trains what config.json describes"),
+            std::string::npos) << gemma.output;
+}
+
 // A resume whose trained weights would not fit the checkpoint's is refused before any is loaded,
 // naming the checkpoint, the tensor and both shapes (another LoRA rank), or the tensor the run would
 // train that the checkpoint lacks (another module adapted); a mid-epoch resume with another
