@@ -639,7 +639,13 @@ bool KubernetesBackend::read_pod_log(const std::string& pod, const std::string& 
     const int64_t before_time = resume.time_ns;
     const size_t before_count = resume.lines_at_time;
     std::string cut;
-    const bool clean = read(true, &cut);
+    bool clean = false;
+    try {
+      clean = read(true, &cut);
+    } catch (const KubernetesApiError& e) {
+      if (e.status() == 404) return true;  // the pod was deleted between two reads of its log
+      throw;
+    }
     const bool progress = resume.time_ns != before_time || resume.lines_at_time != before_count;
     fruitless = progress ? 0 : fruitless + 1;
     const std::string state = container_state(pod, container);
