@@ -24,7 +24,7 @@ static int download_usage(std::FILE* out) {
                "         [--repo-type model|dataset] [--revision R] [--hf-endpoint URL]\n"
                "         [--s3-endpoint URL] [--s3-region R] [--aws-access-key-id K] [--aws-secret-access-key S]\n"
                "         [--aws-session-token T] [--max-attempts N]\n"
-               "  patterns are comma- or space-separated fnmatch globs; HF_ENDPOINT sets the Hub's address\n");
+               "  patterns are comma-separated fnmatch globs; HF_ENDPOINT sets the Hub's address\n");
   return out == stdout ? 0 : 2;
 }
 

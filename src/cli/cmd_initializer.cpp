@@ -23,6 +23,7 @@ static int initializer_usage(std::FILE* out) {
                "         [--hf-endpoint URL] [--s3-endpoint URL] [--s3-region R] [--aws-access-key-id K]\n"
                "         [--aws-secret-access-key S] [--aws-session-token T] [--max-attempts N]\n"
                "  env: STORAGE_URI, ACCESS_TOKEN, IGNORE_PATTERNS (comma-separated), HF_ENDPOINT,\n"
+               "       S3 as upstream's S3 initializer sets it (ENDPOINT, ACCESS_KEY_ID, SECRET_ACCESS_KEY, REGION), else\n"
                "       AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL,\n"
                "       KTUNE_WORKSPACE (default /workspace: files go to /workspace/dataset or /workspace/model)\n");
   return out == stdout ? 0 : 2;

@@ -57,11 +57,27 @@ static int print_help() {
 
 }  // namespace ktune::cli
 
+// The values of the secret flags, once copied into `args`, are overwritten in argv itself, so that
+// `ps` and /proc/<pid>/cmdline show "***…" while a transfer runs (the environment variables, HF_TOKEN and
+// AWS_SECRET_ACCESS_KEY, never appear there at all and are the better way to pass them).
+static void hide_secret_arguments(int argc, char** argv) {
+  static const char* kSecretFlags[] = {"--hf-token", "--access-token", "--aws-secret-access-key", "--aws-session-token"};
+  for (int i = 2; i < argc; ++i)
+    for (const char* flag : kSecretFlags) {
+      const size_t n = std::strlen(flag);
+      char* value = nullptr;
+      if (std::strcmp(argv[i], flag) == 0 && i + 1 < argc) value = argv[i + 1];
+      else if (std::strncmp(argv[i], flag, n) == 0 && argv[i][n] == '=') value = argv[i] + n + 1;
+      if (value != nullptr) std::memset(value, '*', std::strlen(value));
+    }
+}
+
 int main(int argc, char** argv) {
   using namespace ktune::cli;
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help"))
     return print_help();
   Args args(argv + 2, argv + argc);
+  hide_secret_arguments(argc, argv);
   // A write past the file-size limit (ulimit -f) fails with EFBIG, which the writer reports naming
   // the file, instead of the default SIGXFSZ killing the process mid-checkpoint (CPython does the same).
   std::signal(SIGXFSZ, SIG_IGN);

@@ -126,6 +126,7 @@ FetchResult download_file(HttpClient& client, const TargetDir& target, const Dow
   std::string partial = target.partial_path(job.name, job.version_tag);
   ::mkdir((target.root() + "/.ktune-download").c_str(), 0755);
 
+  ExpectedContent expected = job.expected;  // adjusted by what the store's responses say
   bool any_resume = false;
   bool restarted_after_mismatch = false;
   for (int attempt = 1;; ++attempt) {
@@ -180,8 +181,9 @@ FetchResult download_file(HttpClient& client, const TargetDir& target, const Dow
         if (f) std::fclose(f);
       }
       any_resume = any_resume || sink.resumed();
+      if (job.adjust_expected) job.adjust_expected(response, expected);
     }
-    std::string problem = first_mismatch(partial, job.expected);
+    std::string problem = first_mismatch(partial, expected);
     if (!problem.empty()) {
       ::unlink(partial.c_str());
       // A stale or corrupt partial from before may be to blame: one clean download more.

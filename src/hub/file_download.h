@@ -35,6 +35,9 @@ struct DownloadJob {
   std::function<HttpRequest(uint64_t offset)> make_request;
   // Throws a clear Error for a response that is neither success nor retryable.
   std::function<void(const HttpResponse&)> explain_error;
+  // Optional: what a successful response's headers say about the content changes what is checked
+  // (S3: an SSE-KMS object's ETag is not its MD5).
+  std::function<void(const HttpResponse&, ExpectedContent&)> adjust_expected;
 };
 
 struct FetchResult {

@@ -1,5 +1,7 @@
 #include "hub/initializer.h"
 
+#include <initializer_list>
+
 #include "core/error.h"
 #include "core/log.h"
 
@@ -31,14 +33,19 @@ InitializerConfig initializer_config_from_env(InitializerKind kind, const EnvLoo
   c.ignore_patterns = split_pattern_list(env_string(env, "IGNORE_PATTERNS"));
   c.storage.hf_endpoint = env_string(env, "HF_ENDPOINT");
   c.storage.hf_repo_type = kind == InitializerKind::Dataset ? HfRepoType::Dataset : HfRepoType::Model;
+  // S3: upstream's initializer env (the S3 initializer's fields upper-cased: ENDPOINT, ACCESS_KEY_ID,
+  // SECRET_ACCESS_KEY, REGION, as the SDK and TrainJobs set them) first, then the AWS SDKs' own names.
+  auto first_of = [&](std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      if (std::string v = env_string(env, n); !v.empty()) return v;
+    return std::string();
+  };
   S3Options& s3 = c.storage.s3;
-  s3.endpoint = env_string(env, "AWS_ENDPOINT_URL_S3");
-  if (s3.endpoint.empty()) s3.endpoint = env_string(env, "AWS_ENDPOINT_URL");
-  s3.region = env_string(env, "AWS_REGION");
-  if (s3.region.empty()) s3.region = env_string(env, "AWS_DEFAULT_REGION");
+  s3.endpoint = first_of({"ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"});
+  s3.region = first_of({"REGION", "AWS_REGION", "AWS_DEFAULT_REGION"});
   if (s3.region.empty()) s3.region = "us-east-1";
-  s3.credentials.access_key_id = env_string(env, "AWS_ACCESS_KEY_ID");
-  s3.credentials.secret_access_key = env_string(env, "AWS_SECRET_ACCESS_KEY");
+  s3.credentials.access_key_id = first_of({"ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"});
+  s3.credentials.secret_access_key = first_of({"SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"});
   s3.credentials.session_token = env_string(env, "AWS_SESSION_TOKEN");
   register_secret(s3.credentials.secret_access_key);
   register_secret(s3.credentials.session_token);

@@ -72,17 +72,21 @@ bool fnmatch_match(std::string_view p, std::string_view s) {
 }
 
 std::vector<std::string> split_pattern_list(std::string_view list) {
+  // As upstream's initializers: comma-separated, each stripped of surrounding whitespace (a space
+  // inside a pattern is part of it: file names may have spaces).
   std::vector<std::string> out;
-  std::string cur;
-  for (char c : list) {
-    if (c == ',' || c == ' ' || c == '\t' || c == '\n') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else {
-      cur.push_back(c);
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string_view::npos) comma = list.size();
+    std::string_view item = list.substr(start, comma - start);
+    const size_t first = item.find_first_not_of(" \t\r\n");
+    if (first != std::string_view::npos) {
+      const size_t last = item.find_last_not_of(" \t\r\n");
+      out.emplace_back(item.substr(first, last - first + 1));
     }
+    start = comma + 1;
   }
-  if (!cur.empty()) out.push_back(cur);
   return out;
 }
 

@@ -2,8 +2,18 @@
 // ACCESS_TOKEN, IGNORE_PATTERNS, AWS_*, KTUNE_WORKSPACE) against the local Hub server, moto and
 // file://; `ktune download` in both spellings; `ktune export` to file://, s3:// and hf://. Every
 // run checks that the token and the S3 secret appear in no output and no written file.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <filesystem>
 #include <fstream>
@@ -42,7 +52,8 @@ class Cli : public ::testing::Test {
     std::map<std::string, std::string> env;
     for (const char* k : {"HF_TOKEN", "ACCESS_TOKEN", "IGNORE_PATTERNS", "STORAGE_URI", "AWS_ACCESS_KEY_ID",
                           "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                          "AWS_REGION", "AWS_DEFAULT_REGION", "KTUNE_WORKSPACE"})
+                          "AWS_REGION", "AWS_DEFAULT_REGION", "KTUNE_WORKSPACE", "ENDPOINT", "ACCESS_KEY_ID",
+                          "SECRET_ACCESS_KEY", "REGION"})
       env[k] = "\x01";
     env["HF_ENDPOINT"] = hub_endpoint();
     return env;
@@ -148,7 +159,7 @@ TEST_F(Cli, DownloadAcceptsHfUrisAndTorchtunesSpelling) {
   TempDir out;
   auto env = base_env();
   CommandResult r = run_command({ktune_binary(), "download", "org/tiny-model", "--output-dir", out / "a", "--hf-token",
-                                 kGood, "--ignore-patterns", "*.bin *.msgpack original/*"},
+                                 kGood, "--ignore-patterns", "*.bin, *.msgpack,original/*"},
                                 env);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(files_in(out / "a"), (std::set<std::string>{"README.md", "config.json", "generation_config.json",
@@ -220,6 +231,41 @@ TEST_F(Cli, AFileDownloadIsACopyOfItsOwn) {
   EXPECT_EQ(read_file(dir / "copy/config.json"), "{\"rope_theta\": 500000.0}");
 }
 
+// A token given as a flag is overwritten in the process's own argv once read: `ps` (here
+// /proc/<pid>/cmdline, read while the download waits on a server that never answers) shows stars.
+TEST_F(Cli, ASecretFlagDoesNotShowInTheProcessList) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  TempDir out;
+  const std::string endpoint = "--hf-endpoint=http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  std::vector<std::string> words = {ktune_binary(), "download", "hf://org/model", "--output-dir", out.path,
+                                    "--hf-token", kGood, endpoint};
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  ASSERT_EQ(::posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+  std::string cmdline;
+  for (int i = 0; i < 100 && cmdline.find("hf://org/model") == std::string::npos; ++i) {  // until it has started
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    cmdline = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past main()'s first lines
+  cmdline = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  ::close(listener);
+  EXPECT_NE(cmdline.find("hf://org/model"), std::string::npos) << cmdline;
+  EXPECT_EQ(cmdline.find(kGood), std::string::npos) << cmdline;
+  EXPECT_NE(cmdline.find(std::string(kGood.size(), '*')), std::string::npos) << cmdline;
+}
+
 TEST_F(Cli, InitializerFromS3AndFromFile) {
   if (s3_ == nullptr) GTEST_SKIP() << "Python packages moto and boto3 are needed for the S3 server";
   ASSERT_TRUE(s3_->ready());
@@ -244,6 +290,28 @@ TEST_F(Cli, InitializerFromS3AndFromFile) {
   EXPECT_EQ(files_in(ws / "model"), (std::set<std::string>{"config.json", "model.safetensors"}));
   EXPECT_EQ(read_file(ws / "model/model.safetensors"), std::string(50000, 'w'));
   expect_no_secret(r, secret, ws.path);
+
+  // A local copy changed in place (same size) is not "up to date": the single-part object's ETag
+  // is its MD5, which the copy no longer has, so it is fetched again.
+  write_file(ws / "model/model.safetensors", std::string(50000, 'x'));
+  r = run_command({ktune_binary(), "initializer", "model"}, env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_file(ws / "model/model.safetensors"), std::string(50000, 'w'));
+
+  // Upstream's initializer env alone (the SDK's S3 initializer fields: ENDPOINT, ACCESS_KEY_ID,
+  // SECRET_ACCESS_KEY, REGION), over an AWS_ENDPOINT_URL elsewhere that it wins against.
+  auto upstream = base_env();
+  upstream["STORAGE_URI"] = env["STORAGE_URI"];
+  upstream["KTUNE_WORKSPACE"] = ws / "upstream";
+  upstream["ENDPOINT"] = s3_endpoint();
+  upstream["AWS_ENDPOINT_URL"] = "http://127.0.0.1:1";
+  upstream["ACCESS_KEY_ID"] = s3_->info()["access_key_id"];
+  upstream["SECRET_ACCESS_KEY"] = secret;
+  upstream["REGION"] = "us-east-1";
+  r = run_command({ktune_binary(), "initializer", "model"}, upstream);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(files_in(ws / "upstream/model"), (std::set<std::string>{"config.json", "model.safetensors"}));
+  expect_no_secret(r, secret, ws / "upstream");
 
   env["AWS_SECRET_ACCESS_KEY"] = "notTheRightSecret000";
   r = run_command({ktune_binary(), "initializer", "model", "--output-dir", ws / "bad"}, env);

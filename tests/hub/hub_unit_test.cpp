@@ -42,7 +42,9 @@ TEST(Patterns, AllowThenIgnoreAndFolderPatterns) {
   PatternFilter all{{}, {"*.bin"}};
   EXPECT_TRUE(all.keeps("README.md"));
   EXPECT_FALSE(all.keeps("pytorch_model.bin"));
-  EXPECT_EQ(split_pattern_list("*.bin, *.pth  original/*"), (std::vector<std::string>{"*.bin", "*.pth", "original/*"}));
+  // Upstream's rule: commas separate, whitespace around each is stripped, a space inside is kept.
+  EXPECT_EQ(split_pattern_list("*.bin, *.pth ,  original/*"), (std::vector<std::string>{"*.bin", "*.pth", "original/*"}));
+  EXPECT_EQ(split_pattern_list("sub dir/*,original/*,,"), (std::vector<std::string>{"sub dir/*", "original/*"}));
 }
 
 TEST(TargetDirNames, EscapingNamesAreRefused) {
