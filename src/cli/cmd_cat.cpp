@@ -1,6 +1,7 @@
-// `ktune cat CONFIG|FILE [--sort]`: prints a config so a user sees which keys to override, as
-// torchtune's `tune cat`: the bundled text with its comments, or with --sort the parsed tree with
-// keys sorted. It prints the config as written (no overrides, no interpolation).
+// `ktune cat CONFIG|FILE [--sort]`: prints a config so a user sees which keys to override: the bundled
+// text with its comments (torchtune's `tune cat` prints a yaml.dump of the parsed config, comments
+// lost), or with --sort the parsed tree with keys sorted. It prints the config as written (no
+// overrides, no interpolation).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -12,16 +13,6 @@
 #include "train/recipe_registry.h"
 
 namespace ktune::cli {
-
-static void sort_keys(train::ConfigNode& node) {
-  if (node.is_map()) {
-    auto& entries = node.entries();
-    std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (auto& e : entries) sort_keys(e.second);
-  } else if (node.is_list()) {
-    for (auto& item : node.items()) sort_keys(item);
-  }
-}
 
 // To stdout with exit 0 when asked for (--help), to stderr with exit 2 when no config is named.
 static int cat_usage(std::FILE* out) {
@@ -54,7 +45,7 @@ int cmd_cat(const Args& args) {
     return 0;
   }
   train::ConfigNode tree = train::load_config_yaml(source.text, source.name);
-  sort_keys(tree);
+  tree.sort_keys();
   std::fputs(tree.to_yaml().c_str(), stdout);
   return 0;
 }

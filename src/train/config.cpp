@@ -2,6 +2,8 @@
 // and a YAML writer whose output reads back to the same tree. See config.h.
 #include "train/config.h"
 
+#include <algorithm>
+
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
@@ -507,6 +509,15 @@ static void write_block(const ConfigNode& n, int indent, std::string& out) {
         write_value(item, indent, out);
       }
     }
+  }
+}
+
+void ConfigNode::sort_keys() {
+  if (is_map()) {
+    std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) { return a.first < b.first; });
+    for (Entry& e : entries_) e.second.sort_keys();
+  } else if (is_list()) {
+    for (ConfigNode& item : items_) item.sort_keys();
   }
 }
 

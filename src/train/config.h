@@ -78,6 +78,8 @@ class ConfigNode {
   std::string to_inline() const;
   // The tree as a block-style YAML document that load_config_yaml() reads back to an equal tree.
   std::string to_yaml() const;
+  // Every map's keys in lexical order, all the way down (`tune cat --sort`, the logged config).
+  void sort_keys();
 
   bool operator==(const ConfigNode& other) const;
   bool operator!=(const ConfigNode& other) const { return !(*this == other); }

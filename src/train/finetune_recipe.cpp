@@ -188,6 +188,7 @@ class FinetuneRecipe {
   void setup_data();
   void check_rows_fit_positions(const model::ModelConfig& mc) const;
   void warn_on_other_model_type(const model::ModelConfig& mc) const;
+  void record_config() const;
   // Tokenizes every dataset of `configs` into one; says whether any is packed / splits across packs.
   std::shared_ptr<TokenizedDataset> build_datasets(const std::vector<DatasetConfig>& configs, bool* packed, bool* split);
   // on_gpu: device=cuda with a GPU, where the GPU step (gpu_) runs the steps and optimizer_ and
@@ -337,6 +338,7 @@ void FinetuneRecipe::setup() {
     std::string log_dir = cfg_.metric_logger.log_dir.empty() ? (fs::path(cfg_.output_dir) / "logs").string()
                                                              : cfg_.metric_logger.log_dir;
     metrics_ = std::make_unique<MetricLogger>(log_dir, int64_t(std::time(nullptr)));
+    record_config();
   }
   if (cfg_.resume_from_checkpoint) resume();
   if (rank0_) check_checkpoint_space();
@@ -595,6 +597,19 @@ void FinetuneRecipe::check_rows_fit_positions(const model::ModelConfig& mc) cons
                              config + "): set tokenizer.max_seq_len=" + std::to_string(mc.max_position_embeddings) +
                              " or less to cut them, or raise max_position_embeddings if the model (its RoPE scaling) "
                              "is made for longer");
+}
+
+// As torchtune's recipes: the resolved config logged at the start (keys sorted), and with its
+// DiskLogger (log_config: save_config) written to output_dir/torchtune_config.yaml, so a run's
+// overrides can be read back from its outputs.
+void FinetuneRecipe::record_config() const {
+  ConfigNode sorted = cfg_.tree;
+  sorted.sort_keys();
+  log_info("Running " + recipe_.name + " with resolved config:\n\n" + sorted.to_yaml());
+  const std::string& logger = cfg_.metric_logger.component;
+  if (logger.size() < 10 || logger.compare(logger.size() - 10, 10, "DiskLogger") != 0) return;
+  fs::create_directories(cfg_.output_dir);
+  io::write_file_atomic((fs::path(cfg_.output_dir) / "torchtune_config.yaml").string(), cfg_.tree.to_yaml());
 }
 
 // checkpointer.model_type names the family torchtune's checkpointer would convert; ktune reads the

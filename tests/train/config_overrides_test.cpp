@@ -167,3 +167,18 @@ TEST(ConfigOverrides, ListElementsCanBeSetByIndex) {
   EXPECT_TRUE(t.find_path("ds.0.packed")->as_bool());
   EXPECT_THROW(apply_overrides(t, {"l.5=z"}), ktune::Errors);
 }
+
+// torchtune's parser tags a max_filename override `!!str`: the digits stay a string (a zero-padded
+// count of shards), as a quoted value does; YAML would read 00030 as octal 24 and 10 as an int.
+TEST(ConfigOverrides, MaxFilenameStaysTheDigitsAsWritten) {
+  ConfigNode t = load_config_yaml(
+      "checkpointer:\n  checkpoint_files:\n    filename_format: model-{}-of-{}.safetensors\n    max_filename: \"00030\"\n",
+      "c.yaml");
+  for (const auto& [arg, want] : std::vector<std::pair<std::string, std::string>>{
+           {"00010", "00010"}, {"10", "10"}, {"'00012'", "00012"}, {"\"00014\"", "00014"}}) {
+    apply_overrides(t, {"checkpointer.checkpoint_files.max_filename=" + arg});
+    const ConfigNode* v = t.find_path("checkpointer.checkpoint_files.max_filename");
+    ASSERT_TRUE(v->is_string()) << arg;
+    EXPECT_EQ(v->as_string(), want) << arg;
+  }
+}

@@ -57,6 +57,15 @@ TEST_F(RecipeTest, FullFinetuneLossFallsAndWritesTorchtunesLayout) {
     EXPECT_TRUE(fs::exists(fs::path(out()) / f)) << f;
   // The merged model loads back into ktune.
   EXPECT_NO_THROW(model::Decoder::from_pretrained(out() + "/epoch_1"));
+  // As torchtune's recipes: the resolved config in the log, and (DiskLogger) in output_dir, overrides
+  // and interpolations applied, loadable as a config again.
+  EXPECT_NE(r.output.find("Running full_finetune_single_device with resolved config:\n\nbatch_size: 8\n"),
+            std::string::npos) << r.output;
+  std::ifstream saved_file(out() + "/torchtune_config.yaml");
+  const std::string saved((std::istreambuf_iterator<char>(saved_file)), {});
+  for (const std::string& line : std::vector<std::string>{"batch_size: 8\n", "max_steps_per_epoch: 12\n", "epochs: 2\n",
+                                  "  log_dir: " + out() + "/logs\n"})
+    EXPECT_NE(saved.find(line), std::string::npos) << line << " not in\n" << saved;
 }
 
 TEST_F(RecipeTest, BadConfigIsRefusedBeforeAnythingLoads) {
