@@ -94,6 +94,31 @@ std::string md5_file_hex(const std::string& path) {
   return d.hex();
 }
 
+std::string multipart_md5_file_hex(const std::string& path, uint64_t part_size) {
+  if (part_size == 0) throw Error(path, "a multipart digest needs a part size");
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) throw Error(path, "cannot open for hashing");
+  Digest of_parts(DigestKind::Md5);
+  std::vector<char> buf(1 << 20);
+  uint64_t parts = 0;
+  while (true) {
+    Digest part(DigestKind::Md5);
+    uint64_t in_part = 0;
+    while (in_part < part_size) {
+      const size_t n = std::fread(buf.data(), 1, size_t(std::min<uint64_t>(buf.size(), part_size - in_part)), f.get());
+      if (n == 0) break;
+      part.update(buf.data(), n);
+      in_part += n;
+    }
+    if (std::ferror(f.get())) throw Error(path, "read error while hashing");
+    if (in_part == 0 && parts > 0) break;  // the file ended at a part's end
+    of_parts.update(part.binary());
+    ++parts;
+    if (in_part < part_size) break;  // the last, shorter part
+  }
+  return of_parts.hex() + "-" + std::to_string(parts);
+}
+
 std::string git_blob_sha1_file_hex(const std::string& path) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw Error(path, "cannot open for hashing");

@@ -42,12 +42,18 @@ static std::string first_mismatch(const std::string& path, const ExpectedContent
     std::string got = md5_file_hex(path);
     if (got != lower_hex(e.md5)) return "md5 " + got + ", expected " + lower_hex(e.md5);
   }
+  if (!e.multipart_md5.empty() && e.part_size > 0) {
+    std::string got = multipart_md5_file_hex(path, e.part_size);
+    if (got != lower_hex(e.multipart_md5))
+      return "multipart md5 " + got + " (parts of " + std::to_string(e.part_size) + " bytes), expected " +
+             lower_hex(e.multipart_md5);
+  }
   return "";
 }
 
 bool local_file_matches(const std::string& path, const ExpectedContent& expected) {
   bool anything_known = expected.size >= 0 || !expected.sha256.empty() || !expected.git_sha1.empty() ||
-                        !expected.md5.empty();
+                        !expected.md5.empty() || !expected.multipart_md5.empty();
   return anything_known && first_mismatch(path, expected).empty();
 }
 

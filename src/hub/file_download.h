@@ -24,6 +24,8 @@ struct ExpectedContent {
   std::string sha256;    // lower-case hex, "" when the store gave none
   std::string git_sha1;  // git blob id (Hub regular files)
   std::string md5;       // S3 single-part ETag
+  std::string multipart_md5;  // S3 multipart ETag ("<md5 of the parts' MD5s>-<parts>")
+  uint64_t part_size = 0;     // ... and the size of its parts (all but the last)
 };
 
 struct DownloadJob {

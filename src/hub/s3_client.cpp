@@ -188,6 +188,29 @@ std::vector<S3Object> S3Client::list(const std::string& bucket, const std::strin
   return out;
 }
 
+// The size of a multipart object's first part (its ETag "<hex>-<parts>", parts > 1), from HEAD
+// ?partNumber=1; 0 when the ETag is not a multipart one or the store does not say (then only the size
+// is checked).
+uint64_t S3Client::first_part_size(const std::string& bucket, const S3Object& o) {
+  const size_t dash = o.etag.find('-');
+  if (dash != 32 || o.etag.find_first_not_of("0123456789abcdefABCDEF") != 32) return 0;
+  const std::string parts = o.etag.substr(dash + 1);
+  if (parts.empty() || parts.find_first_not_of("0123456789") != std::string::npos || std::stoull(parts) < 2) return 0;
+  try {
+    HttpResponse r = perform_with_retries(
+        http_, [&] { return signed_request("HEAD", bucket, o.key, {{"partNumber", "1"}}, kEmptySha256); }, options_.retry,
+        "s3://" + bucket + "/" + o.key);
+    const std::string length = r.header("content-length");
+    if (r.status != 206 && r.status != 200) return 0;
+    if (!r.header("x-amz-mp-parts-count").empty() && r.header("x-amz-mp-parts-count") != parts) return 0;
+    const uint64_t size = length.empty() ? 0 : std::strtoull(length.c_str(), nullptr, 10);
+    return size > 0 && size < o.size ? size : 0;
+  } catch (const Error& e) {
+    log_debug("s3://" + bucket + "/" + o.key + ": no part size (" + e.what_only() + "): checked by size only");
+    return 0;
+  }
+}
+
 TransferReport S3Client::download(const std::string& bucket, const std::string& prefix_in,
                                   const PatternFilter& filter, const std::string& output_dir,
                                   const ProgressFn& progress) {
@@ -220,19 +243,26 @@ TransferReport S3Client::download(const std::string& bucket, const std::string& 
     job.name = rel;
     job.version_tag = o.etag;
     job.expected.size = int64_t(o.size);
-    // A single-part object's ETag is the MD5 of its bytes (a multipart one's is "<md5 of the parts'
-    // MD5s>-<parts>", which needs the part size: only the size is checked then). Objects encrypted
-    // with SSE-KMS or SSE-C have other ETags: their responses say so, and the check is dropped.
-    if (o.etag.size() == 32 && o.etag.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos)
+    // A single-part object's ETag is the MD5 of its bytes; a multipart one's is "<md5 of the parts'
+    // MD5s>-<parts>", checked with the size of its first part (HEAD ?partNumber=1: uploaders cut
+    // equal parts but the last). Objects encrypted with SSE-KMS or SSE-C have other ETags: their
+    // responses say so, and the check is dropped.
+    if (o.etag.size() == 32 && o.etag.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos) {
       job.expected.md5 = o.etag;
+    } else if (const uint64_t part = first_part_size(bucket, o); part > 0) {
+      job.expected.multipart_md5 = o.etag;
+      job.expected.part_size = part;
+    }
     std::string key = o.key;
     job.make_request = [this, bucket, key](uint64_t) { return signed_request("GET", bucket, key, {}, kEmptySha256); };
     const std::string where = "s3://" + bucket + "/" + key;
     job.explain_error = [this, where](const HttpResponse& r) { raise(r, where); };
     job.adjust_expected = [](const HttpResponse& r, ExpectedContent& expected) {
       const std::string sse = r.header("x-amz-server-side-encryption");
-      if (sse == "aws:kms" || sse == "aws:kms:dsse" || !r.header("x-amz-server-side-encryption-customer-algorithm").empty())
+      if (sse == "aws:kms" || sse == "aws:kms:dsse" || !r.header("x-amz-server-side-encryption-customer-algorithm").empty()) {
         expected.md5.clear();
+        expected.multipart_md5.clear();
+      }
     };
   }
   download_all(http_, target, jobs, options_.retry, origin, report, progress);

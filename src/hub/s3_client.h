@@ -63,6 +63,7 @@ class S3Client {
     std::string path_prefix;  // "/bucket" (path-style) or ""
   };
   Target target_for(const std::string& bucket) const;
+  uint64_t first_part_size(const std::string& bucket, const S3Object& o);
   HttpRequest signed_request(const std::string& method, const std::string& bucket, const std::string& key,
                              const std::vector<std::pair<std::string, std::string>>& query,
                              const std::string& payload_sha256) const;

@@ -608,8 +608,13 @@ void FinetuneRecipe::record_config() const {
   log_info("Running " + recipe_.name + " with resolved config:\n\n" + sorted.to_yaml());
   const std::string& logger = cfg_.metric_logger.component;
   if (logger.size() < 10 || logger.compare(logger.size() - 10, 10, "DiskLogger") != 0) return;
-  fs::create_directories(cfg_.output_dir);
-  io::write_file_atomic((fs::path(cfg_.output_dir) / "torchtune_config.yaml").string(), cfg_.tree.to_yaml());
+  const std::string path = (fs::path(cfg_.output_dir) / "torchtune_config.yaml").string();
+  try {  // as torchtune's save_config: a config that cannot be saved is said, and the run goes on
+    fs::create_directories(cfg_.output_dir);
+    io::write_file_atomic(path, cfg_.tree.to_yaml());
+  } catch (const std::exception& e) {
+    log_warn("could not save the config to " + path + ": " + e.what());
+  }
 }
 
 // checkpointer.model_type names the family torchtune's checkpointer would convert; ktune reads the

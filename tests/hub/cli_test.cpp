@@ -274,11 +274,14 @@ TEST_F(Cli, InitializerFromS3AndFromFile) {
   write_file(src / "config.json", "{\"s3\": true}");
   write_file(src / "model.safetensors", std::string(50000, 'w'));
   write_file(src / "consolidated.pth", "skip me");
+  std::string big(20 << 20, 'b');  // boto3's upload_file sends it in 8 MiB parts: a multipart ETag
+  for (size_t i = 0; i < big.size(); i += 4096) big[i] = char('a' + (i / 4096) % 26);
+  write_file(src / "model-00002.safetensors", big);
   std::string secret = s3_->info()["secret_access_key"];
   std::string cmd = "python3 " + source_dir() + "/tests/hub/s3_reference.py " + s3_endpoint() + " " +
                     std::string(s3_->info()["access_key_id"]) + " " + secret + " put " +
                     std::string(s3_->info()["bucket"]);
-  for (const char* f : {"config.json", "model.safetensors", "consolidated.pth"})
+  for (const char* f : {"config.json", "model.safetensors", "consolidated.pth", "model-00002.safetensors"})
     cmd += std::string(" cli-model/") + f + " " + (src / f);
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   TempDir ws;
@@ -287,16 +290,23 @@ TEST_F(Cli, InitializerFromS3AndFromFile) {
   env["KTUNE_WORKSPACE"] = ws.path;
   CommandResult r = run_command({ktune_binary(), "initializer", "model"}, env);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(files_in(ws / "model"), (std::set<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(files_in(ws / "model"), (std::set<std::string>{"config.json", "model.safetensors", "model-00002.safetensors"}));
   EXPECT_EQ(read_file(ws / "model/model.safetensors"), std::string(50000, 'w'));
+  EXPECT_EQ(read_file(ws / "model/model-00002.safetensors"), big);
   expect_no_secret(r, secret, ws.path);
 
-  // A local copy changed in place (same size) is not "up to date": the single-part object's ETag
-  // is its MD5, which the copy no longer has, so it is fetched again.
+  // A local copy changed in place (same size) is not "up to date": a single-part object's ETag is
+  // its MD5, a multipart one's the MD5 of its parts' MD5s, which the copies no longer have, so
+  // both are fetched again.
   write_file(ws / "model/model.safetensors", std::string(50000, 'x'));
+  std::string changed = big;
+  changed[12 << 20] = 'Z';  // inside the second part
+  write_file(ws / "model/model-00002.safetensors", changed);
   r = run_command({ktune_binary(), "initializer", "model"}, env);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(read_file(ws / "model/model.safetensors"), std::string(50000, 'w'));
+  EXPECT_EQ(read_file(ws / "model/model-00002.safetensors"), big);
+  EXPECT_EQ(r.out.find("model-00002.safetensors 20971520 bytes (up to date)"), std::string::npos) << r.out;
 
   // Upstream's initializer env alone (the SDK's S3 initializer fields: ENDPOINT, ACCESS_KEY_ID,
   // SECRET_ACCESS_KEY, REGION), over an AWS_ENDPOINT_URL elsewhere that it wins against.
@@ -310,7 +320,7 @@ TEST_F(Cli, InitializerFromS3AndFromFile) {
   upstream["REGION"] = "us-east-1";
   r = run_command({ktune_binary(), "initializer", "model"}, upstream);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(files_in(ws / "upstream/model"), (std::set<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(files_in(ws / "upstream/model"), (std::set<std::string>{"config.json", "model.safetensors", "model-00002.safetensors"}));
   expect_no_secret(r, secret, ws / "upstream");
 
   env["AWS_SECRET_ACCESS_KEY"] = "notTheRightSecret000";
@@ -324,7 +334,8 @@ TEST_F(Cli, InitializerFromS3AndFromFile) {
   fenv["KTUNE_WORKSPACE"] = ws / "f";
   r = run_command({ktune_binary(), "initializer", "dataset"}, fenv);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(files_in(ws / "f/dataset"), (std::set<std::string>{"config.json", "consolidated.pth", "model.safetensors"}));
+  EXPECT_EQ(files_in(ws / "f/dataset"),
+            (std::set<std::string>{"config.json", "consolidated.pth", "model.safetensors", "model-00002.safetensors"}));
   EXPECT_EQ(read_file(ws / "f/dataset/config.json"), "{\"s3\": true}");
 }
 
