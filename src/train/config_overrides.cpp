@@ -162,14 +162,25 @@ static void apply_delete(ConfigNode& tree, const ConfigOverride& o) {
 }
 
 void apply_overrides(ConfigNode& tree, const std::vector<std::string>& args) {
+  // As torchtune's _merge_yaml_and_cli_args: every `~key` removes from the config file's tree first,
+  // then the `key=value`s merge in order (so `k=5 ~k` leaves k = 5, and `~k` of a key only the
+  // command line sets is an error).
   std::vector<Error> errors;
+  std::vector<ConfigOverride> sets;
   for (const std::string& arg : args) {
     try {
       ConfigOverride o = parse_override(arg);
       if (o.op == ConfigOverride::Op::Delete)
         apply_delete(tree, o);
       else
-        apply_set(tree, o);
+        sets.push_back(std::move(o));
+    } catch (const Error& e) {
+      errors.push_back(e);
+    }
+  }
+  for (const ConfigOverride& o : sets) {
+    try {
+      apply_set(tree, o);
     } catch (const Error& e) {
       errors.push_back(e);
     }

@@ -101,6 +101,16 @@ TEST(ConfigOverrides, TildeDeletesAndRemovesEmptiedMaps) {
   EXPECT_EQ(t.find("a"), nullptr);  // a.b emptied, then a
 }
 
+// torchtune removes every `~key` from the file's config before it merges the `key=value`s: the order
+// on the command line does not matter, and a key only the command line adds cannot be removed.
+TEST(ConfigOverrides, TildeDeletesFromTheFileBeforeAnyValueIsSet) {
+  ConfigNode t = base();
+  apply_overrides(t, {"model.lora_rank=5", "~model.lora_rank"});
+  EXPECT_EQ(t.find_path("model.lora_rank")->as_int(), 5);
+  ConfigNode u = base();
+  EXPECT_THROW(apply_overrides(u, {"brand_new=1", "~brand_new"}), ktune::Errors);
+}
+
 TEST(ConfigOverrides, DeletingAComponentIsRefused) {
   ConfigNode t = base();
   try {
