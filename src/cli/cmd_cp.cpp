@@ -49,8 +49,12 @@ int cmd_cp(const Args& args) {
     std::string base = name.substr(name.rfind('/') == std::string::npos ? 0 : name.rfind('/') + 1);
     if (base.size() > 5 && base.compare(base.size() - 5, 5, ".yaml") == 0) base.resize(base.size() - 5);
     dest /= base + ".yaml";
-  } else if (dest.extension() != ".yaml") {
-    dest.replace_extension(".yaml");
+  } else {
+    // A folder that does not exist names a file, as torchtune's (`tune cp C sub/` writes sub.yaml).
+    std::string path = dest.string();
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    dest = path;
+    if (dest.extension() != ".yaml") dest.replace_extension(".yaml");
   }
   if (no_clobber && fs::exists(dest)) {
     std::printf("File already exists at %s, not overwriting.\n", fs::absolute(dest).string().c_str());

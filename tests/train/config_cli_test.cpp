@@ -56,6 +56,8 @@ TEST(ConfigCli, CpCopiesConfigAndRefusesRecipes) {
   ASSERT_TRUE(fs::exists(dir / "my_config.yaml"));
   run_captured(cmd_cp, {"qwen2_5/0.5B_full", dir.string()});
   EXPECT_TRUE(fs::exists(dir / "0.5B_full.yaml"));
+  run_captured(cmd_cp, {"qwen2_5/0.5B_full", (dir / "not_a_folder").string() + "/"});  // torchtune: not_a_folder.yaml
+  EXPECT_TRUE(fs::exists(dir / "not_a_folder.yaml"));
   out = run_captured(cmd_cp, {"-n", "llama3_2/1B_full", (dir / "my_config.yaml").string()});
   EXPECT_NE(out.find("not overwriting"), std::string::npos);
   EXPECT_THROW(cmd_cp({"llama3_2/1B_full", (dir / "a/b/c.yaml").string()}), ktune::Error);
