@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string_view>
 
 #include "core/log.h"
 #include "hub/digest.h"
@@ -188,13 +189,17 @@ std::vector<S3Object> S3Client::list(const std::string& bucket, const std::strin
   return out;
 }
 
+// 32 hex digits: an MD5 as an ETag spells it.
+static bool is_md5_hex(std::string_view s) {
+  return s.size() == 32 && s.find_first_not_of("0123456789abcdefABCDEF") == std::string_view::npos;
+}
+
 // The size of a multipart object's first part (its ETag "<hex>-<parts>", parts > 1), from HEAD
 // ?partNumber=1; 0 when the ETag is not a multipart one or the store does not say (then only the size
 // is checked).
 uint64_t S3Client::first_part_size(const std::string& bucket, const S3Object& o) {
-  const size_t dash = o.etag.find('-');
-  if (dash != 32 || o.etag.find_first_not_of("0123456789abcdefABCDEF") != 32) return 0;
-  const std::string parts = o.etag.substr(dash + 1);
+  if (o.etag.size() < 34 || !is_md5_hex(std::string_view(o.etag).substr(0, 32)) || o.etag[32] != '-') return 0;
+  const std::string parts = o.etag.substr(33);
   if (parts.empty() || parts.find_first_not_of("0123456789") != std::string::npos || std::stoull(parts) < 2) return 0;
   try {
     HttpResponse r = perform_with_retries(
@@ -247,7 +252,7 @@ TransferReport S3Client::download(const std::string& bucket, const std::string& 
     // MD5s>-<parts>", checked with the size of its first part (HEAD ?partNumber=1: uploaders cut
     // equal parts but the last). Objects encrypted with SSE-KMS or SSE-C have other ETags: their
     // responses say so, and the check is dropped.
-    if (o.etag.size() == 32 && o.etag.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos) {
+    if (is_md5_hex(o.etag)) {
       job.expected.md5 = o.etag;
     } else if (const uint64_t part = first_part_size(bucket, o); part > 0) {
       job.expected.multipart_md5 = o.etag;

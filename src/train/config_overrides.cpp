@@ -38,11 +38,10 @@ ConfigNode parse_override_value(const std::string& raw, const std::string& key) 
   std::string v = trim(raw);
   // torchtune's parser tags these `!!str` (TuneRecipeArgumentParser: "max_filename" in the key), so
   // `checkpoint_files.max_filename=00030` stays the string "00030", never the octal 24.
-  const bool quoted_text = v.size() >= 2 && (v.front() == '\'' || v.front() == '"') && v.back() == v.front();
-  if (key.find("max_filename") != std::string::npos && !quoted_text) return ConfigNode::string(v);
+  const bool quoted = v.size() >= 2 && ((v.front() == '\'' && v.back() == '\'') || (v.front() == '"' && v.back() == '"'));
+  if (key.find("max_filename") != std::string::npos && !quoted) return ConfigNode::string(v);
   if (v == "None") return ConfigNode::null();
   bool flow = !v.empty() && (v.front() == '[' || v.front() == '{');
-  bool quoted = v.size() >= 2 && ((v.front() == '\'' && v.back() == '\'') || (v.front() == '"' && v.back() == '"'));
   if (!flow && !quoted) return type_plain_scalar(v);
   ConfigNode parsed;
   try {

@@ -606,8 +606,7 @@ void FinetuneRecipe::record_config() const {
   ConfigNode sorted = cfg_.tree;
   sorted.sort_keys();
   log_info("Running " + recipe_.name + " with resolved config:\n\n" + sorted.to_yaml());
-  const std::string& logger = cfg_.metric_logger.component;
-  if (logger.size() < 10 || logger.compare(logger.size() - 10, 10, "DiskLogger") != 0) return;
+  if (!cfg_.metric_logger.component.ends_with("DiskLogger")) return;
   const std::string path = (fs::path(cfg_.output_dir) / "torchtune_config.yaml").string();
   try {  // as torchtune's save_config: a config that cannot be saved is said, and the run goes on
     fs::create_directories(cfg_.output_dir);

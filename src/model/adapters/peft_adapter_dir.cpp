@@ -101,13 +101,19 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
   return result;
 }
 
+namespace {
+
+// One target_modules entry of a list, by PEFT's rule: the module's whole name, or a dotted suffix of it.
+bool entry_names(const std::string& entry, const std::string& name) {
+  return name == entry || name.ends_with("." + entry);
+}
+
+}  // namespace
+
 bool peft_targets(const PeftAdapterConfig& config, const std::string& name) {
   if (config.target_regex) return std::regex_match(name, std::regex(*config.target_regex));
-  for (const std::string& t : config.target_modules)
-    if (name == t || (name.size() > t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0 &&
-                      name[name.size() - t.size() - 1] == '.'))
-      return true;
-  return false;
+  return std::any_of(config.target_modules.begin(), config.target_modules.end(),
+                     [&](const std::string& entry) { return entry_names(entry, name); });
 }
 
 std::vector<std::shared_ptr<LoraAdapter>> load_peft_adapter(Decoder& decoder, const std::string& dir) {
@@ -125,7 +131,7 @@ std::vector<std::shared_ptr<LoraAdapter>> load_peft_adapter(Decoder& decoder, co
   for (Linear* linear : decoder.linears()) {
     if (!peft_targets(config, linear->name)) continue;
     for (const std::string& t : config.target_modules)
-      if (peft_targets(PeftAdapterConfig{{}, {t}, std::nullopt}, linear->name)) matched.insert(t);
+      if (entry_names(t, linear->name)) matched.insert(t);
     auto adapter = std::make_shared<LoraAdapter>(*linear, config.options);
     for (Parameter* p : adapter->parameters()) {
       if (!file.contains(p->name)) throw Error(weights_path, "has no tensor " + p->name + " (the adapter of " + linear->name + ")");
