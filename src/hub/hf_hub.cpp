@@ -149,6 +149,7 @@ TransferReport HfHubClient::download(const std::string& repo_id, HfRepoType type
   HfRepoInfo info = repo_info(repo_id, type, revision);
   const std::string origin = "hf://" + repo_id;
   TargetDir target(output_dir);
+  RemoveCreatedDirsOnThrow cleanup(target);
 
   std::vector<const HfSibling*> chosen;
   for (const HfSibling& s : info.siblings)

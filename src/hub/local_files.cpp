@@ -103,6 +103,7 @@ TransferReport copy_local_tree(const std::string& source, const PatternFilter& f
   }
   std::sort(chosen.begin(), chosen.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   TargetDir target(output_dir);
+  RemoveCreatedDirsOnThrow cleanup(target);
   for (const auto& c : chosen) target.resolve(c.second, origin);
   if (chosen.empty()) throw Error(origin, "no file there passes the allow/ignore patterns");
   check_room_to_place(chosen, target, origin);
@@ -125,6 +126,7 @@ TransferReport copy_items_to_dir(const std::vector<UploadItem>& items, const std
                                  const ProgressFn& progress) {
   auto t0 = std::chrono::steady_clock::now();
   TargetDir target(dest_dir);
+  RemoveCreatedDirsOnThrow cleanup(target);
   const std::string origin = "file://" + target.root();
   std::vector<std::pair<std::string, std::string>> placed;  // absolute source, relative name
   for (const UploadItem& item : items) placed.emplace_back(item.local_path, item.remote_path);

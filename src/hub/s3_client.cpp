@@ -223,9 +223,11 @@ TransferReport S3Client::download(const std::string& bucket, const std::string& 
   std::string prefix = prefix_in;
   while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
   const std::string origin = "s3://" + bucket + (prefix.empty() ? "" : "/" + prefix);
+  std::vector<S3Object> objects = list(bucket, prefix);  // before the output folder is made: a refused listing leaves none
   TargetDir target(output_dir);
+  RemoveCreatedDirsOnThrow cleanup(target);
   std::vector<std::pair<S3Object, std::string>> chosen;  // object, local relative name
-  for (S3Object& o : list(bucket, prefix)) {
+  for (S3Object& o : objects) {
     if (!o.key.empty() && o.key.back() == '/') continue;  // folder marker
     std::string rel;
     if (prefix.empty()) rel = o.key;

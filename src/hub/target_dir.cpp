@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <optional>
 
@@ -46,7 +47,19 @@ static bool is_within(const std::string& path, const std::string& root) {
                           (root.back() == '/' || path[root.size()] == '/'));
 }
 
-TargetDir::TargetDir(const std::string& root) {
+// The folders of `root` (itself and its parents) that do not exist yet, outermost first.
+static std::vector<std::string> missing_dirs(const std::string& root) {
+  std::vector<std::string> missing;
+  std::error_code ec;
+  for (fs::path p = fs::absolute(root, ec); !ec && !p.empty() && !fs::exists(fs::symlink_status(p));
+       p = p.parent_path()) {
+    missing.insert(missing.begin(), p.string());
+    if (p == p.parent_path()) break;
+  }
+  return missing;
+}
+
+TargetDir::TargetDir(const std::string& root) : created_dirs_(missing_dirs(root)) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) throw Error(root, "cannot create the target directory: " + ec.message());
@@ -117,6 +130,19 @@ void TargetDir::commit(const std::string& partial, const std::string& final_path
 void TargetDir::remove_partial_dir_if_empty() const {
   std::string dir = root_ + "/" + kPartialDir;
   ::rmdir(dir.c_str());  // fails harmlessly when not empty or absent
+}
+
+void TargetDir::remove_created_dirs_if_empty() const {
+  remove_partial_dir_if_empty();
+  for (auto it = created_dirs_.rbegin(); it != created_dirs_.rend(); ++it)
+    if (::rmdir(it->c_str()) != 0) return;  // not empty (or gone): its parents are not empty either
+}
+
+RemoveCreatedDirsOnThrow::RemoveCreatedDirsOnThrow(const TargetDir& target)
+    : target_(target), exceptions_at_entry_(std::uncaught_exceptions()) {}
+
+RemoveCreatedDirsOnThrow::~RemoveCreatedDirsOnThrow() {
+  if (std::uncaught_exceptions() > exceptions_at_entry_) target_.remove_created_dirs_if_empty();
 }
 
 void TargetDir::check_room(const std::vector<uint64_t>& to_write, const std::string& origin) const {

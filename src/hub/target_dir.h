@@ -32,6 +32,10 @@ class TargetDir {
   void commit(const std::string& partial, const std::string& final_path, const std::string& origin) const;
   // Removes the partial-download folder when nothing is left in it.
   void remove_partial_dir_if_empty() const;
+  // Removes the partial-download folder, then the folders the constructor created (root and the
+  // missing parents it made, innermost first), each only while it is empty: what a transfer that
+  // failed before its first byte leaves behind. A partial file (resumable) keeps them all.
+  void remove_created_dirs_if_empty() const;
   // Throws an Error naming `origin` and the root unless its filesystem has room for `to_write` (the
   // bytes still to write of each file, 0 for one in place), so that a transfer too large for the
   // disk fails before its first byte, not an hour into it. A filesystem that tells no free space is
@@ -39,7 +43,22 @@ class TargetDir {
   void check_room(const std::vector<uint64_t>& to_write, const std::string& origin) const;
 
  private:
-  std::string root_;  // canonical (realpath) form
+  std::string root_;                       // canonical (realpath) form
+  std::vector<std::string> created_dirs_;  // folders the constructor made, outermost first
+};
+
+// Calls target.remove_created_dirs_if_empty() when the scope it guards is left by an exception, so
+// that a download refused or failed before its first byte leaves no empty output folder behind.
+class RemoveCreatedDirsOnThrow {
+ public:
+  explicit RemoveCreatedDirsOnThrow(const TargetDir& target);
+  ~RemoveCreatedDirsOnThrow();
+  RemoveCreatedDirsOnThrow(const RemoveCreatedDirsOnThrow&) = delete;
+  RemoveCreatedDirsOnThrow& operator=(const RemoveCreatedDirsOnThrow&) = delete;
+
+ private:
+  const TargetDir& target_;
+  int exceptions_at_entry_;
 };
 
 }  // namespace ktune::hub

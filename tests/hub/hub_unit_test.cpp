@@ -1,6 +1,8 @@
 // Unit tests of the hub layer's pure parts: fnmatch patterns, safe target names, storage URIs,
 // digests, SigV4 against AWS's published example, retry delays, XML fields, export selection.
 #include <gtest/gtest.h>
+#include <fstream>
+#include <filesystem>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -83,6 +85,50 @@ TEST(TargetDirNames, PartialFilesLiveApartFromRealNames) {
   EXPECT_NE(p.find(".incomplete"), std::string::npos);
   EXPECT_NE(target.partial_path("a/x.bin", "t"), target.partial_path("b/x.bin", "t"));
   EXPECT_NE(target.partial_path("x.bin", "v1"), target.partial_path("x.bin", "v2"));
+}
+
+// A download refused before its first byte (a listing that fails, nothing passing the patterns, a bad
+// name) leaves no empty output folder behind: the folders its TargetDir made are removed while empty,
+// innermost first, and never a folder that was there before or one holding a (resumable) partial file.
+TEST(TargetDirCleanup, ARefusedTransferRemovesOnlyTheEmptyFoldersItMade) {
+  TempDir tmp;
+  const std::string out = tmp / "a/b/out";
+  try {
+    TargetDir target(out);
+    RemoveCreatedDirsOnThrow cleanup(target);
+    target.resolve("../escape", "s3://bucket");
+    FAIL() << "the escaping name was taken";
+  } catch (const ktune::Error&) {
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp / "a"));  // a, a/b and a/b/out were all made by it
+  EXPECT_TRUE(std::filesystem::exists(tmp.path));
+
+  std::filesystem::create_directories(tmp / "kept");
+  try {
+    TargetDir target(tmp / "kept/out");
+    RemoveCreatedDirsOnThrow cleanup(target);
+    throw ktune::Error("test", "refused");
+  } catch (const ktune::Error&) {
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp / "kept/out"));
+  EXPECT_TRUE(std::filesystem::exists(tmp / "kept"));  // there before: left alone
+
+  try {
+    TargetDir target(tmp / "partial/out");
+    RemoveCreatedDirsOnThrow cleanup(target);
+    std::string partial = target.partial_path("model.safetensors", "etag");
+    std::filesystem::create_directories(std::filesystem::path(partial).parent_path());
+    std::ofstream(partial) << "half";
+    throw ktune::Error("test", "connection reset");
+  } catch (const ktune::Error&) {
+  }
+  EXPECT_TRUE(std::filesystem::exists(tmp / "partial/out/.ktune-download"));  // resumes next time
+
+  {
+    TargetDir target(tmp / "done/out");  // no exception: the folder stays, empty or not
+    RemoveCreatedDirsOnThrow cleanup(target);
+  }
+  EXPECT_TRUE(std::filesystem::exists(tmp / "done/out"));
 }
 
 // A transfer checks its room before the first byte: what it counts (a file in place at its size,

@@ -167,4 +167,20 @@ TEST_F(S3, WrongSecretIsRejectedWithAClearErrorThatHidesIt) {
   } catch (const ktune::Error& e) {
     EXPECT_NE(std::string(e.what()).find("NoSuchBucket"), std::string::npos) << e.what();
   }
+  // A download refused at its listing, or with nothing passing the patterns, makes no output folder.
+  TempDir out;
+  try {
+    S3Client(options()).download("no-such-bucket-here", "", PatternFilter{}, out / "model", nullptr);
+    FAIL();
+  } catch (const ktune::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("NoSuchBucket"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(out / "model"));
+  try {
+    S3Client(options()).download(bucket(), "", PatternFilter{{"*.nothing-has-this"}, {}}, out / "model/sub", nullptr);
+    FAIL();
+  } catch (const ktune::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("passes the allow/ignore patterns"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(out / "model"));
 }
