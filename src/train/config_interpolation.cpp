@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
+#include <utility>
 
 #include "core/error.h"
 #include "train/config_suggest.h"
@@ -75,6 +77,34 @@ std::vector<Segment> split_segments(const std::string& s) {
   return out;
 }
 
+std::string trim(const std::string& text) {
+  std::size_t b = text.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return text.substr(b, text.find_last_not_of(" \t") - b + 1);
+}
+
+// A key with OmegaConf's list indexing, `a.x[1].y`, as the dotted path `a.x.1.y`.
+std::string key_path(const std::string& key) {
+  std::string out;
+  for (char c : key) {
+    if (c == '[') out += '.';
+    else if (c != ']') out += c;
+  }
+  return out;
+}
+
+// A resolver's "first,default" arguments: the first trimmed, the default (when given) typed as a YAML
+// plain scalar, or the text inside its quotes.
+std::pair<std::string, std::optional<ConfigNode>> resolver_arguments(const std::string& args) {
+  std::size_t comma = args.find(',');
+  std::string first = trim(args.substr(0, comma));
+  if (comma == std::string::npos) return {first, std::nullopt};
+  std::string fallback = trim(args.substr(comma + 1));
+  if (fallback.size() >= 2 && (fallback.front() == '\'' || fallback.front() == '"') && fallback.back() == fallback.front())
+    return {first, ConfigNode::string(fallback.substr(1, fallback.size() - 2))};
+  return {first, fallback.empty() ? ConfigNode::string("") : type_plain_scalar(fallback)};
+}
+
 std::string parent_path(const std::string& path) {
   std::size_t dot = path.rfind('.');
   return dot == std::string::npos ? std::string() : path.substr(0, dot);
@@ -119,22 +149,25 @@ class Resolver {
     return base.empty() ? rest : (rest.empty() ? base : base + "." + rest);
   }
 
-  ConfigNode evaluate(const std::string& expr, const std::string& holder) {
+  ConfigNode evaluate(const std::string& raw_expr, const std::string& holder) {
+    const std::string expr = trim(raw_expr);  // OmegaConf allows `${ a.b }`
     if (expr.rfind("oc.env:", 0) == 0) {
-      std::string arg = expr.substr(7);
-      std::size_t comma = arg.find(',');
-      std::string name = arg.substr(0, comma);
+      auto [name, fallback] = resolver_arguments(expr.substr(7));
+      // OmegaConf's oc.env gives a string: the variable's value, or str() of its default (None stays None).
       if (const char* value = std::getenv(name.c_str())) return ConfigNode::string(value);
-      if (comma != std::string::npos) {
-        std::string fallback = arg.substr(comma + 1);
-        std::size_t b = fallback.find_first_not_of(' ');
-        return type_plain_scalar(b == std::string::npos ? "" : fallback.substr(b));
-      }
+      if (fallback) return fallback->is_null() ? *fallback : ConfigNode::string(python_str(*fallback));
       throw Error("environment variable " + name + " is not set (in ${" + expr + "})");
     }
+    if (expr.rfind("oc.select:", 0) == 0) {
+      // OmegaConf's oc.select: the key's value (typed), or the default when the key is absent (None
+      // without one).
+      auto [key, fallback] = resolver_arguments(expr.substr(10));
+      if (node_at(target_path(key_path(key), holder)) == nullptr) return fallback ? *fallback : ConfigNode();
+      return evaluate(key, holder);
+    }
     if (expr.find(':') != std::string::npos)
-      throw Error("unsupported resolver in ${" + expr + "} (ktune supports oc.env only)");
-    std::string target = target_path(expr, holder);
+      throw Error("unsupported resolver in ${" + expr + "} (ktune supports oc.env and oc.select)");
+    std::string target = target_path(key_path(expr), holder);
     if (state_.count(target) && state_[target] == State::InProgress) throw Error(cycle_message(target));
     if (node_at(target) == nullptr)
       throw Error("interpolation ${" + expr + "}: key `" + target + "` not found" +

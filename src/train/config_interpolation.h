@@ -4,7 +4,10 @@
 //   ${a.b}/logs            embedded in text: the value converted to text as Python's str() would
 //                          (True, None, 0.0003), so paths come out as in torchtune
 //   ${.sibling} ${..x}     relative to the map holding the string (one dot per level up)
-//   ${oc.env:NAME} ${oc.env:NAME,default}   an environment variable
+//   ${a.x[1].y}            list items by index (the same as ${a.x.1.y}); spaces inside ${ } are ignored
+//   ${oc.env:NAME} ${oc.env:NAME,default}   an environment variable: a string, as OmegaConf's (the
+//                          default too: ${oc.env:N,5} is '5'; null stays None)
+//   ${oc.select:key} ${oc.select:key,default}   the key's value, or the default (None) when it is absent
 //   \${x}                  a literal "${x}"
 // A missing key, a cycle (a → b → a), an unknown resolver or a list/map embedded in text is an
 // error naming the key that holds the interpolation; all of them are reported together.

@@ -62,6 +62,35 @@ TEST(ConfigInterpolation, EnvironmentResolverWithDefault) {
   EXPECT_NE(errors_of("a: ${oc.env:KTUNE_TEST_UNSET_VAR}\n").find("KTUNE_TEST_UNSET_VAR is not set"), std::string::npos);
 }
 
+// OmegaConf 2.3's results (checked in torchtune 0.6.1's environment): oc.env gives a string, its
+// default too (str() of it; null stays None); oc.select a key's typed value or its default (None
+// without one); `[i]` indexes lists; spaces inside ${ } do not count.
+TEST(ConfigInterpolation, ResolversIndexesAndSpacesAsOmegaConf) {
+  ::unsetenv("KTUNE_TEST_UNSET_VAR");
+  ConfigNode t = resolved(
+      "a: {x: [1, {y: 2}], z: 3}\n"
+      "env_int: ${oc.env:KTUNE_TEST_UNSET_VAR,5}\nenv_float: ${oc.env:KTUNE_TEST_UNSET_VAR, 3e-4}\n"
+      "env_null: ${oc.env:KTUNE_TEST_UNSET_VAR,null}\nenv_quoted: ${oc.env:KTUNE_TEST_UNSET_VAR,'a b'}\n"
+      "env_bool: ${oc.env:KTUNE_TEST_UNSET_VAR,true}\n"
+      "sel: ${oc.select:a.z}\nsel_default: ${oc.select:a.nope, 7}\nsel_none: ${oc.select:a.nope}\n"
+      "sel_rel: ${oc.select:.a.z,0}\nindexed: ${a.x[1].y}\ndotted: ${a.x.1.y}\nspaced: ${ a.z }\n"
+      "text: x${ a.x[0] }y\n");
+  EXPECT_EQ(t.find("env_int")->as_string(), "5");
+  EXPECT_EQ(t.find("env_float")->as_string(), "0.0003");
+  EXPECT_TRUE(t.find("env_null")->is_null());
+  EXPECT_EQ(t.find("env_quoted")->as_string(), "a b");
+  EXPECT_EQ(t.find("env_bool")->as_string(), "True");
+  EXPECT_EQ(t.find("sel")->as_int(), 3);
+  EXPECT_EQ(t.find("sel_default")->as_int(), 7);
+  EXPECT_TRUE(t.find("sel_none")->is_null());
+  EXPECT_EQ(t.find("sel_rel")->as_int(), 3);
+  EXPECT_EQ(t.find("indexed")->as_int(), 2);
+  EXPECT_EQ(t.find("dotted")->as_int(), 2);
+  EXPECT_EQ(t.find("spaced")->as_int(), 3);
+  EXPECT_EQ(t.find("text")->as_string(), "x1y");
+  EXPECT_NE(errors_of("a: [1]\nb: ${a[3]}\n").find("key `a.3` not found"), std::string::npos);
+}
+
 TEST(ConfigInterpolation, EscapedDollarIsLiteral) {
   EXPECT_EQ(resolved("a: \\${b}\nb: 1\n").find("a")->as_string(), "${b}");
 }
