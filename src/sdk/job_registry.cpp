@@ -5,6 +5,10 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -133,6 +137,25 @@ void exec(sqlite3* db, const char* sql, const std::string& where) {
   }
 }
 
+// Runs `sql` as exec does, but runs it again while SQLite answers "busy" or "locked" without having
+// waited: it does so, busy handler or not, when waiting could deadlock (a connection that read the
+// schema of a database another is switching to WAL or creating tables in) or when its snapshot went
+// stale. Several clients making a new registry at once meet exactly that. Gives up after `seconds`.
+void exec_retrying_busy(sqlite3* db, const char* sql, const std::string& where, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (int attempt = 0;; ++attempt) {
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, sql, nullptr, nullptr, &err);
+    if (rc == SQLITE_OK) return;
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    const int primary = rc & 0xff;
+    if ((primary != SQLITE_BUSY && primary != SQLITE_LOCKED) || std::chrono::steady_clock::now() > deadline)
+      throw Error(where, "sqlite: " + msg);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 + 5 * std::min(attempt, 9)));
+  }
+}
+
 // BEGIN IMMEDIATE takes the write lock up front, so two writers never deadlock upgrading a read.
 class Transaction {
  public:
@@ -177,10 +200,10 @@ JobRegistry::JobRegistry(const std::string& db_path) : path_(db_path) {
   // Writers wait for each other (up to 30 s) instead of failing with SQLITE_BUSY.
   sqlite3_busy_timeout(db_, 30000);
   try {
-    exec(db_, "PRAGMA journal_mode=WAL", path_);
+    exec_retrying_busy(db_, "PRAGMA journal_mode=WAL", path_, 30);
     exec(db_, "PRAGMA synchronous=NORMAL", path_);
     exec(db_, "PRAGMA foreign_keys=ON", path_);
-    exec(db_, kSchema, path_);
+    exec_retrying_busy(db_, kSchema, path_, 30);
   } catch (...) {
     sqlite3_close(db_);
     db_ = nullptr;
