@@ -322,6 +322,18 @@ void check_torchtune_config(const types::TorchTuneConfig& config) {
     if (l.lora_dropout && !(*l.lora_dropout >= 0.0 && *l.lora_dropout < 1.0))
       bad.emplace_back("trainer.config.peft_config.lora_dropout",
                        "expected from 0 up to, not including, 1, got " + py_float(*l.lora_dropout));
+    // torchtune's attention projections (the trainer's schema checks the same names): caught here, a
+    // mistake fails the call instead of the job after its downloads. The list also picks the recipe:
+    // an empty one would plan a full fine-tune that refuses the LoRA keys.
+    static const std::vector<std::string> kAttnModules{"q_proj", "k_proj", "v_proj", "output_proj"};
+    const std::string modules_field = "trainer.config.peft_config.lora_attn_modules";
+    if (l.lora_attn_modules.empty())
+      bad.emplace_back(modules_field, "empty: a LoRA fine-tune adapts at least one of " + join(kAttnModules, ", ") +
+                                          " (the list picks the LoRA recipe; leave it out for upstream's default)");
+    for (const std::string& m : l.lora_attn_modules)
+      if (std::find(kAttnModules.begin(), kAttnModules.end(), m) == kAttnModules.end())
+        bad.emplace_back(modules_field, "'" + m + "' is not one of " + join(kAttnModules, ", ") +
+                                            " (the MLP's projections take apply_lora_to_mlp)");
   }
   if (!bad.empty()) throw Errors(std::move(bad));
 }

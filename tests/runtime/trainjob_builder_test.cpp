@@ -320,6 +320,36 @@ TEST(MakeTrainJob, OutOfRangeNumbersAreRefusedTogetherBeforeTheJobIsMade) {
   EXPECT_NO_THROW(make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "good-job"));
 }
 
+// LoraConfig.lora_attn_modules names torchtune's attention projections only; an empty list would
+// plan a full fine-tune (the list picks the LoRA recipe) that refuses the LoRA keys after the
+// downloads. Both are refused by the call.
+TEST(MakeTrainJob, LoraModulesOutsideTorchtunesAttentionProjectionsOrNoneAreRefused) {
+  types::BuiltinTrainer b;
+  types::LoraConfig lora;
+  lora.lora_attn_modules = {"q_proj", "foo_proj", "gate_proj"};
+  b.config.peft_config = lora;
+  try {
+    make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "bad-job");
+    FAIL() << "expected an error";
+  } catch (const Errors& e) {
+    ASSERT_EQ(e.errors().size(), 2u) << e.what();
+    EXPECT_EQ(e.errors()[0].where(), "trainer.config.peft_config.lora_attn_modules");
+    EXPECT_NE(e.errors()[0].what_only().find("'foo_proj' is not one of q_proj, k_proj, v_proj, output_proj"),
+              std::string::npos) << e.what();
+    EXPECT_NE(e.errors()[1].what_only().find("'gate_proj'"), std::string::npos) << e.what();
+    EXPECT_NE(e.errors()[1].what_only().find("apply_lora_to_mlp"), std::string::npos) << e.what();
+  }
+  b.config.peft_config->lora_attn_modules = {};
+  try {
+    make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "bad-job");
+    FAIL() << "expected an error";
+  } catch (const Errors& e) {
+    EXPECT_NE(std::string(e.what()).find("lora_attn_modules: empty"), std::string::npos) << e.what();
+  }
+  b.config.peft_config->lora_attn_modules = {"k_proj", "output_proj"};
+  EXPECT_NO_THROW(make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "good-job"));
+}
+
 TEST(MakeTrainJob, CustomTrainerScriptIsEmbeddedAndStartedWithTheRuntimeEntrypoint) {
   types::Runtime rt;
   rt.name = "torch-distributed";
