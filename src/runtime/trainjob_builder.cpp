@@ -338,6 +338,23 @@ void check_torchtune_config(const types::TorchTuneConfig& config) {
   if (!bad.empty()) throw Errors(std::move(bad));
 }
 
+// The here-document's end marker: upstream's EOM, unless a line of the script is exactly that (a
+// string holding "EOM" would end the here-document early and run the rest as bash): then EOM_1, ...
+static std::string heredoc_delimiter(const std::string& script) {
+  auto is_a_line = [&](const std::string& marker) {
+    for (std::size_t start = 0; start <= script.size();) {
+      std::size_t end = script.find('\n', start);
+      if (end == std::string::npos) end = script.size();
+      if (script.compare(start, end - start, marker) == 0) return true;
+      start = end + 1;
+    }
+    return false;
+  };
+  std::string marker = "EOM";
+  for (int n = 1; is_a_line(marker); ++n) marker = "EOM_" + std::to_string(n);
+  return marker;
+}
+
 v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Initializer* initializer,
                                  const types::Trainer& trainer, const std::string& name) {
   v1alpha1::TrainJob job;
@@ -373,7 +390,8 @@ v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Ini
       std::string entry = runtime.trainer.command.empty() ? "python" : join(runtime.trainer.command, " ");
       std::string script;
       if (!c->packages_to_install.empty()) script += pip_install_script(c->packages_to_install, c->pip_index_urls);
-      script += "read -r -d '' SCRIPT << 'EOM'\n" + c->script + "\nEOM\n";
+      const std::string eom = heredoc_delimiter(c->script);
+      script += "read -r -d '' SCRIPT << '" + eom + "'\n" + c->script + "\n" + eom + "\n";
       script += "printf \"%s\" \"$SCRIPT\" > \"ktune_train.py\"\n";
       script += entry + " \"ktune_train.py\"";
       for (const std::string& a : c->args) script += " " + sh_quote(a);

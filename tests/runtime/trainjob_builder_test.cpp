@@ -377,6 +377,31 @@ TEST(MakeTrainJob, CustomTrainerScriptIsEmbeddedAndStartedWithTheRuntimeEntrypoi
   EXPECT_THROW(make_trainjob(rt, nullptr, types::CustomTrainer{}), Error);
 }
 
+// A function whose source holds a line "EOM" (in a string) is written to ktune_train.py whole: the
+// here-document's marker is one no line of the script is (upstream's EOM ended it there and ran the
+// rest as bash).
+TEST(MakeTrainJob, CustomTrainerScriptWithAnEomLineIsWrittenWhole) {
+  const fs::path dir = fs::temp_directory_path() / ("ktune_eom_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  types::Runtime rt;
+  rt.name = "torch-distributed";
+  rt.trainer.command = {"true"};
+  types::CustomTrainer c;
+  c.script = "text = \"\"\"\nEOM\necho INJECTED\nEOM_1\n\"\"\"\nprint(text, '$HOME `x`')";
+  const std::string cmd = make_trainjob(rt, nullptr, c, "custom").spec.trainer->command.at(2);
+  std::ofstream(dir / "job.sh") << cmd;
+  FILE* p = ::popen(("cd " + dir.string() + " && bash job.sh 2>&1").c_str(), "r");
+  std::string out;
+  char buf[512];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  EXPECT_EQ(WEXITSTATUS(::pclose(p)), 0) << out;
+  EXPECT_EQ(out.find("INJECTED"), std::string::npos) << out;
+  std::ifstream written(dir / "ktune_train.py");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(written)), {}), c.script);
+  EXPECT_NE(cmd.find("<< 'EOM_2'"), std::string::npos) << cmd;
+  fs::remove_all(dir);
+}
+
 // The function's script, run by bash with a `python` on PATH whose pip fails as asked: a --user
 // install refused (a virtual environment's Python) falls back to a system-wide one; both refused
 // stops the script with exit 1, pip's log on stderr, before the entrypoint starts.
