@@ -18,7 +18,7 @@ The names and shapes are upstream's (``kubeflow.trainer``), so the design's exam
 See ``help(ktune.TrainerClient)`` and ``help(ktune.types)``.
 """
 
-from . import constants, types
+from . import constants, options, types
 from .client import TrainerClient, TrainJobPlan, function_script
 from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, DataFormat, DataType,
                     HuggingFaceDatasetInitializer, HuggingFaceModelInitializer, Initializer, KubernetesBackendConfig, LoraConfig, Loss,
@@ -37,5 +37,5 @@ __all__ = [
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",
     "TrainJob", "TrainJobPlan", "TrainJobProgress", "TrainerClient", "TrainerType", "constants", "function_script",
-    "types",
+    "options", "types",
 ]

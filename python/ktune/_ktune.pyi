@@ -1,6 +1,6 @@
 """ktune's native SDK (ktune.TrainerClient wraps it; use that instead)."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 build_tree_ktune_exe: str
@@ -66,7 +66,7 @@ class Client:
 
     def get_runtime(self, name: str) -> dict: ...
 
-    def plan(self, runtime: str, initializer: object | None, trainer: object | None, name: str = '') -> Plan: ...
+    def plan(self, runtime: str, initializer: object | None, trainer: object | None, name: str = '', labels: Mapping[str, str] = {}, annotations: Mapping[str, str] = {}, active_deadline_seconds: int | None = None) -> Plan: ...
 
     def submit(self, plan: Plan) -> str: ...
 

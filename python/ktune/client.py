@@ -9,7 +9,9 @@ backends, waiting and every error message are the C++ SDK's (the CLI runs the ve
 the Python face cannot drift from it.
 
 ktune's additions: ``plan()`` (what ``train()`` would submit, with the TrainJob's YAML: a dry run),
-``train(..., name=...)``, ``delete_job(..., remove_workspace=True)`` and ``TrainJob.progress``.
+``train(..., name=...)`` (the same as ``options=[Name(...)]``), ``delete_job(..., remove_workspace=True)``
+and ``TrainJob.progress``. Not there: ``get_job_events`` raises NotImplementedError on both backends
+(upstream's local backends raise it too).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, I
                     _CustomTrainerSpec)
 
 __all__ = ["TrainerClient", "TrainJobPlan"]
+
+_OPTIONS_TAKEN = "Name, Labels, Annotations and ActiveDeadlineSeconds"
 
 
 def _native():
@@ -112,6 +116,53 @@ def _trainer_spec(trainer):
     if isinstance(trainer, _CustomTrainerSpec):
         return trainer
     raise ValueError(f"trainer: expected a BuiltinTrainer or a CustomTrainer, got {type(trainer).__name__}")
+
+
+def _job_options(options, name: Optional[str]) -> dict:
+    """``train(options=[...])`` (ktune.options or upstream's kubeflow.trainer.options objects, read by
+    class name and fields) and ktune's ``name=`` as the native plan's keyword arguments."""
+    out = {"name": name or "", "labels": {}, "annotations": {}, "active_deadline_seconds": None}
+    if options is None:
+        return out
+    if not isinstance(options, (list, tuple)):
+        raise ValueError(f"options: expected a list of options, got {type(options).__name__}")
+    for option in options:
+        kind = type(option).__name__
+        if kind == "Name":
+            if not isinstance(option.name, str) or not option.name:
+                raise ValueError(f"options: Name.name must be a non-empty string, got {option.name!r}")
+            if name and option.name != name:
+                raise ValueError(f"options: Name({option.name!r}) and name={name!r} disagree")
+            out["name"] = option.name
+        elif kind in ("Labels", "Annotations"):
+            field_name = kind.lower()
+            values = getattr(option, field_name)
+            if not isinstance(values, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
+                raise ValueError(f"options: {kind}.{field_name} must be a dict of strings to strings, got {values!r}")
+            out[field_name].update(values)
+        elif kind == "ActiveDeadlineSeconds":
+            if type(option.seconds) is not int or option.seconds < 1:
+                raise ValueError("activeDeadlineSeconds must be a positive integer (minimum 1)")
+            out["active_deadline_seconds"] = option.seconds
+        else:
+            raise ValueError(f"options: {kind} is not supported by ktune (it takes {_OPTIONS_TAKEN}; "
+                             "TrainJobs are built by its control plane, which has no patch layer)")
+    return out
+
+
+def _print_packages():
+    import shutil
+    import subprocess
+    import sys
+
+    print(f"Python: {sys.version}")
+    if shutil.which("pip"):
+        print(subprocess.run(["pip", "list"], capture_output=True, text=True).stdout)
+    else:
+        print("Unable to get installed packages: pip command not found")
+    if shutil.which("nvidia-smi"):
+        print("Available GPUs on the single training node")
+        print(subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout)
 
 
 def _runtime_name(runtime) -> str:
@@ -208,26 +259,51 @@ class TrainerClient:
         """One runtime by name; RuntimeError if there is none (the message lists those there are)."""
         return _runtime_from_dict(self._client.get_runtime(name))
 
+    def get_runtime_packages(self, runtime: Union[str, Runtime]):
+        """Prints the Python version, ``pip list`` and ``nvidia-smi`` of the runtime's trainer node, as
+        upstream does: a CustomTrainer job that prints them runs on the runtime, its log is printed,
+        and the job is deleted (with its workspace). ValueError for a BuiltinTrainer runtime;
+        RuntimeError when the job fails (its log says why)."""
+        rt = self.get_runtime(_runtime_name(runtime))
+        if rt.trainer.trainer_type == TrainerType.BUILTIN_TRAINER:
+            raise ValueError("Cannot get Runtime packages for BuiltinTrainer")
+        job = None
+        try:
+            job = self.train(runtime=rt, trainer=CustomTrainer(func=_print_packages, num_nodes=1))
+            try:
+                self.wait_for_job_status(job)
+            finally:
+                print("\n".join(self.get_job_logs(job)))
+        finally:
+            if job is not None:
+                self.delete_job(job, remove_workspace=True)
+
     def plan(self, runtime: Union[str, Runtime, None] = None, initializer: Optional[Initializer] = None,
-             trainer: Union[CustomTrainer, BuiltinTrainer, None] = None, *, name: Optional[str] = None) -> TrainJobPlan:
-        """What ``train()`` would submit, without submitting it (a dry run). Same arguments as ``train()``."""
-        return TrainJobPlan(self._client.plan(_runtime_name(runtime), initializer, _trainer_spec(trainer), name or ""))
+             trainer: Union[CustomTrainer, BuiltinTrainer, None] = None, options: Optional[list] = None, *,
+             name: Optional[str] = None) -> TrainJobPlan:
+        """What ``train()`` would submit, without submitting it (a dry run). Same arguments as ``train()``;
+        Kubernetes-only options are rendered into the TrainJob whatever the backend."""
+        return TrainJobPlan(self._client.plan(_runtime_name(runtime), initializer, _trainer_spec(trainer),
+                                              **_job_options(options, name)))
 
     def train(self, runtime: Union[str, Runtime, None] = None, initializer: Optional[Initializer] = None,
-              trainer: Union[CustomTrainer, BuiltinTrainer, None] = None, *, name: Optional[str] = None) -> str:
-        """Creates a TrainJob and returns its name (a letter and 11 hex digits, unless ``name`` is given).
+              trainer: Union[CustomTrainer, BuiltinTrainer, None] = None, options: Optional[list] = None, *,
+              name: Optional[str] = None) -> str:
+        """Creates a TrainJob and returns its name (a letter and 11 hex digits, unless a name is given).
 
         Args:
             runtime: A runtime name or a ``Runtime`` (default: ``torch-distributed``).
             initializer: Where the dataset and the model come from (``Initializer``).
             trainer: ``BuiltinTrainer(config=TorchTuneConfig(...))`` for torchtune runtimes, or
                 ``CustomTrainer(func=...)`` for ``torch-distributed``.
-            name: ktune: the TrainJob's name (an RFC 1035 label).
+            options: upstream's options (``ktune.options`` or ``kubeflow.trainer.options``): ``Name``
+                on every backend; ``Labels``, ``Annotations``, ``ActiveDeadlineSeconds`` on Kubernetes.
+            name: ktune: the TrainJob's name (an RFC 1035 label), as ``options=[Name(name)]``.
 
         Raises:
             ValueError: the control plane refused the job; the message and ``.errors`` list every problem.
         """
-        plan = self.plan(runtime, initializer, trainer, name=name)
+        plan = self.plan(runtime, initializer, trainer, options, name=name)
         return self._client.submit(plan._plan)
 
     def list_jobs(self, runtime: Optional[Runtime] = None) -> list[TrainJob]:
@@ -278,6 +354,14 @@ class TrainerClient:
                     cb(job)
         return _job_from_dict(self._client.wait_for_job_status(name, sorted(status), float(timeout),
                                                                float(polling_interval), callback))
+
+    def get_job_events(self, name: str):
+        """Upstream's Kubernetes backend lists the cluster's events about the job's objects; ktune does
+        not read events yet (upstream's local backends raise NotImplementedError too)."""
+        raise NotImplementedError(
+            "get_job_events: ktune does not read events; on Kubernetes: "
+            f"kubectl get events --field-selector involvedObject.name={name} (and its pods'); locally the "
+            "job's logs and get_job(name).steps say what happened")
 
     def delete_job(self, name: str, *, remove_workspace: bool = False):
         """Stops the job's processes and forgets it; with ``remove_workspace`` (ktune) its files go too."""

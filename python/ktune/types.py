@@ -417,7 +417,7 @@ class BackendKind(enum.Enum):
     KUBERNETES = "kubernetes"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BackendConfig:
     """ktune's backend choice (the C++ ``sdk::BackendConfig``). Fields left None take the
     environment's values (``KTUNE_BACKEND``, ``KTUNE_HOME``, ``KTUNE_EXE``, ``KTUNE_TRAINER_COMMAND``)
@@ -448,10 +448,10 @@ class BackendConfig:
     context: Optional[str] = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class KubernetesBackendConfig(BackendConfig):
     """``BackendConfig`` for the Kubernetes backend, under upstream's name (``namespace``,
-    ``config_file``, ``context``; pass them by keyword)."""
+    ``config_file``, ``context``; by keyword only, as upstream's pydantic model takes them)."""
 
     def __post_init__(self):
         self.kind = BackendKind.KUBERNETES

@@ -15,6 +15,7 @@
 // network); short ones share one TrainerClient under a mutex, long ones (wait_for_job_status,
 // following logs) run on a TrainerClient of their own, so that other Python threads are not held up.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -539,7 +540,8 @@ class Client {
   nb::dict get_runtime(const std::string& name) const { return runtime_dict(client_.get_runtime(name)); }
 
   // What TrainerClient::plan() does (make_trainjob, then build_plan), keeping the TrainJob for its YAML.
-  Plan plan(const std::string& runtime_name, nb::handle initializer, nb::handle trainer, const std::string& name) const {
+  Plan plan(const std::string& runtime_name, nb::handle initializer, nb::handle trainer,
+            const types::JobOptions& options) const {
     return user_input([&] {
       Reader reader;
       const std::optional<types::Initializer> init = reader.initializer(initializer);
@@ -547,7 +549,7 @@ class Client {
       reader.throw_if_failed();
       const types::Runtime runtime = client_.get_runtime(runtime_name);
       Plan p;
-      p.job = make_trainjob(runtime, init ? &*init : nullptr, t, name);
+      p.job = make_trainjob(runtime, init ? &*init : nullptr, t, options);
       p.plan = build_plan(p.job, client_.catalog());
       return p;
     });
@@ -587,7 +589,7 @@ class Client {
         callback(job_dict(job));
       };
       try {
-        result = own.wait_for_job_status(name, wanted, timeout, polling_interval, on_poll);
+        result = own.wait_for_job_status(name, wanted, timeout, polling_interval, on_poll, check_signals);
       } catch (const sdk::JobFailedError&) {
         throw;
       } catch (const sdk::WaitTimeoutError&) {
@@ -673,6 +675,9 @@ NB_MODULE(_ktune, m) {
   using namespace ktune;
   using namespace ktune::python;
   m.doc() = "ktune's native SDK (ktune.TrainerClient wraps it; use that instead).";
+  // A client still referenced at exit (a daemon thread holding one, a notebook's globals) is not a
+  // leak a user can act on; nanobind's warnings about it printed a dozen lines at every such exit.
+  nb::set_leak_warnings(false);
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -739,7 +744,16 @@ NB_MODULE(_ktune, m) {
            "kubeconfig"_a = nb::none(), "kubernetes_context"_a = nb::none())
       .def("list_runtimes", &Client::list_runtimes)
       .def("get_runtime", &Client::get_runtime, "name"_a)
-      .def("plan", &Client::plan, "runtime"_a, "initializer"_a.none(), "trainer"_a.none(), "name"_a = "")
+      .def(
+          "plan",
+          [](const Client& c, const std::string& runtime, nb::handle initializer, nb::handle trainer,
+             const std::string& name, const std::map<std::string, std::string>& labels,
+             const std::map<std::string, std::string>& annotations, std::optional<std::int64_t> active_deadline_seconds) {
+            return c.plan(runtime, initializer, trainer, types::JobOptions{name, labels, annotations, active_deadline_seconds});
+          },
+          "runtime"_a, "initializer"_a.none(), "trainer"_a.none(), "name"_a = "",
+          "labels"_a = std::map<std::string, std::string>{}, "annotations"_a = std::map<std::string, std::string>{},
+          "active_deadline_seconds"_a = nb::none())
       .def("submit", &Client::submit, "plan"_a)
       .def("list_jobs", &Client::list_jobs, "runtime"_a = "")
       .def("get_job", &Client::get_job, "name"_a)

@@ -6,7 +6,9 @@
 // Access tokens never go on the command line (ps shows argv): they come from HF_TOKEN (Hugging
 // Face) and AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) in the environment.
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -26,6 +28,7 @@ int train_usage(FILE* to) {
                "usage: ktune train --runtime NAME [--model URI] [--dataset URI] [--lora-rank N]\n"
                "         [--lora-alpha N] [--epochs N] [--batch-size N] [--dtype bf16|fp32] [--num-nodes N]\n"
                "         [--name NAME] [--dry-run] [--wait] [--follow] [--timeout SECONDS]\n"
+               "         [--label KEY=VALUE]... [--annotation KEY=VALUE]... [--active-deadline-seconds N] (Kubernetes)\n"
                "  URIs: hf://org/repo[/path] (or org/repo) and s3://bucket/path.\n"
                "  Tokens from the environment: HF_TOKEN; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,\n"
                "  AWS_ENDPOINT_URL. Backend: KTUNE_BACKEND (local), KTUNE_HOME (~/.ktune), or --backend kubernetes\n"
@@ -63,7 +66,8 @@ Variant initializer_for(const std::string& uri) {
 }  // namespace
 
 int cmd_train(const Args& args) {
-  std::string runtime_name, model_uri, dataset_uri, name;
+  std::string runtime_name, model_uri, dataset_uri;
+  types::JobOptions options;
   bool dry_run = false, wait = false, follow = false;
   double timeout = 0;
   types::TorchTuneConfig config;
@@ -77,6 +81,10 @@ int cmd_train(const Args& args) {
     if (a.is("--wait")) { a.expect_no_value(); wait = true; continue; }
     if (a.is("--follow") || a.is("-f")) { a.expect_no_value(); follow = true; continue; }
     const std::string flag = a.arg();
+    if (flag == "--active-deadline-seconds") {
+      options.active_deadline_seconds = a.int_value(1, std::numeric_limits<std::int32_t>::max());
+      continue;
+    }
     if (flag == "--epochs" || flag == "--batch-size" || flag == "--num-nodes" || flag == "--lora-rank" ||
         flag == "--lora-alpha") {
       const int n = int(a.int_value(1, kMany));
@@ -97,7 +105,12 @@ int cmd_train(const Args& args) {
     if (flag == "--runtime") runtime_name = value;
     else if (flag == "--model") model_uri = value;
     else if (flag == "--dataset") dataset_uri = value;
-    else if (flag == "--name") name = value;
+    else if (flag == "--name") options.name = value;
+    else if (flag == "--label" || flag == "--annotation") {
+      const std::size_t eq = value.find('=');
+      if (eq == std::string::npos) throw Error("ktune train " + flag, "expects KEY=VALUE, got '" + value + "'");
+      (flag == "--label" ? options.labels : options.annotations)[value.substr(0, eq)] = value.substr(eq + 1);
+    }
     else if (flag == "--dtype") {
       config.dtype = types::data_type_from_string(value);
       if (!config.dtype) throw Error("ktune train --dtype", "expects bf16 or fp32, got '" + value + "'");
@@ -125,7 +138,7 @@ int cmd_train(const Args& args) {
 
   sdk::TrainerClient client(backend);
   const types::Runtime runtime = client.get_runtime(runtime_name);
-  TrainJobPlan plan = client.plan(runtime, &initializer, types::BuiltinTrainer{config}, name);
+  TrainJobPlan plan = client.plan(runtime, &initializer, types::BuiltinTrainer{config}, options);
   if (dry_run) {
     if (auto* k8s = dynamic_cast<sdk::KubernetesBackend*>(&client.backend())) {
       // Exactly the object the backend would POST (secret values live in the Secret, never here).

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -116,6 +117,17 @@ struct CustomTrainer {
 };
 
 using Trainer = std::variant<std::monostate, CustomTrainer, BuiltinTrainer>;
+
+// What upstream's train(options=[...]) sets that ktune takes: Name (every backend), Labels,
+// Annotations and ActiveDeadlineSeconds (the TrainJob's metadata and spec: the Kubernetes backend
+// only, as upstream; the local backend refuses them at submit, and plans them for `--dry-run`).
+struct JobOptions {
+  std::string name;                                     // "": a generated one
+  std::map<std::string, std::string> labels;            // .metadata.labels
+  std::map<std::string, std::string> annotations;       // .metadata.annotations
+  std::optional<std::int64_t> active_deadline_seconds;  // .spec.activeDeadlineSeconds, at least 1
+  bool has_kubernetes_only() const { return !labels.empty() || !annotations.empty() || active_deadline_seconds; }
+};
 
 // ---- initializers ----------------------------------------------------------------------------
 

@@ -356,9 +356,12 @@ static std::string heredoc_delimiter(const std::string& script) {
 }
 
 v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Initializer* initializer,
-                                 const types::Trainer& trainer, const std::string& name) {
+                                 const types::Trainer& trainer, const types::JobOptions& options) {
   v1alpha1::TrainJob job;
-  job.metadata.name = name.empty() ? generate_job_name() : name;
+  job.metadata.name = options.name.empty() ? generate_job_name() : options.name;
+  job.metadata.labels = options.labels;
+  job.metadata.annotations = options.annotations;
+  job.spec.active_deadline_seconds = options.active_deadline_seconds;
   job.spec.runtime_ref.name = runtime.name;
   job.spec.runtime_ref.kind = types::to_string(runtime.kind);
   if (initializer) {

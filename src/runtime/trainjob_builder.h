@@ -44,10 +44,11 @@ v1alpha1::ResourceRequirements resources_per_node(const types::StringDict& resou
 // lists comma-joined: IGNORE_PATTERNS, ACCESS_TOKEN, ENDPOINT, ACCESS_KEY_ID, ...).
 v1alpha1::Initializer trainjob_initializer(const types::Initializer& initializer);
 
-// The TrainJob a train(runtime, initializer, trainer) call creates. `name` empty: a generated one.
-// The runtime must be the catalog's (its entrypoint decides the trainer command).
+// The TrainJob a train(runtime, initializer, trainer, options) call creates: options.name empty, a
+// generated one; its labels, annotations and deadline as given (validation checks them). The runtime
+// must be the catalog's (its entrypoint decides the trainer command).
 v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Initializer* initializer,
-                                 const types::Trainer& trainer, const std::string& name = "");
+                                 const types::Trainer& trainer, const types::JobOptions& options = {});
 
 // The bash lines a CustomTrainer's function runs first to install packages_to_install: for the
 // user, else system-wide; when both fail, pip's log on stderr and exit 1 (see the .cpp).

@@ -13,6 +13,52 @@ bool is_rfc1035_label(const std::string& name) {
   return name.size() <= 63 && std::regex_match(name, re);
 }
 
+// A label or annotation key as the API server takes it: an optional DNS-subdomain prefix and '/',
+// then a name of at most 63 characters, alphanumeric at both ends, '-', '_' and '.' between. "" if
+// valid, else what is wrong.
+static std::string metadata_key_problem(const std::string& key) {
+  static const std::regex name_re("^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$");
+  static const std::regex prefix_re("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$");
+  const std::size_t slash = key.find('/');
+  const std::string name = slash == std::string::npos ? key : key.substr(slash + 1);
+  if (slash != std::string::npos) {
+    const std::string prefix = key.substr(0, slash);
+    if (prefix.empty() || prefix.size() > 253 || !std::regex_match(prefix, prefix_re))
+      return "its prefix must be a DNS subdomain (lower-case alphanumerics, '-' and '.', at most 253 characters)";
+  }
+  if (name.empty() || name.size() > 63 || !std::regex_match(name, name_re))
+    return "its name must be at most 63 characters, alphanumeric at both ends, with '-', '_' or '.' between";
+  return "";
+}
+
+static bool is_label_value(const std::string& value) {
+  static const std::regex re("^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$");
+  return value.size() <= 63 && std::regex_match(value, re);
+}
+
+// metadata.labels and .annotations, spec.activeDeadlineSeconds: the API server's rules, checked
+// before a job is made so that a mistake names its key here, not in a 422 from the cluster.
+static void validate_metadata(const v1alpha1::TrainJob& job, std::vector<Error>& errors) {
+  for (const auto& [key, value] : job.metadata.labels) {
+    const std::string field = "metadata.labels[" + key + "]";
+    if (std::string problem = metadata_key_problem(key); !problem.empty()) errors.emplace_back(field, "bad key: " + problem);
+    if (!is_label_value(value))
+      errors.emplace_back(field, "bad value \"" + value + "\": at most 63 characters, empty or alphanumeric at both "
+                                 "ends with '-', '_' or '.' between");
+  }
+  std::size_t annotation_bytes = 0;
+  for (const auto& [key, value] : job.metadata.annotations) {
+    if (std::string problem = metadata_key_problem(key); !problem.empty())
+      errors.emplace_back("metadata.annotations[" + key + "]", "bad key: " + problem);
+    annotation_bytes += key.size() + value.size();
+  }
+  if (annotation_bytes > 256 * 1024)
+    errors.emplace_back("metadata.annotations", "may hold at most 256 KiB in all; got " + std::to_string(annotation_bytes) + " bytes");
+  if (job.spec.active_deadline_seconds && *job.spec.active_deadline_seconds < 1)
+    errors.emplace_back("spec.activeDeadlineSeconds", "must be a positive integer (minimum 1); got " +
+                                                          std::to_string(*job.spec.active_deadline_seconds));
+}
+
 std::vector<Error> validate(const v1alpha1::TrainJob& job, const RuntimeCatalog& catalog) {
   std::vector<Error> errors;
   const std::string& name = job.metadata.name;
@@ -27,6 +73,7 @@ std::vector<Error> validate(const v1alpha1::TrainJob& job, const RuntimeCatalog&
     if (name.size() > 63)
       errors.emplace_back("metadata.name", "must be no more than 63 characters; got " + std::to_string(name.size()));
   }
+  validate_metadata(job, errors);
   const v1alpha1::RuntimeRef& ref = job.spec.runtime_ref;
   if (ref.api_group != v1alpha1::kGroup)
     errors.emplace_back("spec.runtimeRef.apiGroup", "must be trainer.kubeflow.org; got \"" + ref.api_group + "\"");

@@ -23,6 +23,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -117,6 +118,23 @@ void check_plan(const TrainJobPlan& plan) {
   check(done.size() == names.size(), where, "the steps' dependencies form a cycle");
 }
 
+// Upstream's Labels, Annotations and ActiveDeadlineSeconds options are the Kubernetes backend's
+// (its options refuse every other backend): the TrainJob's fields that set them are refused here,
+// with upstream's wording. A plan with them still prints (`--dry-run` renders the TrainJob).
+void refuse_kubernetes_only_fields(const TrainJobPlan& plan) {
+  if (plan.trainjob_json.empty()) return;
+  const nlohmann::json job = nlohmann::json::parse(plan.trainjob_json, nullptr, false);
+  if (job.is_discarded()) return;
+  const auto present = [&](const char* section, const char* key) {
+    return job.contains(section) && job[section].contains(key) && !job[section][key].empty();
+  };
+  for (const auto& [section, key, option] : {std::tuple{"metadata", "labels", "Labels"},
+                                            std::tuple{"metadata", "annotations", "Annotations"},
+                                            std::tuple{"spec", "activeDeadlineSeconds", "ActiveDeadlineSeconds"}})
+    check(!present(section, key), "job " + plan.job_name,
+          std::string(option) + " option is not compatible with the local backend. Supported backends: kubernetes");
+}
+
 }  // namespace
 
 std::string default_ktune_home() {
@@ -182,6 +200,7 @@ JobRegistry& LocalBackend::registry() {
 
 std::string LocalBackend::submit(const TrainJobPlan& plan_in) {
   check_plan(plan_in);
+  refuse_kubernetes_only_fields(plan_in);
   const std::string name = plan_in.job_name.empty() ? generate_job_name() : plan_in.job_name;
   check(!config_.ktune_exe.empty(), "local backend",
         "cannot find the ktune binary that supervises local jobs: put `ktune` on PATH or set KTUNE_EXE");

@@ -69,13 +69,13 @@ std::vector<types::Runtime> TrainerClient::list_runtimes() const { return ktune:
 types::Runtime TrainerClient::get_runtime(const std::string& name) const { return to_sdk_runtime(catalog_.get(name)); }
 
 TrainJobPlan TrainerClient::plan(const types::Runtime& runtime, const types::Initializer* initializer,
-                                 const types::Trainer& trainer, const std::string& name) const {
-  return build_plan(make_trainjob(runtime, initializer, trainer, name), catalog_);
+                                 const types::Trainer& trainer, const types::JobOptions& options) const {
+  return build_plan(make_trainjob(runtime, initializer, trainer, options), catalog_);
 }
 
 std::string TrainerClient::train(const types::Runtime& runtime, const types::Initializer* initializer,
-                                 const types::Trainer& trainer, const std::string& name) {
-  return submit(plan(runtime, initializer, trainer, name));
+                                 const types::Trainer& trainer, const types::JobOptions& options) {
+  return submit(plan(runtime, initializer, trainer, options));
 }
 
 std::string TrainerClient::submit(const TrainJobPlan& plan) { return backend_->submit(plan); }
@@ -132,12 +132,14 @@ void TrainerClient::get_job_logs(const std::string& name, const std::string& ste
 
 types::TrainJob TrainerClient::wait_for_job_status(const std::string& name, const std::set<std::string>& status,
                                                    double timeout, double polling_interval,
-                                                   const std::function<void(const types::TrainJob&)>& callback) {
+                                                   const std::function<void(const types::TrainJob&)>& callback,
+                                                   const std::function<void()>& while_sleeping) {
   const std::string where = "wait_for_job_status(" + name + ")";
   const std::set<std::string>& all = all_job_statuses();
   for (const std::string& s : status)
     if (!all.count(s)) throw Error(where, "Expected status " + set_text(status) + " must be a subset of " + set_text(all));
   if (status.empty()) throw Error(where, "Expected status {} must name at least one of " + set_text(all));
+  if (!(timeout > 0)) throw Error(where, "Timeout must be a positive number, got timeout=" + number_text(timeout));
   if (!(polling_interval > 0))
     throw Error(where, "Polling interval must be a positive number, got polling_interval=" + number_text(polling_interval));
   if (polling_interval >= timeout)
@@ -157,8 +159,12 @@ types::TrainJob TrainerClient::wait_for_job_status(const std::string& name, cons
     if (now >= deadline) break;
     const clock::duration interval =
         std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(polling_interval));
-    const clock::duration left = deadline - now;
-    std::this_thread::sleep_for(std::min(interval, left));
+    const clock::time_point wake = now + std::min(interval, deadline - now);
+    // In slices, so that while_sleeping (a caller's Ctrl-C check) runs at least 5 times a second.
+    for (clock::time_point t = clock::now(); t < wake; t = clock::now()) {
+      std::this_thread::sleep_for(std::min<clock::duration>(wake - t, std::chrono::milliseconds(200)));
+      if (while_sleeping) while_sleeping();
+    }
   }
   throw WaitTimeoutError(where, "Timeout waiting for TrainJob " + name + " to reach status: " + set_text(status));
 }

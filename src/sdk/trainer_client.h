@@ -44,10 +44,10 @@ class TrainerClient {
 
   // The plan train() would run, without running it (`ktune train --dry-run`).
   TrainJobPlan plan(const types::Runtime& runtime, const types::Initializer* initializer,
-                    const types::Trainer& trainer, const std::string& name = "") const;
-  // Starts a TrainJob and returns its name (a letter + 11 hex characters unless `name` is given).
+                    const types::Trainer& trainer, const types::JobOptions& options = {}) const;
+  // Starts a TrainJob and returns its name (a letter + 11 hex characters unless options.name is given).
   std::string train(const types::Runtime& runtime, const types::Initializer* initializer = nullptr,
-                    const types::Trainer& trainer = {}, const std::string& name = "");
+                    const types::Trainer& trainer = {}, const types::JobOptions& options = {});
   // Runs an already built plan (what train() does after planning).
   std::string submit(const TrainJobPlan& plan);
 
@@ -63,13 +63,16 @@ class TrainerClient {
   void get_job_logs(const std::string& name, const std::string& step, bool follow, const LogLineSink& sink);
 
   // Polls until the job's status is one of `status`. Throws Error when `status` is not a subset of
-  // {Created, Running, Complete, Failed}, polling_interval <= 0 or polling_interval >= timeout;
-  // JobFailedError when the job Failed and Failed was not awaited; WaitTimeoutError after `timeout`
-  // seconds. `callback`, if set, sees every polled state.
+  // {Created, Running, Complete, Failed}, timeout <= 0, polling_interval <= 0 or polling_interval >=
+  // timeout (upstream's checks, in its order); JobFailedError when the job Failed and Failed was not
+  // awaited; WaitTimeoutError after `timeout` seconds. `callback`, if set, sees every polled state;
+  // `while_sleeping`, if set, runs at least 5 times a second between polls (an exception it throws,
+  // such as a Ctrl-C, ends the wait).
   types::TrainJob wait_for_job_status(const std::string& name,
                                       const std::set<std::string>& status = {types::kTrainJobComplete},
                                       double timeout = 600, double polling_interval = 2,
-                                      const std::function<void(const types::TrainJob&)>& callback = {});
+                                      const std::function<void(const types::TrainJob&)>& callback = {},
+                                      const std::function<void()>& while_sleeping = {});
 
   // Stops the job's processes and forgets it (with remove_workspace, its files too).
   void delete_job(const std::string& name, bool remove_workspace = false);

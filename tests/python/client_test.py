@@ -5,8 +5,10 @@ Each test uses its own KTUNE_HOME and stops and removes every job it started."""
 import json
 import os
 import shutil
+import sys
 import unittest
 
+import ktune
 import sdk_test_home
 from sdk_test_home import TempHome
 from ktune import (BuiltinTrainer, CustomTrainer, HuggingFaceDatasetInitializer, HuggingFaceModelInitializer,
@@ -161,6 +163,57 @@ class LocalBackend(unittest.TestCase):
         self.assertEqual(got["env"]["PET_NNODES"], "1")
         self.assertEqual(got["env"]["MASTER_ADDR"], "127.0.0.1")
         self.assertIn("trained with lr 0.01", "\n".join(client.get_job_logs(job)))
+
+    def test_options_as_upstream_name_everywhere_metadata_on_kubernetes_only(self):
+        from ktune.options import ActiveDeadlineSeconds, Annotations, Labels, Name
+        client = self.home.client()
+        job = client.train(RUNTIME, trainer=BuiltinTrainer(config=TorchTuneConfig(epochs=1)), options=[Name("named-job")])
+        self.assertEqual(job, "named-job")
+        try:  # upstream's own option objects are read by class name and fields
+            from kubeflow.trainer.options import Name as UpstreamName
+            from kubeflow.trainer.options import RuntimePatch
+            self.assertEqual(client.plan(RUNTIME, options=[UpstreamName(name="upstream-named")]).job_name, "upstream-named")
+            with self.assertRaisesRegex(ValueError, "RuntimePatch is not supported by ktune"):
+                client.plan(RUNTIME, options=[RuntimePatch()])
+        except ImportError:
+            pass
+        meta = [Labels({"team": "nlp", "example.com/tier": "gold"}), Annotations({"note": "any text: here"}),
+                ActiveDeadlineSeconds(3600)]
+        yaml_text = client.plan(RUNTIME, options=meta).trainjob_yaml()  # rendered whatever the backend
+        for text in ("team: nlp", "example.com/tier: gold", 'note: "any text: here"', "activeDeadlineSeconds: 3600"):
+            self.assertIn(text, yaml_text)
+        for option in meta:  # the local backend refuses each at train(), as upstream's options do
+            with self.assertRaisesRegex(RuntimeError, type(option).__name__ + " option is not compatible with the local backend"):
+                client.train(RUNTIME, options=[option])
+        with self.assertRaises(ValueError) as bad:
+            client.plan(RUNTIME, options=[Labels({"-bad": "x", "ok": "a b"})])
+        self.assertEqual(sorted(f for f, _ in bad.exception.errors), ["metadata.labels[-bad]", "metadata.labels[ok]"])
+        with self.assertRaisesRegex(ValueError, "disagree"):
+            client.plan(RUNTIME, options=[Name("a-job")], name="b-job")
+        with self.assertRaisesRegex(ValueError, "positive integer"):
+            ActiveDeadlineSeconds(0)
+        self.assertEqual(client.list_jobs()[0].name, "named-job")
+
+    def test_events_and_runtime_packages(self):
+        client = self.home.client()
+        with self.assertRaisesRegex(NotImplementedError, "kubectl get events"):
+            client.get_job_events("any")
+        with self.assertRaisesRegex(ValueError, "Cannot get Runtime packages for BuiltinTrainer"):
+            client.get_runtime_packages(client.get_runtime(RUNTIME))
+        with self.assertRaises(TypeError):  # keyword-only, as upstream's pydantic model
+            ktune.KubernetesBackendConfig("ns")
+
+    @unittest.skipIf(shutil.which("torchrun") is None, "torchrun (torch) is not installed")
+    def test_runtime_packages_of_the_torch_runtime_are_printed_and_the_job_removed(self):
+        import contextlib
+        import io
+        client = self.home.client()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            client.get_runtime_packages("torch-distributed")
+        self.assertIn("Python: " + sys.version.split()[0], out.getvalue())
+        self.assertEqual(client.list_jobs(), [])
+        self.assertEqual(os.listdir(os.path.join(self.home.path, "jobs")), [])
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ TEST(Manifests, EveryRuntimePlansADefaultAndALoraJob) {
     types::BuiltinTrainer lora;
     lora.config.peft_config = types::LoraConfig{};
     for (const auto* b : {&full, &lora}) {
-      const auto job = make_trainjob(sdk, nullptr, *b, "check");
+      const auto job = make_trainjob(sdk, nullptr, *b, {.name = "check"});
       try {
         const TrainJobPlan p = build_plan(job, c);
         EXPECT_TRUE(c.configs().contains(p.config)) << rt.metadata.name << " " << p.config;

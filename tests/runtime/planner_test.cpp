@@ -55,7 +55,7 @@ TEST(Plan, LoraSingleDeviceJobFromTheSdkTypes) {
   model.access_token = "hf_SECRETSECRET";
   init.model = model;
   const auto runtime = to_sdk_runtime(catalog().get("torchtune-llama3.2-1b"));
-  const v1alpha1::TrainJob job = make_trainjob(runtime, &init, b, "lora-demo");
+  const v1alpha1::TrainJob job = make_trainjob(runtime, &init, b, {.name = "lora-demo"});
   const TrainJobPlan plan = build_plan(job, catalog());
 
   EXPECT_EQ(plan.job_name, "lora-demo");
@@ -356,7 +356,7 @@ TEST(TrainJobYaml, RenderedForKubernetesWithSecretsMasked) {
   types::HuggingFaceModelInitializer m{"hf://org/model"};
   m.access_token = "hf_TOPSECRET";
   init.model = m;
-  const auto job = make_trainjob(to_sdk_runtime(catalog().get("torchtune-llama3.2-1b")), &init, b, "yaml-job");
+  const auto job = make_trainjob(to_sdk_runtime(catalog().get("torchtune-llama3.2-1b")), &init, b, {.name = "yaml-job"});
   const std::string yaml = render_trainjob_yaml(job);
   EXPECT_EQ(yaml.find("hf_TOPSECRET"), std::string::npos) << yaml;
   EXPECT_NE(yaml.find("value: \"***\""), std::string::npos) << yaml;

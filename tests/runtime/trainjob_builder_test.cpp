@@ -278,7 +278,7 @@ TEST(MakeTrainJob, BuiltinTrainerBecomesTuneRunWithRenderedArgs) {
   b.config.resources_per_node = {{"gpu", "1"}};
   types::Initializer init;
   init.model = types::HuggingFaceModelInitializer{"hf://meta-llama/Llama-3.2-1B-Instruct"};
-  const v1alpha1::TrainJob job = make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), &init, b, "my-job");
+  const v1alpha1::TrainJob job = make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), &init, b, {.name = "my-job"});
   EXPECT_EQ(job.metadata.name, "my-job");
   EXPECT_EQ(job.spec.runtime_ref.name, "torchtune-llama3.2-1b");
   EXPECT_EQ(job.spec.runtime_ref.kind, "ClusterTrainingRuntime");
@@ -304,7 +304,7 @@ TEST(MakeTrainJob, OutOfRangeNumbersAreRefusedTogetherBeforeTheJobIsMade) {
   lora.lora_dropout = 2.0;
   b.config.peft_config = lora;
   try {
-    make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "bad-job");
+    make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, {.name = "bad-job"});
     FAIL() << "expected an error";
   } catch (const Errors& e) {
     std::vector<std::string> got;
@@ -317,7 +317,7 @@ TEST(MakeTrainJob, OutOfRangeNumbersAreRefusedTogetherBeforeTheJobIsMade) {
   }
   b.config.epochs = 1, b.config.batch_size = 2;
   b.config.peft_config->lora_rank = 8, b.config.peft_config->lora_dropout = 0.05;
-  EXPECT_NO_THROW(make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "good-job"));
+  EXPECT_NO_THROW(make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, {.name = "good-job"}));
 }
 
 // LoraConfig.lora_attn_modules names torchtune's attention projections only; an empty list would
@@ -329,7 +329,7 @@ TEST(MakeTrainJob, LoraModulesOutsideTorchtunesAttentionProjectionsOrNoneAreRefu
   lora.lora_attn_modules = {"q_proj", "foo_proj", "gate_proj"};
   b.config.peft_config = lora;
   try {
-    make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "bad-job");
+    make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, {.name = "bad-job"});
     FAIL() << "expected an error";
   } catch (const Errors& e) {
     ASSERT_EQ(e.errors().size(), 2u) << e.what();
@@ -341,13 +341,13 @@ TEST(MakeTrainJob, LoraModulesOutsideTorchtunesAttentionProjectionsOrNoneAreRefu
   }
   b.config.peft_config->lora_attn_modules = {};
   try {
-    make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "bad-job");
+    make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, {.name = "bad-job"});
     FAIL() << "expected an error";
   } catch (const Errors& e) {
     EXPECT_NE(std::string(e.what()).find("lora_attn_modules: empty"), std::string::npos) << e.what();
   }
   b.config.peft_config->lora_attn_modules = {"k_proj", "output_proj"};
-  EXPECT_NO_THROW(make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, "good-job"));
+  EXPECT_NO_THROW(make_trainjob(torchtune_runtime("torchtune-llama3.2-1b"), nullptr, b, {.name = "good-job"}));
 }
 
 TEST(MakeTrainJob, CustomTrainerScriptIsEmbeddedAndStartedWithTheRuntimeEntrypoint) {
@@ -360,7 +360,7 @@ TEST(MakeTrainJob, CustomTrainerScriptIsEmbeddedAndStartedWithTheRuntimeEntrypoi
   c.packages_to_install = {"transformers[torch]"};
   c.env = {{"MY_FLAG", "1"}};
   c.num_nodes = 2;
-  const v1alpha1::TrainJob job = make_trainjob(rt, nullptr, c, "custom");
+  const v1alpha1::TrainJob job = make_trainjob(rt, nullptr, c, {.name = "custom"});
   const auto& cmd = job.spec.trainer->command;
   ASSERT_EQ(cmd.size(), 3u);
   EXPECT_EQ(cmd[0], "bash");
@@ -388,7 +388,7 @@ TEST(MakeTrainJob, CustomTrainerScriptWithAnEomLineIsWrittenWhole) {
   rt.trainer.command = {"true"};
   types::CustomTrainer c;
   c.script = "text = \"\"\"\nEOM\necho INJECTED\nEOM_1\n\"\"\"\nprint(text, '$HOME `x`')";
-  const std::string cmd = make_trainjob(rt, nullptr, c, "custom").spec.trainer->command.at(2);
+  const std::string cmd = make_trainjob(rt, nullptr, c, {.name = "custom"}).spec.trainer->command.at(2);
   std::ofstream(dir / "job.sh") << cmd;
   FILE* p = ::popen(("cd " + dir.string() + " && bash job.sh 2>&1").c_str(), "r");
   std::string out;
@@ -421,7 +421,7 @@ TEST(MakeTrainJob, CustomTrainerPackagesInstallForTheUserElseSystemWideElseTheSc
   types::CustomTrainer c;
   c.script = "print('hi')";
   c.packages_to_install = {"transformers[torch]", "peft"};
-  const std::string cmd = make_trainjob(rt, nullptr, c, "custom").spec.trainer->command.at(2);
+  const std::string cmd = make_trainjob(rt, nullptr, c, {.name = "custom"}).spec.trainer->command.at(2);
   std::ofstream(dir / "job.sh") << cmd;  // what the pod's `bash -c` runs
   auto run = [&](const std::string& fail) {
     fs::remove(dir / "calls");

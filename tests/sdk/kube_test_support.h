@@ -143,7 +143,7 @@ class KubernetesBackendTest : public ::testing::Test {
     cfg.epochs = 1;
     if (num_nodes > 1) cfg.num_nodes = num_nodes;
     return client.train(client.get_runtime(num_nodes > 1 ? "torchtune-llama3.3-70b" : "torchtune-llama3.2-1b"), &init,
-                        types::BuiltinTrainer{cfg}, name);
+                        types::BuiltinTrainer{cfg}, {.name = name});
   }
 
   TempDir dir_;
