@@ -41,8 +41,8 @@
 //                   answer is the best of N hypotheses by log-probability sum over length^L
 //                   (--length-penalty L, default 1); --early-stopping stops once N have finished.
 //                   Greedy only (no --temperature); each prompt's beams run as one batch.
-// Decoding stops at the tokenizer's EOS or an end-of-turn token (<|eot_id|>, <|im_end|>,
-// <end_of_turn>).
+// Decoding stops at the tokenizer's EOS, an end-of-turn token (<|eot_id|>, <|im_end|>,
+// <end_of_turn>) or an id of the model's generation_config.json eos_token_id (else config.json's).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -94,8 +94,8 @@ constexpr const char* kHelp =
     "  --dry-run                print the prompts --prompts makes, load no model\n"
     "  --chat                   ask the prompt as the user turn of the tokenizer's chat format, the answer\n"
     "                           as the assistant's\n"
-    "  --max-new-tokens N       at most N tokens an answer (default 32); the tokenizer's EOS or an end-of-turn\n"
-    "                           token ends it earlier\n"
+    "  --max-new-tokens N       at most N tokens an answer (default 32); the tokenizer's EOS, an end-of-turn\n"
+    "                           token or an eos_token_id of the model's generation_config.json ends it earlier\n"
     "  --tokenizer FILE         a tokenizer other than the model directory's\n"
     "  --dtype fp32|bf16        the weights' storage (default fp32)\n"
     "  --temperature T          sample at temperature T (default 0: greedy)\n"
@@ -121,6 +121,28 @@ bool ends_turn(const Tokenizer& tokenizer, int32_t id) {
   if (tokenizer.eos_id() && id == *tokenizer.eos_id()) return true;
   const std::string token = tokenizer.id_to_token(id);
   return token == "<|eot_id|>" || token == "<|im_end|>" || token == "<end_of_turn>";
+}
+
+// The model's own end-of-answer ids, as HF's generate() stops at them: generation_config.json's
+// eos_token_id (an id or a list), else config.json's; none when neither file names one.
+std::vector<int32_t> model_eos_ids(const fs::path& model_dir) {
+  for (const char* name : {"generation_config.json", "config.json"}) {
+    const fs::path path = model_dir / name;
+    if (!fs::exists(path)) continue;
+    std::ifstream in(path);
+    const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded() || !config.is_object()) throw Error(path.string(), "not a JSON object");
+    const auto it = config.find("eos_token_id");
+    if (it == config.end() || it->is_null()) continue;
+    std::vector<int32_t> ids;
+    for (const nlohmann::json& id : it->is_array() ? *it : nlohmann::json::array({*it})) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        throw Error(path.string() + ": eos_token_id", "expected a token id or a list of them, got " + it->dump());
+      ids.push_back(int32_t(id.get<int64_t>()));
+    }
+    return ids;
+  }
+  return {};
 }
 
 // A prompt from one line of --prompts: a JSON string, or under --template alpaca a row.
@@ -174,6 +196,12 @@ class Generator {
     if (chat) chat_format_ = std::make_unique<ChatFormat>(*tokenizer_, detect_chat_format(*tokenizer_));
     for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id)
       if (ends_turn(*tokenizer_, id)) stop_ids_.push_back(id);
+    // And every id the model's generation config ends an answer with (Llama 3.1 Instruct's
+    // <|eom_id|>, a custom list), as HF does; their count sets beam search's candidates as HF's.
+    const std::vector<int32_t> eos = model_eos_ids(model_dir);
+    for (int32_t id : eos)
+      if (std::find(stop_ids_.begin(), stop_ids_.end(), id) == stop_ids_.end()) stop_ids_.push_back(id);
+    beams_.eos_count = int(eos.size());
   }
 
   // The prompts answered together (model/generation.h), in order.
@@ -187,8 +215,10 @@ class Generator {
     }
     const Tokenizer& tokenizer = *tokenizer_;
     if (beams_.num_beams > 1) return answer_by_beams(ids);
-    const model::Generated generated = model::generate(*decoder_, ids, max_new_tokens_, choice_,
-                                                       [&](int32_t id) { return ends_turn(tokenizer, id); });
+    const model::Generated generated =
+        model::generate(*decoder_, ids, max_new_tokens_, choice_, [&](int32_t id) {
+          return std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+        });
     log_rates(generated);
     std::vector<std::string> texts;
     for (const auto& answer : generated.answers) texts.push_back(tokenizer.decode(answer, /*skip_special=*/true));
@@ -228,7 +258,7 @@ class Generator {
   int max_new_tokens_;
   model::TokenChoice choice_;
   model::BeamOptions beams_;
-  std::vector<int32_t> stop_ids_;  // the tokens that end an answer (ends_turn)
+  std::vector<int32_t> stop_ids_;  // the tokens that end an answer: ends_turn's and the model's eos ids
 };
 
 // One JSON string a line: the answer to each line's prompt, or without a generator (--dry-run)

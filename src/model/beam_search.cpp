@@ -80,7 +80,8 @@ BeamAnswer beam_search(Decoder& decoder, const std::vector<int32_t>& prompt, int
   check_options(prompt, beams, choice);
   if (max_new_tokens <= 0) return {};
   const int64_t N = beams.num_beams, V = decoder.config().vocab_size;
-  const int64_t K = std::max<int64_t>(2, 1 + int64_t(stop_ids.size())) * N;
+  const int64_t eos_count = beams.eos_count > 0 ? beams.eos_count : int64_t(stop_ids.size());
+  const int64_t K = std::max<int64_t>(2, 1 + eos_count) * N;
   auto is_stop = [&](int32_t id) { return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end(); };
 
   // Every beam starts as the prompt (its cache copied from one pass); only the first counts at first.

@@ -26,6 +26,9 @@ struct BeamOptions {
   int num_beams = 1;            // the hypotheses kept (1: as greedy decoding)
   float length_penalty = 1.0f;  // a finished beam's score: its log-probability sum / length^length_penalty
   bool early_stopping = false;  // stop once num_beams beams have finished (false: HF's heuristic above)
+  // HF's candidates a step, K = max(2, 1 + eos ids) x num_beams, count the model's eos_token_id list
+  // (its generation_config.json's); 0 counts stop_ids instead (where stop_ids are that list).
+  int eos_count = 0;
 };
 
 struct BeamAnswer {
@@ -34,7 +37,8 @@ struct BeamAnswer {
 };
 
 // choice: greedy (temperature 0) with its repetition_penalty and no_repeat_ngram_size, which apply
-// per beam. stop_ids: the tokens that end an answer (their count sets K, as HF's EOS ids do).
+// per beam. stop_ids: the tokens that end an answer (their count sets K, as HF's EOS ids do, unless
+// beams.eos_count says otherwise).
 // Throws an Error for an empty prompt, num_beams < 1, a sampled choice or a length penalty that is
 // not finite.
 BeamAnswer beam_search(Decoder& decoder, const std::vector<int32_t>& prompt, int max_new_tokens,

@@ -101,6 +101,30 @@ TEST_F(GenerateCli, PromptLinesAreAnsweredAsEachAlone) {
   EXPECT_EQ(answers_of(piped.output), answers);
 }
 
+// The ids a model's generation_config.json ends answers with stop them, as HF's generate(): here
+// every id is one, so every answer (greedy or by beams) is empty; a malformed list is named.
+TEST_F(GenerateCli, TheGenerationConfigsEosIdsEndAnswers) {
+  const fs::path copy = dir_ / "model-eos";
+  fs::copy(model(), copy, fs::copy_options::recursive);
+  std::ifstream config_file(copy / "config.json");
+  const int64_t vocab = nlohmann::json::parse(config_file)["vocab_size"].get<int64_t>();
+  nlohmann::json eos = nlohmann::json::array();
+  for (int64_t id = 0; id < vocab; ++id) eos.push_back(id);
+  std::ofstream(copy / "generation_config.json") << nlohmann::json{{"eos_token_id", eos}}.dump();
+  const std::string ask = kKtune + " generate --model " + copy.string() + " --chat --max-new-tokens 6 --prompt 'What comes after 9?'";
+  EXPECT_NE(answer_alone("What comes after 9?"), "");  // the model itself answers
+  Outcome greedy = quiet(ask);
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.output;
+  EXPECT_EQ(greedy.output, "\n");
+  Outcome beams = quiet(ask + " --num-beams 2");
+  ASSERT_EQ(beams.exit_code, 0) << beams.output;
+  EXPECT_EQ(beams.output, "\n");
+  std::ofstream(copy / "generation_config.json") << R"({"eos_token_id": ["2"]})";
+  Outcome bad = sh(ask);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("generation_config.json: eos_token_id"), std::string::npos) << bad.output;
+}
+
 // A LoRA run's adapter put on the base (--adapter) answers as the merged model the run wrote beside
 // it, and unlike the base alone; so does the adapter of a run that saved only the adapter.
 TEST_F(GenerateCli, AnAdapterOnTheBaseAnswersAsTheMergedModel) {
