@@ -52,6 +52,10 @@ class PlanResolver {
     read_rendezvous_address();
     read_rendezvous_backend();
     read_standalone(nnodes);
+    // As torchtune's `tune run`: one node given no --rdzv_endpoint takes a free port for its store,
+    // as --standalone does, so that several jobs run side by side; a --master_port (or
+    // PET_MASTER_PORT) given is kept.
+    if (plan_.nnodes == 1 && plan_.rdzv_endpoint.empty() && !value("master_port")) plan_.master_port = 0;
     if (auto v = env_("KTUNE_RDZV_TIMEOUT"); v && !v->empty()) {
       int seconds = 0;
       if (parse_int(*v, seconds) && seconds >= 1)

@@ -65,7 +65,8 @@ struct LaunchPlan {
   std::string rdzv_backend = "static";
   std::string rdzv_id = "none";
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;  // 0 with --standalone: node 0's store binds a free port
+  int master_port = 29500;  // 0 (node 0's store binds a free port) with --standalone, or one node
+                            // given no --rdzv_endpoint nor --master_port, as torchtune's `tune run`
   bool standalone = false;
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(300)};  // env KTUNE_RDZV_TIMEOUT (seconds)
 

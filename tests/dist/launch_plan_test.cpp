@@ -42,7 +42,7 @@ TEST(LaunchPlan, DefaultsAreOneProcessWithoutALaunch) {
   EXPECT_EQ(plan.nproc_per_node, 1);
   EXPECT_EQ(plan.node_rank, 0);
   EXPECT_EQ(plan.master_addr, "127.0.0.1");
-  EXPECT_EQ(plan.master_port, 29500);
+  EXPECT_EQ(plan.master_port, 0);  // a free port, as torchtune's `tune run` without --rdzv_endpoint
   EXPECT_EQ(plan.rdzv_backend, "static");
   EXPECT_EQ(plan.rdzv_id, "none");
   EXPECT_FALSE(plan.launches_workers());
@@ -109,6 +109,16 @@ TEST(LaunchPlan, NprocPerNodeAutoCpuGpuAreResolvedOnThisNode) {
   EXPECT_NE(errors_of({{"nproc_per_node", "0"}}).find("expected a process count >= 1, auto, cpu or gpu"), std::string::npos);
   EXPECT_NE(errors_of({}, {{"PET_NPROC_PER_NODE", "two"}}).find("env PET_NPROC_PER_NODE: expected a process count"),
             std::string::npos);
+}
+
+// torchtune's `tune run` makes a run without --rdzv_endpoint standalone, "so that several jobs run
+// side by side": one node's store takes a free port unless a port is given; several nodes keep 29500.
+TEST(LaunchPlan, OneNodeWithoutAnEndpointTakesAFreePort) {
+  EXPECT_EQ(plan_of({{"nproc_per_node", "2"}}).master_port, 0);
+  EXPECT_EQ(plan_of({{"nproc_per_node", "2"}, {"master_port", "29400"}}).master_port, 29400);
+  EXPECT_EQ(plan_of({{"nproc_per_node", "2"}}, {{"PET_MASTER_PORT", "29411"}}).master_port, 29411);
+  EXPECT_EQ(plan_of({{"nproc_per_node", "2"}, {"rdzv_endpoint", "localhost:29422"}}).master_port, 29422);
+  EXPECT_EQ(plan_of({{"nnodes", "2"}}).master_port, 29500);
 }
 
 TEST(LaunchPlan, NodeRankComesOnlyFromTheFlagOrPetNodeRank) {
