@@ -139,7 +139,9 @@ void DataLoader::plan_epoch() {
     }
     num_items = (int64_t)items_.size();
   }
-  per_rank_ = num_items / options_.world_size;
+  // torch's DistributedSampler (drop_last False, as torchtune builds it): ceil(items / ranks) each,
+  // the global order made whole by repeating items from its start.
+  per_rank_ = (num_items + options_.world_size - 1) / options_.world_size;
   num_batches_ = options_.drop_last ? per_rank_ / options_.batch_size
                                     : (per_rank_ + options_.batch_size - 1) / options_.batch_size;
   if (!options_.packed) items_.shrink_to_fit();
@@ -189,8 +191,8 @@ bool DataLoader::next(Batch* batch) {
   const int64_t B_full = options_.batch_size;
   const int64_t first = next_batch_ * B_full;
   const int64_t B = std::min(B_full, per_rank_ - first);
-  // The global item index of this rank's k-th item.
-  auto item_of = [&](int64_t k) { return options_.rank + k * (int64_t)options_.world_size; };
+  // The global item index of this rank's k-th item: past the last item, the order again from its start.
+  auto item_of = [&](int64_t k) { return (options_.rank + k * (int64_t)options_.world_size) % num_items_; };
   const TokenizedDataset& d = *data_;
   int64_t T;
   if (options_.packed) {

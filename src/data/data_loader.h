@@ -5,9 +5,11 @@
 // dataset order), then the items of the epoch — one sample each, or, when packed, packs made
 // greedily along that order (a sample that does not fit closes the pack; with
 // split_across_pack the stream of tokens is cut every max_seq_len instead, as torchtune's
-// PackedDataset does for text completion). Items are dealt to ranks round-robin, the tail that
-// would leave ranks unequal dropped, so every rank sees a disjoint part of every epoch and the
-// same number of batches (collectives never wait on a rank that ran out). The plan costs 8 bytes
+// PackedDataset does for text completion). Items are dealt to ranks round-robin as torch's
+// DistributedSampler deals them (torchtune's, drop_last False): each rank gets ceil(items / ranks),
+// the order made whole by repeating its first items, so every rank sees the same number of
+// batches (collectives never wait on a rank that ran out) and every item is trained; at most
+// ranks - 1 items twice an epoch. The plan costs 8 bytes
 // a sample and 16 a pack; nothing else grows with the dataset.
 //
 // A Batch holds (B, T) int32 arrays, row-major:

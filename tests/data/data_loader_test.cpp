@@ -194,13 +194,16 @@ TEST(DataLoader, ShuffleIsSeededAndDiffersByEpoch) {
   EXPECT_EQ(first, std::vector<int64_t>(again.begin(), again.begin() + 5));
 }
 
-TEST(DataLoader, RanksGetDisjointEqualShares) {
+// As torch's DistributedSampler (drop_last False, torchtune's): each rank ceil(items / ranks) items,
+// the global order made whole by repeating its first items; every item trained, the first
+// (items % ranks ? ranks - items % ranks : 0) of the order twice.
+TEST(DataLoader, RanksGetEqualSharesOfEveryItemAsDistributedSampler) {
   for (bool packed : {false, true}) {
     SCOPED_TRACE(packed ? "packed" : "unpacked");
     auto data = synthetic(103);
     const int world = 4;
-    std::set<int32_t> seen;
-    std::vector<int64_t> counts;
+    std::multiset<int32_t> seen;
+    std::vector<int64_t> counts, items;
     for (int rank = 0; rank < world; ++rank) {
       LoaderOptions lo;
       lo.batch_size = 2;
@@ -214,14 +217,30 @@ TEST(DataLoader, RanksGetDisjointEqualShares) {
       DataLoader loader(data, lo);
       loader.set_epoch(3);
       counts.push_back(loader.batches_per_epoch());
-      for (const Batch& b : drain(loader))
+      int64_t rows = 0;
+      for (const Batch& b : drain(loader)) {
+        rows += b.batch_size;
         for (int32_t id : b.tokens)
-          if (id != -1) {
-            EXPECT_TRUE(seen.insert(id).second) << "token " << id << " on two ranks or twice";
-          }
+          if (id != -1) seen.insert(id);
+      }
+      items.push_back(rows);
     }
     for (int64_t c : counts) EXPECT_EQ(c, counts[0]);
-    EXPECT_GT(seen.size(), (size_t)(data->num_tokens() * 8 / 10));  // at most world-1 items dropped
+    for (int64_t n : items) EXPECT_EQ(n, items[0]);
+    const int64_t total = items[0] * world;  // ceil(items / world) * world
+    std::set<int32_t> distinct(seen.begin(), seen.end());
+    EXPECT_EQ(distinct.size(), (size_t)data->num_tokens()) << "every token trained";
+    // The repeated items are the order's first (total - items): their tokens twice, the rest once.
+    int64_t twice = 0;
+    std::set<int32_t> samples_twice;
+    for (int32_t id : distinct)
+      if (seen.count(id) == 2) ++twice, samples_twice.insert(id / 1000);
+    EXPECT_GT(twice, 0);
+    EXPECT_EQ(seen.size(), distinct.size() + size_t(twice)) << "no token more than twice";
+    if (!packed) {
+      EXPECT_EQ(total, 104);
+      EXPECT_EQ(samples_twice.size(), 1u);  // 103 samples over 4 ranks: one sample again
+    }
   }
 }
 
