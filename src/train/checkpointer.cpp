@@ -271,8 +271,10 @@ std::unique_ptr<model::Decoder> HfCheckpointer::load_model(DType storage, bool m
   if (!fs::is_directory(checkpoint_dir_))
     throw Error("checkpointer.checkpoint_dir", "'" + checkpoint_dir_ + "' is not a directory");
   for (const std::string& f : checkpoint_files_)
-    if (!fs::exists(fs::path(checkpoint_dir_) / f))
-      throw Error("checkpointer.checkpoint_files", "'" + f + "' does not exist in " + checkpoint_dir_);
+    if (!fs::exists(fs::path(checkpoint_dir_) / f) && !(files_under_output_dir_ && fs::exists(fs::path(output_dir_) / f)))
+      throw Error("checkpointer.checkpoint_files",
+                  "'" + f + "' does not exist in " + checkpoint_dir_ +
+                      (files_under_output_dir_ ? " nor (torchtune's resume) in " + output_dir_ : std::string()));
   model::LoadOptions options;
   options.storage = storage;
   options.map_values = map_values;
@@ -368,15 +370,16 @@ void HfCheckpointer::write_checkpoint(const SaveRequest& request, const fs::path
 std::optional<std::string> HfCheckpointer::find_latest() const {
   if (!fs::is_directory(output_dir_)) return std::nullopt;
   std::optional<std::string> best;
-  int64_t best_step = -1;
+  std::pair<fs::file_time_type, int64_t> best_key{fs::file_time_type::min(), -1};  // written, global step
   for (const fs::directory_entry& e : fs::directory_iterator(output_dir_)) {
     std::string name = e.path().filename().string();
     if (!e.is_directory() || name.empty() || name[0] == '.') continue;
     fs::path state = e.path() / "recipe_state" / "recipe_state.json";
     if (!fs::exists(state)) continue;
-    int64_t step = read_json(state).value("global_step", int64_t(-1));
-    if (step > best_step) {
-      best_step = step;
+    const std::pair<fs::file_time_type, int64_t> key{fs::last_write_time(state),
+                                                      read_json(state).value("global_step", int64_t(-1))};
+    if (key > best_key) {
+      best_key = key;
       best = e.path().string();
     }
   }

@@ -118,6 +118,11 @@ class HfCheckpointer {
  public:
   HfCheckpointer(std::string checkpoint_dir, std::vector<std::string> checkpoint_files, std::string output_dir);
 
+  // torchtune 0.6.1 reads a full fine-tune's checkpoint_files from output_dir when it resumes (its
+  // resume instructions name them epoch_N/model-....safetensors): with this set, a listed file found
+  // there instead of in checkpoint_dir is accepted. ktune resumes from the newest recipe state either way.
+  void accept_files_under_output_dir(bool accept) { files_under_output_dir_ = accept; }
+
   // The base model, its weights stored in `storage` (f32, or bf16 for pure-bf16 training). Errors
   // name a listed checkpoint file that does not exist.
   // map_values: model::LoadOptions::map_values (values the run only reads, then releases).
@@ -125,7 +130,10 @@ class HfCheckpointer {
   // Writes output_dir/<request.name>/ atomically; returns its path. A save that fails (a full disk,
   // a stream that throws) removes what it had written and leaves any older checkpoint of that name.
   std::string save(const SaveRequest& request) const;
-  // The newest checkpoint under output_dir that holds a recipe state (by global step), if any.
+  // The checkpoint under output_dir a resume continues from: of those that hold a recipe state, the
+  // one written last (its recipe_state.json's time; the higher global step between equal times), so
+  // that a run started afresh in a folder an earlier, longer run left checkpoints in resumes from its
+  // own last save, not from the earlier run's larger step. None when there is no such checkpoint.
   std::optional<std::string> find_latest() const;
   // What one save will write, planned before the run trains: the input checkpoint's tensors in
   // weights_dtype (the merged model holds the same tensors), the trainable values (`trainable`, as
@@ -157,6 +165,7 @@ class HfCheckpointer {
 
   std::string checkpoint_dir_;
   std::vector<std::string> checkpoint_files_;
+  bool files_under_output_dir_ = false;
   std::string output_dir_;
 };
 

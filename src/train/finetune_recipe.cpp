@@ -245,6 +245,7 @@ class FinetuneRecipe {
   // gradients; logged as val_loss.
   void validate(int64_t epoch);
   void resume();
+  void warn_of_earlier_checkpoints() const;
   void save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch);
   void check_resumed_trainable(const std::map<std::string, Tensor>& saved, const std::string& dir) const;
   // A full fine-tune's trained values from the GPUs or the CPU shards, unit by unit, to `sink` (none:
@@ -314,6 +315,7 @@ void FinetuneRecipe::setup() {
   if (rank0_) log_info(device.reason);
   checkpointer_ = std::make_unique<HfCheckpointer>(cfg_.checkpointer.checkpoint_dir, cfg_.checkpointer.checkpoint_files,
                                                    cfg_.output_dir);
+  checkpointer_->accept_files_under_output_dir(cfg_.resume_from_checkpoint && !recipe_.lora);
   checkpointer_->check_copied_files();  // every rank: the same files, the same verdict
   if (const fs::path config = fs::path(cfg_.checkpointer.checkpoint_dir) / "config.json";
       cfg_.model.family != "hf" && fs::is_regular_file(config))  // a size-specific builder: the checkpoint's shape
@@ -341,6 +343,7 @@ void FinetuneRecipe::setup() {
     record_config();
   }
   if (cfg_.resume_from_checkpoint) resume();
+  else if (rank0_) warn_of_earlier_checkpoints();
   if (rank0_) check_checkpoint_space();
 }
 
@@ -850,6 +853,15 @@ void FinetuneRecipe::check_resumed_trainable(const std::map<std::string, Tensor>
       if (!mine.count(name))
         throw Error(dir, "the recipe state holds weights for " + name + ", which this run does not train" + hint);
   }
+}
+
+// A fresh run in an output_dir that holds an earlier run's checkpoints: said before it trains (they
+// stay until a save of the same name replaces them; a later resume continues from the newest save).
+void FinetuneRecipe::warn_of_earlier_checkpoints() const {
+  if (std::optional<std::string> earlier = checkpointer_->find_latest())
+    log_warn("output_dir " + cfg_.output_dir + " holds checkpoints of an earlier run (the newest: " + *earlier +
+             "); this run starts afresh (resume_from_checkpoint=False) and its saves replace those of the same "
+             "name; a later resume_from_checkpoint=True continues from the newest save");
 }
 
 void FinetuneRecipe::resume() {

@@ -6,6 +6,8 @@
 // leaves is put right before a resume looks for the latest checkpoint.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <algorithm>
 #include <filesystem>
 #include <functional>
@@ -189,6 +191,43 @@ TEST_F(CheckpointerSave, FrozenValuesHeldInTurnWriteTheHeldValuesCheckpointByteF
   }
   EXPECT_FALSE(fs::exists(output_ / "step_1"));
   EXPECT_EQ(entries_in(output_), (std::vector<std::string>{"held", "in_turn"})) << "the failed save left something";
+}
+
+// A resume continues from the save written last, not the larger step: a run started afresh where an
+// earlier, longer run left epoch_1 (step 80) and killed after its own step_20 resumes from step_20.
+TEST_F(CheckpointerSave, TheLatestCheckpointIsTheOneWrittenLastNotTheLargestStep) {
+  train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
+  std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::BF16);
+  decoder->set_trainable([](const std::string&) { return true; });
+  const train::StreamedTensors host = train::host_trainable_values(decoder->parameters());
+  train::SaveRequest earlier_run = request("epoch_1", *decoder);
+  earlier_run.trainable = host;
+  earlier_run.recipe_state = {{"global_step", 80}};
+  const std::string epoch_1 = checkpointer.save(earlier_run);
+  fs::last_write_time(fs::path(epoch_1) / "recipe_state" / "recipe_state.json",
+                      fs::file_time_type::clock::now() - std::chrono::hours(1));  // an hour ago
+  EXPECT_EQ(checkpointer.find_latest(), epoch_1);
+  train::SaveRequest this_run = request("step_20", *decoder);
+  this_run.trainable = host;
+  this_run.recipe_state = {{"global_step", 20}};
+  const std::string step_20 = checkpointer.save(this_run);
+  EXPECT_EQ(checkpointer.find_latest(), step_20);
+}
+
+// torchtune's resume of a full fine-tune names its checkpoint_files under output_dir
+// (epoch_N/model-...): accepted there when resuming a full fine-tune, refused otherwise.
+TEST_F(CheckpointerSave, TorchtunesResumeFilesUnderTheOutputDirAreAcceptedWhenResuming) {
+  fs::create_directories(output_ / "epoch_0");
+  std::ofstream(output_ / "epoch_0" / "model-00001-of-00001.safetensors") << "x";
+  train::HfCheckpointer checkpointer(input_.string(), {"epoch_0/model-00001-of-00001.safetensors"}, output_.string());
+  try {
+    checkpointer.load_model(DType::F32);
+    ADD_FAILURE() << "a file of the output dir was taken without a resume";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not exist in " + input_.string()), std::string::npos) << e.what();
+  }
+  checkpointer.accept_files_under_output_dir(true);
+  EXPECT_NE(checkpointer.load_model(DType::F32), nullptr);
 }
 
 // A failed save leaves nothing of itself (no partial copy in a hidden temporary directory, which on a
