@@ -871,9 +871,18 @@ void FinetuneRecipe::resume() {
     throw Error("resume_from_checkpoint", "no checkpoint with a recipe state under " + cfg_.output_dir);
   ResumePoint point = checkpointer_->load_resume_point(*latest);
   const nlohmann::json& s = point.recipe_state;
-  if (s.value("world_size", 1) != group_.size())
-    throw Error(*latest, "was written by " + std::to_string(s.value("world_size", 1)) + " ranks; this run has " +
-                             std::to_string(group_.size()) + " (resume with the same world size)");
+  // The recipe state holds whole tensors, so another number of ranks can take it up; only a position
+  // inside an epoch (each rank's share of its batches) ties a checkpoint to the ranks that wrote it.
+  const bool mid_epoch = s.value("step_in_epoch", int64_t(0)) > 0;
+  if (s.value("world_size", 1) != group_.size()) {
+    if (mid_epoch)
+      throw Error(*latest, "was written by " + std::to_string(s.value("world_size", 1)) + " ranks in the middle of an "
+                               "epoch; this run has " + std::to_string(group_.size()) +
+                               " (resume with the same world size, or from a checkpoint at an epoch's end)");
+    if (rank0_)
+      log_info(*latest + ": written by " + std::to_string(s.value("world_size", 1)) + " ranks at an epoch's end; " +
+               std::to_string(group_.size()) + " take it up");
+  }
   if (s.value("recipe", std::string()) != recipe_.name)
     throw Error(*latest, "was written by recipe " + s.value("recipe", std::string("?")) + ", not " + recipe_.name);
   check_resumed_trainable(point.trainable, *latest);

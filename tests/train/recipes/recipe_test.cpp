@@ -453,15 +453,27 @@ TEST_F(RecipeTest, NoRoomForACheckpointStopsTheRunBeforeItTrainsOrElseFailsTheSa
   }
 }
 
-TEST_F(RecipeTest, ResumingWithAnotherWorldSizeIsRefusedNamingBothSizes) {
+// A checkpoint inside an epoch holds each rank's share of its batches: another world size is refused
+// there, naming both; one at an epoch's end holds whole tensors only, and another world size takes it up.
+TEST_F(RecipeTest, ResumingWithAnotherWorldSizeIsRefusedMidEpochAndTakenAtAnEpochsEnd) {
   const std::string args = "epochs=1 max_steps_per_epoch=2 batch_size=2 save_every_n_steps=1";
   Outcome two = run("--nproc_per_node 2 --standalone", "full_finetune_distributed", "full_single_device", args, out());
   ASSERT_EQ(two.exit_code, 0) << two.output;
-  fs::remove_all(out() + "/epoch_0");  // the step_1 checkpoint is the latest with a recipe state
-  Outcome one = run("", "full_finetune_distributed", "full_single_device", args + " resume_from_checkpoint=True", out());
+  const std::string mid = out() + "-mid";
+  fs::copy(out(), mid, fs::copy_options::recursive);
+  fs::remove_all(mid + "/epoch_0");  // the step_1 checkpoint is the latest with a recipe state
+  Outcome one = run("", "full_finetune_distributed", "full_single_device", args + " resume_from_checkpoint=True", mid);
   EXPECT_NE(one.exit_code, 0) << one.output;
   EXPECT_NE(one.output.find("step_1"), std::string::npos) << one.output;
-  EXPECT_NE(one.output.find("was written by 2 ranks; this run has 1"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("was written by 2 ranks in the middle of an epoch; this run has 1"), std::string::npos)
+      << one.output;
+  const std::string more = "epochs=2 max_steps_per_epoch=2 batch_size=2 save_every_n_steps=1 resume_from_checkpoint=True";
+  Outcome at_end = run("", "full_finetune_distributed", "full_single_device", more, out());
+  EXPECT_EQ(at_end.exit_code, 0) << at_end.output;
+  EXPECT_NE(at_end.output.find("written by 2 ranks at an epoch's end; 1 take it up"), std::string::npos) << at_end.output;
+  EXPECT_NE(at_end.output.find("resumed from " + out() + "/epoch_0 at step 2"), std::string::npos) << at_end.output;
+  EXPECT_TRUE(fs::exists(out() + "/epoch_1")) << at_end.output;
+  fs::remove_all(mid);
 }
 
 // A size-specific builder (lora_llama3_2_1b) builds Llama 3.2 1B whatever the checkpoint holds: a
