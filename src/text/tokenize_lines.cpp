@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <istream>
 #include <ostream>
 #include <vector>
@@ -38,7 +39,12 @@ std::string convert_line(const Tokenizer& tok, const std::string& line, const To
   ids.reserve(value.size());
   for (const auto& v : value) {
     if (!v.is_number_integer()) throw Error(where, "expected a JSON array of integer token ids");
-    ids.push_back(v.get<int32_t>());
+    // As the JSON says it (an unsigned past 2^63 too), never wrapped to 32 bits into another id.
+    const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT32_MAX)
+                                                 : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+    if (!in_range) throw Error(where, "cannot decode id " + v.dump() + ": outside the vocabulary [0, " +
+                                          std::to_string(tok.vocab_size()) + ")");
+    ids.push_back(int32_t(v.get<int64_t>()));
   }
   return nlohmann::json(tok.decode(ids, opt.skip_special)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

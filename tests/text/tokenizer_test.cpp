@@ -443,6 +443,15 @@ TEST(TokenizeJsonLines, BadLinesAreNamedByLineNumber) {
   std::istringstream in2("[1, 2]\n");
   msg = error_of([&] { tokenize_json_lines(*tok, in2, out, {}, "input.jsonl"); });
   EXPECT_NE(msg.find("expected a JSON string"), std::string::npos) << msg;
+  // Ids past 32 bits are named as written, never wrapped into another id (2^32 + 65 read as 65).
+  TokenizeLinesOptions decode;
+  decode.decode = true;
+  for (const char* ids : {"[4294967361]", "[-4294967231]", "[18446744073709551615]"}) {
+    std::istringstream big(std::string(ids) + "\n");
+    msg = error_of([&] { tokenize_json_lines(*tok, big, out, decode, "ids.jsonl"); });
+    const std::string id = std::string(ids).substr(1, std::string(ids).size() - 2);
+    EXPECT_NE(msg.find("ids.jsonl:1: cannot decode id " + id + ": outside the vocabulary"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace
