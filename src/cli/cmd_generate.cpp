@@ -192,6 +192,7 @@ class Generator {
     decoder_->set_activation_checkpointing(true);
     TokenizerOptions options;
     options.path = tokenizer_path.empty() ? find_tokenizer(model_dir) : tokenizer_path;
+    options.config_path = tokenizer_config_beside(options.path);  // as AutoTokenizer reads it
     tokenizer_ = load_tokenizer(options);
     if (chat) chat_format_ = std::make_unique<ChatFormat>(*tokenizer_, detect_chat_format(*tokenizer_));
     for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id)

@@ -20,7 +20,8 @@ const char* kUsage =
     "usage: ktune tokenize --tokenizer FILE [--merges FILE] [--config FILE] [--add-bos] [--add-eos]\n"
     "                      [--decode [--skip-special]] [INPUT...]\n"
     "  FILE: tokenizer.json, tiktoken tokenizer.model, SentencePiece tokenizer.model, or vocab.json\n"
-    "        (with merges.txt beside it or --merges); --config: tokenizer_config.json (BOS/EOS/PAD)\n"
+    "        (with merges.txt beside it or --merges); --config: tokenizer_config.json (added and special\n"
+    "        tokens, BOS/EOS/PAD; default: the one beside FILE, as AutoTokenizer reads it)\n"
     "  input: one JSON string per line (stdin when no INPUT) → one JSON array of ids per line;\n"
     "         --decode: one JSON array of ids per line → one JSON string per line\n";
 
@@ -46,6 +47,7 @@ int cmd_tokenize(const Args& args) {
     else a.unknown(kUsage);
   }
   if (options.path.empty()) throw Error("ktune tokenize", std::string("--tokenizer is required\n") + kUsage);
+  if (options.config_path.empty()) options.config_path = tokenizer_config_beside(options.path);
   std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(options);
   std::ios::sync_with_stdio(false);
   if (inputs.empty()) inputs.push_back("-");

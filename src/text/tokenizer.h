@@ -47,4 +47,9 @@ struct TokenizerOptions {
 // a SentencePiece model, or vocab.json + merges.txt. Errors name the file and what is wrong.
 std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerOptions& options);
 
+// The tokenizer_config.json in the tokenizer file's folder, as AutoTokenizer reads it with the
+// tokenizer ("" when there is none). The CLI's tokenize and generate take it unless --config says
+// another; the recipes' tokenizer builders keep torchtune's own rules.
+std::string tokenizer_config_beside(const std::string& tokenizer_path);
+
 }  // namespace ktune

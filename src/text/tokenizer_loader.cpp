@@ -51,6 +51,12 @@ Format detect_format(const std::string& path, nlohmann::json* parsed) {
 
 }  // namespace
 
+std::string tokenizer_config_beside(const std::string& tokenizer_path) {
+  const std::filesystem::path config = std::filesystem::path(tokenizer_path).parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  return std::filesystem::is_regular_file(config, ec) ? config.string() : std::string();
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerOptions& options) {
   if (options.path.empty()) throw Error("tokenizer", "no tokenizer file given");
   nlohmann::json parsed;

@@ -188,6 +188,31 @@ TEST(QwenVocabMerges, ExplicitMergesFileIsUsed) {
   EXPECT_EQ(tok->encode("Hello world, 123!"), ref->encode("Hello world, 123!"));
 }
 
+// The CLI reads the tokenizer_config.json beside a tokenizer, as AutoTokenizer does: a Qwen3-style
+// vocab.json folder's added tokens (<think> past Qwen2.5's list) come from its added_tokens_decoder.
+TEST(QwenVocabMerges, TheTokenizerConfigBesideItNamesItsAddedTokens) {
+  std::string dir = scratch_dir("qwen_config_beside");
+  for (const char* f : {"vocab.json", "merges.txt"})
+    fs::copy_file(fixtures() + "/qwen_vocab/" + f, dir + "/" + f, fs::copy_options::overwrite_existing);
+  fs::remove(dir + "/tokenizer_config.json");
+  EXPECT_EQ(tokenizer_config_beside(dir + "/vocab.json"), "");
+  const int32_t base = int32_t(json::parse(std::ifstream(dir + "/vocab.json")).size());
+  json decoder = json::object();
+  decoder[std::to_string(base)] = {{"content", "<|endoftext|>"}, {"special", true}};
+  decoder[std::to_string(base + 1)] = {{"content", "<|im_end|>"}, {"special", true}};
+  decoder[std::to_string(base + 2)] = {{"content", "<think>"}, {"special", false}};
+  std::ofstream(dir + "/tokenizer_config.json") << json{{"added_tokens_decoder", decoder}, {"eos_token", "<|im_end|>"}}.dump();
+  TokenizerOptions o;
+  o.path = dir + "/vocab.json";
+  o.config_path = tokenizer_config_beside(o.path);
+  EXPECT_EQ(o.config_path, dir + "/tokenizer_config.json");
+  auto tok = load_tokenizer(o);
+  EXPECT_EQ(tok->encode("x<think>y", false, false).size(), 3u);
+  EXPECT_EQ(tok->token_to_id("<think>"), base + 2);
+  EXPECT_EQ(tok->decode({base + 2}, false), "<think>");
+  EXPECT_EQ(tok->eos_id(), base + 1);
+}
+
 TEST(SentencePieceModel, ControlTokensAndIds) {
   auto tok = load_fixture("spm");
   EXPECT_EQ(tok->bos_id(), 1);
