@@ -7,21 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "train/config_interpolation.h"  // python_str
 
 namespace ktune {
 
-std::string format_metric(double value) {
-  char buffer[64];
-  double magnitude = std::fabs(value);
-  if (value == std::floor(value) && magnitude < 1e15) {
-    std::snprintf(buffer, sizeof buffer, "%.0f", value);
-  } else if (magnitude != 0 && magnitude < 1e-3) {
-    std::snprintf(buffer, sizeof buffer, "%.4g", value);
-  } else {
-    std::snprintf(buffer, sizeof buffer, "%.4f", value);
-  }
-  return buffer;
-}
+std::string format_metric(double value) { return train::python_str(train::ConfigNode::number(value)); }
 
 static std::FILE* open_append(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "a");

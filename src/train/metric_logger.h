@@ -40,8 +40,8 @@ class MetricLogger {
   std::FILE* progress_ = nullptr;
 };
 
-// Formats a metric value as torchtune prints it: up to 4 decimals for ordinary magnitudes,
-// scientific for very small ones (learning rates): 2.3697, 3e-05, 1024.
+// A metric value as torchtune's DiskLogger writes it: Python's str() of the float, the shortest text
+// that reads back as the same number (2.36971, 3e-05, 1024.0, 0.0, nan).
 std::string format_metric(double value);
 
 }  // namespace ktune

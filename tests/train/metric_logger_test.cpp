@@ -33,8 +33,8 @@ TEST(MetricLogger, WritesTorchtuneStyleLinesAndJsonl) {
   }
   std::string text = read_all(dir + "/log_1700000000.txt");
   EXPECT_EQ(text,
-            "Step 1 | loss:2.3697 lr:3e-05 tokens_per_second_per_gpu:1024 \n"
-            "Step 2 | loss:2.1000 lr:6e-05 tokens_per_second_per_gpu:1000.5000 \n");
+            "Step 1 | loss:2.36971 lr:3e-05 tokens_per_second_per_gpu:1024.0 \n"
+            "Step 2 | loss:2.1 lr:6e-05 tokens_per_second_per_gpu:1000.5 \n");
   std::ifstream jsonl(dir + "/metrics_1700000000.jsonl");
   std::string line;
   std::getline(jsonl, line);
