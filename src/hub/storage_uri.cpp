@@ -35,6 +35,8 @@ StorageUri parse_storage_uri(const std::string& text) {
   if (text.rfind("file://", 0) == 0) {
     uri.scheme = StorageScheme::File;
     uri.path = text.substr(7);
+    // RFC 8089: file://localhost/p names /p on this machine, as file:///p does.
+    if (uri.path.rfind("localhost/", 0) == 0) uri.path = uri.path.substr(9);
     if (uri.path.empty()) throw Error(where, "no path after file://");
     return uri;
   }

@@ -194,6 +194,7 @@ TEST(StorageUris, ParsesEveryForm) {
   StorageUri file = parse_storage_uri("file:///data/model");
   EXPECT_EQ(file.scheme, StorageScheme::File);
   EXPECT_EQ(file.path, "/data/model");
+  EXPECT_EQ(parse_storage_uri("file://localhost/data/x.parquet").path, "/data/x.parquet");  // RFC 8089
   EXPECT_THROW(parse_storage_uri("gs://bucket/x"), ktune::Error);
   EXPECT_THROW(parse_storage_uri("hf://org/../x"), ktune::Error);
   EXPECT_THROW(parse_storage_uri("hf:///tmp/model"), ktune::Error);  // no org: a local path
