@@ -246,6 +246,7 @@ class FinetuneRecipe {
   void validate(int64_t epoch);
   void resume();
   void warn_of_earlier_checkpoints() const;
+  void warn_of_changed_length(const nlohmann::json& state, const std::string& checkpoint) const;
   void save(const std::string& name, int64_t next_epoch, int64_t step_in_epoch);
   void check_resumed_trainable(const std::map<std::string, Tensor>& saved, const std::string& dir) const;
   // A full fine-tune's trained values from the GPUs or the CPU shards, unit by unit, to `sink` (none:
@@ -864,6 +865,21 @@ void FinetuneRecipe::warn_of_earlier_checkpoints() const {
              "name; a later resume_from_checkpoint=True continues from the newest save");
 }
 
+// The run's length may change on resume (more epochs, another cap on an epoch's steps): this run's
+// values are used, and said, where the checkpoint was written with others (torchtune warns too).
+void FinetuneRecipe::warn_of_changed_length(const nlohmann::json& state, const std::string& checkpoint) const {
+  if (!rank0_) return;
+  if (state.contains("total_epochs") && state["total_epochs"].get<int64_t>() != cfg_.epochs)
+    log_warn(checkpoint + " was written by a run of epochs=" + std::to_string(state["total_epochs"].get<int64_t>()) +
+             "; this run trains to epochs=" + std::to_string(cfg_.epochs));
+  if (state.contains("max_steps_per_epoch")) {
+    const nlohmann::json mine = cfg_.max_steps_per_epoch ? nlohmann::json(*cfg_.max_steps_per_epoch) : nlohmann::json(nullptr);
+    if (state["max_steps_per_epoch"] != mine)
+      log_warn(checkpoint + " was written with max_steps_per_epoch=" + state["max_steps_per_epoch"].dump() +
+               "; this run uses max_steps_per_epoch=" + mine.dump() + " from here on");
+  }
+}
+
 void FinetuneRecipe::resume() {
   group_.barrier();  // rank 0 has put right what an interrupted save left (setup)
   std::optional<std::string> latest = checkpointer_->find_latest();
@@ -910,6 +926,7 @@ void FinetuneRecipe::resume() {
   start_epoch_ = s.at("epoch").get<int64_t>();
   resume_step_in_epoch_ = step_in_epoch;
   seed_ = s.at("seed").get<uint64_t>();
+  warn_of_changed_length(s, *latest);
   if (s.contains("loader") && !s["loader"].is_null()) resume_loader_ = LoaderState::from_json(s["loader"]);
   last_checkpoint_ = *latest;
   if (rank0_) log_info("resumed from " + *latest + " at step " + std::to_string(global_step_));
@@ -954,6 +971,8 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
                       {"global_step", global_step_}, {"optimizer_steps", optimizer_steps()},
                       {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},
                       {"gradient_accumulation_steps", cfg_.gradient_accumulation_steps},
+                      {"max_steps_per_epoch", cfg_.max_steps_per_epoch ? nlohmann::json(*cfg_.max_steps_per_epoch)
+                                                                       : nlohmann::json(nullptr)},
                       {"loader", step_in_epoch > 0 ? loader_->state().to_json() : nlohmann::json(nullptr)}};
     bool moments_streamed = false, values_streamed = false, frozen_streamed = false;  // whether the save reached the streams
     if (gpu_)
