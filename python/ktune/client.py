@@ -10,8 +10,7 @@ the Python face cannot drift from it.
 
 ktune's additions: ``plan()`` (what ``train()`` would submit, with the TrainJob's YAML: a dry run),
 ``train(..., name=...)`` (the same as ``options=[Name(...)]``), ``delete_job(..., remove_workspace=True)``
-and ``TrainJob.progress``. Not there: ``get_job_events`` raises NotImplementedError on both backends
-(upstream's local backends raise it too).
+and ``TrainJob.progress``.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Optional, Union
 
 from . import constants
-from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, Initializer, Runtime,
+from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, Event, Initializer, Runtime,
                     RuntimeKind, RuntimeTrainer, Step, TrainerType, TrainJob, TrainJobProgress,
                     _CustomTrainerSpec)
 
@@ -66,9 +65,11 @@ def _runtime_from_dict(d: dict) -> Runtime:
 
 
 def _timestamp(text: str) -> Optional[datetime]:
+    """RFC 3339 in UTC ("2026-12-02T10:00:00Z", fractional seconds allowed) as an aware datetime."""
     if not text:
         return None
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    whole = text.split(".")[0].rstrip("Z")
+    return datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
 
 
 def _job_from_dict(d: dict) -> TrainJob:
@@ -355,13 +356,13 @@ class TrainerClient:
         return _job_from_dict(self._client.wait_for_job_status(name, sorted(status), float(timeout),
                                                                float(polling_interval), callback))
 
-    def get_job_events(self, name: str):
-        """Upstream's Kubernetes backend lists the cluster's events about the job's objects; ktune does
-        not read events yet (upstream's local backends raise NotImplementedError too)."""
-        raise NotImplementedError(
-            "get_job_events: ktune does not read events; on Kubernetes: "
-            f"kubectl get events --field-selector involvedObject.name={name} (and its pods'); locally the "
-            "job's logs and get_job(name).steps say what happened")
+    def get_job_events(self, name: str) -> list[Event]:
+        """The cluster's events about the job, its JobSet, Jobs and pods, oldest first (Kubernetes
+        backend; upstream's filter, plus the JobSet's Jobs). NotImplementedError on the local backend,
+        as upstream's local backends (its logs and ``get_job(name).steps`` say what happened)."""
+        return [Event(involved_object_kind=e["involved_object_kind"], involved_object_name=e["involved_object_name"],
+                      message=e["message"], reason=e["reason"], event_time=_timestamp(e["event_time"]))
+                for e in self._client.get_job_events(name)]
 
     def delete_job(self, name: str, *, remove_workspace: bool = False):
         """Stops the job's processes and forgets it; with ``remove_workspace`` (ktune) its files go too."""

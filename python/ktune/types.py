@@ -33,7 +33,7 @@ from typing import Optional, Union
 from . import constants
 
 __all__ = [
-    "BackendConfig", "BackendKind", "BuiltinTrainer", "KubernetesBackendConfig", "CustomTrainer", "DataFormat", "DataType",
+    "BackendConfig", "BackendKind", "BuiltinTrainer", "KubernetesBackendConfig", "CustomTrainer", "DataFormat", "DataType", "Event",
     "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "LoraConfig", "Loss",
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",
@@ -313,6 +313,17 @@ class TrainJob:
     creation_timestamp: datetime
     status: str = constants.UNKNOWN
     progress: Optional[TrainJobProgress] = None
+
+
+@dataclass
+class Event:
+    """A cluster event about a TrainJob, its JobSet, Jobs or pods (``get_job_events``)."""
+
+    involved_object_kind: str
+    involved_object_name: str
+    message: str
+    reason: str
+    event_time: datetime
 
 
 # ---- initializers ------------------------------------------------------------------------------

@@ -604,6 +604,20 @@ class Client {
     return job_dict(*result);
   }
 
+  nb::list get_job_events(const std::string& name) {
+    nb::list out;
+    for (const types::Event& e : backend_call([&] { return client_.get_job_events(name); })) {
+      nb::dict d;
+      d["involved_object_kind"] = e.involved_object_kind;
+      d["involved_object_name"] = e.involved_object_name;
+      d["message"] = e.message;
+      d["reason"] = e.reason;
+      d["event_time"] = e.event_time;
+      out.append(d);
+    }
+    return out;
+  }
+
   void delete_job(const std::string& name, bool remove_workspace) {
     backend_call([&] {
       client_.delete_job(name, remove_workspace);
@@ -686,6 +700,8 @@ NB_MODULE(_ktune, m) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     } catch (const sdk::WaitTimeoutError& e) {
       PyErr_SetString(PyExc_TimeoutError, e.what());
+    } catch (const sdk::NotSupportedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
     } catch (const Errors& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const Error& e) {
@@ -761,6 +777,7 @@ NB_MODULE(_ktune, m) {
       .def("follow_job_logs", &Client::follow_job_logs, "name"_a, "step"_a = "node-0", nb::rv_policy::take_ownership)
       .def("wait_for_job_status", &Client::wait_for_job_status, "name"_a, "status"_a, "timeout"_a,
            "polling_interval"_a, "callback"_a.none())
+      .def("get_job_events", &Client::get_job_events, "name"_a)
       .def("delete_job", &Client::delete_job, "name"_a, "remove_workspace"_a = false)
       .def("backend_kind", &Client::backend_kind);
 }

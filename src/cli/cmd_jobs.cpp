@@ -31,6 +31,7 @@ int jobs_usage(FILE* to) {
                "       ktune jobs get NAME\n"
                "       ktune jobs logs NAME [-f|--follow] [--step STEP]     (STEP default node-0)\n"
                "       ktune jobs wait NAME [--status S[,S...]] [--timeout SECONDS] [--interval SECONDS]\n"
+               "       ktune jobs events NAME                               (Kubernetes: the cluster's events about it)\n"
                "       ktune jobs delete NAME [--workspace]                 (--workspace: remove its files too)\n"
                "  statuses: Created, Running, Complete, Failed. Backend: KTUNE_BACKEND (local), KTUNE_HOME (~/.ktune)\n"
                "  or --backend kubernetes [--namespace NS] [--kubeconfig PATH] [--context NAME] (KUBECONFIG,\n"
@@ -212,6 +213,16 @@ int jobs_wait(sdk::TrainerClient& client, const Args& args) {
                         [](const types::TrainJob& j) { std::printf("%s %s\n", j.name.c_str(), j.status.c_str()); });
 }
 
+// The cluster's events about the job, as kubectl get events lists them (Kubernetes backend only).
+int jobs_events(sdk::TrainerClient& client, const Args& args) {
+  Parsed p = parse(args, 1, {}, {});
+  std::vector<std::vector<std::string>> rows = {{"TIME", "KIND", "NAME", "REASON", "MESSAGE"}};
+  for (const types::Event& e : client.get_job_events(one_name(p, "events")))
+    rows.push_back({e.event_time, e.involved_object_kind, e.involved_object_name, e.reason, e.message});
+  std::printf("%s", table(rows).c_str());
+  return 0;
+}
+
 int jobs_delete(sdk::TrainerClient& client, const Args& args) {
   Parsed p = parse(args, 1, {"--workspace"}, {});
   const std::string name = one_name(p, "delete");
@@ -256,6 +267,7 @@ int run_jobs(sdk::TrainerClient& client, const Args& args) {
   if (sub == "get") return jobs_get(client, args);
   if (sub == "logs") return jobs_logs(client, args);
   if (sub == "wait") return jobs_wait(client, args);
+  if (sub == "events") return jobs_events(client, args);
   if (sub == "delete" || sub == "rm") return jobs_delete(client, args);
   std::fprintf(stderr, "ktune jobs: unknown subcommand '%s'\n", sub.c_str());
   return jobs_usage(stderr);

@@ -210,6 +210,15 @@ struct TrainJobProgress {
   StringDict metrics;                             // {"loss": "2.31", "tokens_per_second": "812", ...}
 };
 
+// A cluster event about a TrainJob or its JobSet, Jobs and pods (upstream's types.Event).
+struct Event {
+  std::string involved_object_kind;               // "TrainJob", "JobSet", "Job", "Pod"
+  std::string involved_object_name;
+  std::string message;
+  std::string reason;
+  std::string event_time;                         // RFC 3339: the event's firstTimestamp
+};
+
 struct TrainJob {
   std::string name;
   Runtime runtime;

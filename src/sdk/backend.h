@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "runtime/plan.h"
+#include "runtime/sdk_types.h"
 #include "runtime/v1alpha1.h"
 #include "sdk/job_record.h"
 
@@ -42,6 +44,13 @@ struct BackendConfig {
   static bool is_flag(const std::string& flag);
 };
 
+// A call the backend cannot answer at all (the local backend has no cluster events; upstream's
+// local backends raise NotImplementedError there too).
+class NotSupportedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Called once per log line (without its '\n'); return false to stop reading.
 using LogLineSink = std::function<bool(const std::string& line)>;
 
@@ -63,6 +72,12 @@ class Backend {
   // Runtimes the backend's own store holds (the cluster's ClusterTrainingRuntimes and the
   // namespace's TrainingRuntimes); TrainerClient adds them over the builtin catalog. None locally.
   virtual std::vector<v1alpha1::TrainingRuntime> runtimes() { return {}; }
+  // The cluster's events about the job's objects, oldest first. NotSupportedError where the backend
+  // has none (the local one).
+  virtual std::vector<types::Event> get_job_events(const std::string& name) {
+    throw NotSupportedError("get_job_events(" + name + ")",
+                            "the " + kind() + " backend has no cluster events (its logs and steps say what happened)");
+  }
 };
 
 std::unique_ptr<Backend> make_backend(const BackendConfig& config);

@@ -518,6 +518,30 @@ std::vector<TrainJobRecord> KubernetesBackend::list_jobs(const std::string& runt
   return out;
 }
 
+std::vector<types::Event> KubernetesBackend::get_job_events(const std::string& name) {
+  const TrainJobRecord job = get_job(name);  // a job that is not there is named as get_job names it
+  std::set<std::string> pods;
+  for (const StepRecord& s : job.steps)
+    if (!s.pod_name.empty()) pods.insert(s.pod_name);
+  const Json list = request("GET", "/api/v1/namespaces/" + hub::url_encode(namespace_, false) + "/events");
+  std::vector<types::Event> events;
+  for (const Json& e : list.value("items", Json::array())) {
+    if (!e.is_object() || !e.contains("involvedObject") || !e["involvedObject"].is_object()) continue;
+    const Json& object = e["involvedObject"];
+    const std::string kind = str(object, "kind"), object_name = str(object, "name");
+    const std::string first = str(e, "firstTimestamp");
+    if (first.empty()) continue;
+    const bool part_of_job = object_name == name || pods.count(object_name) ||
+                             (kind != "TrainJob" && object_name.rfind(name + "-", 0) == 0);
+    if (!part_of_job || (kind != "TrainJob" && kind != "JobSet" && kind != "Job" && kind != "Pod")) continue;
+    events.push_back({kind, object_name, str(e, "message"), str(e, "reason"), first});
+  }
+  std::stable_sort(events.begin(), events.end(), [](const types::Event& a, const types::Event& b) {
+    return parse_rfc3339(a.event_time) < parse_rfc3339(b.event_time);
+  });
+  return events;
+}
+
 TrainJobRecord KubernetesBackend::get_job(const std::string& name) {
   try {
     return record_of(request("GET", trainjobs_path() + "/" + hub::url_encode(name, false)));

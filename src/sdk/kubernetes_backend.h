@@ -66,6 +66,10 @@ class KubernetesBackend : public Backend {
   // The cluster's ClusterTrainingRuntimes and the namespace's TrainingRuntimes (each list that
   // cannot be read, for want of permission or of the CRD, is skipped with a debug line).
   std::vector<v1alpha1::TrainingRuntime> runtimes() override;
+  // The namespace's events whose object is the TrainJob, its JobSet (same name), its Jobs or its pods
+  // (named <job>-..., or a step's pod), with a firstTimestamp, oldest first (upstream's filter, which
+  // misses the Jobs: their names are <job>-<replicated job>-<index>, not a step's).
+  std::vector<types::Event> get_job_events(const std::string& name) override;
 
   // The exact object submit() POSTs for the plan (its TrainJob, in this backend's namespace):
   // what `ktune train --backend kubernetes --dry-run` prints.

@@ -169,6 +169,10 @@ types::TrainJob TrainerClient::wait_for_job_status(const std::string& name, cons
   throw WaitTimeoutError(where, "Timeout waiting for TrainJob " + name + " to reach status: " + set_text(status));
 }
 
+std::vector<types::Event> TrainerClient::get_job_events(const std::string& name) {
+  return backend_->get_job_events(name);
+}
+
 void TrainerClient::delete_job(const std::string& name, bool remove_workspace) {
   backend_->delete_job(name, remove_workspace);
 }

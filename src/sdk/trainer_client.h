@@ -74,6 +74,9 @@ class TrainerClient {
                                       const std::function<void(const types::TrainJob&)>& callback = {},
                                       const std::function<void()>& while_sleeping = {});
 
+  // The cluster's events about the job, oldest first (Kubernetes); NotSupportedError locally.
+  std::vector<types::Event> get_job_events(const std::string& name);
+
   // Stops the job's processes and forgets it (with remove_workspace, its files too).
   void delete_job(const std::string& name, bool remove_workspace = false);
 

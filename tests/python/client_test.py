@@ -196,7 +196,7 @@ class LocalBackend(unittest.TestCase):
 
     def test_events_and_runtime_packages(self):
         client = self.home.client()
-        with self.assertRaisesRegex(NotImplementedError, "kubectl get events"):
+        with self.assertRaisesRegex(NotImplementedError, "the local backend has no cluster events"):
             client.get_job_events("any")
         with self.assertRaisesRegex(ValueError, "Cannot get Runtime packages for BuiltinTrainer"):
             client.get_runtime_packages(client.get_runtime(RUNTIME))

@@ -15,6 +15,7 @@ No key is ever committed: each run makes its own.
 
 The test drives it through a second, plain-HTTP control port (no credentials needed):
   PUT  /_test/state     {"pods": {job: [pod, ...]}, "status": {job: status}, "logs": {"pod/container": LOG},
+                         "events": {namespace: [core/v1 Event, ...]} (GET .../namespaces/NS/events lists them),
                          "errors": [{"method", "path", "status", "reason", "message"}],
                          "runtimes": {name: ClusterTrainingRuntime}} (merged)
   POST /_test/release   lets a held log stream send its remaining lines
@@ -52,7 +53,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
 
 LOCK = threading.Lock()
-STATE = {"trainjobs": {}, "secrets": {}, "pods": {}, "status": {}, "logs": {}, "errors": [], "runtimes": {},
+STATE = {"trainjobs": {}, "secrets": {}, "pods": {}, "status": {}, "logs": {}, "errors": [], "runtimes": {}, "events": {},
          "requests": [], "held_released": [], "tls_failures": []}
 RELEASE = threading.Event()
 TOKEN = ""
@@ -64,6 +65,7 @@ SECRET = re.compile(r"^/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?$")
 PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)$")
 LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
+EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
 BASE_TIME = calendar.timegm((2026, 12, 2, 10, 2, 0))
 
 
@@ -282,6 +284,11 @@ class Handler(BaseHTTPRequestHandler):
         m = LOG.match(path)
         if m and self.command == "GET":
             return self.log(m.group(2), query)
+        m = EVENTS.match(path)
+        if m and self.command == "GET":
+            with LOCK:
+                items = list(STATE["events"].get(m.group(1), []))
+            return self.send_json(200, {"kind": "EventList", "apiVersion": "v1", "items": items, "metadata": {}})
         return self.fail(404, "NotFound", f"the server could not find the requested resource ({self.command} {path})")
 
     @staticmethod

@@ -309,6 +309,44 @@ TEST_F(KubernetesBackendTest, StatusFollowsUpstreamsMappingOfConditionsAndPods) 
   EXPECT_FALSE(requests()["secrets"].contains("job-a-ktune-secrets"));
 }
 
+// get_job_events: the namespace's events about the TrainJob, its JobSet, its Jobs and pods, oldest
+// first (upstream's filter, plus the JobSet's Jobs); other jobs' events, other kinds and events
+// without a firstTimestamp are left out; a job that is not there is named.
+TEST_F(KubernetesBackendTest, JobEventsAreTheJobsObjectsOldestFirst) {
+  ASSERT_EQ(submit("job-e"), "job-e");
+  set_state({{"pods", {{"job-e", Json::array({pod("job-e", "node", 0, "Running", "2026-12-02T10:02:00Z")})}}}});
+  auto event = [](const std::string& kind, const std::string& name, const std::string& reason, const std::string& first) {
+    Json e = {{"metadata", {{"name", name + "." + reason}, {"namespace", "team-a"}}},
+              {"involvedObject", {{"kind", kind}, {"name", name}, {"namespace", "team-a"}}},
+              {"reason", reason},
+              {"message", reason + " of " + name}};
+    if (!first.empty()) e["firstTimestamp"] = first;
+    return e;
+  };
+  set_state({{"events",
+              {{"team-a", Json::array({event("Pod", "job-e-node-0-0-00", "Started", "2026-12-02T10:02:05Z"),
+                                       event("TrainJob", "job-e", "Created", "2026-12-02T10:00:00Z"),
+                                       event("Job", "job-e-node-0", "SuccessfulCreate", "2026-12-02T10:01:00Z"),
+                                       event("JobSet", "job-e", "Suspended", "2026-12-02T10:00:30Z"),
+                                       event("Pod", "other-node-0-0-00", "Started", "2026-12-02T10:02:01Z"),
+                                       event("ConfigMap", "job-e-config", "Updated", "2026-12-02T10:00:10Z"),
+                                       event("Pod", "job-e-node-0-0-01", "Pulled", "")})}}}});
+  const std::vector<types::Event> events = backend().get_job_events("job-e");
+  std::vector<std::string> got;
+  for (const types::Event& e : events)
+    got.push_back(e.event_time + " " + e.involved_object_kind + "/" + e.involved_object_name + " " + e.reason + ": " + e.message);
+  EXPECT_EQ(got, (std::vector<std::string>{"2026-12-02T10:00:00Z TrainJob/job-e Created: Created of job-e",
+                                           "2026-12-02T10:00:30Z JobSet/job-e Suspended: Suspended of job-e",
+                                           "2026-12-02T10:01:00Z Job/job-e-node-0 SuccessfulCreate: SuccessfulCreate of job-e-node-0",
+                                           "2026-12-02T10:02:05Z Pod/job-e-node-0-0-00 Started: Started of job-e-node-0-0-00"}));
+  try {
+    backend().get_job_events("no-such-job");
+    FAIL() << "events of a job that is not there";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-job"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(KubernetesBackendTest, FollowedLogsArriveWhileTheServerIsStillWriting) {
   ASSERT_EQ(submit("job-l"), "job-l");
   const Json node = pod("job-l", "node", 0, "Running", "2026-12-02T10:02:00Z");
@@ -411,6 +449,14 @@ TEST_F(KubernetesBackendTest, JobsCommandsWorkOnTheKubernetesBackend) {
   const CommandResult logs = ktune({"jobs", "logs", "cli-job", "-f", "--backend=kubernetes", "--namespace", "team-a"});
   ASSERT_EQ(logs.exit_code, 0) << logs.err;
   EXPECT_EQ(logs.out, "hello from node-0\n");
+  set_state({{"events", {{"team-a", Json::array({{{"involvedObject", {{"kind", "Pod"}, {"name", node["metadata"]["name"]}}},
+                                                   {"reason", "Pulled"},
+                                                   {"message", "Container image pulled"},
+                                                   {"firstTimestamp", "2026-12-02T10:02:03Z"}}})}}}});
+  const CommandResult events = ktune({"jobs", "events", "cli-job", "--backend", "kubernetes"});
+  ASSERT_EQ(events.exit_code, 0) << events.err;
+  EXPECT_TRUE(std::regex_search(events.out, std::regex("TIME +KIND +NAME +REASON +MESSAGE *\n2026-12-02T10:02:03Z +Pod +cli-job-node-0-0-[0-9]+ +Pulled +Container image pulled")))
+      << events.out;
   const CommandResult other_ns = ktune({"jobs", "get", "cli-job", "--backend", "kubernetes", "-n", "team-b"});
   EXPECT_EQ(other_ns.exit_code, 1);
   EXPECT_NE(other_ns.err.find("TrainJob team-b/cli-job"), std::string::npos) << other_ns.err;
