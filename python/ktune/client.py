@@ -166,6 +166,27 @@ def _print_packages():
         print(subprocess.run(["nvidia-smi"], capture_output=True, text=True).stdout)
 
 
+def _backend_config(config) -> BackendConfig:
+    """ktune's BackendConfig, or upstream's backend configs by class name: KubernetesBackendConfig
+    (namespace, config_file, context) and LocalProcessBackendConfig (the local backend; its
+    cleanup_venv has no meaning here); ContainerBackendConfig is refused (ktune runs no containers)."""
+    if config is None:
+        return BackendConfig()
+    if isinstance(config, BackendConfig):
+        return config
+    kind = type(config).__name__
+    if kind == "KubernetesBackendConfig":
+        if getattr(config, "client_configuration", None) is not None:
+            raise ValueError("KubernetesBackendConfig.client_configuration: ktune connects from a kubeconfig "
+                             "(config_file, context) or the in-cluster service account, not a kubernetes client Configuration")
+        return BackendConfig(kind=BackendKind.KUBERNETES, namespace=getattr(config, "namespace", None),
+                             config_file=getattr(config, "config_file", None), context=getattr(config, "context", None))
+    if kind == "LocalProcessBackendConfig":
+        return BackendConfig(kind=BackendKind.LOCAL)
+    raise ValueError(f"backend_config: {kind} is not a backend ktune has (it takes BackendConfig, "
+                     "KubernetesBackendConfig or LocalProcessBackendConfig)")
+
+
 def _runtime_name(runtime) -> str:
     if runtime is None:
         return constants.DEFAULT_TRAINING_RUNTIME
@@ -237,9 +258,9 @@ class TrainerClient:
     failures, ``TimeoutError`` when a wait runs out of time.
     """
 
-    def __init__(self, backend_config: Optional[BackendConfig] = None):
+    def __init__(self, backend_config=None):
         native = _native()
-        c = backend_config or BackendConfig()
+        c = _backend_config(backend_config)
         kind = c.kind.value if isinstance(c.kind, BackendKind) else (c.kind or "")
         ktune_exe = c.ktune_exe if c.ktune_exe is not None else _default_ktune_exe(native)
         self._client = native.Client(kind=kind, home=c.home, workspace_root=c.workspace_root, ktune_exe=ktune_exe,

@@ -131,8 +131,9 @@ void refuse_kubernetes_only_fields(const TrainJobPlan& plan) {
   for (const auto& [section, key, option] : {std::tuple{"metadata", "labels", "Labels"},
                                             std::tuple{"metadata", "annotations", "Annotations"},
                                             std::tuple{"spec", "activeDeadlineSeconds", "ActiveDeadlineSeconds"}})
-    check(!present(section, key), "job " + plan.job_name,
-          std::string(option) + " option is not compatible with the local backend. Supported backends: kubernetes");
+    if (present(section, key))  // Errors: the caller's argument (upstream raises ValueError)
+      throw Errors({Error("job " + plan.job_name,
+                          std::string(option) + " option is not compatible with the local backend. Supported backends: kubernetes")});
 }
 
 }  // namespace

@@ -183,7 +183,7 @@ class LocalBackend(unittest.TestCase):
         for text in ("team: nlp", "example.com/tier: gold", 'note: "any text: here"', "activeDeadlineSeconds: 3600"):
             self.assertIn(text, yaml_text)
         for option in meta:  # the local backend refuses each at train(), as upstream's options do
-            with self.assertRaisesRegex(RuntimeError, type(option).__name__ + " option is not compatible with the local backend"):
+            with self.assertRaisesRegex(ValueError, type(option).__name__ + " option is not compatible with the local backend"):
                 client.train(RUNTIME, options=[option])
         with self.assertRaises(ValueError) as bad:
             client.plan(RUNTIME, options=[Labels({"-bad": "x", "ok": "a b"})])
@@ -202,6 +202,19 @@ class LocalBackend(unittest.TestCase):
             client.get_runtime_packages(client.get_runtime(RUNTIME))
         with self.assertRaises(TypeError):  # keyword-only, as upstream's pydantic model
             ktune.KubernetesBackendConfig("ns")
+        try:  # upstream's own backend configs
+            from kubeflow.common.types import KubernetesBackendConfig as UpstreamKubernetes
+            from kubeflow.trainer.backends.localprocess.types import LocalProcessBackendConfig
+            from kubeflow.trainer.backends.container.types import ContainerBackendConfig
+        except ImportError:
+            return
+        from ktune.client import _backend_config
+        c = _backend_config(UpstreamKubernetes(namespace="team-a", config_file="/kc", context="ctx"))
+        self.assertEqual((c.kind, c.namespace, c.config_file, c.context),
+                         (ktune.BackendKind.KUBERNETES, "team-a", "/kc", "ctx"))
+        self.assertEqual(_backend_config(LocalProcessBackendConfig()).kind, ktune.BackendKind.LOCAL)
+        with self.assertRaisesRegex(ValueError, "ContainerBackendConfig is not a backend ktune has"):
+            _backend_config(ContainerBackendConfig())
 
     @unittest.skipIf(shutil.which("torchrun") is None, "torchrun (torch) is not installed")
     def test_runtime_packages_of_the_torch_runtime_are_printed_and_the_job_removed(self):
