@@ -370,14 +370,14 @@ void HfCheckpointer::write_checkpoint(const SaveRequest& request, const fs::path
 std::optional<std::string> HfCheckpointer::find_latest() const {
   if (!fs::is_directory(output_dir_)) return std::nullopt;
   std::optional<std::string> best;
-  std::pair<fs::file_time_type, int64_t> best_key{fs::file_time_type::min(), -1};  // written, global step
+  std::pair<double, int64_t> best_key{-1, -1};  // saved_at, global step
   for (const fs::directory_entry& e : fs::directory_iterator(output_dir_)) {
     std::string name = e.path().filename().string();
     if (!e.is_directory() || name.empty() || name[0] == '.') continue;
     fs::path state = e.path() / "recipe_state" / "recipe_state.json";
     if (!fs::exists(state)) continue;
-    const std::pair<fs::file_time_type, int64_t> key{fs::last_write_time(state),
-                                                      read_json(state).value("global_step", int64_t(-1))};
+    const nlohmann::json recipe_state = read_json(state);
+    const std::pair<double, int64_t> key{recipe_state.value("saved_at", 0.0), recipe_state.value("global_step", int64_t(-1))};
     if (key > best_key) {
       best_key = key;
       best = e.path().string();

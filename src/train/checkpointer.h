@@ -131,9 +131,10 @@ class HfCheckpointer {
   // a stream that throws) removes what it had written and leaves any older checkpoint of that name.
   std::string save(const SaveRequest& request) const;
   // The checkpoint under output_dir a resume continues from: of those that hold a recipe state, the
-  // one written last (its recipe_state.json's time; the higher global step between equal times), so
-  // that a run started afresh in a folder an earlier, longer run left checkpoints in resumes from its
-  // own last save, not from the earlier run's larger step. None when there is no such checkpoint.
+  // one saved last (the state's saved_at, unix seconds, which a copy of the folder keeps; a state
+  // without one, from before it was recorded, counts as older; then the higher global step), so that
+  // a run started afresh in a folder an earlier, longer run left checkpoints in resumes from its own
+  // last save, not from the earlier run's larger step. None when there is no such checkpoint.
   std::optional<std::string> find_latest() const;
   // What one save will write, planned before the run trains: the input checkpoint's tensors in
   // weights_dtype (the merged model holds the same tensors), the trainable values (`trainable`, as

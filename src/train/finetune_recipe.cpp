@@ -968,6 +968,7 @@ void FinetuneRecipe::save(const std::string& name, int64_t next_epoch, int64_t s
     r.adapter_weights_only = cfg_.save_adapter_weights_only;
     r.weights_dtype = saved_weights_dtype();
     r.recipe_state = {{"recipe", recipe_.name}, {"epoch", next_epoch}, {"step_in_epoch", step_in_epoch},
+                      {"saved_at", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
                       {"global_step", global_step_}, {"optimizer_steps", optimizer_steps()},
                       {"seed", seed_}, {"world_size", group_.size()}, {"total_epochs", cfg_.epochs},
                       {"gradient_accumulation_steps", cfg_.gradient_accumulation_steps},

@@ -193,8 +193,9 @@ TEST_F(CheckpointerSave, FrozenValuesHeldInTurnWriteTheHeldValuesCheckpointByteF
   EXPECT_EQ(entries_in(output_), (std::vector<std::string>{"held", "in_turn"})) << "the failed save left something";
 }
 
-// A resume continues from the save written last, not the larger step: a run started afresh where an
-// earlier, longer run left epoch_1 (step 80) and killed after its own step_20 resumes from step_20.
+// A resume continues from the save made last (the state's saved_at, which copies keep), not the larger
+// step: a run started afresh where an earlier, longer run left epoch_1 (step 80) and killed after its
+// own step_20 resumes from step_20. A state without saved_at (older ktune) counts as older.
 TEST_F(CheckpointerSave, TheLatestCheckpointIsTheOneWrittenLastNotTheLargestStep) {
   train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
   std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::BF16);
@@ -202,16 +203,20 @@ TEST_F(CheckpointerSave, TheLatestCheckpointIsTheOneWrittenLastNotTheLargestStep
   const train::StreamedTensors host = train::host_trainable_values(decoder->parameters());
   train::SaveRequest earlier_run = request("epoch_1", *decoder);
   earlier_run.trainable = host;
-  earlier_run.recipe_state = {{"global_step", 80}};
+  earlier_run.recipe_state = {{"global_step", 80}, {"saved_at", 1800000000.0}};
   const std::string epoch_1 = checkpointer.save(earlier_run);
-  fs::last_write_time(fs::path(epoch_1) / "recipe_state" / "recipe_state.json",
-                      fs::file_time_type::clock::now() - std::chrono::hours(1));  // an hour ago
+  train::SaveRequest older_ktune = request("epoch_2", *decoder);  // no saved_at: older than any with one
+  older_ktune.trainable = host;
+  older_ktune.recipe_state = {{"global_step", 120}};
+  const std::string epoch_2 = checkpointer.save(older_ktune);
   EXPECT_EQ(checkpointer.find_latest(), epoch_1);
   train::SaveRequest this_run = request("step_20", *decoder);
   this_run.trainable = host;
-  this_run.recipe_state = {{"global_step", 20}};
+  this_run.recipe_state = {{"global_step", 20}, {"saved_at", 1800003600.0}};  // an hour later
   const std::string step_20 = checkpointer.save(this_run);
   EXPECT_EQ(checkpointer.find_latest(), step_20);
+  fs::last_write_time(fs::path(epoch_1) / "recipe_state" / "recipe_state.json", fs::file_time_type::clock::now());
+  EXPECT_EQ(checkpointer.find_latest(), step_20) << "a copy's file times do not reorder the saves";
 }
 
 // torchtune's resume of a full fine-tune names its checkpoint_files under output_dir
