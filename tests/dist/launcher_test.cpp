@@ -77,7 +77,7 @@ TEST(Launcher, AWorkerKilledFromOutsideIsNamedWithItsPeakMemory) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   static const std::regex cause(
       R"(job failed: rank 1 \(node0, pid \d+\) was killed by signal Killed \(not by its parent(.*): its peak resident )"
-      R"(memory was ([0-9.]+) GiB, of ([0-9.]+) GiB this machine allows(.*)\))");
+      R"(memory was ([0-9.]+) GiB, of ([0-9.]+) GiB this machine allows([^)]*)\))");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, cause)) << r.output;
   EXPECT_GE(std::stod(m[2]), 0.09) << r.output;
