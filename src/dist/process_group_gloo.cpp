@@ -59,6 +59,15 @@ void sum_into(void* c, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
+// Gloo's words (strerror's, through its pairs) for a peer whose end of a connection went away: its
+// process ended, or the network between dropped it. Any other failure to connect (an address that
+// does not resolve, a timeout before every peer came) is this rank's own to report.
+bool peer_went_away(const std::string& what) {
+  for (const char* words : {"Connection closed by peer", "Connection reset by peer", "Connection refused", "Broken pipe"})
+    if (what.find(words) != std::string::npos) return true;
+  return false;
+}
+
 class GlooProcessGroup final : public ProcessGroup {
  public:
   GlooProcessGroup(TcpStore& store, const std::string& prefix, int rank, int size, const std::string& hostname,
@@ -79,7 +88,10 @@ class GlooProcessGroup final : public ProcessGroup {
     try {
       context->connectFullMesh(prefixed, device);
     } catch (const std::exception& e) {
-      throw Error("process group '" + prefix + "' rank " + std::to_string(rank), std::string("cannot connect: ") + e.what());
+      const std::string where = "process group '" + prefix + "' rank " + std::to_string(rank);
+      if (peer_went_away(e.what()))  // a peer died while the mesh formed: it, not this rank, is the cause
+        throw PeerLostError(where, std::string("cannot connect: a peer failed or the network broke: ") + e.what());
+      throw Error(where, std::string("cannot connect: ") + e.what());
     }
     context_ = context;
   }
