@@ -124,25 +124,22 @@ bool ends_turn(const Tokenizer& tokenizer, int32_t id) {
 }
 
 // The model's own end-of-answer ids, as HF's generate() stops at them: generation_config.json's
-// eos_token_id (an id or a list), else config.json's; none when neither file names one.
-std::vector<int32_t> model_eos_ids(const fs::path& model_dir) {
-  for (const char* name : {"generation_config.json", "config.json"}) {
-    const fs::path path = model_dir / name;
-    if (!fs::exists(path)) continue;
-    std::ifstream in(path);
-    const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (config.is_discarded() || !config.is_object()) throw Error(path.string(), "not a JSON object");
-    const auto it = config.find("eos_token_id");
-    if (it == config.end() || it->is_null()) continue;
-    std::vector<int32_t> ids;
-    for (const nlohmann::json& id : it->is_array() ? *it : nlohmann::json::array({*it})) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
-        throw Error(path.string() + ": eos_token_id", "expected a token id or a list of them, got " + it->dump());
-      ids.push_back(int32_t(id.get<int64_t>()));
-    }
-    return ids;
+// eos_token_id (an id or a list), else config.json's (read with the model: `from_config`).
+std::vector<int32_t> model_eos_ids(const fs::path& model_dir, const std::vector<int32_t>& from_config) {
+  const fs::path path = model_dir / "generation_config.json";
+  if (!fs::exists(path)) return from_config;
+  std::ifstream in(path);
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded() || !config.is_object()) throw Error(path.string(), "not a JSON object");
+  const auto it = config.find("eos_token_id");
+  if (it == config.end() || it->is_null()) return from_config;
+  std::vector<int32_t> ids;
+  for (const nlohmann::json& id : it->is_array() ? *it : nlohmann::json::array({*it})) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      throw Error(path.string() + ": eos_token_id", "expected a token id or a list of them, got " + it->dump());
+    ids.push_back(int32_t(id.get<int64_t>()));
   }
-  return {};
+  return ids;
 }
 
 // A prompt from one line of --prompts: a JSON string, or under --template alpaca a row.
@@ -199,7 +196,7 @@ class Generator {
       if (ends_turn(*tokenizer_, id)) stop_ids_.push_back(id);
     // And every id the model's generation config ends an answer with (Llama 3.1 Instruct's
     // <|eom_id|>, a custom list), as HF does; their count sets beam search's candidates as HF's.
-    const std::vector<int32_t> eos = model_eos_ids(model_dir);
+    const std::vector<int32_t> eos = model_eos_ids(model_dir, decoder_->config().eos_token_ids);
     for (int32_t id : eos)
       if (std::find(stop_ids_.begin(), stop_ids_.end(), id) == stop_ids_.end()) stop_ids_.push_back(id);
     beams_.eos_count = int(eos.size());

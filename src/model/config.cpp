@@ -159,6 +159,8 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= c.vocab_size)
         throw Error(r.at(key), "must be a token id below vocab_size " + std::to_string(c.vocab_size) + " (or a list of them), got " +
                                    v.dump());
+    if (std::string(key) == "eos_token_id")
+      for (const json& id : ids) c.eos_token_ids.push_back(int32_t(id.get<int64_t>()));
   }
   c.hidden_size = r.integer("hidden_size");
   c.intermediate_size = r.integer("intermediate_size");

@@ -41,6 +41,7 @@ struct ModelConfig {
   bool sandwich_norms = false;         // Gemma2's post-attention and pre/post feed-forward norms
   bool scale_embeddings = false;       // Gemma: embeddings times sqrt(hidden_size) in the model dtype
   std::string torch_dtype;             // "float32", "bfloat16", ... as stored (informational)
+  std::vector<int32_t> eos_token_ids;  // config.json's eos_token_id (an id or a list); empty when absent or null
 
   int64_t q_dim() const { return num_heads * head_dim; }
   int64_t kv_dim() const { return num_kv_heads * head_dim; }

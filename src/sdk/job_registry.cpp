@@ -128,16 +128,7 @@ class Statement {
   std::string where_;
 };
 
-void exec(sqlite3* db, const char* sql, const std::string& where) {
-  char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    throw Error(where, "sqlite: " + msg);
-  }
-}
-
-// Runs `sql` as exec does, but runs it again while SQLite answers "busy" or "locked" without having
+// Runs `sql`, and runs it again while SQLite answers "busy" or "locked" without having
 // waited: it does so, busy handler or not, when waiting could deadlock (a connection that read the
 // schema of a database another is switching to WAL or creating tables in) or when its snapshot went
 // stale. Several clients making a new registry at once meet exactly that. Gives up after `seconds`.
@@ -150,11 +141,14 @@ void exec_retrying_busy(sqlite3* db, const char* sql, const std::string& where, 
     std::string msg = err ? err : "unknown error";
     sqlite3_free(err);
     const int primary = rc & 0xff;
-    if ((primary != SQLITE_BUSY && primary != SQLITE_LOCKED) || std::chrono::steady_clock::now() > deadline)
+    if ((primary != SQLITE_BUSY && primary != SQLITE_LOCKED) || std::chrono::steady_clock::now() >= deadline)
       throw Error(where, "sqlite: " + msg);
     std::this_thread::sleep_for(std::chrono::milliseconds(5 + 5 * std::min(attempt, 9)));
   }
 }
+
+// Runs `sql`; an error is thrown at once (the connection's busy handler already waited for locks).
+void exec(sqlite3* db, const char* sql, const std::string& where) { exec_retrying_busy(db, sql, where, 0); }
 
 // BEGIN IMMEDIATE takes the write lock up front, so two writers never deadlock upgrading a read.
 class Transaction {

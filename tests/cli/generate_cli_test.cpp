@@ -102,7 +102,8 @@ TEST_F(GenerateCli, PromptLinesAreAnsweredAsEachAlone) {
 }
 
 // The ids a model's generation_config.json ends answers with stop them, as HF's generate(): here
-// every id is one, so every answer (greedy or by beams) is empty; a malformed list is named.
+// every id is one, so every answer (greedy or by beams) is empty; a malformed list is named; without
+// the file, config.json's eos_token_id does the same.
 TEST_F(GenerateCli, TheGenerationConfigsEosIdsEndAnswers) {
   const fs::path copy = dir_ / "model-eos";
   fs::copy(model(), copy, fs::copy_options::recursive);
@@ -123,6 +124,14 @@ TEST_F(GenerateCli, TheGenerationConfigsEosIdsEndAnswers) {
   Outcome bad = sh(ask);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("generation_config.json: eos_token_id"), std::string::npos) << bad.output;
+  // Without a generation config, config.json's list stands in for it.
+  fs::remove(copy / "generation_config.json");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(copy / "config.json"));
+  config["eos_token_id"] = eos;
+  std::ofstream(copy / "config.json") << config.dump();
+  Outcome from_config = quiet(ask);
+  ASSERT_EQ(from_config.exit_code, 0) << from_config.output;
+  EXPECT_EQ(from_config.output, "\n");
 }
 
 // A LoRA run's adapter put on the base (--adapter) answers as the merged model the run wrote beside

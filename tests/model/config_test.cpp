@@ -144,6 +144,10 @@ TEST(ModelConfig, BadValuesAreNamed) {
   expect_error(R"({"model_type":"llama","vocab_size":100000000000,"hidden_size":8,"intermediate_size":16,
     "num_hidden_layers":1,"num_attention_heads":2})",
                "key vocab_size: must be at most 67108864");
+  // The eos ids a valid file names are kept, an id or a list alike.
+  EXPECT_EQ(ModelConfig::from_json_text(llama + R"(,"eos_token_id":[1,9]})", "c").eos_token_ids, (std::vector<int32_t>{1, 9}));
+  EXPECT_EQ(ModelConfig::from_json_text(llama + R"(,"eos_token_id":3})", "c").eos_token_ids, (std::vector<int32_t>{3}));
+  EXPECT_TRUE(ModelConfig::from_json_text(llama + R"(,"eos_token_id":null})", "c").eos_token_ids.empty());
 }
 
 }  // namespace
