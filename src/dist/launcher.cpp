@@ -103,8 +103,12 @@ struct Worker {
 // Whether the signal that ended a worker was this launcher's. A worker killed from outside (the OOM
 // killer's SIGKILL) while the launcher was stopping the others on a peer's account is not: it only
 // had a SIGTERM from us, or nothing yet.
-static bool ended_by_our_signal(const Worker& w, int status) {
+// Nor is a worker's death of the SIGINT or SIGTERM the launcher itself got (`launcher_signal`, 0 if
+// none): Ctrl-C in a terminal sends SIGINT to the whole process group, workers included, and they die
+// of it before the launcher forwards anything; the interrupt, not a rank, ended the job.
+static bool ended_by_our_signal(const Worker& w, int status, int launcher_signal) {
   if (!WIFSIGNALED(status)) return false;
+  if (launcher_signal != 0 && WTERMSIG(status) == launcher_signal) return true;
   return (WTERMSIG(status) == SIGTERM && w.sent_sigterm) || (WTERMSIG(status) == SIGKILL && w.sent_sigkill);
 }
 
@@ -252,6 +256,7 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
   }
 
   std::string failure;                     // why this node stopped its workers
+  int interrupted_by = 0;                  // the SIGINT or SIGTERM this launcher got, 0 while none
   std::vector<Failure> local_failures;  // this node's workers that failed by themselves
   bool stopping = false;
   auto stop_deadline = std::chrono::steady_clock::time_point::max();
@@ -293,7 +298,10 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
       if (wait4(w.pid, &status, WNOHANG, &usage) == w.pid) {
         w.exited = true;
         w.status = status;
-        bool stopped_by_us = ended_by_our_signal(w, status);
+        // A signal to the process group reaches this launcher as it reaches the workers, so its
+        // handler has run (g_signal) before a worker's death of it can be reaped.
+        const int launcher_signal = interrupted_by != 0 ? interrupted_by : g_signal.load();
+        bool stopped_by_us = ended_by_our_signal(w, status, launcher_signal);
         // A worker that wrote an error file failed by itself, even if our SIGTERM met it on its way out.
         std::optional<WorkerError> error = read_worker_error(w.error_file);
         if ((failed(status) && !stopped_by_us) || error) {
@@ -313,6 +321,7 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
     }
 
     if (int sig = g_signal.exchange(0)) {
+      interrupted_by = sig;
       signal_all(workers, sig);
       if (failure.empty()) failure = std::string("interrupted by ") + strsignal(sig);
       stopping = true;
@@ -334,6 +343,7 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
 
   bool any_failed = false;
   for (const Worker& w : workers) any_failed = any_failed || failed(w.status);
+  if (interrupted_by != 0 && local_failures.empty()) any_failed = true;  // stopped, not finished
   // Tell node 0 this node is done; node 0 keeps the store up until every node has said so.
   try {
     store.set("ktune/done/" + me, std::string(any_failed ? "failed" : "ok"));
@@ -360,6 +370,10 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
     std::stable_sort(all.begin(), all.end(), [](const Failure& a, const Failure& b) {
       return a.lost_peer != b.lost_peer ? !a.lost_peer : a.time_ns < b.time_ns;
     });
+    if (all.empty() && interrupted_by != 0) {  // nothing failed by itself: the interrupt ended the job
+      std::fprintf(stderr, "ktune launcher (%s): %s; stopped the workers\n", me.c_str(), failure.c_str());
+      return 128 + interrupted_by;  // as a shell reports a process ended by that signal
+    }
     std::string message;
     if (all.empty()) message = failure.empty() ? std::string("a worker failed") : failure;
     for (size_t i = 0; i < all.size(); ++i) message += (i == 0 ? "" : i == 1 ? "; after it: " : "; ") + all[i].why;

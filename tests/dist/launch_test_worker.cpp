@@ -14,7 +14,8 @@
 // and die of a SIGKILL that no one in the job sent, as the kernel's OOM killer ends a process.
 // "killed1_quietly" does the same after closing its stdout and stderr: the launcher then wakes on rank
 // 0's exit (it lost its peer), when rank 1 is already dead, and reaps rank 0 first — rank 1's SIGKILL
-// must still be taken for the cause, not for the launcher's stop.
+// must still be taken for the cause, not for the launcher's stop. "joined_then_wait" makes every rank
+// say "rank N joined" on stderr once the group has formed and then wait 60 s, for a test to interrupt.
 #include <signal.h>
 #include <unistd.h>
 
@@ -74,6 +75,10 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
     raise(SIGKILL);
   }
   if (mode == "slow0" && env.rank == 0) usleep(6000 * 1000);
+  if (mode == "joined_then_wait") {
+    std::fprintf(stderr, "rank %d joined\n", env.rank);
+    sleep(60);
+  }
   float value = float(env.rank + 1);
   group->allreduce_sum(&value, 1);
   std::printf("rank %d of %d sum %.0f threads %s\n", env.rank, env.world_size, value, std::getenv("KTUNE_NUM_THREADS"));

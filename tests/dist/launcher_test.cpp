@@ -1,7 +1,10 @@
 #include "dist/launcher.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <future>
@@ -125,6 +128,48 @@ TEST(Launcher, TheCauseIsNamedFirstEvenWhenItsPeersExitBeforeIt) {
   EXPECT_NE(r.output.find("job failed: rank 1 (node0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank 1 failing on purpose; after it: rank "), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("on its way out"), std::string::npos) << r.output;
+}
+
+// Ctrl-C in a terminal: SIGINT to the launcher's whole process group, its workers with it, once
+// both have joined. They die of the same signal the launcher got; no rank is blamed for it, and the
+// launcher says it was interrupted and exits as a shell reports SIGINT (130).
+TEST(Launcher, AnInterruptOfTheWholeProcessGroupBlamesNoRank) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    setpgid(0, 0);  // its own process group, as a terminal's foreground job
+    dup2(out[1], STDOUT_FILENO);
+    dup2(out[1], STDERR_FILENO);
+    close(out[0]);
+    close(out[1]);
+    setenv("KTUNE_COLLECTIVE_TIMEOUT", "20", 1);
+    execl(KTUNE_LAUNCH_TEST_WORKER, KTUNE_LAUNCH_TEST_WORKER, "1", "2", "0", endpoint.c_str(), "joined_then_wait",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  std::string output;
+  char buffer[4096];
+  bool interrupted = false;
+  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) {
+    output.append(buffer, size_t(n));
+    if (!interrupted && output.find("[rank0]: rank 0 joined") != std::string::npos &&
+        output.find("[rank1]: rank 1 joined") != std::string::npos) {
+      ASSERT_EQ(kill(-launcher, SIGINT), 0);
+      interrupted = true;
+    }
+  }
+  close(out[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  ASSERT_TRUE(interrupted) << output;
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << output;
+  EXPECT_NE(output.find("ktune launcher (node0): interrupted by Interrupt; stopped the workers"), std::string::npos) << output;
+  EXPECT_EQ(output.find("job failed"), std::string::npos) << output;
 }
 
 TEST(Launcher, TwoNodesOnLoopbackFormOneWorld) {
