@@ -12,10 +12,8 @@
 // close its connections first and record its error only after its peers have recorded theirs (a
 // lost peer, PeerLostError): the launcher must still name rank 1 as the cause. "killed1" makes rank 1 touch 96 MiB
 // and die of a SIGKILL that no one in the job sent, as the kernel's OOM killer ends a process.
-// "killed1_quietly" does the same after closing its stdout and stderr: the launcher then wakes on rank
-// 0's exit (it lost its peer), when rank 1 is already dead, and reaps rank 0 first — rank 1's SIGKILL
-// must still be taken for the cause, not for the launcher's stop. "joined_then_wait" makes every rank
-// say "rank N joined" on stderr once the group has formed and then wait 60 s, for a test to interrupt.
+// "joined_then_wait" makes every rank say "rank N joined, pid P" on stderr once the group has formed;
+// rank 0 then enters the allreduce while rank 1 waits 60 s before it, for a test to kill or interrupt.
 #include <signal.h>
 #include <unistd.h>
 
@@ -62,12 +60,6 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
     record_worker_error("rank 1 failing on purpose, after its peers recorded theirs");
     return 3;
   }
-  if (mode == "killed1_quietly" && env.rank == 1) {  // nothing left for the launcher to hear of its death
-    close(STDOUT_FILENO);
-    close(STDERR_FILENO);
-    usleep(300 * 1000);  // the launcher has read both ends' EOF and polls only rank 0's pipes
-    raise(SIGKILL);
-  }
   if (mode == "killed1" && env.rank == 1) {  // as the OOM killer ends a worker: SIGKILL, after 96 MiB resident
     std::vector<char> memory(96 << 20);
     for (size_t i = 0; i < memory.size(); i += 4096) memory[i] = char(i);
@@ -76,8 +68,8 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
   }
   if (mode == "slow0" && env.rank == 0) usleep(6000 * 1000);
   if (mode == "joined_then_wait") {
-    std::fprintf(stderr, "rank %d joined\n", env.rank);
-    sleep(60);
+    std::fprintf(stderr, "rank %d joined, pid %d\n", env.rank, int(getpid()));
+    if (env.rank == 1) sleep(60);
   }
   float value = float(env.rank + 1);
   group->allreduce_sum(&value, 1);

@@ -7,6 +7,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <stdexcept>
+#include <vector>
 #include <future>
 #include <regex>
 #include <string>
@@ -91,25 +94,6 @@ TEST(Launcher, AWorkerKilledFromOutsideIsNamedWithItsPeakMemory) {
     EXPECT_EQ(m[1].str(), ": the kernel's out-of-memory killer sends SIGKILL when memory runs out;") << r.output;
 }
 
-// Rank 0 loses its peer and exits; the launcher, woken by that, reaps rank 0 first (and starts
-// stopping the others) and rank 1, already dead of a SIGKILL it did not send, after: that death is
-// still the cause, not a worker the launcher stopped. The order is the scheduler's: when the
-// launcher's 200 ms poll wakes between rank 1's death and rank 0's exit, it reaps rank 1 first and
-// stops rank 0 (rank 0 is then not listed), the easy case. Every run must name the cause; up to three
-// runs are made for one where rank 0 was reaped first (listed after the cause), the case under test.
-TEST(Launcher, AWorkerKilledFromOutsideIsTheCauseWhenItsPeerIsReapedFirst) {
-  bool peer_reaped_first = false;
-  for (int attempt = 0; attempt < 3 && !peer_reaped_first; ++attempt) {
-    std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
-    Result r = run("1 2 0 " + endpoint + " killed1_quietly");
-    EXPECT_NE(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("job failed: rank 1 (node0, pid "), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("was killed by signal Killed (not by its parent"), std::string::npos) << r.output;
-    peer_reaped_first = r.output.find("; after it: rank 0 (node0") != std::string::npos;
-  }
-  EXPECT_TRUE(peer_reaped_first) << "in three runs the launcher never reaped rank 0 before rank 1";
-}
-
 TEST(Launcher, TheCauseIsNamedFirstEvenWhenItsPeersRecordTheirLostPeerBeforeIt) {
   std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   Result r = run("1 3 0 " + endpoint + " fail1_records_late");
@@ -130,46 +114,117 @@ TEST(Launcher, TheCauseIsNamedFirstEvenWhenItsPeersExitBeforeIt) {
   EXPECT_EQ(r.output.find("on its way out"), std::string::npos) << r.output;
 }
 
+// A launch in its own process group (as a terminal's foreground job), in mode joined_then_wait,
+// that a test can signal: the launcher, the group, or a worker by the pid it printed once joined.
+class LiveLaunch {
+ public:
+  LiveLaunch() {
+    const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+    int out[2];
+    if (pipe(out) != 0) throw std::runtime_error("pipe");
+    pid_ = fork();
+    if (pid_ == 0) {
+      setpgid(0, 0);
+      dup2(out[1], STDOUT_FILENO);
+      dup2(out[1], STDERR_FILENO);
+      close(out[0]);
+      close(out[1]);
+      setenv("KTUNE_COLLECTIVE_TIMEOUT", "20", 1);
+      execl(KTUNE_LAUNCH_TEST_WORKER, KTUNE_LAUNCH_TEST_WORKER, "1", "2", "0", endpoint.c_str(), "joined_then_wait",
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(out[1]);
+    fd_ = out[0];
+  }
+  ~LiveLaunch() {
+    if (fd_ >= 0) close(fd_);
+    if (pid_ > 0 && !reaped_) {
+      kill(-pid_, SIGKILL);
+      kill(pid_, SIGCONT);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t launcher() const { return pid_; }
+  const std::string& output() const { return output_; }
+
+  // Reads the launch's output until both ranks said they joined; returns their pids (rank order).
+  std::vector<pid_t> wait_until_joined() {
+    static const std::regex joined(R"(\[rank(\d)\]: rank \d joined, pid (\d+))");
+    std::vector<pid_t> pids(2, 0);
+    char buffer[4096];
+    while (pids[0] == 0 || pids[1] == 0) {
+      const ssize_t n = read(fd_, buffer, sizeof buffer);
+      if (n <= 0) return {};
+      output_.append(buffer, size_t(n));
+      for (std::sregex_iterator it(output_.begin(), output_.end(), joined), end; it != end; ++it)
+        pids[size_t(std::stoi((*it)[1]))] = pid_t(std::stol((*it)[2]));
+    }
+    return pids;
+  }
+  // Reads the rest of the output and reaps the launcher: its wait status.
+  int finish() {
+    char buffer[4096];
+    for (ssize_t n; (n = read(fd_, buffer, sizeof buffer)) > 0;) output_.append(buffer, size_t(n));
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool reaped_ = false;
+  std::string output_;
+};
+
+// Whether `pid` (not this process's child) has ended, waiting up to 20 s: /proc says zombie or gone.
+static bool ended_within_20s(pid_t pid) {
+  for (int i = 0; i < 2000; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return true;
+    const size_t close_paren = line.rfind(')');
+    if (close_paren != std::string::npos && line.size() > close_paren + 2 && line[close_paren + 2] == 'Z') return true;
+    usleep(10 * 1000);
+  }
+  return false;
+}
+
+// Rank 1 dies of a SIGKILL no one in the job sent (the OOM killer's way) and rank 0, in the allreduce,
+// loses its peer and exits, both while the launcher is stopped (SIGSTOP): once it runs again it
+// reaps rank 0 first (its workers' order) and starts stopping the others, then rank 1. Rank 1's
+// death is still the cause, not a worker the launcher stopped, and rank 0 comes after it.
+TEST(Launcher, AWorkerKilledFromOutsideIsTheCauseWhenItsPeerIsReapedFirst) {
+  LiveLaunch launch;
+  const std::vector<pid_t> pids = launch.wait_until_joined();
+  ASSERT_EQ(pids.size(), 2u) << launch.output();
+  ASSERT_EQ(kill(launch.launcher(), SIGSTOP), 0);
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  ASSERT_TRUE(ended_within_20s(pids[1]));
+  ASSERT_TRUE(ended_within_20s(pids[0])) << "rank 0 did not notice its peer's death";
+  ASSERT_EQ(kill(launch.launcher(), SIGCONT), 0);
+  const int status = launch.finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << launch.output();
+  static const std::regex order(R"(job failed: rank 1 \(node0, pid \d+\) was killed by signal Killed \(not by its parent.*)"
+                                R"(; after it: rank 0 \(node0, pid \d+\) exited with code 1: .*a peer failed or the network broke)");
+  EXPECT_TRUE(std::regex_search(launch.output(), order)) << launch.output();
+}
+
 // Ctrl-C in a terminal: SIGINT to the launcher's whole process group, its workers with it, once
 // both have joined. They die of the same signal the launcher got; no rank is blamed for it, and the
 // launcher says it was interrupted and exits as a shell reports SIGINT (130).
 TEST(Launcher, AnInterruptOfTheWholeProcessGroupBlamesNoRank) {
-  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  pid_t launcher = fork();
-  ASSERT_GE(launcher, 0);
-  if (launcher == 0) {
-    setpgid(0, 0);  // its own process group, as a terminal's foreground job
-    dup2(out[1], STDOUT_FILENO);
-    dup2(out[1], STDERR_FILENO);
-    close(out[0]);
-    close(out[1]);
-    setenv("KTUNE_COLLECTIVE_TIMEOUT", "20", 1);
-    execl(KTUNE_LAUNCH_TEST_WORKER, KTUNE_LAUNCH_TEST_WORKER, "1", "2", "0", endpoint.c_str(), "joined_then_wait",
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(out[1]);
-  std::string output;
-  char buffer[4096];
-  bool interrupted = false;
-  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) {
-    output.append(buffer, size_t(n));
-    if (!interrupted && output.find("[rank0]: rank 0 joined") != std::string::npos &&
-        output.find("[rank1]: rank 1 joined") != std::string::npos) {
-      ASSERT_EQ(kill(-launcher, SIGINT), 0);
-      interrupted = true;
-    }
-  }
-  close(out[0]);
-  int status = 0;
-  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
-  ASSERT_TRUE(interrupted) << output;
-  ASSERT_TRUE(WIFEXITED(status)) << output;
-  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << output;
-  EXPECT_NE(output.find("ktune launcher (node0): interrupted by Interrupt; stopped the workers"), std::string::npos) << output;
-  EXPECT_EQ(output.find("job failed"), std::string::npos) << output;
+  LiveLaunch launch;
+  ASSERT_EQ(launch.wait_until_joined().size(), 2u) << launch.output();
+  ASSERT_EQ(kill(-launch.launcher(), SIGINT), 0);
+  const int status = launch.finish();
+  ASSERT_TRUE(WIFEXITED(status)) << launch.output();
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << launch.output();
+  EXPECT_NE(launch.output().find("ktune launcher (node0): interrupted by Interrupt; stopped the workers"), std::string::npos)
+      << launch.output();
+  EXPECT_EQ(launch.output().find("job failed"), std::string::npos) << launch.output();
 }
 
 TEST(Launcher, TwoNodesOnLoopbackFormOneWorld) {
