@@ -23,13 +23,13 @@ from datetime import datetime, timezone
 from typing import Optional, Union
 
 from . import constants
-from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, Event, Initializer, Runtime,
+from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, CustomTrainerContainer, Event, Initializer, Runtime,
                     RuntimeKind, RuntimeTrainer, Step, TrainerType, TrainJob, TrainJobProgress,
                     _CustomTrainerSpec)
 
 __all__ = ["TrainerClient", "TrainJobPlan"]
 
-_OPTIONS_TAKEN = "Name, Labels, Annotations and ActiveDeadlineSeconds"
+_OPTIONS_TAKEN = "Name, Labels, Annotations, ActiveDeadlineSeconds, TrainerCommand and TrainerArgs"
 
 
 def _native():
@@ -106,7 +106,8 @@ def function_script(func: Callable, func_args: Optional[dict] = None) -> str:
 
 
 def _trainer_spec(trainer):
-    """What the native module takes: BuiltinTrainer as it is, a CustomTrainer as a script."""
+    """What the native module takes: BuiltinTrainer and CustomTrainerContainer as they are, a
+    CustomTrainer as a script."""
     if trainer is None or isinstance(trainer, BuiltinTrainer) or type(trainer).__name__ == "BuiltinTrainer":
         return trainer
     if isinstance(trainer, CustomTrainer) or type(trainer).__name__ == "CustomTrainer":
@@ -114,15 +115,17 @@ def _trainer_spec(trainer):
                                   packages_to_install=trainer.packages_to_install,
                                   pip_index_urls=trainer.pip_index_urls, num_nodes=trainer.num_nodes,
                                   resources_per_node=trainer.resources_per_node, image=trainer.image)
-    if isinstance(trainer, _CustomTrainerSpec):
-        return trainer
-    raise ValueError(f"trainer: expected a BuiltinTrainer or a CustomTrainer, got {type(trainer).__name__}")
+    if isinstance(trainer, _CustomTrainerSpec) or type(trainer).__name__ == "CustomTrainerContainer":
+        return trainer  # the native module reads a CustomTrainerContainer (ktune's or upstream's) by its fields
+    raise ValueError(f"trainer: expected a BuiltinTrainer, a CustomTrainer or a CustomTrainerContainer, "
+                     f"got {type(trainer).__name__}")
 
 
 def _job_options(options, name: Optional[str]) -> dict:
     """``train(options=[...])`` (ktune.options or upstream's kubeflow.trainer.options objects, read by
     class name and fields) and ktune's ``name=`` as the native plan's keyword arguments."""
-    out = {"name": name or "", "labels": {}, "annotations": {}, "active_deadline_seconds": None}
+    out = {"name": name or "", "labels": {}, "annotations": {}, "active_deadline_seconds": None,
+           "trainer_command": None, "trainer_args": None}
     if options is None:
         return out
     if not isinstance(options, (list, tuple)):
@@ -145,6 +148,12 @@ def _job_options(options, name: Optional[str]) -> dict:
             if type(option.seconds) is not int or option.seconds < 1:
                 raise ValueError("activeDeadlineSeconds must be a positive integer (minimum 1)")
             out["active_deadline_seconds"] = option.seconds
+        elif kind in ("TrainerCommand", "TrainerArgs"):
+            field_name = "command" if kind == "TrainerCommand" else "args"
+            values = getattr(option, field_name)
+            if not isinstance(values, (list, tuple)) or not all(isinstance(v, str) for v in values):
+                raise ValueError(f"options: {kind}.{field_name} must be a list of strings, got {values!r}")
+            out["trainer_" + field_name] = list(values)
         else:
             raise ValueError(f"options: {kind} is not supported by ktune (it takes {_OPTIONS_TAKEN}; "
                              "TrainJobs are built by its control plane, which has no patch layer)")
@@ -301,7 +310,8 @@ class TrainerClient:
                 self.delete_job(job, remove_workspace=True)
 
     def plan(self, runtime: Union[str, Runtime, None] = None, initializer: Optional[Initializer] = None,
-             trainer: Union[CustomTrainer, BuiltinTrainer, None] = None, options: Optional[list] = None, *,
+             trainer: Union[CustomTrainer, CustomTrainerContainer, BuiltinTrainer, None] = None,
+             options: Optional[list] = None, *,
              name: Optional[str] = None) -> TrainJobPlan:
         """What ``train()`` would submit, without submitting it (a dry run). Same arguments as ``train()``;
         Kubernetes-only options are rendered into the TrainJob whatever the backend."""
@@ -309,7 +319,8 @@ class TrainerClient:
                                               **_job_options(options, name)))
 
     def train(self, runtime: Union[str, Runtime, None] = None, initializer: Optional[Initializer] = None,
-              trainer: Union[CustomTrainer, BuiltinTrainer, None] = None, options: Optional[list] = None, *,
+              trainer: Union[CustomTrainer, CustomTrainerContainer, BuiltinTrainer, None] = None,
+             options: Optional[list] = None, *,
               name: Optional[str] = None) -> str:
         """Creates a TrainJob and returns its name (a letter and 11 hex digits, unless a name is given).
 
@@ -317,9 +328,11 @@ class TrainerClient:
             runtime: A runtime name or a ``Runtime`` (default: ``torch-distributed``).
             initializer: Where the dataset and the model come from (``Initializer``).
             trainer: ``BuiltinTrainer(config=TorchTuneConfig(...))`` for torchtune runtimes, or
-                ``CustomTrainer(func=...)`` for ``torch-distributed``.
+                ``CustomTrainer(func=...)`` for ``torch-distributed`` (or, on Kubernetes,
+                ``CustomTrainerContainer(image=...)``).
             options: upstream's options (``ktune.options`` or ``kubeflow.trainer.options``): ``Name``
-                on every backend; ``Labels``, ``Annotations``, ``ActiveDeadlineSeconds`` on Kubernetes.
+                on every backend; ``Labels``, ``Annotations``, ``ActiveDeadlineSeconds``,
+                ``TrainerCommand``, ``TrainerArgs`` on Kubernetes.
             name: ktune: the TrainJob's name (an RFC 1035 label), as ``options=[Name(name)]``.
 
         Raises:

@@ -33,7 +33,7 @@ from typing import Optional, Union
 from . import constants
 
 __all__ = [
-    "BackendConfig", "BackendKind", "BuiltinTrainer", "KubernetesBackendConfig", "CustomTrainer", "DataFormat", "DataType", "Event",
+    "BackendConfig", "BackendKind", "BuiltinTrainer", "KubernetesBackendConfig", "CustomTrainer", "CustomTrainerContainer", "DataFormat", "DataType", "Event",
     "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "LoraConfig", "Loss",
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",
@@ -70,6 +70,27 @@ class CustomTrainer:
     image: Optional[str] = None
     packages_to_install: Optional[list[str]] = None
     pip_index_urls: list[str] = field(default_factory=lambda: list(constants.DEFAULT_PIP_INDEX_URLS))
+    num_nodes: Optional[int] = None
+    resources_per_node: Optional[dict] = None
+    env: Optional[dict[str, str]] = None
+
+
+@dataclass
+class CustomTrainerContainer:
+    """Custom Trainer Container configuration: a container image that encapsulates the entire model
+    training process. Every node runs the image, with the runtime's command unless the
+    ``TrainerCommand`` / ``TrainerArgs`` options replace it (on ``torch-distributed``, which gives no
+    command, the image's own entrypoint). It needs a cluster: the Kubernetes backend runs it, the
+    local backend refuses it.
+
+    Args:
+        image: The container image that encapsulates the entire model training process.
+        num_nodes: The number of nodes to use for training.
+        resources_per_node: The computing resources per node, e.g. ``{"gpu": 4, "cpu": 5, "memory": "10G"}``.
+        env: Environment variables to set in the training nodes.
+    """
+
+    image: str
     num_nodes: Optional[int] = None
     resources_per_node: Optional[dict] = None
     env: Optional[dict[str, str]] = None

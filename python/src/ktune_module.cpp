@@ -262,12 +262,24 @@ class Reader {
     return c;
   }
 
+  // ktune's or upstream's CustomTrainerContainer, by its fields.
+  types::CustomTrainerContainer custom_trainer_container(nb::handle o, const std::string& w) {
+    types::CustomTrainerContainer c;
+    c.image = opt_str(attr(o, "image"), w + ".image").value_or("");
+    if (c.image.empty()) fail(w + ".image", "must name the container image to run");
+    c.num_nodes = opt_int(attr(o, "num_nodes"), w + ".num_nodes");
+    c.resources_per_node = dict(attr(o, "resources_per_node"), w + ".resources_per_node", true);
+    c.env = dict(attr(o, "env"), w + ".env", false);
+    return c;
+  }
+
   types::Trainer trainer(nb::handle o) {
     if (o.is_none()) return std::monostate{};
     const std::string t = type_name(o);
     if (t == "BuiltinTrainer") return types::BuiltinTrainer{torchtune_config(attr(o, "config"), "trainer.config")};
     if (t == "_CustomTrainerSpec") return custom_trainer(o, "trainer");
-    fail("trainer", "expected a BuiltinTrainer or a CustomTrainer, got " + describe(o));
+    if (t == "CustomTrainerContainer") return custom_trainer_container(o, "trainer");
+    fail("trainer", "expected a BuiltinTrainer, a CustomTrainer or a CustomTrainerContainer, got " + describe(o));
     return std::monostate{};
   }
 
@@ -551,6 +563,7 @@ class Client {
       Plan p;
       p.job = make_trainjob(runtime, init ? &*init : nullptr, t, options);
       p.plan = build_plan(p.job, client_.catalog());
+      p.plan.kubernetes_only = kubernetes_only_parts(t, options);
       return p;
     });
   }
@@ -764,12 +777,14 @@ NB_MODULE(_ktune, m) {
           "plan",
           [](const Client& c, const std::string& runtime, nb::handle initializer, nb::handle trainer,
              const std::string& name, const std::map<std::string, std::string>& labels,
-             const std::map<std::string, std::string>& annotations, std::optional<std::int64_t> active_deadline_seconds) {
-            return c.plan(runtime, initializer, trainer, types::JobOptions{name, labels, annotations, active_deadline_seconds});
+             const std::map<std::string, std::string>& annotations, std::optional<std::int64_t> active_deadline_seconds,
+             std::optional<std::vector<std::string>> trainer_command, std::optional<std::vector<std::string>> trainer_args) {
+            return c.plan(runtime, initializer, trainer,
+                          types::JobOptions{name, labels, annotations, active_deadline_seconds, trainer_command, trainer_args});
           },
           "runtime"_a, "initializer"_a.none(), "trainer"_a.none(), "name"_a = "",
           "labels"_a = std::map<std::string, std::string>{}, "annotations"_a = std::map<std::string, std::string>{},
-          "active_deadline_seconds"_a = nb::none())
+          "active_deadline_seconds"_a = nb::none(), "trainer_command"_a = nb::none(), "trainer_args"_a = nb::none())
       .def("submit", &Client::submit, "plan"_a)
       .def("list_jobs", &Client::list_jobs, "runtime"_a = "")
       .def("get_job", &Client::get_job, "name"_a)

@@ -81,7 +81,7 @@ std::string TrainJobPlan::to_text() const {
     }
     o << "\n";
     if (!s.image.empty()) o << "       image:   " << s.image << "\n";
-    o << "       command: " << join_command(s.command) << "\n";
+    o << "       command: " << (s.command.empty() ? std::string("(the image's entrypoint)") : join_command(s.command)) << "\n";
     if (!s.working_dir.empty()) o << "       workdir: " << s.working_dir << "\n";
     for (const auto& [k, v] : s.env) o << "       env:     " << k << "=" << v << "\n";
     for (const auto& [k, v] : s.secret_env) o << "       env:     " << k << "=***\n";

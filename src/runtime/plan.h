@@ -40,6 +40,9 @@ struct TrainJobPlan {
   std::string framework;                 // the runtime's framework label: "torchtune", "torch", ...
 
   std::string workspace = "/workspace";  // the shared volume's mount path, as the steps' paths spell it
+  // What of the call needs a cluster (kubernetes_only_parts in trainjob_builder.h), which the local
+  // backend refuses at submit: "CustomTrainerContainer", "TrainerCommand", "TrainerArgs".
+  std::vector<std::string> kubernetes_only;
 
   // The TrainJob object itself (trainer.kubeflow.org/v1alpha1 JSON), what a Kubernetes backend
   // creates and `ktune train --dry-run --backend kubernetes` prints. It holds no secret value: an

@@ -84,10 +84,12 @@ class TrainerKindPlugin : public Plugin {
                               v1alpha1::kAncestorLabel + ": trainer) with a container \"node\"");
       return;
     }
-    if (info.node_command.empty())
+    // A job's own image with no command runs the image's entrypoint (Kubernetes semantics): a
+    // CustomTrainerContainer's way.
+    if (info.node_command.empty() && !info.trainer.image)
       errors.emplace_back("spec.trainer.command", "runtime " + runtime +
                                                       " gives the node no command, so the job must: a CustomTrainer "
-                                                      "with a command or a script");
+                                                      "with a command or a script, or a CustomTrainerContainer");
     const bool torchtune_runtime = info.runtime->framework() == "torchtune";
     if (torchtune_runtime && !info.trainer.command.empty() && !info.torchtune_entrypoint())
       errors.emplace_back("spec.trainer.command",

@@ -116,17 +116,31 @@ struct CustomTrainer {
   std::optional<std::string> image;
 };
 
-using Trainer = std::variant<std::monostate, CustomTrainer, BuiltinTrainer>;
+// A container image that holds the whole training (upstream's CustomTrainerContainer): every node
+// runs it, with the runtime's command unless JobOptions' trainer_command / trainer_args (upstream's
+// TrainerCommand / TrainerArgs options) replace the command or its arguments. It needs a cluster to
+// run images: the Kubernetes backend takes it, the local backend refuses it.
+struct CustomTrainerContainer {
+  std::string image;
+  std::optional<int> num_nodes;
+  StringDict resources_per_node;
+  StringDict env;
+};
+
+using Trainer = std::variant<std::monostate, CustomTrainer, BuiltinTrainer, CustomTrainerContainer>;
 
 // What upstream's train(options=[...]) sets that ktune takes: Name (every backend), Labels,
-// Annotations and ActiveDeadlineSeconds (the TrainJob's metadata and spec: the Kubernetes backend
-// only, as upstream; the local backend refuses them at submit, and plans them for `--dry-run`).
+// Annotations, ActiveDeadlineSeconds (the TrainJob's metadata and spec), TrainerCommand and
+// TrainerArgs (.spec.trainer.command / .args, with a CustomTrainerContainer or no trainer): the
+// Kubernetes backend's only, as upstream; the local backend refuses them at submit, and plans them
+// for `--dry-run`.
 struct JobOptions {
   std::string name;                                     // "": a generated one
   std::map<std::string, std::string> labels;            // .metadata.labels
   std::map<std::string, std::string> annotations;       // .metadata.annotations
   std::optional<std::int64_t> active_deadline_seconds;  // .spec.activeDeadlineSeconds, at least 1
-  bool has_kubernetes_only() const { return !labels.empty() || !annotations.empty() || active_deadline_seconds; }
+  std::optional<std::vector<std::string>> trainer_command;  // .spec.trainer.command
+  std::optional<std::vector<std::string>> trainer_args;     // .spec.trainer.args
 };
 
 // ---- initializers ----------------------------------------------------------------------------

@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <random>
 #include <set>
+#include <tuple>
+#include <variant>
 
 #include "core/error.h"
 
@@ -355,6 +357,24 @@ static std::string heredoc_delimiter(const std::string& script) {
   return marker;
 }
 
+// Upstream's TrainerCommand / TrainerArgs: .spec.trainer.command / .args, over a
+// CustomTrainerContainer or no trainer; a CustomTrainer makes its own command from its function and
+// a BuiltinTrainer has the runtime's, so with those they are refused (in upstream's words).
+static void apply_trainer_overrides(const types::Trainer& trainer, const types::JobOptions& options, v1alpha1::TrainJob& job) {
+  if (!options.trainer_command && !options.trainer_args) return;
+  const bool takes_overrides = std::holds_alternative<std::monostate>(trainer) ||
+                               std::holds_alternative<types::CustomTrainerContainer>(trainer);
+  for (const auto& [given, option, own, preconfigured] :
+       {std::tuple{bool(options.trainer_command), "TrainerCommand", "command", "commands"},
+        std::tuple{bool(options.trainer_args), "TrainerArgs", "arguments", "arguments"}})
+    if (given && !takes_overrides)
+      throw Errors({Error(option, std::string(option) + " can only be used with CustomTrainerContainer. CustomTrainer generates its own " +
+                                      own + " from the function, and BuiltinTrainer uses pre-configured " + preconfigured + ".")});
+  if (!job.spec.trainer) job.spec.trainer = v1alpha1::Trainer{};
+  if (options.trainer_command) job.spec.trainer->command = *options.trainer_command;
+  if (options.trainer_args) job.spec.trainer->args = *options.trainer_args;
+}
+
 v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Initializer* initializer,
                                  const types::Trainer& trainer, const types::JobOptions& options) {
   v1alpha1::TrainJob job;
@@ -403,8 +423,28 @@ v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Ini
     for (const auto& [k, v] : c->env) t.env.push_back({k, v, {}});
     if (c->image) t.image = *c->image;
     job.spec.trainer = t;
+  } else if (const auto* c = std::get_if<types::CustomTrainerContainer>(&trainer)) {
+    if (runtime.trainer.trainer_type != types::TrainerType::CustomTrainer)  // upstream's words
+      throw Error("CustomTrainerContainer", "CustomTrainer can't be used with runtime " + runtime.name +
+                                                " (a BuiltinTrainer runtime); use a runtime such as torch-distributed");
+    if (c->image.empty()) throw Error("CustomTrainerContainer.image", "must name the container image to run");
+    v1alpha1::Trainer t;
+    if (c->num_nodes && *c->num_nodes) t.num_nodes = *c->num_nodes;
+    if (!c->resources_per_node.empty()) t.resources_per_node = resources_per_node(c->resources_per_node);
+    t.image = c->image;
+    for (const auto& [k, v] : c->env) t.env.push_back({k, v, {}});
+    job.spec.trainer = t;
   }
+  apply_trainer_overrides(trainer, options, job);
   return job;
+}
+
+std::vector<std::string> kubernetes_only_parts(const types::Trainer& trainer, const types::JobOptions& options) {
+  std::vector<std::string> parts;
+  if (std::holds_alternative<types::CustomTrainerContainer>(trainer)) parts.push_back("CustomTrainerContainer");
+  if (options.trainer_command) parts.push_back("TrainerCommand");
+  if (options.trainer_args) parts.push_back("TrainerArgs");
+  return parts;
 }
 
 // The lines a function's script starts with to install its packages, with upstream's policy: for

@@ -45,10 +45,17 @@ v1alpha1::ResourceRequirements resources_per_node(const types::StringDict& resou
 v1alpha1::Initializer trainjob_initializer(const types::Initializer& initializer);
 
 // The TrainJob a train(runtime, initializer, trainer, options) call creates: options.name empty, a
-// generated one; its labels, annotations and deadline as given (validation checks them). The runtime
-// must be the catalog's (its entrypoint decides the trainer command).
+// generated one; its labels, annotations and deadline as given (validation checks them); the
+// options' trainer command and args over a CustomTrainerContainer's (or no trainer's) trainer, as
+// upstream's TrainerCommand / TrainerArgs, which refuse the other trainers. The runtime must be the
+// catalog's (its entrypoint decides the trainer command).
 v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Initializer* initializer,
                                  const types::Trainer& trainer, const types::JobOptions& options = {});
+
+// What of a train() call only a cluster can run, by upstream's names: a CustomTrainerContainer (an
+// image to run), the TrainerCommand and TrainerArgs options. The plan carries them so that the local
+// backend refuses them at submit (and `--dry-run` still renders the TrainJob).
+std::vector<std::string> kubernetes_only_parts(const types::Trainer& trainer, const types::JobOptions& options);
 
 // The bash lines a CustomTrainer's function runs first to install packages_to_install: for the
 // user, else system-wide; when both fail, pip's log on stderr and exit 1 (see the .cpp).

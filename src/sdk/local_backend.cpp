@@ -120,7 +120,8 @@ void check_plan(const TrainJobPlan& plan) {
 
 // Upstream's Labels, Annotations and ActiveDeadlineSeconds options are the Kubernetes backend's
 // (its options refuse every other backend): the TrainJob's fields that set them are refused here,
-// with upstream's wording. A plan with them still prints (`--dry-run` renders the TrainJob).
+// with upstream's wording; so are the plan's other Kubernetes-only parts (a CustomTrainerContainer,
+// TrainerCommand, TrainerArgs). A plan with them still prints (`--dry-run` renders the TrainJob).
 void refuse_kubernetes_only_fields(const TrainJobPlan& plan) {
   if (plan.trainjob_json.empty()) return;
   const nlohmann::json job = nlohmann::json::parse(plan.trainjob_json, nullptr, false);
@@ -134,6 +135,12 @@ void refuse_kubernetes_only_fields(const TrainJobPlan& plan) {
     if (present(section, key))  // Errors: the caller's argument (upstream raises ValueError)
       throw Errors({Error("job " + plan.job_name,
                           std::string(option) + " option is not compatible with the local backend. Supported backends: kubernetes")});
+  for (const std::string& part : plan.kubernetes_only)
+    throw Errors({Error("job " + plan.job_name,
+                        part == "CustomTrainerContainer"
+                            ? "CustomTrainerContainer runs a container image, which the local backend cannot (it runs "
+                              "processes on this machine): use a CustomTrainer or a BuiltinTrainer here, or the kubernetes backend"
+                            : part + " option is not compatible with the local backend. Supported backends: kubernetes")});
 }
 
 }  // namespace
@@ -200,8 +207,8 @@ JobRegistry& LocalBackend::registry() {
 }
 
 std::string LocalBackend::submit(const TrainJobPlan& plan_in) {
-  check_plan(plan_in);
   refuse_kubernetes_only_fields(plan_in);
+  check_plan(plan_in);
   const std::string name = plan_in.job_name.empty() ? generate_job_name() : plan_in.job_name;
   check(!config_.ktune_exe.empty(), "local backend",
         "cannot find the ktune binary that supervises local jobs: put `ktune` on PATH or set KTUNE_EXE");

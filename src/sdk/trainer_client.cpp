@@ -70,7 +70,9 @@ types::Runtime TrainerClient::get_runtime(const std::string& name) const { retur
 
 TrainJobPlan TrainerClient::plan(const types::Runtime& runtime, const types::Initializer* initializer,
                                  const types::Trainer& trainer, const types::JobOptions& options) const {
-  return build_plan(make_trainjob(runtime, initializer, trainer, options), catalog_);
+  TrainJobPlan plan = build_plan(make_trainjob(runtime, initializer, trainer, options), catalog_);
+  plan.kubernetes_only = kubernetes_only_parts(trainer, options);
+  return plan;
 }
 
 std::string TrainerClient::train(const types::Runtime& runtime, const types::Initializer* initializer,

@@ -216,6 +216,26 @@ class LocalBackend(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "ContainerBackendConfig is not a backend ktune has"):
             _backend_config(ContainerBackendConfig())
 
+    def test_a_container_trainer_and_its_command_options_need_a_cluster(self):
+        from ktune.options import TrainerArgs, TrainerCommand
+        client = self.home.client()
+        container = ktune.CustomTrainerContainer(image="registry.example.com/train:1", num_nodes=2, env={"A": "1"})
+        plan = client.plan("torch-distributed", trainer=container, options=[TrainerCommand(["python", "train.py"])])
+        self.assertIn("image: registry.example.com/train:1", plan.trainjob_yaml())  # rendered whatever the backend
+        with self.assertRaisesRegex(ValueError, "CustomTrainerContainer runs a container image, which the local backend cannot"):
+            client.train("torch-distributed", trainer=container)
+        with self.assertRaisesRegex(ValueError, "TrainerArgs option is not compatible with the local backend"):
+            client.train("torch-distributed", options=[TrainerArgs(["--x"])])
+        with self.assertRaisesRegex(ValueError, "TrainerCommand can only be used with CustomTrainerContainer"):
+            client.plan(RUNTIME, trainer=BuiltinTrainer(config=TorchTuneConfig()), options=[TrainerCommand(["x"])])
+        with self.assertRaisesRegex(ValueError, "TrainerArgs.args must be a list of strings"):
+            client.plan("torch-distributed", trainer=container, options=[TrainerArgs("--x")])
+        with self.assertRaisesRegex(ValueError, "CustomTrainer can't be used with runtime " + RUNTIME):
+            client.plan(RUNTIME, trainer=container)
+        with self.assertRaisesRegex(ValueError, r"trainer\.image: must name the container image"):
+            client.plan("torch-distributed", trainer=ktune.CustomTrainerContainer(image=""))
+        self.assertEqual(client.list_jobs(), [])
+
     @unittest.skipIf(shutil.which("torchrun") is None, "torchrun (torch) is not installed")
     def test_runtime_packages_of_the_torch_runtime_are_printed_and_the_job_removed(self):
         import contextlib

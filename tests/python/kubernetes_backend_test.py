@@ -105,6 +105,43 @@ class KubernetesBackend(unittest.TestCase):
         self.assertEqual(sent["spec"]["trainer"], rendered["spec"]["trainer"])
         self.assertEqual(sent["spec"]["initializer"], rendered["spec"]["initializer"])
 
+    def test_a_container_trainer_posts_upstreams_trainer(self):
+        from ktune import CustomTrainerContainer
+        from ktune.options import TrainerArgs, TrainerCommand
+        client = TrainerClient(KubernetesBackendConfig(config_file=self.kubeconfig))
+        fields = dict(image="registry.example.com/team/train:3", num_nodes=2,
+                      resources_per_node={"gpu": 1, "memory": "8Gi"}, env={"EPOCHS": "3"})
+        command, args = ["python", "train.py"], ["--epochs", "3"]
+        self.assertEqual(client.train("torch-distributed", trainer=CustomTrainerContainer(**fields),
+                                      options=[TrainerCommand(command), TrainerArgs(args)], name="boxed"), "boxed")
+        sent = [r for r in FakeApiServer.requests if r[0] == "POST" and r[1].endswith("/trainjobs")][0][3]
+        trainer = sent["spec"]["trainer"]
+        self.assertEqual(trainer["image"], fields["image"])
+        self.assertEqual(trainer["numNodes"], 2)
+        self.assertEqual(trainer["env"], [{"name": "EPOCHS", "value": "3"}])
+        self.assertEqual((trainer["command"], trainer["args"]), (command, args))
+        try:  # the same call through upstream's SDK renders the same trainer
+            from kubeflow.trainer.backends.kubernetes.backend import KubernetesBackend as Upstream
+            from kubeflow.trainer.types import types as up
+        except ImportError:
+            return
+        runtime = up.Runtime(name="torch-distributed", kind=up.RuntimeKind.CLUSTER_TRAINING_RUNTIME,
+                             trainer=up.RuntimeTrainer(trainer_type=up.TrainerType.CUSTOM_TRAINER, framework="torch",
+                                                       image="unused"))
+        spec = object.__new__(Upstream)._get_trainjob_spec(runtime=runtime, trainer=up.CustomTrainerContainer(**fields),
+                                                           trainer_overrides={"command": command, "args": args}).to_dict()
+        theirs = spec["trainer"]
+        for key in ("image", "numNodes", "env", "command", "args"):
+            self.assertEqual(trainer[key], theirs[key], key)
+        for side in ("limits", "requests"):  # quantities: upstream's model writes 1.0 where ktune writes "1"
+            self.assertEqual({k: str(v).removesuffix(".0") for k, v in theirs["resourcesPerNode"][side].items()},
+                             {k: str(v) for k, v in trainer["resourcesPerNode"][side].items()})
+        # And upstream's own objects are taken as they are.
+        from kubeflow.trainer.options import TrainerCommand as UpstreamCommand
+        rendered = yaml.safe_load(client.plan("torch-distributed", trainer=up.CustomTrainerContainer(**fields),
+                                              options=[UpstreamCommand(command=command)]).trainjob_yaml())
+        self.assertEqual((rendered["spec"]["trainer"]["image"], rendered["spec"]["trainer"]["command"]), (fields["image"], command))
+
     def test_plan_yaml_is_the_clis_kubernetes_dry_run(self):
         # `ktune train --backend kubernetes --dry-run` (C++ flags -> structs) prints the TrainJob it would create.
         code, out, err = run_cli(["train", "--backend", "kubernetes", "--runtime", "torchtune-qwen2.5-0.5b", "--name", "cli-job",

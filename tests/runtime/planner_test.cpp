@@ -367,5 +367,64 @@ TEST(TrainJobYaml, RenderedForKubernetesWithSecretsMasked) {
   EXPECT_EQ(back.spec.runtime_ref.name, "torchtune-llama3.2-1b");
 }
 
+// Upstream's CustomTrainerContainer: the job's image on every node with its resources and env; on
+// torch-distributed (no command of its own) the image's entrypoint runs, unless TrainerCommand /
+// TrainerArgs give one. The plan says it needs a cluster. Upstream's rules are kept: not on a
+// torchtune runtime, the options not with another trainer (in upstream's words), an image required.
+TEST(Plan, ACustomTrainerContainerRunsItsImageOnEveryNode) {
+  const auto runtime = to_sdk_runtime(catalog().get("torch-distributed"));
+  types::CustomTrainerContainer container;
+  container.image = "registry.example.com/team/train:3";
+  container.num_nodes = 2;
+  container.resources_per_node = {{"gpu", "1"}, {"memory", "8Gi"}};
+  container.env = {{"EPOCHS", "3"}};
+  const v1alpha1::TrainJob job = make_trainjob(runtime, nullptr, container, {.name = "boxed"});
+  ASSERT_TRUE(job.spec.trainer);
+  EXPECT_EQ(job.spec.trainer->image, "registry.example.com/team/train:3");
+  EXPECT_EQ(job.spec.trainer->num_nodes, 2);
+  EXPECT_TRUE(job.spec.trainer->command.empty());
+  const TrainJobPlan plan = build_plan(job, catalog());
+  ASSERT_EQ(plan.steps.size(), 2u);
+  for (const PlanStep& s : plan.steps) {
+    EXPECT_EQ(s.image, "registry.example.com/team/train:3");
+    EXPECT_TRUE(s.command.empty());  // the image's entrypoint
+    EXPECT_EQ(s.env.at("EPOCHS"), "3");
+  }
+  EXPECT_NE(plan.to_text().find("command: (the image's entrypoint)"), std::string::npos) << plan.to_text();
+  EXPECT_EQ(kubernetes_only_parts(container, {}), (std::vector<std::string>{"CustomTrainerContainer"}));
+
+  types::JobOptions overrides{.name = "boxed-cmd"};
+  overrides.trainer_command = std::vector<std::string>{"python", "train.py"};
+  overrides.trainer_args = std::vector<std::string>{"--epochs", "3"};
+  const TrainJobPlan with_command = build_plan(make_trainjob(runtime, nullptr, container, overrides), catalog());
+  EXPECT_EQ(with_command.steps[0].command, (std::vector<std::string>{"python", "train.py", "--epochs", "3"}));
+  EXPECT_EQ(kubernetes_only_parts(container, overrides),
+            (std::vector<std::string>{"CustomTrainerContainer", "TrainerCommand", "TrainerArgs"}));
+  const v1alpha1::TrainJob bare = make_trainjob(runtime, nullptr, std::monostate{}, overrides);  // no trainer: as upstream
+  EXPECT_EQ(bare.spec.trainer->command, (std::vector<std::string>{"python", "train.py"}));
+  EXPECT_EQ(bare.spec.trainer->args, (std::vector<std::string>{"--epochs", "3"}));
+
+  types::CustomTrainer function;
+  function.script = "print(1)";
+  try {
+    make_trainjob(runtime, nullptr, function, overrides);
+    FAIL() << "TrainerCommand with a CustomTrainer";
+  } catch (const Errors& e) {
+    EXPECT_NE(std::string(e.what()).find("TrainerCommand can only be used with CustomTrainerContainer. CustomTrainer generates its own "
+                                         "command from the function, and BuiltinTrainer uses pre-configured commands."),
+              std::string::npos) << e.what();
+  }
+  types::JobOptions args_only;
+  args_only.trainer_args = std::vector<std::string>{"x"};
+  try {
+    make_trainjob(runtime, nullptr, types::BuiltinTrainer{}, args_only);
+    FAIL() << "TrainerArgs with a BuiltinTrainer";
+  } catch (const Errors& e) {
+    EXPECT_NE(std::string(e.what()).find("TrainerArgs can only be used with CustomTrainerContainer"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_trainjob(to_sdk_runtime(catalog().get("torchtune-llama3.2-1b")), nullptr, container), Error);
+  EXPECT_THROW(make_trainjob(runtime, nullptr, types::CustomTrainerContainer{}), Error);  // no image
+}
+
 }  // namespace
 }  // namespace ktune
