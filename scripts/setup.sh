@@ -40,7 +40,7 @@ PY=${PYTHON:-python3}
 PIP_PACKAGES=(
   pyarrow:pyarrow tokenizers:tokenizers tiktoken:tiktoken numpy:numpy safetensors:safetensors
   pyyaml:yaml "moto[server]:moto" jsonschema:jsonschema
-  torch:torch transformers:transformers peft:peft kubeflow:kubeflow papermill:papermill
+  torch:torch transformers:transformers peft:peft kubeflow:kubeflow papermill:papermill tensorboard:tensorboard
   nbformat:nbformat ipykernel:ipykernel nanobind:nanobind scikit-build-core:scikit_build_core sentencepiece:sentencepiece
 )
 missing=()

@@ -249,6 +249,9 @@ void add_training_components(std::vector<ComponentSpec>& out) {
                  ComponentKind::MetricLogger,
                  {p_str("log_dir", true), p_str("filename", false, true)}});
   out.push_back({"torchtune.training.metric_logging.StdoutLogger", ComponentKind::MetricLogger, {}});
+  out.push_back({"torchtune.training.metric_logging.TensorBoardLogger",
+                 ComponentKind::MetricLogger,
+                 {p_str("log_dir", true), p_bool("organize_logs")}});
 
   out.push_back({"torchtune.training.setup_torch_profiler",
                  ComponentKind::Profiler,
@@ -277,8 +280,6 @@ void add_training_components(std::vector<ComponentSpec>& out) {
          "ktune reads and writes Hugging Face checkpoints only; use torchtune.training.FullModelHFCheckpointer");
   refuse("torchtune.training.metric_logging.WandBLogger", ComponentKind::MetricLogger,
          "Weights & Biases needs the network; use torchtune.training.metric_logging.DiskLogger");
-  refuse("torchtune.training.metric_logging.TensorBoardLogger", ComponentKind::MetricLogger,
-         "TensorBoard event files are not written by ktune; use torchtune.training.metric_logging.DiskLogger");
   refuse("torchtune.training.metric_logging.MLFlowLogger", ComponentKind::MetricLogger,
          "MLflow needs a tracking server; use torchtune.training.metric_logging.DiskLogger");
   refuse("torchtune.training.metric_logging.CometLogger", ComponentKind::MetricLogger,

@@ -338,9 +338,16 @@ void FinetuneRecipe::setup() {
     schedule_ = CosineWithWarmup{cfg_.lr_scheduler.num_warmup_steps, int64_t(cfg_.epochs) * steps_per_epoch_,
                                  cfg_.lr_scheduler.num_cycles};
   if (rank0_) {
-    std::string log_dir = cfg_.metric_logger.log_dir.empty() ? (fs::path(cfg_.output_dir) / "logs").string()
-                                                             : cfg_.metric_logger.log_dir;
-    metrics_ = std::make_unique<MetricLogger>(log_dir, int64_t(std::time(nullptr)));
+    MetricLoggerOptions logging;
+    const std::string& logger = cfg_.metric_logger.component;
+    logging.sink = logger.ends_with("StdoutLogger")        ? MetricSink::Stdout
+                   : logger.ends_with("TensorBoardLogger") ? MetricSink::TensorBoard
+                                                           : MetricSink::Disk;
+    logging.log_dir = cfg_.metric_logger.log_dir.empty() ? (fs::path(cfg_.output_dir) / "logs").string()
+                                                         : cfg_.metric_logger.log_dir;
+    logging.filename = cfg_.metric_logger.filename;
+    logging.organize_logs = cfg_.metric_logger.organize_logs;
+    metrics_ = std::make_unique<MetricLogger>(logging, int64_t(std::time(nullptr)));
     record_config();
   }
   if (cfg_.resume_from_checkpoint) resume();

@@ -182,6 +182,7 @@ RecipeConfig make_recipe_config(const ConfigNode& tree, const RecipeSpec& recipe
     c.metric_logger.component = ml->component();
     read(*ml, "log_dir", c.metric_logger.log_dir);
     read(*ml, "filename", c.metric_logger.filename);
+    read(*ml, "organize_logs", c.metric_logger.organize_logs);
   }
   if (const ConfigNode* p = get(tree, "profiler")) read(*p, "enabled", c.profiler_enabled);
 

@@ -104,7 +104,8 @@ struct LossConfig {
 struct MetricLoggerConfig {
   std::string component;  // "" when none
   std::string log_dir;
-  std::string filename;   // "" → log_<unix time>.txt
+  std::string filename;       // DiskLogger: "" → log_<unix time>.txt
+  bool organize_logs = true;  // TensorBoardLogger: a run_0_<time> folder under log_dir
 };
 
 struct RecipeConfig {

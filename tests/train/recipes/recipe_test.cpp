@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -759,4 +760,44 @@ TEST_F(RecipeTest, ValidationWithoutAnIntervalRunsAtTheEndOfEachEpoch) {
   auto v = losses(out(), "val_loss");
   ASSERT_EQ(v.size(), 2u) << r.output;
   EXPECT_TRUE(v.count(2) && v.count(4)) << r.output;
+}
+
+// metric_logger: torchtune's TensorBoardLogger. The run's scalars, read back by TensorBoard's own
+// loader (tensorboard's EventAccumulator), are the steps' logged values, in one run_0_<time> folder.
+TEST_F(RecipeTest, TheTensorBoardLoggerWritesWhatTensorBoardReads) {
+  Outcome r = run("", "full_finetune_single_device", "full_single_device",
+                  "epochs=1 max_steps_per_epoch=3 batch_size=8 metric_logger._component_=torchtune.training.metric_logging."
+                  "TensorBoardLogger metric_logger.log_dir=" + out() + "/tb",
+                  out());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Outcome read = sh("python3 " + kSource + "/tests/train/recipes/read_tensorboard_scalars.py " + out() + "/tb");
+  if (read.exit_code == 3) GTEST_SKIP() << read.output;
+  ASSERT_EQ(read.exit_code, 0) << read.output;
+  // The JSON-lines twin (beside the run folder) holds the same values as doubles.
+  std::map<int, double> loss;
+  std::ifstream jsonl;
+  for (const auto& e : fs::directory_iterator(out() + "/tb"))
+    if (e.path().extension() == ".jsonl") jsonl.open(e.path());
+  ASSERT_TRUE(jsonl.is_open());
+  const std::regex loss_field(R"("loss":([^,}]+))"), step_field(R"("step":(\d+))");
+  std::smatch l, st;
+  for (std::string line; std::getline(jsonl, line);)
+    if (std::regex_search(line, l, loss_field) && std::regex_search(line, st, step_field)) loss[std::stoi(st[1])] = std::stod(l[1]);
+  ASSERT_EQ(loss.size(), 3u) << r.output;
+  std::istringstream lines(read.output);
+  std::set<std::string> runs;
+  int seen = 0;
+  for (std::string run, tag; lines >> run >> tag;) {
+    int step;
+    double value;
+    lines >> step >> value;
+    runs.insert(run);
+    if (tag != "loss") continue;
+    ++seen;
+    EXPECT_EQ(value, double(float(loss.at(step)))) << "step " << step;
+  }
+  EXPECT_EQ(seen, 3) << read.output;
+  ASSERT_EQ(runs.size(), 1u) << read.output;
+  EXPECT_EQ(runs.begin()->rfind("run_0_", 0), 0u) << read.output;
+  EXPECT_NE(read.output.find(" lr 1 "), std::string::npos) << read.output;
 }
