@@ -19,6 +19,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,21 @@
 #include "dist/tcp_store.h"
 
 using namespace ktune::dist;
+
+// Waits (up to 20 s) until every other rank of this node has recorded its error: their files sit
+// beside this worker's own (TORCHELASTIC_ERROR_FILE), named error_rank<r>.json.
+static void wait_for_the_peers_records(const WorkerEnv& env) {
+  const char* own = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (own == nullptr) return;
+  const std::filesystem::path dir = std::filesystem::path(own).parent_path();
+  for (int waited_ms = 0; waited_ms < 20000; waited_ms += 10) {
+    bool all = true;
+    for (int r = 0; r < env.world_size; ++r)
+      if (r != env.rank && !std::filesystem::exists(dir / ("error_rank" + std::to_string(r) + ".json"))) all = false;
+    if (all) return;
+    usleep(10 * 1000);
+  }
+}
 
 static int worker(const WorkerEnv& env, const std::string& mode) {
   if ((mode == "fail1_slow_exit" || mode == "fail1_records_late") && env.rank == 1) {
@@ -48,7 +64,7 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
     record_worker_error("rank 1 failing on purpose");
     if (mode == "fail1_slow_exit") {  // SIGTERM blocked (above), so that the second record below happens
       group.reset();  // the peers see the connection close now, fail, and record theirs
-      usleep(500 * 1000);
+      wait_for_the_peers_records(env);
       record_worker_error("rank 1 on its way out");  // later than the peers': the first record stands
       usleep(1000 * 1000);
     }
@@ -56,7 +72,7 @@ static int worker(const WorkerEnv& env, const std::string& mode) {
   }
   if (mode == "fail1_records_late" && env.rank == 1) {  // SIGTERM blocked (above): it must not cut the record short
     group.reset();  // the peers fail in their allreduce and record that first
-    usleep(500 * 1000);
+    wait_for_the_peers_records(env);
     record_worker_error("rank 1 failing on purpose, after its peers recorded theirs");
     return 3;
   }

@@ -2,6 +2,8 @@
 // exit codes, deleting, a killed supervisor, pid reuse, logs follow, secrets and progress. Every
 // test runs real processes under a temporary KTUNE_HOME, supervised by the test supervisor binary.
 #include <gtest/gtest.h>
+
+#include <fstream>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -185,10 +187,11 @@ TEST(LocalBackend, DeleteStopsEveryProcessOfTheJobAndForgetsIt) {
   TrainJobRecord job = backend.get_job(name);
   const std::string ws = job.workspace;
   ASSERT_TRUE(eventually([&] { return !read_text(ws + "/child.pid").empty() && !read_text(ws + "/step.pid").empty(); }));
-  job = backend.get_job(name);
   int step_pid = std::stoi(read_text(ws + "/step.pid"));
   int child_pid = std::stoi(read_text(ws + "/child.pid"));
-  ASSERT_EQ(job.step("node-0")->pid, step_pid);
+  // The supervisor records the step's pid after its fork, which the step's shell may outrun.
+  ASSERT_TRUE(eventually([&] { return backend.get_job(name).step("node-0")->pid == step_pid; }));
+  job = backend.get_job(name);
   ASSERT_TRUE(process_is_alive(step_pid, 0));
   ASSERT_TRUE(process_is_alive(child_pid, 0));
   const int supervisor = job.supervisor_pid;
@@ -217,9 +220,11 @@ TEST(LocalBackend, AKilledSupervisorIsDetectedAndTheJobMarkedFailed) {
   std::string name = backend.submit(plan_of({shell_step("node-0", "echo $$ > /workspace/step.pid; exec sleep 60", {}, 0)}));
   TrainJobRecord job = backend.get_job(name);
   ASSERT_TRUE(eventually([&] { return !read_text(job.workspace + "/step.pid").empty(); }));
-  job = backend.get_job(name);
-  ASSERT_EQ(job.status, kRunning);
-  ASSERT_EQ(job.step("node-0")->status, kRunning);
+  // The supervisor records the step as running after its fork, which the step's shell may outrun.
+  ASSERT_TRUE(eventually([&] {
+    job = backend.get_job(name);
+    return job.status == kRunning && job.step("node-0")->status == kRunning && job.step("node-0")->pid > 0;
+  }));
   const int step_pid = job.step("node-0")->pid;
   ASSERT_EQ(kill(job.supervisor_pid, SIGKILL), 0);
   ASSERT_TRUE(eventually([&] { return !process_is_alive(job.supervisor_pid, job.supervisor_start_time); }, 5));
@@ -360,7 +365,9 @@ TEST(LocalBackend, AJobOutlivesTheProcessThatSubmittedIt) {
   if (child == 0) {
     close(fds[0]);
     LocalBackend backend(local_config(home.path()));
-    std::string name = backend.submit(plan_of({shell_step("node-0", "sleep 1; echo done > /workspace/out.txt", {}, 0)}));
+    // The step runs until the test lets it finish (a go file), however slowly anything here starts.
+    std::string name = backend.submit(plan_of({shell_step(
+        "node-0", "while [ ! -e /workspace/go ]; do sleep 0.05; done; echo done > /workspace/out.txt", {}, 0)}));
     (void)!write(fds[1], name.data(), name.size());
     _exit(0);
   }
@@ -374,7 +381,8 @@ TEST(LocalBackend, AJobOutlivesTheProcessThatSubmittedIt) {
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   const std::string name(buf, size_t(n));
   LocalBackend later(local_config(home.path()));
-  EXPECT_EQ(later.get_job(name).status, kRunning);  // its submitter is gone, the job is not
+  EXPECT_TRUE(eventually([&] { return later.get_job(name).status == kRunning; }));  // its submitter is gone, the job is not
+  std::ofstream(later.get_job(name).workspace + "/go") << "";
   TrainJobRecord job = wait_terminal(later, name);
   EXPECT_EQ(job.status, kComplete) << job.reason;
   EXPECT_EQ(read_text(job.workspace + "/out.txt"), "done\n");

@@ -67,8 +67,13 @@ TEST(ProcessIdentity, ProcessesThatExitWhileProcIsScannedCountAsGoneAndNeverThro
 
   ProcessChurn churn(/*most=*/3000);
   long scans = 0;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  while (churn.running() && std::chrono::steady_clock::now() < until) {
+  // Until both sides have done enough to race (at least 3 s of it), or 20 s on a starved machine.
+  const auto start = std::chrono::steady_clock::now();
+  const auto enough = [&] {
+    const auto ran = std::chrono::steady_clock::now() - start;
+    return (ran > std::chrono::seconds(3) && churn.made() > 100 && scans > 10) || ran > std::chrono::seconds(20);
+  };
+  while (churn.running() && !enough()) {
     // A group with no member (the churn's children are in ours): nothing to stop.
     EXPECT_NO_THROW(EXPECT_FALSE(stop_process_group(churn.last_pid(), 0, 0.0)));
     EXPECT_NO_THROW(process_is_alive(churn.last_pid(), 0));

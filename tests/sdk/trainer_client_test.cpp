@@ -73,9 +73,9 @@ TEST(WaitForJobStatus, TimesOutAfterTheTimeoutAndCallsBackOnEveryPoll) {
   int polls = 0;
   auto t0 = std::chrono::steady_clock::now();
   try {
-    client.wait_for_job_status(name, {"Complete"}, 0.6, 0.1, [&](const types::TrainJob& j) {
+    client.wait_for_job_status(name, {"Complete"}, 2, 0.1, [&](const types::TrainJob& j) {
       ++polls;
-      EXPECT_EQ(j.status, "Running");
+      EXPECT_TRUE(j.status == "Running" || j.status == "Created") << j.status;
     });
     FAIL();
   } catch (const WaitTimeoutError& e) {
@@ -83,9 +83,9 @@ TEST(WaitForJobStatus, TimesOutAfterTheTimeoutAndCallsBackOnEveryPoll) {
               std::string::npos);
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_GE(seconds, 0.6);
-  EXPECT_LT(seconds, 3.0);
-  EXPECT_GE(polls, 4);
+  EXPECT_GE(seconds, 2.0);
+  EXPECT_LT(seconds, 10.0);  // a bound, not a timing: the wait ends near its timeout, not at the job's end
+  EXPECT_GE(polls, 3);
   // Waiting for Running returns at once.
   EXPECT_EQ(client.wait_for_job_status(name, {"Running"}, 5, 0.1).status, "Running");
   client.delete_job(name);

@@ -24,8 +24,11 @@ std::string data_dir() {
   if (const char* env = std::getenv("KTUNE_TOKENIZER_DATA")) return env;
   return std::string(KTUNE_SOURCE_DIR) + "/../shared/data/tokenizers";
 }
+// A folder of the running test's own: ctest runs these tests side by side, and each writes its
+// texts, references and unpacked files here.
 std::string scratch() {
-  std::string dir = std::string(KTUNE_BINARY_DIR) + "/test_scratch/text/real";
+  std::string dir = std::string(KTUNE_BINARY_DIR) + "/test_scratch/text/real/" +
+                    ::testing::UnitTest::GetInstance()->current_test_info()->name();
   fs::create_directories(dir);
   return dir;
 }
@@ -80,6 +83,7 @@ json run_reference(const std::string& kind, const std::string& file, std::string
   if (rc != 0) {
     *why = (WIFEXITED(rc) && WEXITSTATUS(rc) == 3) ? "a Python reference package is missing (tokenizers / tiktoken)"
                                                     : "reference script failed: " + cmd;
+    if (!(WIFEXITED(rc) && WEXITSTATUS(rc) == 3)) ADD_FAILURE() << *why;  // a broken reference is no reason to skip
     return json();
   }
   return json::parse(std::ifstream(out));
