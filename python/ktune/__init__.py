@@ -20,7 +20,7 @@ See ``help(ktune.TrainerClient)`` and ``help(ktune.types)``.
 
 from . import constants, options, types
 from .client import TrainerClient, TrainJobPlan, function_script
-from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, CustomTrainerContainer, DataFormat, DataType, Event,
+from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, CustomTrainerContainer, DataCacheInitializer, DataFormat, DataType, Event,
                     HuggingFaceDatasetInitializer, HuggingFaceModelInitializer, Initializer, KubernetesBackendConfig, LoraConfig, Loss,
                     Runtime, RuntimeKind, RuntimeTrainer, S3DatasetInitializer, S3ModelInitializer, Step,
                     TorchTuneChatDataset, TorchTuneConfig, TorchTuneInstructDataset, TorchTuneMultimodalDataset,
@@ -32,7 +32,7 @@ DATASET_PATH = constants.DATASET_PATH
 MODEL_PATH = constants.MODEL_PATH
 
 __all__ = [
-    "BackendConfig", "BackendKind", "BuiltinTrainer", "CustomTrainer", "CustomTrainerContainer", "DATASET_PATH", "DataFormat", "DataType", "Event",
+    "BackendConfig", "BackendKind", "BuiltinTrainer", "CustomTrainer", "CustomTrainerContainer", "DATASET_PATH", "DataCacheInitializer", "DataFormat", "DataType", "Event",
     "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "KubernetesBackendConfig", "LoraConfig", "Loss", "MODEL_PATH",
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",

@@ -33,7 +33,7 @@ from typing import Optional, Union
 from . import constants
 
 __all__ = [
-    "BackendConfig", "BackendKind", "BuiltinTrainer", "KubernetesBackendConfig", "CustomTrainer", "CustomTrainerContainer", "DataFormat", "DataType", "Event",
+    "BackendConfig", "BackendKind", "BuiltinTrainer", "KubernetesBackendConfig", "CustomTrainer", "CustomTrainerContainer", "DataCacheInitializer", "DataFormat", "DataType", "Event",
     "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "LoraConfig", "Loss",
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",
@@ -298,7 +298,11 @@ class Runtime:
 
 @dataclass
 class Step:
-    """One step of a TrainJob: ``dataset-initializer``, ``model-initializer``, ``node-0``, ..."""
+    """One step of a TrainJob: ``dataset-initializer``, ``model-initializer``, ``node-0``, ...
+
+    ``status`` is, as upstream's, the pod's phase on Kubernetes (``Pending``, ``Running``,
+    ``Succeeded``, ``Failed``) and the job's words on the local backend (``Created``, ``Running``,
+    ``Complete``, ``Failed``)."""
 
     name: str
     status: Optional[str]
@@ -393,6 +397,42 @@ class S3DatasetInitializer:
 
 
 @dataclass
+class DataCacheInitializer:
+    """Upstream's distributed data cache for training: an Iceberg table served by cache nodes, which a
+    ``CustomTrainer``'s function reads. The cache runs in the cluster (a runtime such as upstream's
+    ``torch-distributed-with-cache``), so the Kubernetes backend takes it and the local backend
+    refuses it; a torchtune runtime refuses it too (its trainer reads files).
+
+    Args:
+        storage_uri: ``cache://<SCHEMA_NAME>/<TABLE_NAME>``.
+        metadata_loc: The metadata file path of the Iceberg table.
+        num_data_nodes: The number of data nodes of the cache (more than 1).
+        head_cpu: CPU for the cache's head node.
+        head_mem: Memory for the cache's head node.
+        worker_cpu: CPU for each cache worker node.
+        worker_mem: Memory for each cache worker node.
+        iam_role: The IAM role for reading metadata_loc.
+    """
+
+    storage_uri: str
+    metadata_loc: str
+    num_data_nodes: int
+    head_cpu: Optional[str] = None
+    head_mem: Optional[str] = None
+    worker_cpu: Optional[str] = None
+    worker_mem: Optional[str] = None
+    iam_role: Optional[str] = None
+
+    def __post_init__(self):
+        if self.num_data_nodes <= 1:
+            raise ValueError(f"num_data_nodes must be greater than 1, got {self.num_data_nodes}")
+        if not self.storage_uri.startswith("cache://"):
+            raise ValueError(f"storage_uri must start with 'cache://', got {self.storage_uri}")
+        if len(self.storage_uri[len("cache://"):].split("/")) != 2:
+            raise ValueError(f"storage_uri must be in format 'cache://<SCHEMA_NAME>/<TABLE_NAME>', got {self.storage_uri}")
+
+
+@dataclass
 class HuggingFaceModelInitializer:
     """Downloads a model into /workspace/model.
 
@@ -432,11 +472,12 @@ class Initializer:
     """The dataset and pre-trained model initializers of a TrainJob.
 
     Args:
-        dataset: ``HuggingFaceDatasetInitializer`` or ``S3DatasetInitializer``.
+        dataset: ``HuggingFaceDatasetInitializer``, ``S3DatasetInitializer`` or (Kubernetes)
+            ``DataCacheInitializer``.
         model: ``HuggingFaceModelInitializer`` or ``S3ModelInitializer``.
     """
 
-    dataset: Optional[Union[HuggingFaceDatasetInitializer, S3DatasetInitializer]] = None
+    dataset: Optional[Union[HuggingFaceDatasetInitializer, S3DatasetInitializer, DataCacheInitializer]] = None
     model: Optional[Union[HuggingFaceModelInitializer, S3ModelInitializer]] = None
 
 

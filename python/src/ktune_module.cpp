@@ -29,6 +29,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <thread>
 #include <vector>
 
@@ -292,6 +293,20 @@ class Reader {
     s.role_arn = opt_str(attr(o, "role_arn"), w + ".role_arn");
   }
 
+  // Upstream's DataCacheInitializer (ktune's or upstream's class), by its fields.
+  types::DataCacheInitializer data_cache(nb::handle o, const std::string& w) {
+    types::DataCacheInitializer c;
+    c.storage_uri = str(attr(o, "storage_uri"), w + ".storage_uri");
+    c.metadata_loc = str(attr(o, "metadata_loc"), w + ".metadata_loc");
+    c.num_data_nodes = opt_int(attr(o, "num_data_nodes"), w + ".num_data_nodes").value_or(0);
+    c.head_cpu = opt_str(attr(o, "head_cpu"), w + ".head_cpu");
+    c.head_mem = opt_str(attr(o, "head_mem"), w + ".head_mem");
+    c.worker_cpu = opt_str(attr(o, "worker_cpu"), w + ".worker_cpu");
+    c.worker_mem = opt_str(attr(o, "worker_mem"), w + ".worker_mem");
+    c.iam_role = opt_str(attr(o, "iam_role"), w + ".iam_role");
+    return c;
+  }
+
   // Initializer.dataset or .model (`part`): a HuggingFace<Kind>Initializer or S3<Kind>Initializer,
   // whose fields are the same for both kinds; None stays unset.
   template <typename HuggingFace, typename S3, typename Variant>
@@ -312,7 +327,10 @@ class Reader {
       s3_fields(s, o, w);
       return s;
     }
-    fail(w, "expected a HuggingFace" + kind + "Initializer or S3" + kind + "Initializer, got " + describe(o));
+    if constexpr (std::is_same_v<Variant, types::DatasetInitializer>)
+      if (t == "DataCacheInitializer") return data_cache(o, w);
+    fail(w, "expected a HuggingFace" + kind + "Initializer or S3" + kind + "Initializer" +
+                (kind == "Dataset" ? " (or a DataCacheInitializer)" : "") + ", got " + describe(o));
     return std::monostate{};
   }
 
@@ -563,7 +581,7 @@ class Client {
       Plan p;
       p.job = make_trainjob(runtime, init ? &*init : nullptr, t, options);
       p.plan = build_plan(p.job, client_.catalog());
-      p.plan.kubernetes_only = kubernetes_only_parts(t, options);
+      p.plan.kubernetes_only = kubernetes_only_parts(init ? &*init : nullptr, t, options);
       return p;
     });
   }

@@ -41,7 +41,7 @@ struct TrainJobPlan {
 
   std::string workspace = "/workspace";  // the shared volume's mount path, as the steps' paths spell it
   // What of the call needs a cluster (kubernetes_only_parts in trainjob_builder.h), which the local
-  // backend refuses at submit: "CustomTrainerContainer", "TrainerCommand", "TrainerArgs".
+  // backend refuses at submit: "DataCacheInitializer", "CustomTrainerContainer", "TrainerCommand", "TrainerArgs".
   std::vector<std::string> kubernetes_only;
 
   // The TrainJob object itself (trainer.kubeflow.org/v1alpha1 JSON), what a Kubernetes backend

@@ -182,7 +182,23 @@ struct S3ModelInitializer {
   std::optional<std::string> role_arn;
 };
 
-using DatasetInitializer = std::variant<std::monostate, HuggingFaceDatasetInitializer, S3DatasetInitializer>;
+// Upstream's distributed data cache: an Iceberg table (`metadata_loc`) served by `num_data_nodes`
+// cache nodes and a head, which a CustomTrainer's function reads. Only a cluster runtime that runs
+// the cache (upstream's torch-distributed-with-cache) can serve it: the TrainJob carries it, the
+// local backend refuses it.
+struct DataCacheInitializer {
+  std::string storage_uri;  // "cache://<schema>/<table>"
+  std::string metadata_loc;
+  int num_data_nodes = 0;   // more than 1
+  std::optional<std::string> head_cpu;
+  std::optional<std::string> head_mem;
+  std::optional<std::string> worker_cpu;
+  std::optional<std::string> worker_mem;
+  std::optional<std::string> iam_role;
+};
+
+using DatasetInitializer =
+    std::variant<std::monostate, HuggingFaceDatasetInitializer, S3DatasetInitializer, DataCacheInitializer>;
 using ModelInitializer = std::variant<std::monostate, HuggingFaceModelInitializer, S3ModelInitializer>;
 
 struct Initializer {

@@ -295,12 +295,40 @@ v1alpha1::InitializerSpec s3_spec(const S3& s3) {
 
 }  // namespace
 
+// A data cache as upstream renders it: CLUSTER_SIZE (the data nodes and the head) and METADATA_LOC,
+// then the optional fields that are set, in the dataclass's order. Upstream's checks first.
+static v1alpha1::InitializerSpec data_cache_spec(const types::DataCacheInitializer& cache) {
+  std::vector<Error> bad;
+  if (cache.num_data_nodes <= 1)
+    bad.emplace_back("initializer.dataset.num_data_nodes", "must be greater than 1, got " + std::to_string(cache.num_data_nodes));
+  const std::string prefix = "cache://";
+  const std::string path = cache.storage_uri.rfind(prefix, 0) == 0 ? cache.storage_uri.substr(prefix.size()) : "";
+  const size_t slash = path.find('/');
+  if (path.empty() || slash == std::string::npos || path.find('/', slash + 1) != std::string::npos)
+    bad.emplace_back("initializer.dataset.storage_uri",
+                     "must be in format 'cache://<SCHEMA_NAME>/<TABLE_NAME>', got '" + cache.storage_uri + "'");
+  if (cache.metadata_loc.empty()) bad.emplace_back("initializer.dataset.metadata_loc", "must name the Iceberg table's metadata file");
+  if (!bad.empty()) throw Errors(std::move(bad));
+  v1alpha1::InitializerSpec s;
+  s.storage_uri = cache.storage_uri;
+  add_env(s.env, "CLUSTER_SIZE", std::optional<std::string>(std::to_string(cache.num_data_nodes + 1)));
+  add_env(s.env, "METADATA_LOC", std::optional<std::string>(cache.metadata_loc));
+  add_env(s.env, "HEAD_CPU", cache.head_cpu);
+  add_env(s.env, "HEAD_MEM", cache.head_mem);
+  add_env(s.env, "WORKER_CPU", cache.worker_cpu);
+  add_env(s.env, "WORKER_MEM", cache.worker_mem);
+  add_env(s.env, "IAM_ROLE", cache.iam_role);
+  return s;
+}
+
 v1alpha1::Initializer trainjob_initializer(const types::Initializer& initializer) {
   v1alpha1::Initializer out;
   if (const auto* hf = std::get_if<types::HuggingFaceDatasetInitializer>(&initializer.dataset))
     out.dataset = hugging_face_spec(*hf);
   else if (const auto* s3 = std::get_if<types::S3DatasetInitializer>(&initializer.dataset))
     out.dataset = s3_spec(*s3);
+  else if (const auto* cache = std::get_if<types::DataCacheInitializer>(&initializer.dataset))
+    out.dataset = data_cache_spec(*cache);
   if (const auto* hf = std::get_if<types::HuggingFaceModelInitializer>(&initializer.model))
     out.model = hugging_face_spec(*hf);
   else if (const auto* s3 = std::get_if<types::S3ModelInitializer>(&initializer.model))
@@ -439,8 +467,11 @@ v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Ini
   return job;
 }
 
-std::vector<std::string> kubernetes_only_parts(const types::Trainer& trainer, const types::JobOptions& options) {
+std::vector<std::string> kubernetes_only_parts(const types::Initializer* initializer, const types::Trainer& trainer,
+                                               const types::JobOptions& options) {
   std::vector<std::string> parts;
+  if (initializer && std::holds_alternative<types::DataCacheInitializer>(initializer->dataset))
+    parts.push_back("DataCacheInitializer");
   if (std::holds_alternative<types::CustomTrainerContainer>(trainer)) parts.push_back("CustomTrainerContainer");
   if (options.trainer_command) parts.push_back("TrainerCommand");
   if (options.trainer_args) parts.push_back("TrainerArgs");

@@ -41,7 +41,8 @@ void check_torchtune_config(const types::TorchTuneConfig& config);
 v1alpha1::ResourceRequirements resources_per_node(const types::StringDict& resources);
 
 // Initializer -> spec.initializer: storageUri, and the optional fields as env (upper-cased names,
-// lists comma-joined: IGNORE_PATTERNS, ACCESS_TOKEN, ENDPOINT, ACCESS_KEY_ID, ...).
+// lists comma-joined: IGNORE_PATTERNS, ACCESS_TOKEN, ENDPOINT, ACCESS_KEY_ID, ...); a data cache's
+// CLUSTER_SIZE and METADATA_LOC first, as upstream. Throws Errors for a data cache upstream refuses.
 v1alpha1::Initializer trainjob_initializer(const types::Initializer& initializer);
 
 // The TrainJob a train(runtime, initializer, trainer, options) call creates: options.name empty, a
@@ -52,10 +53,12 @@ v1alpha1::Initializer trainjob_initializer(const types::Initializer& initializer
 v1alpha1::TrainJob make_trainjob(const types::Runtime& runtime, const types::Initializer* initializer,
                                  const types::Trainer& trainer, const types::JobOptions& options = {});
 
-// What of a train() call only a cluster can run, by upstream's names: a CustomTrainerContainer (an
-// image to run), the TrainerCommand and TrainerArgs options. The plan carries them so that the local
-// backend refuses them at submit (and `--dry-run` still renders the TrainJob).
-std::vector<std::string> kubernetes_only_parts(const types::Trainer& trainer, const types::JobOptions& options);
+// What of a train() call only a cluster can run, by upstream's names: a DataCacheInitializer (cache
+// nodes to start), a CustomTrainerContainer (an image to run), the TrainerCommand and TrainerArgs
+// options. The plan carries them so that the local backend refuses them at submit (and `--dry-run`
+// still renders the TrainJob).
+std::vector<std::string> kubernetes_only_parts(const types::Initializer* initializer, const types::Trainer& trainer,
+                                               const types::JobOptions& options);
 
 // The bash lines a CustomTrainer's function runs first to install packages_to_install: for the
 // user, else system-wide; when both fail, pip's log on stderr and exit 1 (see the .cpp).

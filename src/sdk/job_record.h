@@ -43,6 +43,7 @@ struct StepRecord {
   std::string log_path;
   std::string progress_path;               // node steps: the KTUNE_PROGRESS_FILE
   std::string pod_name;                    // Kubernetes backend: the step's pod ("" locally)
+  std::string pod_phase;                   // Kubernetes backend: the pod's phase as the cluster says it
 };
 
 // One run of the exporter over a finished job's outputs (`ktune export --job`), upstream has none.

@@ -323,6 +323,9 @@ TrainJobRecord KubernetesBackend::record_of(const Json& trainjob) {
   std::vector<std::pair<std::pair<int, int>, StepRecord>> steps;
   std::set<std::string> seen;
   int running_nodes = 0;
+  // MPI runtimes (as upstream's SDK names their steps): the launcher is node-0, worker i node-(i+1),
+  // and the launcher counts among the job's nodes.
+  const bool mpi = runtime != nullptr && !runtime->ml_policy.mpi.is_null();
   for (const Json* pod : items) {
     const Json& labels = at(at(*pod, "metadata"), "labels");
     const std::string role = str(labels, kReplicatedJobLabel);
@@ -333,12 +336,14 @@ TrainJobRecord KubernetesBackend::record_of(const Json& trainjob) {
     const std::string key = is_node ? role + "-" + index : role;
     if (!seen.insert(key).second) continue;
     StepRecord s;
-    s.name = is_node ? "node-" + std::to_string(job_index) : role;
+    const int node = role == "launcher" ? 0 : job_index + (mpi ? 1 : 0);
+    s.name = is_node ? "node-" + std::to_string(node) : role;
     s.pod_name = str(at(*pod, "metadata"), "name");
     const Json& pstatus = at(*pod, "status");
-    s.status = step_status_of_phase(str(pstatus, "phase"));
+    s.pod_phase = str(pstatus, "phase");
+    s.status = step_status_of_phase(s.pod_phase);
     s.started_at = parse_rfc3339(str(pstatus, "startTime"));
-    s.node_rank = is_node ? job_index : -1;
+    s.node_rank = is_node ? node : -1;
     s.device = "Unknown";
     s.device_count = "Unknown";
     const std::string container_name = is_node ? "node" : role;
@@ -371,8 +376,8 @@ TrainJobRecord KubernetesBackend::record_of(const Json& trainjob) {
           s.finished_at = parse_rfc3339(str(term, "finishedAt"));
         }
       }
-    if (is_node && role == "node" && (s.status == kRunning || s.status == kComplete)) ++running_nodes;
-    steps.push_back({{role_order(role), job_index}, s});
+    if (is_node && (role == "node" || mpi) && (s.status == kRunning || s.status == kComplete)) ++running_nodes;
+    steps.push_back({{role_order(role), node}, s});
   }
   std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [order, s] : steps) {

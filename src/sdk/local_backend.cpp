@@ -120,8 +120,8 @@ void check_plan(const TrainJobPlan& plan) {
 
 // Upstream's Labels, Annotations and ActiveDeadlineSeconds options are the Kubernetes backend's
 // (its options refuse every other backend): the TrainJob's fields that set them are refused here,
-// with upstream's wording; so are the plan's other Kubernetes-only parts (a CustomTrainerContainer,
-// TrainerCommand, TrainerArgs). A plan with them still prints (`--dry-run` renders the TrainJob).
+// with upstream's wording; so are the plan's other Kubernetes-only parts (a DataCacheInitializer, a
+// CustomTrainerContainer, TrainerCommand, TrainerArgs). A plan with them still prints (`--dry-run` renders the TrainJob).
 void refuse_kubernetes_only_fields(const TrainJobPlan& plan) {
   if (plan.trainjob_json.empty()) return;
   const nlohmann::json job = nlohmann::json::parse(plan.trainjob_json, nullptr, false);
@@ -140,6 +140,9 @@ void refuse_kubernetes_only_fields(const TrainJobPlan& plan) {
                         part == "CustomTrainerContainer"
                             ? "CustomTrainerContainer runs a container image, which the local backend cannot (it runs "
                               "processes on this machine): use a CustomTrainer or a BuiltinTrainer here, or the kubernetes backend"
+                        : part == "DataCacheInitializer"
+                            ? "DataCacheInitializer needs the data cache's nodes, which a cluster runtime runs (upstream's "
+                              "torch-distributed-with-cache): use the kubernetes backend, or a Hugging Face, S3 or file:// dataset here"
                             : part + " option is not compatible with the local backend. Supported backends: kubernetes")});
 }
 

@@ -71,7 +71,7 @@ types::Runtime TrainerClient::get_runtime(const std::string& name) const { retur
 TrainJobPlan TrainerClient::plan(const types::Runtime& runtime, const types::Initializer* initializer,
                                  const types::Trainer& trainer, const types::JobOptions& options) const {
   TrainJobPlan plan = build_plan(make_trainjob(runtime, initializer, trainer, options), catalog_);
-  plan.kubernetes_only = kubernetes_only_parts(trainer, options);
+  plan.kubernetes_only = kubernetes_only_parts(initializer, trainer, options);
   return plan;
 }
 
@@ -93,7 +93,9 @@ types::TrainJob TrainerClient::to_sdk_job(const TrainJobRecord& r) const {
   for (const StepRecord& s : r.steps) {
     types::Step step;
     step.name = s.name;
-    step.status = s.status;
+    // On Kubernetes the pod's phase (Pending, Running, Succeeded, Failed), as upstream's SDK shows it;
+    // locally the job's words (Created, Running, Complete, Failed), as upstream's local backend.
+    step.status = s.pod_phase.empty() ? s.status : s.pod_phase;
     step.pod_name = s.pod_name.empty() ? s.name : s.pod_name;  // locally the step's name, as upstream's local backend
     step.device = s.device;
     step.device_count = s.device_count;

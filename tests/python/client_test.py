@@ -17,6 +17,10 @@ from ktune import (BuiltinTrainer, CustomTrainer, HuggingFaceDatasetInitializer,
 RUNTIME = "torchtune-llama3.2-1b"
 
 
+def _reads_the_cache():
+    print("would read the data cache")
+
+
 class LocalBackend(unittest.TestCase):
     def setUp(self):
         self.home = TempHome()
@@ -234,6 +238,19 @@ class LocalBackend(unittest.TestCase):
             client.plan(RUNTIME, trainer=container)
         with self.assertRaisesRegex(ValueError, r"trainer\.image: must name the container image"):
             client.plan("torch-distributed", trainer=ktune.CustomTrainerContainer(image=""))
+        # A data cache, on a runtime whose dataset initializer serves it (in this home's runtimes).
+        os.makedirs(os.path.join(self.home.path, "runtimes"), exist_ok=True)
+        with open(os.path.join(self.home.path, "runtimes", "cache.yaml"), "w") as f:
+            json.dump(sdk_test_home.CACHE_RUNTIME, f)
+        client = self.home.client()
+        cache = ktune.Initializer(dataset=ktune.DataCacheInitializer(storage_uri="cache://sales/orders",
+                                                                     metadata_loc="s3://lake/m.json", num_data_nodes=2))
+        runtime = "torch-distributed-with-cache"
+        self.assertIn("cache://sales/orders", client.plan(runtime, cache, container).trainjob_yaml())
+        with self.assertRaisesRegex(ValueError, "DataCacheInitializer needs the data cache's nodes"):
+            client.train(runtime, cache, CustomTrainer(func=_reads_the_cache))
+        with self.assertRaisesRegex(ValueError, "num_data_nodes must be greater than 1"):
+            ktune.DataCacheInitializer(storage_uri="cache://a/b", metadata_loc="m", num_data_nodes=1)
         self.assertEqual(client.list_jobs(), [])
 
     @unittest.skipIf(shutil.which("torchrun") is None, "torchrun (torch) is not installed")

@@ -49,7 +49,9 @@ class FakeApiServer(http.server.BaseHTTPRequestHandler):
         FakeApiServer.requests.append(("GET", self.path, self.headers.get("Authorization"), None))
         if self.path.endswith("/trainjobs"):
             return self.answer(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJobList", "items": []})
-        if self.path.endswith("trainingruntimes"):  # the cluster's runtimes: none beyond the builtin catalog
+        if self.path.endswith("/clustertrainingruntimes"):  # the cluster's runtimes beyond the builtin catalog
+            return self.answer(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "items": [sdk_test_home.CACHE_RUNTIME]})
+        if self.path.endswith("trainingruntimes"):
             return self.answer(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "items": []})
         return self.answer(404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "message": "not found", "code": 404})
 
@@ -136,6 +138,15 @@ class KubernetesBackend(unittest.TestCase):
         for side in ("limits", "requests"):  # quantities: upstream's model writes 1.0 where ktune writes "1"
             self.assertEqual({k: str(v).removesuffix(".0") for k, v in theirs["resourcesPerNode"][side].items()},
                              {k: str(v) for k, v in trainer["resourcesPerNode"][side].items()})
+        # A data cache dataset: the dataset initializer upstream renders for it.
+        from ktune import DataCacheInitializer, Initializer as KInitializer
+        cache = dict(storage_uri="cache://sales/orders", metadata_loc="s3://lake/m.json", num_data_nodes=3,
+                     worker_mem="8Gi", iam_role="arn:aws:iam::1:role/r")
+        ours = yaml.safe_load(client.plan("torch-distributed-with-cache", KInitializer(dataset=DataCacheInitializer(**cache)),
+                                          CustomTrainerContainer(**fields)).trainjob_yaml())["spec"]["initializer"]
+        from kubeflow.trainer.backends.kubernetes import utils as upstream_utils
+        theirs = upstream_utils.get_dataset_initializer(up.DataCacheInitializer(**cache)).to_dict()
+        self.assertEqual(ours["dataset"], theirs)
         # And upstream's own objects are taken as they are.
         from kubeflow.trainer.options import TrainerCommand as UpstreamCommand
         rendered = yaml.safe_load(client.plan("torch-distributed", trainer=up.CustomTrainerContainer(**fields),

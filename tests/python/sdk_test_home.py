@@ -20,6 +20,24 @@ except ImportError as e:  # pragma: no cover
     raise unittest.SkipTest(f"ktune's native module is not importable: {e}")
 
 
+# A runtime shaped as upstream's torch-distributed-with-cache: a dataset initializer (the cache's,
+# whose image serves it) before torch nodes. ktune ships no such runtime; tests give it to a home or a
+# fake cluster.
+CACHE_RUNTIME = {
+    "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+    "metadata": {"name": "torch-distributed-with-cache", "labels": {"trainer.kubeflow.org/framework": "torch"}},
+    "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [
+        {"name": "dataset-initializer",
+         "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "dataset-initializer"}},
+                      "spec": {"template": {"spec": {"containers": [
+                          {"name": "dataset-initializer", "image": "ghcr.io/kubeflow/trainer/dataset-initializer"}]}}}}},
+        {"name": "node", "dependsOn": [{"name": "dataset-initializer", "status": "Complete"}],
+         "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                      "spec": {"template": {"spec": {"containers": [
+                          {"name": "node", "image": "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime"}]}}}}}]}}},
+}
+
+
 def ktune_exe():
     """The ktune binary the package found (installed with it, or the build tree's)."""
     exe = os.environ.get("KTUNE_EXE") or _ktune.build_tree_ktune_exe

@@ -391,14 +391,14 @@ TEST(Plan, ACustomTrainerContainerRunsItsImageOnEveryNode) {
     EXPECT_EQ(s.env.at("EPOCHS"), "3");
   }
   EXPECT_NE(plan.to_text().find("command: (the image's entrypoint)"), std::string::npos) << plan.to_text();
-  EXPECT_EQ(kubernetes_only_parts(container, {}), (std::vector<std::string>{"CustomTrainerContainer"}));
+  EXPECT_EQ(kubernetes_only_parts(nullptr, container, {}), (std::vector<std::string>{"CustomTrainerContainer"}));
 
   types::JobOptions overrides{.name = "boxed-cmd"};
   overrides.trainer_command = std::vector<std::string>{"python", "train.py"};
   overrides.trainer_args = std::vector<std::string>{"--epochs", "3"};
   const TrainJobPlan with_command = build_plan(make_trainjob(runtime, nullptr, container, overrides), catalog());
   EXPECT_EQ(with_command.steps[0].command, (std::vector<std::string>{"python", "train.py", "--epochs", "3"}));
-  EXPECT_EQ(kubernetes_only_parts(container, overrides),
+  EXPECT_EQ(kubernetes_only_parts(nullptr, container, overrides),
             (std::vector<std::string>{"CustomTrainerContainer", "TrainerCommand", "TrainerArgs"}));
   const v1alpha1::TrainJob bare = make_trainjob(runtime, nullptr, std::monostate{}, overrides);  // no trainer: as upstream
   EXPECT_EQ(bare.spec.trainer->command, (std::vector<std::string>{"python", "train.py"}));
@@ -424,6 +424,46 @@ TEST(Plan, ACustomTrainerContainerRunsItsImageOnEveryNode) {
   }
   EXPECT_THROW(make_trainjob(to_sdk_runtime(catalog().get("torchtune-llama3.2-1b")), nullptr, container), Error);
   EXPECT_THROW(make_trainjob(runtime, nullptr, types::CustomTrainerContainer{}), Error);  // no image
+}
+
+// Upstream's DataCacheInitializer: the TrainJob's dataset initializer carries the cache (its URI and
+// upstream's env); a CustomTrainer runtime takes it, a torchtune runtime refuses it (its trainer
+// reads files), upstream's checks on the fields hold, and the plan says it needs a cluster.
+TEST(Plan, ADataCacheDatasetGoesToTheClusterForACustomTrainer) {
+  types::DataCacheInitializer cache;
+  cache.storage_uri = "cache://sales/orders";
+  cache.metadata_loc = "s3://lake/orders/metadata.json";
+  cache.num_data_nodes = 3;
+  types::Initializer init;
+  init.dataset = cache;
+  types::CustomTrainer trainer;
+  trainer.command = {"python", "train.py"};
+  const auto runtime = to_sdk_runtime(catalog().get("torch-distributed"));
+  const v1alpha1::TrainJob job = make_trainjob(runtime, &init, trainer, {.name = "cached"});
+  ASSERT_TRUE(job.spec.initializer && job.spec.initializer->dataset);
+  EXPECT_EQ(*job.spec.initializer->dataset->storage_uri, "cache://sales/orders");
+  EXPECT_EQ(job.spec.initializer->dataset->env.at(0).name, "CLUSTER_SIZE");
+  EXPECT_EQ(*job.spec.initializer->dataset->env.at(0).value, "4");  // the data nodes and the head
+  EXPECT_EQ(kubernetes_only_parts(&init, trainer, {}), (std::vector<std::string>{"DataCacheInitializer"}));
+
+  const auto tune = to_sdk_runtime(catalog().get("torchtune-llama3.2-1b"));
+  try {
+    build_plan(make_trainjob(tune, &init, types::BuiltinTrainer{}, {.name = "cached-tune"}), catalog());
+    FAIL() << "a data cache on a torchtune runtime";
+  } catch (const Errors& e) {
+    EXPECT_NE(std::string(e.what()).find("a data cache (cache://) feeds a CustomTrainer's function"), std::string::npos) << e.what();
+  }
+  cache.num_data_nodes = 1;
+  cache.storage_uri = "cache://orders";
+  init.dataset = cache;
+  try {
+    make_trainjob(runtime, &init, trainer);
+    FAIL() << "upstream's checks";
+  } catch (const Errors& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("num_data_nodes: must be greater than 1, got 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("must be in format 'cache://<SCHEMA_NAME>/<TABLE_NAME>', got 'cache://orders'"), std::string::npos) << what;
+  }
 }
 
 }  // namespace

@@ -81,6 +81,17 @@ types::Initializer initializer_from(const json& i) {
     if (d["type"] == "hf") {
       types::HuggingFaceDatasetInitializer h{d["storage_uri"], opt_strings(d, "ignore_patterns"), opt_string(d, "access_token")};
       init.dataset = h;
+    } else if (d["type"] == "cache") {
+      types::DataCacheInitializer c;
+      c.storage_uri = d["storage_uri"];
+      c.metadata_loc = d["metadata_loc"];
+      c.num_data_nodes = d["num_data_nodes"];
+      c.head_cpu = opt_string(d, "head_cpu");
+      c.head_mem = opt_string(d, "head_mem");
+      c.worker_cpu = opt_string(d, "worker_cpu");
+      c.worker_mem = opt_string(d, "worker_mem");
+      c.iam_role = opt_string(d, "iam_role");
+      init.dataset = c;
     } else {
       types::S3DatasetInitializer s;
       s.storage_uri = d["storage_uri"];
@@ -179,7 +190,7 @@ TEST(TorchTuneArgs, ChatAndMultimodalDatasetsRenderTheirFieldsWhereUpstreamRefus
 
 TEST(InitializerEnv, MatchesTheUpstreamSdk) {
   const json fixture = load_fixture();
-  ASSERT_GE(fixture["initializers"].size(), 5u);
+  ASSERT_GE(fixture["initializers"].size(), 7u);
   for (const json& c : fixture["initializers"]) {
     const v1alpha1::Initializer got = trainjob_initializer(initializer_from(c["initializer"]));
     for (const char* kind : {"dataset", "model"}) {

@@ -302,11 +302,45 @@ TEST_F(KubernetesBackendTest, StatusFollowsUpstreamsMappingOfConditionsAndPods) 
   EXPECT_EQ(done.status, "Complete");
   ASSERT_EQ(done.steps.size(), 1u);
   EXPECT_EQ(done.steps[0].pod_name, "job-a-node-0-0-00");  // the pod, as upstream's Step.pod_name
+  EXPECT_EQ(done.steps[0].status, "Running");  // the pod's phase, as upstream's Step.status on Kubernetes
   EXPECT_THROW(client.wait_for_job_status("job-b", {"Complete"}, 0.5, 0.1), WaitTimeoutError);
   // Deleting removes the job and its Secret.
   client.delete_job("job-a");
   EXPECT_THROW(k.get_job("job-a"), Error);
   EXPECT_FALSE(requests()["secrets"].contains("job-a-ktune-secrets"));
+}
+
+// An MPI runtime's job, as upstream's SDK shows it: the launcher is node-0 and worker i node-(i+1),
+// and the launcher counts among numNodes for the job's status.
+TEST_F(KubernetesBackendTest, AnMpiJobsLauncherIsNodeZeroAndItsWorkersFollow) {
+  std::string yaml;
+  for (const EmbeddedManifest& m : embedded_manifests())
+    if (std::string(m.text).find("name: torch-distributed\n") != std::string::npos) yaml = m.text;
+  ASSERT_FALSE(yaml.empty());
+  Json runtime = Json::parse(v1alpha1::parse_yaml_documents(yaml, "manifest")[0].dump());
+  runtime["metadata"]["name"] = "mpi-rt";
+  runtime["metadata"]["uid"] = "r-mpi";
+  runtime["spec"]["mlPolicy"] = {{"numNodes", 3}, {"mpi", {{"numProcPerNode", 1}}}};
+  set_state({{"runtimes", {{"mpi-rt", runtime}}}});
+  BackendConfig config;
+  config.kind = BackendConfig::Kind::Kubernetes;
+  config.kubeconfig = kubeconfig_;
+  TrainerClient client(config);
+  types::CustomTrainer trainer;
+  trainer.command = {"python", "train.py"};
+  const std::string name = client.train(client.get_runtime("mpi-rt"), nullptr, trainer, {.name = "mpi-job"});
+  set_state({{"pods",
+              {{name, Json::array({pod(name, "launcher", 0, "Running", "2026-12-02T10:02:00Z"),
+                                   pod(name, "node", 0, "Running", "2026-12-02T10:02:01Z"),
+                                   pod(name, "node", 1, "Running", "2026-12-02T10:02:02Z")})}}}});
+  const types::TrainJob job = client.get_job(name);
+  EXPECT_EQ(job.status, "Running");
+  ASSERT_EQ(job.steps.size(), 3u);
+  EXPECT_EQ(job.steps[0].name, "node-0");
+  EXPECT_EQ(job.steps[0].pod_name, name + "-launcher-0-0-00");
+  EXPECT_EQ(job.steps[1].name, "node-1");
+  EXPECT_EQ(job.steps[1].pod_name, name + "-node-0-0-01");
+  EXPECT_EQ(job.steps[2].name, "node-2");
 }
 
 // get_job_events: the namespace's events about the TrainJob, its JobSet, its Jobs and pods, oldest

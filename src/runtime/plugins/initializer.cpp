@@ -39,8 +39,15 @@ class InitializerPlugin : public Plugin {
         errors.emplace_back(path, "runtime " + info.runtime->metadata.name + " has no " + k.job + " job to run it");
       if (spec->storage_uri) {
         const std::string& uri = *spec->storage_uri;
-        if (uri.rfind("hf://", 0) != 0 && uri.rfind("s3://", 0) != 0 && uri.rfind("file://", 0) != 0)
-          errors.emplace_back(path + ".storageUri", "must start with hf://, s3:// or file://; got \"" + uri + "\"");
+        const bool data_cache = std::string(k.field) == "dataset" && uri.rfind("cache://", 0) == 0;
+        if (data_cache && info.runtime->framework() == "torchtune")
+          errors.emplace_back(path + ".storageUri",
+                              "a data cache (cache://) feeds a CustomTrainer's function, which reads it; runtime " +
+                                  info.runtime->metadata.name + "'s torchtune trainer reads files: give it an hf://, s3:// or file:// dataset");
+        else if (!data_cache && uri.rfind("hf://", 0) != 0 && uri.rfind("s3://", 0) != 0 && uri.rfind("file://", 0) != 0)
+          errors.emplace_back(path + ".storageUri", "must start with hf://, s3:// or file://" +
+                                                        std::string(std::string(k.field) == "dataset" ? " (or cache:// for a data cache)" : "") +
+                                                        "; got \"" + uri + "\"");
         else if (uri.rfind("hf://", 0) == 0 && uri.find('/', 5) == std::string::npos)
           errors.emplace_back(path + ".storageUri", "must name a repository, hf://<org>/<repo>[/path]; got \"" + uri + "\"");
       }
