@@ -562,12 +562,16 @@ class Client {
  public:
   explicit Client(const sdk::BackendConfig& config) : config_(config), client_(config) {}
 
+  // On Kubernetes these read the cluster's runtimes: without the GIL, as every call that may wait
+  // on the network (other Python threads run meanwhile, a server in this process included).
   nb::list list_runtimes() const {
     nb::list out;
-    for (const types::Runtime& r : client_.list_runtimes()) out.append(runtime_dict(r));
+    for (const types::Runtime& r : backend_call([&] { return client_.list_runtimes(); })) out.append(runtime_dict(r));
     return out;
   }
-  nb::dict get_runtime(const std::string& name) const { return runtime_dict(client_.get_runtime(name)); }
+  nb::dict get_runtime(const std::string& name) const {
+    return runtime_dict(backend_call([&] { return client_.get_runtime(name); }));
+  }
 
   // What TrainerClient::plan() does (make_trainjob, then build_plan), keeping the TrainJob for its YAML.
   Plan plan(const std::string& runtime_name, nb::handle initializer, nb::handle trainer,
@@ -577,12 +581,14 @@ class Client {
       const std::optional<types::Initializer> init = reader.initializer(initializer);
       const types::Trainer t = reader.trainer(trainer);
       reader.throw_if_failed();
-      const types::Runtime runtime = client_.get_runtime(runtime_name);
-      Plan p;
-      p.job = make_trainjob(runtime, init ? &*init : nullptr, t, options);
-      p.plan = build_plan(p.job, client_.catalog());
-      p.plan.kubernetes_only = kubernetes_only_parts(init ? &*init : nullptr, t, options);
-      return p;
+      return backend_call([&] {
+        const types::Runtime runtime = client_.get_runtime(runtime_name);
+        Plan p;
+        p.job = make_trainjob(runtime, init ? &*init : nullptr, t, options);
+        p.plan = build_plan(p.job, client_.catalog());
+        p.plan.kubernetes_only = kubernetes_only_parts(init ? &*init : nullptr, t, options);
+        return p;
+      });
     });
   }
 
@@ -662,7 +668,7 @@ class Client {
   // A call into the backend: without the GIL (the Kubernetes backend waits on the network, and a
   // server in this very process, as in tests, needs the GIL to answer), one at a time on client_.
   template <typename F>
-  auto backend_call(F&& f) -> decltype(f()) {
+  auto backend_call(F&& f) const -> decltype(f()) {
     nb::gil_scoped_release release;
     std::lock_guard<std::mutex> lock(mutex_);
     return f();
@@ -670,7 +676,7 @@ class Client {
 
   sdk::BackendConfig config_;
   sdk::TrainerClient client_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
 };
 
 // The Kubernetes backend's connection settings, where this build's BackendConfig has them (a

@@ -24,21 +24,27 @@ std::string set_text(const std::set<std::string>& s) {
   return out + "}";
 }
 
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 std::string number_text(double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.6g", v);
   return buf;
 }
 
+// The local backend's runtimes: the builtin ones and the home's. (A cluster's come from the cluster.)
 RuntimeCatalog catalog_for(const BackendConfig& config) {
+  if (config.kind != BackendConfig::Kind::Local) return RuntimeCatalog();
   RuntimeCatalog catalog = RuntimeCatalog::builtin();
-  if (config.kind == BackendConfig::Kind::Local) {
-    const std::string dir = (config.home.empty() ? default_ktune_home() : config.home) + "/runtimes";
-    if (std::filesystem::is_directory(dir)) {
-      // Named: a range-for over a temporary's runtimes() would read a destroyed catalog.
-      const RuntimeCatalog extra = RuntimeCatalog::load_dir(dir);
-      for (const v1alpha1::TrainingRuntime& r : extra.runtimes()) catalog.add(r);
-    }
+  const std::string dir = (config.home.empty() ? default_ktune_home() : config.home) + "/runtimes";
+  if (std::filesystem::is_directory(dir)) {
+    // Named: a range-for over a temporary's runtimes() would read a destroyed catalog.
+    const RuntimeCatalog extra = RuntimeCatalog::load_dir(dir);
+    for (const v1alpha1::TrainingRuntime& r : extra.runtimes()) catalog.add(r);
   }
   return catalog;
 }
@@ -57,20 +63,35 @@ std::string rfc3339(double unix_seconds) {
 
 TrainerClient::TrainerClient(const BackendConfig& config)
     : TrainerClient(make_backend(config), catalog_for(config)) {
-  // The backend's own runtimes (a cluster's) replace builtin ones of the same name.
-  for (v1alpha1::TrainingRuntime& r : backend_->runtimes()) catalog_.add(std::move(r));
+  read_backend_runtimes_ = config.kind != BackendConfig::Kind::Local;
 }
 
 TrainerClient::TrainerClient(std::unique_ptr<Backend> backend, RuntimeCatalog catalog)
     : backend_(std::move(backend)), catalog_(std::move(catalog)) {}
 
-std::vector<types::Runtime> TrainerClient::list_runtimes() const { return ktune::list_runtimes(catalog_); }
+const RuntimeCatalog& TrainerClient::catalog() const {
+  if (read_backend_runtimes_) {
+    RuntimeCatalog now;
+    for (v1alpha1::TrainingRuntime& r : backend_->runtimes()) now.add(std::move(r));
+    catalog_ = std::move(now);
+  }
+  return catalog_;
+}
 
-types::Runtime TrainerClient::get_runtime(const std::string& name) const { return to_sdk_runtime(catalog_.get(name)); }
+std::vector<types::Runtime> TrainerClient::list_runtimes() const { return ktune::list_runtimes(catalog()); }
+
+types::Runtime TrainerClient::get_runtime(const std::string& name) const {
+  const RuntimeCatalog& runtimes = catalog();
+  if (read_backend_runtimes_ && runtimes.find(name) == nullptr)
+    throw Error("runtime " + name, "not found on the cluster (" + backend_->kind() + " backend); it has: " +
+                                       (runtimes.names().empty() ? std::string("none") : join_names(runtimes.names())) +
+                                       ". ktune's runtimes install with `kubectl apply --server-side -k manifests/`");
+  return to_sdk_runtime(runtimes.get(name));
+}
 
 TrainJobPlan TrainerClient::plan(const types::Runtime& runtime, const types::Initializer* initializer,
                                  const types::Trainer& trainer, const types::JobOptions& options) const {
-  TrainJobPlan plan = build_plan(make_trainjob(runtime, initializer, trainer, options), catalog_);
+  TrainJobPlan plan = build_plan(make_trainjob(runtime, initializer, trainer, options), catalog());
   plan.kubernetes_only = kubernetes_only_parts(initializer, trainer, options);
   return plan;
 }
@@ -112,11 +133,17 @@ types::TrainJob TrainerClient::to_sdk_job(const TrainJobRecord& r) const {
 
 std::vector<types::TrainJob> TrainerClient::list_jobs(const std::string& runtime) {
   std::vector<types::TrainJob> out;
-  for (const TrainJobRecord& r : backend_->list_jobs(runtime)) out.push_back(to_sdk_job(r));
+  const std::vector<TrainJobRecord> records = backend_->list_jobs(runtime);
+  catalog();  // the jobs' runtimes as of now (to_sdk_job reads the catalog as last read)
+  for (const TrainJobRecord& r : records) out.push_back(to_sdk_job(r));
   return out;
 }
 
-types::TrainJob TrainerClient::get_job(const std::string& name) { return to_sdk_job(backend_->get_job(name)); }
+types::TrainJob TrainerClient::get_job(const std::string& name) {
+  TrainJobRecord record = backend_->get_job(name);
+  catalog();
+  return to_sdk_job(record);
+}
 
 TrainJobRecord TrainerClient::get_job_record(const std::string& name) { return backend_->get_job(name); }
 
@@ -152,6 +179,7 @@ types::TrainJob TrainerClient::wait_for_job_status(const std::string& name, cons
   using clock = std::chrono::steady_clock;
   const clock::time_point deadline =
       clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout));
+  catalog();  // once: the runtime a polled job shows is the one it had when the wait began
   while (true) {
     TrainJobRecord record = backend_->get_job(name);
     types::TrainJob job = to_sdk_job(record);

@@ -33,10 +33,13 @@ class WaitTimeoutError : public Error {
 
 class TrainerClient {
  public:
-  // The backend from `config` (BackendConfig::from_env() reads KTUNE_BACKEND, KTUNE_HOME, ...), the
-  // runtimes compiled from manifests/ plus any in <home>/runtimes (a later one replaces a builtin),
-  // plus the backend's own (Kubernetes: the cluster's runtimes, which replace builtin ones).
+  // The backend from `config` (BackendConfig::from_env() reads KTUNE_BACKEND, KTUNE_HOME, ...) and
+  // its runtimes: locally those compiled from manifests/ plus any in <home>/runtimes (a later one
+  // replaces a builtin); on Kubernetes the cluster's, read again at every call that needs them (as
+  // upstream's SDK reads them), so that a runtime installed later is seen and one the cluster lacks
+  // is not offered. Nothing is read from a cluster until a call needs it.
   explicit TrainerClient(const BackendConfig& config = BackendConfig::from_env());
+  // A fixed catalog (tests, tools), never read again.
   TrainerClient(std::unique_ptr<Backend> backend, RuntimeCatalog catalog);
 
   std::vector<types::Runtime> list_runtimes() const;
@@ -81,13 +84,15 @@ class TrainerClient {
   void delete_job(const std::string& name, bool remove_workspace = false);
 
   Backend& backend() { return *backend_; }
-  const RuntimeCatalog& catalog() const { return catalog_; }
+  // The runtimes as of now (on Kubernetes, read from the cluster by this call).
+  const RuntimeCatalog& catalog() const;
 
  private:
   types::TrainJob to_sdk_job(const TrainJobRecord& record) const;
 
   std::unique_ptr<Backend> backend_;
-  RuntimeCatalog catalog_;
+  bool read_backend_runtimes_ = false;  // the backend's runtimes are the catalog, read at each call
+  mutable RuntimeCatalog catalog_;      // the catalog as last read
 };
 
 // The design's table of list_runtimes(): Runtime, Trainer Type, Framework, Pretrained Model,

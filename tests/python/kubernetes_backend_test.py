@@ -31,8 +31,20 @@ contexts:
 """
 
 
+def _ktune_runtimes():
+    """ktune's runtimes, as `kubectl apply -k manifests/` installs them on a cluster."""
+    import glob
+    runtimes = []
+    for path in sorted(glob.glob(os.path.join(sdk_test_home.SOURCE_DIR, "manifests", "runtimes", "**", "*.yaml"),
+                                 recursive=True)):
+        with open(path) as f:
+            runtimes += [d for d in yaml.safe_load_all(f) if d and d.get("kind") == "ClusterTrainingRuntime"]
+    return runtimes
+
+
 class FakeApiServer(http.server.BaseHTTPRequestHandler):
     requests = []
+    runtimes = _ktune_runtimes() + [sdk_test_home.CACHE_RUNTIME]  # the cluster's
 
     def log_message(self, *args):
         pass
@@ -49,8 +61,8 @@ class FakeApiServer(http.server.BaseHTTPRequestHandler):
         FakeApiServer.requests.append(("GET", self.path, self.headers.get("Authorization"), None))
         if self.path.endswith("/trainjobs"):
             return self.answer(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJobList", "items": []})
-        if self.path.endswith("/clustertrainingruntimes"):  # the cluster's runtimes beyond the builtin catalog
-            return self.answer(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "items": [sdk_test_home.CACHE_RUNTIME]})
+        if self.path.endswith("/clustertrainingruntimes"):
+            return self.answer(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "items": FakeApiServer.runtimes})
         if self.path.endswith("trainingruntimes"):
             return self.answer(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1", "items": []})
         return self.answer(404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "message": "not found", "code": 404})

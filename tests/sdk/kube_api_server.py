@@ -17,7 +17,7 @@ The test drives it through a second, plain-HTTP control port (no credentials nee
   PUT  /_test/state     {"pods": {job: [pod, ...]}, "status": {job: status}, "logs": {"pod/container": LOG},
                          "events": {namespace: [core/v1 Event, ...]} (GET .../namespaces/NS/events lists them),
                          "errors": [{"method", "path", "status", "reason", "message"}],
-                         "runtimes": {name: ClusterTrainingRuntime}} (merged)
+                         "runtimes": {name: ClusterTrainingRuntime}} (merged; a null value removes an entry)
   POST /_test/release   lets a held log stream send its remaining lines
   GET  /_test/requests  the recorded requests, in order (and tls_failures, held_released, secrets)
 LOG = {"lines": [...], "times": [RFC 3339 with nanoseconds, one per line] (default: one line every
@@ -442,7 +442,11 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 for k, v in (body or {}).items():
                     if isinstance(STATE.get(k), dict):
-                        STATE[k].update(v)
+                        for name, value in v.items():  # merged; a null removes the entry
+                            if value is None:
+                                STATE[k].pop(name, None)
+                            else:
+                                STATE[k][name] = value
                     else:
                         STATE[k] = v
             return self.send_json(200, {})

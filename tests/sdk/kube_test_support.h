@@ -107,6 +107,15 @@ class KubernetesBackendTest : public ::testing::Test {
     control_port_ = server_->info().value("control_port", 0);
     kubeconfig_ = dir_ / "kubeconfig";
     write_file(kubeconfig_, kubeconfig_text(kToken));
+    install_ktune_runtimes();
+  }
+  // The fake cluster as the README sets one up: ktune's runtimes installed (kubectl apply -k manifests/).
+  void install_ktune_runtimes() {
+    Json runtimes = Json::object();
+    const RuntimeCatalog builtin = RuntimeCatalog::builtin();  // named: runtimes() is a reference into it
+    for (const v1alpha1::TrainingRuntime& r : builtin.runtimes())
+      runtimes[r.metadata.name] = Json::parse(v1alpha1::to_json(r).dump());
+    set_state({{"runtimes", runtimes}});
   }
   std::string server_url(const std::string& host = "127.0.0.1") const {
     return "https://" + host + ":" + std::to_string(port_);

@@ -199,27 +199,33 @@ TEST_F(KubernetesBackendTest, SubmitPostsTheDryRunTrainJobAndKeepsTheTokenInASec
 
 // TrainerClient on the Kubernetes backend takes the cluster's runtimes over the builtin ones (a list
 // it may not read is skipped), and a job's node count comes from its runtime when the job sets none.
-TEST_F(KubernetesBackendTest, TheClustersRuntimesReplaceTheBuiltinOnes) {
-  std::string yaml;
-  for (const EmbeddedManifest& m : embedded_manifests())
-    if (std::string(m.text).find("name: torchtune-llama3.2-1b\n") != std::string::npos) yaml = m.text;
-  ASSERT_FALSE(yaml.empty());
-  Json runtime = Json::parse(v1alpha1::parse_yaml_documents(yaml, "manifest")[0].dump());
-  runtime["metadata"]["uid"] = "r-1";
-  runtime["spec"]["mlPolicy"]["numNodes"] = 1;
-  Json custom = runtime;
-  custom["metadata"]["name"] = "torchtune-llama3.3-70b";
-  custom["spec"]["mlPolicy"]["numNodes"] = 2;
-  for (Json& rj : custom["spec"]["template"]["spec"]["replicatedJobs"])
-    for (Json& c : rj["template"]["spec"]["template"]["spec"]["containers"])
-      if (c["name"] == "node") c["image"] = "registry.example/ktune-trainer:dev";
-  set_state({{"runtimes", {{"torchtune-llama3.2-1b", runtime}, {"torchtune-llama3.3-70b", custom}}}});
+// On Kubernetes the runtimes are the cluster's, read at each call as upstream's SDK reads them: a
+// runtime changed on the cluster is seen as changed by a client made before, one removed is no longer
+// offered (the error says how ktune's install), and making a client reads nothing yet.
+TEST_F(KubernetesBackendTest, TheRuntimesAreTheClustersAsOfEachCall) {
   BackendConfig config;
   config.kind = BackendConfig::Kind::Kubernetes;
   config.kubeconfig = kubeconfig_;
   TrainerClient client(config);
+  for (const Json& r : requests()["requests"])
+    EXPECT_EQ(r["path"].get<std::string>().find("trainingruntimes"), std::string::npos) << "read when the client was made";
+  EXPECT_EQ(client.get_runtime("torchtune-llama3.3-70b").trainer.image.find("ghcr.io/ktune/"), 0u);
+  Json custom = Json::parse(v1alpha1::to_json(RuntimeCatalog::builtin().get("torchtune-llama3.3-70b")).dump());
+  custom["spec"]["mlPolicy"]["numNodes"] = 2;
+  for (Json& rj : custom["spec"]["template"]["spec"]["replicatedJobs"])
+    for (Json& c : rj["template"]["spec"]["template"]["spec"]["containers"])
+      if (c["name"] == "node") c["image"] = "registry.example/ktune-trainer:dev";
+  set_state({{"runtimes", {{"torchtune-llama3.3-70b", custom}, {"torchtune-qwen2.5-7b", nullptr}}}});
   EXPECT_EQ(client.get_runtime("torchtune-llama3.3-70b").trainer.image, "registry.example/ktune-trainer:dev");
-  EXPECT_EQ(client.get_runtime("torchtune-qwen2.5-7b").name, "torchtune-qwen2.5-7b");  // builtin, not on the cluster
+  try {
+    client.get_runtime("torchtune-qwen2.5-7b");
+    FAIL() << "a runtime the cluster lacks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not found on the cluster"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kubectl apply --server-side -k manifests/"), std::string::npos) << e.what();
+  }
+  const std::vector<types::Runtime> listed = client.list_runtimes();
+  EXPECT_TRUE(std::none_of(listed.begin(), listed.end(), [](const types::Runtime& r) { return r.name == "torchtune-qwen2.5-7b"; }));
   types::TorchTuneConfig cfg;
   cfg.epochs = 1;
   const std::string name = client.train(client.get_runtime("torchtune-llama3.3-70b"), nullptr, types::BuiltinTrainer{cfg});
