@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -145,8 +146,9 @@ static pid_t spawn_worker(const LaunchPlan& plan, int local_rank, const std::vec
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
     close(out_pipe[0]); close(out_pipe[1]); close(err_pipe[0]); close(err_pipe[1]);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) signal(sig, SIG_DFL);
+    // A launcher that dies without stopping it (SIGKILL, a crash) still takes the worker with it.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
     int rank = plan.node_rank * plan.nproc_per_node + local_rank;
     setenv("RANK", std::to_string(rank).c_str(), 1);
     setenv("LOCAL_RANK", std::to_string(local_rank).c_str(), 1);
@@ -235,10 +237,11 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
                 "timed out after " + std::to_string(plan.rdzv_timeout.count() / 1000) + " s; nodes that never joined:" + missing);
   }
 
+  // The signals torchrun stops its workers on (TORCHELASTIC_SIGNALS_TO_HANDLE): a closed terminal or
+  // a dropped SSH session (SIGHUP) ends the job as Ctrl-C does.
   struct sigaction action {};
   action.sa_handler = on_signal;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &action, nullptr);
 
   // Each worker's error file lives in a directory of this launch, removed at the end.
   std::string tmp_root = env("TMPDIR").value_or("/tmp");
@@ -322,7 +325,7 @@ int run_launcher(const LaunchPlan& requested, const std::vector<std::string>& wo
 
     if (int sig = g_signal.exchange(0)) {
       interrupted_by = sig;
-      signal_all(workers, sig);
+      signal_all(workers, sig == SIGQUIT ? SIGTERM : sig);  // (SIGQUIT's default would dump every worker's core)
       if (failure.empty()) failure = std::string("interrupted by ") + strsignal(sig);
       stopping = true;
       stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);

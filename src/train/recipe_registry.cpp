@@ -93,10 +93,14 @@ const std::string* bundled_config_text(const std::string& name) {
   return it == bundled().end() ? nullptr : &it->second;
 }
 
+// As torchtune: a bundled config's exact name is that config; anything else is a path. A name with
+// ".yaml" is the bundled config only when no such file exists: `ktune cp NAME NAME.yaml`, then an edit,
+// then `--config NAME.yaml` runs the edited copy.
 ConfigSource find_config(const std::string& name_or_file) {
-  if (const std::string* text = bundled_config_text(name_or_file))
-    return {strip_yaml_suffix(name_or_file), *text, true};
+  if (auto it = bundled().find(name_or_file); it != bundled().end()) return {name_or_file, it->second, true};
   struct stat st{};
+  if (::stat(name_or_file.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+    if (const std::string* text = bundled_config_text(name_or_file)) return {strip_yaml_suffix(name_or_file), *text, true};
   if (::stat(name_or_file.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
     std::ifstream in(name_or_file, std::ios::binary);
     std::stringstream ss;

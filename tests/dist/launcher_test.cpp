@@ -225,6 +225,30 @@ TEST(Launcher, AnInterruptOfTheWholeProcessGroupBlamesNoRank) {
   EXPECT_EQ(launch.output().find("job failed"), std::string::npos) << launch.output();
 }
 
+// A hang-up (the terminal closed, the SSH session dropped) to the launcher alone stops the workers,
+// as torchrun does: none outlives it, and no rank is blamed.
+TEST(Launcher, AHangUpToTheLauncherStopsItsWorkers) {
+  LiveLaunch launch;
+  const std::vector<pid_t> pids = launch.wait_until_joined();
+  ASSERT_EQ(pids.size(), 2u) << launch.output();
+  ASSERT_EQ(kill(launch.launcher(), SIGHUP), 0);
+  const int status = launch.finish();
+  ASSERT_TRUE(WIFEXITED(status)) << launch.output();
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGHUP) << launch.output();
+  EXPECT_NE(launch.output().find("interrupted by Hangup; stopped the workers"), std::string::npos) << launch.output();
+  for (pid_t pid : pids) EXPECT_TRUE(ended_within_20s(pid)) << "worker " << pid << " outlived its launcher";
+}
+
+// A launcher killed outright (it cannot stop anything) still takes its workers with it.
+TEST(Launcher, WorkersDoNotOutliveAKilledLauncher) {
+  LiveLaunch launch;
+  const std::vector<pid_t> pids = launch.wait_until_joined();
+  ASSERT_EQ(pids.size(), 2u) << launch.output();
+  ASSERT_EQ(kill(launch.launcher(), SIGKILL), 0);
+  launch.finish();
+  for (pid_t pid : pids) EXPECT_TRUE(ended_within_20s(pid)) << "worker " << pid << " outlived its launcher";
+}
+
 TEST(Launcher, TwoNodesOnLoopbackFormOneWorld) {
   std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   auto node1 = std::async(std::launch::async, [&] { return run("2 1 1 " + endpoint + " ok"); });

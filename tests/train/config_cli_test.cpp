@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <sstream>
 
@@ -114,6 +115,22 @@ TEST(ConfigCli, ValidateSaysWellFormedOrListsEveryError) {
   out = run_captured(cmd_validate, {"--recipe", "full_finetune_distributed", (dir / "mine.yaml").string()});
   EXPECT_EQ(out, "Config is well-formed!\n");
   EXPECT_THROW(cmd_validate({"--recipe", "lora_finetune_single_device", (dir / "mine.yaml").string()}), ktune::Errors);
+  // A file named as a bundled config plus ".yaml" is that file (torchtune: only exact names are
+  // bundled), as after `ktune cp NAME NAME.yaml --make-parents` and an edit; with no such file the
+  // name with ".yaml" is still the bundled config.
+  run_captured(cmd_cp, {"--make-parents", "llama3_2/1B_full", (dir / "llama3_2/1B_full.yaml").string()});
+  std::ifstream copied(dir / "llama3_2/1B_full.yaml");
+  std::string text((std::istreambuf_iterator<char>(copied)), std::istreambuf_iterator<char>());
+  const size_t batch = text.find("\nbatch_size: ");
+  ASSERT_NE(batch, std::string::npos);
+  text.replace(batch, text.find('\n', batch + 1) - batch, "\nbatch_size: 0");
+  std::ofstream(dir / "llama3_2/1B_full.yaml") << text;
+  const fs::path before = fs::current_path();
+  fs::current_path(dir);
+  EXPECT_THROW(cmd_validate({"llama3_2/1B_full.yaml"}), ktune::Errors);  // the edited copy, batch_size 0
+  EXPECT_EQ(run_captured(cmd_validate, {"llama3_2/1B_full"}), "Config is well-formed!\n");  // the bundled one
+  EXPECT_EQ(run_captured(cmd_validate, {"qwen2_5/0.5B_full.yaml"}), "Config is well-formed!\n");  // no such file: bundled
+  fs::current_path(before);
   // One config: a second one (torchtune's validate takes one) is refused, naming both, never
   // silently validated in place of the first.
   try {
