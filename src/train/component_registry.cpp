@@ -248,7 +248,9 @@ void add_training_components(std::vector<ComponentSpec>& out) {
   out.push_back({"torchtune.training.metric_logging.DiskLogger",
                  ComponentKind::MetricLogger,
                  {p_str("log_dir", true), p_str("filename", false, true)}});
-  out.push_back({"torchtune.training.metric_logging.StdoutLogger", ComponentKind::MetricLogger, {}});
+  // torchtune's StdoutLogger takes (and ignores) any keyword, so configs that swap only _component_
+  // keep their log_dir: ktune puts the JSON-lines twin there.
+  out.push_back({"torchtune.training.metric_logging.StdoutLogger", ComponentKind::MetricLogger, {p_str("log_dir", false, true)}});
   out.push_back({"torchtune.training.metric_logging.TensorBoardLogger",
                  ComponentKind::MetricLogger,
                  {p_str("log_dir", true), p_bool("organize_logs")}});

@@ -610,14 +610,14 @@ void FinetuneRecipe::check_rows_fit_positions(const model::ModelConfig& mc) cons
                              "is made for longer");
 }
 
-// As torchtune's recipes: the resolved config logged at the start (keys sorted), and with its
-// DiskLogger (log_config: save_config) written to output_dir/torchtune_config.yaml, so a run's
-// overrides can be read back from its outputs.
+// As torchtune's recipes: the resolved config logged at the start (keys sorted), and (its loggers'
+// log_config: save_config) written to output_dir/torchtune_config.yaml, so a run's overrides can be
+// read back from its outputs.
 void FinetuneRecipe::record_config() const {
   ConfigNode sorted = cfg_.tree;
   sorted.sort_keys();
   log_info("Running " + recipe_.name + " with resolved config:\n\n" + sorted.to_yaml());
-  if (!cfg_.metric_logger.component.ends_with("DiskLogger")) return;
+  if (cfg_.metric_logger.component.empty()) return;
   const std::string path = (fs::path(cfg_.output_dir) / "torchtune_config.yaml").string();
   try {  // as torchtune's save_config: a config that cannot be saved is said, and the run goes on
     fs::create_directories(cfg_.output_dir);
@@ -1167,8 +1167,9 @@ double FinetuneRecipe::lr_at(int64_t step) const {
 }
 
 void FinetuneRecipe::train() {
-  const bool terminal = rank0_ && ProgressBar::is_terminal(stdout);
-  ProgressBar bar(stdout, terminal, steps_per_epoch_);
+  // On stderr, as torchtune's tqdm bar: stdout keeps only what the run reports (StdoutLogger's lines).
+  const bool terminal = rank0_ && ProgressBar::is_terminal(stderr);
+  ProgressBar bar(stderr, terminal, steps_per_epoch_);
   const auto run_start = std::chrono::steady_clock::now();
   double later_steps_seconds = 0;  // steps after this run's first (which also plans the arena)
   int64_t later_steps = 0, steps_this_run = 0;

@@ -800,4 +800,5 @@ TEST_F(RecipeTest, TheTensorBoardLoggerWritesWhatTensorBoardReads) {
   ASSERT_EQ(runs.size(), 1u) << read.output;
   EXPECT_EQ(runs.begin()->rfind("run_0_", 0), 0u) << read.output;
   EXPECT_NE(read.output.find(" lr 1 "), std::string::npos) << read.output;
+  EXPECT_TRUE(fs::exists(out() + "/torchtune_config.yaml"));  // every logger's log_config saves it, as torchtune's
 }
