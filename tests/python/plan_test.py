@@ -165,7 +165,7 @@ class ErrorsBecomeValueError(unittest.TestCase):
             self.client.get_runtime("torchtune-nope")
 
     def test_wrong_trainer_type(self):
-        with self.assertRaisesRegex(ValueError, "trainer: expected a BuiltinTrainer or a CustomTrainer"):
+        with self.assertRaisesRegex(ValueError, "trainer: expected a BuiltinTrainer, a CustomTrainer or a CustomTrainerContainer"):
             self.client.plan("torchtune-llama3.2-1b", None, TorchTuneConfig())
 
     def test_strings_for_enums_as_the_design_writes_them(self):
