@@ -143,7 +143,7 @@ def _job_options(options, name: Optional[str]) -> dict:
             values = getattr(option, field_name)
             if not isinstance(values, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in values.items()):
                 raise ValueError(f"options: {kind}.{field_name} must be a dict of strings to strings, got {values!r}")
-            out[field_name].update(values)
+            out[field_name] = dict(values)  # as upstream: the last Labels (Annotations) option is the one
         elif kind == "ActiveDeadlineSeconds":
             if type(option.seconds) is not int or option.seconds < 1:
                 raise ValueError("activeDeadlineSeconds must be a positive integer (minimum 1)")
@@ -298,16 +298,30 @@ class TrainerClient:
         rt = self.get_runtime(_runtime_name(runtime))
         if rt.trainer.trainer_type == TrainerType.BUILTIN_TRAINER:
             raise ValueError("Cannot get Runtime packages for BuiltinTrainer")
-        job = None
+        job, error = None, None
         try:
             job = self.train(runtime=rt, trainer=CustomTrainer(func=_print_packages, num_nodes=1))
             try:
                 self.wait_for_job_status(job)
-            finally:
+            except BaseException as e:
+                error = e
+            try:  # the log, the wait's error or not (it says why the job failed)
                 print("\n".join(self.get_job_logs(job)))
-        finally:
+            except Exception:
+                if error is None:
+                    raise
+            if error is not None:
+                raise error
+        except BaseException as e:
+            error = error or e
+            raise
+        finally:  # the cleanup's own failure never hides the error that came first
             if job is not None:
-                self.delete_job(job, remove_workspace=True)
+                try:
+                    self.delete_job(job, remove_workspace=True)
+                except Exception:
+                    if error is None:
+                        raise
 
     def plan(self, runtime: Union[str, Runtime, None] = None, initializer: Optional[Initializer] = None,
              trainer: Union[CustomTrainer, CustomTrainerContainer, BuiltinTrainer, None] = None,
