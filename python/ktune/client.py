@@ -105,17 +105,26 @@ def function_script(func: Callable, func_args: Optional[dict] = None) -> str:
     return f"{code}\n{call}\n"
 
 
+def _kind(obj) -> str:
+    """The class ``obj`` is, by name: the nearest ktune or upstream kubeflow class in its MRO (a
+    subclass of one counts as it), else its own class's name (the native module reads the same way)."""
+    for cls in type(obj).__mro__:
+        if str(getattr(cls, "__module__", "")).startswith(("ktune", "kubeflow")):
+            return cls.__name__
+    return type(obj).__name__
+
+
 def _trainer_spec(trainer):
     """What the native module takes: BuiltinTrainer and CustomTrainerContainer as they are, a
     CustomTrainer as a script."""
-    if trainer is None or isinstance(trainer, BuiltinTrainer) or type(trainer).__name__ == "BuiltinTrainer":
+    if trainer is None or isinstance(trainer, BuiltinTrainer) or _kind(trainer) == "BuiltinTrainer":
         return trainer
-    if isinstance(trainer, CustomTrainer) or type(trainer).__name__ == "CustomTrainer":
+    if isinstance(trainer, CustomTrainer) or _kind(trainer) == "CustomTrainer":
         return _CustomTrainerSpec(script=function_script(trainer.func, trainer.func_args), env=trainer.env,
                                   packages_to_install=trainer.packages_to_install,
                                   pip_index_urls=trainer.pip_index_urls, num_nodes=trainer.num_nodes,
                                   resources_per_node=trainer.resources_per_node, image=trainer.image)
-    if isinstance(trainer, _CustomTrainerSpec) or type(trainer).__name__ == "CustomTrainerContainer":
+    if isinstance(trainer, _CustomTrainerSpec) or _kind(trainer) == "CustomTrainerContainer":
         return trainer  # the native module reads a CustomTrainerContainer (ktune's or upstream's) by its fields
     raise ValueError(f"trainer: expected a BuiltinTrainer, a CustomTrainer or a CustomTrainerContainer, "
                      f"got {type(trainer).__name__}")
@@ -131,7 +140,7 @@ def _job_options(options, name: Optional[str]) -> dict:
     if not isinstance(options, (list, tuple)):
         raise ValueError(f"options: expected a list of options, got {type(options).__name__}")
     for option in options:
-        kind = type(option).__name__
+        kind = _kind(option)
         if kind == "Name":
             if not isinstance(option.name, str) or not option.name:
                 raise ValueError(f"options: Name.name must be a non-empty string, got {option.name!r}")
@@ -183,7 +192,7 @@ def _backend_config(config) -> BackendConfig:
         return BackendConfig()
     if isinstance(config, BackendConfig):
         return config
-    kind = type(config).__name__
+    kind = _kind(config)
     if kind == "KubernetesBackendConfig":
         if getattr(config, "client_configuration", None) is not None:
             raise ValueError("KubernetesBackendConfig.client_configuration: ktune connects from a kubeconfig "

@@ -53,7 +53,19 @@ class Reader {
  public:
   std::vector<Error> errors;
 
-  static std::string type_name(nb::handle h) { return nb::cast<std::string>(h.type().attr("__name__")); }
+  // The class a value is, by name: the nearest ktune or upstream kubeflow class in its type's MRO (a
+  // user's subclass of one counts as that class), else its own class's name (a look-alike of the
+  // same name passes, as before).
+  static std::string type_name(nb::handle h) {
+    const nb::handle type = h.type();
+    for (nb::handle c : nb::borrow<nb::tuple>(type.attr("__mro__"))) {
+      const nb::object module = nb::getattr(c, "__module__", nb::none());
+      if (!nb::isinstance<nb::str>(module)) continue;
+      const std::string name = nb::cast<std::string>(module);
+      if (name.rfind("ktune", 0) == 0 || name.rfind("kubeflow", 0) == 0) return nb::cast<std::string>(c.attr("__name__"));
+    }
+    return nb::cast<std::string>(type.attr("__name__"));
+  }
 
   // obj.name, or None when obj has no such attribute.
   static nb::object attr(nb::handle obj, const char* name) {

@@ -226,6 +226,17 @@ class LocalBackend(unittest.TestCase):
         container = ktune.CustomTrainerContainer(image="registry.example.com/train:1", num_nodes=2, env={"A": "1"})
         plan = client.plan("torch-distributed", trainer=container, options=[TrainerCommand(["python", "train.py"])])
         self.assertIn("image: registry.example.com/train:1", plan.trainjob_yaml())  # rendered whatever the backend
+
+        class Boxed(ktune.CustomTrainerContainer):  # a user's subclasses count as their classes
+            pass
+
+        class Command(TrainerCommand):
+            pass
+
+        boxed = client.plan("torch-distributed", trainer=Boxed(image="registry.example.com/train:2"),
+                            options=[Command(["python", "x.py"])]).trainjob_yaml()
+        self.assertIn("image: registry.example.com/train:2", boxed)
+        self.assertIn("x.py", boxed)
         with self.assertRaisesRegex(ValueError, "CustomTrainerContainer runs a container image, which the local backend cannot"):
             client.train("torch-distributed", trainer=container)
         with self.assertRaisesRegex(ValueError, "TrainerArgs option is not compatible with the local backend"):
