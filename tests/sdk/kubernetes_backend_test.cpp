@@ -207,7 +207,8 @@ TEST_F(KubernetesBackendTest, TheRuntimesAreTheClustersAsOfEachCall) {
   config.kind = BackendConfig::Kind::Kubernetes;
   config.kubeconfig = kubeconfig_;
   TrainerClient client(config);
-  for (const Json& r : requests()["requests"])
+  const Json seen = requests();  // named: a range-for over a temporary's element would read freed memory
+  for (const Json& r : seen["requests"])
     EXPECT_EQ(r["path"].get<std::string>().find("trainingruntimes"), std::string::npos) << "read when the client was made";
   EXPECT_EQ(client.get_runtime("torchtune-llama3.3-70b").trainer.image.find("ghcr.io/ktune/"), 0u);
   Json custom = Json::parse(v1alpha1::to_json(RuntimeCatalog::builtin().get("torchtune-llama3.3-70b")).dump());
