@@ -48,9 +48,10 @@ int cmd_validate(const Args& args) {
       recipe_name = args[++i];
     } else if (a.rfind("--recipe=", 0) == 0) {
       recipe_name = a.substr(9);
-    } else if (a == "--config" && i + 1 < args.size()) {  // accepted for symmetry with `ktune run`
-      if (!name.empty()) throw Error("--config " + args[i + 1], "given twice (first: " + name + "): validate takes one config");
-      name = args[++i];
+    } else if ((a == "--config" && i + 1 < args.size()) || a.rfind("--config=", 0) == 0) {  // as `ktune run` takes it
+      const std::string given = a == "--config" ? args[++i] : a.substr(9);
+      if (!name.empty()) throw Error("--config " + given, "given twice (first: " + name + "): validate takes one config");
+      name = given;
     } else if (a.rfind("--", 0) == 0) {
       throw Error("ktune validate", "unknown option `" + a + "` (option: --recipe RECIPE)");
     } else if (name.empty() && a.find('=') == std::string::npos && a.rfind("~", 0) != 0) {

@@ -114,6 +114,8 @@ TEST(ConfigCli, ValidateSaysWellFormedOrListsEveryError) {
   EXPECT_EQ(out, "Config is well-formed!\n");
   out = run_captured(cmd_validate, {"--recipe", "full_finetune_distributed", (dir / "mine.yaml").string()});
   EXPECT_EQ(out, "Config is well-formed!\n");
+  out = run_captured(cmd_validate, {"--config=" + (dir / "mine.yaml").string()});  // as `ktune run --config=FILE`
+  EXPECT_EQ(out, "Config is well-formed!\n");
   EXPECT_THROW(cmd_validate({"--recipe", "lora_finetune_single_device", (dir / "mine.yaml").string()}), ktune::Errors);
   // A file named as a bundled config plus ".yaml" is that file (torchtune: only exact names are
   // bundled), as after `ktune cp NAME NAME.yaml --make-parents` and an edit; with no such file the
