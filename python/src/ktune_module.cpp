@@ -597,8 +597,7 @@ class Client {
         const types::Runtime runtime = client_.get_runtime(runtime_name);
         Plan p;
         p.job = make_trainjob(runtime, init ? &*init : nullptr, t, options);
-        p.plan = build_plan(p.job, client_.catalog());
-        p.plan.kubernetes_only = kubernetes_only_parts(init ? &*init : nullptr, t, options);
+        p.plan = client_.plan_of(p.job, init ? &*init : nullptr, t, options);
         return p;
       });
     });

@@ -135,15 +135,16 @@ void refuse_kubernetes_only_fields(const TrainJobPlan& plan) {
     if (present(section, key))  // Errors: the caller's argument (upstream raises ValueError)
       throw Errors({Error("job " + plan.job_name,
                           std::string(option) + " option is not compatible with the local backend. Supported backends: kubernetes")});
-  for (const std::string& part : plan.kubernetes_only)
-    throw Errors({Error("job " + plan.job_name,
-                        part == "CustomTrainerContainer"
-                            ? "CustomTrainerContainer runs a container image, which the local backend cannot (it runs "
-                              "processes on this machine): use a CustomTrainer or a BuiltinTrainer here, or the kubernetes backend"
-                        : part == "DataCacheInitializer"
-                            ? "DataCacheInitializer needs the data cache's nodes, which a cluster runtime runs (upstream's "
-                              "torch-distributed-with-cache): use the kubernetes backend, or a Hugging Face, S3 or file:// dataset here"
-                            : part + " option is not compatible with the local backend. Supported backends: kubernetes")});
+  if (plan.kubernetes_only.empty()) return;
+  const std::string& part = plan.kubernetes_only.front();  // the first is enough to refuse the plan
+  throw Errors({Error("job " + plan.job_name,
+                      part == "CustomTrainerContainer"
+                          ? "CustomTrainerContainer runs a container image, which the local backend cannot (it runs "
+                            "processes on this machine): use a CustomTrainer or a BuiltinTrainer here, or the kubernetes backend"
+                      : part == "DataCacheInitializer"
+                          ? "DataCacheInitializer needs the data cache's nodes, which a cluster runtime runs (upstream's "
+                            "torch-distributed-with-cache): use the kubernetes backend, or a Hugging Face, S3 or file:// dataset here"
+                          : part + " option is not compatible with the local backend. Supported backends: kubernetes")});
 }
 
 }  // namespace

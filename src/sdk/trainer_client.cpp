@@ -91,7 +91,12 @@ types::Runtime TrainerClient::get_runtime(const std::string& name) const {
 
 TrainJobPlan TrainerClient::plan(const types::Runtime& runtime, const types::Initializer* initializer,
                                  const types::Trainer& trainer, const types::JobOptions& options) const {
-  TrainJobPlan plan = build_plan(make_trainjob(runtime, initializer, trainer, options), catalog());
+  return plan_of(make_trainjob(runtime, initializer, trainer, options), initializer, trainer, options);
+}
+
+TrainJobPlan TrainerClient::plan_of(const v1alpha1::TrainJob& job, const types::Initializer* initializer,
+                                    const types::Trainer& trainer, const types::JobOptions& options) const {
+  TrainJobPlan plan = build_plan(job, catalog());
   plan.kubernetes_only = kubernetes_only_parts(initializer, trainer, options);
   return plan;
 }

@@ -48,6 +48,10 @@ class TrainerClient {
   // The plan train() would run, without running it (`ktune train --dry-run`).
   TrainJobPlan plan(const types::Runtime& runtime, const types::Initializer* initializer,
                     const types::Trainer& trainer, const types::JobOptions& options = {}) const;
+  // The same for a TrainJob already made from the call (make_trainjob), which a caller keeps (the
+  // Python SDK renders its YAML): validated and planned, with the call's Kubernetes-only parts.
+  TrainJobPlan plan_of(const v1alpha1::TrainJob& job, const types::Initializer* initializer, const types::Trainer& trainer,
+                       const types::JobOptions& options) const;
   // Starts a TrainJob and returns its name (a letter + 11 hex characters unless options.name is given).
   std::string train(const types::Runtime& runtime, const types::Initializer* initializer = nullptr,
                     const types::Trainer& trainer = {}, const types::JobOptions& options = {});
