@@ -87,6 +87,7 @@ std::string chat_format_name(ChatFormatKind kind) {
     case ChatFormatKind::kMistral: return "mistral";
     case ChatFormatKind::kGemma: return "gemma";
     case ChatFormatKind::kPlain: return "plain";
+    case ChatFormatKind::kTemplate: return "chat_template";
   }
   return "plain";
 }
@@ -127,6 +128,15 @@ ChatFormat::ChatFormat(const Tokenizer& tokenizer, ChatFormatKind kind, int64_t 
   if (kind_ == ChatFormatKind::kGemma) { special("<start_of_turn>"); special("<end_of_turn>"); }
 }
 
+ChatFormat::ChatFormat(const Tokenizer& tokenizer, HfChatTemplate chat_template, std::optional<int32_t> eos,
+                       int64_t max_seq_len, Truncation truncation)
+    : tokenizer_(tokenizer),
+      kind_(ChatFormatKind::kTemplate),
+      max_seq_len_(max_seq_len),
+      chat_template_(std::move(chat_template)),
+      template_eos_(eos),
+      truncation_(truncation) {}
+
 int32_t ChatFormat::special(const char* token) const {
   auto id = tokenizer_.token_to_id(token);
   if (!id)
@@ -136,12 +146,12 @@ int32_t ChatFormat::special(const char* token) const {
 }
 
 std::vector<int32_t> ChatFormat::encode(std::string_view text) const {
-  if (kind_ == ChatFormatKind::kChatML) return tokenizer_.encode(text, false, false);
+  if (kind_ == ChatFormatKind::kChatML || kind_ == ChatFormatKind::kTemplate) return tokenizer_.encode(text, false, false);
   return tokenizer_.encode_ordinary(text);
 }
 
 std::vector<int32_t> ChatFormat::encode_text(std::string_view text, bool add_bos, bool add_eos) const {
-  if (kind_ == ChatFormatKind::kChatML) return tokenizer_.encode(text, add_bos, add_eos);
+  if (kind_ == ChatFormatKind::kChatML || kind_ == ChatFormatKind::kTemplate) return tokenizer_.encode(text, add_bos, add_eos);
   std::vector<int32_t> ids;
   // torchtune's TikTokenBaseTokenizer.encode returns [] for empty text, BOS/EOS included.
   if (kind_ == ChatFormatKind::kLlama3 && text.empty()) return ids;
@@ -170,6 +180,7 @@ TokenizedMessages ChatFormat::tokenize(const std::vector<Message>& messages, boo
     case ChatFormatKind::kGemma: return tokenize_gemma(messages, add_end_tokens);
     case ChatFormatKind::kMistral:
     case ChatFormatKind::kPlain: return tokenize_no_special_tokens(messages, add_end_tokens);
+    case ChatFormatKind::kTemplate: return tokenize_template(messages, add_end_tokens);
   }
   return {};
 }
@@ -351,6 +362,55 @@ TokenizedMessages ChatFormat::tokenize_no_special_tokens(const std::vector<Messa
     }
   }
   truncate_messages(out, max_seq_len_, eos, last_masked ? 1 : 0);
+  return out;
+}
+
+// The model's chat template. The ids are the encoding of the whole conversation's text (so they
+// are transformers' apply_chat_template(tokenize=True) ids: a message's ids are not encoded apart
+// from its neighbours'). Message i's ids end where the ids of the conversation rendered up to and
+// including message i end (torchtune's HuggingFaceModelTokenizer takes the same deltas). A template
+// that renders earlier messages differently once later ones follow (Qwen3 drops the reasoning of
+// answers before the last question) has no such prefix: the boundary is then where the two texts
+// part. Deliberately not torchtune's: a conversation is trained without the generation prompt after
+// it (torchtune renders add_generation_prompt=add_eos for the last message, training the next
+// answer's header), and the EOS is not appended twice (Llama 3 Instruct's eos_token is the
+// template's own <|eot_id|>).
+TokenizedMessages ChatFormat::tokenize_template(const std::vector<Message>& in, bool add_end_tokens) const {
+  std::vector<Message> messages = in;
+  // Asking: an empty assistant message last (the answer to come) is the generation prompt.
+  if (!add_end_tokens && !messages.empty() && messages.back().role == "assistant" &&
+      messages.back().text_content().empty())
+    messages.pop_back();
+  const std::string text = chat_template_->render(messages, /*add_generation_prompt=*/!add_end_tokens);
+  TokenizedMessages out;
+  out.tokens = tokenizer_.encode(text, false, false);
+  size_t begin = 0;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    size_t end = out.tokens.size();
+    if (i + 1 < messages.size()) {
+      const std::vector<Message> upto(messages.begin(), messages.begin() + (ptrdiff_t)i + 1);
+      const std::string prefix = chat_template_->render(upto, false);
+      size_t common = 0;
+      while (common < prefix.size() && common < text.size() && prefix[common] == text[common]) ++common;
+      while (common > 0 && common < text.size() && ((unsigned char)text[common] & 0xC0) == 0x80) --common;
+      end = std::clamp(tokenizer_.encode(std::string_view(text).substr(0, common), false, false).size(), begin,
+                       out.tokens.size());
+    }
+    out.mask.insert(out.mask.end(), end - begin, messages[i].masked ? 1 : 0);
+    begin = end;
+  }
+  if (messages.empty()) out.mask.assign(out.tokens.size(), 1);  // a template's text around no message
+  if (add_end_tokens && template_eos_ && (out.tokens.empty() || out.tokens.back() != *template_eos_)) {
+    out.tokens.push_back(*template_eos_);
+    out.mask.push_back(1);
+  }
+  if (truncation_ == Truncation::kLeft && max_seq_len_ > 0 && (int64_t)out.tokens.size() > max_seq_len_) {
+    const ptrdiff_t cut = (ptrdiff_t)out.tokens.size() - (ptrdiff_t)max_seq_len_;
+    out.tokens.erase(out.tokens.begin(), out.tokens.begin() + cut);
+    out.mask.erase(out.mask.begin(), out.mask.begin() + cut);
+    out.truncated = true;
+  }
+  truncate_messages(out, max_seq_len_, add_end_tokens ? template_eos_ : std::nullopt, 1);
   return out;
 }
 

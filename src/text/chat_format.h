@@ -13,6 +13,13 @@
 //             mask; the final EOS takes the last message's).
 //   kPlain    tokenize_messages_no_special_tokens with no template (torchtune's Gemma/Llama 2
 //             tokenizers without a prompt_template)
+//   kTemplate the model's own Jinja chat template (text/hf_chat_template.h), rendered as
+//             transformers' apply_chat_template does: the ids are that text's (the very ids
+//             transformers and vLLM prompt with); each token takes the mask of the message whose
+//             rendering added it (the conversation rendered message by message, the boundaries
+//             where each prefix's ids end, as torchtune's HuggingFaceModelTokenizer finds them);
+//             the EOS is appended only where the text does not already end with it; the generation
+//             prompt is rendered only when asking (add_end_tokens = false). See tokenize_template.
 // Whole messages share the message's mask (so an assistant header is trained on, as in torchtune).
 // Truncation to max_seq_len is torchtune's: stop adding messages once the length reaches it, cut,
 // and put the end token (and its mask value) in the last place when end tokens are on.
@@ -30,12 +37,16 @@
 #include <string_view>
 #include <vector>
 
+#include "text/hf_chat_template.h"
 #include "text/prompt_template.h"
 #include "text/tokenizer.h"
 
 namespace ktune {
 
-enum class ChatFormatKind { kLlama3, kChatML, kMistral, kGemma, kPlain };
+enum class ChatFormatKind { kLlama3, kChatML, kMistral, kGemma, kPlain, kTemplate };
+
+// Which end a sequence longer than max_seq_len keeps (torchtune's truncation_type).
+enum class Truncation { kRight, kLeft };
 
 // "llama3" (also llama3_1, llama3_2, llama3_3), "chatml" (also qwen2, qwen2_5, qwen3), "mistral",
 // "gemma" (also gemma2), "plain" (also llama2). Throws ktune::Error naming the accepted names.
@@ -69,6 +80,10 @@ class ChatFormat {
   // (torchtune's custom tags) is applied before tokenising; kMistral has its own by default.
   ChatFormat(const Tokenizer& tokenizer, ChatFormatKind kind, int64_t max_seq_len = 0,
              std::optional<PromptTemplate> prompt_template = std::nullopt);
+  // kTemplate: the model's chat template. eos: the id appended after a conversation (the
+  // tokenizer's EOS unless the model's generation config names another); nullopt: none.
+  ChatFormat(const Tokenizer& tokenizer, HfChatTemplate chat_template, std::optional<int32_t> eos, int64_t max_seq_len = 0,
+             Truncation truncation = Truncation::kRight);
 
   // add_end_tokens = false for generation (no EOS, last turn left open where the format allows).
   TokenizedMessages tokenize(const std::vector<Message>& messages, bool add_end_tokens = true) const;
@@ -87,6 +102,7 @@ class ChatFormat {
   TokenizedMessages tokenize_chatml(const std::vector<Message>& messages, bool add_end_tokens) const;
   TokenizedMessages tokenize_gemma(const std::vector<Message>& messages, bool add_end_tokens) const;
   TokenizedMessages tokenize_no_special_tokens(const std::vector<Message>& messages, bool add_end_tokens) const;
+  TokenizedMessages tokenize_template(const std::vector<Message>& messages, bool add_end_tokens) const;
   std::vector<int32_t> encode(std::string_view text) const;
   // SentencePieceBaseTokenizer.encode(trim_leading_whitespace=True): encode "\n" + text and drop
   // the ids of "\n", so that no dummy-prefix space is added in the middle of a turn.
@@ -97,6 +113,9 @@ class ChatFormat {
   ChatFormatKind kind_;
   int64_t max_seq_len_;
   std::optional<PromptTemplate> prompt_template_;
+  std::optional<HfChatTemplate> chat_template_;  // kTemplate
+  std::optional<int32_t> template_eos_;          // kTemplate
+  Truncation truncation_ = Truncation::kRight;
   bool encodes_whitespace_ = true;
   std::vector<int32_t> newline_ids_;
 };

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "text/chat_format.h"
+#include "text/hf_chat_template.h"
 #include "text/tokenizer.h"
 
 namespace ktune {
@@ -188,6 +190,53 @@ TEST(RealTokenizers, QwenVocabJsonAndMergesTxtMatchHfTokenizers) {
   EXPECT_EQ(plain->token_to_id("<|im_end|>"), 151645);
   EXPECT_EQ(plain->token_to_id("<|file_sep|>"), 151664);
 }
+
+// The real Llama 3 and Qwen3 chat templates (their tokenizer_config.json) through
+// ChatFormatKind::kTemplate against transformers' apply_chat_template, run at test time by
+// fixtures/chat_template/chat_template_reference.py on the conversations of the fast test
+// (tests/text/chat_template_test.cpp): text, ids and masks.
+void expect_chat_template_matches_transformers(const std::string& model) {
+  std::string why;
+  const std::string tokenizer_json = real_file(model + "/tokenizer.json", &why);
+  if (tokenizer_json.empty()) GTEST_SKIP() << why;
+  const std::string config = data_dir() + "/" + model + "/tokenizer_config.json";
+  if (!fs::exists(config)) GTEST_SKIP() << "missing " << config;
+  const std::string dir = scratch() + "/" + model + "_model";  // tokenizer.json + config, as AutoTokenizer reads them
+  fs::create_directories(dir);
+  fs::copy_file(tokenizer_json, dir + "/tokenizer.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(config, dir + "/tokenizer_config.json", fs::copy_options::overwrite_existing);
+  const std::string conversations = std::string(KTUNE_SOURCE_DIR) + "/tests/text/fixtures/chat_template/conversations.json";
+  const std::string out = scratch() + "/" + model + "_chat_reference.json";
+  const std::string cmd = "python3 '" + std::string(KTUNE_SOURCE_DIR) +
+                          "/tests/text/fixtures/chat_template/chat_template_reference.py' '" + dir + "' '" + conversations +
+                          "' > '" + out + "'";
+  if (std::system("python3 -c 'import transformers' 2>/dev/null") != 0) GTEST_SKIP() << "transformers is not installed";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;  // a broken reference is no reason to skip
+  const json expected = json::parse(std::ifstream(out));
+  const json given = json::parse(std::ifstream(conversations));
+  TokenizerOptions o;
+  o.path = dir + "/tokenizer.json";
+  o.config_path = dir + "/tokenizer_config.json";
+  auto tokenizer = load_tokenizer(o);
+  std::optional<HfChatTemplate> chat = HfChatTemplate::from_tokenizer_config(o.config_path);
+  ASSERT_TRUE(chat.has_value());
+  const ChatFormat format(*tokenizer, *chat, chat_template_eos(*tokenizer, o.config_path, ""));
+  ASSERT_EQ(expected.size(), given.size());
+  for (size_t i = 0; i < given.size(); ++i) {
+    SCOPED_TRACE(model + "/" + given[i]["name"].get<std::string>());
+    std::vector<Message> messages;
+    for (const json& m : given[i]["messages"]) messages.push_back(Message::text(m["role"], m["content"], m["masked"].get<bool>()));
+    const bool add_end_tokens = given[i]["add_end_tokens"];
+    const TokenizedMessages got = format.tokenize(messages, add_end_tokens);
+    EXPECT_EQ(got.tokens, expected[i]["tokens"].get<std::vector<int32_t>>());
+    EXPECT_EQ(got.mask, expected[i]["mask"].get<std::vector<uint8_t>>());
+    if (!add_end_tokens && messages.back().role == "assistant") messages.pop_back();
+    EXPECT_EQ(chat->render(messages, !add_end_tokens), expected[i]["text"].get<std::string>());
+  }
+}
+
+TEST(RealTokenizers, Llama3ChatTemplateMatchesTransformers) { expect_chat_template_matches_transformers("llama3"); }
+TEST(RealTokenizers, Qwen3ChatTemplateMatchesTransformers) { expect_chat_template_matches_transformers("qwen3"); }
 
 }  // namespace
 }  // namespace ktune

@@ -1,0 +1,62 @@
+// A Hugging Face model's own chat template (the Jinja `chat_template` of tokenizer_config.json, or
+// the chat_template.jinja beside it, which transformers prefers), rendered as transformers'
+// apply_chat_template renders it: its Jinja environment (text/jinja/, Dialect::kTransformers:
+// trim_blocks, lstrip_blocks, loop controls, its tojson) and its variables — `messages` (each
+// {"role", "content"}), `tools` and `documents` (none), `add_generation_prompt`, and the special
+// tokens as strings (bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token,
+// where the config names them). The text is what transformers, and vLLM's chat completions, prompt
+// the model with; its ids are the tokenizer's encoding of that text with no special tokens added
+// (apply_chat_template(tokenize=True)), so the template alone decides where BOS goes.
+//
+// Several named templates (a list of {"name", "template"}) give "default", as transformers does
+// without tools. A template that does not parse is refused at load, naming the file, line and column.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "text/prompt_template.h"
+#include "text/tokenizer.h"
+
+namespace ktune {
+
+namespace jinja {
+class Template;
+}
+
+class HfChatTemplate {
+ public:
+  // Parses `source`; origin names it in errors ("…/tokenizer_config.json: chat_template").
+  // special_tokens: an object of the special-token variables, each a string.
+  HfChatTemplate(const std::string& source, std::string origin, nlohmann::ordered_json special_tokens);
+  ~HfChatTemplate();
+
+  // From the model's files: chat_template.jinja beside tokenizer_config.json when there is one, else
+  // the config's chat_template; special tokens from the config. nullopt when neither holds a template.
+  // Errors name the file (not JSON, a chat_template neither a string nor a list of named templates,
+  // several templates with no "default", a template that does not parse).
+  static std::optional<HfChatTemplate> from_tokenizer_config(const std::string& tokenizer_config_path);
+
+  // The conversation as text. Roles are passed as they are, but torchtune's "ipython" (a tool's
+  // answer) is HF's "tool"; a message's content is its pieces joined.
+  std::string render(const std::vector<Message>& messages, bool add_generation_prompt) const;
+
+  const std::string& origin() const { return origin_; }
+
+ private:
+  std::shared_ptr<const jinja::Template> template_;
+  std::string origin_;
+  nlohmann::ordered_json special_tokens_;
+};
+
+// The id a conversation ends with (torchtune's HuggingFaceBaseTokenizer): the eos_token the
+// tokenizer_config.json names, else the first eos_token_id of generation_config.json (when given),
+// else the tokenizer's own EOS. Errors name the file.
+std::optional<int32_t> chat_template_eos(const Tokenizer& tokenizer, const std::string& tokenizer_config_path,
+                                         const std::string& generation_config_path);
+
+}  // namespace ktune
