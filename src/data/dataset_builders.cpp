@@ -197,7 +197,12 @@ TokenizedDataset build_dataset(const DatasetOptions& o, const ChatFormat& format
     }
     std::vector<Message> messages = row_to_messages(o, row, place);
     validate_messages(messages, place.where());
-    return format.tokenize(messages);
+    if (format.kind() != ChatFormatKind::kTemplate) return format.tokenize(messages);
+    try {
+      return format.tokenize(messages);
+    } catch (const Error& e) {  // the template's raise_exception (or a fault in it) meets this row
+      throw Error(place.where(), std::string("the chat template failed on this conversation: ") + e.what());
+    }
   };
 
   constexpr size_t kChunk = 4096;

@@ -58,6 +58,24 @@ ChatFormatKind chat_format_for(const TokenizerConfig& t, const Tokenizer& tokeni
   return detect_chat_format(tokenizer);
 }
 
+// HuggingFaceModelTokenizer's format: the model's own chat template, from tokenizer_config_path
+// (or the chat_template.jinja beside it).
+std::unique_ptr<ChatFormat> template_chat_format(const TokenizerConfig& t, const std::string& tokenizer_config_path,
+                                                 const Tokenizer& tokenizer, int64_t max_seq_len, bool log) {
+  if (tokenizer_config_path.empty())
+    throw Error("tokenizer.tokenizer_config_json_path",
+                "not set, and there is no tokenizer_config.json beside " + t.path + " to read the chat template from");
+  std::optional<HfChatTemplate> chat = HfChatTemplate::from_tokenizer_config(tokenizer_config_path);
+  if (!chat)
+    throw Error(tokenizer_config_path, "has no chat_template (nor is a chat_template.jinja beside it): " + t.component +
+                                           " formats conversations with the model's own template; use the model "
+                                           "family's tokenizer builder (or ktune.models.hf_tokenizer) instead");
+  if (log) log_info("tokenizer: conversations through the chat template of " + chat->origin());
+  const std::optional<int32_t> eos = chat_template_eos(tokenizer, tokenizer_config_path, t.generation_config_path);
+  return std::make_unique<ChatFormat>(tokenizer, std::move(*chat), eos, max_seq_len,
+                                      t.truncation_type == "left" ? Truncation::kLeft : Truncation::kRight);
+}
+
 // How unpacked batches reach the model (data/padding_free.h; the loss and gradients are the same):
 // as one row of all their samples' tokens (the default: no padding left; attention stays inside
 // each sample and costs Σ L² as padded), re-laid as rows of at most their T tokens (some padding
@@ -405,8 +423,11 @@ void FinetuneRecipe::setup_data() {
   }
   tokenizer_ = load_tokenizer(t);
   const int64_t max_seq_len = cfg_.tokenizer.max_seq_len.value_or(0);
-  format_ = std::make_unique<ChatFormat>(*tokenizer_, chat_format_for(cfg_.tokenizer, *tokenizer_), max_seq_len,
-                                         prompt_template_from_config(cfg_.tokenizer.prompt_template));
+  if (cfg_.tokenizer.chat_template)
+    format_ = template_chat_format(cfg_.tokenizer, t.config_path, *tokenizer_, max_seq_len, rank0_);
+  else
+    format_ = std::make_unique<ChatFormat>(*tokenizer_, chat_format_for(cfg_.tokenizer, *tokenizer_), max_seq_len,
+                                           prompt_template_from_config(cfg_.tokenizer.prompt_template));
 
   bool packed = false, split = false;
   dataset_ = build_datasets(cfg_.datasets, &packed, &split);
@@ -420,7 +441,7 @@ void FinetuneRecipe::setup_data() {
                                     : std::string(" (the responses are empty, or train_on_input is needed)")));
   if (rank0_) {
     log_info("dataset: " + std::to_string(dataset_->size()) + " samples, " + std::to_string(dataset_->num_tokens()) +
-             " tokens" + (dataset_->num_truncated ? ", " + std::to_string(dataset_->num_truncated) +
+             " tokens (" + std::to_string(dataset_->num_targets()) + " trained on)" + (dataset_->num_truncated ? ", " + std::to_string(dataset_->num_truncated) +
                                                         " truncated to max_seq_len=" + std::to_string(max_seq_len)
                                                   : std::string()));
   }
@@ -539,7 +560,8 @@ void FinetuneRecipe::setup_model(bool on_gpu) {
   if (on_gpu) model_->set_host_gradients(false);  // the GPU step keeps the gradients; nothing on the host reads them
   const model::ModelConfig& mc = model_->config();
   if (tokenizer_->vocab_size() > mc.vocab_size)
-    throw Error("tokenizer.path", "the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
+    throw Error(cfg_.tokenizer.chat_template ? "tokenizer.tokenizer_json_path" : "tokenizer.path",
+                "the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
                                       " ids but the model's vocab_size is " + std::to_string(mc.vocab_size));
   check_rows_fit_positions(mc);
   warn_on_other_model_type(mc);

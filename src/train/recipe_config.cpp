@@ -138,6 +138,11 @@ RecipeConfig make_recipe_config(const ConfigNode& tree, const RecipeSpec& recipe
   c.tokenizer.component = t.component();
   c.tokenizer.family = find_component(c.tokenizer.component)->tokenizer_family;
   read(t, "path", c.tokenizer.path);
+  c.tokenizer.chat_template = c.tokenizer.component == "torchtune.modules.transforms.tokenizers.HuggingFaceModelTokenizer";
+  read(t, "tokenizer_json_path", c.tokenizer.path);
+  read(t, "tokenizer_config_json_path", c.tokenizer.tokenizer_config_path);
+  read(t, "generation_config_path", c.tokenizer.generation_config_path);
+  read(t, "truncation_type", c.tokenizer.truncation_type);
   read(t, "merges_file", c.tokenizer.merges_file);
   read(t, "special_tokens_path", c.tokenizer.special_tokens_path);
   read(t, "tokenizer_config_path", c.tokenizer.tokenizer_config_path);

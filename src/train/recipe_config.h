@@ -44,9 +44,13 @@ struct TokenizerConfig {
   std::string path;
   std::string merges_file;          // qwen2_5
   std::string special_tokens_path;  // "" when unset
-  std::string tokenizer_config_path;  // ktune.models.hf_tokenizer
+  std::string tokenizer_config_path;  // ktune.models.hf_tokenizer, HuggingFaceModelTokenizer
   std::optional<int> max_seq_len;
   ConfigNode prompt_template;       // null when unset (the tokenizer's default)
+  // HuggingFaceModelTokenizer: conversations through the model's own chat template.
+  bool chat_template = false;
+  std::string generation_config_path;  // its EOS when tokenizer_config.json names none
+  std::string truncation_type = "right";
 };
 
 struct CheckpointerConfig {

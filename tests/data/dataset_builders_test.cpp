@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "data/dataset_builders.h"
+#include "text/hf_chat_template.h"
 #include "fixture_cases.h"
 
 namespace ktune {
@@ -121,6 +122,35 @@ TEST(DatasetBuilderErrors, UnknownConversationStyleAndRole) {
   expect_contains(e, "'robot'");
   o.conversation_column = "";
   expect_contains(build_error(o), "dataset.conversation_column");
+}
+
+// A conversation the model's chat template refuses (raise_exception: Gemma's "System role not
+// supported") stops the build naming the row, the template and its message.
+TEST(DatasetBuilderErrors, AChatTemplateThatRefusesAConversationNamesTheRow) {
+  const std::string dir = ::testing::TempDir() + "ktune_template_rows_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/chat.jsonl")
+      << R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})" "\n"
+      << R"({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},)"
+         R"( {"role": "assistant", "content": "hello"}]})" "\n";
+  auto tok = testing::tokenizer_for("llama3");
+  const HfChatTemplate chat(
+      "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+      "{{ m.role + ': ' + m.content + '\\n' }}{% endfor %}",
+      "test template", nlohmann::ordered_json::object());
+  const ChatFormat format(*tok, chat, tok->eos_id());
+  DatasetOptions o;
+  o.component = "torchtune.datasets.chat_dataset";
+  o.source = "json";
+  o.data_files = {dir + "/chat.jsonl"};
+  o.conversation_column = "messages";
+  o.conversation_style = "openai";
+  const std::string e = error_of([&] { build_dataset(o, format); });
+  expect_contains(e, "chat.jsonl: row 1 (line 2)");
+  expect_contains(e, "the chat template failed on this conversation");
+  expect_contains(e, "test template");
+  expect_contains(e, "System role not supported");
+  std::filesystem::remove_all(dir);
 }
 
 // A blank line of a text corpus is a row of empty text, which Llama 3's tokenizer encodes as no

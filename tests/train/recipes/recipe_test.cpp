@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "io/safetensors.h"
 #include "kernels/cpu/nf4.h"
 #include "model/decoder.h"
@@ -801,4 +803,54 @@ TEST_F(RecipeTest, TheTensorBoardLoggerWritesWhatTensorBoardReads) {
   EXPECT_EQ(runs.begin()->rfind("run_0_", 0), 0u) << read.output;
   EXPECT_NE(read.output.find(" lr 1 "), std::string::npos) << read.output;
   EXPECT_TRUE(fs::exists(out() + "/torchtune_config.yaml"));  // every logger's log_config saves it, as torchtune's
+}
+
+// torchtune's HuggingFaceModelTokenizer: conversations through the model's own chat template. Without
+// one in tokenizer_config.json the run is refused before training, naming the file. With one, the
+// alpaca rows become the tokens transformers' apply_chat_template gives them, and the assistant's
+// tokens are the ones trained on: the run's dataset line says as many as
+// chat_template_dataset_tokens.py counts with transformers.
+TEST_F(RecipeTest, HuggingFaceModelTokenizerTrainsThroughTheModelsChatTemplate) {
+  // run_tiny's command line less its tokenizer.path (torchtune applies ~key before key=value).
+  auto run_templated = [&](const std::string& output) {
+    return sh(kKtune + " run full_finetune_single_device --config tiny/full_single_device output_dir=" + output +
+              " checkpointer.checkpoint_dir=" + model() + " dataset=torchtune.datasets.alpaca_dataset dataset.source=json" +
+              " dataset.data_files=" + kSource + "/data/quickstart/jsonl/train.jsonl seed=7 dtype=fp32" +
+              " epochs=1 max_steps_per_epoch=3 batch_size=4 ~tokenizer.path" +
+              " tokenizer._component_=torchtune.modules.transforms.tokenizers.HuggingFaceModelTokenizer" +
+              " tokenizer.tokenizer_json_path=" + model() + "/tokenizer.json");
+  };
+  Outcome none = run_templated(out("none"));
+  EXPECT_NE(none.exit_code, 0) << none.output;
+  EXPECT_NE(none.output.find("error: " + model() + "/tokenizer_config.json: has no chat_template"), std::string::npos)
+      << none.output;
+  EXPECT_EQ(none.output.find("Step 1 |"), std::string::npos) << none.output;
+
+  // A ChatML template with a default system prompt, in the quickstart tokenizer's plain text.
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(model() + "/tokenizer_config.json"));
+  config["chat_template"] =
+      "{%- if messages[0].role != 'system' %}{{- bos_token + '<|im_start|>system\\nYou sort and reverse.<|im_end|>\\n' }}"
+      "{%- endif %}{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
+      "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+  std::ofstream(model() + "/tokenizer_config.json") << config.dump(1);
+  Outcome templated = run_templated(out("templated"));
+  ASSERT_EQ(templated.exit_code, 0) << templated.output;
+  EXPECT_NE(templated.output.find("conversations through the chat template of " + model() +
+                                  "/tokenizer_config.json: chat_template"),
+            std::string::npos)
+      << templated.output;
+  EXPECT_EQ(losses(out("templated")).size(), 3u);
+
+  const std::string prompts = out("prompts.jsonl");
+  Outcome dry = sh(kKtune + " generate --dry-run --template alpaca --prompts " + kSource +
+                   "/data/quickstart/jsonl/train.jsonl > " + prompts);
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  Outcome reference = sh("python3 " + kSource + "/tests/train/recipes/chat_template_dataset_tokens.py " + model() + " " +
+                         prompts + " " + kSource + "/data/quickstart/jsonl/train.jsonl");
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  const nlohmann::json counts = nlohmann::json::parse(reference.output.substr(reference.output.rfind('{')));
+  const std::string line = "dataset: " + std::to_string(counts["samples"].get<int64_t>()) + " samples, " +
+                           std::to_string(counts["tokens"].get<int64_t>()) + " tokens (" +
+                           std::to_string(counts["trained"].get<int64_t>()) + " trained on)";
+  EXPECT_NE(templated.output.find(line), std::string::npos) << line << " not in\n" << templated.output;
 }
