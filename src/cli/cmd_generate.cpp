@@ -24,6 +24,10 @@
 //   --chat          wraps the prompt as the user turn of the tokenizer's chat format and opens
 //                   the assistant's, as the recipes tokenise a conversation; without it the
 //                   prompt is encoded as plain text after BOS.
+//   --chat-template wraps it with the model's own Jinja chat template instead (tokenizer_config.json's
+//                   chat_template, or chat_template.jinja), with the generation prompt: the text
+//                   transformers' apply_chat_template(add_generation_prompt=True) and vLLM's chat
+//                   completions give, as a model trained through HuggingFaceModelTokenizer saw it.
 //   --dtype         how the weights are kept: fp32 (the default) or bf16 (half the memory,
 //                   multiplied as bf16 with f32 accumulation, as bf16 training does).
 //   --temperature T 0 (the default) answers greedily; above 0 samples from softmax(logits / T),
@@ -74,7 +78,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca] [--batch-size N] [--dry-run]) "
-    "[--chat] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16] "
+    "[--chat | --chat-template] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16] "
     "[--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]] [--repetition-penalty R] [--no-repeat-ngram-size N] "
     "[--num-beams N [--length-penalty L] [--early-stopping]]";
 
@@ -94,6 +98,8 @@ constexpr const char* kHelp =
     "  --dry-run                print the prompts --prompts makes, load no model\n"
     "  --chat                   ask the prompt as the user turn of the tokenizer's chat format, the answer\n"
     "                           as the assistant's\n"
+    "  --chat-template          ask it through the model's own chat template (tokenizer_config.json's\n"
+    "                           chat_template or chat_template.jinja), as transformers and vLLM do\n"
     "  --max-new-tokens N       at most N tokens an answer (default 32); the tokenizer's EOS, an end-of-turn\n"
     "                           token or an eos_token_id of the model's generation_config.json ends it earlier\n"
     "  --tokenizer FILE         a tokenizer other than the model directory's\n"
@@ -175,9 +181,13 @@ DType storage_of(const std::string& name) {
   throw Error("--dtype", "unknown dtype '" + name + "'; known: fp32, bf16");
 }
 
+// How a prompt is asked: as plain text after BOS, as the user turn of the tokenizer's family chat
+// format (--chat), or through the model's own chat template (--chat-template).
+enum class ChatMode { kNone, kFormat, kTemplate };
+
 class Generator {
  public:
-  Generator(const std::string& model_dir, const std::string& adapter_dir, const std::string& tokenizer_path, bool chat,
+  Generator(const std::string& model_dir, const std::string& adapter_dir, const std::string& tokenizer_path, ChatMode chat,
             DType storage, int max_new_tokens, const model::TokenChoice& choice, const model::BeamOptions& beams)
       : decoder_(model::Decoder::from_pretrained(model_dir, model::LoadOptions{storage})),
         max_new_tokens_(max_new_tokens),
@@ -191,7 +201,8 @@ class Generator {
     options.path = tokenizer_path.empty() ? find_tokenizer(model_dir) : tokenizer_path;
     options.config_path = tokenizer_config_beside(options.path);  // as AutoTokenizer reads it
     tokenizer_ = load_tokenizer(options);
-    if (chat) chat_format_ = std::make_unique<ChatFormat>(*tokenizer_, detect_chat_format(*tokenizer_));
+    if (chat == ChatMode::kFormat) chat_format_ = std::make_unique<ChatFormat>(*tokenizer_, detect_chat_format(*tokenizer_));
+    if (chat == ChatMode::kTemplate) chat_format_ = template_format(*tokenizer_, options);
     for (int32_t id = 0; id < tokenizer_->vocab_size(); ++id)
       if (ends_turn(*tokenizer_, id)) stop_ids_.push_back(id);
     // And every id the model's generation config ends an answer with (Llama 3.1 Instruct's
@@ -200,6 +211,17 @@ class Generator {
     for (int32_t id : eos)
       if (std::find(stop_ids_.begin(), stop_ids_.end(), id) == stop_ids_.end()) stop_ids_.push_back(id);
     beams_.eos_count = int(eos.size());
+  }
+
+  // --chat-template: the model's chat template, from the tokenizer_config.json beside the tokenizer.
+  static std::unique_ptr<ChatFormat> template_format(const Tokenizer& tokenizer, const TokenizerOptions& options) {
+    if (options.config_path.empty())
+      throw Error("--chat-template", "there is no tokenizer_config.json beside " + options.path + " to read the chat template from");
+    std::optional<HfChatTemplate> chat = HfChatTemplate::from_tokenizer_config(options.config_path);
+    if (!chat)
+      throw Error("--chat-template", options.config_path + " has no chat_template (nor is a chat_template.jinja beside it); "
+                                     "--chat asks with the tokenizer's family format instead");
+    return std::make_unique<ChatFormat>(tokenizer, std::move(*chat), tokenizer.eos_id());
   }
 
   // The prompts answered together (model/generation.h), in order.
@@ -284,7 +306,8 @@ int cmd_generate(const Args& args) {
   bool has_prompt = false;
   int max_new_tokens = 32;
   int batch_size = 8;
-  bool chat = false, dry_run = false, sampling_option = false, beam_option = false;
+  ChatMode chat = ChatMode::kNone;
+  bool dry_run = false, sampling_option = false, beam_option = false;
   model::TokenChoice choice;
   model::BeamOptions beams;
   DType storage = DType::F32;
@@ -313,7 +336,13 @@ int cmd_generate(const Args& args) {
     else if (a.is("--early-stopping")) a.expect_no_value(), beams.early_stopping = true, beam_option = true;
     else if (a.is("--seed")) choice.seed = uint64_t(a.int_value(0, std::numeric_limits<int64_t>::max())), sampling_option = true;
     else if (a.is("--dtype")) storage = storage_of(a.value());
-    else if (a.is("--chat")) a.expect_no_value(), chat = true;
+    else if (a.is("--chat") || a.is("--chat-template")) {
+      a.expect_no_value();
+      const ChatMode mode = a.is("--chat") ? ChatMode::kFormat : ChatMode::kTemplate;
+      if (chat != ChatMode::kNone && chat != mode)
+        throw Error("generate", "--chat and --chat-template are two ways to ask: give one");
+      chat = mode;
+    }
     else if (a.is("--dry-run")) a.expect_no_value(), dry_run = true;
     else a.unknown(kUsage);
   }

@@ -134,6 +134,38 @@ TEST_F(GenerateCli, TheGenerationConfigsEosIdsEndAnswers) {
   EXPECT_EQ(from_config.output, "\n");
 }
 
+// --chat-template asks through the model's own chat template (tokenizer_config.json): one that
+// renders BOS and the prompt as they are answers as the plain prompt does (the same ids), one with
+// a generation prompt answers otherwise; a model without a template, or both chat flags, are refused.
+TEST_F(GenerateCli, ChatTemplateAsksThroughTheModelsOwnTemplate) {
+  const std::string ask = kKtune + " generate --model " + model() + " --max-new-tokens 6 --prompt 'What comes after 9?'";
+  Outcome none = sh(ask + " --chat-template");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.output.find("--chat-template: " + model() + "/tokenizer_config.json has no chat_template"),
+            std::string::npos) << none.output;
+  Outcome both = sh(ask + " --chat --chat-template");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.output.find("--chat and --chat-template are two ways to ask: give one"), std::string::npos) << both.output;
+
+  const std::string config_path = model() + "/tokenizer_config.json";
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(config_path));
+  config["chat_template"] = "{{ bos_token + messages[0].content }}{% if add_generation_prompt %}{% endif %}";
+  std::ofstream(config_path) << config.dump(1);
+  Outcome plain = quiet(ask);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  Outcome templated = quiet(ask + " --chat-template");
+  ASSERT_EQ(templated.exit_code, 0) << templated.output;
+  EXPECT_EQ(templated.output, plain.output);
+
+  config["chat_template"] = "{{ bos_token + messages[0].content }}{% if add_generation_prompt %}\n\nAnswer: {% endif %}";
+  std::ofstream(config_path) << config.dump(1);
+  Outcome prompted = quiet(ask + " --chat-template");
+  ASSERT_EQ(prompted.exit_code, 0) << prompted.output;
+  Outcome by_hand = quiet(kKtune + " generate --model " + model() + " --max-new-tokens 6 --prompt \"$(printf 'What comes after 9?\\n\\nAnswer: ')\"");
+  ASSERT_EQ(by_hand.exit_code, 0) << by_hand.output;
+  EXPECT_EQ(prompted.output, by_hand.output);
+}
+
 // A LoRA run's adapter put on the base (--adapter) answers as the merged model the run wrote beside
 // it, and unlike the base alone; so does the adapter of a run that saved only the adapter.
 TEST_F(GenerateCli, AnAdapterOnTheBaseAnswersAsTheMergedModel) {
