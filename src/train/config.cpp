@@ -310,6 +310,11 @@ static std::string place(const std::string& source, const YAML::Mark& mark) {
   return source + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
 }
 
+// "source:line", the origin of a value written at mark.
+static std::string line_of(const std::string& source, const YAML::Mark& mark) {
+  return mark.line < 0 ? source : source + ":" + std::to_string(mark.line + 1);
+}
+
 static ConfigNode convert(const YAML::Node& node, const std::string& source) {
   switch (node.Type()) {
     case YAML::NodeType::Undefined:
@@ -329,7 +334,10 @@ static ConfigNode convert(const YAML::Node& node, const std::string& source) {
     }
     case YAML::NodeType::Sequence: {
       ConfigNode list = ConfigNode::list();
-      for (const YAML::Node& item : node) list.push_back(convert(item, source));
+      for (const YAML::Node& item : node) {
+        list.push_back(convert(item, source));
+        list.items().back().set_origin(line_of(source, item.Mark()));
+      }
       return list;
     }
     case YAML::NodeType::Map: {
@@ -344,7 +352,7 @@ static ConfigNode convert(const YAML::Node& node, const std::string& source) {
         if (const auto [it, fresh] = first_seen.emplace(key, kv.first.Mark()); !fresh)
           throw Error(place(source, kv.first.Mark()),
                       "duplicate key '" + key + "' (first at " + place(source, it->second) + "): give it once");
-        map.set(key, convert(kv.second, source));
+        map.set(key, convert(kv.second, source)).set_origin(line_of(source, kv.first.Mark()));
       }
       return map;
     }

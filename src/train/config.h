@@ -81,6 +81,12 @@ class ConfigNode {
   // Every map's keys in lexical order, all the way down (`tune cat --sort`, the logged config).
   void sort_keys();
 
+  // Where the value was written: "config.yaml:12" (the line of its key, or of the list item) for a
+  // value read from a file, "override `key=value`" for one set on the command line, "" otherwise.
+  // Schema errors name it; it is not part of the value (== ignores it).
+  const std::string& origin() const { return origin_; }
+  void set_origin(std::string origin) { origin_ = std::move(origin); }
+
   bool operator==(const ConfigNode& other) const;
   bool operator!=(const ConfigNode& other) const { return !(*this == other); }
 
@@ -92,6 +98,7 @@ class ConfigNode {
   std::string string_;
   std::vector<ConfigNode> items_;
   std::vector<Entry> entries_;
+  std::string origin_;
 };
 
 // Types a plain (unquoted) YAML scalar as OmegaConf's loader does: null (~, null, empty), bool

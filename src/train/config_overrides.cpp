@@ -74,6 +74,7 @@ ConfigOverride parse_override(const std::string& arg) {
   o.key = trim(arg.substr(0, eq));
   if (!valid_key(o.key)) throw Error("override `" + arg + "`", "`" + o.key + "` is not a dotted key like a.b.c");
   o.value = parse_override_value(arg.substr(eq + 1), o.key);
+  o.value.set_origin("override `" + arg + "`");
   return o;
 }
 

@@ -129,7 +129,12 @@ class Checker {
   }
 
  private:
-  void add(const std::string& key, const std::string& what) { errors_.emplace_back("config key " + key, what); }
+  // An error at `key`, led by where its value was written (file:line, or the override) when known.
+  void add(const std::string& key, const std::string& what) {
+    const ConfigNode* node = tree_.find_path(key);
+    const std::string origin = node != nullptr ? node->origin() : "";
+    errors_.emplace_back((origin.empty() ? "" : origin + ": ") + "config key " + key, what);
+  }
 
   // Checks one value against a parameter spec.
   void check_value(const std::string& key, const ConfigNode& v, const ParamSpec& p) {

@@ -2,7 +2,10 @@
 // nearest valid name; all problems come together.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -57,6 +60,22 @@ TEST(ConfigSchema, UnknownComponentKeySuggestsFullPath) {
   EXPECT_HAS(m, "config key optimizer.lrr: unknown key for torch.optim.AdamW; did you mean `optimizer.lr`?");
   m = refusal(kLora, kLoraCfg, {"model.lora_rnak=4"});
   EXPECT_HAS(m, "did you mean `model.lora_rank`?");
+}
+
+// A refusal leads with where the value was written: the config file's line, or the override.
+TEST(ConfigSchema, RefusalsNameTheFileAndLineOrTheOverride) {
+  const std::string path = ::testing::TempDir() + "ktune_schema_origin_" + std::to_string(::getpid()) + ".yaml";
+  std::ofstream(path) << *ktune::train::bundled_config_text(kLoraCfg) << "\nbatch_szie: 2\n";
+  const int line = [&] {
+    std::ifstream in(path);
+    int n = 0;
+    for (std::string l; std::getline(in, l);) ++n;
+    return n;
+  }();
+  std::string m = refusal(kLora, path, {"shuffle=maybe"});
+  EXPECT_HAS(m, path + ":" + std::to_string(line) + ": config key batch_szie: unknown key for recipe");
+  EXPECT_HAS(m, "override `shuffle=maybe`: config key shuffle: expected a bool (true/false), got string maybe");
+  std::remove(path.c_str());
 }
 
 TEST(ConfigSchema, WrongTypesNameTheExpectedType) {
