@@ -132,6 +132,11 @@ types::Runtime to_sdk_runtime(const v1alpha1::TrainingRuntime& runtime) {
     rt.trainer.device = device;
     rt.trainer.device_count = count;
   }
+  // Upstream's get_runtime_trainer: the MPI plugin's numProcPerNode overrides the accelerator count.
+  const auto& mpi = runtime.ml_policy.mpi;
+  if (mpi.is_object() && mpi.contains("numProcPerNode") && mpi["numProcPerNode"].is_number_integer() &&
+      mpi["numProcPerNode"].get<int64_t>() != 0)
+    rt.trainer.device_count = std::to_string(mpi["numProcPerNode"].get<int64_t>());
   const int nodes = runtime.ml_policy.num_nodes.value_or(0);
   if (is_digits(rt.trainer.device_count) && nodes > 0)
     rt.trainer.device_count = std::to_string(std::stoll(rt.trainer.device_count) * nodes);

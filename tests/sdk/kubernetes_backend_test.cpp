@@ -318,7 +318,8 @@ TEST_F(KubernetesBackendTest, StatusFollowsUpstreamsMappingOfConditionsAndPods) 
 }
 
 // An MPI runtime's job, as upstream's SDK shows it: the launcher is node-0 and worker i node-(i+1),
-// and the launcher counts among numNodes for the job's status.
+// and the launcher counts among numNodes for the job's status; the runtime's device count is
+// mpi.numProcPerNode a node.
 TEST_F(KubernetesBackendTest, AnMpiJobsLauncherIsNodeZeroAndItsWorkersFollow) {
   std::string yaml;
   for (const EmbeddedManifest& m : embedded_manifests())
@@ -335,6 +336,9 @@ TEST_F(KubernetesBackendTest, AnMpiJobsLauncherIsNodeZeroAndItsWorkersFollow) {
   TrainerClient client(config);
   types::CustomTrainer trainer;
   trainer.command = {"python", "train.py"};
+  // The runtime's devices as upstream's get_runtime_trainer counts them: mpi.numProcPerNode (here 1)
+  // a node, times numNodes.
+  EXPECT_EQ(client.get_runtime("mpi-rt").trainer.device_count, "3");
   const std::string name = client.train(client.get_runtime("mpi-rt"), nullptr, trainer, {.name = "mpi-job"});
   set_state({{"pods",
               {{name, Json::array({pod(name, "launcher", 0, "Running", "2026-12-02T10:02:00Z"),
