@@ -1,7 +1,7 @@
 // Proves the C++ Jinja engine (src/text/jinja/) renders byte-equal to Python's jinja2 on the
 // committed fixtures: fixtures/jinja_cases.json (every feature, both dialects, with and without
-// StrictUndefined; made by fixtures/make_jinja_cases.py) and, when present,
-// fixtures/real_chat_templates/cases.json (real models' chat templates). Error cases check the
+// StrictUndefined; made by fixtures/make_jinja_cases.py) and fixtures/real_chat_templates/cases.json
+// (real models' chat templates, made by real_chat_templates/make_cases.py). Error cases check the
 // C++ error message contains the fixture's fragment. Focused tests check that errors name the
 // template's origin, line and column.
 #include <gtest/gtest.h>
@@ -72,8 +72,9 @@ TEST(JinjaTemplate, RendersLikePythonJinja2OnEveryFeatureCase) {
 
 TEST(JinjaTemplate, RendersRealChatTemplatesLikePython) {
   ordered_json cases;
-  if (!read_cases(fixtures() + "/real_chat_templates/cases.json", &cases))
-    GTEST_SKIP() << "fixtures/real_chat_templates/cases.json is not there yet";
+  ASSERT_TRUE(read_cases(fixtures() + "/real_chat_templates/cases.json", &cases))
+      << "missing fixtures/real_chat_templates/cases.json";
+  ASSERT_GT(cases.size(), 300u);
   run_all(cases);
 }
 
