@@ -57,6 +57,15 @@ ConfigNode parse_override_value(const std::string& raw, const std::string& key) 
   return *value;
 }
 
+// The node and everything in it came from one place (an override's flow value: {a: 1, b: [2]}).
+static void set_origin_throughout(ConfigNode& node, const std::string& origin) {
+  node.set_origin(origin);
+  if (node.is_list())
+    for (ConfigNode& item : node.items()) set_origin_throughout(item, origin);
+  if (node.is_map())
+    for (auto& [key, value] : node.entries()) set_origin_throughout(value, origin);
+}
+
 ConfigOverride parse_override(const std::string& arg) {
   ConfigOverride o;
   o.text = arg;
@@ -74,7 +83,7 @@ ConfigOverride parse_override(const std::string& arg) {
   o.key = trim(arg.substr(0, eq));
   if (!valid_key(o.key)) throw Error("override `" + arg + "`", "`" + o.key + "` is not a dotted key like a.b.c");
   o.value = parse_override_value(arg.substr(eq + 1), o.key);
-  o.value.set_origin("override `" + arg + "`");
+  set_origin_throughout(o.value, "override `" + arg + "`");
   return o;
 }
 

@@ -75,6 +75,8 @@ TEST(ConfigSchema, RefusalsNameTheFileAndLineOrTheOverride) {
   std::string m = refusal(kLora, path, {"shuffle=maybe"});
   EXPECT_HAS(m, path + ":" + std::to_string(line) + ": config key batch_szie: unknown key for recipe");
   EXPECT_HAS(m, "override `shuffle=maybe`: config key shuffle: expected a bool (true/false), got string maybe");
+  m = refusal(kLora, path, {"optimizer={lrr: 1e-4}"});
+  EXPECT_HAS(m, "override `optimizer={lrr: 1e-4}`: config key optimizer.lrr: unknown key for torch.optim.AdamW");
   std::remove(path.c_str());
 }
 
