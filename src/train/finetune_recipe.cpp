@@ -633,8 +633,9 @@ void FinetuneRecipe::check_rows_fit_positions(const model::ModelConfig& mc) cons
 }
 
 // As torchtune's recipes: the resolved config logged at the start (keys sorted), and (its loggers'
-// log_config: save_config) written to output_dir/torchtune_config.yaml, so a run's overrides can be
-// read back from its outputs.
+// log_config: save_config, OmegaConf.save without resolving) the config as written, overrides
+// applied and interpolations left as they are, saved to output_dir/torchtune_config.yaml, so a run's
+// overrides can be read back from its outputs.
 void FinetuneRecipe::record_config() const {
   ConfigNode sorted = cfg_.tree;
   sorted.sort_keys();
@@ -643,7 +644,7 @@ void FinetuneRecipe::record_config() const {
   const std::string path = (fs::path(cfg_.output_dir) / "torchtune_config.yaml").string();
   try {  // as torchtune's save_config: a config that cannot be saved is said, and the run goes on
     fs::create_directories(cfg_.output_dir);
-    io::write_file_atomic(path, cfg_.tree.to_yaml());
+    io::write_file_atomic(path, (cfg_.unresolved_tree.is_map() ? cfg_.unresolved_tree : cfg_.tree).to_yaml());
   } catch (const std::exception& e) {
     log_warn("could not save the config to " + path + ": " + e.what());
   }

@@ -221,7 +221,7 @@ RecipeConfig make_recipe_config(const ConfigNode& tree, const RecipeSpec& recipe
 }
 
 ConfigNode prepare_config_tree(const RecipeSpec& recipe, const std::string& config_name_or_file,
-                               const std::vector<std::string>& overrides) {
+                               const std::vector<std::string>& overrides, ConfigNode* unresolved) {
   ConfigSource source = find_config(config_name_or_file);
   ConfigNode tree = load_config_yaml(source.text, source.bundled ? source.name + ".yaml" : source.name);
   std::vector<Error> errors;
@@ -230,6 +230,7 @@ ConfigNode prepare_config_tree(const RecipeSpec& recipe, const std::string& conf
   } catch (const Errors& e) {
     errors.insert(errors.end(), e.errors().begin(), e.errors().end());
   }
+  if (unresolved != nullptr) *unresolved = tree;
   try {
     resolve_interpolations(tree);
   } catch (const Errors& e) {
@@ -270,8 +271,11 @@ RecipeConfig prepare_recipe_config(const std::string& recipe_name, const std::st
                                              " (ktune's recipes: " + names[0] + ", " + names[1] + ", " + names[2] +
                                              ", " + names[3] + ")");
   }
-  ConfigNode tree = prepare_config_tree(*recipe, config_name_or_file, overrides);
-  return make_recipe_config(tree, *recipe, config_name_or_file);
+  ConfigNode unresolved;
+  ConfigNode tree = prepare_config_tree(*recipe, config_name_or_file, overrides, &unresolved);
+  RecipeConfig config = make_recipe_config(tree, *recipe, config_name_or_file);
+  config.unresolved_tree = std::move(unresolved);
+  return config;
 }
 
 }  // namespace ktune::train

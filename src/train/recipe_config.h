@@ -116,6 +116,10 @@ struct RecipeConfig {
   std::string recipe;       // the recipe name
   std::string config_name;  // the bundled name or the file
   ConfigNode tree;          // the resolved tree the fields below come from
+  // The tree before its interpolations were resolved (overrides applied): what torchtune's
+  // save_config writes to output_dir/torchtune_config.yaml. Null where the config was made from a
+  // resolved tree alone (make_recipe_config).
+  ConfigNode unresolved_tree;
 
   std::string output_dir;
   ModelConfig model;
@@ -167,7 +171,8 @@ RecipeConfig prepare_recipe_config(const std::string& recipe_name, const std::st
 ktune::DatasetOptions dataset_options(const DatasetConfig& dataset);
 
 // The same steps without the typing, for `ktune validate` and `ktune cat`: the resolved tree.
+// unresolved (when given) receives the tree before interpolation.
 ConfigNode prepare_config_tree(const RecipeSpec& recipe, const std::string& config_name_or_file,
-                               const std::vector<std::string>& overrides);
+                               const std::vector<std::string>& overrides, ConfigNode* unresolved = nullptr);
 
 }  // namespace ktune::train

@@ -60,15 +60,18 @@ TEST_F(RecipeTest, FullFinetuneLossFallsAndWritesTorchtunesLayout) {
     EXPECT_TRUE(fs::exists(fs::path(out()) / f)) << f;
   // The merged model loads back into ktune.
   EXPECT_NO_THROW(model::Decoder::from_pretrained(out() + "/epoch_1"));
-  // As torchtune's recipes: the resolved config in the log, and (DiskLogger) in output_dir, overrides
-  // and interpolations applied, loadable as a config again.
+  // As torchtune's recipes: the resolved config in the log, and (DiskLogger's save_config) in
+  // output_dir with the overrides applied and the interpolations as written, loadable as a config again.
   EXPECT_NE(r.output.find("Running full_finetune_single_device with resolved config:\n\nbatch_size: 8\n"),
             std::string::npos) << r.output;
   std::ifstream saved_file(out() + "/torchtune_config.yaml");
   const std::string saved((std::istreambuf_iterator<char>(saved_file)), {});
   for (const std::string& line : std::vector<std::string>{"batch_size: 8\n", "max_steps_per_epoch: 12\n", "epochs: 2\n",
-                                  "  log_dir: " + out() + "/logs\n"})
+                                  "output_dir: " + out() + "\n", "  log_dir: ${output_dir}/logs\n"})
     EXPECT_NE(saved.find(line), std::string::npos) << line << " not in\n" << saved;
+  Outcome again = sh(kKtune + " validate " + out() + "/torchtune_config.yaml --recipe full_finetune_single_device");
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("Config is well-formed!"), std::string::npos) << again.output;
 }
 
 TEST_F(RecipeTest, BadConfigIsRefusedBeforeAnythingLoads) {
