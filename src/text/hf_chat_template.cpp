@@ -65,12 +65,7 @@ HfChatTemplate::HfChatTemplate(const std::string& source, std::string origin, or
 HfChatTemplate::~HfChatTemplate() = default;
 
 std::optional<HfChatTemplate> HfChatTemplate::from_tokenizer_config(const std::string& tokenizer_config_path) {
-  json config;
-  try {
-    config = json::parse(text::read_file_bytes(tokenizer_config_path));
-  } catch (const json::parse_error& e) {
-    throw Error(tokenizer_config_path, std::string("not valid JSON: ") + e.what());
-  }
+  const json config = text::read_json_file(tokenizer_config_path);
   if (!config.is_object()) throw Error(tokenizer_config_path, "must be a JSON object");
   // transformers: "If independent chat template file(s) exist, they take priority".
   const fs::path jinja_file = fs::path(tokenizer_config_path).parent_path() / "chat_template.jinja";
@@ -97,17 +92,12 @@ std::string HfChatTemplate::render(const std::vector<Message>& messages, bool ad
   return template_->render(context);
 }
 
-std::optional<int32_t> chat_template_eos(const Tokenizer& tokenizer, const std::string& tokenizer_config_path,
-                                         const std::string& generation_config_path) {
-  if (!tokenizer_config_path.empty() && text::read_tokenizer_config(tokenizer_config_path).eos.token)
-    return tokenizer.eos_id();  // the tokenizer resolved that name (load_tokenizer refuses an unknown one)
+std::optional<int32_t> HfChatTemplate::eos_id(const Tokenizer& tokenizer, const std::string& generation_config_path) const {
+  // The tokenizer, loaded with the same tokenizer_config.json, resolved that name (load_tokenizer
+  // refuses an unknown one).
+  if (special_tokens_.contains("eos_token")) return tokenizer.eos_id();
   if (!generation_config_path.empty()) {
-    json config;
-    try {
-      config = json::parse(text::read_file_bytes(generation_config_path));
-    } catch (const json::parse_error& e) {
-      throw Error(generation_config_path, std::string("not valid JSON: ") + e.what());
-    }
+    const json config = text::read_json_file(generation_config_path);
     const json* eos = config.is_object() && config.contains("eos_token_id") ? &config["eos_token_id"] : nullptr;
     if (eos && eos->is_array() && !eos->empty()) eos = &(*eos)[0];
     if (eos && eos->is_number_integer()) {

@@ -47,16 +47,16 @@ class HfChatTemplate {
 
   const std::string& origin() const { return origin_; }
 
+  // The id a conversation ends with (torchtune's HuggingFaceBaseTokenizer): the eos_token the
+  // tokenizer_config.json names (as `tokenizer`, loaded with that config, resolved it), else the first
+  // eos_token_id of generation_config.json (when given), else the tokenizer's own EOS. Errors name
+  // the generation config.
+  std::optional<int32_t> eos_id(const Tokenizer& tokenizer, const std::string& generation_config_path = "") const;
+
  private:
   std::shared_ptr<const jinja::Template> template_;
   std::string origin_;
   nlohmann::ordered_json special_tokens_;
 };
-
-// The id a conversation ends with (torchtune's HuggingFaceBaseTokenizer): the eos_token the
-// tokenizer_config.json names, else the first eos_token_id of generation_config.json (when given),
-// else the tokenizer's own EOS. Errors name the file.
-std::optional<int32_t> chat_template_eos(const Tokenizer& tokenizer, const std::string& tokenizer_config_path,
-                                         const std::string& generation_config_path);
 
 }  // namespace ktune

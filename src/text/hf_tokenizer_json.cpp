@@ -376,11 +376,13 @@ std::string read_file_bytes(const std::string& path) {
   return ss.str();
 }
 
+json read_json_file(const std::string& path) { return JsonReader(path).parse(read_file_bytes(path)); }
+
 SpecialTokenNames read_tokenizer_config(const std::string& path) {
   SpecialTokenNames names;
   if (path.empty()) return names;
   JsonReader r(path);
-  json config = r.parse(read_file_bytes(path));
+  json config = read_json_file(path);
   if (!config.is_object()) r.fail("", "must be a JSON object");
   auto read = [&](const char* key, SpecialTokenNames::Name& name) {
     auto it = config.find(key);

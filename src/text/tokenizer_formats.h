@@ -49,5 +49,7 @@ void resolve_special_ids(BpeTokenizer& tokenizer, const std::string& config_path
 
 // The file's content, or Error(path, "cannot read …").
 std::string read_file_bytes(const std::string& path);
+// The file parsed as JSON, or Error(path, "not valid JSON: …").
+nlohmann::json read_json_file(const std::string& path);
 
 }  // namespace ktune::text

@@ -26,11 +26,7 @@ Format detect_format(const std::string& path, nlohmann::json* parsed) {
   head.resize(size_t(in.gcount()));
   size_t i = head.find_first_not_of(" \t\r\n");
   if (i != std::string::npos && head[i] == '{') {
-    try {
-      *parsed = nlohmann::json::parse(text::read_file_bytes(path));
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(path, std::string("not valid JSON: ") + e.what());
-    }
+    *parsed = text::read_json_file(path);
     // A tokenizer.json has a "model" object; a vocab.json is a flat token → id object (which may
     // well hold a token spelled "model", whose value is then an id).
     if (parsed->is_object() && parsed->contains("model") && parsed->at("model").is_object()) return Format::kTokenizerJson;

@@ -189,8 +189,7 @@ void add_tokenizers(std::vector<ComponentSpec>& out) {
   hf.tokenizer_family = "hf";
   // torchtune's (after 0.6.1) tokenizer for any HF model: tokenizer.json and the model's own Jinja chat
   // template (text/hf_chat_template.h). tokenizer_config.json beside the tokenizer.json by default.
-  ComponentSpec hf_chat{"torchtune.modules.transforms.tokenizers.HuggingFaceModelTokenizer",
-                        ComponentKind::Tokenizer,
+  ComponentSpec hf_chat{kHuggingFaceModelTokenizer, ComponentKind::Tokenizer,
                         {p_str("tokenizer_json_path", true), p_str("tokenizer_config_json_path", false, true),
                          p_str("generation_config_path", false, true), p_int("max_seq_len", 1, true),
                          p_enum("truncation_type", {"right", "left"})}};

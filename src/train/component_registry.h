@@ -64,6 +64,10 @@ struct ComponentSpec {
   const ParamSpec* param(const std::string& name) const;
 };
 
+// torchtune's tokenizer for any HF model that formats conversations with the model's own chat
+// template (text/hf_chat_template.h).
+inline constexpr const char* kHuggingFaceModelTokenizer = "torchtune.modules.transforms.tokenizers.HuggingFaceModelTokenizer";
+
 // The entry for a dotted path, or nullptr.
 const ComponentSpec* find_component(const std::string& path);
 // Every registered path of one kind (supported ones only), in registry order.

@@ -71,7 +71,7 @@ std::unique_ptr<ChatFormat> template_chat_format(const TokenizerConfig& t, const
                                            " formats conversations with the model's own template; use the model "
                                            "family's tokenizer builder (or ktune.models.hf_tokenizer) instead");
   if (log) log_info("tokenizer: conversations through the chat template of " + chat->origin());
-  const std::optional<int32_t> eos = chat_template_eos(tokenizer, tokenizer_config_path, t.generation_config_path);
+  const std::optional<int32_t> eos = chat->eos_id(tokenizer, t.generation_config_path);
   return std::make_unique<ChatFormat>(tokenizer, std::move(*chat), eos, max_seq_len,
                                       t.truncation_type == "left" ? Truncation::kLeft : Truncation::kRight);
 }

@@ -138,7 +138,7 @@ RecipeConfig make_recipe_config(const ConfigNode& tree, const RecipeSpec& recipe
   c.tokenizer.component = t.component();
   c.tokenizer.family = find_component(c.tokenizer.component)->tokenizer_family;
   read(t, "path", c.tokenizer.path);
-  c.tokenizer.chat_template = c.tokenizer.component == "torchtune.modules.transforms.tokenizers.HuggingFaceModelTokenizer";
+  c.tokenizer.chat_template = c.tokenizer.component == kHuggingFaceModelTokenizer;
   read(t, "tokenizer_json_path", c.tokenizer.path);
   read(t, "tokenizer_config_json_path", c.tokenizer.tokenizer_config_path);
   read(t, "generation_config_path", c.tokenizer.generation_config_path);

@@ -47,7 +47,8 @@ ChatFormat template_format(const Tokenizer& tokenizer, const std::string& config
                            Truncation truncation = Truncation::kRight) {
   std::optional<HfChatTemplate> chat = HfChatTemplate::from_tokenizer_config(config);
   EXPECT_TRUE(chat.has_value()) << config;
-  return ChatFormat(tokenizer, std::move(*chat), chat_template_eos(tokenizer, config, ""), max_seq_len, truncation);
+  const std::optional<int32_t> eos = chat->eos_id(tokenizer);
+  return ChatFormat(tokenizer, std::move(*chat), eos, max_seq_len, truncation);
 }
 
 TEST(ChatTemplate, TextIdsAndMasksEqualTransformers) {
@@ -164,13 +165,14 @@ TEST(ChatTemplate, EosFromGenerationConfig) {
   std::ofstream(dir / "bad_generation_config.json") << R"({"eos_token_id": "x"})";
   const std::string config = (dir / "tokenizer_config.json").string();
   auto tokenizer = tokenizer_with(config);
-  EXPECT_EQ(chat_template_eos(*tokenizer, config, (dir / "generation_config.json").string()), 2);
+  const HfChatTemplate chat = *HfChatTemplate::from_tokenizer_config(config);
+  EXPECT_EQ(chat.eos_id(*tokenizer, (dir / "generation_config.json").string()), 2);
   const std::string llama_config = folder("llama_style") + "/tokenizer_config.json";  // names <|eot_id|>
   auto llama_tokenizer = tokenizer_with(llama_config);
-  EXPECT_EQ(chat_template_eos(*llama_tokenizer, llama_config, (dir / "generation_config.json").string()),
+  EXPECT_EQ(HfChatTemplate::from_tokenizer_config(llama_config)->eos_id(*llama_tokenizer, (dir / "generation_config.json").string()),
             tokenizer->token_to_id("<|eot_id|>"));
   try {
-    chat_template_eos(*tokenizer, config, (dir / "bad_generation_config.json").string());
+    chat.eos_id(*tokenizer, (dir / "bad_generation_config.json").string());
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bad_generation_config.json: eos_token_id"), std::string::npos) << e.what();

@@ -220,7 +220,7 @@ void expect_chat_template_matches_transformers(const std::string& model) {
   auto tokenizer = load_tokenizer(o);
   std::optional<HfChatTemplate> chat = HfChatTemplate::from_tokenizer_config(o.config_path);
   ASSERT_TRUE(chat.has_value());
-  const ChatFormat format(*tokenizer, *chat, chat_template_eos(*tokenizer, o.config_path, ""));
+  const ChatFormat format(*tokenizer, *chat, chat->eos_id(*tokenizer));
   ASSERT_EQ(expected.size(), given.size());
   for (size_t i = 0; i < given.size(); ++i) {
     SCOPED_TRACE(model + "/" + given[i]["name"].get<std::string>());
