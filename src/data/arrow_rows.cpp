@@ -28,26 +28,26 @@ void require_ok(const arrow::Status& status, const std::string& where, const cha
   if (!status.ok()) throw Error(where, std::string(what) + ": " + status.ToString());
 }
 
-nlohmann::json string_value(std::string_view s, const RowPlace& place, const std::string& column) {
+DataRow string_value(std::string_view s, const RowPlace& place, const std::string& column) {
   size_t bad = first_invalid_utf8(s);
   if (bad != std::string::npos)
     throw Error(place.where(), "invalid UTF-8 in column '" + column + "' at byte " + std::to_string(bad) + " of the value");
   return std::string(s);
 }
 
-nlohmann::json to_json(const arrow::Array& array, int64_t i, const RowPlace& place, const std::string& column);
+DataRow to_json(const arrow::Array& array, int64_t i, const RowPlace& place, const std::string& column);
 
 template <typename ListArray>
-nlohmann::json list_value(const arrow::Array& array, int64_t i, const RowPlace& place, const std::string& column) {
+DataRow list_value(const arrow::Array& array, int64_t i, const RowPlace& place, const std::string& column) {
   const auto& list = static_cast<const ListArray&>(array);
-  nlohmann::json out = nlohmann::json::array();
+  DataRow out = DataRow::array();
   const arrow::Array& values = *list.values();
   for (int64_t k = list.value_offset(i); k < list.value_offset(i) + list.value_length(i); ++k)
     out.push_back(to_json(values, k, place, column));
   return out;
 }
 
-nlohmann::json to_json(const arrow::Array& array, int64_t i, const RowPlace& place, const std::string& column) {
+DataRow to_json(const arrow::Array& array, int64_t i, const RowPlace& place, const std::string& column) {
   if (array.IsNull(i)) return nullptr;
   switch (array.type_id()) {
     case arrow::Type::BOOL: return static_cast<const arrow::BooleanArray&>(array).Value(i);
@@ -71,7 +71,7 @@ nlohmann::json to_json(const arrow::Array& array, int64_t i, const RowPlace& pla
     case arrow::Type::FIXED_SIZE_LIST: return list_value<arrow::FixedSizeListArray>(array, i, place, column);
     case arrow::Type::STRUCT: {
       const auto& st = static_cast<const arrow::StructArray&>(array);
-      nlohmann::json out = nlohmann::json::object();
+      DataRow out = DataRow::object();
       for (int f = 0; f < st.num_fields(); ++f)
         out[st.type()->field(f)->name()] = to_json(*st.field(f), i, place, column);
       return out;
@@ -89,7 +89,7 @@ nlohmann::json to_json(const arrow::Array& array, int64_t i, const RowPlace& pla
 void emit_batch(const arrow::RecordBatch& batch, RowPlace& place, const RowCallback& on_row) {
   const auto& schema = *batch.schema();
   for (int64_t r = 0; r < batch.num_rows(); ++r) {
-    nlohmann::json row = nlohmann::json::object();
+    DataRow row = DataRow::object();
     for (int c = 0; c < batch.num_columns(); ++c) {
       const std::string& name = schema.field(c)->name();
       row[name] = to_json(*batch.column(c), r, place, name);

@@ -308,7 +308,7 @@ DataFiles resolve_data_files(const std::string& source, const std::string& data_
 }
 
 void read_split_rows(const DataFiles& files, const std::string& split_expression,
-                     const std::function<void(const nlohmann::json& row, const RowPlace& place)>& on_row) {
+                     const std::function<void(const DataRow& row, const RowPlace& place)>& on_row) {
   for (const SplitSlice& slice : parse_split(split_expression)) {
     auto it = files.splits.find(slice.split);
     if (it == files.splits.end()) {
@@ -334,7 +334,7 @@ void read_split_rows(const DataFiles& files, const std::string& split_expression
     int64_t index = 0, emitted = 0;
     for (const std::string& f : list) {
       if (index >= end) break;
-      read_rows(f, files.format, [&](const nlohmann::json& row, const RowPlace& place) {
+      read_rows(f, files.format, [&](const DataRow& row, const RowPlace& place) {
         if (index >= begin && index < end) {
           on_row(row, place);
           ++emitted;

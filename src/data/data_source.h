@@ -50,6 +50,6 @@ DataFiles resolve_data_files(const std::string& source, const std::string& data_
 // Streams the rows the split expression selects, in order; index is the row's position within
 // its split. Throws when a split is missing (listing those that exist) or selects no rows.
 void read_split_rows(const DataFiles& files, const std::string& split_expression,
-                     const std::function<void(const nlohmann::json& row, const RowPlace& place)>& on_row);
+                     const std::function<void(const DataRow& row, const RowPlace& place)>& on_row);
 
 }  // namespace ktune

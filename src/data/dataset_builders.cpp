@@ -15,13 +15,13 @@ namespace ktune {
 
 namespace {
 
-std::string column_list(const nlohmann::json& row) {
+std::string column_list(const DataRow& row) {
   std::string out;
   for (const auto& [key, value] : row.items()) out += (out.empty() ? "" : ", ") + key;
   return out.empty() ? "(none)" : out;
 }
 
-const nlohmann::json& column(const nlohmann::json& row, const std::string& name, const RowPlace& place,
+const DataRow& column(const DataRow& row, const std::string& name, const RowPlace& place,
                              const std::string& option) {
   auto it = row.find(name);
   if (it == row.end())
@@ -30,14 +30,14 @@ const nlohmann::json& column(const nlohmann::json& row, const std::string& name,
   return *it;
 }
 
-std::string as_text(const nlohmann::json& value, const RowPlace& place, const std::string& name) {
+std::string as_text(const DataRow& value, const RowPlace& place, const std::string& name) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_number() || value.is_boolean()) return value.dump();
   if (value.is_null()) throw Error(place.where(), "column '" + name + "' is empty (null)");
   throw Error(place.where(), "column '" + name + "' holds " + std::string(value.type_name()) + ", expected text");
 }
 
-std::string text_column(const nlohmann::json& row, const std::string& name, const RowPlace& place,
+std::string text_column(const DataRow& row, const std::string& name, const RowPlace& place,
                         const std::string& option = "") {
   return as_text(column(row, name, place, option), place, name);
 }
@@ -47,8 +47,8 @@ std::string mapped(const std::map<std::string, std::string>& column_map, const s
   return it == column_map.end() ? key : it->second;
 }
 
-const nlohmann::json& conversation(const nlohmann::json& row, const std::string& name, const RowPlace& place) {
-  const nlohmann::json& value = column(row, name, place, "conversation_column");
+const DataRow& conversation(const DataRow& row, const std::string& name, const RowPlace& place) {
+  const DataRow& value = column(row, name, place, "conversation_column");
   if (!value.is_array())
     throw Error(place.where(), "column '" + name + "' holds " + std::string(value.type_name()) + ", expected a list of messages");
   return value;
@@ -58,12 +58,12 @@ const nlohmann::json& conversation(const nlohmann::json& row, const std::string&
 // `read_message` (which names the entry's place in its errors). A system message is dropped when a
 // new system prompt replaces it; every message but the assistant's is masked unless train_on_input.
 template <typename ReadMessage>
-std::vector<Message> conversation_to_messages(const DatasetOptions& o, const nlohmann::json& row, const RowPlace& place,
+std::vector<Message> conversation_to_messages(const DatasetOptions& o, const DataRow& row, const RowPlace& place,
                                               const ReadMessage& read_message) {
   const bool train_on_input = o.train_on_input.value_or(false);
   std::vector<Message> messages;
   if (o.new_system_prompt) messages.push_back(Message::text("system", *o.new_system_prompt, true));
-  const nlohmann::json& list = conversation(row, o.conversation_column, place);
+  const DataRow& list = conversation(row, o.conversation_column, place);
   for (size_t k = 0; k < list.size(); ++k) {
     Message message = read_message(list[k], place.where() + ": message " + std::to_string(k));
     if (message.role == "system" && o.new_system_prompt) continue;
@@ -74,8 +74,8 @@ std::vector<Message> conversation_to_messages(const DatasetOptions& o, const nlo
 }
 
 // {"from": "human" | "gpt" | "system", "value": text}
-std::vector<Message> sharegpt_to_messages(const DatasetOptions& o, const nlohmann::json& row, const RowPlace& place) {
-  return conversation_to_messages(o, row, place, [&](const nlohmann::json& m, const std::string& at) {
+std::vector<Message> sharegpt_to_messages(const DatasetOptions& o, const DataRow& row, const RowPlace& place) {
+  return conversation_to_messages(o, row, place, [&](const DataRow& m, const std::string& at) {
     if (!m.is_object() || !m.contains("from") || !m.contains("value"))
       throw Error(at, "a sharegpt message needs 'from' and 'value' keys, got " + m.dump().substr(0, 200));
     std::string from = as_text(m["from"], place, o.conversation_column + ".from");
@@ -88,21 +88,31 @@ std::vector<Message> sharegpt_to_messages(const DatasetOptions& o, const nlohman
   });
 }
 
-// {"role": "system" | "user" | "assistant" | "ipython", "content": text or [{"type": "text", ...}]}
-std::vector<Message> openai_to_messages(const DatasetOptions& o, const nlohmann::json& row, const RowPlace& place) {
-  return conversation_to_messages(o, row, place, [&](const nlohmann::json& m, const std::string& at) {
-    if (!m.is_object() || !m.contains("role") || !m.contains("content"))
+// {"role": "system" | "user" | "assistant" | "tool" | "ipython", "content": text or [{"type": "text", ...}],
+//  and for tool calling "tool_calls" (an assistant's, content then may be null or absent), "name",
+//  "tool_call_id", ...}. "tool" (the name transformers' templates know) is torchtune's "ipython". The
+// message itself is kept (Message::source): a model's own chat template gets it as it is, tool_calls
+// and all, as transformers' apply_chat_template would.
+std::vector<Message> openai_to_messages(const DatasetOptions& o, const DataRow& row, const RowPlace& place) {
+  return conversation_to_messages(o, row, place, [&](const DataRow& m, const std::string& at) {
+    if (!m.is_object() || !m.contains("role"))
+      throw Error(at, "an openai message needs 'role' and 'content' keys, got " + m.dump().substr(0, 200));
+    Message msg;
+    msg.source = m;
+    const bool calls = msg.has_tool_calls();
+    if (!m.contains("content") && !calls)
       throw Error(at, "an openai message needs 'role' and 'content' keys, got " + m.dump().substr(0, 200));
     std::string role = as_text(m["role"], place, o.conversation_column + ".role");
-    if (role != "system" && role != "user" && role != "assistant" && role != "ipython")
-      throw Error(at, "unknown openai role '" + role + "'; expected system, user, assistant or ipython");
-    Message msg;
-    msg.role = role;
-    const nlohmann::json& content = m["content"];
+    if (role != "system" && role != "user" && role != "assistant" && role != "ipython" && role != "tool")
+      throw Error(at, "unknown openai role '" + role + "'; expected system, user, assistant, tool or ipython");
+    if (calls && role != "assistant") throw Error(at, "tool_calls in a " + role + " message; only an assistant calls tools");
+    msg.role = role == "tool" ? "ipython" : role;
+    const DataRow content = m.value("content", DataRow());
+    if (content.is_null() && calls) return msg;  // a call and no text
     if (content.is_array()) {
-      for (const nlohmann::json& piece : content) {
+      for (const DataRow& piece : content) {
         std::string type = piece.value("type", "");
-        if (type == "text") msg.content.push_back(as_text(piece.value("text", nlohmann::json()), place, "content.text"));
+        if (type == "text") msg.content.push_back(as_text(piece.value("text", DataRow()), place, "content.text"));
         else if (type == "image_url") throw Error(at, "images (image_url) are not supported by ktune's text datasets");
         else throw Error(at, "unknown content type '" + type + "'; expected text");
       }
@@ -111,6 +121,27 @@ std::vector<Message> openai_to_messages(const DatasetOptions& o, const nlohmann:
     }
     return msg;
   });
+}
+
+// A conversation's tools (TRL's convention: a row's "tools" column, handed to the chat template as
+// apply_chat_template(tools=...)): a list of tool schemas, or JSON text of one (Parquet datasets
+// often store them as a string); null when the row has none.
+DataRow row_tools(const DataRow& row, const RowPlace& place) {
+  auto it = row.find("tools");
+  if (it == row.end() || it->is_null()) return nullptr;
+  DataRow tools = *it;
+  if (tools.is_string()) {
+    const std::string text = tools.get<std::string>();
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos) return nullptr;
+    try {
+      tools = DataRow::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(place.where(), "column 'tools' holds text that is not JSON: " + std::string(e.what()).substr(0, 200));
+    }
+  }
+  if (!tools.is_array())
+    throw Error(place.where(), "column 'tools' holds " + std::string(tools.type_name()) + ", expected a list of tool schemas");
+  return tools;
 }
 
 }  // namespace
@@ -131,7 +162,7 @@ bool split_across_pack(const DatasetOptions& options) {
   return dataset_builder_name(options.component) == "text_completion_dataset";
 }
 
-std::vector<Message> row_to_messages(const DatasetOptions& o, const nlohmann::json& row, const RowPlace& place) {
+std::vector<Message> row_to_messages(const DatasetOptions& o, const DataRow& row, const RowPlace& place) {
   const std::string name = dataset_builder_name(o.component);
   if (name == "instruct_dataset") {
     return input_output_to_messages(text_column(row, mapped(o.column_map, "input"), place, "column_map.input"),
@@ -184,7 +215,7 @@ TokenizedDataset build_dataset(const DatasetOptions& o, const ChatFormat& format
 
   // One row → ids + mask (1 = not trained). Pure, so rows are tokenized in parallel a chunk at a
   // time (the tokenizers' const encode is thread-safe) and appended in file order.
-  auto tokenize_row = [&](const nlohmann::json& row, const RowPlace& place) -> TokenizedMessages {
+  auto tokenize_row = [&](const DataRow& row, const RowPlace& place) -> TokenizedMessages {
     if (name == "text_completion_dataset") {
       TokenizedMessages t;
       t.tokens = format.encode_text(text_column(row, o.column, place, "column"), true, o.add_eos);
@@ -197,16 +228,19 @@ TokenizedDataset build_dataset(const DatasetOptions& o, const ChatFormat& format
     }
     std::vector<Message> messages = row_to_messages(o, row, place);
     validate_messages(messages, place.where());
-    if (format.kind() != ChatFormatKind::kTemplate) return format.tokenize(messages);
+    const DataRow tools = name == "chat_dataset" ? row_tools(row, place) : DataRow();
     try {
-      return format.tokenize(messages);
-    } catch (const Error& e) {  // the template's raise_exception (or a fault in it) meets this row
-      throw Error(place.where(), std::string("the chat template failed on this conversation: ") + e.what());
+      return format.tokenize(messages, true, tools);
+    } catch (const Error& e) {  // the format refuses this row (a template's raise_exception, a role it lacks)
+      throw Error(place.where(), std::string(format.kind() == ChatFormatKind::kTemplate
+                                                 ? "the chat template failed on this conversation: "
+                                                 : "the " + chat_format_name(format.kind()) + " chat format refused this conversation: ") +
+                                     e.what());
     }
   };
 
   constexpr size_t kChunk = 4096;
-  std::vector<std::pair<nlohmann::json, RowPlace>> pending;
+  std::vector<std::pair<DataRow, RowPlace>> pending;
   std::vector<TokenizedMessages> results;
   std::vector<std::exception_ptr> errors;
   std::vector<uint8_t> trained;
@@ -234,7 +268,7 @@ TokenizedDataset build_dataset(const DatasetOptions& o, const ChatFormat& format
     }
     pending.clear();
   };
-  read_split_rows(files, o.split, [&](const nlohmann::json& row, const RowPlace& place) {
+  read_split_rows(files, o.split, [&](const DataRow& row, const RowPlace& place) {
     ++data.num_rows_read;
     pending.emplace_back(row, place);
     if (pending.size() == kChunk) flush();

@@ -57,6 +57,6 @@ bool split_across_pack(const DatasetOptions& options);
 TokenizedDataset build_dataset(const DatasetOptions& options, const ChatFormat& format);
 
 // Row → messages, for builders and for tests (the place names the row in errors).
-std::vector<Message> row_to_messages(const DatasetOptions& options, const nlohmann::json& row, const RowPlace& place);
+std::vector<Message> row_to_messages(const DatasetOptions& options, const DataRow& row, const RowPlace& place);
 
 }  // namespace ktune

@@ -61,9 +61,9 @@ void read_json_lines(const std::string& path, const RowCallback& on_row) {
     size_t bad = first_invalid_utf8(view);
     if (bad != std::string::npos)
       throw Error(path + ":" + std::to_string(line_no), "invalid UTF-8 at byte " + std::to_string(bad) + " of the line");
-    nlohmann::json row;
+    DataRow row;
     try {
-      row = nlohmann::json::parse(view);
+      row = DataRow::parse(view);
     } catch (const nlohmann::json::parse_error& e) {
       throw Error(path + ":" + std::to_string(line_no), "malformed JSON line: " + parse_error_text(e));
     }
@@ -84,14 +84,14 @@ void read_json(const std::string& path, const RowCallback& on_row) {
   size_t bad = first_invalid_utf8(view);
   if (bad != std::string::npos)
     throw Error(path + ":" + std::to_string(line_of_offset(view, bad)), "invalid UTF-8 at byte " + std::to_string(bad) + " of the file");
-  nlohmann::json array;
+  DataRow array;
   try {
-    array = nlohmann::json::parse(view);
+    array = DataRow::parse(view);
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(path + ":" + std::to_string(line_of_offset(view, e.byte == 0 ? 0 : e.byte - 1)), "malformed JSON: " + parse_error_text(e));
   }
   RowPlace place{path, 0, 0};
-  for (const nlohmann::json& row : array) {
+  for (const DataRow& row : array) {
     if (!row.is_object())
       throw Error(path + ": element " + std::to_string(place.row), std::string("expected a JSON object per array element, got ") + row.type_name());
     on_row(row, place);
@@ -124,7 +124,7 @@ void read_csv(const std::string& path, const RowCallback& on_row) {
       if (fields.size() != header.size())
         throw Error(path + ":" + std::to_string(record_line),
                     "CSV row has " + std::to_string(fields.size()) + " fields, the header has " + std::to_string(header.size()));
-      nlohmann::json row = nlohmann::json::object();
+      DataRow row = DataRow::object();
       for (size_t c = 0; c < header.size(); ++c) {
         require_utf8(fields[c], place, header[c]);
         row[header[c]] = std::move(fields[c]);
@@ -178,7 +178,7 @@ void read_text(const std::string& path, const RowCallback& on_row) {
     if (place.row == 0) skip_bom(view);
     if (!view.empty() && view.back() == '\r') view.remove_suffix(1);
     require_utf8(view, place, "text");
-    nlohmann::json row = nlohmann::json::object();
+    DataRow row = DataRow::object();
     row["text"] = std::string(view);
     on_row(row, place);
     ++place.row;
@@ -240,7 +240,7 @@ void read_rows(const std::string& path, DataFormat format, const RowCallback& on
 int64_t count_rows(const std::string& path, DataFormat format) {
   if (format == DataFormat::kParquet || format == DataFormat::kArrow) return count_arrow_rows(path, format);
   int64_t n = 0;
-  read_rows(path, format, [&](const nlohmann::json&, const RowPlace&) { ++n; });
+  read_rows(path, format, [&](const DataRow&, const RowPlace&) { ++n; });
   return n;
 }
 

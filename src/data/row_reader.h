@@ -3,6 +3,8 @@
 // Parquet and Arrow IPC (file or stream format, as HF `datasets` writes .arrow files) through
 // Apache Arrow C++, and plain text (one row {"text": line} a line, as HF's text loader).
 // Every row is handed over as a JSON object (column → string, number, bool, null, list, object)
+// whose keys keep the file's order (the columns', and a JSON object's own, as HF datasets and
+// Python keep them: a chat template's tojson of a tool call's arguments writes them in that order),
 // together with its place (file, row, line), so that builders and errors see one shape whatever
 // the format. Strings are checked to be UTF-8; a bad one is reported with its file and row.
 //
@@ -27,6 +29,9 @@ std::string data_format_name(DataFormat format);
 // From a file name's extension (.json .jsonl .csv .parquet .arrow .txt); false when unknown.
 bool data_format_from_path(const std::string& path, DataFormat* format);
 
+// One row: ordered keys (nlohmann::ordered_json), see above.
+using DataRow = nlohmann::ordered_json;
+
 struct RowPlace {
   std::string file;
   int64_t row = 0;   // 0-based within the file
@@ -34,7 +39,7 @@ struct RowPlace {
   std::string where() const;  // "data.csv: row 3 (line 5)"
 };
 
-using RowCallback = std::function<void(const nlohmann::json& row, const RowPlace& place)>;
+using RowCallback = std::function<void(const DataRow& row, const RowPlace& place)>;
 
 // Calls on_row for each row of the file in order. Throws ktune::Error naming the file and line
 // (malformed JSON, a CSV row with the wrong number of fields, invalid UTF-8, an unreadable file).

@@ -173,14 +173,26 @@ std::vector<int32_t> ChatFormat::encode_trimmed(std::string_view text) const {
   return encode(text);
 }
 
-TokenizedMessages ChatFormat::tokenize(const std::vector<Message>& messages, bool add_end_tokens) const {
+TokenizedMessages ChatFormat::tokenize(const std::vector<Message>& messages, bool add_end_tokens,
+                                       const nlohmann::ordered_json& tools) const {
+  if (kind_ != ChatFormatKind::kTemplate) {
+    const bool offers_tools = !tools.is_null() && !(tools.is_array() && tools.empty());
+    for (size_t i = 0; i < messages.size() && !offers_tools; ++i)
+      if (messages[i].has_tool_calls())
+        throw Error("message " + std::to_string(i),
+                    "tool_calls need the model's own chat template: the " + chat_format_name(kind_) +
+                        " format has no place for them (use the HuggingFaceModelTokenizer tokenizer component)");
+    if (offers_tools)
+      throw Error("tools", "a conversation's tools need the model's own chat template: the " + chat_format_name(kind_) +
+                               " format has no place for them (use the HuggingFaceModelTokenizer tokenizer component)");
+  }
   switch (kind_) {
     case ChatFormatKind::kLlama3: return tokenize_llama3(messages, add_end_tokens);
     case ChatFormatKind::kChatML: return tokenize_chatml(messages, add_end_tokens);
     case ChatFormatKind::kGemma: return tokenize_gemma(messages, add_end_tokens);
     case ChatFormatKind::kMistral:
     case ChatFormatKind::kPlain: return tokenize_no_special_tokens(messages, add_end_tokens);
-    case ChatFormatKind::kTemplate: return tokenize_template(messages, add_end_tokens);
+    case ChatFormatKind::kTemplate: return tokenize_template(messages, add_end_tokens, tools);
   }
   return {};
 }
@@ -375,13 +387,14 @@ TokenizedMessages ChatFormat::tokenize_no_special_tokens(const std::vector<Messa
 // it (torchtune renders add_generation_prompt=add_eos for the last message, training the next
 // answer's header), and the EOS is not appended twice (Llama 3 Instruct's eos_token is the
 // template's own <|eot_id|>).
-TokenizedMessages ChatFormat::tokenize_template(const std::vector<Message>& in, bool add_end_tokens) const {
+TokenizedMessages ChatFormat::tokenize_template(const std::vector<Message>& in, bool add_end_tokens,
+                                                const nlohmann::ordered_json& tools) const {
   std::vector<Message> messages = in;
   // Asking: an empty assistant message last (the answer to come) is the generation prompt.
   if (!add_end_tokens && !messages.empty() && messages.back().role == "assistant" &&
-      messages.back().text_content().empty())
+      messages.back().text_content().empty() && !messages.back().has_tool_calls())
     messages.pop_back();
-  const std::string text = chat_template_->render(messages, /*add_generation_prompt=*/!add_end_tokens);
+  const std::string text = chat_template_->render(messages, /*add_generation_prompt=*/!add_end_tokens, tools);
   TokenizedMessages out;
   out.tokens = tokenizer_.encode(text, false, false);
   size_t begin = 0;
@@ -389,7 +402,7 @@ TokenizedMessages ChatFormat::tokenize_template(const std::vector<Message>& in, 
     size_t end = out.tokens.size();
     if (i + 1 < messages.size()) {
       const std::vector<Message> upto(messages.begin(), messages.begin() + (ptrdiff_t)i + 1);
-      const std::string prefix = chat_template_->render(upto, false);
+      const std::string prefix = chat_template_->render(upto, false, tools);
       size_t common = 0;
       while (common < prefix.size() && common < text.size() && prefix[common] == text[common]) ++common;
       while (common > 0 && common < text.size() && ((unsigned char)text[common] & 0xC0) == 0x80) --common;

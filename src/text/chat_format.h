@@ -86,7 +86,11 @@ class ChatFormat {
              Truncation truncation = Truncation::kRight);
 
   // add_end_tokens = false for generation (no EOS, last turn left open where the format allows).
-  TokenizedMessages tokenize(const std::vector<Message>& messages, bool add_end_tokens = true) const;
+  // tools: the tool schemas offered to the model (a JSON list, or null for none), and messages'
+  // tool_calls (Message::source): only a model's own chat template renders them; the family
+  // formats (torchtune's tokenizers, which have no place for them) refuse both.
+  TokenizedMessages tokenize(const std::vector<Message>& messages, bool add_end_tokens = true,
+                             const nlohmann::ordered_json& tools = nullptr) const;
 
   // Text → ids the way this format's torchtune tokenizer encodes a text column (text completion):
   // plain for all but ChatML, with the tokenizer's BOS / EOS when asked (Llama 3: nothing at all
@@ -102,7 +106,8 @@ class ChatFormat {
   TokenizedMessages tokenize_chatml(const std::vector<Message>& messages, bool add_end_tokens) const;
   TokenizedMessages tokenize_gemma(const std::vector<Message>& messages, bool add_end_tokens) const;
   TokenizedMessages tokenize_no_special_tokens(const std::vector<Message>& messages, bool add_end_tokens) const;
-  TokenizedMessages tokenize_template(const std::vector<Message>& messages, bool add_end_tokens) const;
+  TokenizedMessages tokenize_template(const std::vector<Message>& messages, bool add_end_tokens,
+                                      const nlohmann::ordered_json& tools) const;
   std::vector<int32_t> encode(std::string_view text) const;
   // SentencePieceBaseTokenizer.encode(trim_leading_whitespace=True): encode "\n" + text and drop
   // the ids of "\n", so that no dummy-prefix space is added in the middle of a turn.

@@ -76,16 +76,22 @@ std::optional<HfChatTemplate> HfChatTemplate::from_tokenizer_config(const std::s
   return HfChatTemplate(*source, tokenizer_config_path + ": chat_template", special_tokens_of(config));
 }
 
-std::string HfChatTemplate::render(const std::vector<Message>& messages, bool add_generation_prompt) const {
+std::string HfChatTemplate::render(const std::vector<Message>& messages, bool add_generation_prompt,
+                                   const ordered_json& tools) const {
   ordered_json list = ordered_json::array();
-  for (const Message& m : messages)
+  for (const Message& m : messages) {
+    if (m.source.is_object()) {  // as the dataset gave it, every key in its order
+      list.push_back(m.source);
+      continue;
+    }
     list.push_back(ordered_json{{"role", m.role == "ipython" ? std::string("tool") : m.role},
                                 {"content", m.text_content()}});
+  }
   // render_jinja_template's call: messages, tools, documents, add_generation_prompt, then the
   // special tokens (apply_chat_template's template_kwargs).
   ordered_json context = ordered_json::object();
   context["messages"] = std::move(list);
-  context["tools"] = nullptr;
+  context["tools"] = tools;
   context["documents"] = nullptr;
   context["add_generation_prompt"] = add_generation_prompt;
   for (const auto& [name, value] : special_tokens_.items()) context[name] = value;

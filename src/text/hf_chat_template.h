@@ -2,7 +2,8 @@
 // the chat_template.jinja beside it, which transformers prefers), rendered as transformers'
 // apply_chat_template renders it: its Jinja environment (text/jinja/, Dialect::kTransformers:
 // trim_blocks, lstrip_blocks, loop controls, its tojson) and its variables — `messages` (each
-// {"role", "content"}), `tools` and `documents` (none), `add_generation_prompt`, and the special
+// {"role", "content"}, or the dataset's own message with its tool_calls), `tools` (the
+// conversation's tool schemas, or none), `documents` (none), `add_generation_prompt`, and the special
 // tokens as strings (bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token,
 // where the config names them). The text is what transformers, and vLLM's chat completions, prompt
 // the model with; its ids are the tokenizer's encoding of that text with no special tokens added
@@ -41,9 +42,12 @@ class HfChatTemplate {
   // several templates with no "default", a template that does not parse).
   static std::optional<HfChatTemplate> from_tokenizer_config(const std::string& tokenizer_config_path);
 
-  // The conversation as text. Roles are passed as they are, but torchtune's "ipython" (a tool's
-  // answer) is HF's "tool"; a message's content is its pieces joined.
-  std::string render(const std::vector<Message>& messages, bool add_generation_prompt) const;
+  // The conversation as text. A message with a source (Message::source: an openai-style dataset's
+  // message, tool_calls and all) is passed as it is; others as {role, content}, the content their
+  // pieces joined and torchtune's "ipython" (a tool's answer) as HF's "tool". tools: the `tools`
+  // variable (a list of tool schemas, or null), as apply_chat_template(tools=...) passes it.
+  std::string render(const std::vector<Message>& messages, bool add_generation_prompt,
+                     const nlohmann::ordered_json& tools = nullptr) const;
 
   const std::string& origin() const { return origin_; }
 

@@ -21,6 +21,12 @@ std::string Message::text_content() const {
   return out;
 }
 
+bool Message::has_tool_calls() const {
+  if (!source.is_object()) return false;
+  auto it = source.find("tool_calls");
+  return it != source.end() && !it->is_null() && !(it->is_array() && it->empty());
+}
+
 std::vector<Message> PromptTemplate::apply(const std::vector<Message>& messages) const {
   std::vector<Message> out;
   out.reserve(messages.size());
@@ -80,7 +86,9 @@ void validate_messages(const std::vector<Message>& messages, const std::string& 
   std::string last_turn = "assistant";
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
-    if (role == "assistant" && last_turn != "user")
+    // An answer follows a question, or a tool's result (ktune: torchtune's rule refuses an
+    // assistant after an ipython message, which every tool-calling conversation has).
+    if (role == "assistant" && last_turn != "user" && last_turn != "ipython")
       throw Error(where, "assistant message before the expected user message at index " + std::to_string(i));
     if (role == "user" && last_turn == "user")
       throw Error(where, "two consecutive user messages at index " + std::to_string(i) + " and " + std::to_string(i - 1));

@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace ktune {
 
 struct Message {
@@ -26,9 +28,14 @@ struct Message {
   bool masked = false;               // true: not trained on (label -100)
   bool ipython = false;              // an assistant tool call
   bool eot = true;                   // end of turn (Llama 3: <|eot_id|>, else <|eom_id|>)
+  // The message as an openai-style dataset gave it (every key: role, content, tool_calls, name,
+  // tool_call_id, ...), handed to a model's own chat template as it is, as transformers'
+  // apply_chat_template hands it over; null for messages made otherwise (role and content then).
+  nlohmann::ordered_json source;
 
   static Message text(std::string role, std::string content, bool masked = false);
   std::string text_content() const;  // the pieces joined
+  bool has_tool_calls() const;       // source carries a non-empty tool_calls list
 };
 
 // torchtune's PromptTemplate: role → (prepend tag, append tag). Empty tags are left out unless
@@ -59,7 +66,8 @@ std::vector<Message> alpaca_to_messages(const std::string& instruction, const st
 std::string alpaca_prompt(const std::string& instruction, const std::string& input);
 
 // torchtune.data.validate_messages: at least two messages, system only first, no assistant
-// before a user, no two users in a row. Throws ktune::Error(where, what).
+// before a user (or, unlike torchtune, a tool's result: role ipython), no two users in a row.
+// Throws ktune::Error(where, what).
 void validate_messages(const std::vector<Message>& messages, const std::string& where);
 
 }  // namespace ktune

@@ -96,7 +96,7 @@ TEST(DatasetBuilderErrors, MissingColumnIsNamedWithTheColumnsThatExist) {
   std::string e = build_error(o);
   expect_contains(e, "qa.jsonl: row 0");
   expect_contains(e, "column 'prompt'");
-  expect_contains(e, "answer, id, question");
+  expect_contains(e, "question, answer, id");
   o.column_map = {{"input", "question"}};
   e = build_error(o);
   expect_contains(e, "dataset.column_map");
@@ -150,6 +150,80 @@ TEST(DatasetBuilderErrors, AChatTemplateThatRefusesAConversationNamesTheRow) {
   expect_contains(e, "the chat template failed on this conversation");
   expect_contains(e, "test template");
   expect_contains(e, "System role not supported");
+  std::filesystem::remove_all(dir);
+}
+
+// Tool calling through a model's own chat template: openai-style rows whose assistants call tools
+// (tool_calls, content null or text, arguments a dict or JSON text), tool results (role "tool") and
+// a "tools" column (a list, or the same list as JSON text, as Parquet datasets store it). The
+// samples equal transformers' apply_chat_template(messages, tools=...) with the masks of
+// chat_template_reference.py (tests/text/fixtures/chat_template/expected_tools.json); the keys of a
+// call's arguments keep their order (the data layer's rows are ordered).
+TEST(DatasetBuilders, ToolCallingConversationsEqualTransformers) {
+  const std::string text_fixtures = std::string(KTUNE_SOURCE_DIR) + "/tests/text/fixtures";
+  const std::string folder = text_fixtures + "/chat_template";
+  const nlohmann::ordered_json conversations =
+      nlohmann::ordered_json::parse(std::ifstream(folder + "/tool_conversations.json"));
+  const nlohmann::json expected = testing::load_json(folder + "/expected_tools.json")["tool_calling"];
+  ASSERT_EQ(expected.size(), conversations.size());
+  const std::string dir = ::testing::TempDir() + "ktune_tool_rows_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  TokenizerOptions t;
+  t.path = text_fixtures + "/byte_level/tokenizer.json";
+  t.config_path = folder + "/tool_calling/tokenizer_config.json";
+  auto tokenizer = load_tokenizer(t);
+  std::optional<HfChatTemplate> chat = HfChatTemplate::from_tokenizer_config(t.config_path);
+  ASSERT_TRUE(chat.has_value());
+  const ChatFormat format(*tokenizer, *chat, chat->eos_id(*tokenizer));
+  for (const bool tools_as_text : {false, true}) {
+    SCOPED_TRACE(tools_as_text ? "tools as JSON text" : "tools as a list");
+    testing::write_tool_rows(conversations, dir + "/tools.jsonl", tools_as_text);
+    testing::expect_samples_equal_reference(build_dataset(testing::openai_chat_dataset(dir + "/tools.jsonl"), format), expected);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Tool calls and tools are refused, naming the row, where they cannot be rendered (a family
+// format: torchtune's tokenizers have no place for them) or are malformed.
+TEST(DatasetBuilderErrors, ToolCallsNeedAChatTemplateAndWellFormedTools) {
+  const std::string dir = ::testing::TempDir() + "ktune_tool_errors_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string user = R"({"role": "user", "content": "2 + 3?"})";
+  const std::string call = R"({"role": "assistant", "content": null, "tool_calls": [{"name": "add", "arguments": {"a": 2}}]})";
+  const std::string result = R"({"role": "tool", "content": "5"}, {"role": "assistant", "content": "5"})";
+  auto build = [&](const std::string& rows, const ChatFormat& format) {
+    std::ofstream(dir + "/rows.jsonl") << rows;
+    return error_of([&] { build_dataset(testing::openai_chat_dataset(dir + "/rows.jsonl"), format); });
+  };
+  auto llama3 = testing::tokenizer_for("llama3");
+  const ChatFormat family(*llama3, ChatFormatKind::kLlama3);
+  const std::string plain_row = R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})" "\n";
+  std::string e = build(plain_row + R"({"messages": [)" + user + ", " + call + ", " + result + "]}\n", family);
+  expect_contains(e, "rows.jsonl: row 1 (line 2)");
+  expect_contains(e, "the llama3 chat format refused this conversation");
+  expect_contains(e, "message 1");
+  expect_contains(e, "tool_calls need the model's own chat template");
+  e = build(plain_row + R"({"tools": [{"name": "add"}], "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})" "\n", family);
+  expect_contains(e, "rows.jsonl: row 1 (line 2)");
+  expect_contains(e, "tools need the model's own chat template");
+  // A tool's result then an answer is a conversation (torchtune's validate_messages refuses it).
+  EXPECT_EQ(build(R"({"messages": [)" + user + R"(, {"role": "assistant", "content": "calling"}, )" + result + "]}\n", family),
+            "(no error)");
+
+  const HfChatTemplate chat("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{{ tools | tojson }}",
+                            "test template", nlohmann::ordered_json::object());
+  const ChatFormat templated(*llama3, chat, llama3->eos_id());
+  e = build(R"({"tools": "[{\"name\": ", "messages": [)" + user + ", " + call + ", " + result + "]}\n", templated);
+  expect_contains(e, "rows.jsonl: row 0 (line 1)");
+  expect_contains(e, "column 'tools' holds text that is not JSON");
+  e = build(R"({"tools": {"name": "add"}, "messages": [)" + user + ", " + call + ", " + result + "]}\n", templated);
+  expect_contains(e, "column 'tools' holds object, expected a list of tool schemas");
+  e = build(R"({"messages": [{"role": "user", "content": "x", "tool_calls": [{"name": "add"}]}, {"role": "assistant", "content": "5"}]})" "\n", templated);
+  expect_contains(e, "message 0");
+  expect_contains(e, "only an assistant calls tools");
+  e = build(R"({"messages": [)" + user + R"(, {"role": "assistant"}]})" "\n", templated);
+  expect_contains(e, "needs 'role' and 'content' keys");
+  EXPECT_EQ(build(R"({"tools": "", "messages": [)" + user + ", " + call + ", " + result + "]}\n", templated), "(no error)");
   std::filesystem::remove_all(dir);
 }
 

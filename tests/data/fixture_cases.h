@@ -1,12 +1,13 @@
 // Reading the reference cases make_data_fixtures.py wrote (torchtune's output) into the C++ types
 // the data layer takes: fixture paths, the byte tokenizer a case's chat format was made with, and
-// a case's torchtune builder kwargs as DatasetOptions.
+// a case's torchtune builder kwargs as DatasetOptions; the tool-calling conversations as a dataset.
 #pragma once
 
 #include <fstream>
 #include <memory>
 #include <string>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "byte_tokenizer.h"
@@ -54,6 +55,47 @@ inline DatasetOptions options_from_case(const std::string& component, const nloh
   if (kw.contains("conversation_style")) o.conversation_style = kw["conversation_style"];
   if (kw.contains("add_eos")) o.add_eos = kw["add_eos"];
   return o;
+}
+
+// The conversations of tests/text/fixtures/chat_template/tool_conversations.json as an openai-style
+// JSONL dataset: a row a conversation, {"messages": [its messages less the fixtures' "masked"],
+// "tools": its tools (as a list, or as JSON text)}; keys in the fixture's order.
+inline void write_tool_rows(const nlohmann::ordered_json& conversations, const std::string& path, bool tools_as_text) {
+  std::ofstream rows(path);
+  for (const nlohmann::ordered_json& c : conversations) {
+    nlohmann::ordered_json row;
+    row["messages"] = nlohmann::ordered_json::array();
+    for (nlohmann::ordered_json m : c["messages"]) {
+      m.erase("masked");
+      row["messages"].push_back(m);
+    }
+    row["tools"] = tools_as_text ? nlohmann::ordered_json(c["tools"].dump()) : c["tools"];
+    rows << row.dump() << "\n";
+  }
+}
+
+// The options of a chat_dataset over such a file.
+inline DatasetOptions openai_chat_dataset(const std::string& path) {
+  DatasetOptions o;
+  o.component = "torchtune.datasets.chat_dataset";
+  o.source = "json";
+  o.data_files = {path};
+  o.conversation_column = "messages";
+  o.conversation_style = "openai";
+  return o;
+}
+
+// Each sample's tokens and mask (1 = not trained) equal chat_template_reference.py's.
+inline void expect_samples_equal_reference(const TokenizedDataset& data, const nlohmann::json& expected) {
+  ASSERT_EQ(data.size(), (int64_t)expected.size());
+  for (int64_t i = 0; i < data.size(); ++i) {
+    SCOPED_TRACE(expected[(size_t)i]["name"].get<std::string>());
+    const std::span<const int32_t> tokens = data.tokens(i);
+    EXPECT_EQ(std::vector<int32_t>(tokens.begin(), tokens.end()), expected[(size_t)i]["tokens"].get<std::vector<int32_t>>());
+    std::vector<uint8_t> mask;
+    for (uint8_t trained : data.trained(i)) mask.push_back(trained ? 0 : 1);
+    EXPECT_EQ(mask, expected[(size_t)i]["mask"].get<std::vector<uint8_t>>());
+  }
 }
 
 }  // namespace ktune::testing

@@ -18,9 +18,9 @@ namespace {
 
 const std::string kRoot = std::string(KTUNE_SOURCE_DIR) + "/data/quickstart";
 
-std::vector<nlohmann::json> rows_of(const DataFiles& files, const std::string& split) {
-  std::vector<nlohmann::json> out;
-  read_split_rows(files, split, [&](const nlohmann::json& row, const RowPlace&) { out.push_back(row); });
+std::vector<DataRow> rows_of(const DataFiles& files, const std::string& split) {
+  std::vector<DataRow> out;
+  read_split_rows(files, split, [&](const DataRow& row, const RowPlace&) { out.push_back(row); });
   return out;
 }
 

@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/error.h"
 #include "data/dataset_builders.h"
 #include "fixture_cases.h"
+#include "text/hf_chat_template.h"
 
 namespace ktune {
 namespace {
@@ -58,6 +60,58 @@ TEST(RealTokenizers, DatasetsMatchTorchtuneWithLlama3AndQwen3Tokenizers) {
       EXPECT_EQ(tokens, samples[i].at("tokens").get<std::vector<int32_t>>()) << "sample " << i;
       EXPECT_EQ(d.labels(i), samples[i].at("labels").get<std::vector<int32_t>>()) << "sample " << i;
     }
+  }
+}
+
+// Tool calling through the real Qwen3 chat template and tokenizer (its template renders tools,
+// tool_calls and tool results): the tool conversations of tests/text/fixtures/chat_template as an
+// openai-style dataset, against transformers' apply_chat_template(messages, tools=...) run now by
+// chat_template_reference.py, ids and masks. Qwen3's template needs an assistant's content to be
+// text: a call with content null fails in transformers, and in ktune naming the row.
+TEST(RealTokenizers, Qwen3ToolCallingDatasetMatchesTransformers) {
+  const std::string qwen = unpacked("qwen3/tokenizer.json");
+  const std::string config = tokenizers_root() + "/qwen3/tokenizer_config.json";
+  if (qwen.empty() || !fs::exists(config))
+    GTEST_SKIP() << "the real Qwen3 tokenizer is not under " << tokenizers_root() << " (set KTUNE_TOKENIZERS)";
+  if (std::system("python3 -c 'import transformers' 2>/dev/null") != 0) GTEST_SKIP() << "transformers is not installed";
+  const fs::path dir = fs::path(KTUNE_BINARY_DIR) / "data_test_tokenizers" / "qwen3_tool_calling";
+  fs::create_directories(dir);
+  fs::copy_file(qwen, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(config, dir / "tokenizer_config.json", fs::copy_options::overwrite_existing);
+  const std::string fixtures = std::string(KTUNE_SOURCE_DIR) + "/tests/text/fixtures/chat_template";
+  const nlohmann::ordered_json all = nlohmann::ordered_json::parse(std::ifstream(fixtures + "/tool_conversations.json"));
+  nlohmann::ordered_json with_text = nlohmann::ordered_json::array(), null_content = nlohmann::ordered_json::array();
+  for (const nlohmann::ordered_json& c : all) {
+    bool has_null = false;
+    for (const nlohmann::ordered_json& m : c["messages"]) has_null |= m.contains("content") && m["content"].is_null();
+    (has_null ? null_content : with_text).push_back(c);
+  }
+  ASSERT_EQ(with_text.size(), 3u);
+  ASSERT_EQ(null_content.size(), 1u);
+  std::ofstream(dir / "conversations.json") << with_text.dump();
+  const std::string out = (dir / "reference.json").string();
+  const std::string cmd = "python3 '" + fixtures + "/chat_template_reference.py' '" + dir.string() + "' '" +
+                          (dir / "conversations.json").string() + "' > '" + out + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;  // a broken reference is no reason to skip
+  const nlohmann::json expected = testing::load_json(out);
+
+  TokenizerOptions t;
+  t.path = (dir / "tokenizer.json").string();
+  t.config_path = (dir / "tokenizer_config.json").string();
+  std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(t);
+  std::optional<HfChatTemplate> chat = HfChatTemplate::from_tokenizer_config(t.config_path);
+  ASSERT_TRUE(chat.has_value());
+  const ChatFormat format(*tokenizer, *chat, chat->eos_id(*tokenizer));
+  const std::string rows = (dir / "tools.jsonl").string();
+  testing::write_tool_rows(with_text, rows, false);
+  testing::expect_samples_equal_reference(build_dataset(testing::openai_chat_dataset(rows), format), expected);
+
+  testing::write_tool_rows(null_content, rows, false);
+  try {
+    build_dataset(testing::openai_chat_dataset(rows), format);
+    ADD_FAILURE() << "a call with content null went through Qwen3's template";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tools.jsonl: row 0 (line 1): the chat template failed"), std::string::npos) << e.what();
   }
 }
 

@@ -19,9 +19,9 @@ namespace fs = std::filesystem;
 using testing::bad_dir;
 using testing::files_dir;
 
-std::vector<nlohmann::json> all_rows(const std::string& path, DataFormat format) {
-  std::vector<nlohmann::json> rows;
-  read_rows(path, format, [&](const nlohmann::json& row, const RowPlace&) { rows.push_back(row); });
+std::vector<DataRow> all_rows(const std::string& path, DataFormat format) {
+  std::vector<DataRow> rows;
+  read_rows(path, format, [&](const DataRow& row, const RowPlace&) { rows.push_back(row); });
   return rows;
 }
 
@@ -202,7 +202,7 @@ TEST(DataFiles, GlobPatternsMatchFolderByFolderAsHfDatasets) {
 
 TEST(DataFilesErrors, MissingSplitEmptySplitAndUnknownSource) {
   DataFiles f = resolve_data_files("parquet", files_dir() + "/hf_repo/data", {});
-  auto noop = [](const nlohmann::json&, const RowPlace&) {};
+  auto noop = [](const DataRow&, const RowPlace&) {};
   std::string e = error_of([&] { read_split_rows(f, "test", noop); });
   expect_contains(e, "split 'test' not found");
   expect_contains(e, "train, validation");

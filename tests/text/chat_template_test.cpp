@@ -1,5 +1,5 @@
 // The chat-template format (ChatFormatKind::kTemplate, text/hf_chat_template.h) against transformers:
-// fixtures/chat_template/expected.json holds, for five model folders and the conversations of
+// fixtures/chat_template/expected.json holds, for six model folders and the conversations of
 // conversations.json, the text apply_chat_template renders, its ids, and the masks
 // chat_template_reference.py derives (regenerate with fixtures/chat_template/make_fixtures.py).
 #include <gtest/gtest.h>
@@ -54,7 +54,7 @@ ChatFormat template_format(const Tokenizer& tokenizer, const std::string& config
 TEST(ChatTemplate, TextIdsAndMasksEqualTransformers) {
   const json conversations = read_json(folder("conversations.json"));
   const json expected = read_json(folder("expected.json"));
-  ASSERT_EQ(expected.size(), 5u);
+  ASSERT_EQ(expected.size(), 6u);
   for (const auto& [name, cases] : expected.items()) {
     const std::string config = folder(name) + "/tokenizer_config.json";
     auto tokenizer = tokenizer_with(config);
