@@ -65,15 +65,6 @@ std::string find_on_path(const std::string& exe) {
   return "";
 }
 
-std::string resolve_ktune_exe(const std::string& configured) {
-  if (!configured.empty()) return configured;
-  std::string from_env = env_or("KTUNE_EXE", "");
-  if (!from_env.empty()) return from_env;
-  std::error_code ec;
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec && is_ktune_name(self.string())) return self.string();
-  return find_on_path("ktune");
-}
 
 std::string tail_of_file(const std::string& path, size_t max_bytes) {
   std::ifstream in(path, std::ios::binary);
@@ -148,6 +139,16 @@ void refuse_kubernetes_only_fields(const TrainJobPlan& plan) {
 }
 
 }  // namespace
+
+std::string resolve_ktune_exe(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  std::string from_env = env_or("KTUNE_EXE", "");
+  if (!from_env.empty()) return from_env;
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && is_ktune_name(self.string())) return self.string();
+  return find_on_path("ktune");
+}
 
 std::string default_ktune_home() {
   std::string home = env_or("KTUNE_HOME", "");

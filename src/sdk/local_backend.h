@@ -54,6 +54,10 @@ class LocalBackend : public Backend {
 // The default home: $KTUNE_HOME, else $HOME/.ktune.
 std::string default_ktune_home();
 
+// The ktune binary: `configured` when given, else $KTUNE_EXE, else this process if it is ktune (or
+// tune), else `ktune` on PATH; "" when none is found.
+std::string resolve_ktune_exe(const std::string& configured);
+
 // The detached supervisor's body (`ktune jobs supervise [--ready-fd N] NAME`): reads the secrets
 // (JSON {step: {KEY: value}}) from stdin, registers itself, writes "ok\n" to ready_fd (if >= 0)
 // and runs the job to its end. Returns the process exit code (0 when the job is Complete).

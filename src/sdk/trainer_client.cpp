@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "runtime/planner.h"
 #include "runtime/trainjob_builder.h"
 #include "sdk/local_backend.h"
+#include "sdk/trainer_config_check.h"
 
 namespace ktune::sdk {
 
@@ -64,6 +66,9 @@ std::string rfc3339(double unix_seconds) {
 TrainerClient::TrainerClient(const BackendConfig& config)
     : TrainerClient(make_backend(config), catalog_for(config)) {
   read_backend_runtimes_ = config.kind != BackendConfig::Kind::Local;
+  const bool trainer_replaced = config.kind == BackendConfig::Kind::Local &&
+                                (!config.trainer_command.empty() || (std::getenv("KTUNE_TRAINER_COMMAND") && *std::getenv("KTUNE_TRAINER_COMMAND")));
+  if (!trainer_replaced) config_checker_exe_ = resolve_ktune_exe(config.ktune_exe);
 }
 
 TrainerClient::TrainerClient(std::unique_ptr<Backend> backend, RuntimeCatalog catalog)
@@ -96,8 +101,10 @@ TrainJobPlan TrainerClient::plan(const types::Runtime& runtime, const types::Ini
 
 TrainJobPlan TrainerClient::plan_of(const v1alpha1::TrainJob& job, const types::Initializer* initializer,
                                     const types::Trainer& trainer, const types::JobOptions& options) const {
-  TrainJobPlan plan = build_plan(job, catalog());
+  const RuntimeCatalog& runtimes = catalog();
+  TrainJobPlan plan = build_plan(job, runtimes);
   plan.kubernetes_only = kubernetes_only_parts(initializer, trainer, options);
+  check_trainer_config(plan, runtimes, config_checker_exe_);
   return plan;
 }
 

@@ -1,8 +1,9 @@
 // TrainerClient: the one object a data scientist uses, with upstream's method names and shapes
 // (kubeflow.trainer.TrainerClient): list_runtimes, get_runtime, train, list_jobs, get_job,
 // get_job_logs, wait_for_job_status (with upstream's three errors), delete_job. train() builds
-// the TrainJob (runtime/trainjob_builder.h), validates and plans it (runtime/planner.h) and hands the
-// plan to the backend chosen by BackendConfig; everything after that is the backend's.
+// the TrainJob (runtime/trainjob_builder.h), validates and plans it (runtime/planner.h), checks the
+// trainer's config (sdk/trainer_config_check.h) and hands the plan to the backend chosen by
+// BackendConfig; everything after that is the backend's.
 // It deliberately adds no behaviour of its own beyond the waiting loop: the CLI is a thin layer
 // over this class, and so will the Python face be.
 #pragma once
@@ -87,6 +88,13 @@ class TrainerClient {
   // Stops the job's processes and forgets it (with remove_workspace, its files too).
   void delete_job(const std::string& name, bool remove_workspace = false);
 
+  // The ktune binary that checks a torchtune job's trainer config before it starts
+  // (sdk/trainer_config_check.h): from BackendConfig, the one the local backend runs (for Kubernetes,
+  // the same resolution: this machine's ktune stands for the image's); none where the local trainer
+  // is replaced (trainer_command) or no ktune is found. "" turns the check off.
+  void set_trainer_config_checker(std::string ktune_exe) { config_checker_exe_ = std::move(ktune_exe); }
+  const std::string& trainer_config_checker() const { return config_checker_exe_; }
+
   Backend& backend() { return *backend_; }
   // The runtimes as of now (on Kubernetes, read from the cluster by this call).
   const RuntimeCatalog& catalog() const;
@@ -97,6 +105,7 @@ class TrainerClient {
   std::unique_ptr<Backend> backend_;
   bool read_backend_runtimes_ = false;  // the backend's runtimes are the catalog, read at each call
   mutable RuntimeCatalog catalog_;      // the catalog as last read
+  std::string config_checker_exe_;      // "" = no trainer config check
 };
 
 // The design's table of list_runtimes(): Runtime, Trainer Type, Framework, Pretrained Model,

@@ -493,6 +493,13 @@ class Checker {
                                 "tokenizer.max_seq_len=N or " + path + ".packed=False");
         // A file format as source needs to be told where the files are.
         const ConfigNode* source = d->find("source");
+        // HF datasets' other packaged builders (the SDK's DataFormat.XML writes source=xml): no reader here.
+        static const std::vector<std::string> kUnread = {"xml", "pandas", "sql", "webdataset", "imagefolder",
+                                                         "audiofolder", "videofolder", "pdffolder", "spark"};
+        if (source && source->is_string() &&
+            std::find(kUnread.begin(), kUnread.end(), source->as_string()) != kUnread.end())
+          add(path + ".source", "ktune reads json, csv, parquet, arrow and text files; HF datasets' `" +
+                                    source->as_string() + "` builder is not supported (convert the data, e.g. to JSON lines)");
         static const std::vector<std::string> kFormats = {"json", "csv", "parquet", "arrow", "text"};
         if (source && source->is_string() &&
             std::find(kFormats.begin(), kFormats.end(), source->as_string()) != kFormats.end()) {

@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "sdk/trainer_client.h"
+#include "sdk/trainer_config_check.h"
 #include "test_home.h"
 
 namespace ktune::sdk {
@@ -160,6 +161,71 @@ TEST(TrainerClient, RuntimesInTheHomeDirectoryAddToAndReplaceTheBuiltinOnes) {
   EXPECT_EQ(client.get_runtime("torchtune-llama3.2-3b").trainer.image, image);
   EXPECT_EQ(client.get_runtime("torchtune-llama3.2-9b").trainer.image, image);
   EXPECT_EQ(client.list_runtimes().size(), TrainerClient(local_config(home.path() + "/none")).list_runtimes().size() + 1);
+}
+
+// A torchtune job's trainer config is checked by the built ktune (`ktune validate`) before the job
+// starts: what the trainer would refuse on the node fails train() here, naming the key, and no job
+// is made. A good job plans as before; without a checker (a replaced trainer) nothing runs.
+TEST(TrainerClient, ChecksTheTrainersConfigBeforeTheJobStarts) {
+  const std::string ktune = std::string(KTUNE_BINARY_DIR) + "/bin/ktune";
+  if (!std::filesystem::exists(ktune)) GTEST_SKIP() << "needs the built ktune (" << ktune << ")";
+  TempHome home;
+  BackendConfig config = local_config(home.path());
+  config.ktune_exe = ktune;
+  TrainerClient client(config);
+  EXPECT_EQ(client.trainer_config_checker(), ktune);
+  const types::Runtime runtime = client.get_runtime("torchtune-llama3.2-1b");
+  types::Initializer init;
+  init.dataset = types::HuggingFaceDatasetInitializer{"hf://tatsu-lab/alpaca/data", std::nullopt, std::nullopt};
+  types::HuggingFaceModelInitializer model;
+  model.storage_uri = "hf://meta-llama/Llama-3.2-1B-Instruct";
+  init.model = model;
+  types::TorchTuneConfig cfg;
+  cfg.peft_config = types::LoraConfig{};
+  auto error_of = [&](const types::TorchTuneConfig& c) -> std::string {
+    try {
+      client.train(runtime, &init, types::BuiltinTrainer{c});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+
+  // A good job: its plan carries the check's command, and the check passes.
+  const TrainJobPlan plan = client.plan(runtime, &init, types::BuiltinTrainer{cfg});
+  const std::optional<std::vector<std::string>> argv = trainer_config_check_command(plan, client.catalog(), ktune);
+  ASSERT_TRUE(argv.has_value());
+  ASSERT_GE(argv->size(), 6u);
+  EXPECT_EQ(std::vector<std::string>(argv->begin(), argv->begin() + 5),
+            (std::vector<std::string>{ktune, "validate", "llama3_2/1B_lora_single_device", "--recipe",
+                                      "lora_finetune_single_device"}));
+  EXPECT_NE(std::find(argv->begin(), argv->end(), "checkpointer.checkpoint_dir=/workspace/model"), argv->end());
+
+  // The multimodal builder the SDK can name but the trainer lacks.
+  types::TorchTuneConfig multimodal = cfg;
+  multimodal.dataset_preprocess_config = types::TorchTuneMultimodalDataset{};
+  std::string e = error_of(multimodal);
+  EXPECT_NE(e.find("trainer config llama3_2/1B_lora_single_device"), std::string::npos) << e;
+  EXPECT_NE(e.find("the trainer would refuse this job's config"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown dataset `torchtune.datasets.multimodal.multimodal_chat_dataset`"), std::string::npos) << e;
+  // DataFormat.XML: a source no reader takes.
+  types::TorchTuneConfig xml = cfg;
+  types::TorchTuneInstructDataset instruct;
+  instruct.source = types::DataFormat::XML;
+  xml.dataset_preprocess_config = instruct;
+  e = error_of(xml);
+  EXPECT_NE(e.find("config key dataset.source"), std::string::npos) << e;
+  EXPECT_NE(e.find("`xml` builder is not supported"), std::string::npos) << e;
+  EXPECT_TRUE(client.list_jobs().empty());
+
+  // A checker that cannot run is an error of its own, not a refused config.
+  client.set_trainer_config_checker(home.path() + "/no-such-ktune");
+  e = error_of(cfg);
+  EXPECT_NE(e.find("no-such-ktune"), std::string::npos) << e;
+  EXPECT_EQ(e.find("would refuse"), std::string::npos) << e;
+  // No checker where the local trainer is replaced.
+  config.trainer_command = {"python3", kFakeTune, "run"};
+  EXPECT_EQ(TrainerClient(config).trainer_config_checker(), "");
 }
 
 // The end-to-end proof, with the test trainer standing in for `tune run`: submit a BuiltinTrainer
