@@ -1,5 +1,7 @@
 // `ktune train --runtime NAME [...]`: TrainerClient::train() from the shell. Flags fill the SDK's
-// types (Initializer, BuiltinTrainer with a TorchTuneConfig and LoraConfig); the control plane
+// types (Initializer with its ignore patterns, BuiltinTrainer with a TorchTuneConfig, its
+// LoraConfig, resources and loss, and an instruct or chat dataset config): the Python SDK's shapes,
+// one flag a field; the control plane
 // validates and plans; the backend (local by default) starts the job and this prints its name on
 // stdout (hints on stderr). --dry-run prints the plan instead; --follow streams node-0's log;
 // --wait blocks until the job ends (exit 0 Complete, 1 Failed, 3 timeout).
@@ -11,6 +13,9 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "cli/command_table.h"
 #include "cli/flag_args.h"
@@ -25,16 +30,73 @@ namespace {
 
 int train_usage(FILE* to) {
   std::fprintf(to,
-               "usage: ktune train --runtime NAME [--model URI] [--dataset URI] [--lora-rank N]\n"
-               "         [--lora-alpha N] [--epochs N] [--batch-size N] [--dtype bf16|fp32] [--num-nodes N]\n"
-               "         [--name NAME] [--dry-run] [--wait] [--follow] [--timeout SECONDS]\n"
+               "usage: ktune train --runtime NAME [--model URI] [--dataset URI] [--name NAME] [--dry-run]\n"
+               "         [--wait] [--follow] [--timeout SECONDS] [trainer flags] [dataset flags]\n"
                "         [--label KEY=VALUE]... [--annotation KEY=VALUE]... [--active-deadline-seconds N] (Kubernetes)\n"
+               "  trainer (TorchTuneConfig): --epochs N --batch-size N --dtype bf16|fp32 --num-nodes N\n"
+               "         --resources KEY=VALUE... (resources_per_node: gpu=2, cpu=4, memory=16Gi)\n"
+               "         --loss torchtune.modules.loss.CEWithChunkedOutputLoss\n"
+               "  LoRA (LoraConfig; any of them makes the job a LoRA one): --lora-rank N --lora-alpha N\n"
+               "         --lora-dropout P --lora-attn-modules q_proj,v_proj,... --apply-lora-to-mlp[=false]\n"
+               "         --apply-lora-to-output[=false] --quantize-base (QLoRA) --use-dora (DoRA)\n"
+               "  dataset (TorchTuneInstructDataset, or TorchTuneChatDataset with a conversation flag):\n"
+               "         --dataset-format json|csv|parquet|arrow|text --split SPLIT --train-on-input[=false]\n"
+               "         --new-system-prompt TEXT --column-map KEY=COLUMN... (instruct)\n"
+               "         --conversation-column COLUMN --conversation-style sharegpt|openai (chat)\n"
+               "  model initializer: --model-ignore-patterns '*.bin,*.pt' (comma-separated)\n"
                "  URIs: hf://org/repo[/path] (or org/repo) and s3://bucket/path.\n"
                "  Tokens from the environment: HF_TOKEN; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,\n"
                "  AWS_ENDPOINT_URL. Backend: KTUNE_BACKEND (local), KTUNE_HOME (~/.ktune), or --backend kubernetes\n"
                "  [--namespace NS] [--kubeconfig PATH] [--context NAME] (--dry-run then prints the TrainJob YAML).\n");
   return to == stdout ? 0 : 2;
 }
+
+std::vector<std::string> comma_list(const std::string& flag, const std::string& value) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = value.find(',', start);
+    std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty()) throw Error("ktune train " + flag, "expects a comma-separated list without empty items, got '" + value + "'");
+    out.push_back(item);
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+std::pair<std::string, std::string> key_value(const std::string& flag, const std::string& value) {
+  const std::size_t eq = value.find('=');
+  if (eq == std::string::npos || eq == 0) throw Error("ktune train " + flag, "expects KEY=VALUE, got '" + value + "'");
+  return {value.substr(0, eq), value.substr(eq + 1)};
+}
+
+// The dataset flags, gathered before they become the SDK's instruct or chat dataset config.
+struct DatasetFlags {
+  std::optional<types::DataFormat> source;
+  std::optional<std::string> split, new_system_prompt, conversation_column, conversation_style;
+  std::optional<bool> train_on_input;
+  types::StringDict column_map;
+  bool any() const {
+    return source || split || new_system_prompt || conversation_column || conversation_style || train_on_input ||
+           !column_map.empty();
+  }
+  types::DatasetPreprocessConfig to_config() const {
+    if (conversation_column || conversation_style) {
+      if (!column_map.empty())
+        throw Error("ktune train --column-map", "is an instruct dataset's; a chat dataset (--conversation-column/"
+                                                "--conversation-style) names its column with --conversation-column");
+      types::TorchTuneChatDataset chat;
+      chat.source = source, chat.split = split, chat.conversation_column = conversation_column;
+      chat.conversation_style = conversation_style, chat.train_on_input = train_on_input;
+      chat.new_system_prompt = new_system_prompt;
+      return chat;
+    }
+    types::TorchTuneInstructDataset instruct;
+    instruct.source = source, instruct.split = split, instruct.train_on_input = train_on_input;
+    instruct.new_system_prompt = new_system_prompt, instruct.column_map = column_map;
+    return instruct;
+  }
+};
 
 std::optional<std::string> env(const char* name) {
   const char* v = std::getenv(name);
@@ -72,6 +134,12 @@ int cmd_train(const Args& args) {
   double timeout = 0;
   types::TorchTuneConfig config;
   std::optional<types::LoraConfig> lora;
+  DatasetFlags dataset;
+  std::optional<std::vector<std::string>> model_ignore_patterns;
+  auto lora_config = [&]() -> types::LoraConfig& {
+    if (!lora) lora.emplace();
+    return *lora;
+  };
   sdk::BackendConfig backend = sdk::BackendConfig::from_env();
   FlagArgs a("ktune train", args);
   constexpr long long kMany = 1000000;
@@ -80,6 +148,17 @@ int cmd_train(const Args& args) {
     if (a.is("--dry-run")) { a.expect_no_value(); dry_run = true; continue; }
     if (a.is("--wait")) { a.expect_no_value(); wait = true; continue; }
     if (a.is("--follow") || a.is("-f")) { a.expect_no_value(); follow = true; continue; }
+    if (a.is("--apply-lora-to-mlp")) { lora_config().apply_lora_to_mlp = a.switch_value(); continue; }
+    if (a.is("--apply-lora-to-output")) { lora_config().apply_lora_to_output = a.switch_value(); continue; }
+    if (a.is("--quantize-base")) { lora_config().quantize_base = a.switch_value(); continue; }
+    if (a.is("--use-dora")) { lora_config().use_dora = a.switch_value(); continue; }
+    if (a.is("--train-on-input")) { dataset.train_on_input = a.switch_value(); continue; }
+    if (a.is("--lora-dropout")) {
+      const double p = a.number_value();
+      if (!(p >= 0 && p < 1)) throw Error("ktune train --lora-dropout", "expects a probability in [0, 1), got " + std::to_string(p));
+      lora_config().lora_dropout = p;
+      continue;
+    }
     const std::string flag = a.arg();
     if (flag == "--active-deadline-seconds") {
       options.active_deadline_seconds = a.int_value(1, std::numeric_limits<std::int32_t>::max());
@@ -91,13 +170,8 @@ int cmd_train(const Args& args) {
       if (flag == "--epochs") config.epochs = n;
       else if (flag == "--batch-size") config.batch_size = n;
       else if (flag == "--num-nodes") config.num_nodes = n;
-      else if (flag == "--lora-rank") {
-        if (!lora) lora.emplace();
-        lora->lora_rank = n;
-      } else {
-        if (!lora) lora.emplace();
-        lora->lora_alpha = n;
-      }
+      else if (flag == "--lora-rank") lora_config().lora_rank = n;
+      else lora_config().lora_alpha = n;
       continue;
     }
     const std::string value = a.value();
@@ -111,6 +185,23 @@ int cmd_train(const Args& args) {
       if (eq == std::string::npos) throw Error("ktune train " + flag, "expects KEY=VALUE, got '" + value + "'");
       (flag == "--label" ? options.labels : options.annotations)[value.substr(0, eq)] = value.substr(eq + 1);
     }
+    else if (flag == "--resources") config.resources_per_node.push_back(key_value(flag, value));
+    else if (flag == "--loss") {
+      config.loss = types::loss_from_string(value);
+      if (!config.loss) throw Error("ktune train --loss", "expects torchtune.modules.loss.CEWithChunkedOutputLoss, got '" + value + "'");
+    } else if (flag == "--lora-attn-modules") lora_config().lora_attn_modules = comma_list(flag, value);
+    else if (flag == "--dataset-format") {
+      dataset.source = types::data_format_from_string(value);
+      if (!dataset.source) throw Error("ktune train --dataset-format", "expects json, csv, parquet, arrow or text, got '" + value + "'");
+    } else if (flag == "--split") dataset.split = value;
+    else if (flag == "--new-system-prompt") dataset.new_system_prompt = value;
+    else if (flag == "--column-map") dataset.column_map.push_back(key_value(flag, value));
+    else if (flag == "--conversation-column") dataset.conversation_column = value;
+    else if (flag == "--conversation-style") {
+      if (value != "sharegpt" && value != "openai")
+        throw Error("ktune train --conversation-style", "expects sharegpt or openai, got '" + value + "'");
+      dataset.conversation_style = value;
+    } else if (flag == "--model-ignore-patterns") model_ignore_patterns = comma_list(flag, value);
     else if (flag == "--dtype") {
       config.dtype = types::data_type_from_string(value);
       if (!config.dtype) throw Error("ktune train --dtype", "expects bf16 or fp32, got '" + value + "'");
@@ -127,14 +218,22 @@ int cmd_train(const Args& args) {
     return train_usage(stderr);
   }
   if (lora) config.peft_config = lora;
+  if (dataset.any()) config.dataset_preprocess_config = dataset.to_config();
 
   types::Initializer initializer;
   if (!dataset_uri.empty())
     initializer.dataset = initializer_for<types::S3DatasetInitializer, types::HuggingFaceDatasetInitializer,
                                           types::DatasetInitializer>(dataset_uri);
-  if (!model_uri.empty())
+  if (!model_uri.empty()) {
     initializer.model = initializer_for<types::S3ModelInitializer, types::HuggingFaceModelInitializer,
                                         types::ModelInitializer>(model_uri);
+    if (model_ignore_patterns)
+      std::visit([&](auto& m) {
+        if constexpr (requires { m.ignore_patterns; }) m.ignore_patterns = *model_ignore_patterns;
+      }, initializer.model);
+  } else if (model_ignore_patterns) {
+    throw Error("ktune train --model-ignore-patterns", "applies to the model initializer: give --model URI too");
+  }
 
   sdk::TrainerClient client(backend);
   const types::Runtime runtime = client.get_runtime(runtime_name);

@@ -61,6 +61,8 @@ bool FlagArgs::bool_value() {
   throw Error(where(), "expects true or false, got '" + text + "'");
 }
 
+bool FlagArgs::switch_value() { return has_inline_value_ ? bool_value() : true; }
+
 void FlagArgs::unknown(const std::string& usage) const {
   throw Error(command_, "unknown argument '" + arg_ + "'" + (usage.empty() ? "" : "\n" + usage));
 }

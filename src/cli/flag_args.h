@@ -37,6 +37,8 @@ class FlagArgs {
   long long int_value(long long min, long long max);
   double number_value();
   bool bool_value();
+  // A switch that may be told its value: bare (`--use-dora`) is true, `--use-dora=false` is false.
+  bool switch_value();
 
   // Error: the current argument is not one this command knows; usage ("usage: ktune …"), if given,
   // follows on a line of its own.

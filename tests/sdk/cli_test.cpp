@@ -113,6 +113,64 @@ TEST_F(Cli, TrainRefusesBadInputWithTheReason) {
   EXPECT_NE(bad_dtype.err.find("bf16 or fp32"), std::string::npos);
 }
 
+// The trainer, LoRA, dataset and initializer flags fill the SDK's shapes one flag a field: the
+// plan's node command carries what upstream's SDK would render for the same TorchTuneConfig.
+TEST_F(Cli, TrainFlagsFillTheSdksShapes) {
+  Result qlora = ktune(home,
+                       "train --runtime torchtune-llama3.2-1b --model hf://meta-llama/Llama-3.2-1B-Instruct "
+                       "--model-ignore-patterns '*.bin,*.pt' --dataset hf://org/qa --quantize-base --lora-rank 16 "
+                       "--lora-dropout 0.05 --lora-attn-modules q_proj,k_proj,v_proj --apply-lora-to-mlp "
+                       "--apply-lora-to-output=false --dataset-format json --split 'train[:90%]' --train-on-input "
+                       "--column-map input=question --column-map output=answer --resources memory=16Gi --dry-run");
+  ASSERT_EQ(qlora.code, 0) << qlora.err;
+  for (const char* part : {"config    llama3_2/1B_qlora_single_device", "IGNORE_PATTERNS=*.bin,*.pt",
+                           "model.apply_lora_to_mlp=True", "model.apply_lora_to_output=False", "model.lora_rank=16",
+                           "model.lora_dropout=0.05", "model.quantize_base=True",
+                           "'model.lora_attn_modules=[q_proj,k_proj,v_proj]'", "dataset=torchtune.datasets.instruct_dataset",
+                           "dataset.source=json", "'dataset.split=train[:90%]'", "dataset.train_on_input=True",
+                           "'dataset.column_map={'\\''input'\\'': '\\''question'\\'', '\\''output'\\'': '\\''answer'\\''}'"})
+    EXPECT_NE(qlora.out.find(part), std::string::npos) << part << " not in:\n" << qlora.out;
+
+  // A chat dataset, DoRA, and two GPUs a node: the distributed LoRA recipe with two processes.
+  Result chat = ktune(home,
+                      "train --runtime torchtune-llama3.2-1b --model hf://m/m --dataset hf://org/chat --use-dora "
+                      "--conversation-column messages --conversation-style openai --dataset-format json "
+                      "--new-system-prompt 'Be brief.' --train-on-input=false --resources gpu=2 --dry-run");
+  ASSERT_EQ(chat.code, 0) << chat.err;
+  for (const char* part : {"recipe    lora_finetune_distributed", "layout    1 node x 2 processes", "model.use_dora=True",
+                           "dataset=torchtune.datasets.chat_dataset", "dataset.conversation_column=messages",
+                           "dataset.conversation_style=openai", "dataset.train_on_input=False",
+                           "'dataset.new_system_prompt=Be brief.'"})
+    EXPECT_NE(chat.out.find(part), std::string::npos) << part << " not in:\n" << chat.out;
+
+  // What the trainer would refuse fails before anything starts: a chat dataset without its format.
+  Result no_format = ktune(home, "train --runtime torchtune-llama3.2-1b --model hf://m/m --dataset hf://org/chat "
+                                 "--conversation-column messages --conversation-style openai --dry-run");
+  EXPECT_EQ(no_format.code, 1);
+  EXPECT_NE(no_format.err.find("the trainer would refuse this job's config"), std::string::npos) << no_format.err;
+  EXPECT_NE(no_format.err.find("config key dataset.source: missing"), std::string::npos) << no_format.err;
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--conversation-style alpaca", "expects sharegpt or openai"},
+      {"--lora-dropout 1.5", "expects a probability in [0, 1)"},
+      {"--column-map question", "expects KEY=VALUE"},
+      {"--lora-attn-modules q_proj,,v_proj", "without empty items"},
+      {"--dataset-format xml", "`xml` builder is not supported"},
+      {"--dataset-format yaml", "expects json, csv, parquet, arrow or text"},
+      {"--use-dora=maybe", "expects true or false"},
+      {"--conversation-column messages --column-map input=q", "is an instruct dataset's"},
+  };
+  for (const auto& [flags, why] : refused) {
+    Result r = ktune(home, "train --runtime torchtune-llama3.2-1b --model hf://m/m " + flags + " --dry-run");
+    EXPECT_EQ(r.code, 1) << flags;
+    EXPECT_NE(r.err.find(why), std::string::npos) << flags << ": " << r.err;
+  }
+  Result no_model = ktune(home, "train --runtime torchtune-llama3.2-1b --model-ignore-patterns '*.bin' --dry-run");
+  EXPECT_EQ(no_model.code, 1);
+  EXPECT_NE(no_model.err.find("give --model URI too"), std::string::npos) << no_model.err;
+  EXPECT_EQ(ktune(home, "jobs list").out, "no TrainJobs\n");
+}
+
 // Submit, follow, list, get, logs, wait, delete: the whole lifecycle from the shell.
 TEST_F(Cli, EndToEndJobWithRealInitializersAndTheTestTrainer) {
   make_sources(home.path() + "/src");
