@@ -37,6 +37,7 @@
 #include "train/lr_scheduler.h"
 #include "train/memory_stats.h"
 #include "train/metric_logger.h"
+#include "train/trainer_status.h"
 #include "train/optimizer.h"
 #include "train/progress_bar.h"
 #include "train/prompt_templates.h"
@@ -307,6 +308,7 @@ class FinetuneRecipe {
   int64_t gpu_document_tokens_ = 0;           // a training row's typical document (CudaStepPlan's), 0: one a row
   std::optional<CosineWithWarmup> schedule_;
   std::unique_ptr<MetricLogger> metrics_;
+  std::unique_ptr<TrainerStatusReporter> status_;  // rank 0, where KUBEFLOW_TRAINER_STATUS_URL is set
 
   int64_t steps_per_epoch_ = 0;
   int64_t global_step_ = 0;
@@ -366,6 +368,7 @@ void FinetuneRecipe::setup() {
     logging.filename = cfg_.metric_logger.filename;
     logging.organize_logs = cfg_.metric_logger.organize_logs;
     metrics_ = std::make_unique<MetricLogger>(logging, int64_t(std::time(nullptr)));
+    status_ = TrainerStatusReporter::from_env(0);  // on Kubernetes, where the controller asks for it
     record_config();
   }
   if (cfg_.resume_from_checkpoint) resume();
@@ -527,6 +530,8 @@ void FinetuneRecipe::validate(int64_t epoch) {
                 (long long)global_step_, (long long)epoch + 1, val_loss, sums[1]);
   log_info(line);
   metrics_->log(global_step_, {{"val_loss", val_loss}});
+  if (status_)
+    status_->report(global_step_, int64_t(cfg_.epochs) * steps_per_epoch_, epoch, cfg_.epochs, {{"val_loss", val_loss}});
 }
 
 // dtype=bf16 is pure bf16, as torchtune trains: weights (trainable and frozen), gradients and AdamW
@@ -1229,6 +1234,9 @@ void FinetuneRecipe::train() {
         metrics_->log(global_step_, m);
         metrics_->progress(global_step_, int64_t(cfg_.epochs) * steps_per_epoch_, epoch, loss, lr, tokens_per_second);
       }
+      if (status_)
+        status_->report(global_step_, int64_t(cfg_.epochs) * steps_per_epoch_, epoch, cfg_.epochs,
+                        {{"loss", loss}, {"lr", lr}, {"tokens_per_second_per_gpu", tokens_per_second}});
       if (rank0_) bar.update(epoch + 1, global_step_, loss, step_in_epoch, seconds_since(epoch_start));
       if (val_loader_ && cfg_.run_val_every_n_steps && global_step_ % *cfg_.run_val_every_n_steps == 0) validate(epoch);
       if (cfg_.save_every_n_steps && global_step_ % *cfg_.save_every_n_steps == 0 && step_in_epoch < steps_per_epoch_)

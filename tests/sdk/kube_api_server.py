@@ -33,7 +33,13 @@ Succeeded with the container terminated, and the stream closes. A held log (hold
 lines, then waits (up to 30 s) for /_test/release, then sends the rest and records whether the
 release came (so a test can prove lines arrived while streaming).
 
-Usage: kube_api_server.py --token TOKEN [--tls-dir DIR [--client-cert optional|required]]
+It also plays Kubeflow Trainer's status server (KEP-2779, the TrainJobStatus feature gate): POST
+.../namespaces/NS/trainjobs/NAME/status with the pods' projected token (--status-token) as bearer and
+{"trainerStatus": {"progressPercentage", "estimatedRemainingSeconds", "metrics": [{"name", "value"}],
+"lastUpdatedTime"}} checked as the controller's API types check it (unknown fields, ranges, empty
+names or values: 422) is written into the TrainJob's status.trainerStatus.
+
+Usage: kube_api_server.py --token TOKEN [--status-token TOKEN] [--tls-dir DIR [--client-cert optional|required]]
 [--max-seconds N]; prints {"port": N, "control_port": M} when ready; exits when stdin closes or
 after max-seconds.
 """
@@ -57,6 +63,7 @@ STATE = {"trainjobs": {}, "secrets": {}, "pods": {}, "status": {}, "logs": {}, "
          "requests": [], "held_released": [], "tls_failures": []}
 RELEASE = threading.Event()
 TOKEN = ""
+STATUS_TOKEN = None  # the trainer pods' projected token for the status endpoint; None: no endpoint
 CLIENT_CN = "tester"  # the user the client certificate names
 
 TJ = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs(?:/([^/]+))?$")
@@ -66,6 +73,35 @@ PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)$")
 LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+TJ_STATUS = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs/([^/]+)/status$")
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+def trainer_status_problem(body):
+    """What the controller's validation would refuse in a status update ("" when it is valid)."""
+    if not isinstance(body, dict) or set(body) - {"trainerStatus"}:
+        return "the body must be {\"trainerStatus\": {...}}"
+    ts = body.get("trainerStatus")
+    if not isinstance(ts, dict):
+        return "trainerStatus must be an object"
+    unknown = set(ts) - {"progressPercentage", "estimatedRemainingSeconds", "metrics", "lastUpdatedTime"}
+    if unknown:
+        return "unknown field(s) in trainerStatus: " + ", ".join(sorted(unknown))
+    p = ts.get("progressPercentage")
+    if p is not None and (not isinstance(p, int) or isinstance(p, bool) or not 0 <= p <= 100):
+        return "progressPercentage must be an integer in [0, 100]"
+    r = ts.get("estimatedRemainingSeconds")
+    if r is not None and (not isinstance(r, int) or isinstance(r, bool) or r < 0 or r > 2**31 - 1):
+        return "estimatedRemainingSeconds must be a 32-bit integer >= 0"
+    for m in ts.get("metrics", []):
+        if not isinstance(m, dict) or set(m) != {"name", "value"}:
+            return "a metric is {\"name\", \"value\"}"
+        if not isinstance(m["name"], str) or not m["name"] or not isinstance(m["value"], str) or not m["value"]:
+            return "a metric's name and value are non-empty strings"
+    t = ts.get("lastUpdatedTime")
+    if t is not None and (not isinstance(t, str) or not RFC3339.match(t)):
+        return "lastUpdatedTime must be an RFC 3339 time"
+    return ""
 BASE_TIME = calendar.timegm((2026, 12, 2, 10, 2, 0))
 
 
@@ -236,6 +272,9 @@ class Handler(BaseHTTPRequestHandler):
             STATE["requests"].append({"method": self.command, "path": self.path,
                                       "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body,
                                       "tls": isinstance(self.connection, ssl.SSLSocket), "client_cn": client_cn})
+        m = TJ_STATUS.match(path)
+        if m and self.command == "POST" and STATUS_TOKEN is not None:  # the controller's status server
+            return self.trainer_status(m.group(1), m.group(2), body)
         # As the API server: a valid bearer token, or a client certificate its CA signed.
         if self.headers.get("Authorization") != "Bearer " + TOKEN and client_cn != CLIENT_CN:
             return self.fail(401, "Unauthorized", "Unauthorized")
@@ -331,6 +370,18 @@ class Handler(BaseHTTPRequestHandler):
                 del jobs[name]
                 return self.send_json(200, status_obj(200, "", "") | {"status": "Success"})
         return self.fail(405, "MethodNotAllowed", "method not allowed")
+
+    def trainer_status(self, ns, name, body):
+        if self.headers.get("Authorization") != "Bearer " + STATUS_TOKEN:
+            return self.fail(401, "Unauthorized", "the token is not a trainer pod's of this TrainJob")
+        problem = trainer_status_problem(body)
+        if problem:
+            return self.fail(422, "Invalid", problem)
+        with LOCK:
+            if name not in STATE["trainjobs"].get(ns, {}):
+                return self.fail(404, "NotFound", f'trainjobs.trainer.kubeflow.org "{name}" not found')
+            STATE["status"].setdefault(name, {})["trainerStatus"] = body["trainerStatus"]
+        return self.send_json(200, {})
 
     def secrets(self, ns, name, body):
         with LOCK:
@@ -506,14 +557,16 @@ class Server(ThreadingHTTPServer):
 
 
 def main():
-    global TOKEN
+    global TOKEN, STATUS_TOKEN
     ap = argparse.ArgumentParser()
     ap.add_argument("--token", required=True)
+    ap.add_argument("--status-token")
     ap.add_argument("--tls-dir", help="serve HTTPS with a fresh PKI written here")
     ap.add_argument("--client-cert", choices=["optional", "required"], default="optional")
     ap.add_argument("--max-seconds", type=float, default=300)
     args = ap.parse_args()
     TOKEN = args.token
+    STATUS_TOKEN = args.status_token
     context = None
     if args.tls_dir:
         make_pki(args.tls_dir)

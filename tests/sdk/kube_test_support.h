@@ -32,6 +32,8 @@ using hub::testing::write_file;
 using Json = nlohmann::json;
 
 inline const std::string kToken = "kube-token-7f3a9c2e51d04b86";
+// The trainer pods' projected token for Kubeflow Trainer's status endpoint (KEP-2779).
+inline const std::string kStatusToken = "status-token-52c1e8a09d7b4f36";
 inline const std::string kHfToken = "hf_k8sSecretToken0123456789";
 inline const std::string kServerScript = std::string(KTUNE_SOURCE_DIR) + "/tests/sdk/kube_api_server.py";
 inline const std::string kKtune = std::string(KTUNE_BINARY_DIR) + "/bin/ktune";
@@ -91,7 +93,7 @@ inline Json pod(const std::string& job, const std::string& role, int index, cons
 
 // The fake API server over HTTPS (its PKI in `pki_dir`), or plain HTTP when pki_dir is "".
 inline std::unique_ptr<ServerProcess> start_server(const std::string& pki_dir, const std::string& client_cert = "optional") {
-  std::vector<std::string> args{"--token", kToken, "--max-seconds", "120"};
+  std::vector<std::string> args{"--token", kToken, "--status-token", kStatusToken, "--max-seconds", "120"};
   if (!pki_dir.empty()) args.insert(args.end(), {"--tls-dir", pki_dir, "--client-cert", client_cert});
   return std::make_unique<ServerProcess>(kServerScript, args);
 }

@@ -317,6 +317,88 @@ TEST_F(KubernetesBackendTest, StatusFollowsUpstreamsMappingOfConditionsAndPods) 
   EXPECT_FALSE(requests()["secrets"].contains("job-a-ktune-secrets"));
 }
 
+// The trainer reports its progress as Kubeflow Trainer's status server takes it (KEP-2779): the real
+// `ktune run` of the quickstart's tiny model, given the env the controller injects (the status URL
+// of this job, the controller's CA, a projected token file), POSTs trainerStatus over TLS with the
+// token as bearer; the status server (the fake, validating as the controller's API types do) puts
+// it into the TrainJob's status, where the backend's get_job reads 100% at the end. A token the
+// endpoint refuses costs one warning and no training: the run still completes, and the token is in
+// no output.
+TEST_F(KubernetesBackendTest, TheTrainerReportsItsProgressIntoTheTrainJobsStatus) {
+  if (!fs::exists(kKtune)) GTEST_SKIP() << "the ktune binary is not built at " << kKtune;
+  ASSERT_EQ(submit("job-s"), "job-s");
+  const std::string source = KTUNE_SOURCE_DIR;
+  const std::string model = dir_ / "model";
+  CommandResult init = run_command({kKtune, "init-model", "--config", source + "/examples/quickstart/config.json",
+                                    "--output-dir", model, "--seed", "0", "--copy",
+                                    source + "/examples/quickstart/tokenizer.json", "--copy",
+                                    source + "/examples/quickstart/tokenizer_config.json"},
+                                   {});
+  ASSERT_EQ(init.exit_code, 0) << init.err;
+  write_file(dir_ / "status-token", kStatusToken + "\n");
+  write_file(dir_ / "wrong-token", "not-a-pod-token\n");
+  auto train = [&](const std::string& token_file, const std::string& out) {
+    return run_command(
+        {kKtune, "run", "full_finetune_single_device", "--config", "tiny/full_single_device",
+         "checkpointer.checkpoint_dir=" + model, "tokenizer.path=" + model + "/tokenizer.json",
+         "dataset.source=parquet", "dataset.data_files=" + source + "/data/quickstart/data/train-00000-of-00001.parquet",
+         "output_dir=" + (dir_ / out), "epochs=1", "max_steps_per_epoch=4", "batch_size=4"},
+        {{"KUBEFLOW_TRAINER_STATUS_URL",
+          server_url() + "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/job-s/status"},
+         {"KUBEFLOW_TRAINER_STATUS_CA_CERT", pki_ + "/ca.crt"},
+         {"KUBEFLOW_TRAINER_STATUS_TOKEN", dir_ / token_file},
+         {"KTUNE_TRAINER_STATUS_INTERVAL_SECONDS", "0"},
+         {"KTUNE_NUM_THREADS", "1"}});
+  };
+  auto status_posts = [&]() {
+    std::vector<Json> posts;
+    const Json recorded = requests();  // named: a range-for over a temporary's member would dangle
+    for (const Json& r : recorded["requests"])
+      if (r["method"] == "POST" && r["path"].get<std::string>().ends_with("/trainjobs/job-s/status")) posts.push_back(r);
+    return posts;
+  };
+
+  const CommandResult run = train("status-token", "out");
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_EQ((run.out + run.err).find("trainer status:"), std::string::npos) << run.err;  // no warning
+  const std::vector<Json> posts = status_posts();
+  ASSERT_GE(posts.size(), 2u);  // the first step's at once, the last one's at once
+  ASSERT_LE(posts.size(), 4u);  // at most one a step
+  int64_t last_percent = -1;
+  for (const Json& p : posts) {
+    EXPECT_TRUE(p["tls"].get<bool>());
+    EXPECT_EQ(p["headers"]["authorization"], "Bearer " + kStatusToken);
+    EXPECT_EQ(p["headers"]["content-type"], "application/json");
+    const int64_t percent = p["body"]["trainerStatus"]["progressPercentage"];
+    EXPECT_GE(percent, last_percent);
+    last_percent = percent;
+  }
+  EXPECT_EQ(last_percent, 100);
+  const TrainJobRecord r = backend().get_job("job-s");
+  ASSERT_TRUE(r.progress.present);
+  EXPECT_EQ(r.progress.progress_percentage, 100);
+  EXPECT_EQ(r.progress.estimated_remaining_seconds, 0);
+  EXPECT_GT(r.progress.metrics.at("loss"), 0);
+  EXPECT_GT(r.progress.metrics.at("lr"), 0);
+  EXPECT_EQ(r.progress.metrics.at("currentStep"), 4);
+  EXPECT_EQ(r.progress.metrics.at("totalSteps"), 4);
+  EXPECT_EQ(r.progress.metrics.at("currentEpoch"), 1);
+  EXPECT_EQ(r.progress.metrics.at("totalEpochs"), 1);
+
+  // A token the endpoint refuses: one POST, one warning naming the answer, the run completes.
+  const CommandResult refused = train("wrong-token", "out-refused");
+  ASSERT_EQ(refused.exit_code, 0) << refused.out << refused.err;
+  const std::string said = refused.out + refused.err;
+  EXPECT_NE(said.find("trainer status: " + server_url() + "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/"
+                      "trainjobs/job-s/status did not take the run's status (HTTP 401"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(status_posts().size(), posts.size() + 1);
+  EXPECT_TRUE(fs::exists(dir_ / "out-refused/epoch_0"));
+  for (const std::string& text : {run.out, run.err, refused.out, refused.err})
+    EXPECT_EQ(text.find(kStatusToken), std::string::npos);
+}
+
 // An MPI runtime's job, as upstream's SDK shows it: the launcher is node-0 and worker i node-(i+1),
 // and the launcher counts among numNodes for the job's status; the runtime's device count is
 // mpi.numProcPerNode a node.
