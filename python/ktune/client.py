@@ -187,7 +187,11 @@ def _print_packages():
 def _backend_config(config) -> BackendConfig:
     """ktune's BackendConfig, or upstream's backend configs by class name: KubernetesBackendConfig
     (namespace, config_file, context) and LocalProcessBackendConfig (the local backend; its
-    cleanup_venv has no meaning here); ContainerBackendConfig is refused (ktune runs no containers)."""
+    cleanup_venv has no meaning here). ContainerBackendConfig runs on the local backend too, with a
+    warning: ktune's trainer and initializers are native programs, so the steps upstream would start
+    in Docker or Podman containers run as processes on this machine (its images, pull policy,
+    container host and runtime sources are not used); code written for it runs unchanged, the
+    builtin trainer included (which upstream's container backend refuses)."""
     if config is None:
         return BackendConfig()
     if isinstance(config, BackendConfig):
@@ -201,8 +205,14 @@ def _backend_config(config) -> BackendConfig:
                              config_file=getattr(config, "config_file", None), context=getattr(config, "context", None))
     if kind == "LocalProcessBackendConfig":
         return BackendConfig(kind=BackendKind.LOCAL)
+    if kind == "ContainerBackendConfig":
+        import warnings
+        warnings.warn("ContainerBackendConfig: ktune runs the job's steps as processes on this machine (its trainer "
+                      "and initializers are native programs); no container runtime, image or pull policy is used",
+                      stacklevel=3)
+        return BackendConfig(kind=BackendKind.LOCAL)
     raise ValueError(f"backend_config: {kind} is not a backend ktune has (it takes BackendConfig, "
-                     "KubernetesBackendConfig or LocalProcessBackendConfig)")
+                     "KubernetesBackendConfig, LocalProcessBackendConfig or ContainerBackendConfig)")
 
 
 def _runtime_name(runtime) -> str:

@@ -217,8 +217,15 @@ class LocalBackend(unittest.TestCase):
         self.assertEqual((c.kind, c.namespace, c.config_file, c.context),
                          (ktune.BackendKind.KUBERNETES, "team-a", "/kc", "ctx"))
         self.assertEqual(_backend_config(LocalProcessBackendConfig()).kind, ktune.BackendKind.LOCAL)
-        with self.assertRaisesRegex(ValueError, "ContainerBackendConfig is not a backend ktune has"):
-            _backend_config(ContainerBackendConfig())
+        # Upstream's container backend: the same steps as local processes, said in a warning.
+        with self.assertWarnsRegex(UserWarning, "ContainerBackendConfig: ktune runs the job's steps as processes"):
+            self.assertEqual(_backend_config(ContainerBackendConfig(container_runtime="podman")).kind,
+                             ktune.BackendKind.LOCAL)
+
+        class SomethingElse:
+            pass
+        with self.assertRaisesRegex(ValueError, "SomethingElse is not a backend ktune has"):
+            _backend_config(SomethingElse())
 
     def test_a_container_trainer_and_its_command_options_need_a_cluster(self):
         from ktune.options import TrainerArgs, TrainerCommand
