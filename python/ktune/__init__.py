@@ -20,6 +20,7 @@ See ``help(ktune.TrainerClient)`` and ``help(ktune.types)``.
 
 from . import constants, options, types
 from .client import TrainerClient, TrainJobPlan, function_script
+from .utils import get_tpu_num_nodes, update_trainjob_status
 from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, CustomTrainerContainer, DataCacheInitializer, DataFormat, DataType, Event,
                     HuggingFaceDatasetInitializer, HuggingFaceModelInitializer, Initializer, KubernetesBackendConfig, LoraConfig, Loss,
                     Runtime, RuntimeKind, RuntimeTrainer, S3DatasetInitializer, S3ModelInitializer, Step,
@@ -37,5 +38,5 @@ __all__ = [
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",
     "TrainJob", "TrainJobPlan", "TrainJobProgress", "TrainerClient", "TrainerType", "constants", "function_script",
-    "options", "types",
+    "get_tpu_num_nodes", "options", "types", "update_trainjob_status",
 ]

@@ -35,7 +35,7 @@ std::string rfc3339_utc(int64_t unix_seconds) {
 
 std::string read_token(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path, "cannot read the status token (KUBEFLOW_TRAINER_STATUS_TOKEN)");
+  if (!in) throw Error(path, "cannot read the status token (KUBEFLOW_TRAINER_SERVER_TOKEN)");
   std::ostringstream text;
   text << in.rdbuf();
   std::string token = text.str();
@@ -68,8 +68,14 @@ std::string trainer_status_body(const TrainerProgress& p, std::optional<double> 
   return nlohmann::ordered_json{{"trainerStatus", std::move(status)}}.dump();
 }
 
+// KUBEFLOW_TRAINER_SERVER_<what> (upstream's SDK and controller), else the KEP's KUBEFLOW_TRAINER_STATUS_<what>.
+static std::string trainer_env(const std::string& what) {
+  const std::string server = env_or_empty(("KUBEFLOW_TRAINER_SERVER_" + what).c_str());
+  return server.empty() ? env_or_empty(("KUBEFLOW_TRAINER_STATUS_" + what).c_str()) : server;
+}
+
 std::unique_ptr<TrainerStatusReporter> TrainerStatusReporter::from_env(int rank) {
-  const std::string url = env_or_empty("KUBEFLOW_TRAINER_STATUS_URL");
+  const std::string url = trainer_env("URL");
   if (url.empty() || rank != 0) return nullptr;
   double interval = 15;
   if (const std::string text = env_or_empty("KTUNE_TRAINER_STATUS_INTERVAL_SECONDS"); !text.empty()) {
@@ -79,7 +85,7 @@ std::unique_ptr<TrainerStatusReporter> TrainerStatusReporter::from_env(int rank)
       throw Error("KTUNE_TRAINER_STATUS_INTERVAL_SECONDS", "expects a number of seconds >= 0, got '" + text + "'");
   }
   return std::make_unique<TrainerStatusReporter>(
-      TrainerStatusEndpoint{url, env_or_empty("KUBEFLOW_TRAINER_STATUS_CA_CERT"), env_or_empty("KUBEFLOW_TRAINER_STATUS_TOKEN")},
+      TrainerStatusEndpoint{url, trainer_env("CA_CERT"), trainer_env("TOKEN")},
       interval);
 }
 

@@ -1,14 +1,16 @@
 // The run's progress in its TrainJob's status on Kubernetes, as Kubeflow Trainer (>= 2.2, the
 // TrainJobStatus feature gate; KEP-2779) takes it: where the controller injected
-//   KUBEFLOW_TRAINER_STATUS_URL      https://<controller>/apis/trainer.kubeflow.org/v1alpha1/
+//   KUBEFLOW_TRAINER_SERVER_URL      https://<controller>/apis/trainer.kubeflow.org/v1alpha1/
 //                                    namespaces/<ns>/trainjobs/<name>/status
-//   KUBEFLOW_TRAINER_STATUS_CA_CERT  the controller's CA (a file)
-//   KUBEFLOW_TRAINER_STATUS_TOKEN    a projected service-account token (a file, read at each send:
+//   KUBEFLOW_TRAINER_SERVER_CA_CERT  the controller's CA (a file)
+//   KUBEFLOW_TRAINER_SERVER_TOKEN    a projected service-account token (a file, read at each send:
 //                                    the kubelet rotates it)
-// rank 0 POSTs {"trainerStatus": {"progressPercentage", "estimatedRemainingSeconds", "metrics":
-// [{"name", "value"}], "lastUpdatedTime"}} with the token as its bearer, and the controller writes it
-// into status.trainerStatus, where `kubectl get trainjob`, the SDK's get_job and ktune's Kubernetes
-// backend read it. (Locally, the supervisor reads KTUNE_PROGRESS_FILE instead: metric_logger.h.)
+// (the names upstream's SDK, update_trainjob_status, reads; the KEP's KUBEFLOW_TRAINER_STATUS_*
+// spelling is taken too), rank 0 POSTs {"trainerStatus": {"progressPercentage",
+// "estimatedRemainingSeconds", "metrics": [{"name", "value"}], "lastUpdatedTime"}} with the token as
+// its bearer, and the controller writes it into status.trainerStatus, where `kubectl get trainjob`,
+// the SDK's get_job and ktune's Kubernetes backend read it. (Locally, the supervisor reads
+// KTUNE_PROGRESS_FILE instead: metric_logger.h.)
 //
 // Training never waits on it: report() hands the latest status to a worker thread, which sends at
 // most one every min_interval seconds (the first and the last at once) and gives up on a status
@@ -49,7 +51,7 @@ struct TrainerStatusEndpoint {
 
 class TrainerStatusReporter {
  public:
-  // From the KUBEFLOW_TRAINER_STATUS_* variables, for rank 0 only; null where they are not set.
+  // From the KUBEFLOW_TRAINER_SERVER_* (else _STATUS_*) variables, for rank 0 only; null where no URL is set.
   // KTUNE_TRAINER_STATUS_INTERVAL_SECONDS overrides the interval (default 15 s).
   static std::unique_ptr<TrainerStatusReporter> from_env(int rank);
 

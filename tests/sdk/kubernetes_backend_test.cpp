@@ -343,10 +343,10 @@ TEST_F(KubernetesBackendTest, TheTrainerReportsItsProgressIntoTheTrainJobsStatus
          "checkpointer.checkpoint_dir=" + model, "tokenizer.path=" + model + "/tokenizer.json",
          "dataset.source=parquet", "dataset.data_files=" + source + "/data/quickstart/data/train-00000-of-00001.parquet",
          "output_dir=" + (dir_ / out), "epochs=1", "max_steps_per_epoch=4", "batch_size=4"},
-        {{"KUBEFLOW_TRAINER_STATUS_URL",
+        {{"KUBEFLOW_TRAINER_SERVER_URL",
           server_url() + "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/job-s/status"},
-         {"KUBEFLOW_TRAINER_STATUS_CA_CERT", pki_ + "/ca.crt"},
-         {"KUBEFLOW_TRAINER_STATUS_TOKEN", dir_ / token_file},
+         {"KUBEFLOW_TRAINER_SERVER_CA_CERT", pki_ + "/ca.crt"},
+         {"KUBEFLOW_TRAINER_SERVER_TOKEN", dir_ / token_file},
          {"KTUNE_TRAINER_STATUS_INTERVAL_SECONDS", "0"},
          {"KTUNE_NUM_THREADS", "1"}});
   };

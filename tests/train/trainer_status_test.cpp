@@ -46,9 +46,13 @@ TEST(TrainerStatus, BodyHasTheControllersShape) {
 }
 
 TEST(TrainerStatus, OnlyRankZeroReportsAndOnlyWhereTheControllerAsks) {
+  unsetenv("KUBEFLOW_TRAINER_SERVER_URL");
   unsetenv("KUBEFLOW_TRAINER_STATUS_URL");
   EXPECT_EQ(TrainerStatusReporter::from_env(0), nullptr);
-  setenv("KUBEFLOW_TRAINER_STATUS_URL", "https://127.0.0.1:1/status", 1);
+  setenv("KUBEFLOW_TRAINER_STATUS_URL", "https://127.0.0.1:1/status", 1);  // the KEP's spelling
+  EXPECT_NE(TrainerStatusReporter::from_env(0), nullptr);
+  unsetenv("KUBEFLOW_TRAINER_STATUS_URL");
+  setenv("KUBEFLOW_TRAINER_SERVER_URL", "https://127.0.0.1:1/status", 1);  // upstream's SDK's
   EXPECT_EQ(TrainerStatusReporter::from_env(1), nullptr);
   setenv("KTUNE_TRAINER_STATUS_INTERVAL_SECONDS", "soon", 1);
   try {
@@ -65,7 +69,7 @@ TEST(TrainerStatus, OnlyRankZeroReportsAndOnlyWhereTheControllerAsks) {
   r->report(2, 2, 0, 1, {{"loss", 1.0}});
   r->finish(5);
   EXPECT_EQ(r->sent(), 0);
-  unsetenv("KUBEFLOW_TRAINER_STATUS_URL");
+  unsetenv("KUBEFLOW_TRAINER_SERVER_URL");
   unsetenv("KTUNE_TRAINER_STATUS_INTERVAL_SECONDS");
 }
 
