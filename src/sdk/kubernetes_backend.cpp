@@ -301,6 +301,7 @@ TrainJobRecord KubernetesBackend::record_of(const Json& trainjob) {
   r.created_at = parse_rfc3339(str(meta, "creationTimestamp"));
   const Json& ref = at(spec, "runtimeRef");
   r.runtime = str(ref, "name");
+  r.exports = exports_of(trainjob);
   const std::string ref_kind = str(ref, "kind").empty() ? v1alpha1::kClusterTrainingRuntimeKind : str(ref, "kind");
   const v1alpha1::TrainingRuntime* runtime = r.runtime.empty() ? nullptr : runtime_of(ref_kind, r.runtime);
   if (runtime) r.trainer_type = runtime->framework() == "torchtune" ? "BuiltinTrainer" : "CustomTrainer";

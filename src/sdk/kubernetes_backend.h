@@ -21,6 +21,13 @@
 //               no line is repeated or lost; once the container has ended, the rest (if any) is
 //               read once without follow.
 //   delete      DELETE the TrainJob (and the Secret, in case the owner reference was not set).
+//   export      `ktune export --job NAME` (kubernetes_export.cpp): a batch/v1 Job <job>-export runs
+//               the exporter (`ktune export --from <workspace>/output --to URI`) in the runtime's
+//               initializer image with the TrainJob's claim (<template>-<job>, JobSet's name for
+//               the runtime's volumeClaimPolicies) mounted read-only, its credentials from a
+//               Secret <job>-export-secrets; both owned by the TrainJob. Each export is recorded
+//               in the TrainJob's annotation ktune.dev/exports (the local registry's counterpart),
+//               which get_job reads back.
 // Errors from the API server surface with their status and the Status object's message. The
 // bearer token goes only into the Authorization header and is registered as a secret.
 // It deliberately does not create runtimes, volumes or pods: the controller does (the runtimes are
@@ -51,6 +58,18 @@ class KubernetesApiError : public Error {
   long status_;
 };
 
+// What an export on the cluster runs (KubernetesBackend::start_export).
+struct KubernetesExport {
+  std::string destination;                        // file://, s3:// or hf:// URI (shown: it holds no secret)
+  std::string parts = "available";                // hub::export_parts_name
+  std::vector<std::string> args;                  // the exporter's flags after --to (--parts, --epoch, --repo-type, ...)
+  std::map<std::string, std::string> env;         // plain settings (AWS_REGION, AWS_ENDPOINT_URL, HF_ENDPOINT)
+  std::map<std::string, std::string> secret_env;  // credentials, into the Secret (HF_TOKEN, AWS_*_KEY*, ...)
+  std::string image;                              // "" = the image of the runtime's dataset initializer
+};
+
+inline constexpr const char* kExportsAnnotation = "ktune.dev/exports";
+
 class KubernetesBackend : public Backend {
  public:
   explicit KubernetesBackend(const BackendConfig& config);  // reads the kubeconfig / service account
@@ -75,6 +94,16 @@ class KubernetesBackend : public Backend {
   // what `ktune train --backend kubernetes --dry-run` prints.
   v1alpha1::Json trainjob_object(const TrainJobPlan& plan) const;
 
+  // Exports (kubernetes_export.cpp). start_export: the Secret and the Job for a Complete TrainJob,
+  // and its Running record in the annotation; refused while an earlier export of the job runs (a
+  // finished one's Job is replaced). export_job_object: the Job it creates. wait_for_export: the
+  // export pod's log into `sink` as it runs, then the Job's outcome (the exporter's JSON summary
+  // from its log, or its last line as the error), recorded in the annotation and returned; a Job
+  // still running after timeout_seconds is left running and its record returned as Running.
+  ExportRecord start_export(const std::string& job, const KubernetesExport& request);
+  v1alpha1::Json export_job_object(const std::string& job, const KubernetesExport& request, const v1alpha1::Json& trainjob);
+  ExportRecord wait_for_export(const std::string& job, const LogLineSink& sink, double timeout_seconds);
+
   const std::string& kubernetes_namespace() const { return namespace_; }
   const KubeConnection& connection() const { return connection_; }
   // Seconds between looks at a pending pod while following its log (tests shorten it).
@@ -93,6 +122,10 @@ class KubernetesBackend : public Backend {
   std::string container_state(const std::string& pod, const std::string& container);
   std::string step_pod(const std::string& name, const std::string& step, bool follow, const std::string& previous);
   bool read_pod_log(const std::string& pod, const std::string& container, bool follow, const LogLineSink& sink);
+  // The TrainJob's export records (its annotation), and writing them back (a merge patch).
+  std::vector<ExportRecord> exports_of(const v1alpha1::Json& trainjob) const;
+  void record_exports(const std::string& job, const std::vector<ExportRecord>& exports);
+  std::string namespace_path() const;  // /api/v1/namespaces/<ns>
 
   KubeConnection connection_;
   std::string namespace_;

@@ -15,11 +15,13 @@ No key is ever committed: each run makes its own.
 
 The test drives it through a second, plain-HTTP control port (no credentials needed):
   PUT  /_test/state     {"pods": {job: [pod, ...]}, "status": {job: status}, "logs": {"pod/container": LOG},
+                         "jobstatus": {batch Job name: its status} (batch/v1 Jobs are POSTed, read and deleted;
+                         "batchjobs" holds them; a TrainJob takes merge patches),
                          "events": {namespace: [core/v1 Event, ...]} (GET .../namespaces/NS/events lists them),
                          "errors": [{"method", "path", "status", "reason", "message"}],
                          "runtimes": {name: ClusterTrainingRuntime}} (merged; a null value removes an entry)
   POST /_test/release   lets a held log stream send its remaining lines
-  GET  /_test/requests  the recorded requests, in order (and tls_failures, held_released, secrets)
+  GET  /_test/requests  the recorded requests, in order (and tls_failures, held_released, secrets, batchjobs, trainjobs)
 LOG = {"lines": [...], "times": [RFC 3339 with nanoseconds, one per line] (default: one line every
 0.4 s from 2026-12-02T10:02:00Z), "hold_after": k, "drops": [{"at": i, "how": "reset"|"clean",
 "partial": bool, "container_ends": bool, "replaced_by": POD}], "ends": true}. A followed stream sends the lines from sinceTime on (whole seconds,
@@ -60,7 +62,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 LOCK = threading.Lock()
 STATE = {"trainjobs": {}, "secrets": {}, "pods": {}, "status": {}, "logs": {}, "errors": [], "runtimes": {}, "events": {},
-         "requests": [], "held_released": [], "tls_failures": []}
+         "batchjobs": {}, "jobstatus": {}, "requests": [], "held_released": [], "tls_failures": []}
 RELEASE = threading.Event()
 TOKEN = ""
 STATUS_TOKEN = None  # the trainer pods' projected token for the status endpoint; None: no endpoint
@@ -73,8 +75,20 @@ PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)$")
 LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+BATCH_JOBS = re.compile(r"^/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?$")
 TJ_STATUS = re.compile(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs/([^/]+)/status$")
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+
+
+def merge_patch(target, patch):
+    """RFC 7386 JSON merge patch, in place."""
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict) and isinstance(target.get(k), dict):
+            merge_patch(target[k], v)
+        else:
+            target[k] = json.loads(json.dumps(v))
 
 
 def trainer_status_problem(body):
@@ -304,6 +318,9 @@ class Handler(BaseHTTPRequestHandler):
         m = SECRET.match(path)
         if m:
             return self.secrets(m.group(1), m.group(2), body)
+        m = BATCH_JOBS.match(path)
+        if m:
+            return self.batch_jobs(m.group(1), m.group(2), body)
         m = PODS.match(path)
         if m and self.command == "GET":
             selector = query.get("labelSelector", [""])[0]
@@ -366,6 +383,33 @@ class Handler(BaseHTTPRequestHandler):
                 if name in STATE["status"]:
                     o["status"] = STATE["status"][name]
                 return self.send_json(200, o)
+            if self.command == "DELETE":
+                del jobs[name]
+                return self.send_json(200, status_obj(200, "", "") | {"status": "Success"})
+            if self.command == "PATCH":
+                if self.headers.get("Content-Type") != "application/merge-patch+json":
+                    return self.fail(415, "UnsupportedMediaType", "this fake takes JSON merge patches only")
+                merge_patch(jobs[name], body)
+                return self.send_json(200, jobs[name])
+        return self.fail(405, "MethodNotAllowed", "method not allowed")
+
+    def batch_jobs(self, ns, name, body):
+        """batch/v1 Jobs (the export Job): created, read with the status the test set ("jobstatus"),
+        deleted. Their pods are whatever the test puts in "pods"."""
+        with LOCK:
+            jobs = STATE["batchjobs"]
+            if self.command == "POST" and name is None:
+                n = body["metadata"]["name"]
+                if n in jobs:
+                    return self.fail(409, "AlreadyExists", f'jobs.batch "{n}" already exists')
+                obj = json.loads(json.dumps(body))
+                obj["metadata"].update({"namespace": ns, "uid": str(uuid.uuid4()), "creationTimestamp": now()})
+                jobs[n] = obj
+                return self.send_json(201, obj)
+            if name not in jobs:
+                return self.fail(404, "NotFound", f'jobs.batch "{name}" not found')
+            if self.command == "GET":
+                return self.send_json(200, dict(jobs[name], status=STATE["jobstatus"].get(name, {})))
             if self.command == "DELETE":
                 del jobs[name]
                 return self.send_json(200, status_obj(200, "", "") | {"status": "Success"})
@@ -507,7 +551,8 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/_test/requests":
             with LOCK:
                 return self.send_json(200, {"requests": STATE["requests"], "held_released": STATE["held_released"],
-                                            "secrets": STATE["secrets"], "tls_failures": STATE["tls_failures"]})
+                                            "secrets": STATE["secrets"], "tls_failures": STATE["tls_failures"],
+                                            "batchjobs": STATE["batchjobs"], "trainjobs": STATE["trainjobs"]})
         return self.fail(404, "NotFound", path)
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = handle_any

@@ -15,6 +15,7 @@
 #include "kube_test_support.h"
 
 #include <regex>
+#include <thread>
 
 namespace ktune::sdk {
 namespace {
@@ -397,6 +398,145 @@ TEST_F(KubernetesBackendTest, TheTrainerReportsItsProgressIntoTheTrainJobsStatus
   EXPECT_TRUE(fs::exists(dir_ / "out-refused/epoch_0"));
   for (const std::string& text : {run.out, run.err, refused.out, refused.err})
     EXPECT_EQ(text.find(kStatusToken), std::string::npos);
+}
+
+// `ktune export --job` on the cluster: the exporter runs as a batch/v1 Job beside the TrainJob's
+// volume (the runtime's claim template, JobSet's claim name, mounted read-only where the trainer had
+// it), in the runtime's initializer image, its S3 keys from a Secret owned by the TrainJob; the CLI
+// follows the export pod's log and prints the exporter's summary, and the export is recorded in the
+// TrainJob's annotation, which get_job and `ktune jobs get` read back. A second export replaces the
+// finished Job; a failed one is recorded with the exporter's last line. Refused: a job that is not
+// Complete, a file:// destination (it would be written inside the pod).
+TEST_F(KubernetesBackendTest, ExportRunsAsAJobBesideTheTrainJobsVolumeAndIsRecorded) {
+  if (!fs::exists(kKtune)) GTEST_SKIP() << "the ktune binary is not built at " << kKtune;
+  ASSERT_EQ(submit("job-e"), "job-e");
+  ASSERT_EQ(submit("job-r"), "job-r");
+  set_state({{"status", {{"job-e", {{"conditions", Json::array({{{"type", "Complete"}, {"status", "True"}}})}}}}}});
+  const std::map<std::string, std::string> aws = {{"AWS_ACCESS_KEY_ID", "AKIAEXPORTKEY0000001"},
+                                                   {"AWS_SECRET_ACCESS_KEY", "exportSecretKeyValue0123456789"},
+                                                   {"AWS_REGION", "eu-west-1"},
+                                                   {"AWS_ENDPOINT_URL", "https://s3.example.com"}};
+  auto wait_for = [&](const std::function<bool(const Json&)>& done) {
+    for (int i = 0; i < 3000; ++i) {
+      if (done(requests())) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  // The export Job's pod as the Job controller labels it (the old one stays: pods go away late).
+  Json export_pods = Json::array();
+  auto export_pod = [&](const std::string& pod_name, const std::string& phase, const Json& lines) {
+    const std::string uid = requests()["batchjobs"]["job-e-export"]["metadata"]["uid"];
+    export_pods.push_back({{"metadata", {{"name", pod_name},
+                                         {"namespace", "team-a"},
+                                         {"creationTimestamp", "2026-12-02T11:00:00Z"},
+                                         {"labels", {{"batch.kubernetes.io/job-name", "job-e-export"},
+                                                     {"batch.kubernetes.io/controller-uid", uid}}}}},
+                           {"status", {{"phase", phase}}}});
+    set_state({{"pods", {{"job-e-export", export_pods}}}, {"logs", {{pod_name + "/exporter", {{"lines", lines}}}}}});
+  };
+
+  // Joins the CLI threads however the test ends (a failed ASSERT returns early).
+  struct Joiner {
+    std::vector<std::thread*> threads;
+    ~Joiner() {
+      for (std::thread* t : threads)
+        if (t->joinable()) t->join();
+    }
+  } joiner;
+  CommandResult first;
+  std::thread cli([&] {
+    first = ktune({"export", "--job", "job-e", "--to", "s3://bucket/models/run1", "--parts", "adapter", "--backend",
+                   "kubernetes", "--timeout", "120"},
+                  aws);
+  });
+  joiner.threads.push_back(&cli);
+  ASSERT_TRUE(wait_for([](const Json& r) { return r["batchjobs"].contains("job-e-export"); }));
+  const Json state = requests();
+  const Json& job = state["batchjobs"]["job-e-export"];
+  EXPECT_EQ(job["metadata"]["ownerReferences"][0]["kind"], "TrainJob");
+  EXPECT_EQ(job["metadata"]["ownerReferences"][0]["name"], "job-e");
+  EXPECT_EQ(job["metadata"]["ownerReferences"][0]["uid"], state["trainjobs"]["team-a"]["job-e"]["metadata"]["uid"]);
+  EXPECT_EQ(job["spec"]["backoffLimit"], 0);
+  const Json& pod_spec = job["spec"]["template"]["spec"];
+  EXPECT_EQ(pod_spec["restartPolicy"], "Never");
+  const Json& c = pod_spec["containers"][0];
+  EXPECT_EQ(c["image"], "ghcr.io/ktune/ktune-initializer:0.1.0");  // the runtime's dataset initializer's
+  EXPECT_EQ(c["command"], Json::array({"ktune", "export", "--from", "/workspace/output", "--to", "s3://bucket/models/run1",
+                                       "--parts", "adapter"}));
+  EXPECT_EQ(c["volumeMounts"][0], Json({{"name", "workspace"}, {"mountPath", "/workspace"}, {"readOnly", true}}));
+  EXPECT_EQ(pod_spec["volumes"][0]["persistentVolumeClaim"], Json({{"claimName", "workspace-job-e"}, {"readOnly", true}}));
+  std::map<std::string, Json> env;
+  for (const Json& e : c["env"]) env[e["name"]] = e;
+  EXPECT_EQ(env["AWS_REGION"]["value"], "eu-west-1");
+  EXPECT_EQ(env["AWS_ENDPOINT_URL"]["value"], "https://s3.example.com");
+  EXPECT_EQ(env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"],
+            Json({{"name", "job-e-export-secrets"}, {"key", "AWS_SECRET_ACCESS_KEY"}}));
+  EXPECT_EQ(state["secrets"]["job-e-export-secrets"]["stringData"]["AWS_SECRET_ACCESS_KEY"], aws.at("AWS_SECRET_ACCESS_KEY"));
+  EXPECT_EQ(state["secrets"]["job-e-export-secrets"]["metadata"]["ownerReferences"][0]["name"], "job-e");
+  EXPECT_EQ(job.dump().find(aws.at("AWS_SECRET_ACCESS_KEY")), std::string::npos);
+  const Json running = Json::parse(state["trainjobs"]["team-a"]["job-e"]["metadata"]["annotations"]["ktune.dev/exports"].get<std::string>());
+  EXPECT_EQ(running[0]["status"], "Running");
+  EXPECT_EQ(running[0]["destination"], "s3://bucket/models/run1");
+
+  // The export pod runs and succeeds; the CLI prints the exporter's summary.
+  const std::string summary = R"({"destination":"s3://bucket/models/run1","file_count":2,"bytes":300})";
+  export_pod("job-e-export-abcde", "Succeeded", Json::array({"INFO: export: [1/2] adapter_model.safetensors 280 bytes", summary}));
+  set_state({{"jobstatus", {{"job-e-export", {{"succeeded", 1}}}}}});
+  cli.join();
+  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+  EXPECT_EQ(Json::parse(first.out), Json::parse(summary));
+  EXPECT_NE(first.err.find("adapter_model.safetensors 280 bytes"), std::string::npos) << first.err;
+  TrainJobRecord r = backend().get_job("job-e");
+  ASSERT_EQ(r.exports.size(), 1u);
+  EXPECT_EQ(r.exports[0].status, "Complete");
+  EXPECT_EQ(r.exports[0].parts, "adapter");
+  EXPECT_EQ(Json::parse(r.exports[0].summary_json)["file_count"], 2);
+  EXPECT_GE(r.exports[0].finished_at, r.exports[0].started_at);
+  const CommandResult shown = ktune({"jobs", "get", "job-e", "--backend", "kubernetes"});
+  EXPECT_EQ(shown.exit_code, 0) << shown.err;
+  EXPECT_TRUE(std::regex_search(shown.out, std::regex("\n1 +Complete +adapter +2 +300 .*s3://bucket/models/run1"))) << shown.out;
+
+  // A second export: the finished Job makes way; this one fails, with the exporter's last line.
+  set_state({{"jobstatus", {{"job-e-export", nullptr}}}});
+  CommandResult second;
+  std::thread again([&] {
+    second = ktune({"export", "--job", "job-e", "--to", "s3://bucket/models/run2", "--backend", "kubernetes", "--timeout",
+                    "120"},
+                   aws);
+  });
+  joiner.threads.push_back(&again);
+  ASSERT_TRUE(wait_for([](const Json& r) {
+    for (const Json& q : r["requests"])
+      if (q["method"] == "DELETE" && q["path"].get<std::string>().find("/jobs/job-e-export") != std::string::npos) return true;
+    return false;
+  }));
+  ASSERT_TRUE(wait_for([](const Json& r) {
+    return r["batchjobs"].contains("job-e-export") &&
+           r["batchjobs"]["job-e-export"]["spec"]["template"]["spec"]["containers"][0]["command"][5] == "s3://bucket/models/run2";
+  }));
+  export_pod("job-e-export-fghij", "Failed",
+             Json::array({"error: s3 PUT s3://bucket/models/run2/adapter_model.safetensors: HTTP 403 AccessDenied"}));
+  set_state({{"jobstatus", {{"job-e-export", {{"failed", 1}}}}}});
+  again.join();
+  EXPECT_EQ(second.exit_code, 1) << second.out << second.err;
+  EXPECT_NE(second.err.find("HTTP 403 AccessDenied"), std::string::npos) << second.err;
+  r = backend().get_job("job-e");
+  ASSERT_EQ(r.exports.size(), 2u);
+  EXPECT_EQ(r.exports[1].id, 2);
+  EXPECT_EQ(r.exports[1].status, "Failed");
+  EXPECT_NE(r.exports[1].error.find("AccessDenied"), std::string::npos);
+  for (const CommandResult* c2 : std::vector<const CommandResult*>{&first, &second, &shown})
+    EXPECT_EQ((c2->out + c2->err).find(aws.at("AWS_SECRET_ACCESS_KEY")), std::string::npos);
+
+  // Refused before anything is made.
+  const CommandResult not_done = ktune({"export", "--job", "job-r", "--to", "s3://b/p", "--backend", "kubernetes"}, aws);
+  EXPECT_EQ(not_done.exit_code, 1);
+  EXPECT_NE(not_done.err.find("only a Complete job's outputs are exported"), std::string::npos) << not_done.err;
+  const CommandResult file = ktune({"export", "--job", "job-e", "--to", "file:///tmp/out", "--backend", "kubernetes"});
+  EXPECT_EQ(file.exit_code, 1);
+  EXPECT_NE(file.err.find("written inside the export pod"), std::string::npos) << file.err;
+  EXPECT_FALSE(requests()["batchjobs"].contains("job-r-export"));
 }
 
 // An MPI runtime's job, as upstream's SDK shows it: the launcher is node-0 and worker i node-(i+1),

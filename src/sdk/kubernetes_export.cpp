@@ -1,0 +1,282 @@
+// Exports on the cluster (see kubernetes_backend.h, "export", and docs/kubernetes.md). Only a pod
+// that mounts the TrainJob's volume can read its outputs, so the exporter runs as a batch/v1 Job:
+//   <job>-export            the exporter in the runtime's initializer image (it holds `ktune`),
+//                           the claim <template>-<job> mounted read-only where the trainer had it,
+//                           backoffLimit 0 (an upload that failed is reported, not retried blindly:
+//                           the exporter retries its own requests), owned by the TrainJob
+//   <job>-export-secrets    the destination's credentials, referenced by secretKeyRef
+// and its record lives in the TrainJob's annotation ktune.dev/exports (a JSON list).
+#include <chrono>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "sdk/kubernetes_backend.h"
+#include "sdk/local_backend.h"
+
+namespace ktune::sdk {
+
+namespace {
+
+using Json = v1alpha1::Json;
+
+constexpr const char* kExportContainer = "exporter";
+constexpr const char* kDefaultInitializerImage = "ghcr.io/ktune/ktune-initializer:0.1.0";
+
+const Json& field(const Json& obj, const char* key) {
+  static const Json null;
+  return obj.is_object() && obj.contains(key) ? obj[key] : null;
+}
+
+std::string text(const Json& obj, const char* key) {
+  const Json& v = field(obj, key);
+  return v.is_string() ? v.get<std::string>() : std::string();
+}
+
+std::string export_job_name(const std::string& job) { return job + "-export"; }
+std::string export_secret_name(const std::string& job) { return job + "-export-secrets"; }
+
+Json owner_of(const Json& trainjob) {
+  const Json& meta = field(trainjob, "metadata");
+  return Json::array({{{"apiVersion", "trainer.kubeflow.org/v1alpha1"},
+                       {"kind", "TrainJob"},
+                       {"name", text(meta, "name")},
+                       {"uid", text(meta, "uid")}}});
+}
+
+// The runtime's workspace: the first volumeClaimPolicies template (JobSet names its claim
+// <template>-<jobset>) and where the trainer's containers mount it.
+struct Workspace {
+  std::string claim_template;
+  std::string mount_path;
+};
+
+std::optional<Workspace> workspace_of(const v1alpha1::TrainingRuntime& runtime) {
+  const Json& policies = field(field(runtime.template_, "spec"), "volumeClaimPolicies");
+  if (!policies.is_array()) return std::nullopt;
+  for (const Json& policy : policies)
+    for (const Json& t : field(policy, "templates").is_array() ? field(policy, "templates") : Json::array()) {
+      const std::string name = text(field(t, "metadata"), "name");
+      if (name.empty()) continue;
+      for (const v1alpha1::ReplicatedJob& job : runtime.replicated_jobs())
+        for (const v1alpha1::Container& c : job.containers)
+          for (const v1alpha1::VolumeMount& m : c.volume_mounts)
+            if (m.name == name) return Workspace{name, m.mount_path};
+      return Workspace{name, "/workspace"};
+    }
+  return std::nullopt;
+}
+
+Json export_record_json(const ExportRecord& e) {
+  Json j = {{"id", e.id},
+            {"status", e.status},
+            {"destination", e.destination},
+            {"parts", e.parts},
+            {"startedAt", e.started_at},
+            {"finishedAt", e.finished_at}};
+  if (!e.summary_json.empty()) j["summary"] = Json::parse(e.summary_json, nullptr, false);
+  if (!e.error.empty()) j["error"] = e.error;
+  return j;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string KubernetesBackend::namespace_path() const { return "/api/v1/namespaces/" + hub::url_encode(namespace_, false); }
+
+std::vector<ExportRecord> KubernetesBackend::exports_of(const Json& trainjob) const {
+  std::vector<ExportRecord> out;
+  const std::string annotation = text(field(field(trainjob, "metadata"), "annotations"), kExportsAnnotation);
+  if (annotation.empty()) return out;
+  const Json list = Json::parse(annotation, nullptr, false);
+  if (!list.is_array()) {
+    log_warn("TrainJob " + text(field(trainjob, "metadata"), "name") + ": its " + kExportsAnnotation +
+             " annotation is not a JSON list; its exports are not shown");
+    return out;
+  }
+  for (const Json& j : list) {
+    ExportRecord e;
+    e.id = field(j, "id").is_number_integer() ? field(j, "id").get<int>() : int(out.size()) + 1;
+    e.status = text(j, "status");
+    e.destination = text(j, "destination");
+    e.parts = text(j, "parts");
+    e.started_at = field(j, "startedAt").is_number() ? field(j, "startedAt").get<double>() : 0;
+    e.finished_at = field(j, "finishedAt").is_number() ? field(j, "finishedAt").get<double>() : 0;
+    if (field(j, "summary").is_object()) e.summary_json = field(j, "summary").dump();
+    e.error = text(j, "error");
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+void KubernetesBackend::record_exports(const std::string& job, const std::vector<ExportRecord>& exports) {
+  Json list = Json::array();
+  for (const ExportRecord& e : exports) list.push_back(export_record_json(e));
+  const Json patch = {{"metadata", {{"annotations", {{kExportsAnnotation, list.dump()}}}}}};
+  request("PATCH", trainjobs_path() + "/" + hub::url_encode(job, false), patch.dump(), "application/merge-patch+json");
+}
+
+Json KubernetesBackend::export_job_object(const std::string& job, const KubernetesExport& e, const Json& trainjob) {
+  const Json& ref = field(field(trainjob, "spec"), "runtimeRef");
+  const std::string kind = text(ref, "kind").empty() ? v1alpha1::kClusterTrainingRuntimeKind : text(ref, "kind");
+  const v1alpha1::TrainingRuntime* runtime = runtime_of(kind, text(ref, "name"));
+  if (runtime == nullptr)
+    throw Error("TrainJob " + job, "its runtime " + kind + " " + text(ref, "name") +
+                                       " cannot be read: the export needs its volume and initializer image");
+  const std::optional<Workspace> workspace = workspace_of(*runtime);
+  if (!workspace)
+    throw Error("TrainJob " + job, "its runtime " + text(ref, "name") +
+                                       " keeps no volume (spec.template.spec.volumeClaimPolicies): its outputs went with its pods");
+  std::string image = e.image;
+  if (image.empty())
+    if (const auto init = runtime->find_replicated_job("dataset-initializer"); init && !init->containers.empty())
+      image = init->containers.front().image;
+  if (image.empty()) image = kDefaultInitializerImage;
+
+  Json command = Json::array({"ktune", "export", "--from", workspace->mount_path + "/output", "--to", e.destination});
+  for (const std::string& a : e.args) command.push_back(a);
+  Json env = Json::array();
+  for (const auto& [k, v] : e.env) env.push_back({{"name", k}, {"value", v}});
+  for (const auto& [k, v] : e.secret_env)
+    env.push_back({{"name", k}, {"valueFrom", {{"secretKeyRef", {{"name", export_secret_name(job)}, {"key", k}}}}}});
+  const Json labels = {{"app.kubernetes.io/managed-by", "ktune"},
+                       {"trainer.kubeflow.org/trainjob-name", job},
+                       {"ktune.dev/role", "export"}};
+  return {{"apiVersion", "batch/v1"},
+          {"kind", "Job"},
+          {"metadata",
+           {{"name", export_job_name(job)}, {"namespace", namespace_}, {"labels", labels}, {"ownerReferences", owner_of(trainjob)}}},
+          {"spec",
+           {{"backoffLimit", 0},
+            {"template",
+             {{"metadata", {{"labels", labels}}},
+              {"spec",
+               {{"restartPolicy", "Never"},
+                {"containers",
+                 Json::array({{{"name", kExportContainer},
+                               {"image", image},
+                               {"command", command},
+                               {"env", env},
+                               {"volumeMounts", Json::array({{{"name", workspace->claim_template},
+                                                              {"mountPath", workspace->mount_path},
+                                                              {"readOnly", true}}})}}})},
+                {"volumes", Json::array({{{"name", workspace->claim_template},
+                                          {"persistentVolumeClaim",
+                                           {{"claimName", workspace->claim_template + "-" + job}, {"readOnly", true}}}}})}}}}}}}};
+}
+
+ExportRecord KubernetesBackend::start_export(const std::string& job, const KubernetesExport& e) {
+  Json trainjob;
+  try {
+    trainjob = request("GET", trainjobs_path() + "/" + hub::url_encode(job, false));
+  } catch (const KubernetesApiError& err) {
+    if (err.status() == 404) throw KubernetesApiError("TrainJob " + namespace_ + "/" + job, std::string("not found: ") + err.what(), 404);
+    throw;
+  }
+  const TrainJobRecord record = record_of(trainjob);
+  if (record.status != kComplete)
+    throw Error("TrainJob " + job, "is " + record.status + "; only a Complete job's outputs are exported");
+  std::vector<ExportRecord> exports = exports_of(trainjob);
+  if (!exports.empty() && exports.back().status == kRunning)
+    throw Error("TrainJob " + job, "export " + std::to_string(exports.back().id) + " to " + exports.back().destination +
+                                       " is still running (Job " + export_job_name(job) + "): wait for it, or delete that Job");
+  const Json object = export_job_object(job, e, trainjob);
+
+  // An earlier export's Job and Secret (finished: its record says so) make way for this one.
+  const std::string jobs_path = "/apis/batch/v1/namespaces/" + hub::url_encode(namespace_, false) + "/jobs";
+  for (const std::string& path : {jobs_path + "/" + hub::url_encode(export_job_name(job), false) + "?propagationPolicy=Background",
+                                  namespace_path() + "/secrets/" + hub::url_encode(export_secret_name(job), false)}) {
+    try {
+      request("DELETE", path);
+    } catch (const KubernetesApiError& err) {
+      if (err.status() != 404) throw;
+    }
+  }
+  if (!e.secret_env.empty()) {
+    Json secret = {{"apiVersion", "v1"},
+                   {"kind", "Secret"},
+                   {"metadata",
+                    {{"name", export_secret_name(job)},
+                     {"namespace", namespace_},
+                     {"labels", {{"app.kubernetes.io/managed-by", "ktune"}, {"trainer.kubeflow.org/trainjob-name", job}}},
+                     {"ownerReferences", owner_of(trainjob)}}},
+                   {"type", "Opaque"},
+                   {"stringData", Json::object()}};
+    for (const auto& [k, v] : e.secret_env) {
+      register_secret(v);
+      secret["stringData"][k] = v;
+    }
+    request("POST", namespace_path() + "/secrets", secret.dump());
+  }
+  request("POST", jobs_path, object.dump());
+
+  ExportRecord started;
+  started.id = exports.empty() ? 1 : exports.back().id + 1;
+  started.destination = e.destination;
+  started.parts = e.parts;
+  started.started_at = now_seconds();
+  exports.push_back(started);
+  record_exports(job, exports);
+  return started;
+}
+
+ExportRecord KubernetesBackend::wait_for_export(const std::string& job, const LogLineSink& sink, double timeout_seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  const std::string job_path = "/apis/batch/v1/namespaces/" + hub::url_encode(namespace_, false) + "/jobs/" +
+                               hub::url_encode(export_job_name(job), false);
+  // Its pods by the Job's uid: an earlier export's pods (same Job name) may still be going away.
+  const std::string uid = text(field(request("GET", job_path), "metadata"), "uid");
+  const std::string pods_path = namespace_path() + "/pods?labelSelector=" +
+                                hub::url_encode("batch.kubernetes.io/controller-uid=" + uid, false);
+  std::string pod;
+  std::vector<std::string> lines;  // the exporter's output: its summary is the last JSON line
+  auto keep = [&](const std::string& line) {
+    lines.push_back(line);
+    return sink ? sink(line) : true;
+  };
+  std::string outcome;  // kComplete | kFailed once the Job says so
+  while (outcome.empty()) {
+    const Json status = field(request("GET", job_path), "status");
+    if (field(status, "succeeded").is_number_integer() && field(status, "succeeded").get<int>() > 0) outcome = kComplete;
+    else if (field(status, "failed").is_number_integer() && field(status, "failed").get<int>() > 0) outcome = kFailed;
+    if (pod.empty()) {  // the export's pod, once it has left Pending (or the Job ended)
+      const Json pods = request("GET", pods_path);
+      for (const Json& p : field(pods, "items").is_array() ? field(pods, "items") : Json::array())
+        if (text(field(p, "status"), "phase") != "Pending" || !outcome.empty()) pod = text(field(p, "metadata"), "name");
+      if (!pod.empty()) {
+        read_pod_log(pod, kExportContainer, /*follow=*/outcome.empty(), keep);
+        continue;  // the Job's outcome, now that its container has ended
+      }
+    }
+    if (!outcome.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::duration<double>(poll_interval_));
+  }
+
+  Json trainjob = request("GET", trainjobs_path() + "/" + hub::url_encode(job, false));
+  std::vector<ExportRecord> exports = exports_of(trainjob);
+  if (exports.empty()) throw Error("TrainJob " + job, std::string("has no export record (") + kExportsAnnotation + ")");
+  ExportRecord& e = exports.back();
+  if (outcome.empty()) return e;  // still running: left to run, recorded as it is
+  e.status = outcome;
+  e.finished_at = now_seconds();
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    const Json summary = Json::parse(*it, nullptr, false);
+    if (outcome == kComplete && summary.is_object() && summary.contains("destination")) {
+      e.summary_json = summary.dump();
+      break;
+    }
+    if (outcome == kFailed && !it->empty()) {
+      e.error = redact(*it);
+      break;
+    }
+  }
+  if (outcome == kFailed && e.error.empty()) e.error = "the export Job " + export_job_name(job) + " failed (its pod left no log)";
+  record_exports(job, exports);
+  return e;
+}
+
+}  // namespace ktune::sdk
