@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import unittest
 import urllib.request
+from unittest import mock
 
 import sdk_test_home  # noqa: F401  (skips the suite without the native module)
 import ktune
@@ -47,16 +48,12 @@ class UpdateTrainJobStatus(unittest.TestCase):
                                                    "v1alpha1/namespaces/team-a/trainjobs/job-p/status",
                     "KUBEFLOW_TRAINER_SERVER_CA_CERT": os.path.join(pki, "ca.crt"),
                     "KUBEFLOW_TRAINER_SERVER_TOKEN": token}
-        self.saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
+        self.environ = mock.patch.dict(os.environ, self.env)  # restored as it was by stop()
+        self.environ.start()
         self.reset_module()
 
     def tearDown(self):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        self.environ.stop()
         self.reset_module()
         self.server.stdin.close()
         self.server.wait(timeout=10)
