@@ -25,7 +25,7 @@ from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, C
                     HuggingFaceDatasetInitializer, HuggingFaceModelInitializer, Initializer, KubernetesBackendConfig, LoraConfig, Loss,
                     Runtime, RuntimeKind, RuntimeTrainer, S3DatasetInitializer, S3ModelInitializer, Step,
                     TorchTuneChatDataset, TorchTuneConfig, TorchTuneInstructDataset, TorchTuneMultimodalDataset,
-                    TrainerType, TrainJob, TrainJobProgress)
+                    TrainerType, TrainJob, TrainJobProgress, TrainJobTemplate)
 
 __version__ = "0.1.0"
 
@@ -37,6 +37,6 @@ __all__ = [
     "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "KubernetesBackendConfig", "LoraConfig", "Loss", "MODEL_PATH",
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",
-    "TrainJob", "TrainJobPlan", "TrainJobProgress", "TrainerClient", "TrainerType", "constants", "function_script",
+    "TrainJob", "TrainJobPlan", "TrainJobProgress", "TrainJobTemplate", "TrainerClient", "TrainerType", "constants", "function_script",
     "get_tpu_num_nodes", "options", "types", "update_trainjob_status",
 ]

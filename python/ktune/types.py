@@ -37,7 +37,7 @@ __all__ = [
     "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "LoraConfig", "Loss",
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",
-    "TrainJob", "TrainJobProgress", "TrainerType",
+    "TrainJob", "TrainJobProgress", "TrainJobTemplate", "TrainerType",
 ]
 
 
@@ -479,6 +479,29 @@ class Initializer:
 
     dataset: Optional[Union[HuggingFaceDatasetInitializer, S3DatasetInitializer, DataCacheInitializer]] = None
     model: Optional[Union[HuggingFaceModelInitializer, S3ModelInitializer]] = None
+
+
+@dataclass
+class TrainJobTemplate:
+    """A TrainJob's parts kept together, as upstream's ``TrainJobTemplate``: a mapping of the
+    ``train()`` arguments, so that ``client.train(**template)`` starts it (and templates can be
+    kept, copied and changed before they run).
+
+    Args:
+        trainer: a ``CustomTrainer`` (upstream's type), or, with ktune, any trainer ``train()`` takes.
+        runtime: a runtime name or ``Runtime`` (default: ``torch-distributed``).
+        initializer: the dataset and model initializers.
+    """
+
+    trainer: Union["CustomTrainer", "CustomTrainerContainer", "BuiltinTrainer"]
+    runtime: Optional[Union[str, "Runtime"]] = None
+    initializer: Optional[Initializer] = None
+
+    def keys(self):
+        return ["trainer", "runtime", "initializer"]
+
+    def __getitem__(self, key):
+        return getattr(self, key)
 
 
 # ---- the backend -------------------------------------------------------------------------------

@@ -168,6 +168,17 @@ class LocalBackend(unittest.TestCase):
         self.assertEqual(got["env"]["MASTER_ADDR"], "127.0.0.1")
         self.assertIn("trained with lr 0.01", "\n".join(client.get_job_logs(job)))
 
+    def test_a_trainjob_template_is_the_train_calls_arguments(self):
+        client = self.home.client()
+        template = ktune.TrainJobTemplate(trainer=BuiltinTrainer(config=TorchTuneConfig(epochs=1)), runtime=RUNTIME)
+        self.assertEqual(dict(template), {"trainer": template.trainer, "runtime": RUNTIME, "initializer": None})
+        by_template = client.plan(**template)
+        by_call = client.plan(runtime=RUNTIME, trainer=BuiltinTrainer(config=TorchTuneConfig(epochs=1)))
+        self.assertEqual(by_template.trainjob_yaml().replace(by_template.job_name, "N"),
+                         by_call.trainjob_yaml().replace(by_call.job_name, "N"))
+        job = client.train(**template)
+        self.assertEqual(client.get_job(job).runtime.name, RUNTIME)
+
     def test_options_as_upstream_name_everywhere_metadata_on_kubernetes_only(self):
         from ktune.options import ActiveDeadlineSeconds, Annotations, Labels, Name
         client = self.home.client()

@@ -15,7 +15,7 @@ except ImportError:  # pragma: no cover
 
 SHARED = ["CustomTrainer", "TorchTuneInstructDataset", "LoraConfig", "TorchTuneConfig", "BuiltinTrainer",
           "RuntimeTrainer", "Runtime", "Step", "TrainJob", "HuggingFaceDatasetInitializer", "S3DatasetInitializer",
-          "HuggingFaceModelInitializer", "S3ModelInitializer", "Initializer", "Event"]
+          "HuggingFaceModelInitializer", "S3ModelInitializer", "Initializer", "Event", "TrainJobTemplate"]
 # Documented deviations (ktune/types.py): Runtime(name=...) alone is accepted; TrainJob has progress.
 DEFAULTS_CHANGED = {("Runtime", "trainer"), ("Runtime", "kind"), ("RuntimeTrainer", "_RuntimeTrainer__command")}
 EXTRA_FIELDS = {("TrainJob", "progress")}
