@@ -126,6 +126,8 @@ class KubernetesBackend : public Backend {
   std::vector<ExportRecord> exports_of(const v1alpha1::Json& trainjob) const;
   void record_exports(const std::string& job, const std::vector<ExportRecord>& exports);
   std::string namespace_path() const;  // /api/v1/namespaces/<ns>
+  // POST, waiting out a 409 while an object of that name just deleted is still going away (30 s).
+  void post_until_free(const std::string& path, const std::string& body);
 
   KubeConnection connection_;
   std::string namespace_;

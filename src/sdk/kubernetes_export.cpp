@@ -6,6 +6,7 @@
 //                           the exporter retries its own requests), owned by the TrainJob
 //   <job>-export-secrets    the destination's credentials, referenced by secretKeyRef
 // and its record lives in the TrainJob's annotation ktune.dev/exports (a JSON list).
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -86,6 +87,20 @@ double now_seconds() {
 }  // namespace
 
 std::string KubernetesBackend::namespace_path() const { return "/api/v1/namespaces/" + hub::url_encode(namespace_, false); }
+
+void KubernetesBackend::post_until_free(const std::string& path, const std::string& body) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    try {
+      request("POST", path, body);
+      return;
+    } catch (const KubernetesApiError& err) {
+      // A deleted Job or Secret can linger a moment (background deletion, finalizers).
+      if (err.status() != 409 || std::chrono::steady_clock::now() >= deadline) throw;
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(poll_interval_, 1.0)));
+  }
+}
 
 std::vector<ExportRecord> KubernetesBackend::exports_of(const Json& trainjob) const {
   std::vector<ExportRecord> out;
@@ -179,15 +194,38 @@ ExportRecord KubernetesBackend::start_export(const std::string& job, const Kuber
   const TrainJobRecord record = record_of(trainjob);
   if (record.status != kComplete)
     throw Error("TrainJob " + job, "is " + record.status + "; only a Complete job's outputs are exported");
+  const std::string jobs_path = "/apis/batch/v1/namespaces/" + hub::url_encode(namespace_, false) + "/jobs";
+  const std::string job_path = jobs_path + "/" + hub::url_encode(export_job_name(job), false);
   std::vector<ExportRecord> exports = exports_of(trainjob);
-  if (!exports.empty() && exports.back().status == kRunning)
-    throw Error("TrainJob " + job, "export " + std::to_string(exports.back().id) + " to " + exports.back().destination +
-                                       " is still running (Job " + export_job_name(job) + "): wait for it, or delete that Job");
+  if (!exports.empty() && exports.back().status == kRunning) {
+    // An export nobody followed to its end (its CLI stopped or timed out): settled from its Job now,
+    // and refused only while that Job still runs.
+    Json status;
+    bool gone = false;
+    try {
+      status = field(request("GET", job_path), "status");
+    } catch (const KubernetesApiError& err) {
+      if (err.status() != 404) throw;
+      gone = true;
+    }
+    const bool ended = (field(status, "succeeded").is_number_integer() && field(status, "succeeded").get<int>() > 0) ||
+                       (field(status, "failed").is_number_integer() && field(status, "failed").get<int>() > 0);
+    if (gone) {
+      exports.back().status = kFailed;
+      exports.back().error = "its Job " + export_job_name(job) + " is gone; the export's end was not seen";
+      exports.back().finished_at = now_seconds();
+      record_exports(job, exports);
+    } else if (ended) {
+      exports.back() = wait_for_export(job, nullptr, 0);
+    } else {
+      throw Error("TrainJob " + job, "export " + std::to_string(exports.back().id) + " to " + exports.back().destination +
+                                         " is still running (Job " + export_job_name(job) + "): wait for it, or delete that Job");
+    }
+  }
   const Json object = export_job_object(job, e, trainjob);
 
   // An earlier export's Job and Secret (finished: its record says so) make way for this one.
-  const std::string jobs_path = "/apis/batch/v1/namespaces/" + hub::url_encode(namespace_, false) + "/jobs";
-  for (const std::string& path : {jobs_path + "/" + hub::url_encode(export_job_name(job), false) + "?propagationPolicy=Background",
+  for (const std::string& path : {job_path + "?propagationPolicy=Background",
                                   namespace_path() + "/secrets/" + hub::url_encode(export_secret_name(job), false)}) {
     try {
       request("DELETE", path);
@@ -209,9 +247,9 @@ ExportRecord KubernetesBackend::start_export(const std::string& job, const Kuber
       register_secret(v);
       secret["stringData"][k] = v;
     }
-    request("POST", namespace_path() + "/secrets", secret.dump());
+    post_until_free(namespace_path() + "/secrets", secret.dump());
   }
-  request("POST", jobs_path, object.dump());
+  post_until_free(jobs_path, object.dump());
 
   ExportRecord started;
   started.id = exports.empty() ? 1 : exports.back().id + 1;

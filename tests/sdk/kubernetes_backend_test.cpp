@@ -529,6 +529,27 @@ TEST_F(KubernetesBackendTest, ExportRunsAsAJobBesideTheTrainJobsVolumeAndIsRecor
   for (const CommandResult* c2 : std::vector<const CommandResult*>{&first, &second, &shown})
     EXPECT_EQ((c2->out + c2->err).find(aws.at("AWS_SECRET_ACCESS_KEY")), std::string::npos);
 
+  // An export nobody follows to its end (the CLI's --timeout): left Running while its Job runs, which
+  // refuses another; once that Job is gone, the next export settles it as Failed and goes on.
+  set_state({{"jobstatus", {{"job-e-export", nullptr}}}});
+  const std::vector<std::string> third_args = {"export", "--job", "job-e", "--to", "s3://bucket/models/run3",
+                                               "--backend", "kubernetes", "--timeout", "1"};
+  const CommandResult third = ktune(third_args, aws);
+  EXPECT_EQ(third.exit_code, 3) << third.err;
+  EXPECT_NE(third.err.find("still runs after 1 s"), std::string::npos) << third.err;
+  EXPECT_EQ(backend().get_job("job-e").exports.back().status, "Running");
+  const CommandResult busy = ktune(third_args, aws);
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_NE(busy.err.find("export 3 to s3://bucket/models/run3 is still running"), std::string::npos) << busy.err;
+  set_state({{"batchjobs", {{"job-e-export", nullptr}}}});
+  const CommandResult fourth = ktune(third_args, aws);
+  EXPECT_EQ(fourth.exit_code, 3) << fourth.err;
+  r = backend().get_job("job-e");
+  ASSERT_EQ(r.exports.size(), 4u);
+  EXPECT_EQ(r.exports[2].status, "Failed");
+  EXPECT_NE(r.exports[2].error.find("is gone; the export's end was not seen"), std::string::npos) << r.exports[2].error;
+  EXPECT_EQ(r.exports[3].status, "Running");
+
   // Refused before anything is made.
   const CommandResult not_done = ktune({"export", "--job", "job-r", "--to", "s3://b/p", "--backend", "kubernetes"}, aws);
   EXPECT_EQ(not_done.exit_code, 1);
