@@ -67,6 +67,7 @@
 #include "model/decoder.h"
 #include "model/generation.h"
 #include "text/chat_format.h"
+#include "text/tokenizer_formats.h"
 #include "text/prompt_template.h"
 #include "text/tokenizer.h"
 
@@ -78,7 +79,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: ktune generate --model DIR [--adapter DIR] (--prompt TEXT | --prompts FILE [--template alpaca] [--batch-size N] [--dry-run]) "
-    "[--chat | --chat-template] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16] "
+    "[--chat | --chat-template [--tools FILE]] [--max-new-tokens N] [--tokenizer FILE] [--dtype fp32|bf16] "
     "[--temperature T [--top-k K] [--top-p P] [--min-p M] [--seed S]] [--repetition-penalty R] [--no-repeat-ngram-size N] "
     "[--num-beams N [--length-penalty L] [--early-stopping]]";
 
@@ -100,6 +101,8 @@ constexpr const char* kHelp =
     "                           as the assistant's\n"
     "  --chat-template          ask it through the model's own chat template (tokenizer_config.json's\n"
     "                           chat_template or chat_template.jinja), as transformers and vLLM do\n"
+    "  --tools FILE             with --chat-template: offer these tools (a JSON list of tool schemas), as\n"
+    "                           apply_chat_template(tools=...) and a chat completion's \"tools\" do\n"
     "  --max-new-tokens N       at most N tokens an answer (default 32); the tokenizer's EOS, an end-of-turn\n"
     "                           token or an eos_token_id of the model's generation_config.json ends it earlier\n"
     "  --tokenizer FILE         a tokenizer other than the model directory's\n"
@@ -188,8 +191,10 @@ enum class ChatMode { kNone, kFormat, kTemplate };
 class Generator {
  public:
   Generator(const std::string& model_dir, const std::string& adapter_dir, const std::string& tokenizer_path, ChatMode chat,
-            DType storage, int max_new_tokens, const model::TokenChoice& choice, const model::BeamOptions& beams)
+            nlohmann::ordered_json tools, DType storage, int max_new_tokens, const model::TokenChoice& choice,
+            const model::BeamOptions& beams)
       : decoder_(model::Decoder::from_pretrained(model_dir, model::LoadOptions{storage})),
+        tools_(std::move(tools)),
         max_new_tokens_(max_new_tokens),
         choice_(choice),
         beams_(beams) {
@@ -229,7 +234,7 @@ class Generator {
     std::vector<std::vector<int32_t>> ids;
     for (const std::string& prompt : prompts) {
       if (chat_format_)
-        ids.push_back(chat_format_->tokenize({Message::text("user", prompt), Message::text("assistant", "")}, false).tokens);
+        ids.push_back(chat_format_->tokenize({Message::text("user", prompt), Message::text("assistant", "")}, false, tools_).tokens);
       else
         ids.push_back(tokenizer_->encode(prompt, /*add_bos=*/true, false));
     }
@@ -273,6 +278,7 @@ class Generator {
 
  private:
   std::unique_ptr<model::Decoder> decoder_;
+  nlohmann::ordered_json tools_;  // --tools: offered through the chat template (null: none)
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatFormat> chat_format_;  // --chat: the tokenizer's format (it refers to tokenizer_)
   int max_new_tokens_;
@@ -307,6 +313,7 @@ int cmd_generate(const Args& args) {
   int max_new_tokens = 32;
   int batch_size = 8;
   ChatMode chat = ChatMode::kNone;
+  std::string tools_path;
   bool dry_run = false, sampling_option = false, beam_option = false;
   model::TokenChoice choice;
   model::BeamOptions beams;
@@ -344,6 +351,7 @@ int cmd_generate(const Args& args) {
       chat = mode;
     }
     else if (a.is("--dry-run")) a.expect_no_value(), dry_run = true;
+    else if (a.is("--tools")) tools_path = a.value();
     else a.unknown(kUsage);
   }
   if (model_dir.empty() && !dry_run) throw Error("generate", std::string("--model DIR is required; ") + kUsage);
@@ -365,6 +373,18 @@ int cmd_generate(const Args& args) {
   if (!std::isfinite(beams.length_penalty))
     throw Error("--length-penalty", "must be a finite number, not " + std::to_string(beams.length_penalty));
 
+  nlohmann::ordered_json tools;  // their keys in the file's order, as Python's json.load keeps them
+  if (!tools_path.empty()) {
+    if (chat != ChatMode::kTemplate)
+      throw Error("--tools", "offers tools through the model's own chat template: give --chat-template with it");
+    try {
+      tools = nlohmann::ordered_json::parse(text::read_file_bytes(tools_path));
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(tools_path, std::string("not valid JSON: ") + e.what());
+    }
+    if (!tools.is_array())
+      throw Error(tools_path, std::string("holds a JSON ") + tools.type_name() + "; --tools takes a list of tool schemas");
+  }
   std::ifstream file;
   if (!prompts_path.empty() && prompts_path != "-") {
     file.open(prompts_path);
@@ -372,7 +392,8 @@ int cmd_generate(const Args& args) {
   }
   std::unique_ptr<Generator> generator;
   if (!dry_run)
-    generator = std::make_unique<Generator>(model_dir, adapter_dir, tokenizer_path, chat, storage, max_new_tokens, choice, beams);
+    generator = std::make_unique<Generator>(model_dir, adapter_dir, tokenizer_path, chat, std::move(tools), storage,
+                                            max_new_tokens, choice, beams);
   if (has_prompt) {
     std::printf("%s\n", generator->answer({prompt}).front().c_str());
     return 0;

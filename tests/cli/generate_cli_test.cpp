@@ -164,6 +164,31 @@ TEST_F(GenerateCli, ChatTemplateAsksThroughTheModelsOwnTemplate) {
   Outcome by_hand = quiet(kKtune + " generate --model " + model() + " --max-new-tokens 6 --prompt \"$(printf 'What comes after 9?\\n\\nAnswer: ')\"");
   ASSERT_EQ(by_hand.exit_code, 0) << by_hand.output;
   EXPECT_EQ(prompted.output, by_hand.output);
+
+  // --tools: the schemas reach the template as `tools` (tojson keeps the file's key order), as
+  // apply_chat_template(tools=...) hands them over; the answer is the one to the rendered text.
+  config["chat_template"] = "{{ bos_token }}{% if tools %}{{ tools | tojson }}\n{% endif %}{{ messages[0].content }}";
+  std::ofstream(config_path) << config.dump(1);
+  const std::string files = (dir_ / "tool_files").string();
+  fs::create_directories(files);
+  std::ofstream(files + "/tools.json") << R"([{"name": "next", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}, "b": 1, "a": 2}])";
+  Outcome with_tools = quiet(ask + " --chat-template --tools " + files + "/tools.json");
+  ASSERT_EQ(with_tools.exit_code, 0) << with_tools.output;
+  std::ofstream(files + "/rendered.txt")
+      << R"([{"name": "next", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}, "b": 1, "a": 2}])"
+      << "\nWhat comes after 9?";
+  Outcome tools_by_hand = quiet(kKtune + " generate --model " + model() + " --max-new-tokens 6 --prompt \"$(cat " + files +
+                                "/rendered.txt)\"");
+  ASSERT_EQ(tools_by_hand.exit_code, 0) << tools_by_hand.output;
+  EXPECT_EQ(with_tools.output, tools_by_hand.output);
+  EXPECT_NE(with_tools.output, quiet(ask + " --chat-template").output);  // the tools changed the prompt
+  Outcome no_template = sh(ask + " --tools " + files + "/tools.json");
+  EXPECT_NE(no_template.output.find("--tools: offers tools through the model's own chat template"), std::string::npos)
+      << no_template.output;
+  std::ofstream(files + "/not_a_list.json") << R"({"name": "next"})";
+  Outcome not_a_list = sh(ask + " --chat-template --tools " + files + "/not_a_list.json");
+  EXPECT_NE(not_a_list.output.find("not_a_list.json: holds a JSON object; --tools takes a list of tool schemas"),
+            std::string::npos) << not_a_list.output;
 }
 
 // A LoRA run's adapter put on the base (--adapter) answers as the merged model the run wrote beside
