@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/parallel.h"
+#include "core/trace_spans.h"
 #include "core/random_bits.h"
 #include "io/safetensors.h"
 #include "kernels/cpu/activation.h"
@@ -775,12 +776,18 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
       if (n && n->trainable) below = true;
   }
 
-  embed_forward(batch, p, p.resid[0]);
+  {
+    trace::Span span("forward", "embedding");
+    embed_forward(batch, p, p.resid[0]);
+  }
   for (int64_t l = 0; l < L; ++l) {
     if (hooks_.before_forward) hooks_.before_forward(l);
+    trace::Span span("forward", "layer", l);
     layer_forward(size_t(l), p.acts[checkpointing_ ? 0 : size_t(l)], p.resid[size_t(l)], p.resid[size_t(l) + 1], p);
     if (hooks_.after_forward) hooks_.after_forward(l);
   }
+  std::optional<trace::Span> head_span;
+  head_span.emplace("forward", backward ? "norm, output projection and loss (with their backward)" : "norm, output projection and loss");
   cpu::rmsnorm_forward(p.final_normed, p.final_rstd, p.resid[size_t(L)], as_f32(final_norm_, p.norm_scratch), N, C,
                        c.rms_norm_eps, c.norm_weight_offset);
   if (logits) {  // (N, V)
@@ -814,6 +821,7 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
   }
   if (!backward) return r;
   if (!head_bf16_gemm) grad_end(head, p.table_grad_scratch);
+  head_span.reset();
 
   const bool any_below = needs_grad_below_[size_t(L)];
   if (!any_below && !final_norm_->trainable) return r;
@@ -824,6 +832,7 @@ LossResult Decoder::run(const Batch& batch, bool backward, float grad_scale, flo
     if (!needs_grad_below_[size_t(l) + 1]) break;  // nothing trainable in this layer or below
     const LayerActs& a = p.acts[checkpointing_ ? 0 : size_t(l)];
     if (hooks_.before_backward) hooks_.before_backward(l);
+    trace::Span span("backward", "layer", l);  // with its recomputed forward under checkpointing
     if (checkpointing_) layer_forward(size_t(l), a, p.resid[size_t(l)], p.recompute_out, p);
     layer_backward(size_t(l), a, p.resid[size_t(l)], p.dres, p);
     if (hooks_.after_backward) hooks_.after_backward(l);

@@ -532,9 +532,9 @@ class Checker {
 
     const ConfigNode* profiler = tree_.find("profiler");
     const ConfigNode* enabled = profiler && profiler->is_map() ? profiler->find("enabled") : nullptr;
-    if (enabled && enabled->is_bool() && enabled->as_bool())
-      add("profiler.enabled", "ktune has no torch profiler: set profiler.enabled=False (ktune logs tokens/s and "
-                              "peak memory itself)");
+    const ConfigNode* active = profiler && profiler->is_map() ? profiler->find("active_steps") : nullptr;
+    if (enabled && enabled->is_bool() && enabled->as_bool() && active && active->is_int() && active->as_int() < 1)
+      add("profiler.active_steps", "must be at least 1 for the profiler to record a step");
 
     const ConfigNode* offload = tree_.find("enable_activation_offloading");
     const ConfigNode* ac = tree_.find("enable_activation_checkpointing");

@@ -38,6 +38,8 @@
 #include "train/memory_stats.h"
 #include "train/metric_logger.h"
 #include "train/trainer_status.h"
+#include "train/profiler.h"
+#include "core/trace_spans.h"
 #include "train/optimizer.h"
 #include "train/progress_bar.h"
 #include "train/prompt_templates.h"
@@ -308,7 +310,8 @@ class FinetuneRecipe {
   int64_t gpu_document_tokens_ = 0;           // a training row's typical document (CudaStepPlan's), 0: one a row
   std::optional<CosineWithWarmup> schedule_;
   std::unique_ptr<MetricLogger> metrics_;
-  std::unique_ptr<TrainerStatusReporter> status_;  // rank 0, where KUBEFLOW_TRAINER_STATUS_URL is set
+  std::unique_ptr<TrainerStatusReporter> status_;  // rank 0, where KUBEFLOW_TRAINER_SERVER_URL is set
+  std::unique_ptr<StepProfiler> profiler_;         // profiler.enabled
 
   int64_t steps_per_epoch_ = 0;
   int64_t global_step_ = 0;
@@ -370,6 +373,25 @@ void FinetuneRecipe::setup() {
     metrics_ = std::make_unique<MetricLogger>(logging, int64_t(std::time(nullptr)));
     status_ = TrainerStatusReporter::from_env(0);  // on Kubernetes, where the controller asks for it
     record_config();
+  }
+  if (cfg_.profiler.enabled) {  // every rank profiles its own steps, as torchtune's profiler does
+    ProfilerOptions po;
+    po.output_dir = cfg_.profiler.output_dir.empty() ? (fs::path(cfg_.output_dir) / "profiling_outputs").string()
+                                                     : cfg_.profiler.output_dir;
+    if (cfg_.profiler.wait_steps) po.wait_steps = *cfg_.profiler.wait_steps;
+    if (cfg_.profiler.warmup_steps) po.warmup_steps = *cfg_.profiler.warmup_steps;
+    if (cfg_.profiler.active_steps) po.active_steps = *cfg_.profiler.active_steps;
+    if (cfg_.profiler.num_cycles) po.num_cycles = *cfg_.profiler.num_cycles;
+    profiler_ = std::make_unique<StepProfiler>(po, group_.rank());
+    if (rank0_) {
+      std::string ignored;
+      for (const std::string& k : cfg_.profiler.ignored) ignored += (ignored.empty() ? "" : ", ") + k;
+      log_info("profiler: steps " + std::to_string(po.wait_steps + po.warmup_steps + 1) + " to " +
+               std::to_string(po.wait_steps + po.warmup_steps + po.active_steps) + " of each cycle of " +
+               std::to_string(po.wait_steps + po.warmup_steps + po.active_steps) + " recorded into " + po.output_dir +
+               " (the step's phases, each layer's forward and backward, the loss)" +
+               (ignored.empty() ? "" : "; " + ignored + ": torch profiler options ktune does not record"));
+    }
   }
   if (cfg_.resume_from_checkpoint) resume();
   else if (rank0_) warn_of_earlier_checkpoints();
@@ -1117,17 +1139,26 @@ FinetuneRecipe::StepOutcome FinetuneRecipe::cpu_step() {
   if (sharded_) sharded_->zero_grad();
   double sums[2] = {0.0, 0.0};  // loss sum, label tokens (this rank, then the world)
   for (int micro = 0; micro < cfg_.gradient_accumulation_steps; ++micro) {
-    Batch batch = next_training_batch();
+    Batch batch;
+    {
+      trace::Span span("phase", "data");
+      batch = next_training_batch();
+    }
     for (auto& a : adapters_) a->set_dropout_key(dropout_key(micro));
     const model::Batch mb = model_batch(batch, loader_->options().packed, padding_free_);
     positions_computed_ += mb.B * mb.T;
+    trace::Span span("phase", "forward and backward");
     model::LossResult r = sharded_ ? sharded_->forward_backward(mb, 1.0f) : model_->forward_backward(mb, 1.0f);
     sums[0] += r.loss_sum;
     sums[1] += double(r.n_valid);
   }
   // Token-weighted loss over the global batch: Σ CE / Σ label tokens, across steps and ranks.
-  group_.allreduce_sum(sums, 2);
-  all_reduce_gradients();
+  {
+    trace::Span span("phase", "gradient all-reduce");
+    group_.allreduce_sum(sums, 2);
+    all_reduce_gradients();
+  }
+  trace::Span optimizer_span("phase", "clip and optimizer step");
   StepOutcome out;
   out.tokens = sums[1];
   out.loss = sums[0] / std::max(1.0, sums[1]);
@@ -1213,7 +1244,13 @@ void FinetuneRecipe::train() {
     const auto epoch_start = std::chrono::steady_clock::now();
     while (step_in_epoch < steps_per_epoch_) {
       const auto step_start = std::chrono::steady_clock::now();
-      const StepOutcome step = gpu_ ? gpu_step() : cpu_step();
+      if (profiler_) profiler_->begin_step(steps_this_run);
+      StepOutcome step;
+      {
+        trace::Span span("step", "step", global_step_ + 1);
+        step = gpu_ ? gpu_step() : cpu_step();
+      }
+      if (profiler_) profiler_->end_step(steps_this_run, global_step_ + 1);
       const double loss = step.loss;
       const std::optional<double>& grad_norm = step.grad_norm;
       ++global_step_;
@@ -1247,6 +1284,7 @@ void FinetuneRecipe::train() {
     if (val_loader_ && !cfg_.run_val_every_n_steps) validate(epoch);
     save("epoch_" + std::to_string(epoch), epoch + 1, 0);
   }
+  if (profiler_) profiler_->finish(global_step_);
   log_padding_skipped();
   // Every rank reports its own peak (ranks differ: rank 0 also gathers checkpoints).
   if (rank0_ || group_.size() > 1) {

@@ -189,7 +189,19 @@ RecipeConfig make_recipe_config(const ConfigNode& tree, const RecipeSpec& recipe
     read(*ml, "filename", c.metric_logger.filename);
     read(*ml, "organize_logs", c.metric_logger.organize_logs);
   }
-  if (const ConfigNode* p = get(tree, "profiler")) read(*p, "enabled", c.profiler_enabled);
+  if (const ConfigNode* p = get(tree, "profiler")) {
+    read(*p, "enabled", c.profiler.enabled);
+    read(*p, "output_dir", c.profiler.output_dir);
+    read(*p, "wait_steps", c.profiler.wait_steps);
+    read(*p, "warmup_steps", c.profiler.warmup_steps);
+    read(*p, "active_steps", c.profiler.active_steps);
+    read(*p, "num_cycles", c.profiler.num_cycles);
+    for (const char* key : {"profile_memory", "with_stack", "record_shapes", "with_flops"}) {
+      bool on = false;
+      read(*p, key, on);
+      if (on) c.profiler.ignored.push_back(key);
+    }
+  }
 
   if (const ConfigNode* seed = get(tree, "seed")) c.seed = static_cast<std::uint64_t>(seed->as_int());
   read(tree, "shuffle", c.shuffle);

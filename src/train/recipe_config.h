@@ -155,7 +155,14 @@ struct RecipeConfig {
   bool fsdp_reshard_after_forward = true;
   std::vector<std::string> custom_sharded_layers;
   std::optional<int> run_val_every_n_steps;
-  bool profiler_enabled = false;
+  // profiler (torchtune.training.setup_torch_profiler; train/profiler.h): unset schedule keys take
+  // torchtune's defaults; the torch-only switches are kept to be said ignored.
+  struct Profiler {
+    bool enabled = false;
+    std::string output_dir;  // "" = <output_dir>/profiling_outputs
+    std::optional<int> wait_steps, warmup_steps, active_steps, num_cycles;
+    std::vector<std::string> ignored;  // profile_memory, with_stack, record_shapes, with_flops set True
+  } profiler;
 };
 
 // Types a tree that validate_config() accepted for `recipe`.

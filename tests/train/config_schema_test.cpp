@@ -191,8 +191,11 @@ TEST(ConfigSchema, ImpossibleCombinationsAreRefused) {
   EXPECT_HAS(m, "config key optimizer.amsgrad: ktune's AdamW is torch's default update, without amsgrad");
   EXPECT_EQ(refusal(kLora, kLoraCfg, {"optimizer.amsgrad=False"}), "");
 
-  m = refusal(kLora, kLoraCfg, {"profiler.enabled=True"});
-  EXPECT_HAS(m, "ktune has no torch profiler");
+  EXPECT_EQ(refusal(kLora, kLoraCfg, {"profiler.enabled=True"}), "");  // train/profiler.h records the steps
+  m = refusal(kLora, kLoraCfg, {"profiler.enabled=True", "profiler.active_steps=0"});
+  EXPECT_HAS(m, "config key profiler.active_steps: must be at least 1");
+  m = refusal(kLora, kLoraCfg, {"profiler.wait_steps=-1"});
+  EXPECT_HAS(m, "profiler.wait_steps");
 
   m = refusal(kLora, kLoraCfg, {"model.lora_attn_modules=[]", "model.apply_lora_to_mlp=False"});
   EXPECT_HAS(m, "LoRA would train nothing");

@@ -813,6 +813,42 @@ TEST_F(RecipeTest, TheTensorBoardLoggerWritesWhatTensorBoardReads) {
 // alpaca rows become the tokens transformers' apply_chat_template gives them, and the assistant's
 // tokens are the ones trained on: the run's dataset line says as many as
 // chat_template_dataset_tokens.py counts with transformers.
+// torchtune's profiler component, enabled: the active steps of the schedule (here steps 2 and 3 of
+// a cycle of 3) are written as a Chrome trace and key averages under iteration_3/, each step with
+// its phases and, inside them, every layer's forward and backward and the loss; the torch-only
+// switches are said to be ignored.
+TEST_F(RecipeTest, TheProfilerRecordsTheActiveStepsOfEachCycle) {
+  const std::string output = out("profiled");
+  Outcome run = run_tiny("", "lora_finetune_single_device", "lora_single_device",
+                         "epochs=1 max_steps_per_epoch=4 profiler._component_=torchtune.training.setup_torch_profiler "
+                         "profiler.enabled=True profiler.wait_steps=0 "
+                         "profiler.warmup_steps=1 profiler.active_steps=2 profiler.num_cycles=1 profiler.with_stack=True "
+                         "profiler.output_dir=" + output + "/profiling_outputs",
+                         output);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("with_stack: torch profiler options ktune does not record"), std::string::npos) << run.output;
+  const fs::path dir = fs::path(output) / "profiling_outputs" / "iteration_3";
+  ASSERT_TRUE(fs::exists(dir / "rank0_trace.json")) << run.output;
+  ASSERT_TRUE(fs::exists(dir / "rank0_key_averages.txt"));
+  EXPECT_FALSE(fs::exists(fs::path(output) / "profiling_outputs" / "iteration_4"));  // one cycle only
+  const nlohmann::json trace = nlohmann::json::parse(std::ifstream(dir / "rank0_trace.json"));
+  std::map<std::string, int> count;  // "category/name" -> events
+  for (const auto& e : trace["traceEvents"]) ++count[e["cat"].get<std::string>() + "/" + e["name"].get<std::string>()];
+  const nlohmann::json model_config = nlohmann::json::parse(std::ifstream(model() + "/config.json"));
+  const int layers = model_config["num_hidden_layers"];
+  EXPECT_EQ(count["step/step 2"], 1);
+  EXPECT_EQ(count["step/step 3"], 1);
+  EXPECT_EQ(count["step/step 1"], 0);  // warmup
+  EXPECT_EQ(count["phase/data"], 2);
+  EXPECT_EQ(count["phase/forward and backward"], 2);
+  EXPECT_EQ(count["phase/clip and optimizer step"], 2);
+  for (int l = 0; l < layers; ++l) {
+    EXPECT_EQ(count["forward/layer " + std::to_string(l)], 2) << l;
+    EXPECT_EQ(count["backward/layer " + std::to_string(l)], 2) << l;
+  }
+  EXPECT_EQ(count["forward/norm, output projection and loss (with their backward)"], 2);
+}
+
 TEST_F(RecipeTest, HuggingFaceModelTokenizerTrainsThroughTheModelsChatTemplate) {
   // run_tiny's command line less its tokenizer.path (torchtune applies ~key before key=value).
   auto run_templated = [&](const std::string& output) {
