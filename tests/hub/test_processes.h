@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -135,9 +136,26 @@ struct CommandResult {
 };
 
 // Runs argv with the current environment plus `env` (a value of "\x01" unsets the variable).
+// Everything the child needs (argv, envp, the output paths) is made before fork(): tests call this
+// from threads, and a child of a multi-threaded process may only make async-signal-safe calls (a
+// malloc or setenv there can deadlock on a lock another thread held at the fork).
 inline CommandResult run_command(const std::vector<std::string>& argv_s, const std::map<std::string, std::string>& env) {
   TempDir tmp;
-  std::string out_path = tmp / "out", err_path = tmp / "err";
+  const std::string out_path = tmp / "out", err_path = tmp / "err";
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string key = entry.substr(0, entry.find('='));
+    if (env.count(key) == 0) env_strings.push_back(entry);
+  }
+  for (const auto& [k, v] : env)
+    if (v != "\x01") env_strings.push_back(k + "=" + v);
+  std::vector<std::string> argv_copy = argv_s;
+  std::vector<char*> argv, envp;
+  for (auto& s : argv_copy) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
     int o = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -146,19 +164,12 @@ inline CommandResult run_command(const std::vector<std::string>& argv_s, const s
     dup2(devnull, 0);
     dup2(o, 1);
     dup2(e, 2);
-    for (const auto& [k, v] : env) {
-      if (v == "\x01") unsetenv(k.c_str());
-      else setenv(k.c_str(), v.c_str(), 1);
-    }
-    std::vector<std::string> copy = argv_s;
-    std::vector<char*> argv;
-    for (auto& s : copy) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   int status = 0;
-  waitpid(pid, &status, 0);
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.out = read_file(out_path);

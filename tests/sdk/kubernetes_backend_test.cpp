@@ -436,22 +436,19 @@ TEST_F(KubernetesBackendTest, ExportRunsAsAJobBesideTheTrainJobsVolumeAndIsRecor
     set_state({{"pods", {{"job-e-export", export_pods}}}, {"logs", {{pod_name + "/exporter", {{"lines", lines}}}}}});
   };
 
-  // Joins the CLI threads however the test ends (a failed ASSERT returns early).
-  struct Joiner {
-    std::vector<std::thread*> threads;
-    ~Joiner() {
-      for (std::thread* t : threads)
-        if (t->joinable()) t->join();
-    }
-  } joiner;
+  // The CLI runs beside the test's own requests; a jthread joins however the test ends (a failed
+  // ASSERT returns early).
   CommandResult first;
-  std::thread cli([&] {
+  std::jthread cli([&] {
     first = ktune({"export", "--job", "job-e", "--to", "s3://bucket/models/run1", "--parts", "adapter", "--backend",
                    "kubernetes", "--timeout", "120"},
                   aws);
   });
-  joiner.threads.push_back(&cli);
-  ASSERT_TRUE(wait_for([](const Json& r) { return r["batchjobs"].contains("job-e-export"); }));
+  // The Job is made, then the export recorded in the TrainJob's annotation: wait for both.
+  ASSERT_TRUE(wait_for([](const Json& r) {
+    return r["batchjobs"].contains("job-e-export") &&
+           r["trainjobs"]["team-a"]["job-e"]["metadata"].value("annotations", Json::object()).contains("ktune.dev/exports");
+  }));
   const Json state = requests();
   const Json& job = state["batchjobs"]["job-e-export"];
   EXPECT_EQ(job["metadata"]["ownerReferences"][0]["kind"], "TrainJob");
@@ -500,12 +497,11 @@ TEST_F(KubernetesBackendTest, ExportRunsAsAJobBesideTheTrainJobsVolumeAndIsRecor
   // A second export: the finished Job makes way; this one fails, with the exporter's last line.
   set_state({{"jobstatus", {{"job-e-export", nullptr}}}});
   CommandResult second;
-  std::thread again([&] {
+  std::jthread again([&] {
     second = ktune({"export", "--job", "job-e", "--to", "s3://bucket/models/run2", "--backend", "kubernetes", "--timeout",
                     "120"},
                    aws);
   });
-  joiner.threads.push_back(&again);
   ASSERT_TRUE(wait_for([](const Json& r) {
     for (const Json& q : r["requests"])
       if (q["method"] == "DELETE" && q["path"].get<std::string>().find("/jobs/job-e-export") != std::string::npos) return true;
