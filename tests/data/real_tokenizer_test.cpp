@@ -6,6 +6,9 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <string>
+
+#include <unistd.h>
 
 #include "core/error.h"
 #include "data/dataset_builders.h"
@@ -22,14 +25,16 @@ std::string tokenizers_root() {
   return std::string(KTUNE_SOURCE_DIR) + "/../shared/data/tokenizers";
 }
 
-// The decompressed file (cached under the build tree), or "" when the .xz is not there.
+// The decompressed file (cached under the build tree), or "" when the .xz is not there. ctest
+// runs this file's tests side by side: each unpacks into a temporary of its own process and
+// renames it into place (atomic; the later rename replaces an identical file).
 std::string unpacked(const std::string& relative) {
   const fs::path xz = fs::path(tokenizers_root()) / (relative + ".xz");
   if (!fs::exists(xz)) return "";
   const fs::path out = fs::path(KTUNE_BINARY_DIR) / "data_test_tokenizers" / relative;
   if (!fs::exists(out)) {
     fs::create_directories(out.parent_path());
-    const std::string tmp = out.string() + ".part";
+    const std::string tmp = out.string() + "." + std::to_string(::getpid()) + ".part";
     const std::string cmd = "xz -dc '" + xz.string() + "' > '" + tmp + "'";
     if (std::system(cmd.c_str()) != 0) return "";
     fs::rename(tmp, out);
