@@ -11,7 +11,9 @@
 #include <thread>
 
 #include "core/log.h"
+#include "core/rfc3339.h"
 #include "runtime/runtime_catalog.h"
+#include "sdk/kube_objects.h"
 #include "sdk/local_backend.h"
 
 namespace ktune::sdk {
@@ -23,18 +25,6 @@ namespace {
 constexpr const char* kJobSetNameLabel = "jobset.sigs.k8s.io/jobset-name";
 constexpr const char* kReplicatedJobLabel = "jobset.sigs.k8s.io/replicatedjob-name";
 constexpr const char* kJobIndexLabel = "batch.kubernetes.io/job-completion-index";
-
-std::string str(const Json& obj, const char* key) {
-  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return "";
-  if (obj[key].is_string()) return obj[key].get<std::string>();
-  return obj[key].dump();
-}
-
-const Json& at(const Json& obj, const char* key) {
-  static const Json null;
-  if (!obj.is_object() || !obj.contains(key)) return null;
-  return obj[key];
-}
 
 // Pod phase → ktune's step status.
 std::string step_status_of_phase(const std::string& phase) {
@@ -54,9 +44,9 @@ int role_order(const std::string& role) {
 
 v1alpha1::ResourceRequirements resources_of(const Json& container) {
   v1alpha1::ResourceRequirements r;
-  const Json& res = at(container, "resources");
+  const Json& res = json_field(container, "resources");
   for (const char* field : {"limits", "requests"}) {
-    const Json& m = at(res, field);
+    const Json& m = json_field(res, field);
     if (!m.is_object()) continue;
     for (const auto& [k, v] : m.items())
       (std::string(field) == "limits" ? r.limits : r.requests)[k] = v.is_string() ? v.get<std::string>() : v.dump();
@@ -160,8 +150,8 @@ std::string api_message(const hub::HttpResponse& r) {
   std::string reason, message;
   try {
     const Json status = Json::parse(r.body);
-    reason = str(status, "reason");
-    message = str(status, "message");
+    reason = json_text(status, "reason");
+    message = json_text(status, "message");
   } catch (...) {
     message = r.body.substr(0, 500);
     while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
@@ -172,57 +162,6 @@ std::string api_message(const hub::HttpResponse& r) {
 }
 
 }  // namespace
-
-double parse_rfc3339(const std::string& text) {
-  std::tm tm{};
-  const char* rest = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
-  if (rest == nullptr) return 0;
-  double seconds = double(timegm(&tm));
-  if (*rest == '.') {
-    char* end = nullptr;
-    seconds += std::strtod(rest, &end);
-    rest = end;
-  }
-  if (*rest == 'Z' || *rest == 'z') return seconds;
-  if ((*rest == '+' || *rest == '-') && std::strlen(rest) >= 6) {
-    const int sign = *rest == '+' ? 1 : -1;
-    const int hh = std::atoi(std::string(rest + 1, 2).c_str()), mm = std::atoi(std::string(rest + 4, 2).c_str());
-    return seconds - sign * (hh * 3600 + mm * 60);
-  }
-  return *rest == '\0' ? seconds : 0;
-}
-
-int64_t parse_rfc3339_ns(const std::string& text) {
-  std::tm tm{};
-  const char* rest = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
-  if (rest == nullptr || tm.tm_year < 70) return -1;
-  int64_t ns = int64_t(timegm(&tm)) * 1000000000;
-  if (*rest == '.') {
-    int64_t frac = 0;
-    int digits = 0;
-    for (++rest; *rest >= '0' && *rest <= '9'; ++rest)
-      if (digits < 9) frac = frac * 10 + (*rest - '0'), ++digits;
-    if (digits == 0) return -1;
-    for (; digits < 9; ++digits) frac *= 10;
-    ns += frac;
-  }
-  if ((*rest == 'Z' || *rest == 'z') && rest[1] == '\0') return ns;
-  if ((*rest == '+' || *rest == '-') && std::strlen(rest) == 6 && rest[3] == ':') {
-    const int sign = *rest == '+' ? 1 : -1;
-    const int hh = std::atoi(std::string(rest + 1, 2).c_str()), mm = std::atoi(std::string(rest + 4, 2).c_str());
-    return ns - int64_t(sign) * (hh * 3600 + mm * 60) * 1000000000;
-  }
-  return -1;
-}
-
-std::string format_rfc3339_seconds(int64_t ns) {
-  const std::time_t seconds = std::time_t(ns / 1000000000);
-  std::tm tm{};
-  gmtime_r(&seconds, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 KubernetesBackend::KubernetesBackend(const BackendConfig& config)
     : KubernetesBackend(load_kube_connection(config.kubeconfig, config.kubernetes_context), config.kubernetes_namespace) {}
@@ -294,21 +233,21 @@ const v1alpha1::TrainingRuntime* KubernetesBackend::runtime_of(const std::string
 
 TrainJobRecord KubernetesBackend::record_of(const Json& trainjob) {
   TrainJobRecord r;
-  const Json& meta = at(trainjob, "metadata");
-  const Json& spec = at(trainjob, "spec");
-  const Json& status = at(trainjob, "status");
-  r.name = str(meta, "name");
-  r.created_at = parse_rfc3339(str(meta, "creationTimestamp"));
-  const Json& ref = at(spec, "runtimeRef");
-  r.runtime = str(ref, "name");
+  const Json& meta = json_field(trainjob, "metadata");
+  const Json& spec = json_field(trainjob, "spec");
+  const Json& status = json_field(trainjob, "status");
+  r.name = json_text(meta, "name");
+  r.created_at = parse_rfc3339(json_text(meta, "creationTimestamp"));
+  const Json& ref = json_field(spec, "runtimeRef");
+  r.runtime = json_text(ref, "name");
   r.exports = exports_of(trainjob);
-  const std::string ref_kind = str(ref, "kind").empty() ? v1alpha1::kClusterTrainingRuntimeKind : str(ref, "kind");
+  const std::string ref_kind = json_text(ref, "kind").empty() ? v1alpha1::kClusterTrainingRuntimeKind : json_text(ref, "kind");
   const v1alpha1::TrainingRuntime* runtime = r.runtime.empty() ? nullptr : runtime_of(ref_kind, r.runtime);
   if (runtime) r.trainer_type = runtime->framework() == "torchtune" ? "BuiltinTrainer" : "CustomTrainer";
-  const Json& trainer = at(spec, "trainer");
-  if (at(trainer, "numNodes").is_number_integer()) r.num_nodes = at(trainer, "numNodes").get<int>();
+  const Json& trainer = json_field(spec, "trainer");
+  if (json_field(trainer, "numNodes").is_number_integer()) r.num_nodes = json_field(trainer, "numNodes").get<int>();
   else if (runtime && runtime->ml_policy.num_nodes) r.num_nodes = *runtime->ml_policy.num_nodes;
-  if (at(trainer, "numProcPerNode").is_number_integer()) r.num_proc_per_node = at(trainer, "numProcPerNode").get<int>();
+  if (json_field(trainer, "numProcPerNode").is_number_integer()) r.num_proc_per_node = json_field(trainer, "numProcPerNode").get<int>();
 
   // Steps from the job's pods.
   const std::string selector = std::string(kJobSetNameLabel) + "=" + r.name + "," + kReplicatedJobLabel +
@@ -316,10 +255,10 @@ TrainJobRecord KubernetesBackend::record_of(const Json& trainjob) {
   const Json pods = request("GET", "/api/v1/namespaces/" + hub::url_encode(namespace_, false) +
                                        "/pods?labelSelector=" + hub::url_encode(selector, false));
   std::vector<const Json*> items;
-  if (at(pods, "items").is_array())
+  if (json_field(pods, "items").is_array())
     for (const Json& p : pods["items"]) items.push_back(&p);
   std::stable_sort(items.begin(), items.end(), [](const Json* a, const Json* b) {
-    return str(at(*a, "metadata"), "creationTimestamp") > str(at(*b, "metadata"), "creationTimestamp");
+    return json_text(json_field(*a, "metadata"), "creationTimestamp") > json_text(json_field(*b, "metadata"), "creationTimestamp");
   });
   std::vector<std::pair<std::pair<int, int>, StepRecord>> steps;
   std::set<std::string> seen;
@@ -328,53 +267,53 @@ TrainJobRecord KubernetesBackend::record_of(const Json& trainjob) {
   // and the launcher counts among the job's nodes.
   const bool mpi = runtime != nullptr && !runtime->ml_policy.mpi.is_null();
   for (const Json* pod : items) {
-    const Json& labels = at(at(*pod, "metadata"), "labels");
-    const std::string role = str(labels, kReplicatedJobLabel);
+    const Json& labels = json_field(json_field(*pod, "metadata"), "labels");
+    const std::string role = json_text(labels, kReplicatedJobLabel);
     if (role.empty()) continue;
     const bool is_node = role == "node" || role == "launcher";
-    const std::string index = str(labels, kJobIndexLabel);
+    const std::string index = json_text(labels, kJobIndexLabel);
     int job_index = std::atoi(index.c_str());
     const std::string key = is_node ? role + "-" + index : role;
     if (!seen.insert(key).second) continue;
     StepRecord s;
     const int node = role == "launcher" ? 0 : job_index + (mpi ? 1 : 0);
     s.name = is_node ? "node-" + std::to_string(node) : role;
-    s.pod_name = str(at(*pod, "metadata"), "name");
-    const Json& pstatus = at(*pod, "status");
-    s.pod_phase = str(pstatus, "phase");
+    s.pod_name = json_text(json_field(*pod, "metadata"), "name");
+    const Json& pstatus = json_field(*pod, "status");
+    s.pod_phase = json_text(pstatus, "phase");
     s.status = step_status_of_phase(s.pod_phase);
-    s.started_at = parse_rfc3339(str(pstatus, "startTime"));
+    s.started_at = parse_rfc3339(json_text(pstatus, "startTime"));
     s.node_rank = is_node ? node : -1;
     s.device = "Unknown";
     s.device_count = "Unknown";
     const std::string container_name = is_node ? "node" : role;
-    const Json& containers = at(at(*pod, "spec"), "containers");
+    const Json& containers = json_field(json_field(*pod, "spec"), "containers");
     if (containers.is_array())
       for (const Json& c : containers) {
-        if (str(c, "name") != container_name) continue;
+        if (json_text(c, "name") != container_name) continue;
         std::string device, count;
         if (container_devices(resources_of(c), &device, &count)) {
           s.device = device;
           s.device_count = count;
         }
-        if (at(c, "env").is_array())
+        if (json_field(c, "env").is_array())
           for (const Json& e : c["env"])
-            if (is_node && str(e, "name") == "PET_NPROC_PER_NODE") {
-              const std::string v = str(e, "value");
+            if (is_node && json_text(e, "name") == "PET_NPROC_PER_NODE") {
+              const std::string v = json_text(e, "value");
               if (!v.empty() && std::all_of(v.begin(), v.end(), ::isdigit)) s.device_count = v;
             }
-        if (at(c, "command").is_array())
+        if (json_field(c, "command").is_array())
           for (const Json& a : c["command"]) s.command.push_back(a.is_string() ? a.get<std::string>() : a.dump());
-        if (at(c, "args").is_array())
+        if (json_field(c, "args").is_array())
           for (const Json& a : c["args"]) s.command.push_back(a.is_string() ? a.get<std::string>() : a.dump());
       }
-    if (at(pstatus, "containerStatuses").is_array())
+    if (json_field(pstatus, "containerStatuses").is_array())
       for (const Json& cs : pstatus["containerStatuses"]) {
-        if (str(cs, "name") != container_name) continue;
-        const Json& term = at(at(cs, "state"), "terminated");
+        if (json_text(cs, "name") != container_name) continue;
+        const Json& term = json_field(json_field(cs, "state"), "terminated");
         if (term.is_object()) {
-          if (at(term, "exitCode").is_number_integer()) s.exit_code = term["exitCode"].get<int>();
-          s.finished_at = parse_rfc3339(str(term, "finishedAt"));
+          if (json_field(term, "exitCode").is_number_integer()) s.exit_code = term["exitCode"].get<int>();
+          s.finished_at = parse_rfc3339(json_text(term, "finishedAt"));
         }
       }
     if (is_node && (role == "node" || mpi) && (s.status == kRunning || s.status == kComplete)) ++running_nodes;
@@ -390,15 +329,15 @@ TrainJobRecord KubernetesBackend::record_of(const Json& trainjob) {
   // Status: a terminal condition, else Running when every node runs (or ran), else Created.
   r.status = kCreated;
   bool terminal = false;
-  if (at(status, "conditions").is_array())
+  if (json_field(status, "conditions").is_array())
     for (const Json& c : status["conditions"]) {
-      const std::string type = str(c, "type");
-      if ((type == kComplete || type == kFailed) && str(c, "status") == "True") {
+      const std::string type = json_text(c, "type");
+      if ((type == kComplete || type == kFailed) && json_text(c, "status") == "True") {
         r.status = type;
         terminal = true;
-        r.finished_at = parse_rfc3339(str(c, "lastTransitionTime"));
+        r.finished_at = parse_rfc3339(json_text(c, "lastTransitionTime"));
         if (type == kFailed) {
-          const std::string reason = str(c, "reason"), message = str(c, "message");
+          const std::string reason = json_text(c, "reason"), message = json_text(c, "message");
           r.reason = reason + (reason.empty() || message.empty() ? "" : ": ") + message;
         }
       }
@@ -406,18 +345,18 @@ TrainJobRecord KubernetesBackend::record_of(const Json& trainjob) {
   if (!terminal && r.num_nodes > 0 && running_nodes == r.num_nodes) r.status = kRunning;
 
   // Progress (trainerStatus), when the trainer reports it.
-  const Json& ts = at(status, "trainerStatus");
+  const Json& ts = json_field(status, "trainerStatus");
   if (ts.is_object()) {
     r.progress.present = true;
-    if (at(ts, "progressPercentage").is_number()) r.progress.progress_percentage = ts["progressPercentage"].get<double>();
-    if (at(ts, "estimatedRemainingSeconds").is_number())
+    if (json_field(ts, "progressPercentage").is_number()) r.progress.progress_percentage = ts["progressPercentage"].get<double>();
+    if (json_field(ts, "estimatedRemainingSeconds").is_number())
       r.progress.estimated_remaining_seconds = ts["estimatedRemainingSeconds"].get<double>();
-    if (at(ts, "metrics").is_array())
+    if (json_field(ts, "metrics").is_array())
       for (const Json& m : ts["metrics"]) {
-        const std::string value = str(m, "value");
+        const std::string value = json_text(m, "value");
         char* end = nullptr;
         const double v = std::strtod(value.c_str(), &end);
-        if (!str(m, "name").empty() && end != value.c_str()) r.progress.metrics[str(m, "name")] = v;
+        if (!json_text(m, "name").empty() && end != value.c_str()) r.progress.metrics[json_text(m, "name")] = v;
       }
   }
   return r;
@@ -427,7 +366,7 @@ Json KubernetesBackend::trainjob_object(const TrainJobPlan& plan) const {
   if (plan.trainjob_json.empty())
     throw Error("kubernetes backend", "the plan of " + plan.job_name + " carries no TrainJob (plans from build_plan do)");
   Json job = Json::parse(plan.trainjob_json);
-  if (str(at(job, "metadata"), "name").empty()) throw Error("kubernetes backend", "the plan's TrainJob has no metadata.name");
+  if (json_text(json_field(job, "metadata"), "name").empty()) throw Error("kubernetes backend", "the plan's TrainJob has no metadata.name");
   job["metadata"]["namespace"] = namespace_;
   return job;
 }
@@ -455,21 +394,10 @@ void KubernetesBackend::refuse_taken_name(const std::string& name, const std::st
 
 std::string KubernetesBackend::submit(const TrainJobPlan& plan) {
   const Json job = trainjob_object(plan);
-  const std::string name = str(at(job, "metadata"), "name");
+  const std::string name = json_text(json_field(job, "metadata"), "name");
   const std::string secrets_path = "/api/v1/namespaces/" + hub::url_encode(namespace_, false) + "/secrets";
   if (!plan.secret_data.empty()) {
-    Json secret = {{"apiVersion", "v1"},
-                   {"kind", "Secret"},
-                   {"metadata",
-                    {{"name", plan.secret_name},
-                     {"namespace", namespace_},
-                     {"labels", {{"app.kubernetes.io/managed-by", "ktune"}, {"trainer.kubeflow.org/trainjob-name", name}}}}},
-                   {"type", "Opaque"},
-                   {"stringData", Json::object()}};
-    for (const auto& [k, v] : plan.secret_data) {
-      register_secret(v);
-      secret["stringData"][k] = v;
-    }
+    const Json secret = credentials_secret(plan.secret_name, namespace_, name, plan.secret_data);
     try {
       request("POST", secrets_path, secret.dump());
     } catch (const KubernetesApiError& e) {
@@ -490,7 +418,7 @@ std::string KubernetesBackend::submit(const TrainJobPlan& plan) {
     }
     throw;
   }
-  const std::string uid = str(at(created, "metadata"), "uid");
+  const std::string uid = json_text(json_field(created, "metadata"), "uid");
   if (!plan.secret_data.empty() && !uid.empty()) {
     // The Secret now belongs to the TrainJob: the cluster's garbage collector deletes it with the job.
     const Json patch = {{"metadata",
@@ -513,9 +441,9 @@ std::string KubernetesBackend::submit(const TrainJobPlan& plan) {
 std::vector<TrainJobRecord> KubernetesBackend::list_jobs(const std::string& runtime) {
   const Json list = request("GET", trainjobs_path());
   std::vector<TrainJobRecord> out;
-  if (!at(list, "items").is_array()) return out;
+  if (!json_field(list, "items").is_array()) return out;
   for (const Json& item : list["items"]) {
-    if (!runtime.empty() && str(at(at(item, "spec"), "runtimeRef"), "name") != runtime) continue;
+    if (!runtime.empty() && json_text(json_field(json_field(item, "spec"), "runtimeRef"), "name") != runtime) continue;
     out.push_back(record_of(item));
   }
   std::sort(out.begin(), out.end(), [](const TrainJobRecord& a, const TrainJobRecord& b) {
@@ -534,13 +462,13 @@ std::vector<types::Event> KubernetesBackend::get_job_events(const std::string& n
   for (const Json& e : list.value("items", Json::array())) {
     if (!e.is_object() || !e.contains("involvedObject") || !e["involvedObject"].is_object()) continue;
     const Json& object = e["involvedObject"];
-    const std::string kind = str(object, "kind"), object_name = str(object, "name");
-    const std::string first = str(e, "firstTimestamp");
+    const std::string kind = json_text(object, "kind"), object_name = json_text(object, "name");
+    const std::string first = json_text(e, "firstTimestamp");
     if (first.empty()) continue;
     const bool part_of_job = object_name == name || pods.count(object_name) ||
                              (kind != "TrainJob" && object_name.rfind(name + "-", 0) == 0);
     if (!part_of_job || (kind != "TrainJob" && kind != "JobSet" && kind != "Job" && kind != "Pod")) continue;
-    events.push_back({kind, object_name, str(e, "message"), str(e, "reason"), first});
+    events.push_back({kind, object_name, json_text(e, "message"), json_text(e, "reason"), first});
   }
   std::stable_sort(events.begin(), events.end(), [](const types::Event& a, const types::Event& b) {
     return parse_rfc3339(a.event_time) < parse_rfc3339(b.event_time);
@@ -566,16 +494,16 @@ std::string KubernetesBackend::container_state(const std::string& pod, const std
     if (e.status() == 404) return "gone";
     throw;
   }
-  const Json& status = at(p, "status");
-  if (at(status, "containerStatuses").is_array())
+  const Json& status = json_field(p, "status");
+  if (json_field(status, "containerStatuses").is_array())
     for (const Json& cs : status["containerStatuses"]) {
-      if (str(cs, "name") != container) continue;
-      const Json& state = at(cs, "state");
-      if (at(state, "terminated").is_object()) return "terminated";
-      if (at(state, "running").is_object()) return "running";
+      if (json_text(cs, "name") != container) continue;
+      const Json& state = json_field(cs, "state");
+      if (json_field(state, "terminated").is_object()) return "terminated";
+      if (json_field(state, "running").is_object()) return "running";
       return "waiting";
     }
-  const std::string phase = str(status, "phase");
+  const std::string phase = json_text(status, "phase");
   return phase == "Succeeded" || phase == "Failed" ? "terminated" : "running";
 }
 
@@ -634,7 +562,7 @@ bool KubernetesBackend::read_pod_log(const std::string& pod, const std::string& 
     r.url = base;
     if (follow) {  // timestamps let a reopened stream start where this one stopped
       r.url += "&timestamps=true";
-      if (resume.time_ns >= 0) r.url += "&sinceTime=" + hub::url_encode(format_rfc3339_seconds(resume.time_ns), false);
+      if (resume.time_ns >= 0) r.url += "&sinceTime=" + hub::url_encode(format_rfc3339(resume.time_ns / 1000000000), false);
     }
     if (follow_now) r.url += "&follow=true";
     r.tls = connection_.tls;
@@ -694,7 +622,7 @@ bool KubernetesBackend::read_pod_log(const std::string& pod, const std::string& 
     }
     log_debug("the log stream of " + pod + " " + (clean ? "ended" : "was cut (" + cut + ")") +
               " while the container runs; reopening it from " +
-              (resume.time_ns >= 0 ? format_rfc3339_seconds(resume.time_ns) : std::string("the start")));
+              (resume.time_ns >= 0 ? format_rfc3339(resume.time_ns / 1000000000) : std::string("the start")));
     if (fruitless > 0) std::this_thread::sleep_for(std::chrono::duration<double>(poll_interval_ * fruitless));
   }
 }
@@ -711,7 +639,7 @@ std::vector<v1alpha1::TrainingRuntime> KubernetesBackend::runtimes() {
       log_debug("runtimes: " + std::string(e.what()));
       continue;
     }
-    if (!at(list, "items").is_array()) continue;
+    if (!json_field(list, "items").is_array()) continue;
     const std::string kind = path.find("/clustertrainingruntimes") != std::string::npos ? v1alpha1::kClusterTrainingRuntimeKind
                                                                                     : v1alpha1::kTrainingRuntimeKind;
     for (Json item : list["items"]) {
@@ -719,7 +647,7 @@ std::vector<v1alpha1::TrainingRuntime> KubernetesBackend::runtimes() {
       item["apiVersion"] = "trainer.kubeflow.org/v1alpha1";
       item["kind"] = kind;
       try {
-        out.push_back(v1alpha1::runtime_from_json(item, path + ": " + str(at(item, "metadata"), "name")));
+        out.push_back(v1alpha1::runtime_from_json(item, path + ": " + json_text(json_field(item, "metadata"), "name")));
       } catch (const Error& e) {
         log_warn("skipping a runtime the cluster holds: " + std::string(e.what()));
       }

@@ -136,13 +136,6 @@ class KubernetesBackend : public Backend {
   std::map<std::string, std::unique_ptr<v1alpha1::TrainingRuntime>> runtimes_;  // by kind/name; null: unreadable
 };
 
-// RFC 3339 ("2026-12-02T13:10:00Z", fractional seconds allowed) → unix seconds; 0 when malformed.
-double parse_rfc3339(const std::string& text);
-// The same to the nanosecond (a log line's "2026-12-02T13:10:00.123456789Z"); -1 when malformed.
-int64_t parse_rfc3339_ns(const std::string& text);
-// Unix nanoseconds → "2026-12-02T13:10:00Z", the second rounded down (a log request's sinceTime).
-std::string format_rfc3339_seconds(int64_t ns);
-
 // Where a followed log stands: the time of the last line delivered and how many lines with that
 // very time were delivered (lines may share a time). time_ns -1: nothing delivered yet.
 struct LogResumePoint {

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "sdk/kubernetes_backend.h"
+#include "sdk/kube_objects.h"
 #include "sdk/local_backend.h"
 
 namespace ktune::sdk {
@@ -24,25 +25,15 @@ using Json = v1alpha1::Json;
 constexpr const char* kExportContainer = "exporter";
 constexpr const char* kDefaultInitializerImage = "ghcr.io/ktune/ktune-initializer:0.1.0";
 
-const Json& field(const Json& obj, const char* key) {
-  static const Json null;
-  return obj.is_object() && obj.contains(key) ? obj[key] : null;
-}
-
-std::string text(const Json& obj, const char* key) {
-  const Json& v = field(obj, key);
-  return v.is_string() ? v.get<std::string>() : std::string();
-}
-
 std::string export_job_name(const std::string& job) { return job + "-export"; }
 std::string export_secret_name(const std::string& job) { return job + "-export-secrets"; }
 
 Json owner_of(const Json& trainjob) {
-  const Json& meta = field(trainjob, "metadata");
+  const Json& meta = json_field(trainjob, "metadata");
   return Json::array({{{"apiVersion", "trainer.kubeflow.org/v1alpha1"},
                        {"kind", "TrainJob"},
-                       {"name", text(meta, "name")},
-                       {"uid", text(meta, "uid")}}});
+                       {"name", json_text(meta, "name")},
+                       {"uid", json_text(meta, "uid")}}});
 }
 
 // The runtime's workspace: the first volumeClaimPolicies template (JobSet names its claim
@@ -53,11 +44,11 @@ struct Workspace {
 };
 
 std::optional<Workspace> workspace_of(const v1alpha1::TrainingRuntime& runtime) {
-  const Json& policies = field(field(runtime.template_, "spec"), "volumeClaimPolicies");
+  const Json& policies = json_field(json_field(runtime.template_, "spec"), "volumeClaimPolicies");
   if (!policies.is_array()) return std::nullopt;
   for (const Json& policy : policies)
-    for (const Json& t : field(policy, "templates").is_array() ? field(policy, "templates") : Json::array()) {
-      const std::string name = text(field(t, "metadata"), "name");
+    for (const Json& t : json_field(policy, "templates").is_array() ? json_field(policy, "templates") : Json::array()) {
+      const std::string name = json_text(json_field(t, "metadata"), "name");
       if (name.empty()) continue;
       for (const v1alpha1::ReplicatedJob& job : runtime.replicated_jobs())
         for (const v1alpha1::Container& c : job.containers)
@@ -104,24 +95,24 @@ void KubernetesBackend::post_until_free(const std::string& path, const std::stri
 
 std::vector<ExportRecord> KubernetesBackend::exports_of(const Json& trainjob) const {
   std::vector<ExportRecord> out;
-  const std::string annotation = text(field(field(trainjob, "metadata"), "annotations"), kExportsAnnotation);
+  const std::string annotation = json_text(json_field(json_field(trainjob, "metadata"), "annotations"), kExportsAnnotation);
   if (annotation.empty()) return out;
   const Json list = Json::parse(annotation, nullptr, false);
   if (!list.is_array()) {
-    log_warn("TrainJob " + text(field(trainjob, "metadata"), "name") + ": its " + kExportsAnnotation +
+    log_warn("TrainJob " + json_text(json_field(trainjob, "metadata"), "name") + ": its " + kExportsAnnotation +
              " annotation is not a JSON list; its exports are not shown");
     return out;
   }
   for (const Json& j : list) {
     ExportRecord e;
-    e.id = field(j, "id").is_number_integer() ? field(j, "id").get<int>() : int(out.size()) + 1;
-    e.status = text(j, "status");
-    e.destination = text(j, "destination");
-    e.parts = text(j, "parts");
-    e.started_at = field(j, "startedAt").is_number() ? field(j, "startedAt").get<double>() : 0;
-    e.finished_at = field(j, "finishedAt").is_number() ? field(j, "finishedAt").get<double>() : 0;
-    if (field(j, "summary").is_object()) e.summary_json = field(j, "summary").dump();
-    e.error = text(j, "error");
+    e.id = json_field(j, "id").is_number_integer() ? json_field(j, "id").get<int>() : int(out.size()) + 1;
+    e.status = json_text(j, "status");
+    e.destination = json_text(j, "destination");
+    e.parts = json_text(j, "parts");
+    e.started_at = json_field(j, "startedAt").is_number() ? json_field(j, "startedAt").get<double>() : 0;
+    e.finished_at = json_field(j, "finishedAt").is_number() ? json_field(j, "finishedAt").get<double>() : 0;
+    if (json_field(j, "summary").is_object()) e.summary_json = json_field(j, "summary").dump();
+    e.error = json_text(j, "error");
     out.push_back(std::move(e));
   }
   return out;
@@ -135,15 +126,15 @@ void KubernetesBackend::record_exports(const std::string& job, const std::vector
 }
 
 Json KubernetesBackend::export_job_object(const std::string& job, const KubernetesExport& e, const Json& trainjob) {
-  const Json& ref = field(field(trainjob, "spec"), "runtimeRef");
-  const std::string kind = text(ref, "kind").empty() ? v1alpha1::kClusterTrainingRuntimeKind : text(ref, "kind");
-  const v1alpha1::TrainingRuntime* runtime = runtime_of(kind, text(ref, "name"));
+  const Json& ref = json_field(json_field(trainjob, "spec"), "runtimeRef");
+  const std::string kind = json_text(ref, "kind").empty() ? v1alpha1::kClusterTrainingRuntimeKind : json_text(ref, "kind");
+  const v1alpha1::TrainingRuntime* runtime = runtime_of(kind, json_text(ref, "name"));
   if (runtime == nullptr)
-    throw Error("TrainJob " + job, "its runtime " + kind + " " + text(ref, "name") +
+    throw Error("TrainJob " + job, "its runtime " + kind + " " + json_text(ref, "name") +
                                        " cannot be read: the export needs its volume and initializer image");
   const std::optional<Workspace> workspace = workspace_of(*runtime);
   if (!workspace)
-    throw Error("TrainJob " + job, "its runtime " + text(ref, "name") +
+    throw Error("TrainJob " + job, "its runtime " + json_text(ref, "name") +
                                        " keeps no volume (spec.template.spec.volumeClaimPolicies): its outputs went with its pods");
   std::string image = e.image;
   if (image.empty())
@@ -203,13 +194,13 @@ ExportRecord KubernetesBackend::start_export(const std::string& job, const Kuber
     Json status;
     bool gone = false;
     try {
-      status = field(request("GET", job_path), "status");
+      status = json_field(request("GET", job_path), "status");
     } catch (const KubernetesApiError& err) {
       if (err.status() != 404) throw;
       gone = true;
     }
-    const bool ended = (field(status, "succeeded").is_number_integer() && field(status, "succeeded").get<int>() > 0) ||
-                       (field(status, "failed").is_number_integer() && field(status, "failed").get<int>() > 0);
+    const bool ended = (json_field(status, "succeeded").is_number_integer() && json_field(status, "succeeded").get<int>() > 0) ||
+                       (json_field(status, "failed").is_number_integer() && json_field(status, "failed").get<int>() > 0);
     if (gone) {
       exports.back().status = kFailed;
       exports.back().error = "its Job " + export_job_name(job) + " is gone; the export's end was not seen";
@@ -234,19 +225,8 @@ ExportRecord KubernetesBackend::start_export(const std::string& job, const Kuber
     }
   }
   if (!e.secret_env.empty()) {
-    Json secret = {{"apiVersion", "v1"},
-                   {"kind", "Secret"},
-                   {"metadata",
-                    {{"name", export_secret_name(job)},
-                     {"namespace", namespace_},
-                     {"labels", {{"app.kubernetes.io/managed-by", "ktune"}, {"trainer.kubeflow.org/trainjob-name", job}}},
-                     {"ownerReferences", owner_of(trainjob)}}},
-                   {"type", "Opaque"},
-                   {"stringData", Json::object()}};
-    for (const auto& [k, v] : e.secret_env) {
-      register_secret(v);
-      secret["stringData"][k] = v;
-    }
+    Json secret = credentials_secret(export_secret_name(job), namespace_, job, e.secret_env);
+    secret["metadata"]["ownerReferences"] = owner_of(trainjob);
     post_until_free(namespace_path() + "/secrets", secret.dump());
   }
   post_until_free(jobs_path, object.dump());
@@ -266,7 +246,7 @@ ExportRecord KubernetesBackend::wait_for_export(const std::string& job, const Lo
   const std::string job_path = "/apis/batch/v1/namespaces/" + hub::url_encode(namespace_, false) + "/jobs/" +
                                hub::url_encode(export_job_name(job), false);
   // Its pods by the Job's uid: an earlier export's pods (same Job name) may still be going away.
-  const std::string uid = text(field(request("GET", job_path), "metadata"), "uid");
+  const std::string uid = json_text(json_field(request("GET", job_path), "metadata"), "uid");
   const std::string pods_path = namespace_path() + "/pods?labelSelector=" +
                                 hub::url_encode("batch.kubernetes.io/controller-uid=" + uid, false);
   std::string pod;
@@ -277,13 +257,13 @@ ExportRecord KubernetesBackend::wait_for_export(const std::string& job, const Lo
   };
   std::string outcome;  // kComplete | kFailed once the Job says so
   while (outcome.empty()) {
-    const Json status = field(request("GET", job_path), "status");
-    if (field(status, "succeeded").is_number_integer() && field(status, "succeeded").get<int>() > 0) outcome = kComplete;
-    else if (field(status, "failed").is_number_integer() && field(status, "failed").get<int>() > 0) outcome = kFailed;
+    const Json status = json_field(request("GET", job_path), "status");
+    if (json_field(status, "succeeded").is_number_integer() && json_field(status, "succeeded").get<int>() > 0) outcome = kComplete;
+    else if (json_field(status, "failed").is_number_integer() && json_field(status, "failed").get<int>() > 0) outcome = kFailed;
     if (pod.empty()) {  // the export's pod, once it has left Pending (or the Job ended)
       const Json pods = request("GET", pods_path);
-      for (const Json& p : field(pods, "items").is_array() ? field(pods, "items") : Json::array())
-        if (text(field(p, "status"), "phase") != "Pending" || !outcome.empty()) pod = text(field(p, "metadata"), "name");
+      for (const Json& p : json_field(pods, "items").is_array() ? json_field(pods, "items") : Json::array())
+        if (json_text(json_field(p, "status"), "phase") != "Pending" || !outcome.empty()) pod = json_text(json_field(p, "metadata"), "name");
       if (!pod.empty()) {
         read_pod_log(pod, kExportContainer, /*follow=*/outcome.empty(), keep);
         continue;  // the Job's outcome, now that its container has ended

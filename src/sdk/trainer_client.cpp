@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "core/rfc3339.h"
 #include "runtime/planner.h"
 #include "runtime/trainjob_builder.h"
 #include "sdk/local_backend.h"
@@ -55,12 +56,7 @@ RuntimeCatalog catalog_for(const BackendConfig& config) {
 
 std::string rfc3339(double unix_seconds) {
   if (unix_seconds <= 0) return "";
-  std::time_t t = std::time_t(unix_seconds);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
+  return format_rfc3339(int64_t(unix_seconds));
 }
 
 TrainerClient::TrainerClient(const BackendConfig& config)

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/rfc3339.h"
 #include "hub/http_client.h"
 #include "train/metric_logger.h"
 
@@ -22,15 +23,6 @@ namespace {
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
-}
-
-std::string rfc3339_utc(int64_t unix_seconds) {
-  const std::time_t t = std::time_t(unix_seconds);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 std::string read_token(const std::string& path) {
@@ -64,7 +56,7 @@ std::string trainer_status_body(const TrainerProgress& p, std::optional<double> 
   metrics.push_back({{"name", "currentEpoch"}, {"value", std::to_string(p.epoch + 1)}});
   metrics.push_back({{"name", "totalEpochs"}, {"value", std::to_string(p.total_epochs)}});
   status["metrics"] = std::move(metrics);
-  status["lastUpdatedTime"] = rfc3339_utc(now);
+  status["lastUpdatedTime"] = format_rfc3339(now);
   return nlohmann::ordered_json{{"trainerStatus", std::move(status)}}.dump();
 }
 

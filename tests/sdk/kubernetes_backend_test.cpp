@@ -103,21 +103,6 @@ TEST(KubeConfig, SearchesKubeconfigThenHomeThenTheServiceAccount) {
   EXPECT_THROW(load_kube_connection("", "", lookup), Error);
 }
 
-TEST(Rfc3339, ParsesUtcFractionsAndOffsets) {
-  EXPECT_EQ(parse_rfc3339("2026-12-02T13:10:00Z"), 1796217000.0);
-  EXPECT_EQ(parse_rfc3339("2026-12-02T13:10:00.5Z"), 1796217000.5);
-  EXPECT_EQ(parse_rfc3339("2026-12-02T15:10:00+02:00"), 1796217000.0);
-  EXPECT_EQ(parse_rfc3339("yesterday"), 0.0);
-  // To the nanosecond, as log lines carry it (Go's RFC3339Nano drops trailing zeros).
-  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T13:10:00Z"), 1796217000LL * 1000000000);
-  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T13:10:00.5Z"), 1796217000LL * 1000000000 + 500000000);
-  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T13:10:00.000000001Z"), 1796217000LL * 1000000000 + 1);
-  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T14:10:00.25+01:00"), 1796217000LL * 1000000000 + 250000000);
-  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T13:10:00.Z"), -1);
-  EXPECT_EQ(parse_rfc3339_ns("2026-12-02T13:10:00Zjunk"), -1);
-  EXPECT_EQ(format_rfc3339_seconds(1796217000LL * 1000000000 + 999999999), "2026-12-02T13:10:00Z");
-}
-
 // The TrainJob posted is the one `ktune train --dry-run --backend kubernetes` prints, valid for the
 // CRD; the access token travels in a Secret the job owns, and appears nowhere else.
 TEST_F(KubernetesBackendTest, SubmitPostsTheDryRunTrainJobAndKeepsTheTokenInASecret) {
