@@ -23,7 +23,7 @@ from .client import TrainerClient, TrainJobPlan, function_script
 from .utils import get_tpu_num_nodes, update_trainjob_status
 from .types import (BackendConfig, BackendKind, BuiltinTrainer, CustomTrainer, CustomTrainerContainer, DataCacheInitializer, DataFormat, DataType, Event,
                     HuggingFaceDatasetInitializer, HuggingFaceModelInitializer, Initializer, KubernetesBackendConfig, LoraConfig, Loss,
-                    Runtime, RuntimeKind, RuntimeTrainer, S3DatasetInitializer, S3ModelInitializer, Step,
+                    ContainerBackendConfig, LocalProcessBackendConfig, TrainingRuntimeSource, Runtime, RuntimeKind, RuntimeTrainer, S3DatasetInitializer, S3ModelInitializer, Step,
                     TorchTuneChatDataset, TorchTuneConfig, TorchTuneInstructDataset, TorchTuneMultimodalDataset,
                     TrainerType, TrainJob, TrainJobProgress, TrainJobTemplate)
 
@@ -33,10 +33,10 @@ DATASET_PATH = constants.DATASET_PATH
 MODEL_PATH = constants.MODEL_PATH
 
 __all__ = [
-    "BackendConfig", "BackendKind", "BuiltinTrainer", "CustomTrainer", "CustomTrainerContainer", "DATASET_PATH", "DataCacheInitializer", "DataFormat", "DataType", "Event",
-    "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "KubernetesBackendConfig", "LoraConfig", "Loss", "MODEL_PATH",
+    "BackendConfig", "BackendKind", "BuiltinTrainer", "ContainerBackendConfig", "CustomTrainer", "CustomTrainerContainer", "DATASET_PATH", "DataCacheInitializer", "DataFormat", "DataType", "Event",
+    "HuggingFaceDatasetInitializer", "HuggingFaceModelInitializer", "Initializer", "KubernetesBackendConfig", "LocalProcessBackendConfig", "LoraConfig", "Loss", "MODEL_PATH",
     "Runtime", "RuntimeKind", "RuntimeTrainer", "S3DatasetInitializer", "S3ModelInitializer", "Step",
     "TorchTuneChatDataset", "TorchTuneConfig", "TorchTuneInstructDataset", "TorchTuneMultimodalDataset",
-    "TrainJob", "TrainJobPlan", "TrainJobProgress", "TrainJobTemplate", "TrainerClient", "TrainerType", "constants", "function_script",
+    "TrainJob", "TrainJobPlan", "TrainJobProgress", "TrainJobTemplate", "TrainerClient", "TrainerType", "TrainingRuntimeSource", "constants", "function_script",
     "get_tpu_num_nodes", "options", "types", "update_trainjob_status",
 ]

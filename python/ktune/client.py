@@ -194,9 +194,9 @@ def _backend_config(config) -> BackendConfig:
     builtin trainer included (which upstream's container backend refuses)."""
     if config is None:
         return BackendConfig()
-    if isinstance(config, BackendConfig):
-        return config
     kind = _kind(config)
+    if isinstance(config, BackendConfig) and kind != "ContainerBackendConfig":
+        return config
     if kind == "KubernetesBackendConfig":
         if getattr(config, "client_configuration", None) is not None:
             raise ValueError("KubernetesBackendConfig.client_configuration: ktune connects from a kubeconfig "
@@ -210,6 +210,8 @@ def _backend_config(config) -> BackendConfig:
         warnings.warn("ContainerBackendConfig: ktune runs the job's steps as processes on this machine (its trainer "
                       "and initializers are native programs); no container runtime, image or pull policy is used",
                       stacklevel=3)
+        if isinstance(config, BackendConfig):
+            return config
         return BackendConfig(kind=BackendKind.LOCAL)
     raise ValueError(f"backend_config: {kind} is not a backend ktune has (it takes BackendConfig, "
                      "KubernetesBackendConfig, LocalProcessBackendConfig or ContainerBackendConfig)")

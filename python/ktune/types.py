@@ -553,6 +553,46 @@ class KubernetesBackendConfig(BackendConfig):
         self.kind = BackendKind.KUBERNETES
 
 
+@dataclass(kw_only=True)
+class LocalProcessBackendConfig(BackendConfig):
+    """Upstream's ``LocalProcessBackendConfig``: the local backend. ``cleanup_venv`` is kept for
+    upstream's signature only: ktune's local jobs run in no virtual environment of their own, so
+    there is none to remove."""
+
+    cleanup_venv: bool = True
+
+    def __post_init__(self):
+        self.kind = BackendKind.LOCAL
+
+
+@dataclass
+class TrainingRuntimeSource:
+    """Upstream's runtime sources of its container backend (``github://``, ``https://``,
+    ``file://`` URLs); ktune's local backend uses its own bundled runtimes, whatever these say."""
+
+    sources: list[str] = field(default_factory=lambda: ["github://kubeflow/trainer"])
+
+
+@dataclass(kw_only=True)
+class ContainerBackendConfig(BackendConfig):
+    """Upstream's ``ContainerBackendConfig``, with its fields. ktune's trainer and initializers are
+    native programs, so the steps upstream would start in Docker or Podman containers run as
+    processes on this machine (the local backend, said in a warning when the client is made):
+    the images, pull policy, container host and runtime sources are not used."""
+
+    pull_policy: str = "IfNotPresent"
+    auto_remove: bool = True
+    container_host: Optional[str] = None
+    container_runtime: Optional[str] = None
+    runtime_source: TrainingRuntimeSource = field(default_factory=TrainingRuntimeSource)
+    dataset_initializer_image: str = "ghcr.io/kubeflow/trainer/dataset-initializer:latest"
+    model_initializer_image: str = "ghcr.io/kubeflow/trainer/model-initializer:latest"
+    initializer_timeout: int = 600
+
+    def __post_init__(self):
+        self.kind = BackendKind.LOCAL
+
+
 @dataclass
 class _CustomTrainerSpec:
     """A CustomTrainer as the C++ SDK takes it (runtime/sdk_types.h): a command, or a script's text

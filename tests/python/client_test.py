@@ -209,6 +209,18 @@ class LocalBackend(unittest.TestCase):
             ActiveDeadlineSeconds(0)
         self.assertEqual(client.list_jobs()[0].name, "named-job")
 
+    def test_default_runtime_and_pip_indexes_come_from_the_environment_as_upstreams(self):
+        import subprocess
+        code = ("import ktune; print(ktune.constants.DEFAULT_TRAINING_RUNTIME); "
+                "print(ktune.CustomTrainer(func=print).pip_index_urls)")
+        env = dict(os.environ, DEFAULT_TRAINING_RUNTIME="my-torch",
+                   DEFAULT_PIP_INDEX_URLS="https://mirror.example/simple,https://extra.example/simple")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        self.assertEqual(out.splitlines(), ["my-torch", "['https://mirror.example/simple', 'https://extra.example/simple']"])
+        env.pop("DEFAULT_TRAINING_RUNTIME"), env.pop("DEFAULT_PIP_INDEX_URLS")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        self.assertEqual(out.splitlines(), ["torch-distributed", "['https://pypi.org/simple']"])
+
     def test_events_and_runtime_packages(self):
         client = self.home.client()
         with self.assertRaisesRegex(NotImplementedError, "the local backend has no cluster events"):
@@ -217,6 +229,14 @@ class LocalBackend(unittest.TestCase):
             client.get_runtime_packages(client.get_runtime(RUNTIME))
         with self.assertRaises(TypeError):  # keyword-only, as upstream's pydantic model
             ktune.KubernetesBackendConfig("ns")
+        # Upstream's backend configs under their names from ktune too ("change only the import").
+        from ktune.client import _backend_config
+        self.assertEqual(_backend_config(ktune.LocalProcessBackendConfig(cleanup_venv=False)).kind, ktune.BackendKind.LOCAL)
+        container = ktune.ContainerBackendConfig(container_runtime="docker",
+                                                 runtime_source=ktune.TrainingRuntimeSource(sources=["file:///rt"]))
+        with self.assertWarnsRegex(UserWarning, "ContainerBackendConfig: ktune runs the job's steps as processes"):
+            self.assertEqual(_backend_config(container).kind, ktune.BackendKind.LOCAL)
+        self.assertEqual((container.pull_policy, container.initializer_timeout), ("IfNotPresent", 600))
         try:  # upstream's own backend configs
             from kubeflow.common.types import KubernetesBackendConfig as UpstreamKubernetes
             from kubeflow.trainer.backends.localprocess.types import LocalProcessBackendConfig
