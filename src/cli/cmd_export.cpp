@@ -1,11 +1,12 @@
 // `ktune export --from OUTPUT_DIR --to URI [--parts adapter|merged|all] [--epoch N] [flags]`:
-// copy the adapter and/or merged model of a finished job's latest epoch to file://, s3:// or
+// copy the adapter and/or merged model of a job's latest checkpoint (epoch_N, or a newer mid-epoch
+// step_N; --epoch N for that epoch's) to file://, s3:// or
 // hf://, then print a JSON summary (destination, files, bytes) on stdout for the job status.
 // With --job NAME (a job that is Complete), the output dir is the job's and the export —
 // Running, then Complete with the summary or Failed with the error — is recorded with the job,
 // which `ktune jobs get` shows: locally in its registry entry; on Kubernetes the exporter runs as a
 // Job beside the TrainJob's volume and the record is the TrainJob's annotation (kubernetes_export.cpp).
-// Without --parts, it exports whatever the epoch folder has (adapter, merged model, or both).
+// Without --parts, it exports whatever the checkpoint folder has (adapter, merged model, or both).
 // It deliberately exports no optimizer or recipe state.
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,8 @@ static int export_usage(std::FILE* out) {
                "         [--aws-secret-access-key S] [--aws-session-token T] [--max-attempts N]\n"
                "         [--backend local|kubernetes [--namespace NS] [--kubeconfig PATH] [--context NAME]]\n"
                "         [--timeout SECONDS] (Kubernetes: how long to wait for the export Job; default 3600)\n"
+               "  It exports the latest checkpoint: epoch_N, or a step_N of save_every_n_steps saved after every\n"
+               "  epoch's (a run stopped mid-epoch); --epoch N exports epoch_N.\n"
                "  On Kubernetes (--backend kubernetes or KTUNE_BACKEND), --job NAME runs the exporter as a Job\n"
                "  <NAME>-export that mounts the TrainJob's volume, its credentials in a Secret, follows its log\n"
                "  and records the export in the TrainJob (ktune jobs get).\n");

@@ -334,6 +334,7 @@ TEST(ExportSelection, PicksTheLatestEpochAndTheRequestedParts) {
   make_output_dir(tmp.path);
   ExportSelection a = select_export(tmp.path, ExportParts::Adapter);
   EXPECT_EQ(a.epoch, 10);  // numeric, not lexical, order
+  EXPECT_EQ(a.checkpoint, "epoch_10");
   EXPECT_EQ(remote_paths(a), (std::vector<std::string>{"adapter_config.json", "adapter_model.safetensors"}));
   ExportSelection m = select_export(tmp.path, ExportParts::Merged);
   EXPECT_EQ(remote_paths(m), (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
@@ -344,6 +345,43 @@ TEST(ExportSelection, PicksTheLatestEpochAndTheRequestedParts) {
   EXPECT_EQ(all.epoch, 1);
   EXPECT_EQ(all.files.size(), 8u);
   EXPECT_EQ(select_export(tmp.path, ExportParts::Available).parts, ExportParts::All);
+}
+
+// ktune's folders record their global step: a mid-epoch step_N saved after the last epoch's end
+// (a run stopped by its deadline) is the latest; torchtune's record none, and an epoch wins.
+TEST(ExportSelection, AStepFolderSavedAfterEveryEpochIsTheLatest) {
+  TempDir tmp;
+  const auto checkpoint = [&](const std::string& name, int64_t global_step, int epoch) {
+    write_file(tmp / (name + "/adapter_config.json"), "{}");
+    write_file(tmp / (name + "/adapter_model.safetensors"), name);
+    if (global_step >= 0)
+      write_file(tmp / (name + "/recipe_state/recipe_state.json"),
+                 nlohmann::json{{"global_step", global_step}, {"epoch", epoch}, {"step_in_epoch", 5}}.dump());
+  };
+  checkpoint("epoch_0", 100, 1);
+  checkpoint("step_50", 50, 0);
+  checkpoint("step_150", 150, 1);
+  ExportSelection s = select_export(tmp.path, ExportParts::Available);
+  EXPECT_EQ(s.checkpoint, "step_150");
+  EXPECT_EQ(s.global_step, 150);
+  EXPECT_EQ(s.epoch, 1);  // saved in the second epoch
+  EXPECT_EQ(std::filesystem::path(s.checkpoint_dir).filename(), "step_150");
+  EXPECT_EQ(s.parts, ExportParts::Adapter);
+  checkpoint("epoch_1", 200, 2);
+  EXPECT_EQ(select_export(tmp.path, ExportParts::Adapter).checkpoint, "epoch_1");
+  EXPECT_EQ(select_export(tmp.path, ExportParts::Adapter, 0).checkpoint, "epoch_0");  // --epoch: epoch folders only
+  EXPECT_THROW(select_export(tmp.path, ExportParts::Adapter, 150), ktune::Error);
+
+  TempDir torchtune;  // no recipe_state.json: the highest epoch, steps only without one
+  for (const std::string name : {"step_900", "step_20"}) {
+    write_file(torchtune / (name + "/adapter_config.json"), "{}");
+    write_file(torchtune / (name + "/adapter_model.safetensors"), "w");
+  }
+  EXPECT_EQ(select_export(torchtune.path, ExportParts::Adapter).checkpoint, "step_900");
+  write_file(torchtune / "epoch_0/adapter_config.json", "{}");
+  write_file(torchtune / "epoch_0/adapter_model.safetensors", "w");
+  EXPECT_EQ(select_export(torchtune.path, ExportParts::Adapter).checkpoint, "epoch_0");
+  EXPECT_EQ(select_export(torchtune.path, ExportParts::Adapter).global_step, -1);
 }
 
 TEST(ExportSelection, MissingPartsAndEpochsAreClearErrors) {
