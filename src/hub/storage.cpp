@@ -1,11 +1,16 @@
 #include "hub/storage.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -47,13 +52,26 @@ bool apply_storage_flag(StorageOptions& o, const std::string& flag, const std::s
   return true;
 }
 
+void write_original_repo_id(const std::string& output_dir, const std::string& repo_id) {
+  const std::filesystem::path path = std::filesystem::path(output_dir) / "original_repo_id.json";
+  const std::filesystem::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << nlohmann::json{{"repo_id", repo_id}}.dump(4) << "\n";
+    if (!out.flush()) throw Error(tmp.string(), "cannot write");
+  }
+  std::filesystem::rename(tmp, path);
+}
+
 TransferReport download_uri(const StorageUri& uri, const std::string& output_dir, const StorageOptions& options,
                             const ProgressFn& progress) {
   switch (uri.scheme) {
     case StorageScheme::HuggingFace: {
       HfHubClient hub({options.hf_endpoint, options.hf_token, options.retry});
-      return hub.download(uri.repo_id, options.hf_repo_type, options.hf_revision, uri.subpath, options.filter,
-                          output_dir, progress);
+      TransferReport report = hub.download(uri.repo_id, options.hf_repo_type, options.hf_revision, uri.subpath,
+                                           options.filter, output_dir, progress);
+      if (options.hf_repo_type == HfRepoType::Model && uri.subpath.empty()) write_original_repo_id(output_dir, uri.repo_id);
+      return report;
     }
     case StorageScheme::S3: {
       S3Options s3 = options.s3;

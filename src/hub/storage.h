@@ -33,6 +33,11 @@ struct StorageOptions {
 // Secrets given as flags are registered with ktune::register_secret.
 bool apply_storage_flag(StorageOptions& options, const std::string& flag, const std::string& value);
 
+// Writes output_dir/original_repo_id.json, {"repo_id": "org/name"}, as torchtune's `tune download`
+// does: a model downloaded from the Hub remembers its repo, which a trained adapter names as its
+// base (adapter_config.json's base_model_name_or_path). download_uri writes it for hf:// models.
+void write_original_repo_id(const std::string& output_dir, const std::string& repo_id);
+
 TransferReport download_uri(const StorageUri& uri, const std::string& output_dir, const StorageOptions& options,
                             const ProgressFn& progress = nullptr);
 

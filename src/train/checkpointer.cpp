@@ -363,7 +363,7 @@ void HfCheckpointer::write_checkpoint(const SaveRequest& request, const fs::path
       for (model::Parameter* p : a->parameters()) adapter_tensors.push_back({p->name, p->value});
     io::write_safetensors((tmp / "adapter_model.safetensors").string(), adapter_tensors, {{"format", "pt"}});
     check(request.adapter.has_value(), "checkpointer", "LoRA checkpoint without an adapter description");
-    write_json(tmp / "adapter_config.json", peft_adapter_config(*request.adapter, fs::absolute(checkpoint_dir_).string()));
+    write_json(tmp / "adapter_config.json", peft_adapter_config(*request.adapter, base_model_name()));
   }
 }
 
@@ -448,6 +448,16 @@ std::optional<SaveLeftover> save_leftover(const fs::path& path) {
 void HfCheckpointer::check_copied_files() const {
   if (!fs::is_directory(checkpoint_dir_)) return;  // load_model names a missing checkpoint_dir
   train::check_copied_files(checkpoint_dir_, non_weight_files(checkpoint_dir_));
+  base_model_name();  // its original_repo_id.json, before training rather than at the first save
+}
+
+std::string HfCheckpointer::base_model_name() const {
+  const fs::path repo_id_file = fs::path(checkpoint_dir_) / "original_repo_id.json";
+  if (!fs::exists(repo_id_file)) return fs::absolute(checkpoint_dir_).string();
+  const nlohmann::json j = read_json(repo_id_file);
+  if (!j.is_object() || !j.contains("repo_id") || !j["repo_id"].is_string() || j["repo_id"].get<std::string>().empty())
+    throw Error(repo_id_file.string(), "expected {\"repo_id\": \"org/name\"} (the Hub repo the model was downloaded from)");
+  return j["repo_id"].get<std::string>();
 }
 
 std::vector<std::string> HfCheckpointer::recover_interrupted_saves() const {

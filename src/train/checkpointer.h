@@ -157,6 +157,12 @@ class HfCheckpointer {
   // Refuses, before training, a damaged JSON file among those a save copies (copied_files_check.h).
   void check_copied_files() const;
 
+  // What an adapter's adapter_config.json names as its base (base_model_name_or_path): the Hub repo
+  // id the model was downloaded from (checkpoint_dir's original_repo_id.json, written by `ktune
+  // download`, the model initializer and torchtune's `tune download`), else checkpoint_dir's
+  // absolute path. A malformed original_repo_id.json is an Error naming it.
+  std::string base_model_name() const;
+
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
   const std::string& output_dir() const { return output_dir_; }
 

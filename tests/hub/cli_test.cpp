@@ -99,9 +99,12 @@ TEST_F(Cli, ModelInitializerReadsTheUpstreamEnvContract) {
   env["KTUNE_WORKSPACE"] = ws.path;
   CommandResult r = run_command({ktune_binary(), "initializer", "model"}, env);
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The repo's files, and the repo id (torchtune's original_repo_id.json) that an adapter trained
+  // on this model names as its base.
   EXPECT_EQ(files_in(ws / "model"),
             (std::set<std::string>{"config.json", "generation_config.json", "merges.txt", "model.safetensors",
-                                   "original/tokenizer.model", "tokenizer_config.json"}));
+                                   "original/tokenizer.model", "original_repo_id.json", "tokenizer_config.json"}));
+  EXPECT_EQ(nlohmann::json::parse(read_file(ws / "model/original_repo_id.json")), (nlohmann::json{{"repo_id", "org/gated-model"}}));
   EXPECT_EQ(read_file(ws / "model/model.safetensors"), fixture("models/org/gated-model/model.safetensors"));
   EXPECT_NE(r.err.find("[6/6]"), std::string::npos) << r.err;  // a progress line per file
   EXPECT_NE(r.out.find("model-initializer: 6 files"), std::string::npos) << r.out;
@@ -114,7 +117,7 @@ TEST_F(Cli, ModelInitializerReadsTheUpstreamEnvContract) {
   r = run_command({ktune_binary(), "initializer", "model"}, env);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(files_in(ws2 / "model"), (std::set<std::string>{"config.json", "generation_config.json", "merges.txt",
-                                                            "tokenizer_config.json"}));
+                                                            "original_repo_id.json", "tokenizer_config.json"}));
   r = run_command({ktune_binary(), "initializer", "model"}, env);
   EXPECT_NE(r.err.find("(up to date)"), std::string::npos) << r.err;
 }
@@ -163,8 +166,9 @@ TEST_F(Cli, DownloadAcceptsHfUrisAndTorchtunesSpelling) {
                                  kGood, "--ignore-patterns", "*.bin, *.msgpack,original/*"},
                                 env);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(files_in(out / "a"), (std::set<std::string>{"README.md", "config.json", "generation_config.json",
-                                                        "merges.txt", "model.safetensors", "tokenizer_config.json"}));
+  EXPECT_EQ(files_in(out / "a"), (std::set<std::string>{"README.md", "config.json", "generation_config.json", "merges.txt",
+                                                        "model.safetensors", "original_repo_id.json", "tokenizer_config.json"}));
+  EXPECT_EQ(nlohmann::json::parse(read_file(out / "a/original_repo_id.json")).at("repo_id"), "org/tiny-model");
   expect_no_secret(r, kGood, out.path);
   env["HF_TOKEN"] = kGood;
   r = run_command({ktune_binary(), "download", "hf://org/tiny-data/data", "--repo-type", "dataset", "--output-dir",

@@ -374,4 +374,27 @@ TEST_F(CheckpointerSave, ACheckpointsPlannedBytesAreTheTensorDataAndFilesASaveWr
   EXPECT_TRUE(elsewhere.free_bytes().has_value());
 }
 
+// An adapter names its base as the Hub repo the model came from (original_repo_id.json, written by
+// the downloads as torchtune's `tune download` writes it), so that PEFT finds the base wherever the
+// adapter is exported; a model without one is named by its folder; a broken one fails before training.
+TEST_F(CheckpointerSave, AnAdapterNamesTheHubRepoTheModelWasDownloadedFromAsItsBase) {
+  train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
+  EXPECT_EQ(checkpointer.base_model_name(), fs::absolute(input_).string());
+  std::ofstream(input_ / "original_repo_id.json") << R"({"repo_id": "meta-llama/Llama-3.2-1B-Instruct"})";
+  EXPECT_EQ(checkpointer.base_model_name(), "meta-llama/Llama-3.2-1B-Instruct");
+  const WithDora m = with_dora(checkpointer);
+  const fs::path saved = checkpointer.save(lora_request("epoch_0", m));
+  std::ifstream config(saved / "adapter_config.json");
+  EXPECT_EQ(nlohmann::json::parse(config).at("base_model_name_or_path"), "meta-llama/Llama-3.2-1B-Instruct");
+  EXPECT_TRUE(fs::exists(saved / "original_repo_id.json"));  // copied, as torchtune copies it
+
+  std::ofstream(input_ / "original_repo_id.json", std::ios::trunc) << R"({"repo": "meta-llama/Llama-3.2-1B"})";
+  try {
+    checkpointer.check_copied_files();
+    FAIL() << "a repo id file without repo_id was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("original_repo_id.json"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
