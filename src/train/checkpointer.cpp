@@ -34,14 +34,25 @@ bool is_weight_file(const fs::path& p) {
          name == "model.safetensors.index.json" || name == "pytorch_model.bin.index.json";
 }
 
+// Whether a path relative to the checkpoint folder is hidden: a dot-file, or anything under a dot
+// folder (huggingface_hub's .cache/ of a local_dir download, .git/), which torchtune skips too.
+bool is_hidden(const fs::path& rel) {
+  for (const fs::path& part : rel)
+    if (part.string().size() > 1 && part.string()[0] == '.' && part != "..") return true;
+  return false;
+}
+
 // The non-weight files a save copies (config, tokenizer, generation config, original/tokenizer.model,
-// ...; not a checkpoint's own epoch_N / step_N), relative to `from`.
+// ...), relative to `from`. Not a checkpoint's own epoch_N / step_N, hidden files, nor an adapter's
+// config (a model trained from an earlier LoRA output must not carry that run's stale adapter_config.json,
+// which transformers would apply over the new weights; a LoRA save writes its own).
 std::vector<fs::path> non_weight_files(const fs::path& from) {
   std::vector<fs::path> files;
   for (const fs::directory_entry& e : fs::recursive_directory_iterator(from)) {
-    if (!e.is_regular_file() || is_weight_file(e.path())) continue;
+    if (!e.is_regular_file() || is_weight_file(e.path()) || e.path().filename() == "adapter_config.json") continue;
     fs::path rel = fs::relative(e.path(), from);
     if (rel.begin()->string().rfind("epoch_", 0) == 0 || rel.begin()->string().rfind("step_", 0) == 0) continue;
+    if (is_hidden(rel)) continue;
     files.push_back(rel);
   }
   return files;

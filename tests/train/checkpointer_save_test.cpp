@@ -397,4 +397,23 @@ TEST_F(CheckpointerSave, AnAdapterNamesTheHubRepoTheModelWasDownloadedFromAsItsB
   }
 }
 
+// A save copies the model's other files, but not hidden ones (huggingface_hub's .cache/ of a
+// local_dir download, .gitattributes) nor an earlier run's adapter_config.json (a full fine-tune
+// started from a LoRA output would carry it next to weights it does not belong to).
+TEST_F(CheckpointerSave, HiddenFilesAndAnEarlierAdaptersConfigAreNotCopied) {
+  fs::create_directories(input_ / ".cache/huggingface/download");
+  std::ofstream(input_ / ".cache/huggingface/download/config.json.metadata") << "etag";
+  std::ofstream(input_ / ".gitattributes") << "*.safetensors filter=lfs";
+  std::ofstream(input_ / "adapter_config.json") << R"({"peft_type": "LORA", "r": 8})";
+  std::ofstream(input_ / "tokenizer_config.json") << "{}";
+  train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
+  std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::BF16);
+  const fs::path saved = checkpointer.save(request("epoch_0", *decoder));
+  EXPECT_TRUE(fs::exists(saved / "config.json"));
+  EXPECT_TRUE(fs::exists(saved / "tokenizer_config.json"));
+  EXPECT_FALSE(fs::exists(saved / ".cache"));
+  EXPECT_FALSE(fs::exists(saved / ".gitattributes"));
+  EXPECT_FALSE(fs::exists(saved / "adapter_config.json"));
+}
+
 }  // namespace
