@@ -229,8 +229,9 @@ ModelConfig ModelConfig::from_json_text(const std::string& text, const std::stri
       c.sandwich_norms = true;
       c.scale_embeddings = true;
       c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
-      c.attn_logit_softcap = float(r.number("attn_logit_softcapping", 0.0));
-      c.final_logit_softcap = float(r.number("final_logit_softcapping", 0.0));
+      // Absent means HF's class defaults (50 and 30); null means no capping.
+      c.attn_logit_softcap = !r.j.contains("attn_logit_softcapping") ? 50.0f : float(r.number("attn_logit_softcapping", 0.0));
+      c.final_logit_softcap = !r.j.contains("final_logit_softcapping") ? 30.0f : float(r.number("final_logit_softcapping", 0.0));
       double qpas = r.number("query_pre_attn_scalar", 256.0);
       if (qpas <= 0) throw Error(r.at("query_pre_attn_scalar"), "must be positive");
       c.attention_scale = float(std::pow(qpas, -0.5));

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -258,13 +259,21 @@ StreamedTensors streamed_in_order(std::vector<io::PlannedTensor> planned) {
   return streamed;
 }
 
+// A float option as the decimal it was written as (0.05f as 0.05, not 0.05000000074505806): the
+// shortest text that reads back as the same float.
+static double as_written(float value) {
+  char text[32];
+  const std::to_chars_result r = std::to_chars(text, text + sizeof text, value);
+  return std::strtod(std::string(text, r.ptr).c_str(), nullptr);
+}
+
 nlohmann::json peft_adapter_config(const AdapterDescription& adapter, const std::string& base_model) {
   return {{"peft_type", "LORA"},
           {"task_type", "CAUSAL_LM"},
           {"base_model_name_or_path", base_model},
           {"r", adapter.options.rank},
-          {"lora_alpha", adapter.options.alpha},
-          {"lora_dropout", adapter.options.dropout},
+          {"lora_alpha", as_written(adapter.options.alpha)},
+          {"lora_dropout", as_written(adapter.options.dropout)},
           {"target_modules", adapter.target_modules},
           {"bias", "none"},
           {"fan_in_fan_out", false},

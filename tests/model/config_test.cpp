@@ -98,6 +98,14 @@ TEST(ModelConfig, Gemma2AlternatesSlidingWindowAndSoftCaps) {
     "intermediate_size":16,"num_hidden_layers":4,"num_attention_heads":2,"head_dim":4,"sliding_window":3})",
                                               "config.json");
   EXPECT_EQ(d.sliding_window, (std::vector<int64_t>{3, 0, 3, 0}));
+  // Soft-capping keys absent: HF's Gemma2Config defaults (transformers: 50.0, 30.0); null: none.
+  EXPECT_FLOAT_EQ(d.attn_logit_softcap, 50.0f);
+  EXPECT_FLOAT_EQ(d.final_logit_softcap, 30.0f);
+  ModelConfig uncapped = ModelConfig::from_json_text(R"({"model_type":"gemma2","vocab_size":10,"hidden_size":8,
+    "intermediate_size":16,"num_hidden_layers":2,"num_attention_heads":2,"head_dim":4,
+    "attn_logit_softcapping":null,"final_logit_softcapping":null})", "config.json");
+  EXPECT_EQ(uncapped.attn_logit_softcap, 0.0f);
+  EXPECT_EQ(uncapped.final_logit_softcap, 0.0f);
 }
 
 TEST(ModelConfig, ParameterCountMatchesTheFixtureFiles) {

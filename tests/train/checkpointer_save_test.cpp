@@ -416,4 +416,16 @@ TEST_F(CheckpointerSave, HiddenFilesAndAnEarlierAdaptersConfigAreNotCopied) {
   EXPECT_FALSE(fs::exists(saved / "adapter_config.json"));
 }
 
+// PEFT's adapter_config.json holds the options as they were written: a float 0.05 is 0.05 there.
+TEST(PeftAdapterConfig, FloatOptionsAreWrittenAsTheirShortestDecimal) {
+  train::AdapterDescription adapter;
+  adapter.options.rank = 8;
+  adapter.options.alpha = 16.0f;
+  adapter.options.dropout = 0.05f;
+  const std::string text = train::peft_adapter_config(adapter, "org/base").dump();
+  EXPECT_NE(text.find("\"lora_dropout\":0.05,"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"lora_alpha\":16.0,"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"base_model_name_or_path\":\"org/base\""), std::string::npos) << text;
+}
+
 }  // namespace
