@@ -3,8 +3,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string_view>
 
 #include "core/log.h"
@@ -27,16 +30,72 @@ S3Options s3_options_from_env() {
   o.credentials.access_key_id = env_or("AWS_ACCESS_KEY_ID", "");
   o.credentials.secret_access_key = env_or("AWS_SECRET_ACCESS_KEY", "");
   o.credentials.session_token = env_or("AWS_SESSION_TOKEN", "");
+  s3_roles_from_env(o, &std::getenv);
   return o;
 }
+
+void s3_roles_from_env(S3Options& o, const std::function<const char*(const char*)>& env) {
+  const auto value = [&](const char* name) {
+    const char* v = env(name);
+    return v != nullptr ? std::string(v) : std::string();
+  };
+  if (std::string v = value("ROLE_ARN"); !v.empty()) o.role_arn = v;
+  o.web_identity_role_arn = value("AWS_ROLE_ARN");
+  o.web_identity_token_file = value("AWS_WEB_IDENTITY_TOKEN_FILE");
+  o.sts_endpoint = value("AWS_ENDPOINT_URL_STS");
+  if (o.sts_endpoint.empty()) o.sts_endpoint = value("AWS_ENDPOINT_URL");
+  if (std::string v = value("AWS_ROLE_SESSION_NAME"); !v.empty()) o.role_session_name = v;
+}
+
+namespace {
+
+std::string read_token_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path, "cannot read the web identity token (AWS_WEB_IDENTITY_TOKEN_FILE)");
+  std::string token((std::istreambuf_iterator<char>(in)), {});
+  while (!token.empty() && std::isspace((unsigned char)token.back())) token.pop_back();
+  if (token.empty()) throw Error(path, "the web identity token file is empty");
+  return token;
+}
+
+// Where the client's credentials come from (see S3Options): a role assumed with the key or the
+// web identity token, the key itself, or EKS's web identity role.
+std::shared_ptr<CredentialSource> credential_source(const S3Options& o) {
+  StsOptions sts;
+  // MinIO and other stores serve STS at their own endpoint; AWS at sts.<region>.amazonaws.com.
+  sts.endpoint = !o.sts_endpoint.empty() ? o.sts_endpoint
+                 : o.endpoint.find("amazonaws.com") == std::string::npos ? o.endpoint : std::string();
+  sts.region = o.region;
+  sts.session_name = o.role_session_name;
+  sts.retry = o.retry;
+  const bool has_key = !o.credentials.access_key_id.empty() && !o.credentials.secret_access_key.empty();
+  if (!o.role_arn.empty()) {
+    if (has_key || o.web_identity_token_file.empty())
+      return std::make_shared<CredentialSource>(std::function<TemporaryCredentials()>(
+          [sts, key = o.credentials, role = o.role_arn] { return sts_assume_role(sts, key, role); }));
+    return std::make_shared<CredentialSource>(std::function<TemporaryCredentials()>(
+        [sts, file = o.web_identity_token_file, role = o.role_arn] {
+          return sts_assume_role_with_web_identity(sts, role, read_token_file(file));
+        }));
+  }
+  if (has_key) return std::make_shared<CredentialSource>(o.credentials);
+  if (!o.web_identity_role_arn.empty() && !o.web_identity_token_file.empty())
+    return std::make_shared<CredentialSource>(std::function<TemporaryCredentials()>(
+        [sts, file = o.web_identity_token_file, role = o.web_identity_role_arn] {
+          return sts_assume_role_with_web_identity(sts, role, read_token_file(file));
+        }));
+  throw Error("s3", "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or pass them as flags), or run "
+                    "with a web identity (AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE)");
+}
+
+}  // namespace
 
 S3Client::S3Client(S3Options options) : options_(std::move(options)) {
   while (!options_.endpoint.empty() && options_.endpoint.back() == '/') options_.endpoint.pop_back();
   if (options_.region.empty()) options_.region = "us-east-1";
   register_secret(options_.credentials.secret_access_key);
   register_secret(options_.credentials.session_token);
-  if (options_.credentials.access_key_id.empty() || options_.credentials.secret_access_key.empty())
-    throw Error("s3", "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or pass them as flags)");
+  credentials_ = credential_source(options_);
   if (options_.part_size < (5ull << 20)) options_.part_size = 5ull << 20;
 }
 
@@ -89,15 +148,8 @@ S3Client::Target S3Client::target_for(const std::string& bucket) const {
     path_style = bucket.find('.') != std::string::npos;
     base = "https://" + (path_style ? std::string() : bucket + ".") + "s3." + options_.region + ".amazonaws.com";
   }
-  size_t scheme_end = base.find("://");
-  if (scheme_end == std::string::npos) throw Error("S3 endpoint '" + base + "'", "expected http(s)://host[:port]");
-  std::string scheme = base.substr(0, scheme_end);
-  std::string rest = base.substr(scheme_end + 3);
-  std::string host = rest.substr(0, rest.find('/'));
-  // The default port is left out of Host (that is what clients send and stores sign against).
-  if ((scheme == "http" && host.size() > 3 && host.compare(host.size() - 3, 3, ":80") == 0) ||
-      (scheme == "https" && host.size() > 4 && host.compare(host.size() - 4, 4, ":443") == 0))
-    host = host.substr(0, host.rfind(':'));
+  const std::string host = sigv4_host_of(base, "S3 endpoint");
+  const std::string scheme = base.substr(0, base.find("://"));
   t.host = host;
   t.path_prefix = path_style ? "/" + url_encode(bucket, false) : "";
   t.url_base = scheme + "://" + host + t.path_prefix;
@@ -123,7 +175,7 @@ HttpRequest S3Client::signed_request(const std::string& method, const std::strin
   r.method = method;
   std::string q = sigv4_canonical_query(query);
   r.url = t.url_base.substr(0, t.url_base.size() - t.path_prefix.size()) + path + (q.empty() ? "" : "?" + q);
-  r.headers = sigv4_sign(in, options_.credentials);
+  r.headers = sigv4_sign(in, credentials_->current());
   return r;
 }
 

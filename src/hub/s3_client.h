@@ -4,18 +4,23 @@
 // threshold. Every request is SigV4-signed with fresh time, including a session token when one is
 // given. Custom endpoints (MinIO, moto, Ceph) are addressed path-style (endpoint/bucket/key);
 // AWS itself virtual-hosted (bucket.s3.region.amazonaws.com) unless the bucket name has a dot.
-// It deliberately does not do: the AWS credential chain beyond env vars and flags (no
-// ~/.aws files, no instance metadata, no STS), SSE-C, S3 Express, or checksum headers; and it
+// Credentials: an access key (env vars, flags), or a role's temporary ones through STS
+// (sts_client.h): role_arn assumed with the key, or with a pod's web identity token (EKS IRSA).
+// It deliberately does not do: the rest of the AWS credential chain (no ~/.aws files, no
+// instance metadata), SSE-C, S3 Express, or checksum headers; and it
 // checks downloads by size only (an ETag is an MD5 only for some encryption modes).
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "hub/http_client.h"
 #include "hub/patterns.h"
 #include "hub/sigv4.h"
+#include "hub/sts_client.h"
 #include "hub/transfer.h"
 
 namespace ktune::hub {
@@ -24,6 +29,16 @@ struct S3Options {
   std::string endpoint;  // "" → https://s3.<region>.amazonaws.com
   std::string region = "us-east-1";
   AwsCredentials credentials;
+  // A role to assume (the S3 initializer's role_arn, upstream's ROLE_ARN): with `credentials`
+  // (AssumeRole), or without them with the web identity token (AssumeRoleWithWebIdentity).
+  std::string role_arn;
+  // EKS's IAM roles for service accounts (AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE): the role
+  // used when there is neither role_arn nor an access key. The token file is read at each fetch
+  // (the kubelet rotates it).
+  std::string web_identity_role_arn;
+  std::string web_identity_token_file;
+  std::string sts_endpoint;                     // AWS_ENDPOINT_URL_STS (see sts_client.h for the default)
+  std::string role_session_name = "ktune";      // AWS_ROLE_SESSION_NAME
   RetryPolicy retry;
   uint64_t multipart_threshold = 64ull << 20;  // files above this go up in parts
   uint64_t part_size = 16ull << 20;            // >= 5 MiB (S3's minimum for all but the last)
@@ -31,8 +46,14 @@ struct S3Options {
 };
 
 // From AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION / AWS_DEFAULT_REGION,
-// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (secrets are registered).
+// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (secrets are registered) and the
+// role's variables (s3_roles_from_env).
 S3Options s3_options_from_env();
+
+// The role settings of S3Options from the environment: ROLE_ARN (upstream's initializer env),
+// AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ENDPOINT_URL_STS (else AWS_ENDPOINT_URL),
+// AWS_ROLE_SESSION_NAME.
+void s3_roles_from_env(S3Options& options, const std::function<const char*(const char*)>& env);
 
 struct S3Object {
   std::string key;
@@ -71,6 +92,7 @@ class S3Client {
   void put_multipart(const std::string& bucket, const std::string& key, const std::string& local_path, uint64_t size);
 
   S3Options options_;
+  std::shared_ptr<CredentialSource> credentials_;  // the key, or a role's credentials refreshed near expiry
   HttpClient http_;
 };
 

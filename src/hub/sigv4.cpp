@@ -4,6 +4,7 @@
 #include <cctype>
 #include <ctime>
 
+#include "core/error.h"
 #include "hub/digest.h"
 
 namespace ktune::hub {
@@ -96,6 +97,18 @@ Headers sigv4_sign(SigV4Input in, const AwsCredentials& credentials) {
   out.emplace_back("Authorization", "AWS4-HMAC-SHA256 Credential=" + credentials.access_key_id + "/" + scope_of(in) +
                                         ", SignedHeaders=" + signed_headers + ", Signature=" + signature);
   return out;
+}
+
+std::string sigv4_host_of(const std::string& base_url, const std::string& what) {
+  const size_t scheme_end = base_url.find("://");
+  if (scheme_end == std::string::npos) throw Error(what + " '" + base_url + "'", "expected http(s)://host[:port]");
+  const std::string scheme = base_url.substr(0, scheme_end);
+  std::string host = base_url.substr(scheme_end + 3);
+  host = host.substr(0, host.find('/'));
+  if ((scheme == "http" && host.size() > 3 && host.compare(host.size() - 3, 3, ":80") == 0) ||
+      (scheme == "https" && host.size() > 4 && host.compare(host.size() - 4, 4, ":443") == 0))
+    host = host.substr(0, host.rfind(':'));
+  return host;
 }
 
 std::string amz_date_now() {

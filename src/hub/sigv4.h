@@ -45,4 +45,9 @@ Headers sigv4_sign(SigV4Input in, const AwsCredentials& credentials);
 
 std::string amz_date_now();  // current UTC time as "YYYYMMDDTHHMMSSZ"
 
+// The Host header a signer sends for "scheme://host[:port][/path]": host[:port], the scheme's
+// default port left out (that is what clients send and stores sign against). Throws an Error
+// naming `what` when the URL has no scheme.
+std::string sigv4_host_of(const std::string& base_url, const std::string& what);
+
 }  // namespace ktune::hub

@@ -1,7 +1,9 @@
 // Unit tests of the hub layer's pure parts: fnmatch patterns, safe target names, storage URIs,
 // digests, SigV4 against AWS's published example, retry delays, XML fields, export selection.
 #include <gtest/gtest.h>
+#include <ctime>
 #include <fstream>
+#include <map>
 #include <filesystem>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +13,7 @@
 #include "hub/exporter.h"
 #include "hub/file_download.h"
 #include "hub/http_client.h"
+#include "hub/initializer.h"
 #include "hub/patterns.h"
 #include "hub/s3_client.h"
 #include "hub/sigv4.h"
@@ -398,4 +401,52 @@ TEST(ExportSelection, MissingPartsAndEpochsAreClearErrors) {
   TempDir empty;
   EXPECT_THROW(select_export(empty.path, ExportParts::All), ktune::Error);
   EXPECT_THROW(select_export(tmp.path, ExportParts::All, 3), ktune::Error);
+}
+
+// A role's credentials are fetched at once and again five minutes before they expire; fixed ones
+// never.
+TEST(CredentialSource, FetchesARolesCredentialsAgainNearTheirExpiry) {
+  int fetches = 0;
+  int64_t lifetime = 3600;
+  CredentialSource role(std::function<TemporaryCredentials()>([&] {
+    ++fetches;
+    TemporaryCredentials t;
+    t.credentials = {"ASIA" + std::to_string(fetches), "secret", "token"};
+    t.expires_at = int64_t(std::time(nullptr)) + lifetime;
+    return t;
+  }));
+  EXPECT_EQ(fetches, 1);
+  EXPECT_EQ(role.current().access_key_id, "ASIA1");
+  EXPECT_EQ(fetches, 1);  // an hour left
+  lifetime = 200;         // the next ones expire within five minutes
+  CredentialSource short_lived(std::function<TemporaryCredentials()>([&] {
+    ++fetches;
+    TemporaryCredentials t;
+    t.credentials = {"ASIA" + std::to_string(fetches), "secret", "token"};
+    t.expires_at = int64_t(std::time(nullptr)) + lifetime;
+    return t;
+  }));
+  EXPECT_EQ(short_lived.current().access_key_id, "ASIA3");
+  EXPECT_EQ(fetches, 3);
+  CredentialSource fixed(AwsCredentials{"AKIA", "s", ""});
+  EXPECT_EQ(fixed.current().access_key_id, "AKIA");
+}
+
+// The initializer's role settings: upstream's ROLE_ARN, EKS's web identity, the STS endpoint.
+TEST(InitializerEnv, RoleArnAndWebIdentityAreRead) {
+  std::map<std::string, std::string> vars = {{"STORAGE_URI", "s3://b/p"},
+                                             {"ROLE_ARN", "arn:aws:iam::1:role/r"},
+                                             {"AWS_ROLE_ARN", "arn:aws:iam::1:role/irsa"},
+                                             {"AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/secrets/token"},
+                                             {"AWS_ENDPOINT_URL_STS", "http://127.0.0.1:9"},
+                                             {"AWS_ROLE_SESSION_NAME", "job-7"}};
+  const InitializerConfig c = initializer_config_from_env(InitializerKind::Model, [&](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+  EXPECT_EQ(c.storage.s3.role_arn, "arn:aws:iam::1:role/r");
+  EXPECT_EQ(c.storage.s3.web_identity_role_arn, "arn:aws:iam::1:role/irsa");
+  EXPECT_EQ(c.storage.s3.web_identity_token_file, "/var/run/secrets/token");
+  EXPECT_EQ(c.storage.s3.sts_endpoint, "http://127.0.0.1:9");
+  EXPECT_EQ(c.storage.s3.role_session_name, "job-7");
 }

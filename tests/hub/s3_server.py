@@ -5,7 +5,9 @@ are used up: here, the IAM calls that create the test user and its access key).
 
     python3 s3_server.py [--bucket ktune-test] [--max-seconds 300]
 
-Prints one JSON line {"port", "access_key_id", "secret_access_key", "bucket"} on stdout, then
+Prints one JSON line {"port", "access_key_id", "secret_access_key", "bucket", "role_arn",
+"powerless_role_arn"} on stdout (roles anyone may assume through STS, with AssumeRole or
+AssumeRoleWithWebIdentity: the first allowed everything in S3, the second nothing), then
 serves until its stdin closes (the test that started it is gone), SIGTERM, or --max-seconds.
 Exits with status 3 and a message on stderr when moto (or boto3) is not installed.
 """
@@ -16,9 +18,10 @@ import signal
 import sys
 import threading
 
-# Three unauthenticated actions: create_user, put_user_policy, create_access_key. Everything
+# Six unauthenticated actions: create_user, put_user_policy, create_role and put_role_policy
+# (the role with S3 access), create_role (a role allowed nothing), create_access_key. Everything
 # after that (bucket creation included) must carry a valid SigV4 signature.
-os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
+os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "6"
 
 try:
     import boto3
@@ -41,6 +44,10 @@ def canonical_query_as_aws_computes_it():
     original = ActionAuthenticatorMixin._authenticate_and_authorize_action
 
     def patched(self, iam_request_cls, resource="*"):
+        # AssumeRoleWithWebIdentity is unsigned in AWS (the token is the proof); moto would
+        # try to authenticate it once its unauthenticated actions are used up.
+        if self.querystring.get("Action") == ["AssumeRoleWithWebIdentity"]:
+            return None
         parts = urlsplit(self.uri)
         if parts.query:
             pairs = parse_qsl(parts.query, keep_blank_values=True)
@@ -66,13 +73,20 @@ def main():
     iam = boto3.client("iam", **kw)
     iam.create_user(UserName="ktune")
     iam.put_user_policy(UserName="ktune", PolicyName="s3-all", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*", "sts:AssumeRole"], "Resource": "*"}]}))
+    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"},
+                                                     "Action": ["sts:AssumeRole", "sts:AssumeRoleWithWebIdentity"]}]}
+    role = iam.create_role(RoleName="ktune-reader", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    iam.put_role_policy(RoleName="ktune-reader", PolicyName="s3-all", PolicyDocument=json.dumps(
         {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    nothing = iam.create_role(RoleName="ktune-nothing", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
     key = iam.create_access_key(UserName="ktune")["AccessKey"]
     kw.update(aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"])
     s3 = boto3.client("s3", config=Config(s3={"addressing_style": "path"}), **kw)
     s3.create_bucket(Bucket=args.bucket)
     print(json.dumps({"port": port, "access_key_id": key["AccessKeyId"],
-                      "secret_access_key": key["SecretAccessKey"], "bucket": args.bucket}), flush=True)
+                      "secret_access_key": key["SecretAccessKey"], "bucket": args.bucket,
+                      "role_arn": role["Arn"], "powerless_role_arn": nothing["Arn"]}), flush=True)
 
     def stop(*_):
         os._exit(0)

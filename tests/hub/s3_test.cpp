@@ -184,3 +184,68 @@ TEST_F(S3, WrongSecretIsRejectedWithAClearErrorThatHidesIt) {
   }
   EXPECT_FALSE(std::filesystem::exists(out / "model"));
 }
+
+// upstream's role_arn (ROLE_ARN): the role is assumed through STS (moto checks the AssumeRole
+// call's signature) and S3 is asked with the role's temporary credentials, session token included.
+// A role allowed nothing in S3 is refused there, so the requests did carry the role's credentials.
+TEST_F(S3, ARoleIsAssumedWithTheKeyAndS3IsAskedWithItsCredentials) {
+  TempDir tmp;
+  write_file(tmp / "a.txt", "through a role");
+  S3Options o = options();
+  o.role_arn = server_->info()["role_arn"];
+  o.sts_endpoint = endpoint();
+  S3Client(o).put_file(bucket(), "role/a.txt", tmp / "a.txt");
+  EXPECT_EQ(reference_get("role/a.txt"), "through a role");
+  S3Client(o).download(bucket(), "role", PatternFilter{}, tmp / "out", nullptr);
+  EXPECT_EQ(read_file(tmp / "out/a.txt"), "through a role");
+
+  S3Options powerless = o;
+  powerless.role_arn = server_->info()["powerless_role_arn"];
+  try {
+    S3Client(powerless).list(bucket(), "role");
+    FAIL() << "a role allowed nothing listed the bucket";
+  } catch (const ktune::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("HTTP 403"), std::string::npos) << e.what();
+  }
+  S3Options wrong = o;
+  wrong.credentials.secret_access_key = "wrongSecretValue12345";
+  try {
+    S3Client c(wrong);
+    FAIL() << "STS accepted a wrongly signed AssumeRole";
+  } catch (const ktune::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("assuming role " + std::string(server_->info()["role_arn"])), std::string::npos) << msg;
+    EXPECT_NE(msg.find("STS refused"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("wrongSecretValue12345"), std::string::npos) << msg;
+  }
+}
+
+// A pod's web identity (EKS's IAM roles for service accounts): no key, AWS_ROLE_ARN and the
+// projected token file; or role_arn with the token file and no key.
+TEST_F(S3, AWebIdentityTokenAssumesTheRoleWithoutAKey) {
+  TempDir tmp;
+  reference_put({{"web/b.txt", "by web identity"}});
+  write_file(tmp / "token", "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6a3R1bmUifQ.c2ln\n");
+  S3Options o = options();
+  o.credentials = {};
+  o.web_identity_role_arn = server_->info()["role_arn"];
+  o.web_identity_token_file = tmp / "token";
+  o.sts_endpoint = endpoint();
+  S3Client(o).download(bucket(), "web", PatternFilter{}, tmp / "out", nullptr);
+  EXPECT_EQ(read_file(tmp / "out/b.txt"), "by web identity");
+  S3Options explicit_role = o;
+  explicit_role.web_identity_role_arn.clear();
+  explicit_role.role_arn = server_->info()["role_arn"];
+  EXPECT_EQ(S3Client(explicit_role).list(bucket(), "web").size(), 1u);
+
+  o.web_identity_token_file = tmp / "no-such-token";
+  try {
+    S3Client c(o);
+    FAIL();
+  } catch (const ktune::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-token"), std::string::npos) << e.what();
+  }
+  S3Options none = options();
+  none.credentials = {};
+  EXPECT_THROW(S3Client{none}, ktune::Error);
+}
