@@ -16,6 +16,7 @@ and ``TrainJob.progress``.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import textwrap
 from collections.abc import Callable, Iterator
@@ -409,8 +410,9 @@ class TrainerClient:
         """Polls until the job's status is one of ``status`` and returns the job.
 
         Raises:
-            ValueError: ``status`` is not a subset of {Created, Running, Complete, Failed}, or
-                ``polling_interval`` is not positive and less than ``timeout``.
+            ValueError: ``timeout`` is not positive, ``polling_interval`` is not positive and less than
+                ``timeout``, or ``status`` is not a subset of {Created, Running, Complete, Failed} (in
+                upstream's order), or is empty (a wait that could not end; upstream times out).
             RuntimeError: the job Failed while Failed was not awaited.
             TimeoutError: ``timeout`` seconds passed.
         """
@@ -433,6 +435,44 @@ class TrainerClient:
                       message=e["message"], reason=e["reason"], event_time=_timestamp(e["event_time"]))
                 for e in self._client.get_job_events(name)]
 
+    def export_job(self, name: str, destination: str, *, parts: str = "available", epoch: Optional[int] = None,
+                   hf_token: Optional[str] = None, hf_endpoint: Optional[str] = None, repo_type: Optional[str] = None,
+                   revision: Optional[str] = None, s3_endpoint: Optional[str] = None, s3_region: Optional[str] = None,
+                   aws_access_key_id: Optional[str] = None, aws_secret_access_key: Optional[str] = None,
+                   aws_session_token: Optional[str] = None, role_arn: Optional[str] = None, timeout: float = 3600,
+                   log: Optional[Callable[[str], None]] = print) -> dict:
+        """Ships a Complete job's outputs (ktune; upstream has no exporter): the adapter and/or merged
+        model of its latest checkpoint (``epoch_N``, or a later mid-epoch ``step_N``; ``epoch`` picks
+        ``epoch_N``) to ``file://DIR``, ``s3://bucket/prefix`` or ``hf://org/repo[/path]``, as a
+        folder transformers, PEFT and vLLM load. ``parts``: ``"adapter"``, ``"merged"``, ``"all"`` or
+        ``"available"`` (what the checkpoint holds). Credentials and endpoints not given come from
+        the environment (``HF_TOKEN``, ``AWS_*``); ``role_arn`` is assumed through STS. The local
+        backend exports from this process; on Kubernetes the exporter runs as a Job beside the
+        TrainJob's volume (``timeout`` seconds at most). The export is recorded with the job
+        (``ktune jobs get NAME``); each line of the exporter's log goes to ``log``.
+
+        Returns the exporter's summary: ``destination``, ``checkpoint``, ``epoch``, ``parts``,
+        ``files`` ([{path, bytes}]), ``bytes`` and, for hf://, the commit ``revision``.
+
+        Raises:
+            ValueError: an unknown ``parts`` or a malformed destination.
+            RuntimeError: the job is not Complete, or the export failed (the record says why).
+            TimeoutError: a cluster's export still runs after ``timeout`` seconds.
+        """
+        storage = {k: str(v) for k, v in dict(
+            hf_token=hf_token, hf_endpoint=hf_endpoint, repo_type=repo_type, revision=revision,
+            s3_endpoint=s3_endpoint, s3_region=s3_region, aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key, aws_session_token=aws_session_token,
+            role_arn=role_arn).items() if v is not None}
+        record = self._client.export_job(name, destination, parts, -1 if epoch is None else int(epoch), storage,
+                                         float(timeout), log)
+        if record["status"] != constants.TRAINJOB_COMPLETE:
+            raise TimeoutError(f"the export of TrainJob {name} still runs after {timeout} s; "
+                               f"`ktune jobs get {name}` shows its end")
+        return json.loads(record["summary_json"] or "{}")
+
     def delete_job(self, name: str, *, remove_workspace: bool = False):
-        """Stops the job's processes and forgets it; with ``remove_workspace`` (ktune) its files go too."""
+        """Stops the job's processes and forgets it; with ``remove_workspace`` (ktune, local backend)
+        its files go too. On Kubernetes the TrainJob is deleted, and its volume goes with it as the
+        runtime's claim policy says (``remove_workspace`` changes nothing there)."""
         self._client.delete_job(name, remove_workspace)

@@ -20,7 +20,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -34,6 +36,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "hub/exporter.h"
+#include "hub/s3_client.h"
+#include "hub/storage.h"
 #include "runtime/planner.h"
 #include "runtime/trainjob_builder.h"
 #include "sdk/trainer_client.h"
@@ -673,6 +679,49 @@ class Client {
     });
   }
 
+  // TrainerClient::export_job: `storage` holds the destination's settings by the CLI's flag names
+  // without their dashes (hf_token, s3_endpoint, aws_access_key_id, role_arn, ...), over what the
+  // environment gives (AWS_*, HF_TOKEN); each exporter log line goes to `on_line` (with the GIL).
+  nb::dict export_job(const std::string& name, const std::string& destination, const std::string& parts, int epoch,
+                      const std::map<std::string, std::string>& storage, double timeout, nb::object on_line) {
+    sdk::ExportRequest request;
+    user_input([&] {
+      request.destination = destination;
+      request.parts = hub::parse_export_parts(parts);
+      request.epoch = epoch;
+      request.timeout_seconds = timeout;
+      request.storage.s3 = hub::s3_options_from_env();
+      if (const char* t = std::getenv("HF_TOKEN"); t != nullptr && *t) request.storage.hf_token = t;
+      register_secret(request.storage.hf_token);
+      for (const auto& [key, value] : storage) {
+        std::string flag = "--" + key;
+        std::replace(flag.begin(), flag.end(), '_', '-');
+        if (!hub::apply_storage_flag(request.storage, flag, value))
+          throw Error("export_job(" + key + "=...)", "not a storage setting (hf_token, hf_endpoint, repo_type, revision, "
+                                                     "s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key, "
+                                                     "aws_session_token, role_arn, max_attempts)");
+      }
+      return 0;
+    });
+    const sdk::ExportRecord r = backend_call([&] {
+      return client_.export_job(name, request, [&](const std::string& line) {
+        if (on_line.is_none()) return true;
+        nb::gil_scoped_acquire gil;
+        on_line(line);
+        return true;
+      });
+    });
+    nb::dict d;
+    d["id"] = r.id;
+    d["status"] = r.status;
+    d["destination"] = r.destination;
+    d["parts"] = r.parts;
+    d["started_at"] = r.started_at;
+    d["finished_at"] = r.finished_at;
+    d["summary_json"] = r.summary_json;
+    return d;
+  }
+
   std::string backend_kind() { return client_.backend().kind(); }
 
  private:
@@ -829,5 +878,7 @@ NB_MODULE(_ktune, m) {
            "polling_interval"_a, "callback"_a.none())
       .def("get_job_events", &Client::get_job_events, "name"_a)
       .def("delete_job", &Client::delete_job, "name"_a, "remove_workspace"_a = false)
+      .def("export_job", &Client::export_job, "name"_a, "destination"_a, "parts"_a, "epoch"_a, "storage"_a, "timeout"_a,
+           "on_line"_a.none())
       .def("backend_kind", &Client::backend_kind);
 }

@@ -40,6 +40,8 @@ bool apply_storage_flag(StorageOptions& o, const std::string& flag, const std::s
   } else if (flag == "--aws-session-token") {
     o.s3.credentials.session_token = value;
     register_secret(value);
+  } else if (flag == "--role-arn") {
+    o.s3.role_arn = value;
   } else if (flag == "--allow-patterns") {
     for (std::string& p : split_pattern_list(value)) o.filter.allow.push_back(std::move(p));
   } else if (flag == "--ignore-patterns") {

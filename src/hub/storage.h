@@ -28,7 +28,7 @@ struct StorageOptions {
 };
 
 // The store flags every hub command shares: --hf-token, --hf-endpoint, --repo-type, --revision,
-// --s3-endpoint, --s3-region, --aws-access-key-id, --aws-secret-access-key, --aws-session-token,
+// --s3-endpoint, --s3-region, --aws-access-key-id, --aws-secret-access-key, --aws-session-token, --role-arn,
 // --allow-patterns, --ignore-patterns, --max-attempts. Returns false when `flag` is none of them.
 // Secrets given as flags are registered with ktune::register_secret.
 bool apply_storage_flag(StorageOptions& options, const std::string& flag, const std::string& value);

@@ -14,6 +14,7 @@
 #include "runtime/plan.h"
 #include "runtime/sdk_types.h"
 #include "runtime/v1alpha1.h"
+#include "sdk/job_export.h"
 #include "sdk/job_record.h"
 
 namespace ktune::sdk {
@@ -69,6 +70,11 @@ class Backend {
                             const LogLineSink& sink) = 0;
   // Stops the job's processes and forgets it; with remove_workspace also deletes its files.
   virtual void delete_job(const std::string& name, bool remove_workspace = false) = 0;
+  // Exports a Complete job's outputs (job_export.h) and records it with the job; `sink` gets the
+  // exporter's log lines. Returns the record: Complete with the summary, or Running when a cluster's
+  // export outlasts request.timeout_seconds. Throws Error when the export cannot start or fails
+  // (the record says Failed with the error).
+  virtual ExportRecord export_job(const std::string& name, const ExportRequest& request, const LogLineSink& sink) = 0;
   // Runtimes the backend's own store holds (the cluster's ClusterTrainingRuntimes and the
   // namespace's TrainingRuntimes); TrainerClient adds them over the builtin catalog. None locally.
   virtual std::vector<v1alpha1::TrainingRuntime> runtimes() { return {}; }

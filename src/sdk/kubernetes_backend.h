@@ -100,6 +100,7 @@ class KubernetesBackend : public Backend {
   // export pod's log into `sink` as it runs, then the Job's outcome (the exporter's JSON summary
   // from its log, or its last line as the error), recorded in the annotation and returned; a Job
   // still running after timeout_seconds is left running and its record returned as Running.
+  ExportRecord export_job(const std::string& name, const ExportRequest& request, const LogLineSink& sink) override;
   ExportRecord start_export(const std::string& job, const KubernetesExport& request);
   v1alpha1::Json export_job_object(const std::string& job, const KubernetesExport& request, const v1alpha1::Json& trainjob);
   ExportRecord wait_for_export(const std::string& job, const LogLineSink& sink, double timeout_seconds);

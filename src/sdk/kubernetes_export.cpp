@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "hub/storage_uri.h"
 #include "sdk/kubernetes_backend.h"
 #include "sdk/kube_objects.h"
 #include "sdk/local_backend.h"
@@ -172,6 +173,51 @@ Json KubernetesBackend::export_job_object(const std::string& job, const Kubernet
                 {"volumes", Json::array({{{"name", workspace->claim_template},
                                           {"persistentVolumeClaim",
                                            {{"claimName", workspace->claim_template + "-" + job}, {"readOnly", true}}}}})}}}}}}}};
+}
+
+// What the export Job runs for a request: the exporter's flags, and the destination's settings as
+// the exporter's environment (credentials into the Secret).
+static KubernetesExport kubernetes_export_of(const ExportRequest& request) {
+  const hub::StorageUri uri = hub::parse_storage_uri(request.destination);
+  const hub::StorageOptions& options = request.storage;
+  KubernetesExport e;
+  e.destination = request.destination;
+  e.parts = hub::export_parts_name(request.parts);
+  if (request.parts != hub::ExportParts::Available) e.args.insert(e.args.end(), {"--parts", e.parts});
+  if (request.epoch >= 0) e.args.insert(e.args.end(), {"--epoch", std::to_string(request.epoch)});
+  switch (uri.scheme) {
+    case hub::StorageScheme::File:
+      throw Error("export to " + request.destination, "a file:// destination on the cluster would be written inside "
+                                                      "the export pod and lost with it; export to s3:// or hf://");
+    case hub::StorageScheme::HuggingFace:
+      if (!options.hf_token.empty()) e.secret_env["HF_TOKEN"] = options.hf_token;
+      if (!options.hf_endpoint.empty()) e.env["HF_ENDPOINT"] = options.hf_endpoint;
+      if (options.hf_repo_type != hub::HfRepoType::Model) e.args.insert(e.args.end(), {"--repo-type", "dataset"});
+      if (options.hf_revision != "main") e.args.insert(e.args.end(), {"--revision", options.hf_revision});
+      break;
+    case hub::StorageScheme::S3: {
+      const hub::S3Options& s3 = options.s3;
+      if (!s3.credentials.access_key_id.empty()) e.secret_env["AWS_ACCESS_KEY_ID"] = s3.credentials.access_key_id;
+      if (!s3.credentials.secret_access_key.empty()) e.secret_env["AWS_SECRET_ACCESS_KEY"] = s3.credentials.secret_access_key;
+      if (!s3.credentials.session_token.empty()) e.secret_env["AWS_SESSION_TOKEN"] = s3.credentials.session_token;
+      if (!s3.endpoint.empty()) e.env["AWS_ENDPOINT_URL"] = s3.endpoint;
+      if (!s3.role_arn.empty()) e.env["ROLE_ARN"] = s3.role_arn;
+      if (!s3.sts_endpoint.empty()) e.env["AWS_ENDPOINT_URL_STS"] = s3.sts_endpoint;
+      e.env["AWS_REGION"] = s3.region;
+      break;
+    }
+  }
+  return e;
+}
+
+ExportRecord KubernetesBackend::export_job(const std::string& name, const ExportRequest& request, const LogLineSink& sink) {
+  const ExportRecord started = start_export(name, kubernetes_export_of(request));
+  log_info("export " + std::to_string(started.id) + " of TrainJob " + name + " to " + redact(request.destination) +
+           ": Job " + name + "-export in namespace " + kubernetes_namespace());
+  const ExportRecord done = wait_for_export(name, [&](const std::string& line) { return sink ? sink(redact(line)) : true; },
+                                            request.timeout_seconds);
+  if (done.status == kFailed) throw Error("export of TrainJob " + name, done.error);
+  return done;
 }
 
 ExportRecord KubernetesBackend::start_export(const std::string& job, const KubernetesExport& e) {

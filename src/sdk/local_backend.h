@@ -37,6 +37,8 @@ class LocalBackend : public Backend {
   void get_job_logs(const std::string& name, const std::string& step, bool follow,
                     const LogLineSink& sink) override;
   void delete_job(const std::string& name, bool remove_workspace = false) override;
+  // Runs the exporter here over the job's <workspace>/output.
+  ExportRecord export_job(const std::string& name, const ExportRequest& request, const LogLineSink& sink) override;
 
   const BackendConfig& config() const { return config_; }
   const std::string& registry_path() const { return registry_path_; }

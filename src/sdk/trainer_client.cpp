@@ -175,15 +175,18 @@ types::TrainJob TrainerClient::wait_for_job_status(const std::string& name, cons
                                                    const std::function<void()>& while_sleeping) {
   const std::string where = "wait_for_job_status(" + name + ")";
   const std::set<std::string>& all = all_job_statuses();
-  for (const std::string& s : status)
-    if (!all.count(s)) throw Error(where, "Expected status " + set_text(status) + " must be a subset of " + set_text(all));
-  if (status.empty()) throw Error(where, "Expected status {} must name at least one of " + set_text(all));
+  // Upstream's order: its API layer checks the times (common.utils.validate_wait_for_job_status),
+  // then its backend the statuses.
   if (!(timeout > 0)) throw Error(where, "Timeout must be a positive number, got timeout=" + number_text(timeout));
   if (!(polling_interval > 0))
     throw Error(where, "Polling interval must be a positive number, got polling_interval=" + number_text(polling_interval));
   if (polling_interval >= timeout)
     throw Error(where, "Polling interval must be strictly less than timeout. Received polling_interval=" +
                            number_text(polling_interval) + ", timeout=" + number_text(timeout));
+  for (const std::string& s : status)
+    if (!all.count(s)) throw Error(where, "Expected status " + set_text(status) + " must be a subset of " + set_text(all));
+  // Upstream waits out the timeout on an empty set; a wait that cannot end is refused here.
+  if (status.empty()) throw Error(where, "Expected status {} must name at least one of " + set_text(all));
   using clock = std::chrono::steady_clock;
   const clock::time_point deadline =
       clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout));
@@ -215,6 +218,10 @@ std::vector<types::Event> TrainerClient::get_job_events(const std::string& name)
 
 void TrainerClient::delete_job(const std::string& name, bool remove_workspace) {
   backend_->delete_job(name, remove_workspace);
+}
+
+ExportRecord TrainerClient::export_job(const std::string& name, const ExportRequest& request, const LogLineSink& sink) {
+  return backend_->export_job(name, request, sink);
 }
 
 std::string format_runtimes_table(const std::vector<types::Runtime>& runtimes) {

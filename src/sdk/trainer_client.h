@@ -70,9 +70,10 @@ class TrainerClient {
                                         bool follow = false);
   void get_job_logs(const std::string& name, const std::string& step, bool follow, const LogLineSink& sink);
 
-  // Polls until the job's status is one of `status`. Throws Error when `status` is not a subset of
-  // {Created, Running, Complete, Failed}, timeout <= 0, polling_interval <= 0 or polling_interval >=
-  // timeout (upstream's checks, in its order); JobFailedError when the job Failed and Failed was not
+  // Polls until the job's status is one of `status`. Throws Error when timeout <= 0,
+  // polling_interval <= 0, polling_interval >= timeout or `status` is not a subset of {Created,
+  // Running, Complete, Failed} (upstream's checks, in its order), or is empty (upstream waits out
+  // the timeout); JobFailedError when the job Failed and Failed was not
   // awaited; WaitTimeoutError after `timeout` seconds. `callback`, if set, sees every polled state;
   // `while_sleeping`, if set, runs at least 5 times a second between polls (an exception it throws,
   // such as a Ctrl-C, ends the wait).
@@ -87,6 +88,10 @@ class TrainerClient {
 
   // Stops the job's processes and forgets it (with remove_workspace, its files too).
   void delete_job(const std::string& name, bool remove_workspace = false);
+
+  // Ships a Complete job's adapter and/or merged model to file://, s3:// or hf:// and records the
+  // export with the job (sdk/job_export.h; upstream has no exporter). `sink` gets the exporter's log.
+  ExportRecord export_job(const std::string& name, const ExportRequest& request, const LogLineSink& sink = {});
 
   // The ktune binary that checks a torchtune job's trainer config before it starts
   // (sdk/trainer_config_check.h): from BackendConfig, the one the local backend runs (for Kubernetes,

@@ -100,6 +100,8 @@ class LocalBackend(unittest.TestCase):
             client.wait_for_job_status(job, status={"Done"})
         with self.assertRaisesRegex(ValueError, "Polling interval must be strictly less than timeout"):
             client.wait_for_job_status(job, timeout=1, polling_interval=2)
+        with self.assertRaisesRegex(ValueError, "Timeout must be a positive number, got timeout=0"):
+            client.wait_for_job_status(job, status={"Done"}, timeout=0)  # upstream's order: the times first
         with self.assertRaisesRegex(RuntimeError, "no-such-job"):
             client.wait_for_job_status("no-such-job", timeout=5, polling_interval=1)
         with self.assertRaisesRegex(RuntimeError, "no-such-job"):

@@ -90,6 +90,21 @@ class DesignExample(unittest.TestCase):
         self.assertIn("lora_finetune_single_device with config llama3_2/1B_lora_single_device", node_log)
         self.assertNotIn("<YOUR_HF_TOKEN>", node_log + "\n".join(client.get_job_logs(job_id, step="model-initializer")))
 
+        # ktune's exporter from the notebook: the adapter of the latest checkpoint to a folder.
+        dest = os.path.join(self.home.path, "exported")
+        lines = []
+        summary = client.export_job(job_id, "file://" + dest, log=lines.append)
+        self.assertEqual((summary["checkpoint"], summary["parts"]), ("epoch_0", "adapter"))
+        self.assertEqual(sorted(f["path"] for f in summary["files"]), ["adapter_config.json", "adapter_model.safetensors"])
+        self.assertEqual(sorted(os.listdir(dest)), ["adapter_config.json", "adapter_model.safetensors"])
+        self.assertEqual(len(lines), 2, lines)
+        with self.assertRaisesRegex(RuntimeError, "no merged model to export"):
+            client.export_job(job_id, "file://" + dest + "-merged", parts="merged", log=None)
+        with self.assertRaisesRegex(ValueError, "expected 'adapter', 'merged' or 'all'"):
+            client.export_job(job_id, "file://" + dest, parts="everything")
+        with self.assertRaisesRegex(ValueError, "not a storage setting"):
+            client._client.export_job(job_id, "file://" + dest, "adapter", -1, {"hf_tokn": "x"}, 10.0, None)
+
     def test_the_designs_defaults_only_call_plans_the_runtimes_own_job(self):
         # KEP-2401: `TrainerClient().train(runtime=client.get_runtime("torchtune-llama3.2-1b"))`,
         # planned (a dry run): running it would download Llama 3.2 1B and alpaca from the Hub.

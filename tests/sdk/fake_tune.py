@@ -8,7 +8,7 @@ ktune's own trainer (`ktune run`) exists. It trains nothing.
       dataset.data_files) and the checkpoint dir; computes total_steps = epochs * ceil(rows /
       batch_size); per step prints a torchtune-style line and appends a progress line (the
       KTUNE_PROGRESS_FILE contract, see src/sdk/progress.h); then writes
-      <output_dir>/epoch_<E>/adapter_model.safetensors (placeholder bytes) and
+      <output_dir>/epoch_<E>/adapter_model.safetensors (placeholder bytes), adapter_config.json and
       <output_dir>/fake_tune_run.json (everything it was given, so tests can check it).
       Exits 2 on a missing required override, 3 on an unreadable dataset or model.
 
@@ -95,6 +95,8 @@ def run(argv):
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "adapter_model.safetensors"), "wb") as fh:
             fh.write(b"fake adapter, epoch %d\n" % epoch)
+        with open(os.path.join(out, "adapter_config.json"), "w") as fh:
+            json.dump({"peft_type": "LORA", "fake": True}, fh)
     with open(os.path.join(overrides["output_dir"], "fake_tune_run.json"), "w") as fh:
         json.dump({"launcher": launcher, "recipe": recipe, "config": config, "overrides": overrides,
                    "rows": rows, "total_steps": total, "cwd": os.getcwd(),

@@ -193,6 +193,29 @@ TEST_F(RealTrainer, TrainerClientRunsALoraFineTuneOfTheTinyModelThroughFileIniti
   EXPECT_TRUE(fs::exists(record.workspace + "/model/model.safetensors"));
   expect_lora_outputs(record.workspace + "/output", 4, 8);
 
+  // The SDK ships the adapter (TrainerClient::export_job) and the job records it.
+  const std::string dest = home_.path() + "/sdk-export";
+  ExportRequest request;
+  request.destination = "file://" + dest;
+  request.parts = hub::ExportParts::Adapter;
+  std::vector<std::string> export_log;
+  const ExportRecord exported = client.export_job(name, request, [&](const std::string& l) {
+    export_log.push_back(l);
+    return true;
+  });
+  EXPECT_EQ(exported.status, kComplete);
+  EXPECT_EQ(nlohmann::json::parse(exported.summary_json).at("checkpoint"), "epoch_0");
+  EXPECT_TRUE(fs::exists(dest + "/adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(dest + "/adapter_config.json"));
+  EXPECT_EQ(export_log.size(), 2u) << ::testing::PrintToString(export_log);  // a line per file
+  request.epoch = 7;
+  EXPECT_THROW(client.export_job(name, request), Error);
+  const TrainJobRecord with_exports = client.get_job_record(name);
+  ASSERT_EQ(with_exports.exports.size(), 2u);
+  EXPECT_EQ(with_exports.exports[0].status, kComplete);
+  EXPECT_EQ(with_exports.exports[1].status, kFailed);
+  EXPECT_NE(with_exports.exports[1].error.find("epoch_7"), std::string::npos) << with_exports.exports[1].error;
+
   client.delete_job(name, /*remove_workspace=*/true);
   EXPECT_FALSE(fs::exists(record.workspace));
 }

@@ -49,6 +49,20 @@ TEST(WaitForJobStatus, RefusesBadArgumentsAsUpstreamDoes) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("Polling interval must be strictly less than timeout"), std::string::npos);
   }
+  try {
+    client.wait_for_job_status(name, {"Complete"}, 0);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Timeout must be a positive number, got timeout=0"), std::string::npos) << e.what();
+  }
+  // Upstream's order: the times first (its API layer), then the statuses (its backend).
+  try {
+    client.wait_for_job_status(name, {"Done"}, -1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Timeout must be a positive number"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(client.wait_for_job_status(name, {}, 10, 1), Error);  // a wait that could never end
   EXPECT_THROW(client.wait_for_job_status("nosuchjob000", {"Complete"}, 2, 0.1), Error);
   EXPECT_EQ(client.wait_for_job_status(name, {"Complete"}, 20, 0.05).status, "Complete");
 }
