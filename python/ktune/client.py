@@ -322,7 +322,9 @@ class TrainerClient:
             raise ValueError("Cannot get Runtime packages for BuiltinTrainer")
         job, error = None, None
         try:
-            job = self.train(runtime=rt, trainer=CustomTrainer(func=_print_packages, num_nodes=1))
+            # As upstream: one node, and one CPU unless the runtime's trainer has GPUs (not its full request).
+            job = self.train(runtime=rt, trainer=CustomTrainer(
+                func=_print_packages, num_nodes=1, resources_per_node={"cpu": 1} if rt.trainer.device != "gpu" else None))
             try:
                 self.wait_for_job_status(job)
             except BaseException as e:

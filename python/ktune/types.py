@@ -18,6 +18,12 @@ Where ktune differs, on purpose:
     remaining seconds, metrics such as loss. Upstream has no such signal.
   * ``BackendConfig`` chooses ktune's backend (local, the default, or Kubernetes);
     ``KubernetesBackendConfig`` keeps upstream's name and fields (namespace, config_file, context).
+  * ``RuntimeTrainer.command`` is the runtime's entrypoint: ``("torchrun",)``, ``("python",)`` or
+    ``("mpirun", "--hostfile", "/etc/mpi/hostfile", "python")`` for CustomTrainer runtimes, where
+    upstream shows ``("bash", "-c", <the script that runs a function>)``; ``("tune", "run")`` as
+    upstream for torchtune runtimes.
+  * A count of 0 (``TorchTuneConfig.epochs``, ``batch_size``, ``num_nodes``, a CustomTrainer's
+    ``num_nodes``) is refused with a ValueError naming the field; upstream drops it as if unset.
 
 It deliberately holds no behaviour beyond small derived properties.
 """

@@ -310,9 +310,17 @@ class LocalBackend(unittest.TestCase):
         import io
         client = self.home.client()
         out = io.StringIO()
+        trainers, train = [], client.train
+
+        def spy(**kwargs):
+            trainers.append(kwargs["trainer"])
+            return train(**kwargs)
+        client.train = spy
         with contextlib.redirect_stdout(out):
             client.get_runtime_packages("torch-distributed")
         self.assertIn("Python: " + sys.version.split()[0], out.getvalue())
+        # As upstream: one node with one CPU for a runtime without GPUs, not the runtime's own request.
+        self.assertEqual((trainers[0].num_nodes, trainers[0].resources_per_node), (1, {"cpu": 1}))
         self.assertEqual(client.list_jobs(), [])
         self.assertEqual(os.listdir(os.path.join(self.home.path, "jobs")), [])
 
