@@ -22,8 +22,8 @@ Where ktune differs, on purpose:
     ``("mpirun", "--hostfile", "/etc/mpi/hostfile", "python")`` for CustomTrainer runtimes, where
     upstream shows ``("bash", "-c", <the script that runs a function>)``; ``("tune", "run")`` as
     upstream for torchtune runtimes.
-  * A count of 0 (``TorchTuneConfig.epochs``, ``batch_size``, ``num_nodes``, a CustomTrainer's
-    ``num_nodes``) is refused with a ValueError naming the field; upstream drops it as if unset.
+  * A count of 0 in ``TorchTuneConfig`` (``epochs``, ``batch_size``, ``num_nodes``) is refused with
+    a ValueError naming the field; upstream drops it as if unset (a CustomTrainer's 0 is unset in both).
 
 It deliberately holds no behaviour beyond small derived properties.
 """
