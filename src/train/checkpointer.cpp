@@ -143,19 +143,21 @@ struct ModelFiles {
 ModelFiles open_model_files(const fs::path& dir, const std::string& checkpoint_dir,
                             const std::vector<io::PlannedTensor>& tensors) {
   io::SafetensorsCheckpoint input = io::SafetensorsCheckpoint::open(checkpoint_dir);
-  std::vector<std::string> input_files;
-  std::vector<std::vector<io::TensorSpec>> specs;
+  // Each tensor's input file; the output's shard k is the input's k-th file by name (its
+  // model-0000k-of-0000n, as torchtune numbers them), tensors the input lacks in a last one.
+  std::vector<std::string> file_of_tensor;
+  for (const io::PlannedTensor& t : tensors)
+    file_of_tensor.push_back(input.contains(t.name) ? fs::path(input.file_of(t.name).path()).filename().string() : "");
+  std::vector<std::string> input_files = file_of_tensor;
+  std::sort(input_files.begin(), input_files.end(), [](const std::string& a, const std::string& b) {
+    return a.empty() != b.empty() ? b.empty() : a < b;
+  });
+  input_files.erase(std::unique(input_files.begin(), input_files.end()), input_files.end());
+  std::vector<std::vector<io::TensorSpec>> specs(input_files.size());
   std::vector<size_t> shard_of;  // by tensor
-  for (const io::PlannedTensor& t : tensors) {
-    const std::string file = input.contains(t.name) ? input.file_of(t.name).path() : "";
-    auto at = std::find(input_files.begin(), input_files.end(), file);
-    if (at == input_files.end()) {
-      input_files.push_back(file);
-      specs.emplace_back();
-      at = input_files.end() - 1;
-    }
-    shard_of.push_back(size_t(at - input_files.begin()));
-    specs[shard_of.back()].push_back({t.name, t.dtype, t.shape});
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    shard_of.push_back(size_t(std::find(input_files.begin(), input_files.end(), file_of_tensor[i]) - input_files.begin()));
+    specs[shard_of.back()].push_back({tensors[i].name, tensors[i].dtype, tensors[i].shape});
   }
   ModelFiles files;
   nlohmann::json weight_map = nlohmann::json::object();

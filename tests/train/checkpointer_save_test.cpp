@@ -9,16 +9,21 @@
 #include <chrono>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -426,6 +431,49 @@ TEST(PeftAdapterConfig, FloatOptionsAreWrittenAsTheirShortestDecimal) {
   EXPECT_NE(text.find("\"lora_dropout\":0.05,"), std::string::npos) << text;
   EXPECT_NE(text.find("\"lora_alpha\":16.0,"), std::string::npos) << text;
   EXPECT_NE(text.find("\"base_model_name_or_path\":\"org/base\""), std::string::npos) << text;
+}
+
+// A sharded input is saved in the same shards (each tensor in the file of its name in the input's
+// index), with an index whose weight_map names every tensor's file and whose total_size is the
+// tensors' bytes; transformers loads the folder with no tensor missing or left over.
+TEST_F(CheckpointerSave, AShardedInputIsSavedInItsShardsWithAnIndexTransformersLoads) {
+  train::HfCheckpointer checkpointer(input_.string(), {}, output_.string());
+  std::unique_ptr<model::Decoder> decoder = checkpointer.load_model(DType::F32);
+  const fs::path saved = checkpointer.save(request("epoch_0", *decoder));
+  const nlohmann::json input_index = nlohmann::json::parse(std::ifstream(input_ / "model.safetensors.index.json"));
+  const nlohmann::json index = nlohmann::json::parse(std::ifstream(saved / "model.safetensors.index.json"));
+  EXPECT_EQ(index.at("weight_map"), input_index.at("weight_map"));
+  std::map<std::string, std::string> file_of;
+  for (const auto& [name, file] : index.at("weight_map").items()) file_of[name] = file.get<std::string>();
+  std::set<std::string> files;
+  for (const auto& [name, file] : file_of) files.insert(file);
+  ASSERT_GT(files.size(), 2u);
+  uint64_t total = 0;
+  size_t tensors = 0;
+  for (const std::string& file : files) {
+    EXPECT_TRUE(std::regex_match(file, std::regex(R"(model-0000[1-9]-of-0000)" + std::to_string(files.size()) +
+                                                  R"(\.safetensors)"))) << file;
+    const io::SafetensorsFile shard = io::SafetensorsFile::open((saved / file).string());
+    for (const std::string& name : shard.names()) {
+      EXPECT_EQ(file_of[name], file) << name;
+      total += shard.info(name).end - shard.info(name).begin;
+      ++tensors;
+    }
+  }
+  EXPECT_EQ(tensors, file_of.size());
+  EXPECT_EQ(index.at("metadata").at("total_size").get<uint64_t>(), total);
+
+  if (std::system("python3 -c 'import transformers' 2>/dev/null") != 0) GTEST_SKIP() << "transformers is not installed";
+  const std::string script =
+      "import json, sys\n"
+      "from transformers import AutoModelForCausalLM\n"
+      "m, info = AutoModelForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)\n"
+      "print(json.dumps({k: sorted(v) for k, v in info.items() if k in ('missing_keys', 'unexpected_keys', 'mismatched_keys')}))\n";
+  std::ofstream(root_ / "load.py") << script;
+  const std::string out = (root_ / "load.json").string();
+  ASSERT_EQ(std::system(("python3 '" + (root_ / "load.py").string() + "' '" + saved.string() + "' > '" + out + "' 2>/dev/null").c_str()), 0);
+  const nlohmann::json loaded = nlohmann::json::parse(std::ifstream(out));
+  for (const auto& [what, keys] : loaded.items()) EXPECT_TRUE(keys.empty()) << what << ": " << keys.dump();
 }
 
 }  // namespace
