@@ -101,6 +101,9 @@ class Decoder {
 
   const ModelConfig& config() const { return config_; }
   DType storage() const { return storage_; }
+  // What the embeddings are multiplied by: Gemma's sqrt(hidden_size), rounded to bf16 when the
+  // weights are stored in bf16 (HF: the normalizer in the hidden states' dtype); 1 otherwise.
+  float embed_scale() const { return embed_scale_; }
 
   // ---- parameters, by HF name, in HF's order (embed, layers, norm, lm_head) ----
   // Includes the parameters of attached adapters (after the base ones).

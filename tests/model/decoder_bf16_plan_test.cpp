@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 #include <string>
@@ -105,3 +107,22 @@ TEST(DecoderBf16Plan, ALoraHeadOnABf16BaseTrainsAsOnTheWidenedPathWithinBf16Roun
     EXPECT_LE(diff, 2e-2 * scale) << "adapter parameter " << k;
   }
 }
+
+// Gemma's embedding scale, sqrt(hidden_size), is rounded to bf16 for a bf16 model as HF rounds its
+// normalizer to the hidden states' dtype: a width whose root is not a bf16 value (48: 6.928...,
+// Gemma2 9B's 3584: 59.87 -> 60) shows the rounding; the reference is torch's own bf16 value.
+TEST(GemmaEmbedScale, IsSqrtHiddenRoundedToBf16InABf16Model) {
+  ModelConfig config = ModelConfig::from_json_text(R"({"model_type":"gemma2","vocab_size":32,"hidden_size":48,
+    "intermediate_size":96,"num_hidden_layers":1,"num_attention_heads":2,"num_key_value_heads":1,"head_dim":24})",
+                                                   "config.json");
+  EXPECT_FLOAT_EQ(Decoder(config, 0, DType::F32).embed_scale(), float(std::sqrt(48.0)));
+  const float bf16_scale = Decoder(config, 0, DType::BF16).embed_scale();
+  EXPECT_NE(bf16_scale, float(std::sqrt(48.0)));
+  if (std::system("python3 -c 'import torch' 2>/dev/null") != 0) GTEST_SKIP() << "torch is not installed";
+  FILE* p = popen("python3 -c 'import torch; print(repr(float(torch.tensor(48 ** 0.5, dtype=torch.bfloat16))))'", "r");
+  char text[64] = {0};
+  ASSERT_NE(std::fgets(text, sizeof text, p), nullptr);
+  ASSERT_EQ(pclose(p), 0);
+  EXPECT_EQ(bf16_scale, std::strtof(text, nullptr)) << text;
+}
+
