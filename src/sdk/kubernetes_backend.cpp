@@ -636,7 +636,17 @@ std::vector<v1alpha1::TrainingRuntime> KubernetesBackend::runtimes() {
     try {
       list = request("GET", path);
     } catch (const KubernetesApiError& e) {
-      log_debug("runtimes: " + std::string(e.what()));
+      // No such resource (Kubeflow Trainer not installed): nothing there. Not allowed to list one
+      // scope (RBAC): the other scope's runtimes still serve, said once. Anything else is an error
+      // (upstream raises for all but 404).
+      if (e.status() == 404) {
+        log_debug("runtimes: " + std::string(e.what()));
+      } else if (e.status() == 403) {
+        if (warned_forbidden_.insert(path).second)
+          log_warn("runtimes: not allowed to list " + path + " (" + e.what() + "); its runtimes are not offered");
+      } else {
+        throw;
+      }
       continue;
     }
     if (!json_field(list, "items").is_array()) continue;

@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -135,6 +136,7 @@ class KubernetesBackend : public Backend {
   hub::HttpClient http_;
   double poll_interval_ = 1.0;
   std::map<std::string, std::unique_ptr<v1alpha1::TrainingRuntime>> runtimes_;  // by kind/name; null: unreadable
+  std::set<std::string> warned_forbidden_;  // runtime lists this user may not read, said once each
 };
 
 // Where a followed log stands: the time of the last line delivered and how many lines with that

@@ -19,7 +19,9 @@ The test drives it through a second, plain-HTTP control port (no credentials nee
                          "batchjobs" holds them; a TrainJob takes merge patches),
                          "events": {namespace: [core/v1 Event, ...]} (GET .../namespaces/NS/events lists them),
                          "errors": [{"method", "path", "status", "reason", "message"}],
-                         "runtimes": {name: ClusterTrainingRuntime}} (merged; a null value removes an entry)
+                         "runtimes": {name: ClusterTrainingRuntime},
+                         "namespaced_runtimes": {name: TrainingRuntime (listed in its metadata.namespace)}}
+                         (merged; a null value removes an entry)
   POST /_test/release   lets a held log stream send its remaining lines
   GET  /_test/requests  the recorded requests, in order (and tls_failures, held_released, secrets, batchjobs, trainjobs)
 LOG = {"lines": [...], "times": [RFC 3339 with nanoseconds, one per line] (default: one line every
@@ -61,7 +63,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
 
 LOCK = threading.Lock()
-STATE = {"trainjobs": {}, "secrets": {}, "pods": {}, "status": {}, "logs": {}, "errors": [], "runtimes": {}, "events": {},
+STATE = {"trainjobs": {}, "secrets": {}, "pods": {}, "status": {}, "logs": {}, "errors": [], "runtimes": {},
+         "namespaced_runtimes": {}, "events": {},
          "batchjobs": {}, "jobstatus": {}, "requests": [], "held_released": [], "tls_failures": []}
 RELEASE = threading.Event()
 TOKEN = ""
@@ -305,9 +308,14 @@ class Handler(BaseHTTPRequestHandler):
                          for rt in STATE["runtimes"].values()]
             return self.send_json(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1",
                                         "kind": "ClusterTrainingRuntimeList", "items": items, "metadata": {}})
-        if re.match(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/[^/]+/trainingruntimes$", path):
-            return self.fail(403, "Forbidden", "trainingruntimes.trainer.kubeflow.org is forbidden: User \"tester\" "
-                                               "cannot list resource \"trainingruntimes\"")
+        m = re.match(r"^/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainingruntimes$", path)
+        if m and self.command == "GET":
+            with LOCK:
+                items = [dict((k, v) for k, v in rt.items() if k not in ("apiVersion", "kind"))
+                         for rt in STATE["namespaced_runtimes"].values()
+                         if rt.get("metadata", {}).get("namespace", m.group(1)) == m.group(1)]
+            return self.send_json(200, {"apiVersion": "trainer.kubeflow.org/v1alpha1",
+                                        "kind": "TrainingRuntimeList", "items": items, "metadata": {}})
         m = CTR.match(path)
         if m and self.command == "GET":
             with LOCK:

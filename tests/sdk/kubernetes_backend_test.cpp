@@ -221,6 +221,51 @@ TEST_F(KubernetesBackendTest, TheRuntimesAreTheClustersAsOfEachCall) {
   EXPECT_EQ(r.trainer_type, "BuiltinTrainer");
 }
 
+// A namespaced TrainingRuntime of a ClusterTrainingRuntime's name is the one offered (upstream's
+// precedence), and a TrainJob refers to it by its kind. Not allowed to list the namespace's
+// runtimes (RBAC): the cluster's serve; any other failure to list is an error, as upstream's.
+TEST_F(KubernetesBackendTest, ANamespacedRuntimeOfAClusterRuntimesNameIsTheOneOffered) {
+  BackendConfig config;
+  config.kind = BackendConfig::Kind::Kubernetes;
+  config.kubeconfig = kubeconfig_;
+  TrainerClient client(config);
+  Json team = Json::parse(v1alpha1::to_json(RuntimeCatalog::builtin().get("torchtune-llama3.2-1b")).dump());
+  team["kind"] = v1alpha1::kTrainingRuntimeKind;
+  team["metadata"]["namespace"] = "team-a";  // the kubeconfig context's
+  for (Json& rj : team["spec"]["template"]["spec"]["replicatedJobs"])
+    for (Json& c : rj["template"]["spec"]["template"]["spec"]["containers"])
+      if (c["name"] == "node") c["image"] = "registry.example/team-trainer:1";
+  Json elsewhere = team;
+  elsewhere["metadata"]["name"] = "other-namespace-runtime";
+  elsewhere["metadata"]["namespace"] = "team-b";
+  set_state({{"namespaced_runtimes", {{"torchtune-llama3.2-1b", team}, {"other-namespace-runtime", elsewhere}}}});
+  const types::Runtime offered = client.get_runtime("torchtune-llama3.2-1b");
+  EXPECT_EQ(offered.trainer.image, "registry.example/team-trainer:1");
+  EXPECT_EQ(offered.kind, types::RuntimeKind::TrainingRuntime);
+  const std::vector<types::Runtime> listed = client.list_runtimes();
+  EXPECT_EQ(std::count_if(listed.begin(), listed.end(), [](const types::Runtime& r) { return r.name == "torchtune-llama3.2-1b"; }), 1);
+  EXPECT_TRUE(std::none_of(listed.begin(), listed.end(), [](const types::Runtime& r) { return r.name == "other-namespace-runtime"; }));
+  types::TorchTuneConfig cfg;
+  cfg.epochs = 1;
+  const std::string name = client.train(offered, nullptr, types::BuiltinTrainer{cfg});
+  const Json posted = requests()["trainjobs"]["team-a"].at(name);
+  EXPECT_EQ(posted["spec"]["runtimeRef"]["kind"], "TrainingRuntime") << posted.dump();
+  client.delete_job(name);
+
+  set_state({{"errors", Json::array({{{"method", "GET"}, {"path", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainingruntimes"},
+                                      {"status", 403}, {"reason", "Forbidden"}, {"message", "cannot list trainingruntimes"}}})}});
+  EXPECT_EQ(client.get_runtime("torchtune-llama3.2-1b").kind, types::RuntimeKind::ClusterTrainingRuntime);
+  set_state({{"errors", Json::array({{{"method", "GET"}, {"path", "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"},
+                                      {"status", 500}, {"reason", "InternalError"}, {"message", "etcd is down"}}})}});
+  try {
+    client.list_runtimes();
+    FAIL() << "a failed listing was taken for an empty one";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("etcd is down"), std::string::npos) << e.what();
+  }
+  set_state({{"errors", Json::array()}, {"namespaced_runtimes", {{"torchtune-llama3.2-1b", nullptr}, {"other-namespace-runtime", nullptr}}}});
+}
+
 TEST_F(KubernetesBackendTest, StatusFollowsUpstreamsMappingOfConditionsAndPods) {
   ASSERT_EQ(submit("job-a"), "job-a");
   KubernetesBackend k = backend();
