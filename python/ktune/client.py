@@ -392,9 +392,9 @@ class TrainerClient:
 
         With ``follow=True`` the lines come as they are written, until the step ends; the wait for the
         next line releases the GIL. Closing the iterator early (``break``) stops the reader at its
-        next line. A step the job does not have raises RuntimeError naming the steps it has
-        (upstream's Kubernetes backend yields no lines there, and its local backend gives every
-        step's lines for ``node-0``).
+        next line. On the local backend a step the job does not have raises RuntimeError naming the
+        steps it has (upstream's local backend gives every step's lines for ``node-0``); on
+        Kubernetes, as upstream's, a step without a pod yields no lines.
         """
         if not follow:
             return iter(self._client.get_job_logs(name, step))
