@@ -1,7 +1,8 @@
 // `ktune train --runtime NAME [...]`: TrainerClient::train() from the shell. Flags fill the SDK's
 // types (Initializer with its ignore patterns, BuiltinTrainer with a TorchTuneConfig, its
-// LoraConfig, resources and loss, and an instruct or chat dataset config): the Python SDK's shapes,
-// one flag a field; the control plane
+// LoraConfig, resources and loss, and an instruct or chat dataset config; or a CustomTrainer, a
+// script or a command, or a CustomTrainerContainer, an image): the Python SDK's shapes, one flag a
+// field; the control plane
 // validates and plans; the backend (local by default) starts the job and this prints its name on
 // stdout (hints on stderr). --dry-run prints the plan instead; --follow streams node-0's log;
 // --wait blocks until the job ends (exit 0 Complete, 1 Failed, 3 timeout).
@@ -10,6 +11,8 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <string>
@@ -44,6 +47,10 @@ int train_usage(FILE* to) {
                "         --new-system-prompt TEXT --column-map KEY=COLUMN... (instruct)\n"
                "         --conversation-column COLUMN --conversation-style sharegpt|openai (chat)\n"
                "  model initializer: --model-ignore-patterns '*.bin,*.pt' (comma-separated)\n"
+               "  custom trainer (CustomTrainer, instead of the torchtune flags): --script FILE (a Python\n"
+               "         script run with the runtime's entrypoint) or --command ARG... (repeated: the argv),\n"
+               "         --arg ARG... --env KEY=VALUE... --packages a,b --pip-index-url URL... --num-nodes N\n"
+               "         --resources KEY=VALUE...; --image IMAGE makes it a CustomTrainerContainer (Kubernetes)\n"
                "  URIs: hf://org/repo[/path] (or org/repo) and s3://bucket/path.\n"
                "  Tokens from the environment: HF_TOKEN; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION,\n"
                "  AWS_ENDPOINT_URL. Backend: KTUNE_BACKEND (local), KTUNE_HOME (~/.ktune), or --backend kubernetes\n"
@@ -98,6 +105,40 @@ struct DatasetFlags {
   }
 };
 
+// The custom trainer flags, gathered before they become a CustomTrainer (a script or a command)
+// or, with --image, a CustomTrainerContainer.
+struct CustomFlags {
+  std::optional<std::string> script_file, image;
+  std::vector<std::string> command, args, packages, pip_index_urls;
+  types::StringDict env;
+  bool any() const {
+    return script_file || image || !command.empty() || !args.empty() || !packages.empty() || !pip_index_urls.empty() ||
+           !env.empty();
+  }
+  types::Trainer to_trainer(const types::TorchTuneConfig& shared) const {
+    if (image) {
+      if (script_file || !command.empty() || !packages.empty() || !pip_index_urls.empty())
+        throw Error("ktune train --image", "a CustomTrainerContainer runs its image's own program: --script, --command, "
+                                           "--packages and --pip-index-url are a CustomTrainer's");
+      types::CustomTrainerContainer c;
+      c.image = *image, c.num_nodes = shared.num_nodes, c.resources_per_node = shared.resources_per_node, c.env = env;
+      return c;
+    }
+    if (script_file.has_value() == !command.empty())
+      throw Error("ktune train", "a CustomTrainer runs a --script FILE or a --command, one of the two");
+    types::CustomTrainer c;
+    if (script_file) {
+      std::ifstream in(*script_file, std::ios::binary);
+      if (!in) throw Error("ktune train --script " + *script_file, "cannot read the script");
+      c.script.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    c.command = command, c.args = args, c.env = env, c.packages_to_install = packages;
+    if (!pip_index_urls.empty()) c.pip_index_urls = pip_index_urls;
+    c.num_nodes = shared.num_nodes, c.resources_per_node = shared.resources_per_node;
+    return c;
+  }
+};
+
 std::optional<std::string> env(const char* name) {
   const char* v = std::getenv(name);
   if (v && *v) return std::string(v);
@@ -136,6 +177,7 @@ int cmd_train(const Args& args) {
   std::optional<types::LoraConfig> lora;
   DatasetFlags dataset;
   std::optional<std::vector<std::string>> model_ignore_patterns;
+  CustomFlags custom;
   auto lora_config = [&]() -> types::LoraConfig& {
     if (!lora) lora.emplace();
     return *lora;
@@ -202,6 +244,13 @@ int cmd_train(const Args& args) {
         throw Error("ktune train --conversation-style", "expects sharegpt or openai, got '" + value + "'");
       dataset.conversation_style = value;
     } else if (flag == "--model-ignore-patterns") model_ignore_patterns = comma_list(flag, value);
+    else if (flag == "--script") custom.script_file = value;
+    else if (flag == "--image") custom.image = value;
+    else if (flag == "--command") custom.command.push_back(value);
+    else if (flag == "--arg") custom.args.push_back(value);
+    else if (flag == "--env") custom.env.push_back(key_value(flag, value));
+    else if (flag == "--packages") custom.packages = comma_list(flag, value);
+    else if (flag == "--pip-index-url") custom.pip_index_urls.push_back(value);
     else if (flag == "--dtype") {
       config.dtype = types::data_type_from_string(value);
       if (!config.dtype) throw Error("ktune train --dtype", "expects bf16 or fp32, got '" + value + "'");
@@ -217,8 +266,12 @@ int cmd_train(const Args& args) {
     std::fprintf(stderr, "ktune train: --runtime is required (see `ktune runtimes`)\n");
     return train_usage(stderr);
   }
+  if (custom.any() && (lora || dataset.any() || config.epochs || config.batch_size || config.dtype || config.loss))
+    throw Error("ktune train", "the custom trainer's flags (--script, --command, --image, ...) do not mix with the "
+                               "torchtune trainer's (--epochs, --batch-size, --dtype, --loss, LoRA and dataset flags)");
   if (lora) config.peft_config = lora;
   if (dataset.any()) config.dataset_preprocess_config = dataset.to_config();
+  const types::Trainer trainer = custom.any() ? custom.to_trainer(config) : types::Trainer(types::BuiltinTrainer{config});
 
   types::Initializer initializer;
   if (!dataset_uri.empty())
@@ -237,7 +290,7 @@ int cmd_train(const Args& args) {
 
   sdk::TrainerClient client(backend);
   const types::Runtime runtime = client.get_runtime(runtime_name);
-  TrainJobPlan plan = client.plan(runtime, &initializer, types::BuiltinTrainer{config}, options);
+  TrainJobPlan plan = client.plan(runtime, &initializer, trainer, options);
   if (dry_run) {
     if (auto* k8s = dynamic_cast<sdk::KubernetesBackend*>(&client.backend())) {
       // Exactly the object the backend would POST (secret values live in the Secret, never here).
@@ -256,8 +309,9 @@ int cmd_train(const Args& args) {
   const std::string job = client.submit(plan);
   std::printf("%s\n", job.c_str());
   std::fflush(stdout);
-  std::fprintf(stderr, "TrainJob %s started on the %s backend (%s, %s)\n  follow: ktune jobs logs -f %s\n",
-               job.c_str(), client.backend().kind().c_str(), plan.recipe.c_str(), plan.config.c_str(), job.c_str());
+  const std::string what = plan.recipe.empty() ? plan.trainer_type : plan.recipe + ", " + plan.config;
+  std::fprintf(stderr, "TrainJob %s started on the %s backend (%s)\n  follow: ktune jobs logs -f %s\n", job.c_str(),
+               client.backend().kind().c_str(), what.c_str(), job.c_str());
   if (follow) {
     client.get_job_logs(job, "node-0", true, [](const std::string& line) {
       std::printf("%s\n", line.c_str());

@@ -171,6 +171,47 @@ TEST_F(Cli, TrainFlagsFillTheSdksShapes) {
   EXPECT_EQ(ktune(home, "jobs list").out, "no TrainJobs\n");
 }
 
+// A CustomTrainer from the shell: a command (run locally to its end) or a script (run with the
+// runtime's entrypoint), its env, packages and index; --image makes a CustomTrainerContainer. The
+// torchtune trainer's flags do not mix in.
+TEST_F(Cli, TrainRunsACustomTrainersCommandOrScript) {
+  Result run = ktune(home, "train --runtime torch-distributed --command python3 --command -c "
+                           "--command 'import os; print(\"custom\", os.environ[\"GREETING\"])' --env GREETING=hello --wait");
+  ASSERT_EQ(run.code, 0) << run.err;
+  const std::string job = run.out.substr(0, run.out.find('\n'));
+  EXPECT_NE(run.err.find("(CustomTrainer)"), std::string::npos) << run.err;
+  Result logs = ktune(home, "jobs logs " + job);
+  EXPECT_NE(logs.out.find("custom hello"), std::string::npos) << logs.out << logs.err;
+
+  std::ofstream(home.path() + "/train.py") << "print('from the script')\n";
+  Result script = ktune(home, "train --runtime torch-distributed --script '" + home.path() + "/train.py' --arg --lr "
+                              "--arg 0.1 --packages numpy,einops --pip-index-url https://mirror.example/simple "
+                              "--num-nodes 2 --resources cpu=2 --dry-run");
+  ASSERT_EQ(script.code, 0) << script.err;
+  for (const char* part : {"(CustomTrainer, torch)", "2 nodes x", "from the script", "numpy", "einops",
+                           "https://mirror.example/simple", "--lr"})
+    EXPECT_NE(script.out.find(part), std::string::npos) << part << " not in:\n" << script.out;
+
+  Result container = ktune(home, "train --runtime torch-distributed --image registry.example/train:1 --env A=1 --dry-run");
+  ASSERT_EQ(container.code, 0) << container.err;  // planned (the YAML a cluster would get); run only on one:
+  EXPECT_NE(container.out.find("registry.example/train:1"), std::string::npos) << container.out;
+  Result local_image = ktune(home, "train --runtime torch-distributed --image registry.example/train:1");
+  EXPECT_EQ(local_image.code, 1);
+  EXPECT_NE(local_image.err.find("CustomTrainerContainer"), std::string::npos) << local_image.err;
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"--command python3 --epochs 2", "do not mix with the torchtune trainer's"},
+      {"--script /nonexistent/train.py", "cannot read the script"},
+      {"--env A=1", "a --script FILE or a --command, one of the two"},
+      {"--image r/i:1 --command python3", "runs its image's own program"},
+  };
+  for (const auto& [flags, why] : refused) {
+    Result r = ktune(home, "train --runtime torch-distributed " + flags + " --dry-run");
+    EXPECT_EQ(r.code, 1) << flags;
+    EXPECT_NE(r.err.find(why), std::string::npos) << flags << ": " << r.err;
+  }
+}
+
 // Submit, follow, list, get, logs, wait, delete: the whole lifecycle from the shell.
 TEST_F(Cli, EndToEndJobWithRealInitializersAndTheTestTrainer) {
   make_sources(home.path() + "/src");
