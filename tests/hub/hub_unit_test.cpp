@@ -408,24 +408,19 @@ TEST(ExportSelection, MissingPartsAndEpochsAreClearErrors) {
 TEST(CredentialSource, FetchesARolesCredentialsAgainNearTheirExpiry) {
   int fetches = 0;
   int64_t lifetime = 3600;
-  CredentialSource role(std::function<TemporaryCredentials()>([&] {
+  const std::function<TemporaryCredentials()> fetch = [&] {
     ++fetches;
     TemporaryCredentials t;
     t.credentials = {"ASIA" + std::to_string(fetches), "secret", "token"};
     t.expires_at = int64_t(std::time(nullptr)) + lifetime;
     return t;
-  }));
+  };
+  CredentialSource role(fetch);
   EXPECT_EQ(fetches, 1);
   EXPECT_EQ(role.current().access_key_id, "ASIA1");
   EXPECT_EQ(fetches, 1);  // an hour left
   lifetime = 200;         // the next ones expire within five minutes
-  CredentialSource short_lived(std::function<TemporaryCredentials()>([&] {
-    ++fetches;
-    TemporaryCredentials t;
-    t.credentials = {"ASIA" + std::to_string(fetches), "secret", "token"};
-    t.expires_at = int64_t(std::time(nullptr)) + lifetime;
-    return t;
-  }));
+  CredentialSource short_lived(fetch);
   EXPECT_EQ(short_lived.current().access_key_id, "ASIA3");
   EXPECT_EQ(fetches, 3);
   CredentialSource fixed(AwsCredentials{"AKIA", "s", ""});
