@@ -40,6 +40,7 @@
 #include "hub/exporter.h"
 #include "hub/s3_client.h"
 #include "hub/storage.h"
+#include "hub/storage_uri.h"
 #include "runtime/planner.h"
 #include "runtime/trainjob_builder.h"
 #include "sdk/trainer_client.h"
@@ -686,6 +687,7 @@ class Client {
                       const std::map<std::string, std::string>& storage, double timeout, nb::object on_line) {
     sdk::ExportRequest request;
     user_input([&] {
+      hub::parse_storage_uri(destination);  // a malformed one is the caller's mistake: ValueError
       request.destination = destination;
       request.parts = hub::parse_export_parts(parts);
       request.epoch = epoch;
@@ -705,6 +707,7 @@ class Client {
     });
     const sdk::ExportRecord r = backend_call([&] {
       return client_.export_job(name, request, [&](const std::string& line) {
+        check_signals();  // a Ctrl-C ends the export at its next line
         if (on_line.is_none()) return true;
         nb::gil_scoped_acquire gil;
         on_line(line);

@@ -117,15 +117,18 @@ struct CustomFlags {
   }
   types::Trainer to_trainer(const types::TorchTuneConfig& shared) const {
     if (image) {
-      if (script_file || !command.empty() || !packages.empty() || !pip_index_urls.empty())
+      if (script_file || !command.empty() || !args.empty() || !packages.empty() || !pip_index_urls.empty())
         throw Error("ktune train --image", "a CustomTrainerContainer runs its image's own program: --script, --command, "
-                                           "--packages and --pip-index-url are a CustomTrainer's");
+                                           "--arg, --packages and --pip-index-url are a CustomTrainer's");
       types::CustomTrainerContainer c;
       c.image = *image, c.num_nodes = shared.num_nodes, c.resources_per_node = shared.resources_per_node, c.env = env;
       return c;
     }
     if (script_file.has_value() == !command.empty())
       throw Error("ktune train", "a CustomTrainer runs a --script FILE or a --command, one of the two");
+    if (!command.empty() && (!packages.empty() || !pip_index_urls.empty()))
+      throw Error("ktune train --packages", "packages are installed before a --script runs; a --command runs as given "
+                                            "(install them in it, or in the image)");
     types::CustomTrainer c;
     if (script_file) {
       std::ifstream in(*script_file, std::ios::binary);
@@ -133,7 +136,11 @@ struct CustomFlags {
       c.script.assign(std::istreambuf_iterator<char>(in), {});
     }
     c.command = command, c.args = args, c.env = env, c.packages_to_install = packages;
-    if (!pip_index_urls.empty()) c.pip_index_urls = pip_index_urls;
+    if (!pip_index_urls.empty()) {
+      c.pip_index_urls = pip_index_urls;
+    } else if (const char* urls = std::getenv("DEFAULT_PIP_INDEX_URLS"); urls != nullptr && *urls) {
+      c.pip_index_urls = comma_list("DEFAULT_PIP_INDEX_URLS", urls);  // as the Python SDK (upstream) reads it
+    }
     c.num_nodes = shared.num_nodes, c.resources_per_node = shared.resources_per_node;
     return c;
   }

@@ -55,6 +55,7 @@ struct CheckpointFolder {
   bool is_epoch = false;
   int64_t number = -1;       // the N of its name
   int64_t global_step = -1;  // from recipe_state/recipe_state.json, -1 when absent or unreadable
+  double saved_at = -1;      // the same file's save time (unix seconds), -1 when absent
   int epoch = -1;
 };
 
@@ -73,6 +74,7 @@ void read_recipe_state(CheckpointFolder& f) {
   const nlohmann::json state = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!state.is_object()) return;
   if (state.contains("global_step") && state["global_step"].is_number_integer()) f.global_step = state["global_step"].get<int64_t>();
+  if (state.contains("saved_at") && state["saved_at"].is_number()) f.saved_at = state["saved_at"].get<double>();
   // An epoch folder's state names the epoch to come; a step folder's the one it was saved in.
   if (!f.is_epoch && state.contains("epoch") && state["epoch"].is_number_integer()) f.epoch = state["epoch"].get<int>();
 }
@@ -96,9 +98,12 @@ std::vector<CheckpointFolder> checkpoint_folders(const std::string& output_dir) 
   return out;
 }
 
-// Whether `a` was saved after `b` (see select_export).
-bool later(const CheckpointFolder& a, const CheckpointFolder& b, bool by_global_step) {
-  if (by_global_step && a.global_step != b.global_step) return a.global_step > b.global_step;
+// Whether `a` was saved after `b` (see select_export): by the save time and then the global step
+// their recipe states record (as the checkpointer finds the latest to resume from: a fresh run in an
+// output_dir that holds an earlier run's step_300 saves its epoch_0 at step 150, later).
+bool later(const CheckpointFolder& a, const CheckpointFolder& b, bool by_recipe_state) {
+  if (by_recipe_state && a.saved_at != b.saved_at) return a.saved_at > b.saved_at;
+  if (by_recipe_state && a.global_step != b.global_step) return a.global_step > b.global_step;
   if (a.is_epoch != b.is_epoch) return a.is_epoch;  // an epoch's end is saved after its last step's
   return a.number > b.number;
 }
@@ -114,10 +119,10 @@ ExportSelection select_export(const std::string& output_dir, ExportParts parts, 
   if (folders.empty())
     throw Error(output_dir, epoch >= 0 ? "no epoch_" + std::to_string(epoch) + " folder"
                                        : "no epoch_N or step_N folder: is this a torchtune/ktune output_dir?");
-  const bool by_global_step =
+  const bool by_recipe_state =
       std::all_of(folders.begin(), folders.end(), [](const CheckpointFolder& f) { return f.global_step >= 0; });
   const CheckpointFolder& chosen = *std::max_element(
-      folders.begin(), folders.end(), [&](const CheckpointFolder& a, const CheckpointFolder& b) { return later(b, a, by_global_step); });
+      folders.begin(), folders.end(), [&](const CheckpointFolder& a, const CheckpointFolder& b) { return later(b, a, by_recipe_state); });
   ExportSelection sel;
   sel.checkpoint_dir = fs::absolute(chosen.path).lexically_normal().string();
   sel.checkpoint = chosen.name;

@@ -32,8 +32,8 @@ struct ExportSelection {
 };
 
 // Picks the checkpoint to export and its files for `parts`: epoch_<epoch> when `epoch` >= 0;
-// otherwise the latest, by the global step each folder's recipe_state.json records (ktune's
-// outputs), or, where a folder has none (torchtune's), the highest epoch_N (step_N only when there
+// otherwise the latest, by the save time and then the global step each folder's recipe_state.json
+// records (ktune's outputs), or, where a folder has none (torchtune's), the highest epoch_N (step_N only when there
 // is no epoch folder). Throws an Error naming the folder when there is none, or when a requested
 // part is missing.
 ExportSelection select_export(const std::string& output_dir, ExportParts parts, int epoch = -1);

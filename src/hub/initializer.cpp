@@ -47,7 +47,8 @@ InitializerConfig initializer_config_from_env(InitializerKind kind, const EnvLoo
   s3.credentials.access_key_id = first_of({"ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"});
   s3.credentials.secret_access_key = first_of({"SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"});
   s3.credentials.session_token = env_string(env, "AWS_SESSION_TOKEN");
-  s3_roles_from_env(s3, env);  // ROLE_ARN (upstream's role_arn), EKS's web identity
+  s3.role_arn = env_string(env, "ROLE_ARN");  // upstream's S3 initializer's role_arn
+  s3_roles_from_env(s3, env);                 // EKS's web identity, the STS endpoint
   register_secret(s3.credentials.secret_access_key);
   register_secret(s3.credentials.session_token);
   std::string workspace = env_string(env, "KTUNE_WORKSPACE");

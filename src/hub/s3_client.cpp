@@ -39,7 +39,6 @@ void s3_roles_from_env(S3Options& o, const std::function<const char*(const char*
     const char* v = env(name);
     return v != nullptr ? std::string(v) : std::string();
   };
-  if (std::string v = value("ROLE_ARN"); !v.empty()) o.role_arn = v;
   o.web_identity_role_arn = value("AWS_ROLE_ARN");
   o.web_identity_token_file = value("AWS_WEB_IDENTITY_TOKEN_FILE");
   o.sts_endpoint = value("AWS_ENDPOINT_URL_STS");
@@ -73,9 +72,14 @@ std::shared_ptr<CredentialSource> credential_source(const S3Options& o) {
     if (has_key || o.web_identity_token_file.empty())
       return std::make_shared<CredentialSource>(std::function<TemporaryCredentials()>(
           [sts, key = o.credentials, role = o.role_arn] { return sts_assume_role(sts, key, role); }));
+    // A pod's web identity: straight into role_arn, or (as the AWS SDKs chain it) first into the
+    // pod's own role, AWS_ROLE_ARN, whose credentials then assume role_arn.
     return std::make_shared<CredentialSource>(std::function<TemporaryCredentials()>(
-        [sts, file = o.web_identity_token_file, role = o.role_arn] {
-          return sts_assume_role_with_web_identity(sts, role, read_token_file(file));
+        [sts, file = o.web_identity_token_file, pod_role = o.web_identity_role_arn, role = o.role_arn] {
+          if (pod_role.empty() || pod_role == role)
+            return sts_assume_role_with_web_identity(sts, role, read_token_file(file));
+          const TemporaryCredentials pod = sts_assume_role_with_web_identity(sts, pod_role, read_token_file(file));
+          return sts_assume_role(sts, pod.credentials, role);
         }));
   }
   if (has_key) return std::make_shared<CredentialSource>(o.credentials);

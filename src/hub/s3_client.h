@@ -29,8 +29,9 @@ struct S3Options {
   std::string endpoint;  // "" → https://s3.<region>.amazonaws.com
   std::string region = "us-east-1";
   AwsCredentials credentials;
-  // A role to assume (the S3 initializer's role_arn, upstream's ROLE_ARN): with `credentials`
-  // (AssumeRole), or without them with the web identity token (AssumeRoleWithWebIdentity).
+  // A role to assume (the S3 initializer's role_arn, upstream's ROLE_ARN; --role-arn): with
+  // `credentials` (AssumeRole), or without them with the web identity token
+  // (AssumeRoleWithWebIdentity, through web_identity_role_arn when that is another role).
   std::string role_arn;
   // EKS's IAM roles for service accounts (AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE): the role
   // used when there is neither role_arn nor an access key. The token file is read at each fetch
@@ -50,9 +51,9 @@ struct S3Options {
 // role's variables (s3_roles_from_env).
 S3Options s3_options_from_env();
 
-// The role settings of S3Options from the environment: ROLE_ARN (upstream's initializer env),
-// AWS_ROLE_ARN + AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ENDPOINT_URL_STS (else AWS_ENDPOINT_URL),
-// AWS_ROLE_SESSION_NAME.
+// The AWS SDKs' role settings of S3Options from the environment: AWS_ROLE_ARN +
+// AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ENDPOINT_URL_STS (else AWS_ENDPOINT_URL), AWS_ROLE_SESSION_NAME.
+// (The initializers read upstream's ROLE_ARN as well; the CLI takes --role-arn.)
 void s3_roles_from_env(S3Options& options, const std::function<const char*(const char*)>& env);
 
 struct S3Object {

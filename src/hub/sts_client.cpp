@@ -35,8 +35,10 @@ std::string form_body(const std::vector<std::pair<std::string, std::string>>& fi
   return body;
 }
 
-// The <Credentials> of an AssumeRole* answer, or an Error with STS's code and message.
-TemporaryCredentials read_answer(const HttpResponse& r, const std::string& where) {
+// The <Credentials> of an AssumeRole* answer, or an Error with STS's code and message. An answer
+// without a readable <Expiration> is taken to last the duration asked for (from now), so that the
+// credentials are still fetched again in time.
+TemporaryCredentials read_answer(const HttpResponse& r, const std::string& where, int duration_seconds) {
   if (r.status != 200) {
     const std::vector<std::string> codes = xml_elements(r.body, "Code"), messages = xml_elements(r.body, "Message");
     throw Error(where, redact("STS refused: HTTP " + std::to_string(r.status) + (codes.empty() ? "" : " " + codes[0]) +
@@ -57,6 +59,7 @@ TemporaryCredentials read_answer(const HttpResponse& r, const std::string& where
   register_secret(t.credentials.session_token);
   const std::vector<std::string> expiration = xml_elements(block[0], "Expiration");
   if (!expiration.empty()) t.expires_at = int64_t(parse_rfc3339(expiration[0]));
+  if (t.expires_at <= 0) t.expires_at = int64_t(std::time(nullptr)) + duration_seconds;
   return t;
 }
 
@@ -77,7 +80,7 @@ TemporaryCredentials call_sts(const StsOptions& options, const std::vector<std::
           SigV4Input in;
           in.method = "POST";
           in.host = sigv4_host_of(endpoint, "STS endpoint");
-          in.canonical_uri = "/";
+          in.canonical_uri.push_back('/');  // not = "/": GCC 12's -Wrestrict misfires on that here
           in.headers = req.headers;
           in.payload_sha256 = sha256_hex(body);
           in.region = options.region;
@@ -88,7 +91,7 @@ TemporaryCredentials call_sts(const StsOptions& options, const std::vector<std::
         return req;
       },
       options.retry, where);
-  return read_answer(r, where);
+  return read_answer(r, where, options.duration_seconds);
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ namespace ktune::hub {
 
 struct TemporaryCredentials {
   AwsCredentials credentials;
-  int64_t expires_at = 0;  // unix seconds; 0 when the answer named no expiry
+  int64_t expires_at = 0;  // unix seconds (an answer naming none: now + the duration asked for)
 };
 
 struct StsOptions {

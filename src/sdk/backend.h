@@ -72,8 +72,8 @@ class Backend {
   virtual void delete_job(const std::string& name, bool remove_workspace = false) = 0;
   // Exports a Complete job's outputs (job_export.h) and records it with the job; `sink` gets the
   // exporter's log lines. Returns the record: Complete with the summary, or Running when a cluster's
-  // export outlasts request.timeout_seconds. Throws Error when the export cannot start or fails
-  // (the record says Failed with the error).
+  // export outlasts request.timeout_seconds. Throws when the export cannot start or fails (the
+  // record says Failed with the error).
   virtual ExportRecord export_job(const std::string& name, const ExportRequest& request, const LogLineSink& sink) = 0;
   // Runtimes the backend's own store holds (the cluster's ClusterTrainingRuntimes and the
   // namespace's TrainingRuntimes); TrainerClient adds them over the builtin catalog. None locally.

@@ -34,12 +34,13 @@ ExportRecord LocalBackend::export_job(const std::string& name, const ExportReque
     record.status = kComplete;
     record.summary_json = redact(summary.dump());
   } catch (const std::exception& e) {
-    record.status = kFailed;
-    record.error = redact(e.what());
+    // Recorded as Failed, and the error itself goes on (a caller's own, such as a Ctrl-C raised in
+    // its sink, stays what it was).
+    registry().finish_export(record.id, kFailed, "", redact(e.what()), unix_now());
+    throw;
   }
   record.finished_at = unix_now();
   registry().finish_export(record.id, record.status, record.summary_json, record.error, record.finished_at);
-  if (record.status == kFailed) throw Error("export of TrainJob " + name, record.error);
   return record;
 }
 

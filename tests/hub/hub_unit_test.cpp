@@ -354,15 +354,17 @@ TEST(ExportSelection, PicksTheLatestEpochAndTheRequestedParts) {
 // (a run stopped by its deadline) is the latest; torchtune's record none, and an epoch wins.
 TEST(ExportSelection, AStepFolderSavedAfterEveryEpochIsTheLatest) {
   TempDir tmp;
+  double now = 1796217000;  // each checkpoint saved a minute after the one before
   const auto checkpoint = [&](const std::string& name, int64_t global_step, int epoch) {
     write_file(tmp / (name + "/adapter_config.json"), "{}");
     write_file(tmp / (name + "/adapter_model.safetensors"), name);
+    now += 60;
     if (global_step >= 0)
       write_file(tmp / (name + "/recipe_state/recipe_state.json"),
-                 nlohmann::json{{"global_step", global_step}, {"epoch", epoch}, {"step_in_epoch", 5}}.dump());
+                 nlohmann::json{{"global_step", global_step}, {"epoch", epoch}, {"step_in_epoch", 5}, {"saved_at", now}}.dump());
   };
-  checkpoint("epoch_0", 100, 1);
   checkpoint("step_50", 50, 0);
+  checkpoint("epoch_0", 100, 1);
   checkpoint("step_150", 150, 1);
   ExportSelection s = select_export(tmp.path, ExportParts::Available);
   EXPECT_EQ(s.checkpoint, "step_150");
@@ -374,6 +376,11 @@ TEST(ExportSelection, AStepFolderSavedAfterEveryEpochIsTheLatest) {
   EXPECT_EQ(select_export(tmp.path, ExportParts::Adapter).checkpoint, "epoch_1");
   EXPECT_EQ(select_export(tmp.path, ExportParts::Adapter, 0).checkpoint, "epoch_0");  // --epoch: epoch folders only
   EXPECT_THROW(select_export(tmp.path, ExportParts::Adapter, 150), ktune::Error);
+  // A fresh run in the same output_dir (no resume): its epoch_0 at step 60 was saved after the first
+  // run's step_150 and epoch_1, still there (it replaced only that run's epoch_0).
+  checkpoint("epoch_0", 60, 1);
+  EXPECT_EQ(select_export(tmp.path, ExportParts::Adapter).checkpoint, "epoch_0");
+  EXPECT_EQ(select_export(tmp.path, ExportParts::Adapter).global_step, 60);
 
   TempDir torchtune;  // no recipe_state.json: the highest epoch, steps only without one
   for (const std::string name : {"step_900", "step_20"}) {

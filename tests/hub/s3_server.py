@@ -7,7 +7,8 @@ are used up: here, the IAM calls that create the test user and its access key).
 
 Prints one JSON line {"port", "access_key_id", "secret_access_key", "bucket", "role_arn",
 "powerless_role_arn"} on stdout (roles anyone may assume through STS, with AssumeRole or
-AssumeRoleWithWebIdentity: the first allowed everything in S3, the second nothing), then
+AssumeRoleWithWebIdentity: the first allowed everything in S3 and to assume roles, the second
+nothing), then
 serves until its stdin closes (the test that started it is gone), SIGTERM, or --max-seconds.
 Exits with status 3 and a message on stderr when moto (or boto3) is not installed.
 """
@@ -78,7 +79,7 @@ def main():
                                                      "Action": ["sts:AssumeRole", "sts:AssumeRoleWithWebIdentity"]}]}
     role = iam.create_role(RoleName="ktune-reader", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
     iam.put_role_policy(RoleName="ktune-reader", PolicyName="s3-all", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*", "sts:AssumeRole"], "Resource": "*"}]}))
     nothing = iam.create_role(RoleName="ktune-nothing", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
     key = iam.create_access_key(UserName="ktune")["AccessKey"]
     kw.update(aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"])

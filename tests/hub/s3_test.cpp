@@ -238,6 +238,17 @@ TEST_F(S3, AWebIdentityTokenAssumesTheRoleWithoutAKey) {
   explicit_role.role_arn = server_->info()["role_arn"];
   EXPECT_EQ(S3Client(explicit_role).list(bucket(), "web").size(), 1u);
 
+  // The pod's role first, then the role asked for with the pod role's credentials (the AWS SDKs'
+  // chain): a role allowed nothing in S3 is refused there.
+  S3Options chained = o;
+  chained.role_arn = server_->info()["powerless_role_arn"];
+  try {
+    S3Client(chained).list(bucket(), "web");
+    FAIL() << "the chained role allowed nothing, yet listed the bucket";
+  } catch (const ktune::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("HTTP 403"), std::string::npos) << e.what();
+  }
+
   o.web_identity_token_file = tmp / "no-such-token";
   try {
     S3Client c(o);

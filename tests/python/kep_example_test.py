@@ -102,6 +102,8 @@ class DesignExample(unittest.TestCase):
             client.export_job(job_id, "file://" + dest + "-merged", parts="merged", log=None)
         with self.assertRaisesRegex(ValueError, "expected 'adapter', 'merged' or 'all'"):
             client.export_job(job_id, "file://" + dest, parts="everything")
+        with self.assertRaisesRegex(ValueError, "gs://bucket"):
+            client.export_job(job_id, "gs://bucket/model")
         with self.assertRaisesRegex(ValueError, "not a storage setting"):
             client._client.export_job(job_id, "file://" + dest, "adapter", -1, {"hf_tokn": "x"}, 10.0, None)
 

@@ -191,6 +191,12 @@ TEST_F(Cli, TrainRunsACustomTrainersCommandOrScript) {
   for (const char* part : {"(CustomTrainer, torch)", "2 nodes x", "from the script", "numpy", "einops",
                            "https://mirror.example/simple", "--lr"})
     EXPECT_NE(script.out.find(part), std::string::npos) << part << " not in:\n" << script.out;
+  // The index a cluster's pip mirror sets for the SDK serves the shell too (DEFAULT_PIP_INDEX_URLS).
+  Result mirrored = ktune(home, "train --runtime torch-distributed --script '" + home.path() + "/train.py' --packages numpy "
+                                "--dry-run", "DEFAULT_PIP_INDEX_URLS=https://pip.internal/simple");
+  ASSERT_EQ(mirrored.code, 0) << mirrored.err;
+  EXPECT_NE(mirrored.out.find("https://pip.internal/simple"), std::string::npos) << mirrored.out;
+  EXPECT_EQ(mirrored.out.find("https://pypi.org/simple"), std::string::npos) << mirrored.out;
 
   Result container = ktune(home, "train --runtime torch-distributed --image registry.example/train:1 --env A=1 --dry-run");
   ASSERT_EQ(container.code, 0) << container.err;  // planned (the YAML a cluster would get); run only on one:
@@ -204,6 +210,8 @@ TEST_F(Cli, TrainRunsACustomTrainersCommandOrScript) {
       {"--script /nonexistent/train.py", "cannot read the script"},
       {"--env A=1", "a --script FILE or a --command, one of the two"},
       {"--image r/i:1 --command python3", "runs its image's own program"},
+      {"--image r/i:1 --arg --lr", "runs its image's own program"},
+      {"--command python3 --packages numpy", "a --command runs as given"},
   };
   for (const auto& [flags, why] : refused) {
     Result r = ktune(home, "train --runtime torch-distributed " + flags + " --dry-run");
