@@ -201,7 +201,7 @@ static KubernetesExport kubernetes_export_of(const ExportRequest& request) {
       if (!s3.credentials.secret_access_key.empty()) e.secret_env["AWS_SECRET_ACCESS_KEY"] = s3.credentials.secret_access_key;
       if (!s3.credentials.session_token.empty()) e.secret_env["AWS_SESSION_TOKEN"] = s3.credentials.session_token;
       if (!s3.endpoint.empty()) e.env["AWS_ENDPOINT_URL"] = s3.endpoint;
-      if (!s3.role_arn.empty()) e.env["ROLE_ARN"] = s3.role_arn;
+      if (!s3.role_arn.empty()) e.args.insert(e.args.end(), {"--role-arn", s3.role_arn});
       if (!s3.sts_endpoint.empty()) e.env["AWS_ENDPOINT_URL_STS"] = s3.sts_endpoint;
       e.env["AWS_REGION"] = s3.region;
       break;

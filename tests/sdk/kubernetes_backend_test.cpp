@@ -471,7 +471,7 @@ TEST_F(KubernetesBackendTest, ExportRunsAsAJobBesideTheTrainJobsVolumeAndIsRecor
   CommandResult first;
   std::jthread cli([&] {
     first = ktune({"export", "--job", "job-e", "--to", "s3://bucket/models/run1", "--parts", "adapter", "--backend",
-                   "kubernetes", "--timeout", "120"},
+                   "kubernetes", "--timeout", "120", "--role-arn", "arn:aws:iam::1:role/exporter"},
                   aws);
   });
   // The Job is made, then the export recorded in the TrainJob's annotation: wait for both.
@@ -490,7 +490,7 @@ TEST_F(KubernetesBackendTest, ExportRunsAsAJobBesideTheTrainJobsVolumeAndIsRecor
   const Json& c = pod_spec["containers"][0];
   EXPECT_EQ(c["image"], "ghcr.io/ktune/ktune-initializer:0.1.0");  // the runtime's dataset initializer's
   EXPECT_EQ(c["command"], Json::array({"ktune", "export", "--from", "/workspace/output", "--to", "s3://bucket/models/run1",
-                                       "--parts", "adapter"}));
+                                       "--parts", "adapter", "--role-arn", "arn:aws:iam::1:role/exporter"}));
   EXPECT_EQ(c["volumeMounts"][0], Json({{"name", "workspace"}, {"mountPath", "/workspace"}, {"readOnly", true}}));
   EXPECT_EQ(pod_spec["volumes"][0]["persistentVolumeClaim"], Json({{"claimName", "workspace-job-e"}, {"readOnly", true}}));
   std::map<std::string, Json> env;
