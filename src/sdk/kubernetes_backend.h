@@ -100,11 +100,13 @@ class KubernetesBackend : public Backend {
   // finished one's Job is replaced). export_job_object: the Job it creates. wait_for_export: the
   // export pod's log into `sink` as it runs, then the Job's outcome (the exporter's JSON summary
   // from its log, or its last line as the error), recorded in the annotation and returned; a Job
-  // still running after timeout_seconds is left running and its record returned as Running.
+  // still running after timeout_seconds is left running and its record returned as Running;
+  // `while_waiting`, if set, runs between its polls.
   ExportRecord export_job(const std::string& name, const ExportRequest& request, const LogLineSink& sink) override;
   ExportRecord start_export(const std::string& job, const KubernetesExport& request);
   v1alpha1::Json export_job_object(const std::string& job, const KubernetesExport& request, const v1alpha1::Json& trainjob);
-  ExportRecord wait_for_export(const std::string& job, const LogLineSink& sink, double timeout_seconds);
+  ExportRecord wait_for_export(const std::string& job, const LogLineSink& sink, double timeout_seconds,
+                               const std::function<void()>& while_waiting = {});
 
   const std::string& kubernetes_namespace() const { return namespace_; }
   const KubeConnection& connection() const { return connection_; }

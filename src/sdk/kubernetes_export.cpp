@@ -215,7 +215,7 @@ ExportRecord KubernetesBackend::export_job(const std::string& name, const Export
   log_info("export " + std::to_string(started.id) + " of TrainJob " + name + " to " + redact(request.destination) +
            ": Job " + name + "-export in namespace " + kubernetes_namespace());
   const ExportRecord done = wait_for_export(name, [&](const std::string& line) { return sink ? sink(redact(line)) : true; },
-                                            request.timeout_seconds);
+                                            request.timeout_seconds, request.while_waiting);
   if (done.status == kFailed) throw Error("export of TrainJob " + name, done.error);
   return done;
 }
@@ -287,7 +287,8 @@ ExportRecord KubernetesBackend::start_export(const std::string& job, const Kuber
   return started;
 }
 
-ExportRecord KubernetesBackend::wait_for_export(const std::string& job, const LogLineSink& sink, double timeout_seconds) {
+ExportRecord KubernetesBackend::wait_for_export(const std::string& job, const LogLineSink& sink, double timeout_seconds,
+                                               const std::function<void()>& while_waiting) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
   const std::string job_path = "/apis/batch/v1/namespaces/" + hub::url_encode(namespace_, false) + "/jobs/" +
                                hub::url_encode(export_job_name(job), false);
@@ -317,6 +318,7 @@ ExportRecord KubernetesBackend::wait_for_export(const std::string& job, const Lo
     }
     if (!outcome.empty()) break;
     if (std::chrono::steady_clock::now() >= deadline) break;
+    if (while_waiting) while_waiting();
     std::this_thread::sleep_for(std::chrono::duration<double>(poll_interval_));
   }
 

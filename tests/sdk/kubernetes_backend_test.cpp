@@ -437,6 +437,29 @@ TEST_F(KubernetesBackendTest, TheTrainerReportsItsProgressIntoTheTrainJobsStatus
 // TrainJob's annotation, which get_job and `ktune jobs get` read back. A second export replaces the
 // finished Job; a failed one is recorded with the exporter's last line. Refused: a job that is not
 // Complete, a file:// destination (it would be written inside the pod).
+// The SDK's export on a cluster waits for the export Job's pod to leave Pending; the request's
+// while_waiting runs between the polls, and what it throws (the Python SDK's Ctrl-C) ends the wait.
+TEST_F(KubernetesBackendTest, AnExportsWaitForItsPodRunsTheCallersHookBetweenPolls) {
+  ASSERT_EQ(submit("job-w"), "job-w");
+  set_state({{"status", {{"job-w", {{"conditions", Json::array({{{"type", "Complete"}, {"status", "True"}}})}}}}}});
+  KubernetesBackend k = backend();
+  k.set_poll_interval(0.01);
+  ExportRequest request;
+  request.destination = "s3://bucket/models/w";
+  int waits = 0;
+  request.while_waiting = [&] {
+    if (++waits == 3) throw std::runtime_error("interrupted by the caller");
+  };
+  try {
+    k.export_job("job-w", request, nullptr);
+    FAIL() << "the wait did not run the hook, or swallowed what it threw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "interrupted by the caller");
+  }
+  EXPECT_EQ(waits, 3);
+  EXPECT_TRUE(requests()["batchjobs"].contains("job-w-export"));  // the Job was made; it is left to run
+}
+
 TEST_F(KubernetesBackendTest, ExportRunsAsAJobBesideTheTrainJobsVolumeAndIsRecorded) {
   if (!fs::exists(kKtune)) GTEST_SKIP() << "the ktune binary is not built at " << kKtune;
   ASSERT_EQ(submit("job-e"), "job-e");
