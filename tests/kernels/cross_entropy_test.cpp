@@ -303,15 +303,16 @@ TEST(CrossEntropy, Nf4HeadEqualsTheF32HeadOnItsDequantisedWeight) {
   HeadCase k(true);
   const int64_t N = k.N, C = k.C, V = k.V, R = k.R;
   std::vector<uint8_t> codes(size_t(V * C / 2));
-  std::vector<float> scales(size_t(V * C / 64)), dequantised(size_t(V * C));
-  nf4_quantize(codes.data(), scales.data(), k.weight.data(), V * C, Nf4Arithmetic::kBf16);
-  nf4_dequantize(dequantised.data(), codes.data(), scales.data(), V * C, Nf4Arithmetic::kBf16);
+  Nf4Scales scales;
+  std::vector<float> dequantised(size_t(V * C));
+  nf4_quantize(codes.data(), scales, k.weight.data(), V * C, Nf4Arithmetic::kBf16);
+  nf4_dequantize(dequantised.data(), codes.data(), scales, V * C, Nf4Arithmetic::kBf16);
   std::vector<float> dh_a(size_t(N * C)), dh_b(size_t(N * C)), dxa_a(size_t(N * R)), dxa_b(size_t(N * R));
   std::vector<float> db_a(size_t(V * R), 0.0f), db_b(size_t(V * R), 0.0f), dm_a(size_t(V), 0.0f), dm_b(size_t(V), 0.0f);
   OutputHead f32 = k.head(dequantised.data());
   f32.dxa = dxa_a.data(), f32.dlora_b = db_a.data(), f32.dmagnitude = dm_a.data();
   OutputHead nf4 = k.head();
-  nf4.weight = nullptr, nf4.nf4_codes = codes.data(), nf4.nf4_scales = scales.data();
+  nf4.weight = nullptr, nf4.nf4_codes = codes.data(), nf4.nf4_scales = &scales;
   nf4.dxa = dxa_b.data(), nf4.dlora_b = db_b.data(), nf4.dmagnitude = dm_b.data();
   std::vector<float> scratch_a(linear_cross_entropy_scratch_floats(8, V, C, f32)),
       scratch_b(linear_cross_entropy_scratch_floats(8, V, C, nf4));

@@ -34,13 +34,27 @@ float bf16_rounded(float x) { return ktune::bf16_to_f32(ktune::f32_to_bf16(x)); 
 
 struct Quantised {
   std::vector<uint8_t> codes;
-  std::vector<float> scales;
+  Nf4Scales held;             // as the adapters hold them: torchao's int8 scalers (none for the reference)
+  std::vector<float> scales;  // each block's scale as an f32
 };
 
+// The codes and scales as nf4_quantize holds them, each block's scale (Nf4Scales::scale) beside them,
+// checked against the f32 overload's; or the reference's.
 Quantised quantise(const std::vector<float>& x, Nf4Arithmetic arithmetic, bool reference = false) {
   const int64_t n = int64_t(x.size());
-  Quantised q{std::vector<uint8_t>(size_t(n / 2)), std::vector<float>(size_t(n / 64))};
-  (reference ? nf4_quantize_reference : nf4_quantize)(q.codes.data(), q.scales.data(), x.data(), n, arithmetic);
+  Quantised q{std::vector<uint8_t>(size_t(n / 2)), Nf4Scales(), std::vector<float>(size_t(n / 64))};
+  if (reference) {
+    nf4_quantize_reference(q.codes.data(), q.scales.data(), x.data(), n, arithmetic);
+    return q;
+  }
+  nf4_quantize(q.codes.data(), q.held, x.data(), n, arithmetic);
+  EXPECT_EQ(q.held.blocks(), n / 64);
+  for (int64_t b = 0; b < n / 64; ++b) q.scales[size_t(b)] = q.held.scale(b, arithmetic);
+  std::vector<uint8_t> codes(size_t(n / 2));
+  std::vector<float> scales(size_t(n / 64));
+  nf4_quantize(codes.data(), scales.data(), x.data(), n, arithmetic);
+  EXPECT_EQ(codes, q.codes) << "the f32 overload's codes";
+  EXPECT_EQ(scales, q.scales) << "the f32 overload's scales";
   return q;
 }
 
@@ -103,12 +117,25 @@ TEST(Nf4, QuantisesAsTorchaoBitForBit) {
     const Quantised q = quantise(x, arithmetic);
     EXPECT_EQ(q.codes, from_hex(c["codes_hex"])) << name << ": codes";
     const std::vector<float> scales = c["scales"], dequantised = c["dequantised_first"];
+    const std::vector<int> scalers = c["quantized_scalers"];
+    std::vector<float> factors;
+    for (const auto& f : c["quantization_factor"])
+      factors.push_back(f.is_string() ? std::stof(f.get<std::string>()) : f.get<float>());  // "inf"
+    const float mean = c["scaler_mean"];
+    std::vector<int> held_scalers(q.held.quantized.begin(), q.held.quantized.end());
     std::vector<float> ours(dequantised.size());
-    nf4_dequantize_range(ours.data(), q.codes.data(), q.scales.data(), 0, int64_t(ours.size()), arithmetic);
+    nf4_dequantize_range(ours.data(), q.codes.data(), q.held, 0, int64_t(ours.size()), arithmetic);
     if (arithmetic == kBf16) {
+      EXPECT_EQ(held_scalers, scalers) << name << ": int8 scalers";
+      EXPECT_EQ(q.held.factors, factors) << name << ": quantisation factors";
+      EXPECT_EQ(q.held.mean, mean) << name << ": scaler mean";
       EXPECT_EQ(q.scales, scales) << name << ": scales";
       EXPECT_EQ(ours, dequantised) << name << ": dequantised values";
     } else {  // f32: the scales' mean is the correctly rounded one; torch's f32 sum may be an ulp off it
+      ASSERT_EQ(held_scalers.size(), scalers.size());
+      for (size_t b = 0; b < scalers.size(); ++b) ASSERT_LE(std::abs(held_scalers[b] - scalers[b]), 1) << name << " " << b;
+      expect_close(q.held.factors, factors, 1e-6, "f32 quantisation factors");
+      EXPECT_NEAR(q.held.mean, mean, 1e-6 * std::fabs(mean));
       expect_close(q.scales, scales, 1e-6, "f32 scales");
       expect_close(ours, dequantised, 1e-6, "f32 dequantised values");
     }
@@ -162,9 +189,14 @@ TEST(Nf4, QuantisingInPiecesGivesTheWholeTensorsCodesAndScales) {
     }
     nf4_block_absmax(absmax_only.data(), x.data(), n, arithmetic);
     EXPECT_EQ(absmax_only, scales);
+    Nf4Scales held;
+    nf4_double_quantize(held, scales.data(), n / 64, arithmetic);
     nf4_double_quantize_scales(scales.data(), n / 64, arithmetic);
     EXPECT_EQ(codes, whole.codes);
     EXPECT_EQ(scales, whole.scales);
+    EXPECT_EQ(held.quantized, whole.held.quantized);
+    EXPECT_EQ(held.factors, whole.held.factors);
+    EXPECT_EQ(held.mean, whole.held.mean);
   }
 }
 
@@ -228,7 +260,7 @@ TEST(Nf4, DequantisedValuesAreTheNearestCodeTimesTheScale) {
   for (Nf4Arithmetic arithmetic : {kBf16, kF32}) {
     const Quantised q = quantise(x, arithmetic);
     std::vector<float> back(static_cast<size_t>(n)), absmax(size_t(n / 64));
-    nf4_dequantize(back.data(), q.codes.data(), q.scales.data(), n, arithmetic);
+    nf4_dequantize(back.data(), q.codes.data(), q.held, n, arithmetic);
     nf4_block_absmax(absmax.data(), x.data(), n, arithmetic);
     const float* table = arithmetic == kBf16 ? kNf4CodesBf16 : kNf4Codes;
     for (int64_t i = 0; i < n; ++i) {
@@ -247,9 +279,13 @@ TEST(Nf4, DequantiseRangeHandlesUnalignedBounds) {
   auto x = random_vector(size_t(n), 2);
   for (Nf4Arithmetic arithmetic : {kBf16, kF32}) {
     const Quantised q = quantise(x, arithmetic);
-    std::vector<float> all(static_cast<size_t>(n)), part(50);
-    nf4_dequantize(all.data(), q.codes.data(), q.scales.data(), n, arithmetic);
-    nf4_dequantize_range(part.data(), q.codes.data(), q.scales.data(), 61, 111, arithmetic);
+    std::vector<float> all(static_cast<size_t>(n)), all_f32(static_cast<size_t>(n)), part(50), part_f32(50);
+    nf4_dequantize(all.data(), q.codes.data(), q.held, n, arithmetic);
+    nf4_dequantize(all_f32.data(), q.codes.data(), q.scales.data(), n, arithmetic);
+    nf4_dequantize_range(part.data(), q.codes.data(), q.held, 61, 111, arithmetic);
+    nf4_dequantize_range(part_f32.data(), q.codes.data(), q.scales.data(), 61, 111, arithmetic);
+    EXPECT_EQ(all, all_f32) << "the held scales and their f32 values dequantise alike";
+    EXPECT_EQ(part, part_f32);
     for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(part[size_t(i)], all[size_t(61 + i)]);
   }
 }
@@ -258,7 +294,9 @@ TEST(Nf4, RejectsPartialBlocks) {
   std::vector<float> x(65);
   std::vector<uint8_t> codes(40);
   std::vector<float> scales(2);
+  Nf4Scales held;
   EXPECT_THROW(nf4_quantize(codes.data(), scales.data(), x.data(), 65, kBf16), ktune::Error);
+  EXPECT_THROW(nf4_quantize(codes.data(), held, x.data(), 65, kBf16), ktune::Error);
   EXPECT_THROW(nf4_quantize_blocks(codes.data(), scales.data(), x.data(), 65, kF32), ktune::Error);
 }
 
@@ -269,18 +307,18 @@ TEST(Nf4, LinearOpsMatchLinearOnTheDequantisedWeight) {
       auto w = random_vector(size_t(out * in), 3);
       const Quantised q = quantise(w, arithmetic);
       std::vector<float> wd(size_t(out * in));
-      nf4_dequantize(wd.data(), q.codes.data(), q.scales.data(), out * in, arithmetic);
+      nf4_dequantize(wd.data(), q.codes.data(), q.held, out * in, arithmetic);
       auto x = random_vector(size_t(N * in), 4), dy = random_vector(size_t(N * out), 5);
       std::vector<float> scratch(nf4_linear_scratch_floats(in, out));
       EXPECT_LT(scratch.size(), size_t(out * in) + 1);
       std::vector<float> y(size_t(N * out)), y_ref(size_t(N * out));
-      nf4_linear_forward(y.data(), x.data(), q.codes.data(), q.scales.data(), N, in, out, arithmetic, scratch.data());
+      nf4_linear_forward(y.data(), x.data(), q.codes.data(), q.held, N, in, out, arithmetic, scratch.data());
       linear_forward_reference(y_ref.data(), x.data(), wd.data(), nullptr, N, in, out);
       expect_close(y, y_ref, 1e-5, "nf4 forward");
       for (bool accumulate : {false, true}) {
         auto dx = random_vector(size_t(N * in), 6);
         auto dx_ref = dx;
-        nf4_linear_backward_input(dx.data(), dy.data(), q.codes.data(), q.scales.data(), N, in, out, arithmetic,
+        nf4_linear_backward_input(dx.data(), dy.data(), q.codes.data(), q.held, N, in, out, arithmetic,
                                   scratch.data(), accumulate);
         linear_backward_reference(dx_ref.data(), nullptr, nullptr, dy.data(), x.data(), wd.data(), N, in, out,
                                   accumulate);
@@ -292,4 +330,17 @@ TEST(Nf4, LinearOpsMatchLinearOnTheDequantisedWeight) {
 
 TEST(Nf4, ScratchIsABlockOfRowsNotTheWholeWeight) {
   EXPECT_LT(nf4_linear_scratch_floats(4096, 14336), size_t(4096) * 14336 / 8);
+}
+
+// What a tensor's scales take held as torchao holds them: a byte a block of 64, an f32 a group of 256
+// blocks and one mean, 4.127 bits a value with the codes (an f32 a block would be 4.5).
+TEST(Nf4, ScalesAreHeldAsInt8ScalersAFactorAGroupAndAMean) {
+  const int64_t blocks = 600, n = 64 * blocks;  // 3 groups, the last shorter
+  const Quantised q = quantise(random_vector(size_t(n), 10), kBf16);
+  EXPECT_EQ(q.held.quantized.size(), size_t(blocks));
+  EXPECT_EQ(q.held.factors.size(), size_t(3));
+  EXPECT_EQ(nf4_scale_groups(blocks), 3);
+  EXPECT_EQ(q.held.bytes(), size_t(blocks + 4 * 4));
+  const double bits = 8.0 * double(q.codes.size() + q.held.bytes()) / double(n);
+  EXPECT_LT(bits, 4.13);
 }

@@ -188,11 +188,11 @@ double linear_cross_entropy(float* dhidden, float* dweight, int64_t* n_valid, co
   float* nf4_scratch = hd + (head.dora ? chunk_tokens * C : 0);
   // base(out, rows of in) = in Wᵀ, and its input gradient out = g W (overwritten)
   auto base_forward = [&](float* out, const float* in, int64_t rows) {
-    if (nf4) nf4_linear_forward(out, in, head.nf4_codes, head.nf4_scales, rows, C, V, head.nf4_arithmetic, nf4_scratch);
+    if (nf4) nf4_linear_forward(out, in, head.nf4_codes, *head.nf4_scales, rows, C, V, head.nf4_arithmetic, nf4_scratch);
     else gemm(false, true, rows, V, C, 1.0f, in, head.weight, 0.0f, out);
   };
   auto base_backward = [&](float* out, const float* g, int64_t rows) {
-    if (nf4) nf4_linear_backward_input(out, g, head.nf4_codes, head.nf4_scales, rows, C, V, head.nf4_arithmetic, nf4_scratch,
+    if (nf4) nf4_linear_backward_input(out, g, head.nf4_codes, *head.nf4_scales, rows, C, V, head.nf4_arithmetic, nf4_scratch,
                                        false);
     else gemm(false, false, rows, C, V, 1.0f, g, head.weight, 0.0f, out);  // (rows,V)@(V,C)
   };

@@ -33,7 +33,7 @@ constexpr int32_t kIgnoreIndex = -100;
 struct OutputHead {
   const float* weight = nullptr;        // (V, C)
   const uint8_t* nf4_codes = nullptr;   // (V*C/2)
-  const float* nf4_scales = nullptr;    // (V*C/64)
+  const Nf4Scales* nf4_scales = nullptr;  // (V*C/64 blocks)
   Nf4Arithmetic nf4_arithmetic = Nf4Arithmetic::kBf16;
   int64_t rank = 0;
   const float* lora_b = nullptr;        // (V, rank)

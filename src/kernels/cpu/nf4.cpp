@@ -17,7 +17,7 @@ int64_t rows_per_block(int64_t in, int64_t out) {
 }
 
 // Dequantises rows [r0, r1) of W (out, in) into scratch, threads splitting the elements.
-void dequantize_rows(float* scratch, const uint8_t* codes, const float* scales, int64_t in, int64_t r0, int64_t r1,
+void dequantize_rows(float* scratch, const uint8_t* codes, const Nf4Scales& scales, int64_t in, int64_t r0, int64_t r1,
                      Nf4Arithmetic arithmetic) {
   const int64_t begin = r0 * in, count = (r1 - r0) * in;
   parallel_for(count, [&](int64_t e0, int64_t e1) {
@@ -29,7 +29,7 @@ void dequantize_rows(float* scratch, const uint8_t* codes, const float* scales, 
 
 size_t nf4_linear_scratch_floats(int64_t in, int64_t out) { return size_t(rows_per_block(in, out) * in); }
 
-void nf4_linear_forward(float* y, const float* x, const uint8_t* codes, const float* scales, int64_t N, int64_t in,
+void nf4_linear_forward(float* y, const float* x, const uint8_t* codes, const Nf4Scales& scales, int64_t N, int64_t in,
                         int64_t out, Nf4Arithmetic arithmetic, float* scratch) {
   nf4_check_blocks(in * out);
   const int64_t rows = rows_per_block(in, out);
@@ -41,7 +41,7 @@ void nf4_linear_forward(float* y, const float* x, const uint8_t* codes, const fl
   }
 }
 
-void nf4_linear_backward_input(float* dx, const float* dy, const uint8_t* codes, const float* scales, int64_t N,
+void nf4_linear_backward_input(float* dx, const float* dy, const uint8_t* codes, const Nf4Scales& scales, int64_t N,
                                int64_t in, int64_t out, Nf4Arithmetic arithmetic, float* scratch, bool accumulate_dx) {
   nf4_check_blocks(in * out);
   const int64_t rows = rows_per_block(in, out);

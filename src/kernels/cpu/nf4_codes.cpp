@@ -18,6 +18,7 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -104,13 +105,28 @@ float quantized_scaler(float centred, float factor, Nf4Arithmetic arithmetic) {
   return std::isnan(q) ? 0.0f : std::clamp(q, -128.0f, 127.0f);
 }
 
-template <Nf4Arithmetic kArithmetic>
-void dequantize_range(float* x, const uint8_t* codes, const float* scales, int64_t begin, int64_t end) {
-  for (int64_t i = begin; i < end; ++i) {
-    const uint8_t byte = codes[i >> 1];
-    const uint8_t code = (i & 1) ? (byte & 0x0f) : (byte >> 4);
-    x[i - begin] = nf4_value(code, scales[i / kNf4BlockSize], kArithmetic);
+// Elements [begin, end) into x, a block at a time: its scale (scale_of(block)) once, then its values.
+template <Nf4Arithmetic kArithmetic, class ScaleOf>
+void dequantize_range(float* x, const uint8_t* codes, const ScaleOf& scale_of, int64_t begin, int64_t end) {
+  for (int64_t first = begin; first < end;) {
+    const int64_t block = first / kNf4BlockSize, last = std::min(end, (block + 1) * kNf4BlockSize);
+    const float scale = scale_of(block);
+    for (int64_t i = first; i < last; ++i) {
+      const uint8_t byte = codes[i >> 1];
+      const uint8_t code = (i & 1) ? (byte & 0x0f) : (byte >> 4);
+      x[i - begin] = nf4_value(code, scale, kArithmetic);
+    }
+    first = last;
   }
+}
+
+template <class ScaleOf>
+void dequantize_range_in(Nf4Arithmetic arithmetic, float* x, const uint8_t* codes, const ScaleOf& scale_of,
+                         int64_t begin, int64_t end) {
+  if (arithmetic == Nf4Arithmetic::kBf16)
+    dequantize_range<Nf4Arithmetic::kBf16>(x, codes, scale_of, begin, end);
+  else
+    dequantize_range<Nf4Arithmetic::kF32>(x, codes, scale_of, begin, end);
 }
 
 }  // namespace
@@ -135,25 +151,36 @@ void nf4_block_absmax(float* absmax, const float* x, int64_t n, Nf4Arithmetic ar
   }, 64);
 }
 
-void nf4_double_quantize_scales(float* scales, int64_t blocks, Nf4Arithmetic arithmetic) {
+void nf4_double_quantize(Nf4Scales& scales, const float* absmax, int64_t blocks, Nf4Arithmetic arithmetic) {
+  scales = Nf4Scales(blocks);
   if (blocks == 0) return;
   double sum = 0;
-  for (int64_t b = 0; b < blocks; ++b) sum += scales[b];
-  const float mean = nf4_rounded(float(sum) / float(blocks), arithmetic);
+  for (int64_t b = 0; b < blocks; ++b) sum += absmax[b];
+  scales.mean = nf4_rounded(float(sum) / float(blocks), arithmetic);
   float centred[kNf4ScalerBlockSize];
   for (int64_t g0 = 0; g0 < blocks; g0 += kNf4ScalerBlockSize) {
     const int64_t size = std::min(kNf4ScalerBlockSize, blocks - g0);
     float largest = 0.0f;
     for (int64_t i = 0; i < size; ++i) {
-      centred[i] = nf4_rounded(scales[g0 + i] - mean, arithmetic);
+      centred[i] = nf4_rounded(absmax[g0 + i] - scales.mean, arithmetic);
       largest = std::max(largest, std::fabs(centred[i]));
     }
     const float factor = nf4_rounded(256.0f / nf4_rounded(2.0f * largest, arithmetic), arithmetic);
-    for (int64_t i = 0; i < size; ++i) {
-      const float q = quantized_scaler(centred[i], factor, arithmetic);
-      scales[g0 + i] = nf4_rounded(nf4_rounded(q / factor, arithmetic) + mean, arithmetic);
-    }
+    scales.factors[size_t(g0 / kNf4ScalerBlockSize)] = factor;
+    for (int64_t i = 0; i < size; ++i) scales.quantized[size_t(g0 + i)] = int8_t(quantized_scaler(centred[i], factor, arithmetic));
   }
+}
+
+void nf4_double_quantize_scales(float* scales, int64_t blocks, Nf4Arithmetic arithmetic) {
+  Nf4Scales held;
+  nf4_double_quantize(held, scales, blocks, arithmetic);
+  for (int64_t b = 0; b < blocks; ++b) scales[b] = held.scale(b, arithmetic);
+}
+
+void nf4_quantize(uint8_t* codes, Nf4Scales& scales, const float* x, int64_t n, Nf4Arithmetic arithmetic) {
+  std::vector<float> absmax(size_t(std::max<int64_t>(0, n / kNf4BlockSize)));
+  nf4_quantize_blocks(codes, absmax.data(), x, n, arithmetic);
+  nf4_double_quantize(scales, absmax.data(), n / kNf4BlockSize, arithmetic);
 }
 
 void nf4_quantize(uint8_t* codes, float* scales, const float* x, int64_t n, Nf4Arithmetic arithmetic) {
@@ -161,19 +188,34 @@ void nf4_quantize(uint8_t* codes, float* scales, const float* x, int64_t n, Nf4A
   nf4_double_quantize_scales(scales, n / kNf4BlockSize, arithmetic);
 }
 
-void nf4_dequantize_range(float* x, const uint8_t* codes, const float* scales, int64_t begin, int64_t end,
+void nf4_dequantize_range(float* x, const uint8_t* codes, const Nf4Scales& scales, int64_t begin, int64_t end,
                           Nf4Arithmetic arithmetic) {
-  if (arithmetic == Nf4Arithmetic::kBf16)
-    dequantize_range<Nf4Arithmetic::kBf16>(x, codes, scales, begin, end);
-  else
-    dequantize_range<Nf4Arithmetic::kF32>(x, codes, scales, begin, end);
+  dequantize_range_in(arithmetic, x, codes, [&](int64_t b) { return scales.scale(b, arithmetic); }, begin, end);
 }
 
-void nf4_dequantize(float* x, const uint8_t* codes, const float* scales, int64_t n, Nf4Arithmetic arithmetic) {
+void nf4_dequantize_range(float* x, const uint8_t* codes, const float* scales, int64_t begin, int64_t end,
+                          Nf4Arithmetic arithmetic) {
+  dequantize_range_in(arithmetic, x, codes, [&](int64_t b) { return scales[b]; }, begin, end);
+}
+
+namespace {
+
+template <class Scales>
+void dequantize_whole(float* x, const uint8_t* codes, const Scales& scales, int64_t n, Nf4Arithmetic arithmetic) {
   nf4_check_blocks(n);
   parallel_for(n / kNf4BlockSize, [&](int64_t b0, int64_t b1) {
     nf4_dequantize_range(x + b0 * kNf4BlockSize, codes, scales, b0 * kNf4BlockSize, b1 * kNf4BlockSize, arithmetic);
   }, 64);
+}
+
+}  // namespace
+
+void nf4_dequantize(float* x, const uint8_t* codes, const Nf4Scales& scales, int64_t n, Nf4Arithmetic arithmetic) {
+  dequantize_whole(x, codes, scales, n, arithmetic);
+}
+
+void nf4_dequantize(float* x, const uint8_t* codes, const float* scales, int64_t n, Nf4Arithmetic arithmetic) {
+  dequantize_whole(x, codes, scales, n, arithmetic);
 }
 
 void nf4_quantize_reference(uint8_t* codes, float* scales, const float* x, int64_t n, Nf4Arithmetic arithmetic) {

@@ -285,7 +285,7 @@ double LoraAdapter::fused_output_cross_entropy(float* dhidden, int64_t* n_valid,
   cpu::OutputHead head;
   head.weight = nf4_ ? nullptr : base_weight;
   head.nf4_codes = nf4_ ? nf4_->codes() : nullptr;
-  head.nf4_scales = nf4_ ? nf4_->scales() : nullptr;
+  head.nf4_scales = nf4_ ? &nf4_->scales() : nullptr;
   head.nf4_arithmetic = options_.nf4_arithmetic;
   head.rank = r;
   head.lora_b = lora_b_.value.f32();

@@ -3,7 +3,7 @@
 //   DoRA:  y = c ⊙ (x Wᵀ + s · B(A x)) + b,   c = m / ‖W + s·B·A‖_row  (the norm detached, as PEFT)
 //          with dropout (PEFT's variant): y = x Wᵀ + b + (c − 1) ⊙ x' Wᵀ + c ⊙ s · B(A x'), x' = dropout(x)
 //   QLoRA: the base W kept only in NF4 (Nf4Base: torchao's, as torchtune's QLoRA: blocks of 64,
-//          double-quantised scales held as an f32 each; kernels/cpu/nf4.h): the f32 (or bf16) weight is
+//          double-quantised scales held as its int8 scalers; kernels/cpu/nf4.h): the f32 (or bf16) weight is
 //          freed when the adapter attaches and never rebuilt whole in training. (The projections QLoRA
 //          leaves without LoRA: FrozenNf4Adapter.)
 // Parameters are named as PEFT names them (`base_model.model.<module>.lora_A.weight`, `…lora_B.weight`,

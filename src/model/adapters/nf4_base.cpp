@@ -14,19 +14,19 @@ namespace {
 // (read_stored_f32, which refuses what it cannot read), so that its codes are those of its stored
 // values without an f32 copy of the weight; the scales, double quantised over the whole tensor, once
 // every chunk's blocks have their absmax.
-void quantize_to_nf4(uint8_t* codes, float* scales, const Parameter& weight, cpu::Nf4Arithmetic arithmetic) {
+void quantize_to_nf4(uint8_t* codes, cpu::Nf4Scales& scales, const Parameter& weight, cpu::Nf4Arithmetic arithmetic) {
   const Tensor& value = weight.value;
   const int64_t n = value.numel();
   if (value.dtype() == DType::F32 && !value_in_other_dtype(weight))
     return cpu::nf4_quantize(codes, scales, value.f32(), n, arithmetic);
   constexpr int64_t kChunk = 1024 * cpu::kNf4BlockSize;
-  std::vector<float> wide(size_t(std::min(n, kChunk)));
+  std::vector<float> wide(size_t(std::min(n, kChunk))), absmax(size_t(n / cpu::kNf4BlockSize));
   for (int64_t first = 0; first < n; first += kChunk) {
     const int64_t m = std::min(kChunk, n - first);
     read_stored_f32(weight, first, m, wide.data());
-    cpu::nf4_quantize_blocks(codes + first / 2, scales + first / cpu::kNf4BlockSize, wide.data(), m, arithmetic);
+    cpu::nf4_quantize_blocks(codes + first / 2, absmax.data() + first / cpu::kNf4BlockSize, wide.data(), m, arithmetic);
   }
-  cpu::nf4_double_quantize_scales(scales, n / cpu::kNf4BlockSize, arithmetic);
+  cpu::nf4_double_quantize(scales, absmax.data(), n / cpu::kNf4BlockSize, arithmetic);
 }
 
 }  // namespace
@@ -41,8 +41,7 @@ Nf4Base::Nf4Base(Linear& base, cpu::Nf4Arithmetic arithmetic, bool on_demand)
   base.weight->trainable = false;
   if (on_demand_) return;
   codes_.resize(size_t(n / 2));
-  scales_.resize(size_t(n / cpu::kNf4BlockSize));
-  quantize_to_nf4(codes_.data(), scales_.data(), *base.weight, arithmetic_);
+  quantize_to_nf4(codes_.data(), scales_, *base.weight, arithmetic_);
   scratch_.resize(cpu::nf4_linear_scratch_floats(in_, out_));
   base.weight->value = Tensor();  // the base weight is gone: only NF4 remains
 }
@@ -62,27 +61,27 @@ Tensor Nf4Base::dequantized(const Linear& base) const {
   check_held();
   Tensor w = Tensor::empty({out_, in_});
   if (!on_demand_) {
-    cpu::nf4_dequantize(w.f32(), codes_.data(), scales_.data(), out_ * in_, arithmetic_);
+    cpu::nf4_dequantize(w.f32(), codes_.data(), scales_, out_ * in_, arithmetic_);
     return w;
   }
   // the codes the eager path holds, made for this call only
   check(base.weight->value.defined(), module_, "its base value was released: this host model no longer has it");
   std::vector<uint8_t> codes(size_t(out_ * in_ / 2));
-  std::vector<float> scales(size_t(out_ * in_ / cpu::kNf4BlockSize));
-  quantize_to_nf4(codes.data(), scales.data(), *base.weight, arithmetic_);
-  cpu::nf4_dequantize(w.f32(), codes.data(), scales.data(), out_ * in_, arithmetic_);
+  cpu::Nf4Scales scales;
+  quantize_to_nf4(codes.data(), scales, *base.weight, arithmetic_);
+  cpu::nf4_dequantize(w.f32(), codes.data(), scales, out_ * in_, arithmetic_);
   return w;
 }
 
 void Nf4Base::dequantize_rows(float* rows, int64_t first_row, int64_t count) const {
   check_computes();
-  cpu::nf4_dequantize_range(rows, codes_.data(), scales_.data(), first_row * in_, (first_row + count) * in_,
+  cpu::nf4_dequantize_range(rows, codes_.data(), scales_, first_row * in_, (first_row + count) * in_,
                             arithmetic_);
 }
 
 void Nf4Base::forward(float* y, const float* x, int64_t N, const float* bias) {
   check_computes();
-  cpu::nf4_linear_forward(y, x, codes_.data(), scales_.data(), N, in_, out_, arithmetic_, scratch_.data());
+  cpu::nf4_linear_forward(y, x, codes_.data(), scales_, N, in_, out_, arithmetic_, scratch_.data());
   if (!bias) return;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t o = 0; o < out_; ++o) y[n * out_ + o] += bias[o];
@@ -90,13 +89,13 @@ void Nf4Base::forward(float* y, const float* x, int64_t N, const float* bias) {
 
 void Nf4Base::backward_input(float* dx, const float* dy, int64_t N) {
   check_computes();
-  cpu::nf4_linear_backward_input(dx, dy, codes_.data(), scales_.data(), N, in_, out_, arithmetic_, scratch_.data(),
+  cpu::nf4_linear_backward_input(dx, dy, codes_.data(), scales_, N, in_, out_, arithmetic_, scratch_.data(),
                                  true);
 }
 
 void Nf4Base::release() {
   std::vector<uint8_t>().swap(codes_);
-  std::vector<float>().swap(scales_);
+  scales_ = cpu::Nf4Scales();
   std::vector<float>().swap(scratch_);
   released_ = true;
 }

@@ -27,7 +27,7 @@ class Nf4Base {
   cpu::Nf4Arithmetic arithmetic() const { return arithmetic_; }
   bool on_demand() const { return on_demand_; }
   const uint8_t* codes() const { return codes_.data(); }   // (out * in / 2), two codes a byte
-  const float* scales() const { return scales_.data(); }   // (out * in / 64), one a block
+  const cpu::Nf4Scales& scales() const { return scales_; }  // (out * in / 64 blocks), torchao's int8 scalers
 
   // W (out, in) as f32, dequantised (on demand: from codes made for this call only, from base's value).
   Tensor dequantized(const Linear& base) const;
@@ -39,7 +39,7 @@ class Nf4Base {
   void backward_input(float* dx, const float* dy, int64_t N);
 
   // Bytes of codes and scales held (none made on demand, none once released).
-  size_t bytes() const { return codes_.size() + scales_.size() * sizeof(float); }
+  size_t bytes() const { return codes_.size() + scales_.bytes(); }
   // Frees the codes and scales (a host model that neither computes nor merges any more); every
   // other call refuses afterwards, naming the module.
   void release();
@@ -55,7 +55,7 @@ class Nf4Base {
   bool on_demand_ = false;
   bool released_ = false;
   std::vector<uint8_t> codes_;
-  std::vector<float> scales_;
+  cpu::Nf4Scales scales_;
   std::vector<float> scratch_;  // nf4_linear_forward / _backward_input's: a block of W's rows
 };
 
