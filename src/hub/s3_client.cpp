@@ -68,25 +68,20 @@ std::shared_ptr<CredentialSource> credential_source(const S3Options& o) {
   sts.session_name = o.role_session_name;
   sts.retry = o.retry;
   const bool has_key = !o.credentials.access_key_id.empty() && !o.credentials.secret_access_key.empty();
-  if (!o.role_arn.empty()) {
-    if (has_key || o.web_identity_token_file.empty())
-      return std::make_shared<CredentialSource>(std::function<TemporaryCredentials()>(
-          [sts, key = o.credentials, role = o.role_arn] { return sts_assume_role(sts, key, role); }));
-    // A pod's web identity: straight into role_arn, or (as the AWS SDKs chain it) first into the
-    // pod's own role, AWS_ROLE_ARN, whose credentials then assume role_arn.
+  if (!o.role_arn.empty() && (has_key || o.web_identity_token_file.empty()))
     return std::make_shared<CredentialSource>(std::function<TemporaryCredentials()>(
-        [sts, file = o.web_identity_token_file, pod_role = o.web_identity_role_arn, role = o.role_arn] {
+        [sts, key = o.credentials, role = o.role_arn] { return sts_assume_role(sts, key, role); }));
+  if (o.role_arn.empty() && has_key) return std::make_shared<CredentialSource>(o.credentials);
+  // A pod's web identity into role_arn, or else into the pod's own role (AWS_ROLE_ARN): straight in,
+  // or (as the AWS SDKs chain it) first into the pod's role, whose credentials then assume role_arn.
+  const std::string role = !o.role_arn.empty() ? o.role_arn : o.web_identity_role_arn;
+  if (!role.empty() && !o.web_identity_token_file.empty())
+    return std::make_shared<CredentialSource>(std::function<TemporaryCredentials()>(
+        [sts, file = o.web_identity_token_file, pod_role = o.web_identity_role_arn, role] {
           if (pod_role.empty() || pod_role == role)
             return sts_assume_role_with_web_identity(sts, role, read_token_file(file));
           const TemporaryCredentials pod = sts_assume_role_with_web_identity(sts, pod_role, read_token_file(file));
           return sts_assume_role(sts, pod.credentials, role);
-        }));
-  }
-  if (has_key) return std::make_shared<CredentialSource>(o.credentials);
-  if (!o.web_identity_role_arn.empty() && !o.web_identity_token_file.empty())
-    return std::make_shared<CredentialSource>(std::function<TemporaryCredentials()>(
-        [sts, file = o.web_identity_token_file, role = o.web_identity_role_arn] {
-          return sts_assume_role_with_web_identity(sts, role, read_token_file(file));
         }));
   throw Error("s3", "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or pass them as flags), or run "
                     "with a web identity (AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE)");

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "hub/local_files.h"
@@ -56,13 +57,7 @@ bool apply_storage_flag(StorageOptions& o, const std::string& flag, const std::s
 
 void write_original_repo_id(const std::string& output_dir, const std::string& repo_id) {
   const std::filesystem::path path = std::filesystem::path(output_dir) / "original_repo_id.json";
-  const std::filesystem::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << nlohmann::json{{"repo_id", repo_id}}.dump(4) << "\n";
-    if (!out.flush()) throw Error(tmp.string(), "cannot write");
-  }
-  std::filesystem::rename(tmp, path);
+  write_file_atomic(path.string(), nlohmann::json{{"repo_id", repo_id}}.dump(4) + "\n");
 }
 
 TransferReport download_uri(const StorageUri& uri, const std::string& output_dir, const StorageOptions& options,

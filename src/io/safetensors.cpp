@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/free_space.h"
 
@@ -354,57 +355,6 @@ void reserve_blocks(int fd, uint64_t bytes, const std::string& path) {
 
 }  // namespace
 
-// A temporary file beside `path` that becomes `path` on commit() (fsync, mode 0644, close, rename,
-// fsync of the directory), or is removed when destroyed uncommitted.
-class AtomicFile {
- public:
-  explicit AtomicFile(std::string path) : path_(std::move(path)) {
-    const fs::path target(path_);
-    dir_ = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-    std::string tmpl = (dir_ / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
-    std::vector<char> name(tmpl.begin(), tmpl.end());
-    name.push_back('\0');
-    fd_ = mkstemp(name.data());
-    if (fd_ < 0) throw Error(path_, "cannot create a temporary file beside it: " + errno_text());
-    tmp_ = name.data();
-  }
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-
-  int fd() const { return fd_; }
-
-  void commit() {
-    if (fsync(fd_) != 0) throw Error(path_, "fsync failed: " + errno_text());
-    if (fchmod(fd_, 0644) != 0) throw Error(path_, "chmod failed: " + errno_text());
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) throw Error(path_, "close failed: " + errno_text());
-    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) throw Error(path_, "rename failed: " + errno_text());
-    committed_ = true;
-    int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      fsync(dfd);
-      ::close(dfd);
-    }
-  }
-
- private:
-  std::string path_, tmp_;
-  fs::path dir_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  AtomicFile file(path);
-  write_all(file.fd(), bytes.data(), bytes.size(), path);
-  file.commit();
-}
-
 SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<TensorSpec>& tensors,
                                      const std::map<std::string, std::string>& metadata)
     : path_(std::move(path)) {
@@ -432,8 +382,8 @@ SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<TensorS
   const uint64_t data_start = 8 + uint64_t(text.size());
   for (auto& [name, slot] : slots_) slot.offset += data_start;
   file_ = std::make_unique<AtomicFile>(path_);
-  write_all(file_->fd(), len, 8, path_);
-  write_all(file_->fd(), text.data(), text.size(), path_);
+  file_->write(len, 8);
+  file_->write(text.data(), text.size());
   if (ftruncate(file_->fd(), off_t(data_start + offset)) != 0)  // the whole file's length, however filled
     throw Error(path_, "cannot size the file: " + errno_text());
   reserve_blocks(file_->fd(), data_start + offset, path_);

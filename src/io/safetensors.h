@@ -19,6 +19,10 @@
 
 #include "core/tensor.h"
 
+namespace ktune {
+class AtomicFile;  // core/atomic_file.h
+}  // namespace ktune
+
 namespace ktune::io {
 
 // One tensor as a header describes it. dtype is the safetensors name ("F32", "BF16", ...).
@@ -109,7 +113,6 @@ struct TensorSpec {
 // trainable values, downloaded unit by unit as a checkpoint is written).
 using TensorSink = std::function<void(const std::string& name, const Tensor& tensor)>;
 
-class AtomicFile;
 
 // A safetensors file written by position: planned whole when opened (names, dtypes and shapes, in
 // the given order: its header and the place of every tensor's bytes), then filled one tensor at a
@@ -172,8 +175,5 @@ std::vector<std::string> write_safetensors_sharded(const std::string& dir, const
                                                    uint64_t max_shard_bytes,
                                                    const std::map<std::string, std::string>& metadata = {},
                                                    const std::string& prefix = "model");
-
-// Writes bytes to path atomically (temp file beside it, fsync, rename, fsync of the directory).
-void write_file_atomic(const std::string& path, const std::string& bytes);
 
 }  // namespace ktune::io

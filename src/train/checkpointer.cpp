@@ -15,6 +15,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/free_space.h"
 #include "core/log.h"
@@ -67,7 +68,7 @@ void copy_non_weight_files(const fs::path& from, const fs::path& to) {
     std::ifstream in(from / rel, std::ios::binary);
     std::string bytes(std::istreambuf_iterator<char>(in), {});
     if (!in.good() && !in.eof()) throw Error((from / rel).string(), "cannot read");
-    io::write_file_atomic((to / rel).string(), bytes);
+    write_file_atomic((to / rel).string(), bytes);
   }
 }
 
@@ -183,7 +184,7 @@ void write_streamed(const std::string& path, const StreamedTensors& tensors) {
   file.commit();
 }
 
-void write_json(const fs::path& path, const nlohmann::json& j) { io::write_file_atomic(path.string(), j.dump(2) + "\n"); }
+void write_json(const fs::path& path, const nlohmann::json& j) { write_file_atomic(path.string(), j.dump(2) + "\n"); }
 
 nlohmann::json read_json(const fs::path& path) {
   std::ifstream in(path);
@@ -357,7 +358,7 @@ void HfCheckpointer::write_checkpoint(const SaveRequest& request, const fs::path
     model_files = open_model_files(tmp, checkpoint_dir_, tensors);
     if (const std::string config = config_as_saved(fs::path(checkpoint_dir_) / "config.json", request.weights_dtype);
         !config.empty())
-      io::write_file_atomic((tmp / "config.json").string(), config);
+      write_file_atomic((tmp / "config.json").string(), config);
   }
   if (!in_turn.empty()) {
     request.frozen.hold([&](const std::vector<std::string>& names) {
@@ -470,10 +471,14 @@ std::optional<SaveLeftover> save_leftover(const fs::path& path) {
 void HfCheckpointer::check_copied_files() const {
   if (!fs::is_directory(checkpoint_dir_)) return;  // load_model names a missing checkpoint_dir
   train::check_copied_files(checkpoint_dir_, non_weight_files(checkpoint_dir_));
-  base_model_name();  // its original_repo_id.json, before training rather than at the first save
+  base_model_name_ = read_base_model_name();  // before training rather than at the first save, and once
 }
 
 std::string HfCheckpointer::base_model_name() const {
+  return base_model_name_ ? *base_model_name_ : read_base_model_name();
+}
+
+std::string HfCheckpointer::read_base_model_name() const {
   const fs::path repo_id_file = fs::path(checkpoint_dir_) / "original_repo_id.json";
   if (!fs::exists(repo_id_file)) return fs::absolute(checkpoint_dir_).string();
   const nlohmann::json j = read_json(repo_id_file);

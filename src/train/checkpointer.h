@@ -160,7 +160,8 @@ class HfCheckpointer {
   // What an adapter's adapter_config.json names as its base (base_model_name_or_path): the Hub repo
   // id the model was downloaded from (checkpoint_dir's original_repo_id.json, written by `ktune
   // download`, the model initializer and torchtune's `tune download`), else checkpoint_dir's
-  // absolute path. A malformed original_repo_id.json is an Error naming it.
+  // absolute path. A malformed original_repo_id.json is an Error naming it. Read by
+  // check_copied_files (before training) and kept; read at each call before that.
   std::string base_model_name() const;
 
   const std::string& checkpoint_dir() const { return checkpoint_dir_; }
@@ -170,7 +171,10 @@ class HfCheckpointer {
   // Everything a save writes, into the fresh directory `into` (save renames it into place).
   void write_checkpoint(const SaveRequest& request, const std::filesystem::path& into) const;
 
+  std::string read_base_model_name() const;
+
   std::string checkpoint_dir_;
+  mutable std::optional<std::string> base_model_name_;  // check_copied_files' reading
   std::vector<std::string> checkpoint_files_;
   bool files_under_output_dir_ = false;
   std::string output_dir_;

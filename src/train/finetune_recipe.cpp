@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/parallel.h"
@@ -671,7 +672,7 @@ void FinetuneRecipe::record_config() const {
   const std::string path = (fs::path(cfg_.output_dir) / "torchtune_config.yaml").string();
   try {  // as torchtune's save_config: a config that cannot be saved is said, and the run goes on
     fs::create_directories(cfg_.output_dir);
-    io::write_file_atomic(path, (cfg_.unresolved_tree.is_map() ? cfg_.unresolved_tree : cfg_.tree).to_yaml());
+    write_file_atomic(path, (cfg_.unresolved_tree.is_map() ? cfg_.unresolved_tree : cfg_.tree).to_yaml());
   } catch (const std::exception& e) {
     log_warn("could not save the config to " + path + ": " + e.what());
   }

@@ -14,6 +14,21 @@
 using namespace ktune::hub;
 using namespace ktune::hub::testing;
 
+namespace {
+
+// S3 refuses the listing with HTTP 403: `who` holds no right to it, so the request carried its credentials.
+void expect_listing_refused(const S3Options& options, const std::string& bucket, const std::string& prefix,
+                            const std::string& who) {
+  try {
+    S3Client(options).list(bucket, prefix);
+    ADD_FAILURE() << who << " listed the bucket";
+  } catch (const ktune::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("HTTP 403"), std::string::npos) << who << ": " << e.what();
+  }
+}
+
+}  // namespace
+
 class S3 : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -155,12 +170,7 @@ TEST_F(S3, WrongSecretIsRejectedWithAClearErrorThatHidesIt) {
   }
   S3Options unknown = options();
   unknown.credentials.access_key_id = "AKIANOTAKEY000000000";
-  try {
-    S3Client(unknown).list(bucket(), "");
-    FAIL();
-  } catch (const ktune::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("HTTP 403"), std::string::npos) << e.what();
-  }
+  expect_listing_refused(unknown, bucket(), "", "an unknown access key");
   try {
     S3Client(options()).list("no-such-bucket-here", "");
     FAIL();
@@ -201,12 +211,7 @@ TEST_F(S3, ARoleIsAssumedWithTheKeyAndS3IsAskedWithItsCredentials) {
 
   S3Options powerless = o;
   powerless.role_arn = server_->info()["powerless_role_arn"];
-  try {
-    S3Client(powerless).list(bucket(), "role");
-    FAIL() << "a role allowed nothing listed the bucket";
-  } catch (const ktune::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("HTTP 403"), std::string::npos) << e.what();
-  }
+  expect_listing_refused(powerless, bucket(), "role", "a role allowed nothing");
   S3Options wrong = o;
   wrong.credentials.secret_access_key = "wrongSecretValue12345";
   try {
@@ -242,12 +247,7 @@ TEST_F(S3, AWebIdentityTokenAssumesTheRoleWithoutAKey) {
   // chain): a role allowed nothing in S3 is refused there.
   S3Options chained = o;
   chained.role_arn = server_->info()["powerless_role_arn"];
-  try {
-    S3Client(chained).list(bucket(), "web");
-    FAIL() << "the chained role allowed nothing, yet listed the bucket";
-  } catch (const ktune::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("HTTP 403"), std::string::npos) << e.what();
-  }
+  expect_listing_refused(chained, bucket(), "web", "the chained role, allowed nothing");
 
   o.web_identity_token_file = tmp / "no-such-token";
   try {
