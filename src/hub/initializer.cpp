@@ -43,7 +43,6 @@ InitializerConfig initializer_config_from_env(InitializerKind kind, const EnvLoo
   S3Options& s3 = c.storage.s3;
   s3.endpoint = first_of({"ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"});
   s3.region = first_of({"REGION", "AWS_REGION", "AWS_DEFAULT_REGION"});
-  if (s3.region.empty()) s3.region = "us-east-1";
   s3.credentials.access_key_id = first_of({"ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"});
   s3.credentials.secret_access_key = first_of({"SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"});
   s3.credentials.session_token = env_string(env, "AWS_SESSION_TOKEN");

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "core/log.h"
+#include "hub/aws_config.h"
 #include "hub/digest.h"
 #include "hub/file_download.h"
 
@@ -18,19 +19,19 @@ namespace ktune::hub {
 
 static const std::string kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
-static std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
-}
-
-S3Options s3_options_from_env() {
+S3Options s3_options_from_env(const std::function<const char*(const char*)>& env) {
+  auto value = [&](const char* name) {
+    const char* v = env(name);
+    return v != nullptr ? std::string(v) : std::string();
+  };
+  auto first_of = [&](const char* a, const char* b) { return !value(a).empty() ? value(a) : value(b); };
   S3Options o;
-  o.endpoint = env_or("AWS_ENDPOINT_URL_S3", env_or("AWS_ENDPOINT_URL", ""));
-  o.region = env_or("AWS_REGION", env_or("AWS_DEFAULT_REGION", "us-east-1"));
-  o.credentials.access_key_id = env_or("AWS_ACCESS_KEY_ID", "");
-  o.credentials.secret_access_key = env_or("AWS_SECRET_ACCESS_KEY", "");
-  o.credentials.session_token = env_or("AWS_SESSION_TOKEN", "");
-  s3_roles_from_env(o, &std::getenv);
+  o.endpoint = first_of("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
+  o.region = first_of("AWS_REGION", "AWS_DEFAULT_REGION");
+  o.credentials.access_key_id = value("AWS_ACCESS_KEY_ID");
+  o.credentials.secret_access_key = value("AWS_SECRET_ACCESS_KEY");
+  o.credentials.session_token = value("AWS_SESSION_TOKEN");
+  s3_roles_from_env(o, env);
   return o;
 }
 
@@ -44,6 +45,7 @@ void s3_roles_from_env(S3Options& o, const std::function<const char*(const char*
   o.sts_endpoint = value("AWS_ENDPOINT_URL_STS");
   if (o.sts_endpoint.empty()) o.sts_endpoint = value("AWS_ENDPOINT_URL");
   if (std::string v = value("AWS_ROLE_SESSION_NAME"); !v.empty()) o.role_session_name = v;
+  o.profile = aws_profile_choice_from_env(env);
 }
 
 namespace {
@@ -65,7 +67,8 @@ std::shared_ptr<CredentialSource> credential_source(const S3Options& o) {
   sts.endpoint = !o.sts_endpoint.empty() ? o.sts_endpoint
                  : o.endpoint.find("amazonaws.com") == std::string::npos ? o.endpoint : std::string();
   sts.region = o.region;
-  sts.session_name = o.role_session_name;
+  sts.session_name = o.role_session_name.empty() ? "ktune" : o.role_session_name;
+  sts.external_id = o.role_external_id;
   sts.retry = o.retry;
   const bool has_key = !o.credentials.access_key_id.empty() && !o.credentials.secret_access_key.empty();
   if (!o.role_arn.empty() && (has_key || o.web_identity_token_file.empty()))
@@ -90,6 +93,7 @@ std::shared_ptr<CredentialSource> credential_source(const S3Options& o) {
 }  // namespace
 
 S3Client::S3Client(S3Options options) : options_(std::move(options)) {
+  apply_aws_profile(options_);
   while (!options_.endpoint.empty() && options_.endpoint.back() == '/') options_.endpoint.pop_back();
   if (options_.region.empty()) options_.region = "us-east-1";
   register_secret(options_.credentials.secret_access_key);

@@ -101,10 +101,11 @@ TemporaryCredentials sts_assume_role(const StsOptions& options, const AwsCredent
   if (source.access_key_id.empty() || source.secret_access_key.empty())
     throw Error(where, "no credentials to assume it with: set an access key (ACCESS_KEY_ID/SECRET_ACCESS_KEY or "
                        "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY), or run where AWS_WEB_IDENTITY_TOKEN_FILE is set");
-  return call_sts(options,
-                  {{"Action", "AssumeRole"}, {"Version", kStsVersion}, {"RoleArn", role_arn},
-                   {"RoleSessionName", options.session_name}, {"DurationSeconds", std::to_string(options.duration_seconds)}},
-                  &source, where);
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"Action", "AssumeRole"}, {"Version", kStsVersion}, {"RoleArn", role_arn},
+      {"RoleSessionName", options.session_name}, {"DurationSeconds", std::to_string(options.duration_seconds)}};
+  if (!options.external_id.empty()) fields.emplace_back("ExternalId", options.external_id);
+  return call_sts(options, fields, &source, where);
 }
 
 TemporaryCredentials sts_assume_role_with_web_identity(const StsOptions& options, const std::string& role_arn,

@@ -5,8 +5,8 @@
 // expiry); S3Client asks again before they expire. The STS endpoint is AWS_ENDPOINT_URL_STS, else
 // AWS_ENDPOINT_URL, else the S3 store's own when it is not AWS (MinIO serves STS there), else
 // https://sts.<region>.amazonaws.com.
-// It deliberately does not do: MFA, external ids, session policies or tags, role chaining from
-// ~/.aws/config profiles, or the instance metadata service.
+// It deliberately does not do: MFA, session policies or tags, chains of profiles' roles
+// (aws_config.h), or the instance metadata service.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,7 @@ struct StsOptions {
   std::string endpoint;  // "" → https://sts.<region>.amazonaws.com
   std::string region = "us-east-1";
   std::string session_name = "ktune";  // RoleSessionName: 2 to 64 of [A-Za-z0-9+=,.@_-]
+  std::string external_id;              // AssumeRole's ExternalId, when the role's trust policy asks for one
   int duration_seconds = 3600;
   RetryPolicy retry;
 };

@@ -225,6 +225,35 @@ TEST_F(S3, ARoleIsAssumedWithTheKeyAndS3IsAskedWithItsCredentials) {
   }
 }
 
+// A laptop's ~/.aws files as `aws configure` and a role profile leave them: the keys from the
+// credentials file, the endpoints from the config file's services block, and a profile's role
+// assumed with its source_profile's keys (with its external_id); a role allowed nothing is refused
+// by S3, so the requests did carry the profile's role's credentials.
+TEST_F(S3, AnAwsProfileGivesTheKeysTheEndpointsAndARole) {
+  TempDir tmp;
+  reference_put({{"profile/c.txt", "by profile"}});
+  const std::string services = "services = moto\n";
+  write_file(tmp / "config", "[profile store]\nregion = us-east-1\n" + services +
+                                 "[services moto]\ns3 =\n  endpoint_url = " + endpoint() + "\nsts =\n  endpoint_url = " +
+                                 endpoint() + "\n[profile reader]\nrole_arn = " + std::string(server_->info()["role_arn"]) +
+                                 "\nsource_profile = store\nexternal_id = ktune-test\n" + services +
+                                 "[profile powerless]\nrole_arn = " + std::string(server_->info()["powerless_role_arn"]) +
+                                 "\nsource_profile = store\n" + services);
+  write_file(tmp / "credentials", "[store]\naws_access_key_id = " + std::string(server_->info()["access_key_id"]) +
+                                      "\naws_secret_access_key = " + std::string(server_->info()["secret_access_key"]) +
+                                      "\n");
+  auto with_profile = [&](const std::string& name) {
+    S3Options o;  // nothing from the environment
+    o.retry.base_delay_s = 0.05;
+    o.profile = {name, true, tmp / "config", tmp / "credentials"};
+    return o;
+  };
+  EXPECT_EQ(S3Client(with_profile("store")).list(bucket(), "profile").size(), 1u);
+  S3Client(with_profile("reader")).download(bucket(), "profile", PatternFilter{}, tmp / "out", nullptr);
+  EXPECT_EQ(read_file(tmp / "out/c.txt"), "by profile");
+  expect_listing_refused(with_profile("powerless"), bucket(), "profile", "the profile's role, allowed nothing");
+}
+
 // A pod's web identity (EKS's IAM roles for service accounts): no key, AWS_ROLE_ARN and the
 // projected token file; or role_arn with the token file and no key.
 TEST_F(S3, AWebIdentityTokenAssumesTheRoleWithoutAKey) {
