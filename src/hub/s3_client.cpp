@@ -86,8 +86,10 @@ std::shared_ptr<CredentialSource> credential_source(const S3Options& o) {
           const TemporaryCredentials pod = sts_assume_role_with_web_identity(sts, pod_role, read_token_file(file));
           return sts_assume_role(sts, pod.credentials, role);
         }));
-  throw Error("s3", "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or pass them as flags), or run "
-                    "with a web identity (AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE)");
+  throw Error("s3", "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or pass them as flags), name "
+                    "an AWS profile that has them (AWS_PROFILE; " +
+                        (o.profile.credentials_file.empty() ? std::string("~/.aws/credentials") : o.profile.credentials_file) +
+                        "), or run with a web identity (AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE)");
 }
 
 }  // namespace

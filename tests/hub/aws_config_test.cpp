@@ -232,3 +232,14 @@ TEST(AwsConfig, TheChoiceAndFilesComeFromTheEnvironment) {
   S3Options broken = s3_options_from_env(lookup);
   EXPECT_NE(error_of([&] { apply_aws_profile(broken); }).find((t.dir / "broken").string() + ":2"), std::string::npos);
 }
+
+// A profile without keys leaves the client with none: the error says where keys may come from.
+TEST(AwsConfig, NoKeysAnywhereNamesTheProfileFilesInTheError) {
+  TempFiles t;
+  t.write(".aws/config", "[default]\nregion = eu-north-1\n");
+  S3Options o;
+  o.profile = {"default", false, (t.dir / ".aws/config").string(), (t.dir / ".aws/credentials").string()};
+  const std::string error = error_of([&] { S3Client client(o); });
+  EXPECT_NE(error.find("no credentials"), std::string::npos) << error;
+  EXPECT_NE(error.find("AWS_PROFILE; " + (t.dir / ".aws/credentials").string()), std::string::npos) << error;
+}
