@@ -450,8 +450,9 @@ class TrainerClient:
         ``epoch_N``) to ``file://DIR``, ``s3://bucket/prefix`` or ``hf://org/repo[/path]``, as a
         folder transformers, PEFT and vLLM load. ``parts``: ``"adapter"``, ``"merged"``, ``"all"`` or
         ``"available"`` (what the checkpoint holds). Credentials and endpoints not given come from
-        the environment (``HF_TOKEN``, ``AWS_*``); ``role_arn`` is assumed through STS. The local
-        backend exports from this process; on Kubernetes the exporter runs as a Job beside the
+        the environment (``HF_TOKEN``, ``AWS_*``, the AWS profile in ``~/.aws``); ``role_arn`` is
+        assumed through STS. The local backend exports from this process (a Ctrl-C ends it mid-file,
+        the export recorded as failed); on Kubernetes the exporter runs as a Job beside the
         TrainJob's volume (``timeout`` seconds at most). The export is recorded with the job
         (``ktune jobs get NAME``); each line of the exporter's log goes to ``log``.
 

@@ -692,7 +692,7 @@ class Client {
       request.parts = hub::parse_export_parts(parts);
       request.epoch = epoch;
       request.timeout_seconds = timeout;
-      request.while_waiting = check_signals;  // a Ctrl-C ends a cluster export's wait between its polls
+      request.while_waiting = check_signals;  // a Ctrl-C ends a cluster export's wait, or a local one mid-file
       request.storage.s3 = hub::s3_options_from_env();
       if (const char* t = std::getenv("HF_TOKEN"); t != nullptr && *t) request.storage.hf_token = t;
       register_secret(request.storage.hf_token);

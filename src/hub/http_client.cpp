@@ -54,6 +54,19 @@ struct Exchange {
   uint64_t upload_left = 0;
 };
 
+// curl's progress callback while a TransferInterrupt lives: its check's exception is kept for
+// perform_once to rethrow, and a non-zero return aborts the transfer.
+int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  auto* ex = static_cast<Exchange*>(user);
+  try {
+    TransferInterrupt::check();
+    return 0;
+  } catch (...) {
+    ex->sink_error = std::current_exception();
+    return 1;
+  }
+}
+
 size_t on_header(char* data, size_t size, size_t n, void* user) {
   auto* ex = static_cast<Exchange*>(user);
   std::string line(data, size * n);
@@ -210,6 +223,11 @@ HttpResponse HttpClient::perform_once(const HttpRequest& request, BodySink* sink
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 0L);
     curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, 0L);
   }
+  if (TransferInterrupt::active()) {
+    curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &ex);
+  }
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &ex);
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_body);
@@ -320,8 +338,32 @@ double retry_delay_seconds(const RetryPolicy& policy, int failed_attempts, const
   return std::min(d, policy.max_delay_s);
 }
 
+namespace {
+thread_local TransferInterrupt* current_interrupt = nullptr;
+}  // namespace
+
+TransferInterrupt::TransferInterrupt(std::function<void()> check) : check_(std::move(check)), outer_(current_interrupt) {
+  current_interrupt = this;
+}
+
+TransferInterrupt::~TransferInterrupt() { current_interrupt = outer_; }
+
+void TransferInterrupt::check() {
+  if (current_interrupt != nullptr && current_interrupt->check_) current_interrupt->check_();
+}
+
+bool TransferInterrupt::active() { return current_interrupt != nullptr && current_interrupt->check_; }
+
 void sleep_seconds(double seconds) {
-  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point until =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::max(0.0, seconds)));
+  for (;;) {
+    TransferInterrupt::check();
+    const Clock::duration left = until - Clock::now();
+    if (left <= Clock::duration::zero()) return;
+    std::this_thread::sleep_for(std::min<Clock::duration>(left, std::chrono::milliseconds(100)));
+  }
 }
 
 HttpResponse perform_with_retries(HttpClient& client, const std::function<HttpRequest()>& make_request,

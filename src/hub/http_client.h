@@ -89,6 +89,26 @@ class HttpClient {
   void* curl_;
 };
 
+// A check asked between the pieces of this thread's transfers while the TransferInterrupt lives:
+// from curl's progress callback (several times a second, and after each piece of data), between
+// retries and through their delays, and between the chunks of a local copy. What it throws ends
+// the transfer at once and is rethrown to the caller, the transfer's partial files left for a
+// resume (a Python notebook's Ctrl-C ends an export mid-file). Nested ones: the innermost asks.
+class TransferInterrupt {
+ public:
+  explicit TransferInterrupt(std::function<void()> check);
+  ~TransferInterrupt();
+  TransferInterrupt(const TransferInterrupt&) = delete;
+  TransferInterrupt& operator=(const TransferInterrupt&) = delete;
+  // Runs this thread's current check (nothing when none lives).
+  static void check();
+  static bool active();
+
+ private:
+  std::function<void()> check_;
+  TransferInterrupt* outer_;
+};
+
 struct RetryPolicy {
   int max_attempts = 5;         // total attempts, first included
   double base_delay_s = 0.5;    // delay after the first failure; doubles each time
@@ -100,7 +120,7 @@ bool is_retryable_status(long status);  // 408, 429, 500, 502, 503, 504
 // Delay before attempt `failed_attempts + 1`: Retry-After (seconds or HTTP-date) when the
 // response has one, else base * 2^(failed_attempts-1), both capped.
 double retry_delay_seconds(const RetryPolicy& policy, int failed_attempts, const HttpResponse* response);
-void sleep_seconds(double seconds);
+void sleep_seconds(double seconds);  // in slices, asking TransferInterrupt::check() between them
 
 // Sends make_request() until a non-retryable answer or the attempts run out; returns the last
 // response (its status may be an error for the caller to explain). `what` names it in errors.

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/fs.h>  // FICLONE
 #include <sys/ioctl.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "hub/http_client.h"
 #include "hub/target_dir.h"
 
 namespace ktune::hub {
@@ -34,21 +36,42 @@ static void copy_bytes(const std::string& from, const std::string& to, const std
     ::close(in);
     throw Error(origin + ": file '" + name + "'", "cannot create " + to + ": " + std::strerror(err));
   }
-  const bool cloned = ::ioctl(out, FICLONE, in) == 0;
-  ::close(in);
-  ::close(out);
-  if (cloned) return;
-  std::error_code ec;
-  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
-  if (ec) {
+  if (::ioctl(out, FICLONE, in) == 0) {
+    ::close(in);
+    ::close(out);
+    return;
+  }
+  // 64 MiB at a time in the kernel (sendfile), a TransferInterrupt asked between the pieces.
+  std::string failure;
+  try {
+    for (;;) {
+      TransferInterrupt::check();
+      const ssize_t sent = ::sendfile(out, in, nullptr, size_t(64) << 20);
+      if (sent == 0) break;
+      if (sent < 0 && errno == EINTR) continue;
+      if (sent < 0) {
+        failure = std::strerror(errno);
+        break;
+      }
+    }
+  } catch (...) {
+    ::close(in);
+    ::close(out);
     ::unlink(to.c_str());
-    throw Error(origin + ": file '" + name + "'", "copy failed: " + ec.message());
+    throw;
+  }
+  ::close(in);
+  if (::close(out) != 0 && failure.empty()) failure = std::strerror(errno);
+  if (!failure.empty()) {
+    ::unlink(to.c_str());
+    throw Error(origin + ": file '" + name + "'", "copy failed: " + failure);
   }
 }
 
 // Copies `from` to target/name through a partial file; returns the outcome.
 static FetchOutcome place_file(const std::string& from, const TargetDir& target, const std::string& name,
                                const std::string& origin) {
+  TransferInterrupt::check();  // between files too (a clone has no pieces)
   std::string final_path = target.resolve(name, origin);
   struct stat src, dst;
   if (::stat(from.c_str(), &src) != 0) throw Error(from, std::string("cannot read: ") + std::strerror(errno));

@@ -20,8 +20,9 @@ struct ExportRequest {
   int epoch = -1;                                        // epoch_N; -1: the latest checkpoint
   hub::StorageOptions storage;                           // the destination's credentials and endpoints
   double timeout_seconds = 3600;                         // Kubernetes: how long to wait for the export Job
-  // Kubernetes: called between the waits for the export Job (its pod pending, its image pulled), so
-  // that a caller can end a long wait (an exception it throws, such as a Ctrl-C, ends it).
+  // Called while the export waits, so that a caller can end it (an exception it throws, such as a
+  // Ctrl-C, ends it): Kubernetes, between the waits for the export Job (its pod pending, its image
+  // pulled); local, between the pieces of each file sent or copied (hub::TransferInterrupt).
   std::function<void()> while_waiting;
 };
 

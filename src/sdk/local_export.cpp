@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "hub/exporter.h"
+#include "hub/http_client.h"
 #include "sdk/job_registry.h"
 #include "sdk/local_backend.h"
 #include "sdk/process_identity.h"
@@ -25,6 +26,7 @@ ExportRecord LocalBackend::export_job(const std::string& name, const ExportReque
   record.started_at = unix_now();
   record.id = registry().begin_export(name, record.destination, record.parts, record.started_at);
   try {
+    const hub::TransferInterrupt interrupt(request.while_waiting);  // asked between the pieces of each file
     const nlohmann::json summary = hub::run_export(
         output_dir, request.destination, request.parts, request.storage, request.epoch,
         [&](size_t i, size_t n, const hub::TransferredFile& f) {

@@ -210,11 +210,22 @@ TEST_F(RealTrainer, TrainerClientRunsALoraFineTuneOfTheTinyModelThroughFileIniti
   EXPECT_EQ(export_log.size(), 2u) << ::testing::PrintToString(export_log);  // a line per file
   request.epoch = 7;
   EXPECT_THROW(client.export_job(name, request), Error);
+  // A caller ends a local export mid-copy (a notebook's Ctrl-C): what while_waiting throws reaches it.
+  struct Interrupted : std::runtime_error {
+    Interrupted() : std::runtime_error("interrupted by the caller") {}
+  };
+  request.epoch = -1;
+  request.destination = "file://" + dest + "-interrupted";
+  request.while_waiting = [] { throw Interrupted(); };
+  EXPECT_THROW(client.export_job(name, request), Interrupted);
+  EXPECT_FALSE(fs::exists(dest + "-interrupted/adapter_model.safetensors"));
   const TrainJobRecord with_exports = client.get_job_record(name);
-  ASSERT_EQ(with_exports.exports.size(), 2u);
+  ASSERT_EQ(with_exports.exports.size(), 3u);
   EXPECT_EQ(with_exports.exports[0].status, kComplete);
   EXPECT_EQ(with_exports.exports[1].status, kFailed);
   EXPECT_NE(with_exports.exports[1].error.find("epoch_7"), std::string::npos) << with_exports.exports[1].error;
+  EXPECT_EQ(with_exports.exports[2].status, kFailed);
+  EXPECT_EQ(with_exports.exports[2].error, "interrupted by the caller");
 
   client.delete_job(name, /*remove_workspace=*/true);
   EXPECT_FALSE(fs::exists(record.workspace));
