@@ -1,5 +1,8 @@
 #include "hub/aws_config.h"
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
@@ -47,12 +50,15 @@ const std::string* setting(const AwsSettings& s, const std::string& key) {
   return it == s.end() || it->second.empty() ? nullptr : &it->second;
 }
 
-// A profile's key that ktune cannot honour as the CLI would: refused rather than ignored.
-void refuse_unsupported(const AwsSettings& profile, const std::string& where) {
-  for (const char* key : {"sso_session", "sso_start_url", "credential_process", "mfa_serial"})
+// A profile's key that ktune cannot honour as the CLI would: refused rather than ignored, where the
+// profile's credentials are needed (mfa_serial matters only to a profile that assumes a role).
+void refuse_unsupported(const AwsSettings& profile, const std::string& where, bool assumes_role) {
+  for (const char* key : {"sso_session", "sso_start_url", "credential_process", "mfa_serial"}) {
+    if (std::string(key) == "mfa_serial" && !assumes_role) continue;
     if (setting(profile, key))
       throw Error(where, std::string(key) + " is not supported by ktune's S3 client: set an access key or a role "
                                             "(role_arn with source_profile or web_identity_token_file) instead");
+  }
 }
 
 AwsCredentials static_keys(const AwsSettings& profile) {
@@ -98,14 +104,14 @@ void apply_role(S3Options& o, const AwsConfigFiles& files, const AwsSettings& pr
     if (*credential_source != "Environment")
       throw Error(where + ": credential_source", "'" + *credential_source +
                                                      "' is not supported by ktune's S3 client (only Environment)");
-    return;  // the environment's keys, which o already holds (none: sts_assume_role names what is missing)
+    return;  // the environment's keys, which o holds (none: sts_assume_role names what is missing)
   }
   auto it = files.profiles.find(*source);
   if (it == files.profiles.end())
     throw Error(where + ": source_profile", "profile '" + *source + "' is in neither " + files.config_file + " nor " +
                                                 files.credentials_file);
   const std::string source_where = "AWS profile '" + *source + "'";
-  refuse_unsupported(it->second, source_where);
+  refuse_unsupported(it->second, source_where, /*assumes_role=*/false);
   if (setting(it->second, "role_arn") && &it->second != &profile)
     throw Error(source_where, "assumes a role itself (a source_profile chain): not supported by ktune's S3 client");
   o.credentials = static_keys(it->second);
@@ -115,37 +121,44 @@ void apply_role(S3Options& o, const AwsConfigFiles& files, const AwsSettings& pr
 
 }  // namespace
 
-std::map<std::string, AwsSettings> parse_aws_ini(const std::string& text, const std::string& path) {
-  std::map<std::string, AwsSettings> sections;
+AwsSections parse_aws_ini(const std::string& text, const std::string& path) {
+  AwsSections sections;
   std::istringstream in(text);
-  std::string line, section, last_key;
-  bool in_section = false;
+  std::string line, last_key;
+  bool nested = false;  // last_key's value was empty: indented lines under it are settings of its own
   for (int number = 1; std::getline(in, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     const std::string where = path + ":" + std::to_string(number);
     const std::string content = trimmed(line);
     if (content.empty() || content[0] == '#' || content[0] == ';') continue;
     const bool indented = std::isspace((unsigned char)line[0]);
-    if (indented && in_section && !last_key.empty()) {  // a continuation: a nested setting of last_key
+    if (indented && !sections.empty() && !last_key.empty()) {  // a continuation of last_key
+      AwsSettings& settings = sections.back().second;
+      if (!nested) {
+        settings[last_key] += "\n" + content;  // configparser's multi-line value
+        continue;
+      }
       std::string key, value;
       if (!split_setting(content, &key, &value))
         throw Error(where, "expected 'key = value' under '" + last_key + " ='");
-      sections[section][last_key + "." + key] = value;
+      settings[last_key + "." + key] = value;
       continue;
     }
     if (content.front() == '[') {
       if (content.back() != ']') throw Error(where, "a section header must end in ']'");
-      section = trimmed(content.substr(1, content.size() - 2));
-      sections[section];
-      in_section = true;
+      const std::string name = trimmed(content.substr(1, content.size() - 2));
+      for (const auto& [seen, settings] : sections)
+        if (seen == name) throw Error(where, "section [" + name + "] appears twice (configparser refuses it)");
+      sections.emplace_back(name, AwsSettings());
       last_key.clear();
       continue;
     }
-    if (!in_section) throw Error(where, "a setting before any [section] header");
+    if (sections.empty()) throw Error(where, "a setting before any [section] header");
     std::string key, value;
     if (!split_setting(content, &key, &value)) throw Error(where, "expected 'key = value' or a [section] header");
-    sections[section][key] = value;
+    sections.back().second[key] = value;
     last_key = key;
+    nested = value.empty();
   }
   return sections;
 }
@@ -157,8 +170,8 @@ AwsConfigFiles read_aws_config_files(const std::string& config_file, const std::
   bool found = false;
   const std::string config_text = read_text(config_file, &found);
   if (found) {
-    for (auto& [name, settings] : parse_aws_ini(config_text, config_file)) {
-      if (name == "default") {
+    for (auto& [name, settings] : parse_aws_ini(config_text, config_file)) {  // in file order: [default] and
+      if (name == "default") {                                                  // [profile default], the later wins
         files.profiles["default"] = settings;
       } else if (name.rfind("profile ", 0) == 0) {
         files.profiles[trimmed(name.substr(8))] = settings;
@@ -190,12 +203,21 @@ void apply_aws_profile(S3Options& o, const AwsConfigFiles& files, const AwsProfi
   if (o.sts_endpoint.empty()) o.sts_endpoint = endpoint_for(files, profile, "sts");
   if (o.role_session_name.empty())
     if (const std::string* v = setting(profile, "role_session_name")) o.role_session_name = *v;
-  if (!o.credentials.access_key_id.empty()) return;  // the environment's (or a flag's) keys come first
-  refuse_unsupported(profile, where);
-  if (setting(profile, "role_arn")) {
+  // botocore's chain: the environment's keys; a profile's role (assumed from the environment's keys
+  // only for a profile asked for by name with credential_source = Environment); the environment's web
+  // identity (which also overrides a web-identity profile's role and token); the profile's keys.
+  const bool env_keys = !o.credentials.access_key_id.empty();
+  const bool env_web_identity = !o.web_identity_role_arn.empty() && !o.web_identity_token_file.empty();
+  const std::string* role = setting(profile, "role_arn");
+  const std::string* credential_source = setting(profile, "credential_source");
+  const bool role_from_env_keys = role && credential_source && *credential_source == "Environment" && choice.asked_for;
+  if (env_keys && !role_from_env_keys) return;
+  if (role && !(env_web_identity && setting(profile, "web_identity_token_file"))) {
+    refuse_unsupported(profile, where, /*assumes_role=*/true);
     apply_role(o, files, profile, where);
-  } else if (o.web_identity_role_arn.empty() || o.web_identity_token_file.empty()) {
-    o.credentials = static_keys(profile);  // after the environment's web identity, as botocore
+  } else if (!env_web_identity) {
+    refuse_unsupported(profile, where, /*assumes_role=*/false);
+    o.credentials = static_keys(profile);
   }
   register_secret(o.credentials.secret_access_key);
   register_secret(o.credentials.session_token);
@@ -212,15 +234,20 @@ AwsProfileChoice aws_profile_choice_from_env(const std::function<const char*(con
     const char* v = env(name);
     return v != nullptr ? std::string(v) : std::string();
   };
-  const std::string home = value("HOME");
-  const std::string aws_dir = (home.empty() ? std::string(".") : home) + "/.aws/";
+  std::string home = value("HOME");
+  if (home.empty())
+    if (const passwd* user = ::getpwuid(::getuid()); user != nullptr && user->pw_dir != nullptr) home = user->pw_dir;
+  auto expanded = [&](std::string path) {  // botocore's os.path.expanduser
+    if (path == "~" || path.rfind("~/", 0) == 0) path = home + path.substr(1);
+    return path;
+  };
   AwsProfileChoice choice;
-  choice.config_file = value("AWS_CONFIG_FILE");
-  choice.credentials_file = value("AWS_SHARED_CREDENTIALS_FILE");
-  if (choice.config_file.empty()) choice.config_file = aws_dir + "config";
-  if (choice.credentials_file.empty()) choice.credentials_file = aws_dir + "credentials";
-  choice.name = value("AWS_PROFILE");
-  if (choice.name.empty()) choice.name = value("AWS_DEFAULT_PROFILE");
+  choice.config_file = expanded(value("AWS_CONFIG_FILE"));
+  choice.credentials_file = expanded(value("AWS_SHARED_CREDENTIALS_FILE"));
+  if (choice.config_file.empty()) choice.config_file = home + "/.aws/config";
+  if (choice.credentials_file.empty()) choice.credentials_file = home + "/.aws/credentials";
+  choice.name = value("AWS_DEFAULT_PROFILE");  // botocore's order (boto3, upstream's initializers)
+  if (choice.name.empty()) choice.name = value("AWS_PROFILE");
   choice.asked_for = !choice.name.empty();
   if (!choice.asked_for) choice.name = "default";
   return choice;

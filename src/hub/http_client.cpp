@@ -49,6 +49,7 @@ struct Exchange {
   bool started = false;
   bool to_sink = false;
   std::exception_ptr sink_error;
+  std::chrono::steady_clock::time_point last_interrupt_check;  // on_progress asks at most every 100 ms
   // upload slice
   FILE* upload = nullptr;
   uint64_t upload_left = 0;
@@ -58,6 +59,9 @@ struct Exchange {
 // perform_once to rethrow, and a non-zero return aborts the transfer.
 int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
   auto* ex = static_cast<Exchange*>(user);
+  const auto now = std::chrono::steady_clock::now();
+  if (now - ex->last_interrupt_check < std::chrono::milliseconds(100)) return 0;
+  ex->last_interrupt_check = now;
   try {
     TransferInterrupt::check();
     return 0;

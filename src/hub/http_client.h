@@ -90,10 +90,12 @@ class HttpClient {
 };
 
 // A check asked between the pieces of this thread's transfers while the TransferInterrupt lives:
-// from curl's progress callback (several times a second, and after each piece of data), between
-// retries and through their delays, and between the chunks of a local copy. What it throws ends
-// the transfer at once and is rethrown to the caller, the transfer's partial files left for a
-// resume (a Python notebook's Ctrl-C ends an export mid-file). Nested ones: the innermost asks.
+// from curl's progress callback (at most every 100 ms), between retries and through their delays,
+// and between files and the 64 MiB pieces of a local copy. What it throws ends the transfer at once
+// and is rethrown to the caller; the file never takes its real name (a download's partial file
+// stays for a resume, a local copy's is removed). A Python notebook's Ctrl-C ends an export
+// mid-file. Nested ones: the innermost asks; one made with no check turns asking off (cleanup that
+// must go out, such as a multipart upload's abort).
 class TransferInterrupt {
  public:
   explicit TransferInterrupt(std::function<void()> check);

@@ -23,6 +23,18 @@ namespace ktune::hub {
 
 namespace fs = std::filesystem;
 
+// Writes n bytes to fd (short writes and EINTR retried); false with errno set on a failure.
+static bool write_all(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
 // `from`'s bytes into `to` (made): a copy-on-write clone where the filesystem shares blocks
 // (FICLONE: btrfs, XFS; instant, no space used until either side changes), a copy otherwise. Never
 // a hard link: editing the fetched copy in place must not edit the source.
@@ -41,15 +53,31 @@ static void copy_bytes(const std::string& from, const std::string& to, const std
     ::close(out);
     return;
   }
-  // 64 MiB at a time in the kernel (sendfile), a TransferInterrupt asked between the pieces.
+  // 64 MiB at a time in the kernel (sendfile; read and write where a filesystem cannot splice), a
+  // TransferInterrupt asked between the pieces.
   std::string failure;
   try {
+    bool spliced = true;
+    std::vector<char> buffer;
     for (;;) {
       TransferInterrupt::check();
-      const ssize_t sent = ::sendfile(out, in, nullptr, size_t(64) << 20);
-      if (sent == 0) break;
-      if (sent < 0 && errno == EINTR) continue;
-      if (sent < 0) {
+      if (spliced) {
+        const ssize_t sent = ::sendfile(out, in, nullptr, size_t(64) << 20);
+        if (sent > 0) continue;
+        if (sent == 0) break;
+        if (errno == EINTR) continue;
+        if (errno != EINVAL && errno != ENOSYS) {
+          failure = std::strerror(errno);
+          break;
+        }
+        spliced = false;  // nothing was sent: the offsets are where they were
+        buffer.resize(size_t(8) << 20);
+        continue;
+      }
+      const ssize_t got = ::read(in, buffer.data(), buffer.size());
+      if (got == 0) break;
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 || !write_all(out, buffer.data(), size_t(got))) {
         failure = std::strerror(errno);
         break;
       }

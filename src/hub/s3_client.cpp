@@ -406,6 +406,7 @@ void S3Client::put_multipart(const std::string& bucket, const std::string& key, 
     if (r.status != 200 || r.body.find("<Error>") != std::string::npos) raise(r, where + ": complete multipart upload");
   } catch (...) {
     try {
+      const TransferInterrupt uninterrupted(nullptr);  // the abort must go out even when the caller interrupted
       http_.perform(signed_request("DELETE", bucket, key, {{"uploadId", upload_id}}, kEmptySha256));
     } catch (...) {
     }

@@ -310,19 +310,6 @@ const SafetensorsFile& SafetensorsCheckpoint::file_of(const std::string& name) c
 
 namespace {
 
-void write_all(int fd, const void* data, size_t n, const std::string& where) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      throw Error(where, "write failed: " + errno_text());
-    }
-    p += w;
-    n -= size_t(w);
-  }
-}
-
 void pwrite_all(int fd, const void* data, size_t n, uint64_t offset, const std::string& where) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {

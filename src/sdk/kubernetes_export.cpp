@@ -197,18 +197,22 @@ static KubernetesExport kubernetes_export_of(const ExportRequest& request) {
       if (options.hf_revision != "main") e.args.insert(e.args.end(), {"--revision", options.hf_revision});
       break;
     case hub::StorageScheme::S3: {
+      // This machine's ~/.aws profile fills what is unset (the pod has none): its region, endpoints and
+      // keys. A role the profile assumes stays here: its source keys or token file are not shipped.
       hub::S3Options s3 = options.s3;
-      hub::apply_aws_profile(s3);  // this machine's ~/.aws profile: the pod has none
-      if (!s3.role_external_id.empty())
+      hub::apply_aws_profile(s3);
+      if (s3.role_arn != options.s3.role_arn || !s3.role_external_id.empty())
         throw Error("export to " + request.destination,
-                    "the AWS profile's role needs an external_id, which the export pod cannot be given; export from "
-                    "this machine (the local backend) or use a role without one");
+                    "AWS profile '" + s3.profile.name + "' assumes role " + s3.role_arn +
+                        ", which the export pod cannot do without this machine's credentials; pass role_arn with an "
+                        "access key, or export with the local backend");
       if (!s3.credentials.access_key_id.empty()) e.secret_env["AWS_ACCESS_KEY_ID"] = s3.credentials.access_key_id;
       if (!s3.credentials.secret_access_key.empty()) e.secret_env["AWS_SECRET_ACCESS_KEY"] = s3.credentials.secret_access_key;
       if (!s3.credentials.session_token.empty()) e.secret_env["AWS_SESSION_TOKEN"] = s3.credentials.session_token;
       if (!s3.endpoint.empty()) e.env["AWS_ENDPOINT_URL"] = s3.endpoint;
       if (!s3.role_arn.empty()) e.args.insert(e.args.end(), {"--role-arn", s3.role_arn});
       if (!s3.sts_endpoint.empty()) e.env["AWS_ENDPOINT_URL_STS"] = s3.sts_endpoint;
+      if (!s3.role_session_name.empty()) e.env["AWS_ROLE_SESSION_NAME"] = s3.role_session_name;
       if (!s3.region.empty()) e.env["AWS_REGION"] = s3.region;
       break;
     }

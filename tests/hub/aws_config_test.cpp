@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <stdexcept>
 #include <string>
 
 #include "core/error.h"
@@ -27,9 +28,9 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 struct TempFiles {
-  std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("ktune-aws-config-" + std::to_string(getpid()));
-  TempFiles() {
+  std::filesystem::path dir;
+  explicit TempFiles(const std::string& name)
+      : dir(std::filesystem::temp_directory_path() / ("ktune-aws-config-" + name + "-" + std::to_string(getpid()))) {
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir / ".aws");
   }
@@ -78,18 +79,21 @@ aws_secret_access_key = minio-secret
 aws_session_token = minio-token
 )";
 
+// kConfig and kCredentials read through real files, as S3Client reads them.
 AwsConfigFiles files() {
-  AwsConfigFiles f;
-  for (auto& [name, settings] : parse_aws_ini(kConfig, "config")) {
-    if (name == "default") f.profiles["default"] = settings;
-    if (name.rfind("profile ", 0) == 0) f.profiles[name.substr(8)] = settings;
-    if (name.rfind("services ", 0) == 0) f.services[name.substr(9)] = settings;
-  }
-  for (auto& [name, settings] : parse_aws_ini(kCredentials, "credentials"))
-    for (auto& [k, v] : settings) f.profiles[name][k] = v;
-  f.config_file = "config";
+  static const TempFiles t("fixture");
+  t.write("config", kConfig);
+  t.write("credentials", kCredentials);
+  AwsConfigFiles f = read_aws_config_files((t.dir / "config").string(), (t.dir / "credentials").string());
+  f.config_file = "config";  // as the messages below name them
   f.credentials_file = "credentials";
   return f;
+}
+
+const AwsSettings& section(const AwsSections& sections, const std::string& name) {
+  for (const auto& [n, settings] : sections)
+    if (n == name) return settings;
+  throw std::out_of_range("no section " + name);
 }
 
 S3Options applied(const std::string& profile, S3Options o = {}, bool asked_for = true) {
@@ -104,15 +108,38 @@ S3Options applied(const std::string& profile, S3Options o = {}, bool asked_for =
 }  // namespace
 
 TEST(AwsConfig, ParsesConfigparsersSyntax) {
-  const auto sections = parse_aws_ini(kConfig, "config");
-  EXPECT_EQ(sections.at("default").at("region"), "eu-west-2");
-  EXPECT_EQ(sections.at("profile minio").at("region"), "us-east-1") << "no spaces around '='";
-  EXPECT_EQ(sections.at("profile deploy").at("region"), "ap-south-1") << "'key: value', the key lower-cased";
-  EXPECT_EQ(sections.at("services local").at("s3.endpoint_url"), "http://127.0.0.1:9001") << "a nested setting";
-  EXPECT_EQ(sections.at("services local").at("s3"), "");
-  EXPECT_TRUE(sections.count("sso-session corp"));
-  const auto windows = parse_aws_ini("[default]\r\nregion = us-west-1\r\n", "config");
-  EXPECT_EQ(windows.at("default").at("region"), "us-west-1");
+  const AwsSections sections = parse_aws_ini(kConfig, "config");
+  ASSERT_EQ(sections.size(), 6u);
+  EXPECT_EQ(sections[0].first, "default") << "in file order";
+  EXPECT_EQ(section(sections, "default").at("region"), "eu-west-2");
+  EXPECT_EQ(section(sections, "profile minio").at("region"), "us-east-1") << "no spaces around '='";
+  EXPECT_EQ(section(sections, "profile deploy").at("region"), "ap-south-1") << "'key: value', the key lower-cased";
+  EXPECT_EQ(section(sections, "services local").at("s3.endpoint_url"), "http://127.0.0.1:9001") << "a nested setting";
+  EXPECT_EQ(section(sections, "services local").at("s3"), "");
+  EXPECT_EQ(section(sections, "sso-session corp").at("sso_start_url"), "https://corp.awsapps.com/start");
+  const AwsSections windows = parse_aws_ini("[default]\r\nregion = us-west-1\r\n", "config");
+  EXPECT_EQ(section(windows, "default").at("region"), "us-west-1");
+  const AwsSections multi = parse_aws_ini("[default]\nnote = first line\n  second line\nregion = x\n", "config");
+  EXPECT_EQ(section(multi, "default").at("note"), "first line\nsecond line") << "configparser's multi-line value";
+  EXPECT_EQ(section(multi, "default").at("region"), "x");
+}
+
+// What the files are read into: the credentials file's keys over the config file's for a profile,
+// [default] and [profile default] the later one in the file, no profile from other sections.
+TEST(AwsConfig, ReadsBothFilesAsBotocoreMergesThem) {
+  TempFiles t("case1");
+  t.write("config", "[profile default]\nregion = first\n[default]\nregion = second\naws_access_key_id = AKIACONFIG\n"
+                    "[sso-session corp]\nsso_region = x\n[profile dev]\nregion = r\n");
+  t.write("credentials", "[default]\naws_access_key_id = AKIACREDS\naws_secret_access_key = s\n[ci]\n"
+                         "aws_access_key_id = AKIACI\naws_secret_access_key = t\n");
+  const AwsConfigFiles f = read_aws_config_files((t.dir / "config").string(), (t.dir / "credentials").string());
+  EXPECT_EQ(f.profiles.at("default").at("region"), "second") << "the later of [profile default] and [default]";
+  EXPECT_EQ(f.profiles.at("default").at("aws_access_key_id"), "AKIACREDS") << "the credentials file wins";
+  EXPECT_EQ(f.profiles.at("ci").at("aws_access_key_id"), "AKIACI") << "a profile only the credentials file has";
+  EXPECT_EQ(f.profiles.count("sso-session corp") + f.profiles.count("corp"), 0u);
+  EXPECT_EQ(f.profiles.size(), 3u);
+  const AwsConfigFiles none = read_aws_config_files((t.dir / "absent").string(), (t.dir / "absent2").string());
+  EXPECT_TRUE(none.profiles.empty()) << "missing files: no profile, no error";
 }
 
 TEST(AwsConfig, AMalformedLineIsAnErrorNamingFileAndLine) {
@@ -122,6 +149,8 @@ TEST(AwsConfig, AMalformedLineIsAnErrorNamingFileAndLine) {
   EXPECT_NE(error_of([] { parse_aws_ini("region = a\n", "creds"); }).find("creds:1: a setting before any [section]"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse_aws_ini("[default\n", "creds"); }).find("creds:1"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_aws_ini("[a]\nx = 1\n[a]\n", "creds"); }).find("creds:3: section [a] appears twice"),
+            std::string::npos);
 }
 
 TEST(AwsConfig, TheProfilesKeysRegionAndEndpoints) {
@@ -173,6 +202,49 @@ TEST(AwsConfig, TheEnvironmentsWebIdentityComesBeforeTheProfilesKeys) {
   EXPECT_EQ(o.region, "eu-west-2");
 }
 
+// botocore asks the environment's web identity before SSO, credential_process or a profile's keys, and
+// it overrides a web-identity profile's own role and token; mfa_serial matters only to a role.
+TEST(AwsConfig, TheEnvironmentsWebIdentityComesBeforeWhatKtuneWouldRefuse) {
+  AwsConfigFiles f = files();
+  f.profiles["sso"] = {{"sso_session", "corp"}, {"region", "eu-west-3"}};
+  f.profiles["webid"] = {{"role_arn", "arn:profile-role"}, {"web_identity_token_file", "/profile/token"}};
+  f.profiles["keys-with-mfa"] = {{"aws_access_key_id", "AKIAMFA"}, {"aws_secret_access_key", "s"},
+                                 {"mfa_serial", "arn:aws:iam::1:mfa/u"}};
+  S3Options eks;
+  eks.web_identity_role_arn = "arn:aws:iam::1:role/irsa";
+  eks.web_identity_token_file = "/var/run/secrets/eks/token";
+  for (const std::string name : {"sso", "webid"}) {
+    S3Options o = eks;
+    AwsProfileChoice choice;
+    choice.name = name;
+    choice.asked_for = true;
+    EXPECT_EQ(error_of([&] { apply_aws_profile(o, f, choice); }), "") << name;
+    EXPECT_EQ(o.role_arn, "") << name << ": the environment's web identity, not the profile's role";
+    EXPECT_EQ(o.web_identity_token_file, "/var/run/secrets/eks/token") << name;
+  }
+  S3Options o;
+  AwsProfileChoice choice;
+  choice.name = "keys-with-mfa";
+  apply_aws_profile(o, f, choice);
+  EXPECT_EQ(o.credentials.access_key_id, "AKIAMFA") << "mfa_serial on a profile with keys and no role is unused";
+}
+
+// A profile asked for by name whose role's credential_source is Environment assumes the role with
+// the environment's keys; without the name, the environment's keys are used as they are.
+TEST(AwsConfig, CredentialSourceEnvironmentAssumesTheRoleWithTheEnvironmentsKeys) {
+  AwsConfigFiles f = files();
+  f.profiles["from-env"] = {{"role_arn", "arn:aws:iam::1:role/ci"}, {"credential_source", "Environment"}};
+  S3Options env_keys;
+  env_keys.credentials = {"AKIAENV", "env-secret", ""};
+  S3Options o = env_keys;
+  apply_aws_profile(o, f, {"from-env", true, "config", "credentials"});
+  EXPECT_EQ(o.role_arn, "arn:aws:iam::1:role/ci");
+  EXPECT_EQ(o.credentials.access_key_id, "AKIAENV");
+  S3Options unnamed = env_keys;
+  apply_aws_profile(unnamed, f, {"from-env", false, "config", "credentials"});
+  EXPECT_EQ(unnamed.role_arn, "") << "the default profile: the environment's keys come first";
+}
+
 TEST(AwsConfig, WhatKtuneCannotHonourIsRefusedNamingTheProfile) {
   EXPECT_NE(error_of([] { applied("nowhere"); }).find("profile 'nowhere' is in neither config nor credentials"),
             std::string::npos);
@@ -205,7 +277,7 @@ TEST(AwsConfig, WhatKtuneCannotHonourIsRefusedNamingTheProfile) {
 }
 
 TEST(AwsConfig, TheChoiceAndFilesComeFromTheEnvironment) {
-  TempFiles t;
+  TempFiles t("case2");
   t.write(".aws/config", "[profile dev]\nregion = sa-east-1\n");
   t.write(".aws/credentials", "[dev]\naws_access_key_id = AKIADEV\naws_secret_access_key = dev-secret\n");
   std::map<std::string, std::string> env = {{"HOME", t.dir.string()}, {"AWS_PROFILE", "dev"}};
@@ -221,6 +293,12 @@ TEST(AwsConfig, TheChoiceAndFilesComeFromTheEnvironment) {
   EXPECT_EQ(o.region, "sa-east-1");
   EXPECT_EQ(o.credentials.access_key_id, "AKIADEV");
 
+  env["AWS_DEFAULT_PROFILE"] = "legacy";
+  EXPECT_EQ(s3_options_from_env(lookup).profile.name, "legacy") << "botocore reads AWS_DEFAULT_PROFILE first";
+  env.erase("AWS_DEFAULT_PROFILE");
+  env["AWS_SHARED_CREDENTIALS_FILE"] = "~/creds";
+  EXPECT_EQ(s3_options_from_env(lookup).profile.credentials_file, (t.dir / "creds").string()) << "~ is HOME";
+  env.erase("AWS_SHARED_CREDENTIALS_FILE");
   env["AWS_CONFIG_FILE"] = (t.dir / "elsewhere").string();
   env["AWS_PROFILE"] = "gone";
   S3Options missing = s3_options_from_env(lookup);
@@ -235,7 +313,7 @@ TEST(AwsConfig, TheChoiceAndFilesComeFromTheEnvironment) {
 
 // A profile without keys leaves the client with none: the error says where keys may come from.
 TEST(AwsConfig, NoKeysAnywhereNamesTheProfileFilesInTheError) {
-  TempFiles t;
+  TempFiles t("case3");
   t.write(".aws/config", "[default]\nregion = eu-north-1\n");
   S3Options o;
   o.profile = {"default", false, (t.dir / ".aws/config").string(), (t.dir / ".aws/credentials").string()};

@@ -460,6 +460,39 @@ TEST_F(KubernetesBackendTest, AnExportsWaitForItsPodRunsTheCallersHookBetweenPol
   EXPECT_TRUE(requests()["batchjobs"].contains("job-w-export"));  // the Job was made; it is left to run
 }
 
+// This machine's AWS profile (~/.aws) fills an export's unset S3 settings before they are shipped:
+// its keys go to the export Secret, its region to the pod's env; a role the profile assumes is
+// refused before anything is made (the pod could not assume it without this machine's credentials).
+TEST_F(KubernetesBackendTest, AnExportShipsTheAwsProfilesKeysAndRefusesItsRole) {
+  ASSERT_EQ(submit("job-p"), "job-p");
+  set_state({{"status", {{"job-p", {{"conditions", Json::array({{{"type", "Complete"}, {"status", "True"}}})}}}}}});
+  write_file(dir_ / "aws-config", "[profile keys]\nregion = ap-east-1\n[profile role]\nrole_arn = "
+                                  "arn:aws:iam::1:role/r\nsource_profile = keys\n");
+  write_file(dir_ / "aws-credentials", "[keys]\naws_access_key_id = AKIAPROFILEKEY000001\n"
+                                       "aws_secret_access_key = profileSecretValue0123456789\n");
+  KubernetesBackend k = backend();
+  k.set_poll_interval(0.01);
+  ExportRequest request;
+  request.destination = "s3://bucket/models/p";
+  request.storage.s3.profile = {"role", true, dir_ / "aws-config", dir_ / "aws-credentials"};
+  try {
+    k.export_job("job-p", request, nullptr);
+    FAIL() << "a profile's role was shipped";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("AWS profile 'role' assumes role arn:aws:iam::1:role/r"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(requests()["batchjobs"].contains("job-p-export")) << "refused before anything was made";
+  request.storage.s3.profile.name = "keys";
+  request.while_waiting = [] { throw std::runtime_error("made; stop waiting"); };
+  EXPECT_THROW(k.export_job("job-p", request, nullptr), std::runtime_error);
+  const Json state = requests();
+  EXPECT_EQ(state["secrets"]["job-p-export-secrets"]["stringData"]["AWS_ACCESS_KEY_ID"], "AKIAPROFILEKEY000001");
+  const std::string spec = state["batchjobs"]["job-p-export"].dump();
+  EXPECT_NE(spec.find("ap-east-1"), std::string::npos) << "the profile's region as the pod's AWS_REGION";
+  EXPECT_EQ(spec.find("profileSecretValue"), std::string::npos) << "the secret only in the Secret";
+}
+
 TEST_F(KubernetesBackendTest, ExportRunsAsAJobBesideTheTrainJobsVolumeAndIsRecorded) {
   if (!fs::exists(kKtune)) GTEST_SKIP() << "the ktune binary is not built at " << kKtune;
   ASSERT_EQ(submit("job-e"), "job-e");
