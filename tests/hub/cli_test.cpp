@@ -54,8 +54,11 @@ class Cli : public ::testing::Test {
     for (const char* k : {"HF_TOKEN", "ACCESS_TOKEN", "IGNORE_PATTERNS", "STORAGE_URI", "AWS_ACCESS_KEY_ID",
                           "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
                           "AWS_REGION", "AWS_DEFAULT_REGION", "KTUNE_WORKSPACE", "ENDPOINT", "ACCESS_KEY_ID",
-                          "SECRET_ACCESS_KEY", "REGION"})
+                          "SECRET_ACCESS_KEY", "REGION", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ROLE_ARN",
+                          "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ENDPOINT_URL_STS", "ROLE_ARN"})
       env[k] = "\x01";
+    env["AWS_CONFIG_FILE"] = "/nonexistent/ktune-test/aws-config";  // not this machine's ~/.aws
+    env["AWS_SHARED_CREDENTIALS_FILE"] = "/nonexistent/ktune-test/aws-credentials";
     env["HF_ENDPOINT"] = hub_endpoint();
     return env;
   }
@@ -326,6 +329,31 @@ TEST_F(Cli, InitializerFromS3AndFromFile) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(files_in(ws / "upstream/model"), (std::set<std::string>{"config.json", "model.safetensors", "model-00002.safetensors"}));
   expect_no_secret(r, secret, ws / "upstream");
+
+  // A laptop's AWS profile alone (AWS_PROFILE; keys in the credentials file, the endpoint in the
+  // config file's services block), through the initializer and `ktune download`.
+  write_file(ws / "aws/config", "[profile store]\nregion = us-east-1\nservices = moto\n[services moto]\ns3 =\n"
+                                "  endpoint_url = " + s3_endpoint() + "\n");
+  write_file(ws / "aws/credentials", "[store]\naws_access_key_id = " + std::string(s3_->info()["access_key_id"]) +
+                                         "\naws_secret_access_key = " + secret + "\n");
+  auto profile = base_env();
+  profile["AWS_CONFIG_FILE"] = ws / "aws/config";
+  profile["AWS_SHARED_CREDENTIALS_FILE"] = ws / "aws/credentials";
+  profile["AWS_PROFILE"] = "store";
+  profile["STORAGE_URI"] = env["STORAGE_URI"];
+  profile["KTUNE_WORKSPACE"] = ws / "profile";
+  r = run_command({ktune_binary(), "initializer", "model"}, profile);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(files_in(ws / "profile/model"), (std::set<std::string>{"config.json", "model.safetensors", "model-00002.safetensors"}));
+  expect_no_secret(r, secret, ws / "profile");
+  r = run_command({ktune_binary(), "download", env["STORAGE_URI"], "--output-dir", ws / "profile-download",
+                   "--allow-patterns", "config.json"}, profile);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_file(ws / "profile-download/config.json"), "{\"s3\": true}");
+  profile["AWS_PROFILE"] = "absent";
+  r = run_command({ktune_binary(), "download", env["STORAGE_URI"], "--output-dir", ws / "absent"}, profile);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("profile 'absent' is in neither " + (ws / "aws/config")), std::string::npos) << r.err;
 
   env["AWS_SECRET_ACCESS_KEY"] = "notTheRightSecret000";
   r = run_command({ktune_binary(), "initializer", "model", "--output-dir", ws / "bad"}, env);
