@@ -443,15 +443,16 @@ class TrainerClient:
                    hf_token: Optional[str] = None, hf_endpoint: Optional[str] = None, repo_type: Optional[str] = None,
                    revision: Optional[str] = None, s3_endpoint: Optional[str] = None, s3_region: Optional[str] = None,
                    aws_access_key_id: Optional[str] = None, aws_secret_access_key: Optional[str] = None,
-                   aws_session_token: Optional[str] = None, role_arn: Optional[str] = None, timeout: float = 3600,
+                   aws_session_token: Optional[str] = None, role_arn: Optional[str] = None,
+                   aws_profile: Optional[str] = None, timeout: float = 3600,
                    log: Optional[Callable[[str], None]] = print) -> dict:
         """Ships a Complete job's outputs (ktune; upstream has no exporter): the adapter and/or merged
         model of its latest checkpoint (``epoch_N``, or a later mid-epoch ``step_N``; ``epoch`` picks
         ``epoch_N``) to ``file://DIR``, ``s3://bucket/prefix`` or ``hf://org/repo[/path]``, as a
         folder transformers, PEFT and vLLM load. ``parts``: ``"adapter"``, ``"merged"``, ``"all"`` or
         ``"available"`` (what the checkpoint holds). Credentials and endpoints not given come from
-        the environment (``HF_TOKEN``, ``AWS_*``, the AWS profile in ``~/.aws``); ``role_arn`` is
-        assumed through STS. The local backend exports from this process (a Ctrl-C ends it mid-file,
+        the environment (``HF_TOKEN``, ``AWS_*``) and then the AWS profile in ``~/.aws``
+        (``aws_profile``, else ``AWS_PROFILE``, else default); ``role_arn`` is assumed through STS. The local backend exports from this process (a Ctrl-C ends it mid-file,
         the export recorded as failed); on Kubernetes the exporter runs as a Job beside the
         TrainJob's volume (``timeout`` seconds at most). The export is recorded with the job
         (``ktune jobs get NAME``); each line of the exporter's log goes to ``log``.
@@ -468,7 +469,7 @@ class TrainerClient:
             hf_token=hf_token, hf_endpoint=hf_endpoint, repo_type=repo_type, revision=revision,
             s3_endpoint=s3_endpoint, s3_region=s3_region, aws_access_key_id=aws_access_key_id,
             aws_secret_access_key=aws_secret_access_key, aws_session_token=aws_session_token,
-            role_arn=role_arn).items() if v is not None}
+            role_arn=role_arn, aws_profile=aws_profile).items() if v is not None}
         record = self._client.export_job(name, destination, parts, -1 if epoch is None else int(epoch), storage,
                                          float(timeout), log)
         if record["status"] != constants.TRAINJOB_COMPLETE:

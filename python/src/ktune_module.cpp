@@ -702,7 +702,7 @@ class Client {
         if (!hub::apply_storage_flag(request.storage, flag, value))
           throw Error("export_job(" + key + "=...)", "not a storage setting (hf_token, hf_endpoint, repo_type, revision, "
                                                      "s3_endpoint, s3_region, aws_access_key_id, aws_secret_access_key, "
-                                                     "aws_session_token, role_arn, max_attempts)");
+                                                     "aws_session_token, role_arn, aws_profile, max_attempts)");
       }
       return 0;
     });

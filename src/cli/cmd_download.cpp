@@ -23,8 +23,10 @@ static int download_usage(std::FILE* out) {
                "         --output-dir DIR [--hf-token T] [--ignore-patterns P] [--allow-patterns P]\n"
                "         [--repo-type model|dataset] [--revision R] [--hf-endpoint URL]\n"
                "         [--s3-endpoint URL] [--s3-region R] [--aws-access-key-id K] [--aws-secret-access-key S]\n"
-               "         [--aws-session-token T] [--role-arn ARN] [--max-attempts N]\n"
-               "  patterns are comma-separated fnmatch globs; HF_ENDPOINT sets the Hub's address\n");
+               "         [--aws-session-token T] [--role-arn ARN] [--aws-profile NAME]\n"
+               "         [--max-attempts N]\n"
+               "  patterns are comma-separated fnmatch globs; HF_ENDPOINT sets the Hub's address; S3 settings\n"
+               "  not given come from AWS_* and then the AWS profile (AWS_PROFILE / --aws-profile, in ~/.aws)\n");
   return out == stdout ? 0 : 2;
 }
 

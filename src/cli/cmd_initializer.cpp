@@ -21,10 +21,12 @@ static int initializer_usage(std::FILE* out) {
                "usage: ktune initializer dataset|model [--storage-uri URI] [--output-dir DIR]\n"
                "         [--access-token T] [--ignore-patterns P] [--allow-patterns P] [--revision R]\n"
                "         [--hf-endpoint URL] [--s3-endpoint URL] [--s3-region R] [--aws-access-key-id K]\n"
-               "         [--aws-secret-access-key S] [--aws-session-token T] [--role-arn ARN] [--max-attempts N]\n"
+               "         [--aws-secret-access-key S] [--aws-session-token T] [--role-arn ARN] [--aws-profile NAME]\n"
+               "         [--max-attempts N]\n"
                "  env: STORAGE_URI, ACCESS_TOKEN, IGNORE_PATTERNS (comma-separated), HF_ENDPOINT,\n"
                "       S3 as upstream's S3 initializer sets it (ENDPOINT, ACCESS_KEY_ID, SECRET_ACCESS_KEY, REGION), else\n"
                "       AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL,\n"
+               "       else the AWS profile (AWS_PROFILE / --aws-profile) in ~/.aws/config and ~/.aws/credentials,\n"
                "       KTUNE_WORKSPACE (default /workspace: files go to /workspace/dataset or /workspace/model)\n");
   return out == stdout ? 0 : 2;
 }

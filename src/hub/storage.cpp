@@ -43,6 +43,9 @@ bool apply_storage_flag(StorageOptions& o, const std::string& flag, const std::s
     register_secret(value);
   } else if (flag == "--role-arn") {
     o.s3.role_arn = value;
+  } else if (flag == "--aws-profile") {  // the AWS CLI's --profile: asked for by name
+    o.s3.profile.name = value;
+    o.s3.profile.asked_for = true;
   } else if (flag == "--allow-patterns") {
     for (std::string& p : split_pattern_list(value)) o.filter.allow.push_back(std::move(p));
   } else if (flag == "--ignore-patterns") {

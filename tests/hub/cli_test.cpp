@@ -350,6 +350,12 @@ TEST_F(Cli, InitializerFromS3AndFromFile) {
                    "--allow-patterns", "config.json"}, profile);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(read_file(ws / "profile-download/config.json"), "{\"s3\": true}");
+  auto by_flag = profile;
+  by_flag["AWS_PROFILE"] = "\x01";
+  r = run_command({ktune_binary(), "download", env["STORAGE_URI"], "--output-dir", ws / "flag-download",
+                   "--allow-patterns", "config.json", "--aws-profile", "store"}, by_flag);
+  ASSERT_EQ(r.exit_code, 0) << "--aws-profile names the profile as AWS_PROFILE does: " << r.err;
+  EXPECT_EQ(read_file(ws / "flag-download/config.json"), "{\"s3\": true}");
   profile["AWS_PROFILE"] = "absent";
   r = run_command({ktune_binary(), "download", env["STORAGE_URI"], "--output-dir", ws / "absent"}, profile);
   EXPECT_NE(r.exit_code, 0);
