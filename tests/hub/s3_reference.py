@@ -5,6 +5,7 @@ moto server the C++ client talks to.
     python3 s3_reference.py ENDPOINT KEY SECRET put BUCKET KEY FILE [KEY FILE ...]
     python3 s3_reference.py ENDPOINT KEY SECRET get BUCKET KEY FILE
     python3 s3_reference.py ENDPOINT KEY SECRET list BUCKET PREFIX      (prints key<TAB>size lines)
+    python3 s3_reference.py ENDPOINT KEY SECRET uploads BUCKET PREFIX   (multipart uploads in progress: key lines)
     python3 s3_reference.py sign METHOD HOST PATH QUERY AMZDATE REGION SERVICE KEY SECRET [TOKEN]
         (prints the Authorization header botocore computes; QUERY is "a=1&b=2" or "-")
 """
@@ -51,6 +52,9 @@ def main(argv):
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=argv[4], Prefix=argv[5]):
             for o in page.get("Contents", []):
                 print(f"{o['Key']}\t{o['Size']}")
+    elif op == "uploads":
+        for u in s3.list_multipart_uploads(Bucket=argv[4], Prefix=argv[5]).get("Uploads", []):
+            print(u["Key"])
 
 
 if __name__ == "__main__":

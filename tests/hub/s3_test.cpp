@@ -155,6 +155,29 @@ TEST_F(S3, LargeFilesGoUpInPartsAndArriveWhole) {
   EXPECT_EQ(listing, "exports/big.safetensors\t" + std::to_string(size) + "\n");
 }
 
+// A caller's interrupt (TransferInterrupt: a notebook's Ctrl-C) ends a multipart upload mid-way, and
+// its abort still goes out: no upload is left in progress (S3 keeps, and bills, an unaborted one's
+// parts). The check keeps throwing once it has, as a caller that wants out would.
+TEST_F(S3, AnInterruptedMultipartUploadIsAbortedNotLeftBehind) {
+  TempDir tmp;
+  write_file(tmp / "big", std::string(12u << 20, 'u'));
+  S3Options o = options();
+  o.multipart_threshold = 5u << 20;
+  o.part_size = 5u << 20;
+  S3Client s3(o);
+  struct Interrupted {};
+  int checks = 0;
+  {
+    const TransferInterrupt interrupt([&] {
+      if (++checks >= 2) throw Interrupted{};  // the first: CreateMultipartUpload's own
+    });
+    EXPECT_THROW(s3.put_file(bucket(), "interrupted/big.safetensors", tmp / "big"), Interrupted);
+  }
+  EXPECT_GE(checks, 2);
+  EXPECT_EQ(reference("uploads " + bucket() + " interrupted/"), "") << "the multipart upload was left in progress";
+  EXPECT_EQ(reference("list " + bucket() + " interrupted/"), "");
+}
+
 TEST_F(S3, WrongSecretIsRejectedWithAClearErrorThatHidesIt) {
   S3Options o = options();
   o.credentials.secret_access_key = "wrongSecretValue12345";
