@@ -191,8 +191,8 @@ void apply_aws_profile(S3Options& o, const AwsConfigFiles& files, const AwsProfi
   auto it = files.profiles.find(choice.name);
   if (it == files.profiles.end()) {
     if (choice.asked_for)
-      throw Error("AWS_PROFILE", "profile '" + choice.name + "' is in neither " + files.config_file + " nor " +
-                                     files.credentials_file);
+      throw Error("AWS profile (AWS_PROFILE, AWS_DEFAULT_PROFILE or --aws-profile)",
+                  "profile '" + choice.name + "' is in neither " + files.config_file + " nor " + files.credentials_file);
     return;
   }
   const AwsSettings& profile = it->second;
