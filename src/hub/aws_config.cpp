@@ -229,11 +229,8 @@ void apply_aws_profile(S3Options& options) {
   apply_aws_profile(options, read_aws_config_files(choice.config_file, choice.credentials_file), choice);
 }
 
-AwsProfileChoice aws_profile_choice_from_env(const std::function<const char*(const char*)>& env) {
-  auto value = [&](const char* name) {
-    const char* v = env(name);
-    return v != nullptr ? std::string(v) : std::string();
-  };
+AwsProfileChoice aws_profile_choice_from_env(const EnvLookup& env) {
+  auto value = [&](const char* name) { return env_value(env, name); };
   std::string home = value("HOME");
   if (home.empty())
     if (const passwd* user = ::getpwuid(::getuid()); user != nullptr && user->pw_dir != nullptr) home = user->pw_dir;

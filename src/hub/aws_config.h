@@ -64,6 +64,6 @@ void apply_aws_profile(S3Options& options);
 
 // AWS_PROFILE (else AWS_DEFAULT_PROFILE, else default), AWS_CONFIG_FILE and
 // AWS_SHARED_CREDENTIALS_FILE (else ~/.aws/config and ~/.aws/credentials under HOME).
-AwsProfileChoice aws_profile_choice_from_env(const std::function<const char*(const char*)>& env);
+AwsProfileChoice aws_profile_choice_from_env(const EnvLookup& env);
 
 }  // namespace ktune::hub

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "hub/env_lookup.h"
 #include "hub/storage.h"
 
 namespace ktune::hub {
@@ -29,7 +30,6 @@ struct InitializerConfig {
   StorageOptions storage;                   // token, endpoint, S3 settings, retries
 };
 
-using EnvLookup = std::function<const char*(const char*)>;
 
 // Reads STORAGE_URI, ACCESS_TOKEN (else HF_TOKEN), IGNORE_PATTERNS, HF_ENDPOINT, the AWS_*
 // variables and KTUNE_WORKSPACE. Flags given afterwards override these fields.

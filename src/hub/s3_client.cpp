@@ -19,11 +19,8 @@ namespace ktune::hub {
 
 static const std::string kEmptySha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
-S3Options s3_options_from_env(const std::function<const char*(const char*)>& env) {
-  auto value = [&](const char* name) {
-    const char* v = env(name);
-    return v != nullptr ? std::string(v) : std::string();
-  };
+S3Options s3_options_from_env(const EnvLookup& env) {
+  auto value = [&](const char* name) { return env_value(env, name); };
   auto first_of = [&](const char* a, const char* b) { return !value(a).empty() ? value(a) : value(b); };
   S3Options o;
   o.endpoint = first_of("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL");
@@ -35,11 +32,8 @@ S3Options s3_options_from_env(const std::function<const char*(const char*)>& env
   return o;
 }
 
-void s3_roles_from_env(S3Options& o, const std::function<const char*(const char*)>& env) {
-  const auto value = [&](const char* name) {
-    const char* v = env(name);
-    return v != nullptr ? std::string(v) : std::string();
-  };
+void s3_roles_from_env(S3Options& o, const EnvLookup& env) {
+  const auto value = [&](const char* name) { return env_value(env, name); };
   o.web_identity_role_arn = value("AWS_ROLE_ARN");
   o.web_identity_token_file = value("AWS_WEB_IDENTITY_TOKEN_FILE");
   o.sts_endpoint = value("AWS_ENDPOINT_URL_STS");

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "hub/env_lookup.h"
 #include "hub/http_client.h"
 #include "hub/patterns.h"
 #include "hub/sigv4.h"
@@ -62,14 +63,14 @@ struct S3Options {
 // AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (secrets are registered) and the
 // role's variables and profile (s3_roles_from_env). What they leave unset the profile fills when
 // the client is made (after any flags); the region is then us-east-1 when none names one.
-S3Options s3_options_from_env(const std::function<const char*(const char*)>& env = &std::getenv);
+S3Options s3_options_from_env(const EnvLookup& env = &std::getenv);
 
 // The AWS SDKs' role settings of S3Options from the environment: AWS_ROLE_ARN +
 // AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ENDPOINT_URL_STS (else AWS_ENDPOINT_URL), AWS_ROLE_SESSION_NAME,
 // and the profile: AWS_PROFILE (else AWS_DEFAULT_PROFILE, else default) in AWS_CONFIG_FILE and
 // AWS_SHARED_CREDENTIALS_FILE (else ~/.aws/config and ~/.aws/credentials under HOME).
 // (The initializers read upstream's ROLE_ARN as well; the CLI takes --role-arn.)
-void s3_roles_from_env(S3Options& options, const std::function<const char*(const char*)>& env);
+void s3_roles_from_env(S3Options& options, const EnvLookup& env);
 
 struct S3Object {
   std::string key;
