@@ -39,17 +39,20 @@ AtomicFile::~AtomicFile() {
   if (!committed_) ::unlink(tmp_.c_str());
 }
 
-void AtomicFile::write(const void* data, size_t n) {
+bool write_fully(int fd, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t written = ::write(fd_, p, std::min<size_t>(n, size_t(1) << 30));
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      throw Error(path_, "write failed: " + errno_text());
-    }
+    const ssize_t written = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return false;
     p += written;
     n -= size_t(written);
   }
+  return true;
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  if (!write_fully(fd_, data, n)) throw Error(path_, "write failed: " + errno_text());
 }
 
 void AtomicFile::commit() {

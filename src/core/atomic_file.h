@@ -31,6 +31,10 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// Writes all n bytes to fd (short writes and EINTR retried, at most 1 GiB a call); false with errno
+// set on a failure.
+bool write_fully(int fd, const void* data, size_t n);
+
 // Writes bytes to path through an AtomicFile.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 

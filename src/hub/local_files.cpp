@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "hub/http_client.h"
 #include "hub/target_dir.h"
@@ -22,18 +23,6 @@
 namespace ktune::hub {
 
 namespace fs = std::filesystem;
-
-// Writes n bytes to fd (short writes and EINTR retried); false with errno set on a failure.
-static bool write_all(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    data += w;
-    n -= size_t(w);
-  }
-  return true;
-}
 
 // `from`'s bytes into `to` (made): a copy-on-write clone where the filesystem shares blocks
 // (FICLONE: btrfs, XFS; instant, no space used until either side changes), a copy otherwise. Never
@@ -77,7 +66,7 @@ static void copy_bytes(const std::string& from, const std::string& to, const std
       const ssize_t got = ::read(in, buffer.data(), buffer.size());
       if (got == 0) break;
       if (got < 0 && errno == EINTR) continue;
-      if (got < 0 || !write_all(out, buffer.data(), size_t(got))) {
+      if (got < 0 || !write_fully(out, buffer.data(), size_t(got))) {
         failure = std::strerror(errno);
         break;
       }
