@@ -11,6 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "sdk/job_registry.h"
 #include "sdk/process_identity.h"
@@ -43,6 +46,16 @@ Result ktune(const TempHome& home, const std::string& args, const std::string& e
   r.out = read_text(out);
   r.err = read_text(err);
   return r;
+}
+
+// Each `ktune train <prefix> <flags> --dry-run` of the table exits 1 with its reason on stderr.
+void expect_train_refused(const TempHome& home, const std::string& prefix,
+                          const std::vector<std::pair<std::string, std::string>>& refused) {
+  for (const auto& [flags, why] : refused) {
+    Result r = ktune(home, "train " + prefix + " " + flags + " --dry-run");
+    EXPECT_EQ(r.code, 1) << flags;
+    EXPECT_NE(r.err.find(why), std::string::npos) << flags << ": " << r.err;
+  }
 }
 
 std::string trainer_env(double step_seconds = 0.02) {
@@ -150,7 +163,7 @@ TEST_F(Cli, TrainFlagsFillTheSdksShapes) {
   EXPECT_NE(no_format.err.find("the trainer would refuse this job's config"), std::string::npos) << no_format.err;
   EXPECT_NE(no_format.err.find("config key dataset.source: missing"), std::string::npos) << no_format.err;
 
-  const std::vector<std::pair<std::string, std::string>> refused = {
+  expect_train_refused(home, "--runtime torchtune-llama3.2-1b --model hf://m/m", {
       {"--conversation-style alpaca", "expects sharegpt or openai"},
       {"--lora-dropout 1.5", "expects a probability in [0, 1)"},
       {"--column-map question", "expects KEY=VALUE"},
@@ -159,12 +172,7 @@ TEST_F(Cli, TrainFlagsFillTheSdksShapes) {
       {"--dataset-format yaml", "expects json, csv, parquet, arrow or text"},
       {"--use-dora=maybe", "expects true or false"},
       {"--conversation-column messages --column-map input=q", "is an instruct dataset's"},
-  };
-  for (const auto& [flags, why] : refused) {
-    Result r = ktune(home, "train --runtime torchtune-llama3.2-1b --model hf://m/m " + flags + " --dry-run");
-    EXPECT_EQ(r.code, 1) << flags;
-    EXPECT_NE(r.err.find(why), std::string::npos) << flags << ": " << r.err;
-  }
+  });
   Result no_model = ktune(home, "train --runtime torchtune-llama3.2-1b --model-ignore-patterns '*.bin' --dry-run");
   EXPECT_EQ(no_model.code, 1);
   EXPECT_NE(no_model.err.find("give --model URI too"), std::string::npos) << no_model.err;
@@ -205,19 +213,14 @@ TEST_F(Cli, TrainRunsACustomTrainersCommandOrScript) {
   EXPECT_EQ(local_image.code, 1);
   EXPECT_NE(local_image.err.find("CustomTrainerContainer"), std::string::npos) << local_image.err;
 
-  const std::vector<std::pair<std::string, std::string>> refused = {
+  expect_train_refused(home, "--runtime torch-distributed", {
       {"--command python3 --epochs 2", "do not mix with the torchtune trainer's"},
       {"--script /nonexistent/train.py", "cannot read the script"},
       {"--env A=1", "a --script FILE or a --command, one of the two"},
       {"--image r/i:1 --command python3", "runs its image's own program"},
       {"--image r/i:1 --arg --lr", "runs its image's own program"},
       {"--command python3 --packages numpy", "a --command runs as given"},
-  };
-  for (const auto& [flags, why] : refused) {
-    Result r = ktune(home, "train --runtime torch-distributed " + flags + " --dry-run");
-    EXPECT_EQ(r.code, 1) << flags;
-    EXPECT_NE(r.err.find(why), std::string::npos) << flags << ": " << r.err;
-  }
+  });
 }
 
 // Submit, follow, list, get, logs, wait, delete: the whole lifecycle from the shell.
